@@ -1,0 +1,337 @@
+//! [`BufferPool`]: reusable aligned buffers, some registered with the device.
+//!
+//! Three kinds of buffer come out of a pool:
+//! - *fixed* buffers, allocated when the pool is built and registered with
+//!   the device (io_uring fixed buffers, so the kernel skips pinning pages
+//!   on every request);
+//! - *class* buffers, power-of-two sizes kept on free lists after use, up to
+//!   a cap on retained bytes;
+//! - *oversize* buffers (larger than the largest class), freed on return.
+//!
+//! The pool never blocks: when fixed buffers run out a class buffer is
+//! used, and when the free lists are empty fresh memory is allocated.
+//! Bounding memory in flight is the read scheduler's job, not the pool's:
+//! a consumer that holds many batches (a sort) must not deadlock a scan.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::aligned::AlignedBuf;
+use super::allocator::DmaAllocator;
+
+/// Smallest class: one 4 KiB block.
+const MIN_CLASS_SHIFT: u32 = 12;
+/// Largest pooled class: 64 MiB; larger buffers are oversize.
+const MAX_CLASS_SHIFT: u32 = 26;
+
+/// How a pool is sized.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Alignment of every buffer (the device's block size or more).
+    pub align: usize,
+    /// Number of buffers registered with the device up front.
+    pub fixed_count: usize,
+    /// Size of each fixed buffer.
+    pub fixed_size: usize,
+    /// Most bytes of class buffers kept on free lists.
+    pub max_retained_bytes: usize,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            align: 4096,
+            fixed_count: 8,
+            fixed_size: 4 << 20,
+            max_retained_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Where a buffer came from, so it can go back there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    Fixed(u16),
+    Class(u32),
+    Oversize,
+}
+
+/// Counters describing a pool's use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers currently on loan.
+    pub outstanding: u64,
+    /// Bytes currently on loan.
+    pub outstanding_bytes: u64,
+    /// Fresh allocations made since the pool was built.
+    pub allocations: u64,
+    /// Loans served from a free list or the fixed set.
+    pub reuses: u64,
+}
+
+struct FreeLists {
+    fixed: Vec<u16>,
+    classes: Vec<Vec<NonNull<u8>>>,
+    retained_bytes: usize,
+    /// Live loans by address (start → capacity), for [`BufferPool::contains`].
+    live: BTreeMap<usize, usize>,
+}
+
+/// A pool of aligned buffers. Always used behind an `Arc`.
+pub struct BufferPool {
+    allocator: Arc<dyn DmaAllocator>,
+    opts: PoolOptions,
+    fixed: Vec<NonNull<u8>>,
+    free: Mutex<FreeLists>,
+    allocations: AtomicU64,
+    reuses: AtomicU64,
+    outstanding_bytes: AtomicU64,
+}
+
+// SAFETY: the raw pointers are owned allocations only handed out under the
+// mutex; the allocator is Send + Sync by its trait bounds.
+unsafe impl Send for BufferPool {}
+// SAFETY: all shared mutable state is behind the `Mutex` or atomics.
+unsafe impl Sync for BufferPool {}
+
+impl BufferPool {
+    /// Builds a pool, allocating (and zeroing) the fixed buffers now.
+    pub fn new(allocator: Arc<dyn DmaAllocator>, opts: PoolOptions) -> std::io::Result<Arc<Self>> {
+        assert!(opts.align.is_power_of_two(), "alignment must be a power of two");
+        let fixed_size = round_up(opts.fixed_size.max(opts.align), opts.align);
+        let opts = PoolOptions { fixed_size, ..opts };
+        let mut fixed = Vec::with_capacity(opts.fixed_count);
+        for _ in 0..opts.fixed_count.min(u16::MAX as usize) {
+            let ptr = allocator.allocate(fixed_size, opts.align).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("{} allocator: no memory for a {fixed_size}-byte fixed buffer", allocator.name()),
+                )
+            })?;
+            // SAFETY: fresh allocation valid for `fixed_size` bytes.
+            unsafe { ptr.as_ptr().write_bytes(0, fixed_size) };
+            fixed.push(ptr);
+        }
+        let free = FreeLists {
+            fixed: (0..fixed.len() as u16).rev().collect(),
+            classes: vec![Vec::new(); (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize],
+            retained_bytes: 0,
+            live: BTreeMap::new(),
+        };
+        Ok(Arc::new(Self {
+            allocator,
+            opts,
+            fixed,
+            free: Mutex::new(free),
+            allocations: AtomicU64::new(0),
+            reuses: AtomicU64::new(0),
+            outstanding_bytes: AtomicU64::new(0),
+        }))
+    }
+
+    /// Alignment of every buffer.
+    pub fn align(&self) -> usize {
+        self.opts.align
+    }
+
+    /// The fixed buffers as (address, length), for registering with a device.
+    pub fn fixed_regions(&self) -> Vec<(*mut u8, usize)> {
+        self.fixed
+            .iter()
+            .map(|p| (p.as_ptr(), self.opts.fixed_size))
+            .collect()
+    }
+
+    /// Lends a buffer of at least `len` bytes (rounded up to the alignment),
+    /// with `len()` set to `len`.
+    pub fn get(self: &Arc<Self>, len: usize) -> std::io::Result<AlignedBuf> {
+        let want = round_up(len.max(1), self.opts.align);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let (ptr, cap, slot) = if want <= self.opts.fixed_size && !free.fixed.is_empty() {
+            let idx = free.fixed.pop().unwrap_or_default();
+            self.reuses.fetch_add(1, Ordering::Relaxed);
+            (self.fixed[idx as usize], self.opts.fixed_size, Slot::Fixed(idx))
+        } else if let Some(class) = class_of(want) {
+            let cap = 1usize << (class + MIN_CLASS_SHIFT);
+            if let Some(ptr) = free.classes[class as usize].pop() {
+                free.retained_bytes -= cap;
+                self.reuses.fetch_add(1, Ordering::Relaxed);
+                (ptr, cap, Slot::Class(class))
+            } else {
+                (self.fresh(cap)?, cap, Slot::Class(class))
+            }
+        } else {
+            (self.fresh(want)?, want, Slot::Oversize)
+        };
+        free.live.insert(ptr.as_ptr() as usize, cap);
+        drop(free);
+        self.outstanding_bytes.fetch_add(cap as u64, Ordering::Relaxed);
+        let mut buf = AlignedBuf::new(ptr, cap, slot, Arc::clone(self));
+        buf.set_len(len);
+        Ok(buf)
+    }
+
+    /// True when `ptr` points into a buffer currently on loan from this pool.
+    pub fn contains(&self, ptr: *const u8) -> bool {
+        let addr = ptr as usize;
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.live
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(start, cap)| addr < start + cap)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PoolStats {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        PoolStats {
+            outstanding: free.live.len() as u64,
+            outstanding_bytes: self.outstanding_bytes.load(Ordering::Relaxed),
+            allocations: self.allocations.load(Ordering::Relaxed),
+            reuses: self.reuses.load(Ordering::Relaxed),
+        }
+    }
+
+    fn fresh(&self, cap: usize) -> std::io::Result<NonNull<u8>> {
+        let ptr = self.allocator.allocate(cap, self.opts.align).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("{} allocator: no memory for a {cap}-byte buffer", self.allocator.name()),
+            )
+        })?;
+        // SAFETY: fresh allocation valid for `cap` bytes; zeroing establishes
+        // `AlignedBuf`'s all-initialised invariant.
+        unsafe { ptr.as_ptr().write_bytes(0, cap) };
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    pub(super) fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
+        self.outstanding_bytes.fetch_sub(cap as u64, Ordering::Relaxed);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.live.remove(&(ptr.as_ptr() as usize));
+        match slot {
+            Slot::Fixed(idx) => free.fixed.push(idx),
+            Slot::Class(class) if free.retained_bytes + cap <= self.opts.max_retained_bytes => {
+                free.retained_bytes += cap;
+                free.classes[class as usize].push(ptr);
+            }
+            Slot::Class(_) | Slot::Oversize => {
+                drop(free);
+                // SAFETY: `ptr` came from `fresh(cap)` with this alignment and
+                // its only owner (the AlignedBuf) is being dropped.
+                unsafe { self.allocator.deallocate(ptr, cap, self.opts.align) };
+            }
+        }
+    }
+}
+
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        let free = self.free.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (class, list) in free.classes.iter_mut().enumerate() {
+            let cap = 1usize << (class as u32 + MIN_CLASS_SHIFT);
+            for ptr in list.drain(..) {
+                // SAFETY: retained class buffers came from `fresh(cap)`; no
+                // loan is outstanding (each holds an Arc to this pool).
+                unsafe { self.allocator.deallocate(ptr, cap, self.opts.align) };
+            }
+        }
+        for ptr in self.fixed.drain(..) {
+            // SAFETY: fixed buffers came from `allocate(fixed_size, align)` in
+            // `new`; with the pool dropping no loan of them is outstanding.
+            unsafe {
+                self.allocator
+                    .deallocate(ptr, self.opts.fixed_size, self.opts.align)
+            };
+        }
+    }
+}
+
+impl fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("allocator", &self.allocator.name())
+            .field("opts", &self.opts)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn round_up(v: usize, align: usize) -> usize {
+    v.div_ceil(align) * align
+}
+
+/// The class index whose size is the smallest power of two >= `len`.
+fn class_of(len: usize) -> Option<u32> {
+    let shift = len.next_power_of_two().trailing_zeros().max(MIN_CLASS_SHIFT);
+    (shift <= MAX_CLASS_SHIFT).then(|| shift - MIN_CLASS_SHIFT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::HeapAllocator;
+
+    fn pool(fixed: usize) -> Arc<BufferPool> {
+        BufferPool::new(
+            Arc::new(HeapAllocator),
+            PoolOptions {
+                align: 4096,
+                fixed_count: fixed,
+                fixed_size: 8192,
+                max_retained_bytes: 1 << 20,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn buffers_are_aligned_and_return_to_the_pool() {
+        let p = pool(1);
+        let a = p.get(100).unwrap();
+        assert_eq!(a.len(), 100);
+        assert_eq!(a.capacity(), 8192);
+        assert_eq!(a.fixed_index(), Some(0));
+        let b = p.get(100).unwrap();
+        assert_eq!(b.fixed_index(), None, "fixed set exhausted, falls back to a class");
+        assert_eq!(b.as_ptr() as usize % 4096, 0);
+        assert_eq!(p.stats().outstanding, 2);
+        drop(a);
+        drop(b);
+        assert_eq!(p.stats().outstanding, 0);
+        let c = p.get(5000).unwrap();
+        assert_eq!(c.fixed_index(), Some(0), "fixed buffer reused");
+        assert_eq!(p.stats().reuses, 2);
+    }
+
+    #[test]
+    fn arrow_buffer_shares_memory_and_returns_it_on_drop() {
+        let p = pool(0);
+        let mut b = p.get(4096).unwrap();
+        b.as_mut_slice()[..3].copy_from_slice(b"abc");
+        let ptr = b.as_ptr();
+        let arrow = b.into_arrow();
+        assert_eq!(arrow.as_ptr(), ptr);
+        assert!(p.contains(ptr));
+        let slice = arrow.slice(1);
+        drop(arrow);
+        assert_eq!(&slice.as_slice()[..2], b"bc");
+        assert!(p.contains(slice.as_ptr()));
+        drop(slice);
+        assert!(!p.contains(ptr));
+        assert_eq!(p.stats().outstanding, 0);
+    }
+
+    #[test]
+    fn class_sizes_round_up_to_powers_of_two() {
+        assert_eq!(class_of(1), Some(0));
+        assert_eq!(class_of(4096), Some(0));
+        assert_eq!(class_of(4097), Some(1));
+        assert_eq!(class_of(64 << 20), Some(MAX_CLASS_SHIFT - MIN_CLASS_SHIFT));
+        assert_eq!(class_of((64 << 20) + 1), None);
+    }
+}

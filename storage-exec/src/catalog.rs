@@ -1,0 +1,254 @@
+//! The catalog: datasets, their committed versions, and the chunk map.
+//!
+//! Kept in redb, an embedded transactional key-value store, in three tables:
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `versions` | (dataset, version) | [`VersionRecord`] as JSON |
+//! | `datasets` | dataset | latest version |
+//! | `chunks` | first chunk of a run | (count, version) + dataset, as JSON |
+//!
+//! A version becomes visible in one write transaction that inserts all
+//! three; before that commit nothing refers to its chunks or its metadata
+//! file, so a crash leaves no partial version and the store's open-time
+//! reclaim finds its chunks free. Reads cost one point lookup or a range
+//! over one dataset's versions: nothing here is linear in samples.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::alloc::ChunkRun;
+use crate::error::{Result, StorageError};
+
+const VERSIONS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("versions");
+const DATASETS: TableDefinition<'_, &str, u64> = TableDefinition::new("datasets");
+const CHUNKS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("chunks");
+
+/// A committed dataset version.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VersionRecord {
+    /// Dataset name.
+    pub dataset: String,
+    /// Version number, from 1.
+    pub version: u64,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Number of samples.
+    pub samples: u64,
+    /// Total object bytes.
+    pub bytes: u64,
+    /// Samples skipped at ingest.
+    pub skipped: u64,
+    /// Metadata file, relative to the data dir.
+    pub metadata_file: PathBuf,
+    /// Chunk runs holding the version's extents.
+    pub runs: Vec<ChunkRun>,
+    /// Where it was ingested from.
+    pub source: String,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChunkOwner {
+    count: u64,
+    dataset: String,
+    version: u64,
+}
+
+/// The catalog database.
+#[derive(Debug)]
+pub struct Catalog {
+    db: Database,
+    path: PathBuf,
+}
+
+impl Catalog {
+    /// Opens (or creates) the catalog at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StorageError::DataDirLocked {
+                path: path.parent().unwrap_or(path).to_owned(),
+            },
+            other => StorageError::Catalog {
+                path: path.to_owned(),
+                message: other.to_string(),
+            },
+        })?;
+        let cat = Self {
+            db,
+            path: path.to_owned(),
+        };
+        let txn = cat.db.begin_write().map_err(|e| cat.err(e))?;
+        txn.open_table(VERSIONS).map_err(|e| cat.err(e))?;
+        txn.open_table(DATASETS).map_err(|e| cat.err(e))?;
+        txn.open_table(CHUNKS).map_err(|e| cat.err(e))?;
+        txn.commit().map_err(|e| cat.err(e))?;
+        Ok(cat)
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> StorageError {
+        StorageError::Catalog {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T> {
+        serde_json::from_slice(bytes).map_err(|e| self.err(format!("corrupt record: {e}")))
+    }
+
+    /// Names of all datasets, sorted.
+    pub fn dataset_names(&self) -> Result<Vec<String>> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
+        let mut names = Vec::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (k, _) = entry.map_err(|e| self.err(e))?;
+            names.push(k.value().to_owned());
+        }
+        Ok(names)
+    }
+
+    /// The latest version number of `dataset`, if it exists.
+    pub fn latest_version(&self, dataset: &str) -> Result<Option<u64>> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
+        Ok(table.get(dataset).map_err(|e| self.err(e))?.map(|v| v.value()))
+    }
+
+    /// One version of a dataset: the latest when `version` is `None`.
+    pub fn version(&self, dataset: &str, version: Option<u64>) -> Result<VersionRecord> {
+        let version = match version {
+            Some(v) => v,
+            None => self
+                .latest_version(dataset)?
+                .ok_or_else(|| StorageError::UnknownDataset(dataset.to_owned()))?,
+        };
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
+        let Some(bytes) = table.get((dataset, version)).map_err(|e| self.err(e))? else {
+            if self.latest_version(dataset)?.is_none() {
+                return Err(StorageError::UnknownDataset(dataset.to_owned()));
+            }
+            return Err(StorageError::UnknownVersion {
+                dataset: dataset.to_owned(),
+                version,
+            });
+        };
+        self.decode(bytes.value())
+    }
+
+    /// All versions of `dataset`, oldest first.
+    pub fn versions(&self, dataset: &str) -> Result<Vec<VersionRecord>> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for entry in table.range((dataset, 0)..=(dataset, u64::MAX)).map_err(|e| self.err(e))? {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            out.push(self.decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Every committed chunk run (to rebuild the allocator at open).
+    pub fn chunk_runs(&self) -> Result<Vec<ChunkRun>> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            let owner: ChunkOwner = self.decode(v.value())?;
+            out.push(ChunkRun {
+                start: k.value(),
+                count: owner.count,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every committed metadata file (to find orphans at open).
+    pub fn metadata_files(&self) -> Result<Vec<PathBuf>> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            let rec: VersionRecord = self.decode(v.value())?;
+            out.push(rec.metadata_file);
+        }
+        Ok(out)
+    }
+
+    /// Makes a version visible: record, latest pointer and chunk map in one
+    /// durable transaction.
+    pub fn commit_version(&self, record: &VersionRecord) -> Result<()> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
+            let bytes = serde_json::to_vec(record).map_err(|e| self.err(e))?;
+            versions
+                .insert((record.dataset.as_str(), record.version), bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+            let mut datasets = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
+            datasets
+                .insert(record.dataset.as_str(), record.version)
+                .map_err(|e| self.err(e))?;
+            let mut chunks = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
+            for run in &record.runs {
+                let owner = ChunkOwner {
+                    count: run.count,
+                    dataset: record.dataset.clone(),
+                    version: record.version,
+                };
+                let bytes = serde_json::to_vec(&owner).map_err(|e| self.err(e))?;
+                chunks.insert(run.start, bytes.as_slice()).map_err(|e| self.err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(dataset: &str, version: u64, start: u64) -> VersionRecord {
+        VersionRecord {
+            dataset: dataset.into(),
+            version,
+            created_unix_ms: 1,
+            samples: 10,
+            bytes: 100,
+            skipped: 0,
+            metadata_file: format!("meta/{dataset}/v{version}.parquet").into(),
+            runs: vec![ChunkRun { start, count: 2 }],
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn commits_are_visible_and_versions_are_ordered() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        assert!(matches!(cat.version("a", None), Err(StorageError::UnknownDataset(_))));
+        cat.commit_version(&record("a", 1, 0)).unwrap();
+        cat.commit_version(&record("a", 2, 2)).unwrap();
+        cat.commit_version(&record("b", 1, 4)).unwrap();
+        assert_eq!(cat.dataset_names().unwrap(), vec!["a", "b"]);
+        assert_eq!(cat.version("a", None).unwrap().version, 2);
+        assert_eq!(cat.versions("a").unwrap().len(), 2);
+        assert!(matches!(cat.version("a", Some(7)), Err(StorageError::UnknownVersion { version: 7, .. })));
+        assert_eq!(cat.chunk_runs().unwrap().len(), 3);
+        drop(cat);
+        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        assert_eq!(cat.metadata_files().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_second_open_is_refused_while_the_first_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let _cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        let err = Catalog::open(&dir.path().join("c.redb")).unwrap_err();
+        assert!(matches!(err, StorageError::DataDirLocked { .. }), "{err}");
+    }
+}

@@ -1,0 +1,187 @@
+//! The storage crate's error type.
+//!
+//! One enum for everything below the SQL layer. Each variant says what went
+//! wrong and carries the thing at fault (path, dataset, version, key), so a
+//! message printed to a user names the culprit without a backtrace. Inside
+//! DataFusion plans these travel as `DataFusionError::External`.
+
+use std::path::PathBuf;
+
+/// Errors raised by devices, the extent store, the catalog and ingest.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// An I/O error on a path (device file, metadata file, source object).
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("read", "open", "write" …).
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A request whose offset or length is not a multiple of the block size.
+    #[error("device {device}: {what} {value} is not a multiple of the block size {block_size}")]
+    Misaligned {
+        /// The device's display name.
+        device: String,
+        /// "offset" or "length".
+        what: &'static str,
+        /// The offending value.
+        value: u64,
+        /// The device's block size.
+        block_size: usize,
+    },
+    /// A request past the end of the device.
+    #[error("device {device}: range {offset}+{len} is past its capacity {capacity}")]
+    OutOfRange {
+        /// The device's display name.
+        device: String,
+        /// Start of the request.
+        offset: u64,
+        /// Length of the request.
+        len: u64,
+        /// Device capacity in bytes.
+        capacity: u64,
+    },
+    /// The filesystem holding a device file refuses O_DIRECT.
+    #[error(
+        "device {}: O_DIRECT is not supported here ({source}); use --device-backend file",
+        path.display()
+    )]
+    DirectIoUnsupported {
+        /// The device path.
+        path: PathBuf,
+        /// The error from open(2).
+        #[source]
+        source: std::io::Error,
+    },
+    /// io_uring could not be set up (old kernel, disabled by sysctl or seccomp).
+    #[error("io_uring unavailable: {0}")]
+    UringUnavailable(#[source] std::io::Error),
+    /// The device has no room for an ingest.
+    #[error(
+        "device full while ingesting dataset '{dataset}': {needed} bytes needed, {free} bytes free in whole chunks"
+    )]
+    DeviceFull {
+        /// The dataset being ingested.
+        dataset: String,
+        /// Bytes the next object needed.
+        needed: u64,
+        /// Free bytes left on the device.
+        free: u64,
+    },
+    /// An extent read back does not match the checksum recorded at ingest.
+    #[error(
+        "checksum mismatch in dataset '{dataset}' version {version}, key '{key}': stored crc32c {expected:08x}, read {actual:08x}"
+    )]
+    ChecksumMismatch {
+        /// Dataset name.
+        dataset: String,
+        /// Dataset version.
+        version: u64,
+        /// Sample key.
+        key: String,
+        /// crc32c recorded at ingest.
+        expected: u32,
+        /// crc32c of the bytes read.
+        actual: u32,
+    },
+    /// The data directory was written by an incompatible sluice, or is not one.
+    #[error("data dir {}: {reason}", path.display())]
+    IncompatibleDataDir {
+        /// The data directory.
+        path: PathBuf,
+        /// Why it cannot be opened.
+        reason: String,
+    },
+    /// Another process holds the data directory.
+    #[error("data dir {} is in use by another sluice process", path.display())]
+    DataDirLocked {
+        /// The data directory.
+        path: PathBuf,
+    },
+    /// The embedded catalog database failed.
+    #[error("catalog {}: {message}", path.display())]
+    Catalog {
+        /// The catalog file.
+        path: PathBuf,
+        /// What redb reported.
+        message: String,
+    },
+    /// A dataset that does not exist.
+    #[error("unknown dataset '{0}'")]
+    UnknownDataset(String),
+    /// A version of a dataset that does not exist.
+    #[error("dataset '{dataset}' has no version {version}")]
+    UnknownVersion {
+        /// Dataset name.
+        dataset: String,
+        /// Requested version.
+        version: u64,
+    },
+    /// A dataset name that cannot be used as a table name or path.
+    #[error("invalid dataset name '{0}': use letters, digits, '_' and '-', starting with a letter")]
+    InvalidDatasetName(String),
+    /// A source object that cannot be ingested (unreadable, unknown format, bad header).
+    #[error("dataset '{dataset}': sample '{key}' refused: {reason}; nothing was committed")]
+    BadSample {
+        /// The dataset being ingested.
+        dataset: String,
+        /// The key the sample would have had.
+        key: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An ingest source (directory or manifest) that cannot be used.
+    #[error("ingest source {}: {reason}", path.display())]
+    BadSource {
+        /// The source path.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// An ingest that found nothing to commit.
+    #[error("dataset '{0}': no samples to ingest")]
+    EmptyIngest(String),
+    /// Parquet metadata could not be written or read.
+    #[error("metadata {}: {source}", path.display())]
+    Parquet {
+        /// The metadata file.
+        path: PathBuf,
+        /// The parquet error.
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    /// An Arrow error while building metadata.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// A DataFusion error while reading a manifest.
+    #[error("{0}")]
+    DataFusion(#[from] datafusion::error::DataFusionError),
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+impl StorageError {
+    /// Shorthand for [`StorageError::Io`].
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<StorageError> for datafusion::error::DataFusionError {
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::DataFusion(e) => e,
+            other => datafusion::error::DataFusionError::External(Box::new(other)),
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Where ingest finds samples: a directory, a manifest, or memory.
+//!
+//! - **Directory, ImageFolder layout**: every top-level entry is a
+//!   directory; each is a class and becomes the `label` column; files are
+//!   found recursively below it.
+//! - **Directory, flat**: files found recursively, no label.
+//! - **Manifest**: a CSV, JSON-lines or Parquet file with a `path` column
+//!   (relative paths resolve against a base directory) and optionally a
+//!   `key` column; every other column is carried into the metadata as is.
+//!   The manifest is read with DataFusion, so types are inferred the same
+//!   way `sluice sql` would infer them.
+//! - **Memory**: (key, bytes) pairs, for programs and benchmarks.
+//!
+//! Keys default to the path relative to the source, with `/` separators;
+//! entries are sorted by key so re-ingesting the same tree is deterministic.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, StringArray};
+use arrow::compute::{cast, concat_batches};
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::datasource::file_format::options::JsonReadOptions;
+use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
+
+use crate::error::{Result, StorageError};
+use crate::metadata::{KEY, RESERVED};
+
+/// A source of samples for [`ingest`](super::ingest).
+#[derive(Debug, Clone)]
+pub enum IngestSource {
+    /// A directory: ImageFolder layout (class sub-directories) or flat.
+    Directory(PathBuf),
+    /// A manifest file with a `path` column; relative paths resolve against `base`.
+    Manifest {
+        /// The CSV (`.csv`), JSON-lines (`.json`, `.jsonl`, `.ndjson`) or Parquet file.
+        manifest: PathBuf,
+        /// Directory that relative paths are relative to.
+        base: PathBuf,
+    },
+    /// Objects already in memory, as (key, bytes).
+    Memory(Vec<(String, Vec<u8>)>),
+}
+
+impl IngestSource {
+    /// The source for a CLI argument: a manifest file when `path` is a file
+    /// or `manifest` is given, a directory otherwise.
+    pub fn from_cli(path: &Path, manifest: Option<&Path>) -> Self {
+        match manifest {
+            Some(m) => Self::Manifest {
+                manifest: m.to_owned(),
+                base: path.to_owned(),
+            },
+            None if path.is_file() => Self::Manifest {
+                manifest: path.to_owned(),
+                base: path.parent().unwrap_or(Path::new(".")).to_owned(),
+            },
+            None => Self::Directory(path.to_owned()),
+        }
+    }
+
+    /// A short description for the catalog.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Directory(p) => format!("directory {}", p.display()),
+            Self::Manifest { manifest, .. } => format!("manifest {}", manifest.display()),
+            Self::Memory(s) => format!("{} in-memory objects", s.len()),
+        }
+    }
+}
+
+/// Where one sample's bytes are.
+#[derive(Debug)]
+pub(crate) enum Origin {
+    Path(PathBuf),
+    Inline(Vec<u8>),
+}
+
+/// One sample to ingest.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub key: String,
+    pub origin: Origin,
+}
+
+/// The enumerated samples and their user columns (one row per entry).
+#[derive(Debug)]
+pub(crate) struct Enumerated {
+    pub entries: Vec<Entry>,
+    pub user_fields: Vec<Field>,
+    pub user_columns: Vec<ArrayRef>,
+}
+
+pub(crate) async fn enumerate(source: IngestSource) -> Result<Enumerated> {
+    match source {
+        IngestSource::Directory(dir) => tokio::task::spawn_blocking(move || enumerate_dir(&dir))
+            .await
+            .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
+        IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base).await,
+        IngestSource::Memory(samples) => Ok(Enumerated {
+            entries: samples
+                .into_iter()
+                .map(|(key, bytes)| Entry {
+                    key,
+                    origin: Origin::Inline(bytes),
+                })
+                .collect(),
+            user_fields: vec![],
+            user_columns: vec![],
+        }),
+    }
+}
+
+fn bad_source(path: &Path, reason: impl Into<String>) -> StorageError {
+    StorageError::BadSource {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn visible_entries(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| StorageError::io("list", dir, e))? {
+        let entry = entry.map_err(|e| StorageError::io("list", dir, e))?;
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in visible_entries(dir)? {
+        let path = entry.path();
+        let ft = entry.file_type().map_err(|e| StorageError::io("stat", &path, e))?;
+        if ft.is_dir() {
+            walk(&path, out)?;
+        } else {
+            // Files and symlinks alike; an unreadable one is reported per sample.
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn rel_key(root: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
+    let meta = std::fs::metadata(dir).map_err(|e| StorageError::io("open", dir, e))?;
+    if !meta.is_dir() {
+        return Err(bad_source(dir, "not a directory"));
+    }
+    let top = visible_entries(dir)?;
+    let image_folder = !top.is_empty() && top.iter().all(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    let mut rows: Vec<(String, PathBuf)> = files.into_iter().map(|p| (rel_key(dir, &p), p)).collect();
+    rows.sort();
+    let (user_fields, user_columns) = if image_folder {
+        let labels: StringArray = rows
+            .iter()
+            .map(|(key, _)| key.split('/').next().map(str::to_owned))
+            .collect();
+        (
+            vec![Field::new("label", DataType::Utf8, true)],
+            vec![Arc::new(labels) as ArrayRef],
+        )
+    } else {
+        (vec![], vec![])
+    };
+    Ok(Enumerated {
+        entries: rows
+            .into_iter()
+            .map(|(key, path)| Entry {
+                key,
+                origin: Origin::Path(path),
+            })
+            .collect(),
+        user_fields,
+        user_columns,
+    })
+}
+
+async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> {
+    let name = manifest.to_string_lossy().to_string();
+    if !manifest.is_file() {
+        return Err(bad_source(manifest, "manifest file not found"));
+    }
+    let ext = manifest
+        .extension()
+        .map(|e| e.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let ctx = SessionContext::new();
+    let df = match ext.as_str() {
+        "csv" => ctx.read_csv(&name, CsvReadOptions::new().file_extension(".csv")).await,
+        "json" | "jsonl" | "ndjson" => {
+            let dot_ext = format!(".{ext}");
+            ctx.read_json(&name, JsonReadOptions::default().file_extension(&dot_ext))
+                .await
+        }
+        "parquet" => ctx.read_parquet(&name, ParquetReadOptions::default()).await,
+        other => {
+            return Err(bad_source(
+                manifest,
+                format!("unknown manifest type '.{other}' (expected .csv, .json, .jsonl, .ndjson or .parquet)"),
+            ));
+        }
+    }
+    .map_err(|e| bad_source(manifest, format!("cannot read manifest: {e}")))?;
+    let schema = Arc::new(Schema::from(df.schema().as_arrow().clone()));
+    let batches = df
+        .collect()
+        .await
+        .map_err(|e| bad_source(manifest, format!("cannot read manifest: {e}")))?;
+    let batch = concat_batches(&schema, &batches)?;
+
+    let string_col = |name: &str| -> Result<Option<StringArray>> {
+        let Some(col) = batch.column_by_name(name) else { return Ok(None) };
+        let col = cast(col, &DataType::Utf8)?;
+        Ok(col.as_any().downcast_ref::<StringArray>().cloned())
+    };
+    let paths = string_col("path")?.ok_or_else(|| bad_source(manifest, "manifest has no 'path' column"))?;
+    let keys = string_col(KEY)?;
+
+    let mut entries = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        if paths.is_null(i) {
+            return Err(bad_source(manifest, format!("row {}: 'path' is empty", i + 1)));
+        }
+        let rel = PathBuf::from(paths.value(i));
+        let key = match &keys {
+            Some(k) if !k.is_null(i) => k.value(i).to_owned(),
+            Some(_) => return Err(bad_source(manifest, format!("row {}: 'key' is empty", i + 1))),
+            None => paths.value(i).to_owned(),
+        };
+        let path = if rel.is_absolute() { rel } else { base.join(rel) };
+        entries.push(Entry {
+            key,
+            origin: Origin::Path(path),
+        });
+    }
+
+    let mut user_fields = Vec::new();
+    let mut user_columns = Vec::new();
+    for (field, col) in schema.fields().iter().zip(batch.columns()) {
+        let name = field.name().as_str();
+        if name == "path" || name == KEY {
+            continue;
+        }
+        if RESERVED.contains(&name) {
+            return Err(bad_source(
+                manifest,
+                format!("column '{name}' is reserved by sluice; rename it in the manifest"),
+            ));
+        }
+        // View types are an in-memory optimisation; store plain strings/bytes.
+        let (dt, col) = match field.data_type() {
+            DataType::Utf8View | DataType::LargeUtf8 => (DataType::Utf8, cast(col, &DataType::Utf8)?),
+            DataType::BinaryView | DataType::LargeBinary => (DataType::Binary, cast(col, &DataType::Binary)?),
+            dt => (dt.clone(), Arc::clone(col)),
+        };
+        user_fields.push(Field::new(name, dt, true));
+        user_columns.push(col);
+    }
+    Ok(Enumerated {
+        entries,
+        user_fields,
+        user_columns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn image_folder_layout_gives_labels_and_sorted_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        for (class, file) in [("dog", "b.jpg"), ("cat", "a.jpg"), ("dog", "sub/a.jpg")] {
+            let p = dir.path().join(class).join(file);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        let e = enumerate(IngestSource::Directory(dir.path().into())).await.unwrap();
+        let keys: Vec<_> = e.entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["cat/a.jpg", "dog/b.jpg", "dog/sub/a.jpg"]);
+        assert_eq!(e.user_fields[0].name(), "label");
+        let labels = e.user_columns[0].as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!(labels.value(2), "dog");
+    }
+
+    #[tokio::test]
+    async fn flat_directory_has_no_label() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.png"), b"x").unwrap();
+        std::fs::create_dir(dir.path().join("more")).unwrap();
+        std::fs::write(dir.path().join("more/b.png"), b"x").unwrap();
+        let e = enumerate(IngestSource::Directory(dir.path().into())).await.unwrap();
+        assert!(e.user_fields.is_empty());
+        assert_eq!(e.entries.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn manifest_columns_are_carried_and_reserved_names_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().join("m.csv");
+        std::fs::write(&m, "path,label,split\nx/a.png,3,train\nb.png,4,val\n").unwrap();
+        let e = enumerate(IngestSource::Manifest {
+            manifest: m.clone(),
+            base: dir.path().into(),
+        })
+        .await
+        .unwrap();
+        assert_eq!(e.entries[0].key, "x/a.png");
+        let names: Vec<_> = e.user_fields.iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["label", "split"]);
+        assert_eq!(e.user_fields[0].data_type(), &DataType::Int64);
+
+        std::fs::write(&m, "path,width\na.png,3\n").unwrap();
+        let err = enumerate(IngestSource::Manifest {
+            manifest: m.clone(),
+            base: dir.path().into(),
+        })
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("'width' is reserved"), "{err}");
+
+        std::fs::write(&m, "file,label\na.png,3\n").unwrap();
+        let err = enumerate(IngestSource::Manifest { manifest: m, base: dir.path().into() })
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("no 'path' column"), "{err}");
+    }
+}

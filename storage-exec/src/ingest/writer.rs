@@ -1,0 +1,227 @@
+//! [`ExtentWriter`]: packs objects tightly into chunks and writes them.
+//!
+//! Objects are appended one after another into a run of contiguous chunks,
+//! with no padding between them, so consecutive samples are consecutive on
+//! the device and a scan reads them in large sequential requests. An object
+//! that does not fit in the rest of the current run extends the run with the
+//! chunks right after it when they are free, so a large object spans
+//! contiguous chunks; otherwise the writer starts a new run elsewhere.
+//!
+//! Bytes are staged in a chunk-sized aligned buffer; each full chunk becomes
+//! one write, and up to the device's parallelism writes are in flight while
+//! the next chunk fills. [`ExtentWriter::finish`] writes the last partial
+//! chunk (padded to a block), waits for every write and flushes the device.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+
+use crate::alloc::{ChunkAllocator, ChunkRun};
+use crate::buffer::AlignedBuf;
+use crate::device::Device;
+use crate::error::{Result, StorageError};
+
+/// Where an object landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Chunk holding its first byte.
+    pub chunk: u64,
+    /// Offset of its first byte within that chunk.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
+
+/// Appends objects to a device, allocating chunks from a private allocator.
+pub struct ExtentWriter {
+    device: Arc<dyn Device>,
+    alloc: ChunkAllocator,
+    dataset: String,
+    chunk_size: u64,
+    runs: Vec<ChunkRun>,
+    /// Absolute byte position of the next object, inside the last run.
+    cursor: u64,
+    /// Absolute end of the last run.
+    run_end: u64,
+    /// Staging buffer for the chunk that contains `cursor`.
+    staging: Option<(u64, AlignedBuf)>,
+    writes: FuturesUnordered<BoxFuture<'static, Result<()>>>,
+    max_in_flight: usize,
+}
+
+impl std::fmt::Debug for ExtentWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtentWriter")
+            .field("dataset", &self.dataset)
+            .field("runs", &self.runs)
+            .field("cursor", &self.cursor)
+            .finish()
+    }
+}
+
+impl ExtentWriter {
+    /// A writer for `dataset` allocating from `alloc` (a copy of the store's).
+    pub fn new(device: Arc<dyn Device>, alloc: ChunkAllocator, chunk_size: u64, dataset: &str) -> Self {
+        let max_in_flight = device.parallelism().clamp(1, 16);
+        Self {
+            device,
+            alloc,
+            dataset: dataset.to_owned(),
+            chunk_size,
+            runs: Vec::new(),
+            cursor: 0,
+            run_end: 0,
+            staging: None,
+            writes: FuturesUnordered::new(),
+            max_in_flight,
+        }
+    }
+
+    fn full(&self, needed: u64) -> StorageError {
+        StorageError::DeviceFull {
+            dataset: self.dataset.clone(),
+            needed,
+            free: self.alloc.free() * self.chunk_size,
+        }
+    }
+
+    /// Makes room for `len` bytes at the cursor, extending or starting a run.
+    async fn reserve(&mut self, len: u64) -> Result<()> {
+        if !self.runs.is_empty() && self.cursor + len <= self.run_end {
+            return Ok(());
+        }
+        if let Some(last) = self.runs.last_mut() {
+            let extra = (self.cursor + len - self.run_end).div_ceil(self.chunk_size);
+            let next = last.start + last.count;
+            if self.alloc.allocate_at(next, extra) {
+                last.count += extra;
+                self.run_end += extra * self.chunk_size;
+                return Ok(());
+            }
+        }
+        // Start a new run: whatever is staged goes out, padded to a block.
+        self.flush_staging().await?;
+        let count = len.div_ceil(self.chunk_size).max(1);
+        let run = self.alloc.allocate(count).ok_or_else(|| self.full(len))?;
+        self.cursor = run.start * self.chunk_size;
+        self.run_end = (run.start + run.count) * self.chunk_size;
+        self.runs.push(run);
+        Ok(())
+    }
+
+    /// Appends one object and returns its extent.
+    pub async fn append(&mut self, mut bytes: &[u8]) -> Result<Extent> {
+        let len = bytes.len() as u64;
+        self.reserve(len).await?;
+        let extent = Extent {
+            chunk: self.cursor / self.chunk_size,
+            offset: self.cursor % self.chunk_size,
+            length: len,
+        };
+        while !bytes.is_empty() {
+            let chunk_start = self.cursor / self.chunk_size * self.chunk_size;
+            if self.staging.as_ref().is_none_or(|(start, _)| *start != chunk_start) {
+                self.flush_staging().await?;
+                let buf = self
+                    .device
+                    .pool()
+                    .get(self.chunk_size as usize)
+                    .map_err(|e| StorageError::io("allocate staging buffer for", self.device.describe().path, e))?;
+                self.staging = Some((chunk_start, buf));
+            }
+            let Some((_, buf)) = self.staging.as_mut() else { unreachable!("staging set above") };
+            let at = (self.cursor - chunk_start) as usize;
+            let n = bytes.len().min(self.chunk_size as usize - at);
+            buf.as_mut_slice()[at..at + n].copy_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            self.cursor += n as u64;
+            if self.cursor % self.chunk_size == 0 {
+                self.flush_staging().await?;
+            }
+        }
+        Ok(extent)
+    }
+
+    /// Sends the staged chunk to the device (up to the cursor, block-padded).
+    async fn flush_staging(&mut self) -> Result<()> {
+        let Some((start, mut buf)) = self.staging.take() else { return Ok(()) };
+        let filled = self.cursor.saturating_sub(start).min(self.chunk_size) as usize;
+        let bs = self.device.block_size();
+        let padded = filled.div_ceil(bs) * bs;
+        if padded == 0 {
+            return Ok(());
+        }
+        buf.as_mut_slice()[filled..padded].fill(0);
+        buf.set_len(padded);
+        while self.writes.len() >= self.max_in_flight {
+            if let Some(res) = self.writes.next().await {
+                res?;
+            }
+        }
+        let device = Arc::clone(&self.device);
+        self.writes.push(Box::pin(async move {
+            device.write_at(start, buf).await?;
+            Ok(())
+        }));
+        Ok(())
+    }
+
+    /// Writes what is staged, waits for every write, flushes the device and
+    /// returns the runs used and the allocator with them claimed.
+    pub async fn finish(mut self) -> Result<(Vec<ChunkRun>, ChunkAllocator)> {
+        self.flush_staging().await?;
+        while let Some(res) = self.writes.next().await {
+            res?;
+        }
+        self.device.flush().await?;
+        Ok((self.runs, self.alloc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DeviceExt, DeviceOptions, create_device_file, file::FileDevice};
+
+    async fn device(size: u64) -> (tempfile::TempDir, Arc<dyn Device>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.img");
+        create_device_file(&path, size).unwrap();
+        (dir, Arc::new(FileDevice::open(&path, &DeviceOptions::default()).unwrap()))
+    }
+
+    #[tokio::test]
+    async fn packs_objects_tightly_and_spans_chunks() {
+        let (_d, dev) = device(1 << 20).await;
+        let chunk = 64 * 1024;
+        let mut w = ExtentWriter::new(Arc::clone(&dev), ChunkAllocator::new(16), chunk, "t");
+        let a = vec![1u8; 1000];
+        let b = vec![2u8; 150_000]; // spans three chunks
+        let c = vec![3u8; 10];
+        let ea = w.append(&a).await.unwrap();
+        let eb = w.append(&b).await.unwrap();
+        let ec = w.append(&c).await.unwrap();
+        assert_eq!((ea.chunk, ea.offset), (0, 0));
+        assert_eq!((eb.chunk, eb.offset), (0, 1000));
+        assert_eq!(ec.chunk * chunk + ec.offset, 151_000);
+        let (runs, alloc) = w.finish().await.unwrap();
+        assert_eq!(runs, vec![ChunkRun { start: 0, count: 3 }]);
+        assert_eq!(alloc.free(), 13);
+        for (e, want) in [(ea, &a), (eb, &b), (ec, &c)] {
+            let (buf, at) = dev.read_covering(e.chunk * chunk + e.offset, e.length).await.unwrap();
+            assert_eq!(&buf.as_slice()[at..at + e.length as usize], &want[..]);
+        }
+    }
+
+    #[tokio::test]
+    async fn device_full_is_an_error_naming_the_dataset() {
+        let (_d, dev) = device(1 << 20).await;
+        let mut w = ExtentWriter::new(dev, ChunkAllocator::new(2), 64 * 1024, "big");
+        w.append(&vec![0u8; 100_000]).await.unwrap();
+        let err = w.append(&vec![0u8; 100_000]).await.unwrap_err();
+        assert!(matches!(err, StorageError::DeviceFull { .. }), "{err}");
+        assert!(err.to_string().contains("'big'"), "{err}");
+    }
+}

@@ -1,0 +1,53 @@
+//! # sluice-storage: the storage side of sluice
+//!
+//! Owns everything between a block device and an Arrow record batch:
+//!
+//! ```text
+//!   sluice ingest ──► ingest ──► ExtentWriter ──► Device (uring │ file)
+//!                        │                           ▲
+//!                        ▼                           │ read_at(AlignedBuf)
+//!              metadata (Parquet) + catalog (redb)   │
+//!                        │                           │
+//!   SQL ──► DatasetSchema ─► DatasetTable ─► ExtentSource ─► RecordBatch { …, data: Binary }
+//!                                                      (values buffer = read buffer)
+//! ```
+//!
+//! - [`device`]: the [`Device`](device::Device) trait, its io_uring and file
+//!   backends and their conformance suite;
+//! - [`buffer`]: aligned pooled buffers that become Arrow buffers without a copy;
+//! - [`alloc`], [`catalog`], [`metadata`], [`layout`], [`store`]: the extent store;
+//! - [`ingest`]: atomic ingest of directories and manifests;
+//! - [`scan`]: the table provider and the zero-copy `ExtentSource`.
+//!
+//! This crate knows nothing of planners, Flight or trainers: it serves
+//! datasets to whoever builds a DataFusion session over them.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use sluice_storage::{ingest, IngestOptions, IngestSource, Store, StoreOptions};
+//!
+//! let store = Store::open(&StoreOptions::new("./sluice-data"))?;
+//! ingest(&store, "pets", IngestSource::Directory("./pets".into()), IngestOptions::default()).await?;
+//! let ctx = sluice_storage::session_context(Arc::clone(&store));
+//! ctx.sql("SELECT label, count(*) FROM pets GROUP BY label").await?.show().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod alloc;
+pub mod buffer;
+pub mod catalog;
+pub mod device;
+mod error;
+pub mod ingest;
+pub mod layout;
+pub mod metadata;
+pub mod scan;
+mod session;
+pub mod sniff;
+pub mod store;
+
+pub use error::{Result, StorageError};
+pub use ingest::{IngestOptions, IngestReport, IngestSource, OnError, ingest};
+pub use session::{session_context, session_context_with};
+pub use store::{Store, StoreOptions};

@@ -1,0 +1,472 @@
+//! [`ExtentSource`]: the zero-copy scan of a dataset version, as a
+//! DataFusion [`DataSource`] behind `DataSourceExec`.
+//!
+//! Each output partition reads a contiguous range of the metadata file's row
+//! groups. For every metadata batch it applies the pushed-down filters
+//! (exactly: DataFusion drops its own filter above the scan), then the limit,
+//! then — only if `data` is projected — plans device reads
+//! ([`plan_reads`](super::plan_reads)) and issues them with at most
+//! `reads_in_flight` outstanding per partition; the device's own queue depth
+//! caps the total across partitions. Outputs keep metadata order.
+//!
+//! Each read buffer becomes an Arrow buffer as is; every batch cut from it
+//! uses that buffer as its `data` values, and the extents' crc32c are
+//! checked before a batch leaves the scan.
+
+use std::fmt;
+use std::fs::File;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, RecordBatchOptions};
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::{SchemaRef, UInt32Type, UInt64Type};
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Statistics, exec_err};
+use datafusion::datasource::source::DataSource;
+use datafusion::error::Result as DFResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::projection::ProjectionExprs;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::DisplayFormatType;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt, stream};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use super::reads::{ReadPlan, plan_reads};
+use super::table::DatasetVersion;
+use crate::error::StorageError;
+use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
+
+/// Tuning of the read path.
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    /// Largest coalesced read in bytes.
+    pub max_read: u64,
+    /// Largest gap between extents bridged by one read.
+    pub max_gap: u64,
+    /// Reads in flight per partition.
+    pub reads_in_flight: usize,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        Self {
+            max_read: 4 << 20,
+            max_gap: 64 << 10,
+            reads_in_flight: 8,
+        }
+    }
+}
+
+/// Where an output column comes from.
+#[derive(Debug, Clone, Copy)]
+enum OutCol {
+    /// Position in the metadata batch read.
+    Meta(usize),
+    /// The `data` column.
+    Data,
+}
+
+/// The scan of one dataset version.
+#[derive(Debug, Clone)]
+pub struct ExtentSource {
+    version: Arc<DatasetVersion>,
+    read: Vec<usize>,
+    read_schema: SchemaRef,
+    out: Vec<OutCol>,
+    projected_schema: SchemaRef,
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    fetch: Option<usize>,
+    partitions: Vec<Vec<usize>>,
+    options: ScanOptions,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ExtentSource {
+    /// A scan of `version` producing the table columns `projection`,
+    /// reading metadata columns `read` (with schema `read_schema`), applying
+    /// `filter` (over `read_schema`) and `fetch`, split into at most
+    /// `target_partitions` partitions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_new(
+        version: Arc<DatasetVersion>,
+        projection: Vec<usize>,
+        read: Vec<usize>,
+        read_schema: SchemaRef,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        fetch: Option<usize>,
+        target_partitions: usize,
+        options: ScanOptions,
+    ) -> DFResult<Self> {
+        let data_index = version.data_index();
+        let mut out = Vec::with_capacity(projection.len());
+        for &c in &projection {
+            if c == data_index {
+                out.push(OutCol::Data);
+            } else {
+                let Some(pos) = read.iter().position(|&r| r == c) else {
+                    return exec_err!("column {c} is projected but not read");
+                };
+                out.push(OutCol::Meta(pos));
+            }
+        }
+        let projected_schema = Arc::new(version.table_schema.project(&projection)?);
+        let groups = version.parquet.metadata().num_row_groups();
+        let n = target_partitions.clamp(1, groups.max(1));
+        let partitions = (0..n)
+            .map(|p| (groups * p / n..groups * (p + 1) / n).collect())
+            .collect();
+        Ok(Self {
+            version,
+            read,
+            read_schema,
+            out,
+            projected_schema,
+            filter,
+            fetch,
+            partitions,
+            options,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn wants_data(&self) -> bool {
+        self.out.iter().any(|c| matches!(c, OutCol::Data))
+    }
+
+    fn rows_in(&self, row_groups: &[usize]) -> usize {
+        let meta = self.version.parquet.metadata();
+        row_groups.iter().map(|&rg| meta.row_group(rg).num_rows() as usize).sum()
+    }
+}
+
+/// Reads one row group of the metadata file (blocking).
+fn read_row_group(
+    version: &DatasetVersion,
+    row_group: usize,
+    read: &[usize],
+    read_schema: &SchemaRef,
+    batch_size: usize,
+) -> DFResult<Vec<RecordBatch>> {
+    if read.is_empty() {
+        // No column is needed (count(*) with a limit, say): only row counts.
+        let rows = version.parquet.metadata().row_group(row_group).num_rows() as usize;
+        let opts = RecordBatchOptions::new().with_row_count(Some(rows));
+        return Ok(vec![RecordBatch::try_new_with_options(Arc::clone(read_schema), vec![], &opts)?]);
+    }
+    let path = &version.metadata_path;
+    let file = File::open(path).map_err(|e| StorageError::io("open metadata", path, e))?;
+    let mask = ProjectionMask::roots(version.parquet.parquet_schema(), read.iter().copied());
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, version.parquet.clone())
+        .with_row_groups(vec![row_group])
+        .with_projection(mask)
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(|source| StorageError::Parquet {
+            path: path.clone(),
+            source,
+        })?;
+    let mut out = Vec::new();
+    for batch in reader {
+        // The file's schema may carry field metadata; use the planned one.
+        out.push(batch?.with_schema(Arc::clone(read_schema))?);
+    }
+    Ok(out)
+}
+
+/// Everything a partition's stream needs, shared by its futures.
+struct PartitionScan {
+    version: Arc<DatasetVersion>,
+    read_schema: SchemaRef,
+    projected_schema: SchemaRef,
+    out: Vec<OutCol>,
+    options: ScanOptions,
+    batch_size: usize,
+    reads: Count,
+    read_bytes: Count,
+}
+
+impl PartitionScan {
+    fn project_meta(&self, batch: &RecordBatch) -> DFResult<RecordBatch> {
+        let columns: Vec<ArrayRef> = self
+            .out
+            .iter()
+            .map(|c| match c {
+                OutCol::Meta(i) => Ok(Arc::clone(batch.column(*i))),
+                OutCol::Data => exec_err!("data column without a read"),
+            })
+            .collect::<DFResult<_>>()?;
+        let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        Ok(RecordBatch::try_new_with_options(Arc::clone(&self.projected_schema), columns, &opts)?)
+    }
+
+    /// Plans the reads for one metadata batch; each future yields the
+    /// output batches of one read, in row order.
+    fn reads_for(self: &Arc<Self>, batch: RecordBatch) -> DFResult<Vec<BoxFuture<'static, DFResult<Vec<RecordBatch>>>>> {
+        let col = |name: &str| -> DFResult<ArrayRef> {
+            let i = self.read_schema.index_of(name)?;
+            Ok(Arc::clone(batch.column(i)))
+        };
+        let (chunks, offsets, lengths) = (col(CHUNK)?, col(OFFSET)?, col(LENGTH)?);
+        let (chunks, offsets, lengths) = (
+            chunks.as_primitive::<UInt64Type>(),
+            offsets.as_primitive::<UInt64Type>(),
+            lengths.as_primitive::<UInt64Type>(),
+        );
+        let chunk_size = self.version.store.chunk_size();
+        let extents: Vec<(u64, u64)> = (0..batch.num_rows())
+            .map(|r| (chunks.value(r) * chunk_size + offsets.value(r), lengths.value(r)))
+            .collect();
+        let device = self.version.store.device();
+        let plans = plan_reads(
+            &extents,
+            device.block_size() as u64,
+            self.options.max_read,
+            self.options.max_gap,
+            self.batch_size,
+        );
+        let extents = Arc::new(extents);
+        let batch = Arc::new(batch);
+        Ok(plans
+            .into_iter()
+            .map(|plan| {
+                let scan = Arc::clone(self);
+                let (batch, extents) = (Arc::clone(&batch), Arc::clone(&extents));
+                Box::pin(async move { scan.execute_read(plan, &batch, &extents).await }) as BoxFuture<'static, _>
+            })
+            .collect())
+    }
+
+    async fn execute_read(&self, plan: ReadPlan, batch: &RecordBatch, extents: &[(u64, u64)]) -> DFResult<Vec<RecordBatch>> {
+        let device = self.version.store.device();
+        let key_at = |r: usize| -> String {
+            self.read_schema
+                .index_of(KEY)
+                .ok()
+                .map(|i| batch.column(i).as_string::<i32>().value(r).to_owned())
+                .unwrap_or_default()
+        };
+        if plan.len > i32::MAX as u64 {
+            let r = plan.runs[0].rows.start;
+            return exec_err!(
+                "sample '{}' of dataset '{}' is {} bytes; a Binary column holds at most 2 GiB per batch",
+                key_at(r),
+                self.version.record.dataset,
+                extents[r].1
+            );
+        }
+        let buf = device
+            .pool()
+            .get(plan.len as usize)
+            .map_err(|e| StorageError::io("allocate read buffer for", device.describe().path, e))?;
+        let buf = device.read_at(plan.offset, buf).await?;
+        self.reads.add(1);
+        self.read_bytes.add(plan.len as usize);
+        let values: Buffer = buf.into_arrow();
+        let crcs = batch.column(self.read_schema.index_of(CRC32C)?).as_primitive::<UInt32Type>();
+
+        let mut out = Vec::with_capacity(plan.runs.len());
+        for run in &plan.runs {
+            let mut offsets = Vec::with_capacity(run.rows.len() + 1);
+            for r in run.rows.clone() {
+                let (start, len) = extents[r];
+                let from = (start - plan.offset) as usize;
+                let bytes = &values.as_slice()[from..from + len as usize];
+                let actual = crc32c::crc32c(bytes);
+                if actual != crcs.value(r) {
+                    return Err(StorageError::ChecksumMismatch {
+                        dataset: self.version.record.dataset.clone(),
+                        version: self.version.record.version,
+                        key: key_at(r),
+                        expected: crcs.value(r),
+                        actual,
+                    }
+                    .into());
+                }
+                offsets.push(from as i32);
+            }
+            let (last_start, last_len) = extents[run.rows.end - 1];
+            offsets.push((last_start + last_len - plan.offset) as i32);
+            // The values buffer is the read buffer itself: no copy.
+            let data = BinaryArray::try_new(OffsetBuffer::new(ScalarBuffer::from(offsets)), values.clone(), None)?;
+            let meta = batch.slice(run.rows.start, run.rows.len());
+            let columns: Vec<ArrayRef> = self
+                .out
+                .iter()
+                .map(|c| match c {
+                    OutCol::Meta(i) => Arc::clone(meta.column(*i)),
+                    OutCol::Data => Arc::new(data.clone()) as ArrayRef,
+                })
+                .collect();
+            let opts = RecordBatchOptions::new().with_row_count(Some(run.rows.len()));
+            out.push(RecordBatch::try_new_with_options(
+                Arc::clone(&self.projected_schema),
+                columns,
+                &opts,
+            )?);
+        }
+        Ok(out)
+    }
+}
+
+fn apply_filter(filter: &Option<Arc<dyn PhysicalExpr>>, batch: RecordBatch) -> DFResult<RecordBatch> {
+    let Some(filter) = filter else { return Ok(batch) };
+    let mask = filter.evaluate(&batch)?.into_array(batch.num_rows())?;
+    let Some(mask) = mask.as_boolean_opt() else {
+        return exec_err!("filter did not evaluate to a boolean: {}", mask.data_type());
+    };
+    Ok(filter_record_batch(&batch, mask)?)
+}
+
+impl DataSource for ExtentSource {
+    fn open(&self, partition: usize, context: Arc<TaskContext>) -> DFResult<SendableRecordBatchStream> {
+        let Some(row_groups) = self.partitions.get(partition).cloned() else {
+            return exec_err!("partition {partition} out of range");
+        };
+        let batch_size = context.session_config().batch_size();
+        let scan = Arc::new(PartitionScan {
+            version: Arc::clone(&self.version),
+            read_schema: Arc::clone(&self.read_schema),
+            projected_schema: Arc::clone(&self.projected_schema),
+            out: self.out.clone(),
+            options: self.options.clone(),
+            batch_size,
+            reads: MetricBuilder::new(&self.metrics).counter("extent_reads", partition),
+            read_bytes: MetricBuilder::new(&self.metrics).counter("extent_bytes", partition),
+        });
+
+        // Metadata batches, filtered, then limited.
+        let (version, read, read_schema) = (Arc::clone(&self.version), self.read.clone(), Arc::clone(&self.read_schema));
+        let filter = self.filter.clone();
+        let meta = stream::iter(row_groups)
+            .then(move |rg| {
+                let (version, read, read_schema) = (Arc::clone(&version), read.clone(), Arc::clone(&read_schema));
+                async move {
+                    tokio::task::spawn_blocking(move || read_row_group(&version, rg, &read, &read_schema, batch_size))
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?
+                }
+            })
+            .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten()
+            .map(move |b| b.and_then(|b| apply_filter(&filter, b)))
+            .scan(self.fetch, |remaining, b| {
+                let item = match (b, remaining.as_mut()) {
+                    (Ok(_), Some(0)) => return futures::future::ready(None),
+                    (Ok(b), Some(n)) => {
+                        let take = b.num_rows().min(*n);
+                        *n -= take;
+                        Ok(b.slice(0, take))
+                    }
+                    (other, None) => other,
+                    (Err(e), Some(_)) => Err(e),
+                };
+                futures::future::ready(Some(item))
+            })
+            .try_filter(|b| futures::future::ready(b.num_rows() > 0));
+
+        let schema = Arc::clone(&self.projected_schema);
+        if !self.wants_data() {
+            let scan2 = Arc::clone(&scan);
+            let out = meta.and_then(move |b| futures::future::ready(scan2.project_meta(&b)));
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)));
+        }
+        let depth = self.options.reads_in_flight.max(1);
+        let out = meta
+            .map(move |b| match b.and_then(|b| scan.reads_for(b)) {
+                Ok(jobs) => stream::iter(jobs).left_stream(),
+                Err(e) => {
+                    let failed: BoxFuture<'static, DFResult<Vec<RecordBatch>>> = Box::pin(futures::future::ready(Err(e)));
+                    stream::iter(vec![failed]).right_stream()
+                }
+            })
+            .flatten()
+            .buffered(depth)
+            .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.version.record;
+        let cols: Vec<&str> = self.projected_schema.fields().iter().map(|f| f.name().as_str()).collect();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "dataset={}@{}", r.dataset, r.version)?;
+                writeln!(f, "columns=[{}]", cols.join(", "))
+            }
+            _ => {
+                write!(
+                    f,
+                    "ExtentSource: dataset={}@{}, partitions={}, projection=[{}]",
+                    r.dataset,
+                    r.version,
+                    self.partitions.len(),
+                    cols.join(", ")
+                )?;
+                if let Some(filter) = &self.filter {
+                    write!(f, ", filter={filter}")?;
+                }
+                if let Some(n) = self.fetch {
+                    write!(f, ", fetch={n}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn output_partitioning(&self) -> Partitioning {
+        Partitioning::UnknownPartitioning(self.partitions.len())
+    }
+
+    fn eq_properties(&self) -> EquivalenceProperties {
+        EquivalenceProperties::new(Arc::clone(&self.projected_schema))
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> DFResult<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.projected_schema);
+        if self.filter.is_none() {
+            let rows = match partition {
+                Some(p) => self.partitions.get(p).map(|rg| self.rows_in(rg)).unwrap_or(0),
+                None => self.partitions.iter().map(|rg| self.rows_in(rg)).sum(),
+            };
+            let rows = self.fetch.map_or(rows, |f| rows.min(f));
+            stats.num_rows = Precision::Exact(rows);
+        }
+        Ok(Arc::new(stats))
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn DataSource>> {
+        let mut s = self.clone();
+        s.fetch = limit;
+        Some(Arc::new(s))
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn metrics(&self) -> ExecutionPlanMetricsSet {
+        self.metrics.clone()
+    }
+
+    fn try_swapping_with_projection(&self, _projection: &ProjectionExprs) -> DFResult<Option<Arc<dyn DataSource>>> {
+        // The table provider already pushed the logical projection in.
+        Ok(None)
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DFResult<TreeNodeRecursion>,
+    ) -> DFResult<TreeNodeRecursion> {
+        match &self.filter {
+            Some(filter) => f(filter),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! [`DatasetTable`]: one dataset version as a DataFusion table.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::DFSchema;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::Result as DFResult;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+
+use super::source::{ExtentSource, ScanOptions};
+use crate::catalog::VersionRecord;
+use crate::error::{Result, StorageError};
+use crate::metadata::{CHUNK, CRC32C, DATA, KEY, LENGTH, OFFSET, table_schema};
+use crate::store::Store;
+
+/// An open dataset version: its record, schemas and Parquet footer.
+#[derive(Debug)]
+pub struct DatasetVersion {
+    /// The store holding it.
+    pub store: Arc<Store>,
+    /// The catalog record.
+    pub record: VersionRecord,
+    /// Schema of the metadata file.
+    pub metadata_schema: SchemaRef,
+    /// Schema of the table (metadata + `data`).
+    pub table_schema: SchemaRef,
+    /// The metadata file's footer, read once.
+    pub parquet: ArrowReaderMetadata,
+    /// The metadata file.
+    pub metadata_path: std::path::PathBuf,
+}
+
+impl DatasetVersion {
+    /// Opens `dataset` at `version` (latest when `None`).
+    pub fn open(store: Arc<Store>, dataset: &str, version: Option<u64>) -> Result<Arc<Self>> {
+        let record = store.catalog().version(dataset, version)?;
+        let path = store.metadata_path(&record.metadata_file);
+        let file = File::open(&path).map_err(|e| StorageError::io("open metadata", &path, e))?;
+        let parquet = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|source| {
+            StorageError::Parquet {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let metadata_schema = Arc::clone(parquet.schema());
+        let table_schema = table_schema(&metadata_schema);
+        Ok(Arc::new(Self {
+            store,
+            record,
+            metadata_schema,
+            table_schema,
+            parquet,
+            metadata_path: path,
+        }))
+    }
+
+    /// Index of `data` in the table schema (always last).
+    pub fn data_index(&self) -> usize {
+        self.table_schema.fields().len() - 1
+    }
+
+    /// Metadata columns a scan that projects `data` must also read.
+    pub fn extent_columns(&self) -> Vec<usize> {
+        [KEY, CHUNK, OFFSET, LENGTH, CRC32C]
+            .iter()
+            .filter_map(|n| self.metadata_schema.index_of(n).ok())
+            .collect()
+    }
+}
+
+/// A dataset version exposed to SQL.
+#[derive(Debug)]
+pub struct DatasetTable {
+    version: Arc<DatasetVersion>,
+    options: ScanOptions,
+}
+
+impl DatasetTable {
+    /// A table over `version`.
+    pub fn new(version: Arc<DatasetVersion>, options: ScanOptions) -> Self {
+        Self { version, options }
+    }
+
+    /// The version it reads.
+    pub fn version(&self) -> &Arc<DatasetVersion> {
+        &self.version
+    }
+}
+
+fn references_data(expr: &Expr) -> bool {
+    expr.column_refs().iter().any(|c| c.name == DATA)
+}
+
+#[async_trait]
+impl TableProvider for DatasetTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.version.table_schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DFResult<Vec<TableProviderFilterPushDown>> {
+        // Filters on metadata columns are applied exactly, before any extent
+        // is read; filters on `data` need the bytes and stay above the scan.
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if references_data(f) {
+                    TableProviderFilterPushDown::Unsupported
+                } else {
+                    TableProviderFilterPushDown::Exact
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let v = &self.version;
+        let projection: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..v.table_schema.fields().len()).collect(),
+        };
+        let wants_data = projection.contains(&v.data_index());
+
+        // Metadata columns to read: projected ones, those the filters use,
+        // and the extent columns when `data` is wanted.
+        let mut read: Vec<usize> = projection.iter().copied().filter(|&i| i != v.data_index()).collect();
+        for f in filters {
+            for c in f.column_refs() {
+                if let Ok(i) = v.metadata_schema.index_of(&c.name) {
+                    read.push(i);
+                }
+            }
+        }
+        if wants_data {
+            read.extend(v.extent_columns());
+        }
+        read.sort_unstable();
+        read.dedup();
+        let read_schema = Arc::new(v.metadata_schema.project(&read)?);
+
+        let filter = match conjunction(filters.iter().cloned()) {
+            Some(expr) => {
+                let df_schema = DFSchema::try_from(read_schema.as_ref().clone())?;
+                Some(state.create_physical_expr(expr, &df_schema)?)
+            }
+            None => None,
+        };
+        let partitions = state.config().target_partitions();
+        let source = ExtentSource::try_new(
+            Arc::clone(v),
+            projection,
+            read,
+            read_schema,
+            filter,
+            limit,
+            partitions,
+            self.options.clone(),
+        )?;
+        Ok(DataSourceExec::from_data_source(source))
+    }
+}
