@@ -1,1 +1,65 @@
-fn main() {}
+//! # sluice
+//!
+//! The `sluice` binary: a dataflow service that feeds ML trainers. This
+//! crate is the top of the stack — CLI, configuration and wiring; the
+//! storage engine lives in `sluice-storage` (`storage-exec/`).
+//!
+//! ```text
+//! sluice [--data-dir DIR] ingest DATASET SOURCE [--manifest FILE] [--on-error skip|fail]
+//! sluice [--data-dir DIR] datasets [--format table|json]
+//! sluice [--data-dir DIR] sql "QUERY" [--format table|csv|json] [--binary length|hex|base64]
+//! sluice [--data-dir DIR] info
+//! sluice [--data-dir DIR] bench scan|random|catalog
+//! sluice gen-sample DIR
+//! ```
+//!
+//! Every command exits non-zero with a one-line `error: …` on failure.
+
+mod cli;
+mod commands;
+mod output;
+mod size;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error chain on one line, leaving out causes whose text an outer error
+/// already printed (DataFusion and storage errors embed their sources).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if msg.contains(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg.replace('\n', " ")
+}

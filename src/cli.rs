@@ -1,0 +1,127 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice_storage::device::Backend;
+
+use crate::size::parse_size;
+
+/// sluice: preprocessing pipelines for ML trainers, next to the data.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// Data directory (catalog, metadata and the file-backed device).
+    #[arg(long, global = true, env = "SLUICE_DATA_DIR", default_value = "./sluice-data")]
+    pub data_dir: PathBuf,
+    /// Device backend: auto (io_uring, else file), uring or file.
+    #[arg(long, global = true, env = "SLUICE_DEVICE_BACKEND", default_value = "auto")]
+    pub device_backend: Backend,
+    /// A block device or file to use as the device (only when creating the data dir).
+    #[arg(long, global = true, env = "SLUICE_DEVICE")]
+    pub device: Option<PathBuf>,
+    /// Size of a new device file, e.g. 16GiB (sparse; only when creating the data dir).
+    #[arg(long, global = true, env = "SLUICE_DEVICE_SIZE", default_value = "16GiB", value_parser = parse_size)]
+    pub device_size: u64,
+    /// Chunk size of a new data dir, e.g. 4MiB.
+    #[arg(long, global = true, env = "SLUICE_CHUNK_SIZE", default_value = "4MiB", value_parser = parse_size)]
+    pub chunk_size: u64,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format of `datasets` and `info`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum DocFormat {
+    /// Aligned text.
+    Table,
+    /// JSON.
+    Json,
+}
+
+/// Output format of `sql`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum RowFormat {
+    /// Aligned text table.
+    Table,
+    /// CSV with a header.
+    Csv,
+    /// JSON lines: one object per row.
+    Json,
+}
+
+/// How binary columns are printed.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum BinaryFormat {
+    /// Their length in bytes.
+    Length,
+    /// Lower-case hex.
+    Hex,
+    /// Standard base64.
+    Base64,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Ingest a directory (ImageFolder or flat) or a manifest as a new dataset version.
+    Ingest {
+        /// Dataset name (letters, digits, '_' and '-').
+        dataset: String,
+        /// A directory, or a manifest file (.csv, .jsonl, .parquet) with a `path` column.
+        source: PathBuf,
+        /// A manifest whose relative paths resolve against SOURCE.
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// What to do with unreadable or unrecognised objects.
+        #[arg(long, default_value = "skip")]
+        on_error: sluice_storage::OnError,
+        /// Summary format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
+    },
+    /// List datasets with their versions, sample counts and bytes.
+    Datasets {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
+    },
+    /// Run a SQL query over the datasets.
+    Sql {
+        /// The query (DataFusion SQL; DDL, DML and COPY are refused).
+        query: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: RowFormat,
+        /// How to print binary columns such as `data`.
+        #[arg(long, value_enum, default_value = "length")]
+        binary: BinaryFormat,
+    },
+    /// Show the data dir: device, backend, free space.
+    Info {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
+    },
+    /// Write a small generated ImageFolder dataset (JPEG and PNG) to DIR.
+    GenSample {
+        /// Output directory.
+        dir: PathBuf,
+        /// Number of classes.
+        #[arg(long, default_value_t = 3)]
+        classes: u32,
+        /// Images per class.
+        #[arg(long, default_value_t = 20)]
+        per_class: u32,
+        /// Seed for the generated pixels.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Benchmarks of the storage path against the device's own limit.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: crate::commands::bench::BenchCommand,
+    },
+}

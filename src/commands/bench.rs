@@ -1,0 +1,445 @@
+//! `sluice bench`: the storage path measured against the device's own limit,
+//! in the same run, on the same device file.
+//!
+//! - `scan`: a sequential scan of a dataset's `data` through SQL, against
+//!   `dd iflag=direct` (and `fio` when installed) reading the same bytes;
+//! - `random`: random object reads (crc-checked, many in flight) against
+//!   `fio --rw=randread` at the same block size and depth;
+//! - `catalog`: ingest of 1,000,000 small objects' metadata, `count(*)`, a
+//!   selective filter, and peak RSS.
+//!
+//! Each prints a table with our figure, the baseline's and the ratio, and
+//! writes the same as JSON (`--json FILE`). Runs repeat and report medians:
+//! the machine is shared and noisy.
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{UInt32Type, UInt64Type};
+use clap::Subcommand;
+use futures::{StreamExt, TryStreamExt};
+use sluice_storage::device::DeviceExt;
+use sluice_storage::{IngestOptions, IngestSource, OnError, Store, StoreOptions};
+
+use crate::cli::Cli;
+use crate::size::{human, parse_size};
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Sequential scan of `data` vs dd/fio sequential reads of the same device file.
+    Scan {
+        /// Bytes of objects to ingest and scan.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        bytes: u64,
+        /// Object size.
+        #[arg(long, default_value = "256KiB", value_parser = parse_size)]
+        object_size: u64,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Random object reads vs fio random reads at the same block size and depth.
+    Random {
+        /// Bytes of objects to ingest.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        bytes: u64,
+        /// Object size (and fio block size).
+        #[arg(long, default_value = "128KiB", value_parser = parse_size)]
+        object_size: u64,
+        /// Reads in flight.
+        #[arg(long, default_value_t = 32)]
+        depth: usize,
+        /// Reads per run.
+        #[arg(long, default_value_t = 4000)]
+        reads: usize,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Metadata path at scale: ingest many small objects, count, filter.
+    Catalog {
+        /// Number of objects.
+        #[arg(long, default_value_t = 1_000_000)]
+        samples: usize,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
+    // Benchmarks use their own data dir beside the configured one, so they
+    // never touch real datasets; it is removed afterwards.
+    let dir = cli.data_dir.with_file_name(format!(
+        "{}-bench-{}",
+        cli.data_dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "sluice".into()),
+        std::process::id()
+    ));
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let opts = StoreOptions {
+        backend: cli.device_backend,
+        chunk_size: cli.chunk_size,
+        ..StoreOptions::new(&dir)
+    };
+    match which {
+        BenchCommand::Scan { bytes, object_size, runs, json } => {
+            scan(&opts, *bytes, *object_size, *runs, json.as_deref()).await
+        }
+        BenchCommand::Random {
+            bytes,
+            object_size,
+            depth,
+            reads,
+            runs,
+            json,
+        } => random(&opts, *bytes, *object_size, *depth, *reads, *runs, json.as_deref()).await,
+        BenchCommand::Catalog { samples, json } => catalog(&opts, *samples, json.as_deref()).await,
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// A JPEG of noise close to `size` bytes, padded to exactly `size` (bytes
+/// after the end-of-image marker are ignored by decoders).
+fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let side = 64u32;
+    let img = image::RgbImage::from_fn(side, side, |_, _| {
+        let v = next();
+        image::Rgb([v as u8, (v >> 8) as u8, (v >> 16) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    let _ = img.write_to(&mut out, image::ImageFormat::Jpeg);
+    let mut bytes = out.into_inner();
+    while bytes.len() < size {
+        let v = next();
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    bytes.truncate(size.max(bytes.len().min(size)));
+    bytes
+}
+
+async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> anyhow::Result<u64> {
+    let n = (bytes / object_size).max(1) as usize;
+    let templates: Vec<Vec<u8>> = (0..16).map(|i| noise_jpeg(object_size as usize, i + 1)).collect();
+    let samples = (0..n)
+        .map(|i| (format!("obj_{i:08}"), templates[i % templates.len()].clone()))
+        .collect();
+    let t = Instant::now();
+    let report = sluice_storage::ingest(
+        store,
+        name,
+        IngestSource::Memory(samples),
+        IngestOptions {
+            on_error: OnError::Fail,
+            progress: None,
+        },
+    )
+    .await?;
+    println!(
+        "ingested {} objects of {} ({}) in {:.1} s",
+        report.samples,
+        human(object_size),
+        human(report.bytes),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(report.bytes)
+}
+
+/// Drops the device file's pages from the page cache (O_DIRECT never uses
+/// them, but the file backend and dd without iflag=direct would).
+fn drop_cache(path: &Path) {
+    if let Ok(f) = std::fs::File::open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: posix_fadvise on a valid open descriptor has no memory effects.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
+fn dd_direct(path: &Path, bytes: u64) -> anyhow::Result<f64> {
+    let bs = 4u64 << 20;
+    let count = bytes.div_ceil(bs);
+    let t = Instant::now();
+    let out = Process::new("dd")
+        .arg(format!("if={}", path.display()))
+        .arg("of=/dev/null")
+        .arg("iflag=direct")
+        .arg(format!("bs={bs}"))
+        .arg(format!("count={count}"))
+        .output()
+        .context("run dd")?;
+    if !out.status.success() {
+        bail!("dd failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok((count * bs) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn fio_available() -> bool {
+    Process::new("fio").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// Runs fio on the device file and returns (bytes/s, IOPS).
+fn fio(path: &Path, rw: &str, bs: u64, depth: usize, size: u64, runtime_s: u64) -> anyhow::Result<(f64, f64)> {
+    let out = Process::new("fio")
+        .args(["--name=baseline", "--ioengine=io_uring", "--direct=1", "--output-format=json"])
+        .arg(format!("--filename={}", path.display()))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--iodepth={depth}"))
+        .arg(format!("--size={size}"))
+        .arg(format!("--runtime={runtime_s}"))
+        .arg("--time_based=0")
+        .output()
+        .context("run fio")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).context("parse fio output")?;
+    let read = &doc["jobs"][0]["read"];
+    let bw = read["bw_bytes"].as_f64().unwrap_or(0.0);
+    let iops = read["iops"].as_f64().unwrap_or(0.0);
+    Ok((bw, iops))
+}
+
+fn write_json(path: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(p) = path {
+        std::fs::write(p, serde_json::to_string_pretty(doc)?).with_context(|| format!("write {}", p.display()))?;
+    }
+    Ok(())
+}
+
+async fn scan(opts: &StoreOptions, bytes: u64, object_size: u64, runs: usize, json: Option<&Path>) -> anyhow::Result<()> {
+    let store = Store::open(opts)?;
+    let device_path = store.device().describe().path;
+    let written = fill(&store, "bench", bytes, object_size).await?;
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let (mut ours, mut dd, mut fio_seq) = (Vec::new(), Vec::new(), Vec::new());
+    let has_fio = fio_available();
+    for _ in 0..runs.max(1) {
+        drop_cache(&device_path);
+        let t = Instant::now();
+        let mut stream = ctx.sql("SELECT data FROM bench").await?.execute_stream().await?;
+        let mut seen = 0u64;
+        while let Some(batch) = stream.try_next().await? {
+            let data = batch.column(0).as_binary::<i32>();
+            seen += (data.value_offsets()[data.len()] - data.value_offsets()[0]) as u64;
+        }
+        if seen != written {
+            bail!("scan returned {seen} bytes, {written} were ingested");
+        }
+        ours.push(seen as f64 / t.elapsed().as_secs_f64());
+        drop_cache(&device_path);
+        dd.push(dd_direct(&device_path, written)?);
+        if has_fio {
+            fio_seq.push(fio(&device_path, "read", 4 << 20, 8, written, 60)?.0);
+        }
+    }
+    let (ours, dd) = (median(ours), median(dd));
+    let backend = store.device().describe().backend;
+    println!();
+    println!("sequential scan of {} ({} objects, {} backend), median of {runs}", human(written), human(object_size), backend);
+    println!("{:<36} {:>12}", "", "MiB/s");
+    println!("{:<36} {:>12.0}", "sluice SELECT data (crc-checked)", ours / 1048576.0);
+    println!("{:<36} {:>12.0}", "dd iflag=direct bs=4M", dd / 1048576.0);
+    let mut doc = serde_json::json!({
+        "bench": "scan", "bytes": written, "object_size": object_size, "backend": backend,
+        "sluice_bytes_per_s": ours, "dd_bytes_per_s": dd, "ratio_vs_dd": ours / dd,
+    });
+    let best = if fio_seq.is_empty() {
+        println!("{:<36} {:>12}", "fio (not installed)", "-");
+        dd
+    } else {
+        let f = median(fio_seq);
+        println!("{:<36} {:>12.0}", "fio io_uring read bs=4M qd=8", f / 1048576.0);
+        doc["fio_bytes_per_s"] = f.into();
+        doc["ratio_vs_fio"] = (ours / f).into();
+        dd.max(f)
+    };
+    println!("ratio sluice / best baseline: {:.2}", ours / best);
+    doc["ratio_vs_best"] = (ours / best).into();
+    write_json(json, &doc)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn random(
+    opts: &StoreOptions,
+    bytes: u64,
+    object_size: u64,
+    depth: usize,
+    reads: usize,
+    runs: usize,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
+    let store = Store::open(opts)?;
+    let device = Arc::clone(store.device());
+    let device_path = device.describe().path;
+    let written = fill(&store, "bench", bytes, object_size).await?;
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let meta = ctx.sql("SELECT chunk, \"offset\", length, crc32c FROM bench").await?.collect().await?;
+    let chunk_size = store.chunk_size();
+    let mut extents = Vec::new();
+    for b in &meta {
+        let (c, o, l, k) = (
+            b.column(0).as_primitive::<UInt64Type>(),
+            b.column(1).as_primitive::<UInt64Type>(),
+            b.column(2).as_primitive::<UInt64Type>(),
+            b.column(3).as_primitive::<UInt32Type>(),
+        );
+        for i in 0..b.num_rows() {
+            extents.push((c.value(i) * chunk_size + o.value(i), l.value(i), k.value(i)));
+        }
+    }
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut ours = Vec::new();
+    let mut fio_iops = Vec::new();
+    let has_fio = fio_available();
+    for _ in 0..runs.max(1) {
+        let picks: Vec<(u64, u64, u32)> = (0..reads)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                extents[(x % extents.len() as u64) as usize]
+            })
+            .collect();
+        let t = Instant::now();
+        let dev = Arc::clone(&device);
+        futures::stream::iter(picks)
+            .map(|(off, len, crc)| {
+                let dev = Arc::clone(&dev);
+                async move {
+                    let (buf, at) = dev.read_covering(off, len).await?;
+                    let actual = crc32c::crc32c(&buf.as_slice()[at..at + len as usize]);
+                    if actual != crc {
+                        bail!("checksum mismatch at {off}");
+                    }
+                    Ok(())
+                }
+            })
+            .buffer_unordered(depth)
+            .try_collect::<Vec<()>>()
+            .await?;
+        ours.push(reads as f64 / t.elapsed().as_secs_f64());
+        if has_fio {
+            fio_iops.push(fio(&device_path, "randread", object_size, depth, written, 20)?.1);
+        }
+    }
+    let ours = median(ours);
+    println!();
+    println!(
+        "random reads of {} objects over {}, {depth} in flight, {} backend, median of {runs}",
+        human(object_size),
+        human(written),
+        device.describe().backend
+    );
+    println!("{:<44} {:>10}", "", "IOPS");
+    println!("{:<44} {:>10.0}", "sluice object reads (crc-checked)", ours);
+    let mut doc = serde_json::json!({
+        "bench": "random", "bytes": written, "object_size": object_size, "depth": depth,
+        "sluice_iops": ours,
+    });
+    if fio_iops.is_empty() {
+        println!("{:<44} {:>10}", "fio randread (not installed)", "-");
+    } else {
+        let f = median(fio_iops);
+        println!("{:<44} {:>10.0}", format!("fio io_uring randread bs={} qd={depth}", human(object_size)), f);
+        println!("ratio sluice / fio: {:.2}", ours / f);
+        doc["fio_iops"] = f.into();
+        doc["ratio_vs_fio"] = (ours / f).into();
+    }
+    write_json(json, &doc)
+}
+
+fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> anyhow::Result<()> {
+    let store = Store::open(opts)?;
+    // The smallest valid image: the metadata path is what is measured.
+    let png = {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::RgbImage::new(1, 1).write_to(&mut out, image::ImageFormat::Png)?;
+        out.into_inner()
+    };
+    let objects: Vec<(String, Vec<u8>)> = (0..samples).map(|i| (format!("obj_{i:08}"), png.clone())).collect();
+    let t = Instant::now();
+    let report = sluice_storage::ingest(
+        &store,
+        "catalog",
+        IngestSource::Memory(objects),
+        IngestOptions {
+            on_error: OnError::Fail,
+            progress: None,
+        },
+    )
+    .await?;
+    let ingest_s = t.elapsed().as_secs_f64();
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let t = Instant::now();
+    let count = ctx.sql("SELECT count(*) FROM catalog").await?.collect().await?;
+    let count_s = t.elapsed().as_secs_f64();
+    let n = count[0].column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0);
+    let probe = format!("obj_{:08}", samples / 2);
+    let t = Instant::now();
+    let hit = ctx
+        .sql(&format!("SELECT key, length FROM catalog WHERE key = '{probe}'"))
+        .await?
+        .collect()
+        .await?;
+    let filter_s = t.elapsed().as_secs_f64();
+    let hits: usize = hit.iter().map(|b| b.num_rows()).sum();
+    if n as usize != samples || hits != 1 {
+        bail!("catalog bench: count {n} (want {samples}), filter hits {hits} (want 1)");
+    }
+    let rate = report.samples as f64 / ingest_s;
+    let rss = peak_rss_bytes();
+    println!();
+    println!("catalog scale: {samples} objects");
+    println!("{:<40} {:>14}", "ingest (sniff, crc, pack, metadata, commit)", format!("{rate:.0} samples/s"));
+    println!("{:<40} {:>14}", "SELECT count(*)", format!("{:.3} s", count_s));
+    println!("{:<40} {:>14}", "WHERE key = '…' (1 row)", format!("{:.3} s", filter_s));
+    println!("{:<40} {:>14}", "peak RSS", human(rss));
+    write_json(
+        json,
+        &serde_json::json!({
+            "bench": "catalog", "samples": samples, "ingest_samples_per_s": rate,
+            "count_s": count_s, "filter_s": filter_s, "peak_rss_bytes": rss,
+        }),
+    )
+}

@@ -1,0 +1,73 @@
+//! `sluice ingest DATASET SOURCE`: a new dataset version from a directory or manifest.
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_storage::{IngestOptions, IngestSource, OnError};
+
+use super::open_store;
+use crate::cli::{Cli, DocFormat};
+use crate::size::human;
+
+pub async fn run(
+    cli: &Cli,
+    dataset: &str,
+    source: &Path,
+    manifest: Option<&Path>,
+    on_error: OnError,
+    format: DocFormat,
+) -> anyhow::Result<()> {
+    let store = open_store(cli)?;
+    let source = IngestSource::from_cli(source, manifest);
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {pos}/{len} samples {msg} [{elapsed_precise}, eta {eta}]")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress_bar = bar.clone();
+    let opts = IngestOptions {
+        on_error,
+        progress: Some(Box::new(move |p| {
+            if let Some(bar) = &progress_bar {
+                bar.set_length(p.total);
+                bar.set_position(p.done);
+                if p.done % 64 == 0 || p.done == p.total {
+                    bar.set_message(human(p.bytes));
+                }
+            }
+        })),
+    };
+    let result = sluice_storage::ingest(&store, dataset, source, opts).await;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let report = result?;
+    match format {
+        DocFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        DocFormat::Table => {
+            let rate = report.samples as f64 / report.seconds.max(1e-9);
+            println!(
+                "ingested '{}' version {}: {} samples, {} in {} chunks, {:.2} s ({:.0} samples/s, {}/s)",
+                report.dataset,
+                report.version,
+                report.samples,
+                human(report.bytes),
+                report.chunks,
+                report.seconds,
+                rate,
+                human((report.bytes as f64 / report.seconds.max(1e-9)) as u64),
+            );
+            if !report.skipped.is_empty() {
+                println!("skipped {}:", report.skipped.len());
+                for s in &report.skipped {
+                    println!("  {}: {}", s.key, s.reason);
+                }
+            }
+        }
+    }
+    Ok(())
+}

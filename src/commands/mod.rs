@@ -1,0 +1,54 @@
+//! One file per command; [`run`] dispatches.
+
+pub mod bench;
+mod datasets;
+mod gen_sample;
+mod info;
+mod ingest;
+mod sql;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use sluice_storage::{Store, StoreOptions};
+
+use crate::cli::{Cli, Command};
+
+/// Store options from the global flags.
+pub fn store_options(cli: &Cli) -> StoreOptions {
+    StoreOptions {
+        backend: cli.device_backend,
+        device_path: cli.device.clone(),
+        device_size: cli.device_size,
+        chunk_size: cli.chunk_size,
+        ..StoreOptions::new(&cli.data_dir)
+    }
+}
+
+/// Opens (creating if needed) the data dir named by the global flags.
+pub fn open_store(cli: &Cli) -> anyhow::Result<Arc<Store>> {
+    Store::open(&store_options(cli)).with_context(|| format!("cannot open data dir {}", cli.data_dir.display()))
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Ingest {
+            dataset,
+            source,
+            manifest,
+            on_error,
+            format,
+        } => ingest::run(&cli, dataset, source, manifest.as_deref(), *on_error, *format).await,
+        Command::Datasets { format } => datasets::run(&cli, *format),
+        Command::Sql { query, format, binary } => sql::run(&cli, query, *format, *binary).await,
+        Command::Info { format } => info::run(&cli, *format),
+        Command::GenSample {
+            dir,
+            classes,
+            per_class,
+            seed,
+        } => gen_sample::run(dir, *classes, *per_class, *seed),
+        Command::Bench { which } => bench::run(&cli, which).await,
+    }
+}

@@ -1,0 +1,131 @@
+//! Printing query results: aligned table, CSV, or JSON lines.
+//!
+//! Binary columns (such as `data`) are printed as their byte length unless
+//! `--binary hex|base64` asks for the bytes.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringBuilder, UInt64Builder};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::error::ArrowError;
+
+use crate::cli::{BinaryFormat, RowFormat};
+
+fn render_binary(col: &ArrayRef, mode: BinaryFormat) -> Option<(DataType, ArrayRef)> {
+    let values: Vec<Option<&[u8]>> = match col.data_type() {
+        DataType::Binary => col.as_binary::<i32>().iter().collect(),
+        DataType::LargeBinary => col.as_binary::<i64>().iter().collect(),
+        DataType::BinaryView => col.as_binary_view().iter().collect(),
+        _ => return None,
+    };
+    Some(match mode {
+        BinaryFormat::Length => {
+            let mut b = UInt64Builder::with_capacity(values.len());
+            values.iter().for_each(|v| b.append_option(v.map(|v| v.len() as u64)));
+            (DataType::UInt64, Arc::new(b.finish()))
+        }
+        BinaryFormat::Hex | BinaryFormat::Base64 => {
+            let mut b = StringBuilder::new();
+            for v in values {
+                b.append_option(v.map(|v| match mode {
+                    BinaryFormat::Hex => v.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+                    _ => base64(v),
+                }));
+            }
+            (DataType::Utf8, Arc::new(b.finish()))
+        }
+    })
+}
+
+/// Standard base64 with padding.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Replaces binary columns by their printable form.
+pub fn printable(batch: &RecordBatch, mode: BinaryFormat) -> Result<RecordBatch, ArrowError> {
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (f, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        match render_binary(col, mode) {
+            Some((dt, c)) => {
+                fields.push(Field::new(f.name(), dt, f.is_nullable()));
+                columns.push(c);
+            }
+            None => {
+                fields.push(f.as_ref().clone());
+                columns.push(Arc::clone(col));
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// Writes `batches` (with `schema`, for empty results) to stdout.
+pub fn print_batches(schema: &SchemaRef, batches: &[RecordBatch], format: RowFormat, binary: BinaryFormat) -> anyhow::Result<()> {
+    let batches: Vec<RecordBatch> = if batches.is_empty() {
+        vec![RecordBatch::new_empty(Arc::clone(schema))]
+    } else {
+        batches.to_vec()
+    };
+    let batches = batches.iter().map(|b| printable(b, binary)).collect::<Result<Vec<_>, _>>()?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match format {
+        RowFormat::Table => {
+            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(&batches)?)?;
+        }
+        RowFormat::Csv => {
+            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            for b in &batches {
+                w.write(b)?;
+            }
+        }
+        RowFormat::Json => {
+            let mut w = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::LineDelimited>(&mut out);
+            for b in &batches {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::BinaryArray;
+
+    #[test]
+    fn binary_columns_print_as_length_hex_or_base64() {
+        let col: ArrayRef = Arc::new(BinaryArray::from(vec![Some(b"hi!" as &[u8]), None, Some(b"\x00\xff")]));
+        let batch = RecordBatch::try_from_iter([("data", col)]).unwrap();
+        let len = printable(&batch, BinaryFormat::Length).unwrap();
+        assert_eq!(len.column(0).as_primitive::<arrow::datatypes::UInt64Type>().value(0), 3);
+        assert!(len.column(0).is_null(1));
+        let hex = printable(&batch, BinaryFormat::Hex).unwrap();
+        assert_eq!(hex.column(0).as_string::<i32>().value(2), "00ff");
+        let b64 = printable(&batch, BinaryFormat::Base64).unwrap();
+        assert_eq!(b64.column(0).as_string::<i32>().value(0), "aGkh");
+        assert_eq!(base64(b"\x00\xff"), "AP8=");
+        assert_eq!(base64(b"a"), "YQ==");
+    }
+}
