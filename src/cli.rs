@@ -12,10 +12,20 @@ use crate::size::parse_size;
 #[command(name = "sluice", version, about)]
 pub struct Cli {
     /// Data directory (catalog, metadata and the file-backed device).
-    #[arg(long, global = true, env = "SLUICE_DATA_DIR", default_value = "./sluice-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_DATA_DIR",
+        default_value = "./sluice-data"
+    )]
     pub data_dir: PathBuf,
     /// Device backend: auto (io_uring, else file), uring or file.
-    #[arg(long, global = true, env = "SLUICE_DEVICE_BACKEND", default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_DEVICE_BACKEND",
+        default_value = "auto"
+    )]
     pub device_backend: Backend,
     /// A block device or file to use as the device (only when creating the data dir).
     #[arg(long, global = true, env = "SLUICE_DEVICE")]

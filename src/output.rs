@@ -22,7 +22,9 @@ fn render_binary(col: &ArrayRef, mode: BinaryFormat) -> Option<(DataType, ArrayR
     Some(match mode {
         BinaryFormat::Length => {
             let mut b = UInt64Builder::with_capacity(values.len());
-            values.iter().for_each(|v| b.append_option(v.map(|v| v.len() as u64)));
+            values
+                .iter()
+                .for_each(|v| b.append_option(v.map(|v| v.len() as u64)));
             (DataType::UInt64, Arc::new(b.finish()))
         }
         BinaryFormat::Hex | BinaryFormat::Base64 => {
@@ -43,7 +45,11 @@ pub fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -76,21 +82,35 @@ pub fn printable(batch: &RecordBatch, mode: BinaryFormat) -> Result<RecordBatch,
 }
 
 /// Writes `batches` (with `schema`, for empty results) to stdout.
-pub fn print_batches(schema: &SchemaRef, batches: &[RecordBatch], format: RowFormat, binary: BinaryFormat) -> anyhow::Result<()> {
+pub fn print_batches(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    format: RowFormat,
+    binary: BinaryFormat,
+) -> anyhow::Result<()> {
     let batches: Vec<RecordBatch> = if batches.is_empty() {
         vec![RecordBatch::new_empty(Arc::clone(schema))]
     } else {
         batches.to_vec()
     };
-    let batches = batches.iter().map(|b| printable(b, binary)).collect::<Result<Vec<_>, _>>()?;
+    let batches = batches
+        .iter()
+        .map(|b| printable(b, binary))
+        .collect::<Result<Vec<_>, _>>()?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match format {
         RowFormat::Table => {
-            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(&batches)?)?;
+            writeln!(
+                out,
+                "{}",
+                arrow::util::pretty::pretty_format_batches(&batches)?
+            )?;
         }
         RowFormat::Csv => {
-            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            let mut w = arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
             for b in &batches {
                 w.write(b)?;
             }
@@ -116,10 +136,19 @@ mod tests {
 
     #[test]
     fn binary_columns_print_as_length_hex_or_base64() {
-        let col: ArrayRef = Arc::new(BinaryArray::from(vec![Some(b"hi!" as &[u8]), None, Some(b"\x00\xff")]));
+        let col: ArrayRef = Arc::new(BinaryArray::from(vec![
+            Some(b"hi!" as &[u8]),
+            None,
+            Some(b"\x00\xff"),
+        ]));
         let batch = RecordBatch::try_from_iter([("data", col)]).unwrap();
         let len = printable(&batch, BinaryFormat::Length).unwrap();
-        assert_eq!(len.column(0).as_primitive::<arrow::datatypes::UInt64Type>().value(0), 3);
+        assert_eq!(
+            len.column(0)
+                .as_primitive::<arrow::datatypes::UInt64Type>()
+                .value(0),
+            3
+        );
         assert!(len.column(0).is_null(1));
         let hex = printable(&batch, BinaryFormat::Hex).unwrap();
         assert_eq!(hex.column(0).as_string::<i32>().value(2), "00ff");

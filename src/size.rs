@@ -15,7 +15,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "tib" | "t" | "tb" => 1 << 40,
         other => return Err(format!("invalid size unit '{other}' in '{s}'")),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size '{s}' overflows"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size '{s}' overflows"))
 }
 
 /// Formats bytes with a binary unit.
@@ -27,7 +28,11 @@ pub fn human(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 #[cfg(test)]

@@ -15,19 +15,29 @@ fn ingest_list_and_query_an_image_folder() {
     std::fs::write(src.join("class_2/empty.jpg"), "").unwrap();
 
     let out = env.ok(&["ingest", "pets", src.to_str().unwrap()]);
-    assert!(out.contains("ingested 'pets' version 1: 24 samples"), "{out}");
+    assert!(
+        out.contains("ingested 'pets' version 1: 24 samples"),
+        "{out}"
+    );
     assert!(out.contains("skipped 2:"), "{out}");
-    assert!(out.contains("class_1/notes.txt: not a recognised image format"), "{out}");
+    assert!(
+        out.contains("class_1/notes.txt: not a recognised image format"),
+        "{out}"
+    );
     assert!(out.contains("class_2/empty.jpg: empty file"), "{out}");
 
-    let list: serde_json::Value = serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list: serde_json::Value =
+        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
     assert_eq!(list[0]["name"], "pets");
     assert_eq!(list[0]["latest_version"], 1);
     assert_eq!(list[0]["samples"], 24);
     let table = env.ok(&["datasets"]);
     assert!(table.lines().nth(1).unwrap().starts_with("pets"), "{table}");
 
-    let rows = env.sql_json("SELECT label, count(*) AS n FROM pets GROUP BY label ORDER BY label", &[]);
+    let rows = env.sql_json(
+        "SELECT label, count(*) AS n FROM pets GROUP BY label ORDER BY label",
+        &[],
+    );
     assert_eq!(rows.len(), 3);
     assert_eq!(rows[0]["label"], "class_0");
     assert_eq!(rows[0]["n"], 8);
@@ -36,26 +46,47 @@ fn ingest_list_and_query_an_image_folder() {
     let rows = env.sql_json("SELECT key, data, length FROM pets ORDER BY key", &[]);
     assert_eq!(rows.len(), 24);
     assert_eq!(rows[0]["data"], rows[0]["length"]);
-    let rows = env.sql_json("SELECT key, data FROM pets ORDER BY key", &["--binary", "base64"]);
+    let rows = env.sql_json(
+        "SELECT key, data FROM pets ORDER BY key",
+        &["--binary", "base64"],
+    );
     for r in &rows {
         let key = r["key"].as_str().unwrap();
         let original = std::fs::read(src.join(key)).unwrap();
-        assert_eq!(unbase64(r["data"].as_str().unwrap()), original, "bytes of {key}");
+        assert_eq!(
+            unbase64(r["data"].as_str().unwrap()),
+            original,
+            "bytes of {key}"
+        );
     }
 
-    let csv = env.ok(&["sql", "SELECT key, width FROM pets ORDER BY key LIMIT 2", "--format", "csv"]);
+    let csv = env.ok(&[
+        "sql",
+        "SELECT key, width FROM pets ORDER BY key LIMIT 2",
+        "--format",
+        "csv",
+    ]);
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines[0], "key,width");
     assert_eq!(lines.len(), 3);
-    let table = env.ok(&["sql", "SELECT format, count(*) FROM pets GROUP BY format ORDER BY format"]);
-    assert!(table.contains("| jpeg") && table.contains("| png"), "{table}");
+    let table = env.ok(&[
+        "sql",
+        "SELECT format, count(*) FROM pets GROUP BY format ORDER BY format",
+    ]);
+    assert!(
+        table.contains("| jpeg") && table.contains("| png"),
+        "{table}"
+    );
 
     // Sniffed dimensions match the files.
     let rows = env.sql_json("SELECT key, width, height, channels FROM pets", &[]);
     for r in rows {
         let key = r["key"].as_str().unwrap();
         let (w, h) = image::image_dimensions(src.join(key)).unwrap();
-        assert_eq!((r["width"].as_u64().unwrap(), r["height"].as_u64().unwrap()), (u64::from(w), u64::from(h)));
+        assert_eq!(
+            (r["width"].as_u64().unwrap(), r["height"].as_u64().unwrap()),
+            (u64::from(w), u64::from(h))
+        );
         assert_eq!(r["channels"], 3);
     }
 }
@@ -66,11 +97,19 @@ fn on_error_fail_commits_nothing() {
     let src = env.path("src");
     gen_sample(&env, &src, 1, 4, 1);
     env.ok(&["ingest", "ds", src.to_str().unwrap()]);
-    std::fs::write(src.join("class_0/zz_broken.jpg"), b"\xff\xd8\xff\xe0 truncated").unwrap();
+    std::fs::write(
+        src.join("class_0/zz_broken.jpg"),
+        b"\xff\xd8\xff\xe0 truncated",
+    )
+    .unwrap();
     let err = env.fails(&["ingest", "ds", src.to_str().unwrap(), "--on-error", "fail"]);
-    assert!(err.contains("sample 'class_0/zz_broken.jpg' refused"), "{err}");
+    assert!(
+        err.contains("sample 'class_0/zz_broken.jpg' refused"),
+        "{err}"
+    );
     assert!(err.contains("nothing was committed"), "{err}");
-    let list: serde_json::Value = serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list: serde_json::Value =
+        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
     assert_eq!(list[0]["latest_version"], 1);
     assert_eq!(list[0]["versions"].as_array().unwrap().len(), 1);
 }
@@ -84,7 +123,10 @@ fn manifests_carry_their_columns() {
     let mut want = HashMap::new();
     for c in 0..2 {
         for i in 0..5 {
-            let path = format!("class_{c}/img_{i:05}.{}", if i % 4 == 3 { "png" } else { "jpg" });
+            let path = format!(
+                "class_{c}/img_{i:05}.{}",
+                if i % 4 == 3 { "png" } else { "jpg" }
+            );
             let split = if i == 0 { "val" } else { "train" };
             csv.push_str(&format!("{path},sample-{c}-{i},{c},{split}\n"));
             want.insert(format!("sample-{c}-{i}"), path);
@@ -92,17 +134,39 @@ fn manifests_carry_their_columns() {
     }
     let manifest = env.path("manifest.csv");
     std::fs::write(&manifest, csv).unwrap();
-    let out = env.ok(&["ingest", "m", src.to_str().unwrap(), "--manifest", manifest.to_str().unwrap()]);
+    let out = env.ok(&[
+        "ingest",
+        "m",
+        src.to_str().unwrap(),
+        "--manifest",
+        manifest.to_str().unwrap(),
+    ]);
     assert!(out.contains("10 samples"), "{out}");
-    let rows = env.sql_json("SELECT key, label, data FROM m WHERE split = 'val' ORDER BY key", &["--binary", "base64"]);
+    let rows = env.sql_json(
+        "SELECT key, label, data FROM m WHERE split = 'val' ORDER BY key",
+        &["--binary", "base64"],
+    );
     assert_eq!(rows.len(), 2);
     for r in rows {
         let key = r["key"].as_str().unwrap();
-        assert_eq!(unbase64(r["data"].as_str().unwrap()), std::fs::read(src.join(&want[key])).unwrap());
+        assert_eq!(
+            unbase64(r["data"].as_str().unwrap()),
+            std::fs::read(src.join(&want[key])).unwrap()
+        );
     }
     // A manifest that names a missing file skips it by default, naming it.
-    std::fs::write(&manifest, "path\nclass_0/img_00000.jpg\nclass_0/missing.jpg\n").unwrap();
-    let out = env.ok(&["ingest", "m2", src.to_str().unwrap(), "--manifest", manifest.to_str().unwrap()]);
+    std::fs::write(
+        &manifest,
+        "path\nclass_0/img_00000.jpg\nclass_0/missing.jpg\n",
+    )
+    .unwrap();
+    let out = env.ok(&[
+        "ingest",
+        "m2",
+        src.to_str().unwrap(),
+        "--manifest",
+        manifest.to_str().unwrap(),
+    ]);
     assert!(out.contains("class_0/missing.jpg: cannot read"), "{out}");
 }
 
@@ -114,12 +178,21 @@ fn bad_requests_get_one_line_errors() {
     env.ok(&["ingest", "ds", src.to_str().unwrap()]);
 
     let err = env.fails(&["sql", "SELECT * FROM missing_ds"]);
-    assert!(err.contains("missing_ds") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("missing_ds") && err.contains("not found"),
+        "{err}"
+    );
     let err = env.fails(&["sql", "SELECT bogus FROM ds"]);
     assert!(err.contains("bogus"), "{err}");
     let err = env.fails(&["sql", "SELEC oops"]);
-    assert!(err.contains("SQL error") || err.contains("Expected"), "{err}");
-    let err = env.fails(&["sql", "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'"]);
+    assert!(
+        err.contains("SQL error") || err.contains("Expected"),
+        "{err}"
+    );
+    let err = env.fails(&[
+        "sql",
+        "CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'",
+    ]);
     assert!(err.contains("DDL not supported"), "{err}");
     let err = env.fails(&["sql", "COPY (SELECT 1) TO '/tmp/x.csv'"]);
     assert!(err.contains("not supported"), "{err}");
@@ -136,22 +209,29 @@ fn an_incompatible_data_dir_is_a_clear_error() {
     let env = Env::new();
     env.ok(&["info"]);
     let fmt = env.data_dir().join("FORMAT");
-    let text = std::fs::read_to_string(&fmt).unwrap().replace("\"format_version\": 1", "\"format_version\": 7");
+    let text = std::fs::read_to_string(&fmt)
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 7");
     std::fs::write(&fmt, text).unwrap();
     let err = env.fails(&["datasets"]);
-    assert!(err.contains("written in format version 7, this sluice reads version 1"), "{err}");
+    assert!(
+        err.contains("written in format version 7, this sluice reads version 1"),
+        "{err}"
+    );
 }
 
 #[test]
 fn info_reports_the_device_and_free_space() {
     let env = Env::new();
-    let doc: serde_json::Value = serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
     assert_eq!(doc["space"]["chunk_size"], 1 << 20);
     assert_eq!(doc["space"]["total_chunks"], 256);
     assert_eq!(doc["space"]["free_chunks"], 256);
     let backend = doc["device"]["backend"].as_str().unwrap();
     assert!(backend == "uring" || backend == "file", "{backend}");
     let doc: serde_json::Value =
-        serde_json::from_str(&env.ok(&["--device-backend", "file", "info", "--format", "json"])).unwrap();
+        serde_json::from_str(&env.ok(&["--device-backend", "file", "info", "--format", "json"]))
+            .unwrap();
     assert_eq!(doc["device"]["backend"], "file");
 }

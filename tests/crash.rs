@@ -24,7 +24,11 @@ fn tree_bytes(root: &Path) -> HashMap<String, Vec<u8>> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                let key = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                let key = p
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 out.insert(key, std::fs::read(&p).unwrap());
             }
         }
@@ -33,15 +37,18 @@ fn tree_bytes(root: &Path) -> HashMap<String, Vec<u8>> {
 }
 
 fn version_bytes(env: &Env, table: &str) -> HashMap<String, Vec<u8>> {
-    env.sql_json(&format!("SELECT key, data FROM \"{table}\""), &["--binary", "base64"])
-        .into_iter()
-        .map(|r| {
-            (
-                r["key"].as_str().unwrap().to_owned(),
-                unbase64(r["data"].as_str().unwrap()),
-            )
-        })
-        .collect()
+    env.sql_json(
+        &format!("SELECT key, data FROM \"{table}\""),
+        &["--binary", "base64"],
+    )
+    .into_iter()
+    .map(|r| {
+        (
+            r["key"].as_str().unwrap().to_owned(),
+            unbase64(r["data"].as_str().unwrap()),
+        )
+    })
+    .collect()
 }
 
 struct State {
@@ -50,14 +57,16 @@ struct State {
 }
 
 fn state(env: &Env) -> State {
-    let list: serde_json::Value = serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list: serde_json::Value =
+        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
     let versions = list[0]["versions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v["version"].as_u64().unwrap())
         .collect();
-    let info: serde_json::Value = serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
     State {
         versions,
         free_chunks: info["space"]["free_chunks"].as_u64().unwrap(),
@@ -89,7 +98,11 @@ fn sigkill_during_ingest_never_loses_or_exposes_partial_data() {
         let before = state(&env);
         let latest = *before.versions.last().unwrap();
 
-        let mut child = env.cmd().args(["ingest", "ds", big.to_str().unwrap()]).spawn().unwrap();
+        let mut child = env
+            .cmd()
+            .args(["ingest", "ds", big.to_str().unwrap()])
+            .spawn()
+            .unwrap();
         let delay = full.mul_f64(rng.random_range(0.0..1.1));
         std::thread::sleep(delay.max(Duration::from_millis(1)));
         child.kill().unwrap(); // SIGKILL
@@ -99,23 +112,48 @@ fn sigkill_during_ingest_never_loses_or_exposes_partial_data() {
         let new_latest = *after.versions.last().unwrap();
         if new_latest == latest {
             rolled_back += 1;
-            assert_eq!(after.versions, before.versions, "round {round}: version list changed");
-            assert_eq!(after.free_chunks, before.free_chunks, "round {round}: free space not reclaimed");
+            assert_eq!(
+                after.versions, before.versions,
+                "round {round}: version list changed"
+            );
+            assert_eq!(
+                after.free_chunks, before.free_chunks,
+                "round {round}: free space not reclaimed"
+            );
         } else {
             committed += 1;
             assert_eq!(new_latest, latest + 1, "round {round}: skipped a version");
             assert!(after.free_chunks < before.free_chunks);
             expected.insert(new_latest, &big_files);
-            assert_eq!(&version_bytes(&env, &format!("ds@{new_latest}")), expected[&new_latest], "round {round}: new version");
+            assert_eq!(
+                &version_bytes(&env, &format!("ds@{new_latest}")),
+                expected[&new_latest],
+                "round {round}: new version"
+            );
         }
         // The previous version always reads back byte-identical.
-        assert_eq!(&version_bytes(&env, &format!("ds@{latest}")), expected[&latest], "round {round} ({status})");
+        assert_eq!(
+            &version_bytes(&env, &format!("ds@{latest}")),
+            expected[&latest],
+            "round {round} ({status})"
+        );
         // No partial metadata survives the reopen.
-        let meta: Vec<_> = std::fs::read_dir(env.data_dir().join("meta/ds")).unwrap().collect();
-        assert_eq!(meta.len(), after.versions.len(), "round {round}: orphan metadata files");
+        let meta: Vec<_> = std::fs::read_dir(env.data_dir().join("meta/ds"))
+            .unwrap()
+            .collect();
+        assert_eq!(
+            meta.len(),
+            after.versions.len(),
+            "round {round}: orphan metadata files"
+        );
     }
     // Version 1 is still intact after everything.
     assert_eq!(version_bytes(&env, "ds@1"), small_files);
-    eprintln!("{KILLS} kills: {rolled_back} rolled back, {committed} committed (full ingest {full:?})");
-    assert!(rolled_back >= KILLS / 3, "too few kills landed mid-ingest ({rolled_back}); the test is not testing");
+    eprintln!(
+        "{KILLS} kills: {rolled_back} rolled back, {committed} committed (full ingest {full:?})"
+    );
+    assert!(
+        rolled_back >= KILLS / 3,
+        "too few kills landed mid-ingest ({rolled_back}); the test is not testing"
+    );
 }

@@ -83,7 +83,10 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
     // never touch real datasets; it is removed afterwards.
     let dir = cli.data_dir.with_file_name(format!(
         "{}-bench-{}",
-        cli.data_dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "sluice".into()),
+        cli.data_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| "sluice".into()),
         std::process::id()
     ));
     let _cleanup = RemoveOnDrop(dir.clone());
@@ -93,9 +96,12 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
         ..StoreOptions::new(&dir)
     };
     match which {
-        BenchCommand::Scan { bytes, object_size, runs, json } => {
-            scan(&opts, *bytes, *object_size, *runs, json.as_deref()).await
-        }
+        BenchCommand::Scan {
+            bytes,
+            object_size,
+            runs,
+            json,
+        } => scan(&opts, *bytes, *object_size, *runs, json.as_deref()).await,
         BenchCommand::Random {
             bytes,
             object_size,
@@ -103,7 +109,18 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
             reads,
             runs,
             json,
-        } => random(&opts, *bytes, *object_size, *depth, *reads, *runs, json.as_deref()).await,
+        } => {
+            random(
+                &opts,
+                *bytes,
+                *object_size,
+                *depth,
+                *reads,
+                *runs,
+                json.as_deref(),
+            )
+            .await
+        }
         BenchCommand::Catalog { samples, json } => catalog(&opts, *samples, json.as_deref()).await,
     }
 }
@@ -149,9 +166,16 @@ fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
 
 async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> anyhow::Result<u64> {
     let n = (bytes / object_size).max(1) as usize;
-    let templates: Vec<Vec<u8>> = (0..16).map(|i| noise_jpeg(object_size as usize, i + 1)).collect();
+    let templates: Vec<Vec<u8>> = (0..16)
+        .map(|i| noise_jpeg(object_size as usize, i + 1))
+        .collect();
     let samples = (0..n)
-        .map(|i| (format!("obj_{i:08}"), templates[i % templates.len()].clone()))
+        .map(|i| {
+            (
+                format!("obj_{i:08}"),
+                templates[i % templates.len()].clone(),
+            )
+        })
         .collect();
     let t = Instant::now();
     let report = sluice_storage::ingest(
@@ -203,13 +227,28 @@ fn dd_direct(path: &Path, bytes: u64) -> anyhow::Result<f64> {
 }
 
 fn fio_available() -> bool {
-    Process::new("fio").arg("--version").output().is_ok_and(|o| o.status.success())
+    Process::new("fio")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Runs fio on the device file and returns (bytes/s, IOPS).
-fn fio(path: &Path, rw: &str, bs: u64, depth: usize, size: u64, runtime_s: u64) -> anyhow::Result<(f64, f64)> {
+fn fio(
+    path: &Path,
+    rw: &str,
+    bs: u64,
+    depth: usize,
+    size: u64,
+    runtime_s: u64,
+) -> anyhow::Result<(f64, f64)> {
     let out = Process::new("fio")
-        .args(["--name=baseline", "--ioengine=io_uring", "--direct=1", "--output-format=json"])
+        .args([
+            "--name=baseline",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--output-format=json",
+        ])
         .arg(format!("--filename={}", path.display()))
         .arg(format!("--rw={rw}"))
         .arg(format!("--bs={bs}"))
@@ -231,12 +270,19 @@ fn fio(path: &Path, rw: &str, bs: u64, depth: usize, size: u64, runtime_s: u64) 
 
 fn write_json(path: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
     if let Some(p) = path {
-        std::fs::write(p, serde_json::to_string_pretty(doc)?).with_context(|| format!("write {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(doc)?)
+            .with_context(|| format!("write {}", p.display()))?;
     }
     Ok(())
 }
 
-async fn scan(opts: &StoreOptions, bytes: u64, object_size: u64, runs: usize, json: Option<&Path>) -> anyhow::Result<()> {
+async fn scan(
+    opts: &StoreOptions,
+    bytes: u64,
+    object_size: u64,
+    runs: usize,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
     let store = Store::open(opts)?;
     let device_path = store.device().describe().path;
     let written = fill(&store, "bench", bytes, object_size).await?;
@@ -246,7 +292,11 @@ async fn scan(opts: &StoreOptions, bytes: u64, object_size: u64, runs: usize, js
     for _ in 0..runs.max(1) {
         drop_cache(&device_path);
         let t = Instant::now();
-        let mut stream = ctx.sql("SELECT data FROM bench").await?.execute_stream().await?;
+        let mut stream = ctx
+            .sql("SELECT data FROM bench")
+            .await?
+            .execute_stream()
+            .await?;
         let mut seen = 0u64;
         while let Some(batch) = stream.try_next().await? {
             let data = batch.column(0).as_binary::<i32>();
@@ -265,9 +315,18 @@ async fn scan(opts: &StoreOptions, bytes: u64, object_size: u64, runs: usize, js
     let (ours, dd) = (median(ours), median(dd));
     let backend = store.device().describe().backend;
     println!();
-    println!("sequential scan of {} ({} objects, {} backend), median of {runs}", human(written), human(object_size), backend);
+    println!(
+        "sequential scan of {} ({} objects, {} backend), median of {runs}",
+        human(written),
+        human(object_size),
+        backend
+    );
     println!("{:<36} {:>12}", "", "MiB/s");
-    println!("{:<36} {:>12.0}", "sluice SELECT data (crc-checked)", ours / 1048576.0);
+    println!(
+        "{:<36} {:>12.0}",
+        "sluice SELECT data (crc-checked)",
+        ours / 1048576.0
+    );
     println!("{:<36} {:>12.0}", "dd iflag=direct bs=4M", dd / 1048576.0);
     let mut doc = serde_json::json!({
         "bench": "scan", "bytes": written, "object_size": object_size, "backend": backend,
@@ -278,7 +337,11 @@ async fn scan(opts: &StoreOptions, bytes: u64, object_size: u64, runs: usize, js
         dd
     } else {
         let f = median(fio_seq);
-        println!("{:<36} {:>12.0}", "fio io_uring read bs=4M qd=8", f / 1048576.0);
+        println!(
+            "{:<36} {:>12.0}",
+            "fio io_uring read bs=4M qd=8",
+            f / 1048576.0
+        );
         doc["fio_bytes_per_s"] = f.into();
         doc["ratio_vs_fio"] = (ours / f).into();
         dd.max(f)
@@ -303,7 +366,11 @@ async fn random(
     let device_path = device.describe().path;
     let written = fill(&store, "bench", bytes, object_size).await?;
     let ctx = sluice_storage::session_context(Arc::clone(&store));
-    let meta = ctx.sql("SELECT chunk, \"offset\", length, crc32c FROM bench").await?.collect().await?;
+    let meta = ctx
+        .sql("SELECT chunk, \"offset\", length, crc32c FROM bench")
+        .await?
+        .collect()
+        .await?;
     let chunk_size = store.chunk_size();
     let mut extents = Vec::new();
     for b in &meta {
@@ -370,7 +437,11 @@ async fn random(
         println!("{:<44} {:>10}", "fio randread (not installed)", "-");
     } else {
         let f = median(fio_iops);
-        println!("{:<44} {:>10.0}", format!("fio io_uring randread bs={} qd={depth}", human(object_size)), f);
+        println!(
+            "{:<44} {:>10.0}",
+            format!("fio io_uring randread bs={} qd={depth}", human(object_size)),
+            f
+        );
         println!("ratio sluice / fio: {:.2}", ours / f);
         doc["fio_iops"] = f.into();
         doc["ratio_vs_fio"] = (ours / f).into();
@@ -382,9 +453,11 @@ fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
         })
         .map_or(0, |kib| kib * 1024)
 }
@@ -397,7 +470,9 @@ async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> an
         image::RgbImage::new(1, 1).write_to(&mut out, image::ImageFormat::Png)?;
         out.into_inner()
     };
-    let objects: Vec<(String, Vec<u8>)> = (0..samples).map(|i| (format!("obj_{i:08}"), png.clone())).collect();
+    let objects: Vec<(String, Vec<u8>)> = (0..samples)
+        .map(|i| (format!("obj_{i:08}"), png.clone()))
+        .collect();
     let t = Instant::now();
     let report = sluice_storage::ingest(
         &store,
@@ -412,13 +487,22 @@ async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> an
     let ingest_s = t.elapsed().as_secs_f64();
     let ctx = sluice_storage::session_context(Arc::clone(&store));
     let t = Instant::now();
-    let count = ctx.sql("SELECT count(*) FROM catalog").await?.collect().await?;
+    let count = ctx
+        .sql("SELECT count(*) FROM catalog")
+        .await?
+        .collect()
+        .await?;
     let count_s = t.elapsed().as_secs_f64();
-    let n = count[0].column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0);
+    let n = count[0]
+        .column(0)
+        .as_primitive::<arrow::datatypes::Int64Type>()
+        .value(0);
     let probe = format!("obj_{:08}", samples / 2);
     let t = Instant::now();
     let hit = ctx
-        .sql(&format!("SELECT key, length FROM catalog WHERE key = '{probe}'"))
+        .sql(&format!(
+            "SELECT key, length FROM catalog WHERE key = '{probe}'"
+        ))
         .await?
         .collect()
         .await?;
@@ -431,9 +515,21 @@ async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> an
     let rss = peak_rss_bytes();
     println!();
     println!("catalog scale: {samples} objects");
-    println!("{:<40} {:>14}", "ingest (sniff, crc, pack, metadata, commit)", format!("{rate:.0} samples/s"));
-    println!("{:<40} {:>14}", "SELECT count(*)", format!("{:.3} s", count_s));
-    println!("{:<40} {:>14}", "WHERE key = '…' (1 row)", format!("{:.3} s", filter_s));
+    println!(
+        "{:<40} {:>14}",
+        "ingest (sniff, crc, pack, metadata, commit)",
+        format!("{rate:.0} samples/s")
+    );
+    println!(
+        "{:<40} {:>14}",
+        "SELECT count(*)",
+        format!("{:.3} s", count_s)
+    );
+    println!(
+        "{:<40} {:>14}",
+        "WHERE key = '…' (1 row)",
+        format!("{:.3} s", filter_s)
+    );
     println!("{:<40} {:>14}", "peak RSS", human(rss));
     write_json(
         json,

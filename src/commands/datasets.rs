@@ -19,7 +19,9 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
     let mut docs = Vec::new();
     for name in catalog.dataset_names()? {
         let versions = catalog.versions(&name)?;
-        let Some(latest) = versions.last() else { continue };
+        let Some(latest) = versions.last() else {
+            continue;
+        };
         docs.push(DatasetDoc {
             name: name.clone(),
             latest_version: latest.version,
@@ -31,7 +33,10 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
     match format {
         DocFormat::Json => println!("{}", serde_json::to_string_pretty(&docs)?),
         DocFormat::Table => {
-            println!("{:<24} {:>7} {:>9} {:>12} {:>11}", "DATASET", "LATEST", "VERSIONS", "SAMPLES", "BYTES");
+            println!(
+                "{:<24} {:>7} {:>9} {:>12} {:>11}",
+                "DATASET", "LATEST", "VERSIONS", "SAMPLES", "BYTES"
+            );
             for d in &docs {
                 println!(
                     "{:<24} {:>7} {:>9} {:>12} {:>11}",

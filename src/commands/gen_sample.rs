@@ -25,13 +25,18 @@ pub fn run(dir: &Path, classes: u32, per_class: u32, seed: u64) -> anyhow::Resul
     let mut count = 0;
     for c in 0..classes {
         let class_dir = dir.join(format!("class_{c}"));
-        std::fs::create_dir_all(&class_dir).with_context(|| format!("create {}", class_dir.display()))?;
+        std::fs::create_dir_all(&class_dir)
+            .with_context(|| format!("create {}", class_dir.display()))?;
         for i in 0..per_class {
             let w = 64 + (rng.next() % 448) as u32;
             let h = 64 + (rng.next() % 448) as u32;
             let (a, b) = ((rng.next() % 256) as u8, (rng.next() % 256) as u8);
             let img = image::RgbImage::from_fn(w, h, |x, y| {
-                image::Rgb([(x as u8).wrapping_add(a), (y as u8).wrapping_add(b), ((x ^ y) as u8).wrapping_mul(c as u8 + 1)])
+                image::Rgb([
+                    (x as u8).wrapping_add(a),
+                    (y as u8).wrapping_add(b),
+                    ((x ^ y) as u8).wrapping_mul(c as u8 + 1),
+                ])
             });
             let (ext, format) = if i % 4 == 3 {
                 ("png", image::ImageFormat::Png)
@@ -39,10 +44,14 @@ pub fn run(dir: &Path, classes: u32, per_class: u32, seed: u64) -> anyhow::Resul
                 ("jpg", image::ImageFormat::Jpeg)
             };
             let path = class_dir.join(format!("img_{i:05}.{ext}"));
-            img.save_with_format(&path, format).with_context(|| format!("write {}", path.display()))?;
+            img.save_with_format(&path, format)
+                .with_context(|| format!("write {}", path.display()))?;
             count += 1;
         }
     }
-    println!("wrote {count} images in {classes} classes to {}", dir.display());
+    println!(
+        "wrote {count} images in {classes} classes to {}",
+        dir.display()
+    );
     Ok(())
 }

@@ -19,9 +19,19 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
         DocFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         DocFormat::Table => {
             println!("data dir     {}", store.data_dir().display());
-            println!("device       {} ({} backend, fixed buffers: {})", device.path.display(), device.backend, device.fixed_buffers);
+            println!(
+                "device       {} ({} backend, fixed buffers: {})",
+                device.path.display(),
+                device.backend,
+                device.fixed_buffers
+            );
             println!("capacity     {}", human(device.capacity));
-            println!("chunks       {} of {} free ({} each)", space.free_chunks, space.total_chunks, human(space.chunk_size));
+            println!(
+                "chunks       {} of {} free ({} each)",
+                space.free_chunks,
+                space.total_chunks,
+                human(space.chunk_size)
+            );
         }
     }
     Ok(())

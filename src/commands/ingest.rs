@@ -23,8 +23,10 @@ pub async fn run(
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} {pos}/{len} samples {msg} [{elapsed_precise}, eta {eta}]")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} {pos}/{len} samples {msg} [{elapsed_precise}, eta {eta}]",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         bar
     });

@@ -27,7 +27,8 @@ pub fn store_options(cli: &Cli) -> StoreOptions {
 
 /// Opens (creating if needed) the data dir named by the global flags.
 pub fn open_store(cli: &Cli) -> anyhow::Result<Arc<Store>> {
-    Store::open(&store_options(cli)).with_context(|| format!("cannot open data dir {}", cli.data_dir.display()))
+    Store::open(&store_options(cli))
+        .with_context(|| format!("cannot open data dir {}", cli.data_dir.display()))
 }
 
 /// Runs the parsed command line.
@@ -39,9 +40,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             manifest,
             on_error,
             format,
-        } => ingest::run(&cli, dataset, source, manifest.as_deref(), *on_error, *format).await,
+        } => {
+            ingest::run(
+                &cli,
+                dataset,
+                source,
+                manifest.as_deref(),
+                *on_error,
+                *format,
+            )
+            .await
+        }
         Command::Datasets { format } => datasets::run(&cli, *format),
-        Command::Sql { query, format, binary } => sql::run(&cli, query, *format, *binary).await,
+        Command::Sql {
+            query,
+            format,
+            binary,
+        } => sql::run(&cli, query, *format, *binary).await,
         Command::Info { format } => info::run(&cli, *format),
         Command::GenSample {
             dir,

@@ -18,7 +18,12 @@ pub fn read_only() -> SQLOptions {
         .with_allow_statements(false)
 }
 
-pub async fn run(cli: &Cli, query: &str, format: RowFormat, binary: BinaryFormat) -> anyhow::Result<()> {
+pub async fn run(
+    cli: &Cli,
+    query: &str,
+    format: RowFormat,
+    binary: BinaryFormat,
+) -> anyhow::Result<()> {
     let store = open_store(cli)?;
     let ctx = sluice_storage::session_context(store);
     let df = ctx.sql_with_options(query, read_only()).await?;

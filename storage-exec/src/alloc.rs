@@ -66,7 +66,9 @@ impl ChunkAllocator {
     /// Marks a run as used (when loading the catalog). Returns false if any
     /// chunk of it is out of range or already used — a corrupt chunk map.
     pub fn mark_used(&mut self, run: ChunkRun) -> bool {
-        let Some(end) = run.start.checked_add(run.count) else { return false };
+        let Some(end) = run.start.checked_add(run.count) else {
+            return false;
+        };
         if end > self.total || (run.start..end).any(|c| self.is_used(c)) {
             return false;
         }
@@ -101,7 +103,10 @@ impl ChunkAllocator {
         let found = self
             .find_from(self.hint, self.total, count)
             .or_else(|| self.find_from(0, self.hint, count))?;
-        let run = ChunkRun { start: found, count };
+        let run = ChunkRun {
+            start: found,
+            count,
+        };
         self.mark_used(run);
         self.hint = found + count;
         Some(run)
@@ -117,7 +122,7 @@ impl ChunkAllocator {
                 return None;
             }
             // Skip whole used words quickly.
-            if c % 64 == 0 && len == 0 && self.bits[(c / 64) as usize] == u64::MAX {
+            if c.is_multiple_of(64) && len == 0 && self.bits[(c / 64) as usize] == u64::MAX {
                 c += 64;
                 start = c;
                 continue;
@@ -155,17 +160,33 @@ mod tests {
         assert!(a.allocate(1).is_none());
         a.release(r1);
         assert_eq!(a.free(), 4);
-        assert_eq!(a.allocate(3).unwrap().start, 0, "wraps around to freed space");
+        assert_eq!(
+            a.allocate(3).unwrap().start,
+            0,
+            "wraps around to freed space"
+        );
         assert!(a.allocate(2).is_none(), "only one free chunk left");
     }
 
     #[test]
     fn rejects_overlapping_or_out_of_range_marks() {
         let mut a = ChunkAllocator::new(100);
-        assert!(a.mark_used(ChunkRun { start: 10, count: 5 }));
-        assert!(!a.mark_used(ChunkRun { start: 14, count: 2 }));
-        assert!(!a.mark_used(ChunkRun { start: 99, count: 2 }));
-        assert!(!a.mark_used(ChunkRun { start: u64::MAX, count: 2 }));
+        assert!(a.mark_used(ChunkRun {
+            start: 10,
+            count: 5
+        }));
+        assert!(!a.mark_used(ChunkRun {
+            start: 14,
+            count: 2
+        }));
+        assert!(!a.mark_used(ChunkRun {
+            start: 99,
+            count: 2
+        }));
+        assert!(!a.mark_used(ChunkRun {
+            start: u64::MAX,
+            count: 2
+        }));
         assert_eq!(a.free(), 95);
     }
 

@@ -113,7 +113,10 @@ impl Catalog {
     pub fn latest_version(&self, dataset: &str) -> Result<Option<u64>> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
-        Ok(table.get(dataset).map_err(|e| self.err(e))?.map(|v| v.value()))
+        Ok(table
+            .get(dataset)
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value()))
     }
 
     /// One version of a dataset: the latest when `version` is `None`.
@@ -143,7 +146,10 @@ impl Catalog {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
-        for entry in table.range((dataset, 0)..=(dataset, u64::MAX)).map_err(|e| self.err(e))? {
+        for entry in table
+            .range((dataset, 0)..=(dataset, u64::MAX))
+            .map_err(|e| self.err(e))?
+        {
             let (_, v) = entry.map_err(|e| self.err(e))?;
             out.push(self.decode(v.value())?);
         }
@@ -201,7 +207,9 @@ impl Catalog {
                     version: record.version,
                 };
                 let bytes = serde_json::to_vec(&owner).map_err(|e| self.err(e))?;
-                chunks.insert(run.start, bytes.as_slice()).map_err(|e| self.err(e))?;
+                chunks
+                    .insert(run.start, bytes.as_slice())
+                    .map_err(|e| self.err(e))?;
             }
         }
         txn.commit().map_err(|e| self.err(e))
@@ -230,14 +238,20 @@ mod tests {
     fn commits_are_visible_and_versions_are_ordered() {
         let dir = tempfile::tempdir().unwrap();
         let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
-        assert!(matches!(cat.version("a", None), Err(StorageError::UnknownDataset(_))));
+        assert!(matches!(
+            cat.version("a", None),
+            Err(StorageError::UnknownDataset(_))
+        ));
         cat.commit_version(&record("a", 1, 0)).unwrap();
         cat.commit_version(&record("a", 2, 2)).unwrap();
         cat.commit_version(&record("b", 1, 4)).unwrap();
         assert_eq!(cat.dataset_names().unwrap(), vec!["a", "b"]);
         assert_eq!(cat.version("a", None).unwrap().version, 2);
         assert_eq!(cat.versions("a").unwrap().len(), 2);
-        assert!(matches!(cat.version("a", Some(7)), Err(StorageError::UnknownVersion { version: 7, .. })));
+        assert!(matches!(
+            cat.version("a", Some(7)),
+            Err(StorageError::UnknownVersion { version: 7, .. })
+        ));
         assert_eq!(cat.chunk_runs().unwrap().len(), 3);
         drop(cat);
         let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();

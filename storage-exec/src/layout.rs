@@ -71,12 +71,20 @@ impl DataDirFormat {
             path: dir.to_owned(),
             reason,
         };
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| incompatible(format!("{FORMAT_FILE} is not valid JSON ({e}); not a sluice data dir?")))?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            incompatible(format!(
+                "{FORMAT_FILE} is not valid JSON ({e}); not a sluice data dir?"
+            ))
+        })?;
         if value.get("magic").and_then(|m| m.as_str()) != Some(MAGIC) {
-            return Err(incompatible(format!("{FORMAT_FILE} does not describe a sluice data dir")));
+            return Err(incompatible(format!(
+                "{FORMAT_FILE} does not describe a sluice data dir"
+            )));
         }
-        let version = value.get("format_version").and_then(|v| v.as_u64()).unwrap_or(0);
+        let version = value
+            .get("format_version")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
         if version != u64::from(FORMAT_VERSION) {
             return Err(incompatible(format!(
                 "written in format version {version}, this sluice reads version {FORMAT_VERSION}"
@@ -84,7 +92,10 @@ impl DataDirFormat {
         }
         let format: Self = serde_json::from_value(value)
             .map_err(|e| incompatible(format!("{FORMAT_FILE} is malformed: {e}")))?;
-        if format.chunk_size == 0 || format.block_size == 0 || format.chunk_size % format.block_size != 0 {
+        if format.chunk_size == 0
+            || format.block_size == 0
+            || !format.chunk_size.is_multiple_of(format.block_size)
+        {
             return Err(incompatible(format!(
                 "chunk size {} is not a positive multiple of block size {}",
                 format.chunk_size, format.block_size
@@ -95,10 +106,11 @@ impl DataDirFormat {
 
     /// Writes `dir/FORMAT` atomically (temp file, fsync, rename).
     pub fn store(&self, dir: &Path) -> Result<()> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| StorageError::IncompatibleDataDir {
-            path: dir.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| StorageError::IncompatibleDataDir {
+                path: dir.to_owned(),
+                reason: e.to_string(),
+            })?;
         write_atomically(&dir.join(FORMAT_FILE), text.as_bytes())
     }
 
@@ -118,8 +130,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| StorageError::io("create", &tmp, e))?;
-    f.write_all(bytes).map_err(|e| StorageError::io("write", &tmp, e))?;
-    f.sync_all().map_err(|e| StorageError::io("sync", &tmp, e))?;
+    f.write_all(bytes)
+        .map_err(|e| StorageError::io("write", &tmp, e))?;
+    f.sync_all()
+        .map_err(|e| StorageError::io("sync", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| StorageError::io("rename", &tmp, e))?;
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }

@@ -46,7 +46,9 @@ pub const LENGTH: &str = "length";
 pub const CRC32C: &str = "crc32c";
 
 /// Column names a manifest may not use (they are sluice's own).
-pub const RESERVED: &[&str] = &[DATA, FORMAT, WIDTH, HEIGHT, CHANNELS, CHUNK, OFFSET, LENGTH, CRC32C];
+pub const RESERVED: &[&str] = &[
+    DATA, FORMAT, WIDTH, HEIGHT, CHANNELS, CHUNK, OFFSET, LENGTH, CRC32C,
+];
 
 /// The sniffed and extent columns, appended after the user columns.
 pub fn system_fields() -> Vec<Field> {
@@ -72,7 +74,11 @@ pub fn metadata_schema(user: &[Field]) -> SchemaRef {
 
 /// The table schema: metadata columns followed by `data`.
 pub fn table_schema(metadata: &Schema) -> SchemaRef {
-    let mut fields: Vec<Field> = metadata.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut fields: Vec<Field> = metadata
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
     fields.push(Field::new(DATA, DataType::Binary, false));
     Arc::new(Schema::new(fields))
 }
@@ -92,5 +98,6 @@ pub fn write_metadata(path: &Path, schema: SchemaRef, batches: &[RecordBatch]) -
         writer.write(batch).map_err(perr)?;
     }
     let file = writer.into_inner().map_err(perr)?;
-    file.sync_all().map_err(|e| StorageError::io("sync", path, e))
+    file.sync_all()
+        .map_err(|e| StorageError::io("sync", path, e))
 }

@@ -34,7 +34,12 @@ pub fn sniff(bytes: &[u8]) -> Result<Sniffed, String> {
     let Some(format) = reader.format() else {
         return Err(format!(
             "not a recognised image format (first bytes: {})",
-            bytes.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+            bytes
+                .iter()
+                .take(8)
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     };
     let name = format_name(format);
@@ -43,7 +48,9 @@ pub fn sniff(bytes: &[u8]) -> Result<Sniffed, String> {
         .map_err(|e| format!("bad {name} header: {e}"))?;
     let (width, height) = decoder.dimensions();
     if width == 0 || height == 0 {
-        return Err(format!("bad {name} header: zero-sized image {width}x{height}"));
+        return Err(format!(
+            "bad {name} header: zero-sized image {width}x{height}"
+        ));
     }
     Ok(Sniffed {
         format: name,
@@ -79,17 +86,27 @@ mod tests {
 
     #[test]
     fn reads_dimensions_from_headers() {
-        for (fmt, name) in [(image::ImageFormat::Png, "png"), (image::ImageFormat::Jpeg, "jpeg")] {
+        for (fmt, name) in [
+            (image::ImageFormat::Png, "png"),
+            (image::ImageFormat::Jpeg, "jpeg"),
+        ] {
             let s = sniff(&encode(fmt, 31, 17)).unwrap();
             assert_eq!(s.format, name);
-            assert_eq!((s.width, s.height, s.channels), (Some(31), Some(17), Some(3)));
+            assert_eq!(
+                (s.width, s.height, s.channels),
+                (Some(31), Some(17), Some(3))
+            );
         }
     }
 
     #[test]
     fn refuses_empty_unknown_and_truncated_objects() {
         assert_eq!(sniff(b"").unwrap_err(), "empty file");
-        assert!(sniff(b"hello world, not an image").unwrap_err().contains("not a recognised image format"));
+        assert!(
+            sniff(b"hello world, not an image")
+                .unwrap_err()
+                .contains("not a recognised image format")
+        );
         let png = encode(image::ImageFormat::Png, 8, 8);
         let err = sniff(&png[..12]).unwrap_err();
         assert!(err.contains("bad png header"), "{err}");

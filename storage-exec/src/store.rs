@@ -146,10 +146,13 @@ impl Store {
             });
         }
         let block_size = 4096u64;
-        if opts.chunk_size == 0 || opts.chunk_size % block_size != 0 {
+        if opts.chunk_size == 0 || !opts.chunk_size.is_multiple_of(block_size) {
             return Err(StorageError::IncompatibleDataDir {
                 path: dir.clone(),
-                reason: format!("chunk size {} must be a positive multiple of {block_size}", opts.chunk_size),
+                reason: format!(
+                    "chunk size {} must be a positive multiple of {block_size}",
+                    opts.chunk_size
+                ),
             });
         }
         let device = match &opts.device_path {
@@ -163,7 +166,8 @@ impl Store {
                 PathBuf::from(DEVICE_FILE)
             }
         };
-        std::fs::create_dir_all(dir.join(META_DIR)).map_err(|e| StorageError::io("create", dir.join(META_DIR), e))?;
+        std::fs::create_dir_all(dir.join(META_DIR))
+            .map_err(|e| StorageError::io("create", dir.join(META_DIR), e))?;
         let format = DataDirFormat::new(opts.chunk_size, block_size, device);
         format.store(dir)?;
         Ok(format)
@@ -232,13 +236,20 @@ fn reclaim_metadata(dir: &Path, catalog: &Catalog) -> Result<ReclaimReport> {
     let live: std::collections::HashSet<PathBuf> = catalog.metadata_files()?.into_iter().collect();
     let meta = dir.join(META_DIR);
     let mut report = ReclaimReport::default();
-    let Ok(datasets) = std::fs::read_dir(&meta) else { return Ok(report) };
+    let Ok(datasets) = std::fs::read_dir(&meta) else {
+        return Ok(report);
+    };
     for ds in datasets.flatten() {
-        let Ok(files) = std::fs::read_dir(ds.path()) else { continue };
+        let Ok(files) = std::fs::read_dir(ds.path()) else {
+            continue;
+        };
         for f in files.flatten() {
-            let rel = PathBuf::from(META_DIR).join(ds.file_name()).join(f.file_name());
+            let rel = PathBuf::from(META_DIR)
+                .join(ds.file_name())
+                .join(f.file_name());
             if !live.contains(&rel) {
-                std::fs::remove_file(f.path()).map_err(|e| StorageError::io("remove orphan", f.path(), e))?;
+                std::fs::remove_file(f.path())
+                    .map_err(|e| StorageError::io("remove orphan", f.path(), e))?;
                 report.metadata_files += 1;
             }
         }

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::prelude::SessionContext;
 use sluice_storage::device::Backend;
-use sluice_storage::{IngestOptions, IngestSource, OnError, StorageError, Store, StoreOptions, ingest};
+use sluice_storage::{
+    IngestOptions, IngestSource, OnError, StorageError, Store, StoreOptions, ingest,
+};
 
 fn image(w: u32, h: u32, seed: u8, format: image::ImageFormat) -> Vec<u8> {
     let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8 ^ seed, y as u8, seed]));
@@ -21,8 +23,15 @@ fn image(w: u32, h: u32, seed: u8, format: image::ImageFormat) -> Vec<u8> {
 fn samples(n: usize) -> Vec<(String, Vec<u8>)> {
     (0..n)
         .map(|i| {
-            let fmt = if i % 3 == 0 { image::ImageFormat::Png } else { image::ImageFormat::Jpeg };
-            (format!("s{i:04}"), image(20 + i as u32 % 50, 30 + i as u32 % 7, i as u8, fmt))
+            let fmt = if i % 3 == 0 {
+                image::ImageFormat::Png
+            } else {
+                image::ImageFormat::Jpeg
+            };
+            (
+                format!("s{i:04}"),
+                image(20 + i as u32 % 50, 30 + i as u32 % 7, i as u8, fmt),
+            )
         })
         .collect()
 }
@@ -38,7 +47,11 @@ fn open(dir: &std::path::Path, backend: Backend, device_size: u64) -> Arc<Store>
     .unwrap()
 }
 
-async fn ingest_mem(store: &Store, name: &str, s: Vec<(String, Vec<u8>)>) -> sluice_storage::IngestReport {
+async fn ingest_mem(
+    store: &Store,
+    name: &str,
+    s: Vec<(String, Vec<u8>)>,
+) -> sluice_storage::IngestReport {
     ingest(
         store,
         name,
@@ -78,15 +91,31 @@ async fn data_values_buffer_is_the_read_buffer_and_bytes_round_trip() {
             // Pointer identity: the values buffer lies in a buffer on loan
             // from the device's pool, i.e. the memory the device read into.
             let values = data.values().as_ptr();
-            assert!(pool.contains(values), "{backend}: values buffer {values:?} is not a read buffer");
-            assert_eq!(values as usize % store.device().block_size(), 0, "read buffers are block aligned");
+            assert!(
+                pool.contains(values),
+                "{backend}: values buffer {values:?} is not a read buffer"
+            );
+            assert_eq!(
+                values as usize % store.device().block_size(),
+                0,
+                "read buffers are block aligned"
+            );
             for i in 0..b.num_rows() {
-                assert_eq!(data.value(i), &want[keys.value(i)][..], "{backend}: bytes of {}", keys.value(i));
+                assert_eq!(
+                    data.value(i),
+                    &want[keys.value(i)][..],
+                    "{backend}: bytes of {}",
+                    keys.value(i)
+                );
             }
         }
         assert!(pool.stats().outstanding > 0);
         drop(batches);
-        assert_eq!(pool.stats().outstanding, 0, "{backend}: dropping the batches returns every buffer");
+        assert_eq!(
+            pool.stats().outstanding,
+            0,
+            "{backend}: dropping the batches returns every buffer"
+        );
     }
 }
 
@@ -98,10 +127,23 @@ async fn queries_without_data_read_no_extent_and_filters_prune_first() {
     let ctx = sluice_storage::session_context(Arc::clone(&store));
     let before = store.device().stats();
     let b = query(&ctx, "SELECT count(*) FROM imgs").await;
-    assert_eq!(b[0].column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0), 500);
-    let b = query(&ctx, "SELECT key, width, height FROM imgs WHERE format = 'png' AND width > 40").await;
+    assert_eq!(
+        b[0].column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0),
+        500
+    );
+    let b = query(
+        &ctx,
+        "SELECT key, width, height FROM imgs WHERE format = 'png' AND width > 40",
+    )
+    .await;
     assert!(rows(&b) > 0);
-    assert_eq!(store.device().stats().reads, before.reads, "metadata-only queries must not touch the device");
+    assert_eq!(
+        store.device().stats().reads,
+        before.reads,
+        "metadata-only queries must not touch the device"
+    );
 
     // One selected sample: one small read, covering only its blocks.
     let b = query(&ctx, "SELECT key, data FROM imgs WHERE key = 's0250'").await;
@@ -109,11 +151,20 @@ async fn queries_without_data_read_no_extent_and_filters_prune_first() {
     let after = store.device().stats();
     assert_eq!(after.reads - before.reads, 1);
     let len = b[0].column(1).as_binary::<i32>().value(0).len() as u64;
-    assert!(after.read_bytes - before.read_bytes <= len + 2 * 4096, "read more than the sample's blocks");
+    assert!(
+        after.read_bytes - before.read_bytes <= len + 2 * 4096,
+        "read more than the sample's blocks"
+    );
 
     // The filter is applied in the scan, exactly: no FilterExec above it.
-    let plan = query(&ctx, "EXPLAIN SELECT key, data FROM imgs WHERE key = 's0250'").await;
-    let text = arrow::util::pretty::pretty_format_batches(&plan).unwrap().to_string();
+    let plan = query(
+        &ctx,
+        "EXPLAIN SELECT key, data FROM imgs WHERE key = 's0250'",
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&plan)
+        .unwrap()
+        .to_string();
     assert!(text.contains("ExtentSource: dataset=imgs@1"), "{text}");
     assert!(!text.contains("FilterExec"), "{text}");
 
@@ -127,9 +178,19 @@ async fn a_flipped_byte_is_a_checksum_error_naming_the_key() {
     let store = open(dir.path(), Backend::Auto, 64 << 20);
     ingest_mem(&store, "imgs", samples(50)).await;
     let ctx = sluice_storage::session_context(Arc::clone(&store));
-    let b = query(&ctx, "SELECT chunk, \"offset\" FROM imgs WHERE key = 's0017'").await;
-    let chunk = b[0].column(0).as_primitive::<arrow::datatypes::UInt64Type>().value(0);
-    let offset = b[0].column(1).as_primitive::<arrow::datatypes::UInt64Type>().value(0);
+    let b = query(
+        &ctx,
+        "SELECT chunk, \"offset\" FROM imgs WHERE key = 's0017'",
+    )
+    .await;
+    let chunk = b[0]
+        .column(0)
+        .as_primitive::<arrow::datatypes::UInt64Type>()
+        .value(0);
+    let offset = b[0]
+        .column(1)
+        .as_primitive::<arrow::datatypes::UInt64Type>()
+        .value(0);
     let pos = chunk * store.chunk_size() + offset + 5;
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -141,10 +202,19 @@ async fn a_flipped_byte_is_a_checksum_error_naming_the_key() {
     dev.write_all_at(&[byte[0] ^ 0x40], pos).unwrap();
     dev.sync_all().unwrap();
 
-    let err = ctx.sql("SELECT key, data FROM imgs").await.unwrap().collect().await.unwrap_err();
+    let err = ctx
+        .sql("SELECT key, data FROM imgs")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("checksum mismatch"), "{msg}");
-    assert!(msg.contains("dataset 'imgs' version 1, key 's0017'"), "{msg}");
+    assert!(
+        msg.contains("dataset 'imgs' version 1, key 's0017'"),
+        "{msg}"
+    );
     // Samples not touching the bad one still read fine.
     let ok = query(&ctx, "SELECT data FROM imgs WHERE key = 's0030'").await;
     assert_eq!(rows(&ok), 1);
@@ -159,12 +229,30 @@ async fn versions_are_kept_and_addressable() {
     assert_eq!(r2.version, 2);
     let ctx = sluice_storage::session_context(Arc::clone(&store));
     assert_eq!(rows(&query(&ctx, "SELECT key FROM ds").await), 25);
-    assert_eq!(rows(&query(&ctx, "SELECT key, data FROM \"ds@1\"").await), 10);
-    let err = ctx.sql("SELECT * FROM \"ds@9\"").await.unwrap_err().to_string();
+    assert_eq!(
+        rows(&query(&ctx, "SELECT key, data FROM \"ds@1\"").await),
+        10
+    );
+    let err = ctx
+        .sql("SELECT * FROM \"ds@9\"")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("dataset 'ds' has no version 9"), "{err}");
-    let err = ctx.sql("SELECT * FROM nothing_here").await.unwrap_err().to_string();
-    assert!(err.contains("nothing_here") && err.contains("not found"), "{err}");
-    let err = ctx.sql("SELECT no_such_column FROM ds").await.unwrap_err().to_string();
+    let err = ctx
+        .sql("SELECT * FROM nothing_here")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("nothing_here") && err.contains("not found"),
+        "{err}"
+    );
+    let err = ctx
+        .sql("SELECT no_such_column FROM ds")
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no_such_column"), "{err}");
 }
 
@@ -172,18 +260,51 @@ async fn versions_are_kept_and_addressable() {
 async fn device_full_commits_nothing_and_keeps_free_space() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), Backend::Auto, 8 << 20);
-    let small: Vec<_> = (0..4).map(|i| (format!("a{i}"), pad(image(8, 8, i, image::ImageFormat::Png), 300_000))).collect();
+    let small: Vec<_> = (0..4)
+        .map(|i| {
+            (
+                format!("a{i}"),
+                pad(image(8, 8, i, image::ImageFormat::Png), 300_000),
+            )
+        })
+        .collect();
     ingest_mem(&store, "ds", small).await;
     let free_before = store.space().free_chunks;
-    let big: Vec<_> = (0..40).map(|i| (format!("b{i}"), pad(image(8, 8, i, image::ImageFormat::Png), 300_000))).collect();
-    let err = ingest(&store, "ds", IngestSource::Memory(big), IngestOptions::default()).await.unwrap_err();
+    let big: Vec<_> = (0..40)
+        .map(|i| {
+            (
+                format!("b{i}"),
+                pad(image(8, 8, i, image::ImageFormat::Png), 300_000),
+            )
+        })
+        .collect();
+    let err = ingest(
+        &store,
+        "ds",
+        IngestSource::Memory(big),
+        IngestOptions::default(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, StorageError::DeviceFull { .. }), "{err}");
-    assert!(err.to_string().contains("device full while ingesting dataset 'ds'"), "{err}");
-    assert_eq!(store.space().free_chunks, free_before, "space of the failed ingest is not lost");
+    assert!(
+        err.to_string()
+            .contains("device full while ingesting dataset 'ds'"),
+        "{err}"
+    );
+    assert_eq!(
+        store.space().free_chunks,
+        free_before,
+        "space of the failed ingest is not lost"
+    );
     assert_eq!(store.catalog().latest_version("ds").unwrap(), Some(1));
     drop(store);
     let store = open(dir.path(), Backend::Auto, 8 << 20);
-    assert_eq!(store.space().free_chunks, free_before, "and stays free after reopening");
+    assert_eq!(
+        store.space().free_chunks,
+        free_before,
+        "and stays free after reopening"
+    );
 }
 
 /// A PNG followed by padding (decoders stop at IEND; the header sniff is unaffected).
@@ -201,13 +322,22 @@ async fn bad_objects_follow_the_policy() {
     s.push(("text".into(), b"just some text".to_vec()));
     let truncated = image(40, 40, 1, image::ImageFormat::Png)[..20].to_vec();
     s.push(("truncated".into(), truncated));
-    let report = ingest(&store, "mixed", IngestSource::Memory(s.clone()), IngestOptions::default())
-        .await
-        .unwrap();
+    let report = ingest(
+        &store,
+        "mixed",
+        IngestSource::Memory(s.clone()),
+        IngestOptions::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.samples, 5);
     let skipped: Vec<&str> = report.skipped.iter().map(|k| k.key.as_str()).collect();
     assert_eq!(skipped, ["empty", "text", "truncated"]);
-    assert!(report.skipped[1].reason.contains("not a recognised image format"));
+    assert!(
+        report.skipped[1]
+            .reason
+            .contains("not a recognised image format")
+    );
 
     let free = store.space().free_chunks;
     let err = ingest(
@@ -221,13 +351,26 @@ async fn bad_objects_follow_the_policy() {
     )
     .await
     .unwrap_err();
-    assert!(err.to_string().contains("sample 'empty' refused: empty file"), "{err}");
-    assert_eq!(store.catalog().latest_version("mixed").unwrap(), Some(1), "nothing committed");
+    assert!(
+        err.to_string()
+            .contains("sample 'empty' refused: empty file"),
+        "{err}"
+    );
+    assert_eq!(
+        store.catalog().latest_version("mixed").unwrap(),
+        Some(1),
+        "nothing committed"
+    );
     assert_eq!(store.space().free_chunks, free);
 
-    let err = ingest(&store, "no/slashes", IngestSource::Memory(samples(1)), IngestOptions::default())
-        .await
-        .unwrap_err();
+    let err = ingest(
+        &store,
+        "no/slashes",
+        IngestSource::Memory(samples(1)),
+        IngestOptions::default(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, StorageError::InvalidDatasetName(_)), "{err}");
 }
 
@@ -236,11 +379,15 @@ async fn incompatible_or_foreign_data_dirs_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), Backend::Auto, 16 << 20));
     let fmt = dir.path().join("FORMAT");
-    let mut doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fmt).unwrap()).unwrap();
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fmt).unwrap()).unwrap();
     doc["format_version"] = 2.into();
     std::fs::write(&fmt, doc.to_string()).unwrap();
     let err = Store::open(&StoreOptions::new(dir.path())).unwrap_err();
-    assert!(matches!(err, StorageError::IncompatibleDataDir { .. }), "{err}");
+    assert!(
+        matches!(err, StorageError::IncompatibleDataDir { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("format version 2"), "{err}");
 
     std::fs::remove_file(&fmt).unwrap();
@@ -248,9 +395,16 @@ async fn incompatible_or_foreign_data_dirs_are_refused() {
     assert!(err.to_string().contains("no FORMAT file"), "{err}");
 
     let other = tempfile::tempdir().unwrap();
-    std::fs::write(other.path().join("FORMAT"), "{\"magic\": \"something else\"}").unwrap();
+    std::fs::write(
+        other.path().join("FORMAT"),
+        "{\"magic\": \"something else\"}",
+    )
+    .unwrap();
     let err = Store::open(&StoreOptions::new(other.path())).unwrap_err();
-    assert!(err.to_string().contains("not describe a sluice data dir"), "{err}");
+    assert!(
+        err.to_string().contains("not describe a sluice data dir"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -278,7 +432,11 @@ async fn manifest_columns_become_filterable_metadata() {
     let mut lines = String::new();
     for i in 0..12 {
         let name = format!("img{i}.png");
-        std::fs::write(src.path().join(&name), image(10 + i, 10, i as u8, image::ImageFormat::Png)).unwrap();
+        std::fs::write(
+            src.path().join(&name),
+            image(10 + i, 10, i as u8, image::ImageFormat::Png),
+        )
+        .unwrap();
         lines.push_str(&format!(
             "{{\"path\": \"{name}\", \"label\": {}, \"split\": \"{}\"}}\n",
             i % 4,
@@ -288,14 +446,30 @@ async fn manifest_columns_become_filterable_metadata() {
     std::fs::write(src.path().join("m.jsonl"), lines).unwrap();
     let store = open(dir.path(), Backend::Auto, 64 << 20);
     let source = IngestSource::from_cli(&src.path().join("m.jsonl"), None);
-    let r = ingest(&store, "man", source, IngestOptions::default()).await.unwrap();
+    let r = ingest(&store, "man", source, IngestOptions::default())
+        .await
+        .unwrap();
     assert_eq!(r.samples, 12);
     let ctx = sluice_storage::session_context(Arc::clone(&store));
-    let b = query(&ctx, "SELECT key, label, width, data FROM man WHERE split = 'val' ORDER BY key").await;
+    let b = query(
+        &ctx,
+        "SELECT key, label, width, data FROM man WHERE split = 'val' ORDER BY key",
+    )
+    .await;
     assert_eq!(rows(&b), 3);
     let b = &b[0];
     assert_eq!(b.column(0).as_string::<i32>().value(0), "img10.png");
-    assert_eq!(b.column(1).as_primitive::<arrow::datatypes::Int64Type>().value(0), 2);
-    assert_eq!(b.column(2).as_primitive::<arrow::datatypes::UInt32Type>().value(0), 20);
+    assert_eq!(
+        b.column(1)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0),
+        2
+    );
+    assert_eq!(
+        b.column(2)
+            .as_primitive::<arrow::datatypes::UInt32Type>()
+            .value(0),
+        20
+    );
     assert!(!b.column(3).is_null(0));
 }

@@ -57,7 +57,10 @@ impl Env {
         let out = self.run(args);
         assert!(!out.status.success(), "sluice {args:?} should fail");
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect();
         assert_eq!(errors.len(), 1, "expected one error line, got: {stderr}");
         errors[0].to_owned()
     }

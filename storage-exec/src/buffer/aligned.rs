@@ -60,7 +60,11 @@ impl AlignedBuf {
     /// # Panics
     /// If `len > capacity()`.
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.cap, "set_len({len}) beyond capacity {}", self.cap);
+        assert!(
+            len <= self.cap,
+            "set_len({len}) beyond capacity {}",
+            self.cap
+        );
         self.len = len;
     }
 

@@ -100,7 +100,10 @@ unsafe impl Sync for BufferPool {}
 impl BufferPool {
     /// Builds a pool, allocating (and zeroing) the fixed buffers now.
     pub fn new(allocator: Arc<dyn DmaAllocator>, opts: PoolOptions) -> std::io::Result<Arc<Self>> {
-        assert!(opts.align.is_power_of_two(), "alignment must be a power of two");
+        assert!(
+            opts.align.is_power_of_two(),
+            "alignment must be a power of two"
+        );
         let fixed_size = round_up(opts.fixed_size.max(opts.align), opts.align);
         let opts = PoolOptions { fixed_size, ..opts };
         let mut fixed = Vec::with_capacity(opts.fixed_count);
@@ -108,7 +111,10 @@ impl BufferPool {
             let ptr = allocator.allocate(fixed_size, opts.align).ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::OutOfMemory,
-                    format!("{} allocator: no memory for a {fixed_size}-byte fixed buffer", allocator.name()),
+                    format!(
+                        "{} allocator: no memory for a {fixed_size}-byte fixed buffer",
+                        allocator.name()
+                    ),
                 )
             })?;
             // SAFETY: fresh allocation valid for `fixed_size` bytes.
@@ -153,7 +159,11 @@ impl BufferPool {
         let (ptr, cap, slot) = if want <= self.opts.fixed_size && !free.fixed.is_empty() {
             let idx = free.fixed.pop().unwrap_or_default();
             self.reuses.fetch_add(1, Ordering::Relaxed);
-            (self.fixed[idx as usize], self.opts.fixed_size, Slot::Fixed(idx))
+            (
+                self.fixed[idx as usize],
+                self.opts.fixed_size,
+                Slot::Fixed(idx),
+            )
         } else if let Some(class) = class_of(want) {
             let cap = 1usize << (class + MIN_CLASS_SHIFT);
             if let Some(ptr) = free.classes[class as usize].pop() {
@@ -168,7 +178,8 @@ impl BufferPool {
         };
         free.live.insert(ptr.as_ptr() as usize, cap);
         drop(free);
-        self.outstanding_bytes.fetch_add(cap as u64, Ordering::Relaxed);
+        self.outstanding_bytes
+            .fetch_add(cap as u64, Ordering::Relaxed);
         let mut buf = AlignedBuf::new(ptr, cap, slot, Arc::clone(self));
         buf.set_len(len);
         Ok(buf)
@@ -196,12 +207,18 @@ impl BufferPool {
     }
 
     fn fresh(&self, cap: usize) -> std::io::Result<NonNull<u8>> {
-        let ptr = self.allocator.allocate(cap, self.opts.align).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::OutOfMemory,
-                format!("{} allocator: no memory for a {cap}-byte buffer", self.allocator.name()),
-            )
-        })?;
+        let ptr = self
+            .allocator
+            .allocate(cap, self.opts.align)
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!(
+                        "{} allocator: no memory for a {cap}-byte buffer",
+                        self.allocator.name()
+                    ),
+                )
+            })?;
         // SAFETY: fresh allocation valid for `cap` bytes; zeroing establishes
         // `AlignedBuf`'s all-initialised invariant.
         unsafe { ptr.as_ptr().write_bytes(0, cap) };
@@ -210,7 +227,8 @@ impl BufferPool {
     }
 
     pub(super) fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
-        self.outstanding_bytes.fetch_sub(cap as u64, Ordering::Relaxed);
+        self.outstanding_bytes
+            .fetch_sub(cap as u64, Ordering::Relaxed);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         free.live.remove(&(ptr.as_ptr() as usize));
         match slot {
@@ -267,7 +285,10 @@ fn round_up(v: usize, align: usize) -> usize {
 
 /// The class index whose size is the smallest power of two >= `len`.
 fn class_of(len: usize) -> Option<u32> {
-    let shift = len.next_power_of_two().trailing_zeros().max(MIN_CLASS_SHIFT);
+    let shift = len
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(MIN_CLASS_SHIFT);
     (shift <= MAX_CLASS_SHIFT).then(|| shift - MIN_CLASS_SHIFT)
 }
 
@@ -297,7 +318,11 @@ mod tests {
         assert_eq!(a.capacity(), 8192);
         assert_eq!(a.fixed_index(), Some(0));
         let b = p.get(100).unwrap();
-        assert_eq!(b.fixed_index(), None, "fixed set exhausted, falls back to a class");
+        assert_eq!(
+            b.fixed_index(),
+            None,
+            "fixed set exhausted, falls back to a class"
+        );
         assert_eq!(b.as_ptr() as usize % 4096, 0);
         assert_eq!(p.stats().outstanding, 2);
         drop(a);

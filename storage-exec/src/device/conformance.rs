@@ -40,17 +40,31 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 pub async fn geometry(dev: &Arc<dyn Device>) {
     let bs = dev.block_size();
     assert!(bs.is_power_of_two() && bs >= 512, "block size {bs}");
-    assert!(dev.capacity() >= 16 << 20, "capacity {} below 16 MiB", dev.capacity());
-    assert_eq!(dev.capacity() % bs as u64, 0, "capacity not a multiple of the block size");
+    assert!(
+        dev.capacity() >= 16 << 20,
+        "capacity {} below 16 MiB",
+        dev.capacity()
+    );
+    assert_eq!(
+        dev.capacity() % bs as u64,
+        0,
+        "capacity not a multiple of the block size"
+    );
     assert!(dev.parallelism() >= 1);
-    assert!(dev.pool().align() >= bs, "pool alignment below the block size");
+    assert!(
+        dev.pool().align() >= bs,
+        "pool alignment below the block size"
+    );
 }
 
 /// Bytes written at aligned offsets read back identical, also after flush.
 pub async fn write_then_read_back(dev: &Arc<dyn Device>) {
     let bs = dev.block_size();
     let last = dev.capacity() - bs as u64;
-    for (i, (offset, len)) in [(0u64, bs), (bs as u64 * 3, bs * 5), (last, bs)].into_iter().enumerate() {
+    for (i, (offset, len)) in [(0u64, bs), (bs as u64 * 3, bs * 5), (last, bs)]
+        .into_iter()
+        .enumerate()
+    {
         let data = pattern(i as u64 + 1, len);
         dev.write_all_at(offset, &data).await.expect("write");
         let (buf, at) = dev.read_covering(offset, len as u64).await.expect("read");
@@ -58,7 +72,10 @@ pub async fn write_then_read_back(dev: &Arc<dyn Device>) {
         assert_eq!(buf.as_slice(), &data[..], "read back at {offset}");
     }
     dev.flush().await.expect("flush");
-    let (buf, at) = dev.read_covering(bs as u64 * 3 + 10, 100).await.expect("read covering");
+    let (buf, at) = dev
+        .read_covering(bs as u64 * 3 + 10, 100)
+        .await
+        .expect("read covering");
     assert_eq!(at, 10);
     assert_eq!(&buf.as_slice()[at..at + 100], &pattern(2, bs * 5)[10..110]);
 }
@@ -71,7 +88,9 @@ pub async fn many_requests_in_flight(dev: &Arc<dyn Device>) {
         let dev = Arc::clone(dev);
         async move {
             let data = pattern(100 + i, bs * 2);
-            dev.write_all_at(base + i * 2 * bs as u64, &data).await.expect("concurrent write");
+            dev.write_all_at(base + i * 2 * bs as u64, &data)
+                .await
+                .expect("concurrent write");
         }
     });
     join_all(writes).await;
@@ -87,7 +106,10 @@ pub async fn many_requests_in_flight(dev: &Arc<dyn Device>) {
     });
     join_all(reads).await;
     let counters = dev.stats();
-    assert!(counters.reads >= 64 && counters.writes >= 64, "counters {counters:?}");
+    assert!(
+        counters.reads >= 64 && counters.writes >= 64,
+        "counters {counters:?}"
+    );
 }
 
 /// A request bigger than any fixed buffer works.
@@ -95,18 +117,33 @@ pub async fn large_request(dev: &Arc<dyn Device>) {
     let len = 9 << 20;
     let data = pattern(7, len);
     dev.write_all_at(4 << 20, &data).await.expect("large write");
-    let (buf, _) = dev.read_covering(4 << 20, len as u64).await.expect("large read");
+    let (buf, _) = dev
+        .read_covering(4 << 20, len as u64)
+        .await
+        .expect("large read");
     assert!(buf.as_slice() == &data[..], "large read differs");
 }
 
 /// Unaligned offsets and lengths are refused with `Misaligned`.
 pub async fn rejects_misaligned_requests(dev: &Arc<dyn Device>) {
     let buf = dev.pool().get(dev.block_size()).expect("buffer");
-    let err = dev.read_at(1, buf).await.expect_err("unaligned offset must fail");
-    assert!(matches!(err, StorageError::Misaligned { what: "offset", .. }), "{err}");
+    let err = dev
+        .read_at(1, buf)
+        .await
+        .expect_err("unaligned offset must fail");
+    assert!(
+        matches!(err, StorageError::Misaligned { what: "offset", .. }),
+        "{err}"
+    );
     let buf = dev.pool().get(100).expect("buffer");
-    let err = dev.read_at(0, buf).await.expect_err("unaligned length must fail");
-    assert!(matches!(err, StorageError::Misaligned { what: "length", .. }), "{err}");
+    let err = dev
+        .read_at(0, buf)
+        .await
+        .expect_err("unaligned length must fail");
+    assert!(
+        matches!(err, StorageError::Misaligned { what: "length", .. }),
+        "{err}"
+    );
 }
 
 /// Requests past the end are refused with `OutOfRange`.
@@ -119,19 +156,29 @@ pub async fn rejects_out_of_range_requests(dev: &Arc<dyn Device>) {
         .expect_err("read past the end must fail");
     assert!(matches!(err, StorageError::OutOfRange { .. }), "{err}");
     let buf = dev.pool().get(bs).expect("buffer");
-    let err = dev.write_at(dev.capacity(), buf).await.expect_err("write past the end must fail");
+    let err = dev
+        .write_at(dev.capacity(), buf)
+        .await
+        .expect_err("write past the end must fail");
     assert!(matches!(err, StorageError::OutOfRange { .. }), "{err}");
 }
 
 /// Every buffer lent for I/O, failed or not, is back in the pool afterwards.
 pub async fn buffers_return_to_the_pool(dev: &Arc<dyn Device>) {
-    assert_eq!(dev.pool().stats().outstanding, 0, "buffers leaked by earlier requests");
+    assert_eq!(
+        dev.pool().stats().outstanding,
+        0,
+        "buffers leaked by earlier requests"
+    );
 }
 
 /// A read buffer becomes an Arrow buffer at the same address, and goes back
 /// to the pool when the Arrow buffer is dropped.
 pub async fn read_buffer_becomes_arrow_without_copy(dev: &Arc<dyn Device>) {
-    let (buf, _) = dev.read_covering(0, dev.block_size() as u64).await.expect("read");
+    let (buf, _) = dev
+        .read_covering(0, dev.block_size() as u64)
+        .await
+        .expect("read");
     let ptr = buf.as_ptr();
     let arrow = buf.into_arrow();
     assert_eq!(arrow.as_ptr(), ptr, "into_arrow copied");

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
-use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size};
+use super::{
+    Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
+};
 use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator, PoolOptions};
 use crate::error::{Result, StorageError};
 
@@ -62,11 +64,23 @@ impl FileDevice {
         })
     }
 
-    async fn run<F>(&self, op: &'static str, offset: u64, buf: AlignedBuf, f: F) -> Result<AlignedBuf>
+    async fn run<F>(
+        &self,
+        op: &'static str,
+        offset: u64,
+        buf: AlignedBuf,
+        f: F,
+    ) -> Result<AlignedBuf>
     where
         F: FnOnce(&File, u64, &mut AlignedBuf) -> std::io::Result<()> + Send + 'static,
     {
-        check_request(&self.path, offset, buf.len(), self.block_size, self.capacity)?;
+        check_request(
+            &self.path,
+            offset,
+            buf.len(),
+            self.block_size,
+            self.capacity,
+        )?;
         let _permit = self
             .permits
             .acquire()
@@ -89,7 +103,9 @@ impl FileDevice {
 impl Device for FileDevice {
     async fn read_at(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
         let buf = self
-            .run("read", offset, buf, |file, off, buf| file.read_exact_at(buf.as_mut_slice(), off))
+            .run("read", offset, buf, |file, off, buf| {
+                file.read_exact_at(buf.as_mut_slice(), off)
+            })
             .await?;
         self.stats.record_read(buf.len());
         Ok(buf)
@@ -97,7 +113,9 @@ impl Device for FileDevice {
 
     async fn write_at(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
         let buf = self
-            .run("write", offset, buf, |file, off, buf| file.write_all_at(buf.as_slice(), off))
+            .run("write", offset, buf, |file, off, buf| {
+                file.write_all_at(buf.as_slice(), off)
+            })
             .await?;
         self.stats.record_write(buf.len());
         Ok(buf)
@@ -106,9 +124,12 @@ impl Device for FileDevice {
     async fn flush(&self) -> Result<()> {
         let file = Arc::clone(&self.file);
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || file.sync_data().map_err(|e| StorageError::io("flush", &path, e)))
-            .await
-            .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
+        tokio::task::spawn_blocking(move || {
+            file.sync_data()
+                .map_err(|e| StorageError::io("flush", &path, e))
+        })
+        .await
+        .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
     }
 
     fn capacity(&self) -> u64 {

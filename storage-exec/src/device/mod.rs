@@ -59,7 +59,9 @@ impl std::str::FromStr for Backend {
             "auto" => Ok(Self::Auto),
             "uring" => Ok(Self::Uring),
             "file" => Ok(Self::File),
-            other => Err(format!("unknown device backend '{other}' (expected auto, uring or file)")),
+            other => Err(format!(
+                "unknown device backend '{other}' (expected auto, uring or file)"
+            )),
         }
     }
 }
@@ -192,7 +194,7 @@ pub(crate) fn check_request(
     capacity: u64,
 ) -> Result<()> {
     let device = name.display().to_string();
-    if offset % block_size as u64 != 0 {
+    if !offset.is_multiple_of(block_size as u64) {
         return Err(StorageError::Misaligned {
             device,
             what: "offset",
@@ -200,7 +202,7 @@ pub(crate) fn check_request(
             block_size,
         });
     }
-    if len % block_size != 0 {
+    if !len.is_multiple_of(block_size) {
         return Err(StorageError::Misaligned {
             device,
             what: "length",
@@ -208,7 +210,10 @@ pub(crate) fn check_request(
             block_size,
         });
     }
-    if offset.checked_add(len as u64).is_none_or(|end| end > capacity) {
+    if offset
+        .checked_add(len as u64)
+        .is_none_or(|end| end > capacity)
+    {
         return Err(StorageError::OutOfRange {
             device,
             offset,
@@ -258,7 +263,9 @@ pub fn open_device(path: &Path, opts: &DeviceOptions) -> Result<Arc<dyn Device>>
         Backend::File => Ok(Arc::new(file::FileDevice::open(path, opts)?)),
         Backend::Auto => match uring::UringDevice::open(path, opts) {
             Ok(dev) => Ok(Arc::new(dev)),
-            Err(e @ (StorageError::DirectIoUnsupported { .. } | StorageError::UringUnavailable(_))) => {
+            Err(
+                e @ (StorageError::DirectIoUnsupported { .. } | StorageError::UringUnavailable(_)),
+            ) => {
                 tracing::warn!("{e}; falling back to the file backend");
                 Ok(Arc::new(file::FileDevice::open(path, opts)?))
             }

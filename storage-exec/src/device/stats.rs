@@ -34,7 +34,8 @@ impl DeviceStats {
     /// Counts one completed write of `bytes`.
     pub fn record_write(&self, bytes: usize) {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        self.written_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.written_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// The counters now.

@@ -30,7 +30,9 @@ use async_trait::async_trait;
 use io_uring::{IoUring, opcode, types};
 use tokio::sync::oneshot;
 
-use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size};
+use super::{
+    Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
+};
 use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator};
 use crate::error::{Result, StorageError};
 
@@ -90,7 +92,8 @@ impl UringDevice {
             })?;
         let capacity = device_size(&file, path)?;
         let depth = opts.queue_depth.clamp(1, 4096);
-        let ring = IoUring::new(depth.next_power_of_two() as u32).map_err(StorageError::UringUnavailable)?;
+        let ring = IoUring::new(depth.next_power_of_two() as u32)
+            .map_err(StorageError::UringUnavailable)?;
         ring.submitter()
             .register_files(&[file.as_raw_fd()])
             .map_err(StorageError::UringUnavailable)?;
@@ -132,7 +135,12 @@ impl UringDevice {
         let thread_stats = Arc::clone(&stats);
         let thread_pool = Arc::clone(&pool);
         let thread = std::thread::Builder::new()
-            .name(format!("sluice-uring-{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()))
+            .name(format!(
+                "sluice-uring-{}",
+                path.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            ))
             .spawn(move || {
                 ring_loop(ring, rx, depth, fixed_buffers, &thread_stats);
                 drop(thread_pool);
@@ -154,7 +162,13 @@ impl UringDevice {
     }
 
     async fn submit(&self, kind: Kind, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
-        check_request(&self.path, offset, buf.len(), self.block_size, self.capacity)?;
+        check_request(
+            &self.path,
+            offset,
+            buf.len(),
+            self.block_size,
+            self.capacity,
+        )?;
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(|| closed(&self.path))?;
         tx.send(Request {
@@ -178,7 +192,10 @@ fn closed(path: &Path) -> StorageError {
     StorageError::io(
         "submit to",
         path,
-        std::io::Error::new(std::io::ErrorKind::BrokenPipe, "io_uring thread has stopped"),
+        std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "io_uring thread has stopped",
+        ),
     )
 }
 
@@ -187,15 +204,23 @@ fn entry_for(slot: usize, f: &mut InFlight, fixed_buffers: bool) -> io_uring::sq
     let remaining = f.req.buf.len() - f.done;
     let len = remaining.min(MAX_SQE_BYTES) as u32;
     let offset = f.req.offset + f.done as u64;
-    let fixed = if fixed_buffers { f.req.buf.fixed_index() } else { None };
+    let fixed = if fixed_buffers {
+        f.req.buf.fixed_index()
+    } else {
+        None
+    };
     // SAFETY: `done <= len()`, so the pointer stays inside the buffer, which
     // the in-flight table owns until the completion is reaped.
     let ptr = unsafe { f.req.buf.as_mut_ptr().add(f.done) };
     let fd = types::Fixed(0);
     let entry = match (f.req.kind, fixed) {
-        (Kind::Read, Some(idx)) => opcode::ReadFixed::new(fd, ptr, len, idx).offset(offset).build(),
+        (Kind::Read, Some(idx)) => opcode::ReadFixed::new(fd, ptr, len, idx)
+            .offset(offset)
+            .build(),
         (Kind::Read, None) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
-        (Kind::Write, Some(idx)) => opcode::WriteFixed::new(fd, ptr, len, idx).offset(offset).build(),
+        (Kind::Write, Some(idx)) => opcode::WriteFixed::new(fd, ptr, len, idx)
+            .offset(offset)
+            .build(),
         (Kind::Write, None) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
     };
     entry.user_data(slot as u64)
@@ -217,7 +242,9 @@ fn ring_loop(
     loop {
         // Continuations of short transfers first, then new requests.
         while let Some(slot) = resubmit.pop_front() {
-            let Some(f) = slots[slot].as_mut() else { continue };
+            let Some(f) = slots[slot].as_mut() else {
+                continue;
+            };
             let entry = entry_for(slot, f, fixed_buffers);
             // SAFETY: the buffer behind the entry lives in `slots[slot]` until
             // its completion is reaped below; the queue has room because at
@@ -280,13 +307,19 @@ fn ring_loop(
             .map(|cqe| (cqe.user_data() as usize, cqe.result()))
             .collect();
         for (slot, res) in completed {
-            let Some(f) = slots[slot].as_mut() else { continue };
+            let Some(f) = slots[slot].as_mut() else {
+                continue;
+            };
             let outcome = if res < 0 {
                 Some(Err(std::io::Error::from_raw_os_error(-res)))
             } else if res == 0 && f.done < f.req.buf.len() {
                 Some(Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    format!("transfer ended after {} of {} bytes", f.done, f.req.buf.len()),
+                    format!(
+                        "transfer ended after {} of {} bytes",
+                        f.done,
+                        f.req.buf.len()
+                    ),
                 )))
             } else {
                 f.done += res as usize;
@@ -325,9 +358,12 @@ impl Device for UringDevice {
     async fn flush(&self) -> Result<()> {
         let file = Arc::clone(&self.file);
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || file.sync_data().map_err(|e| StorageError::io("flush", &path, e)))
-            .await
-            .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
+        tokio::task::spawn_blocking(move || {
+            file.sync_data()
+                .map_err(|e| StorageError::io("flush", &path, e))
+        })
+        .await
+        .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
     }
 
     fn capacity(&self) -> u64 {
@@ -392,7 +428,9 @@ mod tests {
         match UringDevice::open(&path, &opts) {
             Ok(dev) => super::super::conformance::run_all(Arc::new(dev)).await,
             Err(e @ StorageError::DirectIoUnsupported { .. }) => {
-                eprintln!("SKIPPED: uring conformance: {e} (the temp dir's filesystem refuses O_DIRECT)");
+                eprintln!(
+                    "SKIPPED: uring conformance: {e} (the temp dir's filesystem refuses O_DIRECT)"
+                );
             }
             Err(e) => panic!("{e}"),
         }

@@ -21,7 +21,9 @@ mod writer;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use arrow::array::{ArrayRef, RecordBatch, StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder};
+use arrow::array::{
+    ArrayRef, RecordBatch, StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder,
+};
 use arrow::compute::take;
 use futures::StreamExt;
 
@@ -52,7 +54,9 @@ impl std::str::FromStr for OnError {
         match s {
             "skip" => Ok(Self::Skip),
             "fail" => Ok(Self::Fail),
-            other => Err(format!("unknown error policy '{other}' (expected skip or fail)")),
+            other => Err(format!(
+                "unknown error policy '{other}' (expected skip or fail)"
+            )),
         }
     }
 }
@@ -79,7 +83,9 @@ pub struct IngestOptions {
 
 impl std::fmt::Debug for IngestOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IngestOptions").field("on_error", &self.on_error).finish()
+        f.debug_struct("IngestOptions")
+            .field("on_error", &self.on_error)
+            .finish()
     }
 }
 
@@ -115,8 +121,14 @@ pub struct IngestReport {
 pub fn validate_dataset_name(name: &str) -> Result<()> {
     let ok = name.len() <= 128
         && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if ok { Ok(()) } else { Err(StorageError::InvalidDatasetName(name.to_owned())) }
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(StorageError::InvalidDatasetName(name.to_owned()))
+    }
 }
 
 struct Loaded {
@@ -146,7 +158,12 @@ const LOAD_GROUP: usize = 32;
 const LOAD_TASKS: usize = 4;
 
 /// Ingests `source` as a new version of `dataset`.
-pub async fn ingest(store: &Store, dataset: &str, source: IngestSource, opts: IngestOptions) -> Result<IngestReport> {
+pub async fn ingest(
+    store: &Store,
+    dataset: &str,
+    source: IngestSource,
+    opts: IngestOptions,
+) -> Result<IngestReport> {
     validate_dataset_name(dataset)?;
     let started = Instant::now();
     let _guard = store.lock_ingest().await;
@@ -155,12 +172,21 @@ pub async fn ingest(store: &Store, dataset: &str, source: IngestSource, opts: In
     let total = enumerated.entries.len() as u64;
     let version = store.catalog().latest_version(dataset)?.unwrap_or(0) + 1;
 
-    let mut writer = ExtentWriter::new(Arc::clone(store.device()), store.alloc_snapshot(), store.chunk_size(), dataset);
+    let mut writer = ExtentWriter::new(
+        Arc::clone(store.device()),
+        store.alloc_snapshot(),
+        store.chunk_size(),
+        dataset,
+    );
     let mut keys = StringBuilder::new();
     let mut formats = StringBuilder::new();
     let (mut widths, mut heights) = (UInt32Builder::new(), UInt32Builder::new());
     let mut channels = UInt8Builder::new();
-    let (mut chunks, mut offsets, mut lengths) = (UInt64Builder::new(), UInt64Builder::new(), UInt64Builder::new());
+    let (mut chunks, mut offsets, mut lengths) = (
+        UInt64Builder::new(),
+        UInt64Builder::new(),
+        UInt64Builder::new(),
+    );
     let mut crcs = UInt32Builder::new();
     let mut accepted: Vec<u64> = Vec::with_capacity(enumerated.entries.len());
     let mut skipped = Vec::new();
@@ -179,7 +205,9 @@ pub async fn ingest(store: &Store, dataset: &str, source: IngestSource, opts: In
         groups.push(group);
     }
     let mut loaded = futures::stream::iter(groups)
-        .map(|group| tokio::task::spawn_blocking(move || group.into_iter().map(load).collect::<Vec<_>>()))
+        .map(|group| {
+            tokio::task::spawn_blocking(move || group.into_iter().map(load).collect::<Vec<_>>())
+        })
         .buffered(LOAD_TASKS);
 
     let mut index = 0u64;
@@ -206,7 +234,7 @@ pub async fn ingest(store: &Store, dataset: &str, source: IngestSource, opts: In
                 }
                 Err(reason) => match opts.on_error {
                     OnError::Skip => {
-                        tracing::warn!("dataset '{dataset}': skipping '{key}': {reason}");
+                        tracing::info!("dataset '{dataset}': skipping '{key}': {reason}");
                         skipped.push(Skipped { key, reason });
                     }
                     OnError::Fail => {
@@ -250,7 +278,9 @@ pub async fn ingest(store: &Store, dataset: &str, source: IngestSource, opts: In
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     let samples = batch.num_rows() as u64;
 
-    let rel = std::path::PathBuf::from(META_DIR).join(dataset).join(format!("v{version}.parquet"));
+    let rel = std::path::PathBuf::from(META_DIR)
+        .join(dataset)
+        .join(format!("v{version}.parquet"));
     let path = store.metadata_path(&rel);
     let meta_dir = path.parent().unwrap_or(store.data_dir()).to_owned();
     let tmp = path.with_extension("parquet.tmp");

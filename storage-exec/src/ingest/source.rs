@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, StringArray};
 use arrow::compute::{cast, concat_batches};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field};
 use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 
@@ -132,7 +132,9 @@ fn visible_entries(dir: &Path) -> Result<Vec<std::fs::DirEntry>> {
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in visible_entries(dir)? {
         let path = entry.path();
-        let ft = entry.file_type().map_err(|e| StorageError::io("stat", &path, e))?;
+        let ft = entry
+            .file_type()
+            .map_err(|e| StorageError::io("stat", &path, e))?;
         if ft.is_dir() {
             walk(&path, out)?;
         } else {
@@ -157,10 +159,12 @@ fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
         return Err(bad_source(dir, "not a directory"));
     }
     let top = visible_entries(dir)?;
-    let image_folder = !top.is_empty() && top.iter().all(|e| e.file_type().is_ok_and(|t| t.is_dir()));
+    let image_folder =
+        !top.is_empty() && top.iter().all(|e| e.file_type().is_ok_and(|t| t.is_dir()));
     let mut files = Vec::new();
     walk(dir, &mut files)?;
-    let mut rows: Vec<(String, PathBuf)> = files.into_iter().map(|p| (rel_key(dir, &p), p)).collect();
+    let mut rows: Vec<(String, PathBuf)> =
+        files.into_iter().map(|p| (rel_key(dir, &p), p)).collect();
     rows.sort();
     let (user_fields, user_columns) = if image_folder {
         let labels: StringArray = rows
@@ -213,7 +217,7 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
         }
     }
     .map_err(|e| bad_source(manifest, format!("cannot read manifest: {e}")))?;
-    let schema = Arc::new(Schema::from(df.schema().as_arrow().clone()));
+    let schema = Arc::new(df.schema().as_arrow().clone());
     let batches = df
         .collect()
         .await
@@ -221,25 +225,40 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
     let batch = concat_batches(&schema, &batches)?;
 
     let string_col = |name: &str| -> Result<Option<StringArray>> {
-        let Some(col) = batch.column_by_name(name) else { return Ok(None) };
+        let Some(col) = batch.column_by_name(name) else {
+            return Ok(None);
+        };
         let col = cast(col, &DataType::Utf8)?;
         Ok(col.as_any().downcast_ref::<StringArray>().cloned())
     };
-    let paths = string_col("path")?.ok_or_else(|| bad_source(manifest, "manifest has no 'path' column"))?;
+    let paths =
+        string_col("path")?.ok_or_else(|| bad_source(manifest, "manifest has no 'path' column"))?;
     let keys = string_col(KEY)?;
 
     let mut entries = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
         if paths.is_null(i) {
-            return Err(bad_source(manifest, format!("row {}: 'path' is empty", i + 1)));
+            return Err(bad_source(
+                manifest,
+                format!("row {}: 'path' is empty", i + 1),
+            ));
         }
         let rel = PathBuf::from(paths.value(i));
         let key = match &keys {
             Some(k) if !k.is_null(i) => k.value(i).to_owned(),
-            Some(_) => return Err(bad_source(manifest, format!("row {}: 'key' is empty", i + 1))),
+            Some(_) => {
+                return Err(bad_source(
+                    manifest,
+                    format!("row {}: 'key' is empty", i + 1),
+                ));
+            }
             None => paths.value(i).to_owned(),
         };
-        let path = if rel.is_absolute() { rel } else { base.join(rel) };
+        let path = if rel.is_absolute() {
+            rel
+        } else {
+            base.join(rel)
+        };
         entries.push(Entry {
             key,
             origin: Origin::Path(path),
@@ -261,8 +280,12 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
         }
         // View types are an in-memory optimisation; store plain strings/bytes.
         let (dt, col) = match field.data_type() {
-            DataType::Utf8View | DataType::LargeUtf8 => (DataType::Utf8, cast(col, &DataType::Utf8)?),
-            DataType::BinaryView | DataType::LargeBinary => (DataType::Binary, cast(col, &DataType::Binary)?),
+            DataType::Utf8View | DataType::LargeUtf8 => {
+                (DataType::Utf8, cast(col, &DataType::Utf8)?)
+            }
+            DataType::BinaryView | DataType::LargeBinary => {
+                (DataType::Binary, cast(col, &DataType::Binary)?)
+            }
             dt => (dt.clone(), Arc::clone(col)),
         };
         user_fields.push(Field::new(name, dt, true));
@@ -287,11 +310,16 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, b"x").unwrap();
         }
-        let e = enumerate(IngestSource::Directory(dir.path().into())).await.unwrap();
+        let e = enumerate(IngestSource::Directory(dir.path().into()))
+            .await
+            .unwrap();
         let keys: Vec<_> = e.entries.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["cat/a.jpg", "dog/b.jpg", "dog/sub/a.jpg"]);
         assert_eq!(e.user_fields[0].name(), "label");
-        let labels = e.user_columns[0].as_any().downcast_ref::<StringArray>().unwrap();
+        let labels = e.user_columns[0]
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
         assert_eq!(labels.value(2), "dog");
     }
 
@@ -301,7 +329,9 @@ mod tests {
         std::fs::write(dir.path().join("a.png"), b"x").unwrap();
         std::fs::create_dir(dir.path().join("more")).unwrap();
         std::fs::write(dir.path().join("more/b.png"), b"x").unwrap();
-        let e = enumerate(IngestSource::Directory(dir.path().into())).await.unwrap();
+        let e = enumerate(IngestSource::Directory(dir.path().into()))
+            .await
+            .unwrap();
         assert!(e.user_fields.is_empty());
         assert_eq!(e.entries.len(), 2);
     }
@@ -332,9 +362,12 @@ mod tests {
         assert!(err.to_string().contains("'width' is reserved"), "{err}");
 
         std::fs::write(&m, "file,label\na.png,3\n").unwrap();
-        let err = enumerate(IngestSource::Manifest { manifest: m, base: dir.path().into() })
-            .await
-            .unwrap_err();
+        let err = enumerate(IngestSource::Manifest {
+            manifest: m,
+            base: dir.path().into(),
+        })
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains("no 'path' column"), "{err}");
     }
 }

@@ -63,7 +63,12 @@ impl std::fmt::Debug for ExtentWriter {
 
 impl ExtentWriter {
     /// A writer for `dataset` allocating from `alloc` (a copy of the store's).
-    pub fn new(device: Arc<dyn Device>, alloc: ChunkAllocator, chunk_size: u64, dataset: &str) -> Self {
+    pub fn new(
+        device: Arc<dyn Device>,
+        alloc: ChunkAllocator,
+        chunk_size: u64,
+        dataset: &str,
+    ) -> Self {
         let max_in_flight = device.parallelism().clamp(1, 16);
         Self {
             device,
@@ -122,22 +127,34 @@ impl ExtentWriter {
         };
         while !bytes.is_empty() {
             let chunk_start = self.cursor / self.chunk_size * self.chunk_size;
-            if self.staging.as_ref().is_none_or(|(start, _)| *start != chunk_start) {
+            if self
+                .staging
+                .as_ref()
+                .is_none_or(|(start, _)| *start != chunk_start)
+            {
                 self.flush_staging().await?;
                 let buf = self
                     .device
                     .pool()
                     .get(self.chunk_size as usize)
-                    .map_err(|e| StorageError::io("allocate staging buffer for", self.device.describe().path, e))?;
+                    .map_err(|e| {
+                        StorageError::io(
+                            "allocate staging buffer for",
+                            self.device.describe().path,
+                            e,
+                        )
+                    })?;
                 self.staging = Some((chunk_start, buf));
             }
-            let Some((_, buf)) = self.staging.as_mut() else { unreachable!("staging set above") };
+            let Some((_, buf)) = self.staging.as_mut() else {
+                unreachable!("staging set above")
+            };
             let at = (self.cursor - chunk_start) as usize;
             let n = bytes.len().min(self.chunk_size as usize - at);
             buf.as_mut_slice()[at..at + n].copy_from_slice(&bytes[..n]);
             bytes = &bytes[n..];
             self.cursor += n as u64;
-            if self.cursor % self.chunk_size == 0 {
+            if self.cursor.is_multiple_of(self.chunk_size) {
                 self.flush_staging().await?;
             }
         }
@@ -146,7 +163,9 @@ impl ExtentWriter {
 
     /// Sends the staged chunk to the device (up to the cursor, block-padded).
     async fn flush_staging(&mut self) -> Result<()> {
-        let Some((start, mut buf)) = self.staging.take() else { return Ok(()) };
+        let Some((start, mut buf)) = self.staging.take() else {
+            return Ok(());
+        };
         let filled = self.cursor.saturating_sub(start).min(self.chunk_size) as usize;
         let bs = self.device.block_size();
         let padded = filled.div_ceil(bs) * bs;
@@ -189,7 +208,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.img");
         create_device_file(&path, size).unwrap();
-        (dir, Arc::new(FileDevice::open(&path, &DeviceOptions::default()).unwrap()))
+        (
+            dir,
+            Arc::new(FileDevice::open(&path, &DeviceOptions::default()).unwrap()),
+        )
     }
 
     #[tokio::test]
@@ -210,7 +232,10 @@ mod tests {
         assert_eq!(runs, vec![ChunkRun { start: 0, count: 3 }]);
         assert_eq!(alloc.free(), 13);
         for (e, want) in [(ea, &a), (eb, &b), (ec, &c)] {
-            let (buf, at) = dev.read_covering(e.chunk * chunk + e.offset, e.length).await.unwrap();
+            let (buf, at) = dev
+                .read_covering(e.chunk * chunk + e.offset, e.length)
+                .await
+                .unwrap();
             assert_eq!(&buf.as_slice()[at..at + e.length as usize], &want[..]);
         }
     }

@@ -34,14 +34,23 @@ pub struct Run {
 }
 
 /// Plans reads for `extents` (absolute start, length), in row order.
-pub fn plan_reads(extents: &[(u64, u64)], block: u64, max_read: u64, max_gap: u64, max_rows: usize) -> Vec<ReadPlan> {
+pub fn plan_reads(
+    extents: &[(u64, u64)],
+    block: u64,
+    max_read: u64,
+    max_gap: u64,
+    max_rows: usize,
+) -> Vec<ReadPlan> {
     let mut plans: Vec<ReadPlan> = Vec::new();
     // Unaligned bounds of the current group and its row count.
     let mut group: Option<(u64, u64, usize)> = None;
     for (row, &(start, len)) in extents.iter().enumerate() {
         let end = start + len;
         let joins = group.is_some_and(|(g_start, g_end, rows)| {
-            start >= g_end && start - g_end <= max_gap && end - g_start <= max_read && rows < max_rows
+            start >= g_end
+                && start - g_end <= max_gap
+                && end - g_start <= max_read
+                && rows < max_rows
         });
         if joins {
             let (g_start, g_end, rows) = group.unwrap_or_default();
@@ -85,7 +94,14 @@ mod tests {
     fn adjacent_extents_form_one_read_and_one_run() {
         let ext = [(100, 50), (150, 10), (160, 4000)];
         let plans = plan_reads(&ext, 4096, 1 << 20, 0, 1000);
-        assert_eq!(plans, vec![ReadPlan { offset: 0, len: 8192, runs: vec![Run { rows: 0..3 }] }]);
+        assert_eq!(
+            plans,
+            vec![ReadPlan {
+                offset: 0,
+                len: 8192,
+                runs: vec![Run { rows: 0..3 }]
+            }]
+        );
     }
 
     #[test]

@@ -48,7 +48,9 @@ impl SchemaProvider for DatasetSchema {
         let (dataset, version) = parse_name(name);
         let version = match version {
             Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                DataFusionError::Plan(format!("bad version '{v}' in table name '{name}' (expected dataset@N)"))
+                DataFusionError::Plan(format!(
+                    "bad version '{v}' in table name '{name}' (expected dataset@N)"
+                ))
             })?),
             None => None,
         };

@@ -141,7 +141,10 @@ impl ExtentSource {
 
     fn rows_in(&self, row_groups: &[usize]) -> usize {
         let meta = self.version.parquet.metadata();
-        row_groups.iter().map(|&rg| meta.row_group(rg).num_rows() as usize).sum()
+        row_groups
+            .iter()
+            .map(|&rg| meta.row_group(rg).num_rows() as usize)
+            .sum()
     }
 }
 
@@ -157,7 +160,11 @@ fn read_row_group(
         // No column is needed (count(*) with a limit, say): only row counts.
         let rows = version.parquet.metadata().row_group(row_group).num_rows() as usize;
         let opts = RecordBatchOptions::new().with_row_count(Some(rows));
-        return Ok(vec![RecordBatch::try_new_with_options(Arc::clone(read_schema), vec![], &opts)?]);
+        return Ok(vec![RecordBatch::try_new_with_options(
+            Arc::clone(read_schema),
+            vec![],
+            &opts,
+        )?]);
     }
     let path = &version.metadata_path;
     let file = File::open(path).map_err(|e| StorageError::io("open metadata", path, e))?;
@@ -202,12 +209,19 @@ impl PartitionScan {
             })
             .collect::<DFResult<_>>()?;
         let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-        Ok(RecordBatch::try_new_with_options(Arc::clone(&self.projected_schema), columns, &opts)?)
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.projected_schema),
+            columns,
+            &opts,
+        )?)
     }
 
     /// Plans the reads for one metadata batch; each future yields the
     /// output batches of one read, in row order.
-    fn reads_for(self: &Arc<Self>, batch: RecordBatch) -> DFResult<Vec<BoxFuture<'static, DFResult<Vec<RecordBatch>>>>> {
+    fn reads_for(
+        self: &Arc<Self>,
+        batch: RecordBatch,
+    ) -> DFResult<Vec<BoxFuture<'static, DFResult<Vec<RecordBatch>>>>> {
         let col = |name: &str| -> DFResult<ArrayRef> {
             let i = self.read_schema.index_of(name)?;
             Ok(Arc::clone(batch.column(i)))
@@ -220,7 +234,12 @@ impl PartitionScan {
         );
         let chunk_size = self.version.store.chunk_size();
         let extents: Vec<(u64, u64)> = (0..batch.num_rows())
-            .map(|r| (chunks.value(r) * chunk_size + offsets.value(r), lengths.value(r)))
+            .map(|r| {
+                (
+                    chunks.value(r) * chunk_size + offsets.value(r),
+                    lengths.value(r),
+                )
+            })
             .collect();
         let device = self.version.store.device();
         let plans = plan_reads(
@@ -237,12 +256,18 @@ impl PartitionScan {
             .map(|plan| {
                 let scan = Arc::clone(self);
                 let (batch, extents) = (Arc::clone(&batch), Arc::clone(&extents));
-                Box::pin(async move { scan.execute_read(plan, &batch, &extents).await }) as BoxFuture<'static, _>
+                Box::pin(async move { scan.execute_read(plan, &batch, &extents).await })
+                    as BoxFuture<'static, _>
             })
             .collect())
     }
 
-    async fn execute_read(&self, plan: ReadPlan, batch: &RecordBatch, extents: &[(u64, u64)]) -> DFResult<Vec<RecordBatch>> {
+    async fn execute_read(
+        &self,
+        plan: ReadPlan,
+        batch: &RecordBatch,
+        extents: &[(u64, u64)],
+    ) -> DFResult<Vec<RecordBatch>> {
         let device = self.version.store.device();
         let key_at = |r: usize| -> String {
             self.read_schema
@@ -268,7 +293,9 @@ impl PartitionScan {
         self.reads.add(1);
         self.read_bytes.add(plan.len as usize);
         let values: Buffer = buf.into_arrow();
-        let crcs = batch.column(self.read_schema.index_of(CRC32C)?).as_primitive::<UInt32Type>();
+        let crcs = batch
+            .column(self.read_schema.index_of(CRC32C)?)
+            .as_primitive::<UInt32Type>();
 
         let mut out = Vec::with_capacity(plan.runs.len());
         for run in &plan.runs {
@@ -293,7 +320,11 @@ impl PartitionScan {
             let (last_start, last_len) = extents[run.rows.end - 1];
             offsets.push((last_start + last_len - plan.offset) as i32);
             // The values buffer is the read buffer itself: no copy.
-            let data = BinaryArray::try_new(OffsetBuffer::new(ScalarBuffer::from(offsets)), values.clone(), None)?;
+            let data = BinaryArray::try_new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                values.clone(),
+                None,
+            )?;
             let meta = batch.slice(run.rows.start, run.rows.len());
             let columns: Vec<ArrayRef> = self
                 .out
@@ -314,8 +345,13 @@ impl PartitionScan {
     }
 }
 
-fn apply_filter(filter: &Option<Arc<dyn PhysicalExpr>>, batch: RecordBatch) -> DFResult<RecordBatch> {
-    let Some(filter) = filter else { return Ok(batch) };
+fn apply_filter(
+    filter: &Option<Arc<dyn PhysicalExpr>>,
+    batch: RecordBatch,
+) -> DFResult<RecordBatch> {
+    let Some(filter) = filter else {
+        return Ok(batch);
+    };
     let mask = filter.evaluate(&batch)?.into_array(batch.num_rows())?;
     let Some(mask) = mask.as_boolean_opt() else {
         return exec_err!("filter did not evaluate to a boolean: {}", mask.data_type());
@@ -324,7 +360,11 @@ fn apply_filter(filter: &Option<Arc<dyn PhysicalExpr>>, batch: RecordBatch) -> D
 }
 
 impl DataSource for ExtentSource {
-    fn open(&self, partition: usize, context: Arc<TaskContext>) -> DFResult<SendableRecordBatchStream> {
+    fn open(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
         let Some(row_groups) = self.partitions.get(partition).cloned() else {
             return exec_err!("partition {partition} out of range");
         };
@@ -341,15 +381,22 @@ impl DataSource for ExtentSource {
         });
 
         // Metadata batches, filtered, then limited.
-        let (version, read, read_schema) = (Arc::clone(&self.version), self.read.clone(), Arc::clone(&self.read_schema));
+        let (version, read, read_schema) = (
+            Arc::clone(&self.version),
+            self.read.clone(),
+            Arc::clone(&self.read_schema),
+        );
         let filter = self.filter.clone();
         let meta = stream::iter(row_groups)
             .then(move |rg| {
-                let (version, read, read_schema) = (Arc::clone(&version), read.clone(), Arc::clone(&read_schema));
+                let (version, read, read_schema) =
+                    (Arc::clone(&version), read.clone(), Arc::clone(&read_schema));
                 async move {
-                    tokio::task::spawn_blocking(move || read_row_group(&version, rg, &read, &read_schema, batch_size))
-                        .await
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?
+                    tokio::task::spawn_blocking(move || {
+                        read_row_group(&version, rg, &read, &read_schema, batch_size)
+                    })
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?
                 }
             })
             .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
@@ -381,7 +428,8 @@ impl DataSource for ExtentSource {
             .map(move |b| match b.and_then(|b| scan.reads_for(b)) {
                 Ok(jobs) => stream::iter(jobs).left_stream(),
                 Err(e) => {
-                    let failed: BoxFuture<'static, DFResult<Vec<RecordBatch>>> = Box::pin(futures::future::ready(Err(e)));
+                    let failed: BoxFuture<'static, DFResult<Vec<RecordBatch>>> =
+                        Box::pin(futures::future::ready(Err(e)));
                     stream::iter(vec![failed]).right_stream()
                 }
             })
@@ -394,7 +442,12 @@ impl DataSource for ExtentSource {
 
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.version.record;
-        let cols: Vec<&str> = self.projected_schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let cols: Vec<&str> = self
+            .projected_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "dataset={}@{}", r.dataset, r.version)?;
@@ -432,7 +485,11 @@ impl DataSource for ExtentSource {
         let mut stats = Statistics::new_unknown(&self.projected_schema);
         if self.filter.is_none() {
             let rows = match partition {
-                Some(p) => self.partitions.get(p).map(|rg| self.rows_in(rg)).unwrap_or(0),
+                Some(p) => self
+                    .partitions
+                    .get(p)
+                    .map(|rg| self.rows_in(rg))
+                    .unwrap_or(0),
                 None => self.partitions.iter().map(|rg| self.rows_in(rg)).sum(),
             };
             let rows = self.fetch.map_or(rows, |f| rows.min(f));
@@ -455,7 +512,10 @@ impl DataSource for ExtentSource {
         self.metrics.clone()
     }
 
-    fn try_swapping_with_projection(&self, _projection: &ProjectionExprs) -> DFResult<Option<Arc<dyn DataSource>>> {
+    fn try_swapping_with_projection(
+        &self,
+        _projection: &ProjectionExprs,
+    ) -> DFResult<Option<Arc<dyn DataSource>>> {
         // The table provider already pushed the logical projection in.
         Ok(None)
     }

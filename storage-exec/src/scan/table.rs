@@ -44,12 +44,13 @@ impl DatasetVersion {
         let record = store.catalog().version(dataset, version)?;
         let path = store.metadata_path(&record.metadata_file);
         let file = File::open(&path).map_err(|e| StorageError::io("open metadata", &path, e))?;
-        let parquet = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|source| {
-            StorageError::Parquet {
-                path: path.clone(),
-                source,
-            }
-        })?;
+        let parquet =
+            ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|source| {
+                StorageError::Parquet {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         let metadata_schema = Arc::clone(parquet.schema());
         let table_schema = table_schema(&metadata_schema);
         Ok(Arc::new(Self {
@@ -109,7 +110,10 @@ impl TableProvider for DatasetTable {
         TableType::Base
     }
 
-    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DFResult<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
         // Filters on metadata columns are applied exactly, before any extent
         // is read; filters on `data` need the bytes and stay above the scan.
         Ok(filters
@@ -140,7 +144,11 @@ impl TableProvider for DatasetTable {
 
         // Metadata columns to read: projected ones, those the filters use,
         // and the extent columns when `data` is wanted.
-        let mut read: Vec<usize> = projection.iter().copied().filter(|&i| i != v.data_index()).collect();
+        let mut read: Vec<usize> = projection
+            .iter()
+            .copied()
+            .filter(|&i| i != v.data_index())
+            .collect();
         for f in filters {
             for c in f.column_refs() {
                 if let Ok(i) = v.metadata_schema.index_of(&c.name) {
