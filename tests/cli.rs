@@ -13,13 +13,15 @@ fn ingest_list_and_query_an_image_folder() {
     gen_sample(&env, &src, 3, 8, 7);
     std::fs::write(src.join("class_1/notes.txt"), "not an image").unwrap();
     std::fs::write(src.join("class_2/empty.jpg"), "").unwrap();
+    std::os::unix::fs::symlink(env.path("nowhere.jpg"), src.join("class_2/dangling.jpg")).unwrap();
 
     let out = env.ok(&["ingest", "pets", src.to_str().unwrap()]);
     assert!(
         out.contains("ingested 'pets' version 1: 24 samples"),
         "{out}"
     );
-    assert!(out.contains("skipped 2:"), "{out}");
+    assert!(out.contains("skipped 3:"), "{out}");
+    assert!(out.contains("class_2/dangling.jpg: cannot read"), "{out}");
     assert!(
         out.contains("class_1/notes.txt: not a recognised image format"),
         "{out}"

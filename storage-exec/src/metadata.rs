@@ -18,6 +18,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::error::{Result, StorageError};
 
@@ -86,8 +87,10 @@ pub fn table_schema(metadata: &Schema) -> SchemaRef {
 /// Writes `batches` to `path` (a temporary name; the caller renames it) and fsyncs it.
 pub fn write_metadata(path: &Path, schema: SchemaRef, batches: &[RecordBatch]) -> Result<()> {
     let file = File::create(path).map_err(|e| StorageError::io("create", path, e))?;
+    // Keys are unique: a dictionary would only be built to be thrown away.
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_column_dictionary_enabled(ColumnPath::from(KEY), false)
         .build();
     let perr = |source| StorageError::Parquet {
         path: path.to_owned(),
