@@ -36,6 +36,12 @@ pub struct Cli {
     /// Chunk size of a new data dir, e.g. 4MiB.
     #[arg(long, global = true, env = "SLUICE_CHUNK_SIZE", default_value = "4MiB", value_parser = parse_size)]
     pub chunk_size: u64,
+    /// Device reads in flight per scan partition.
+    #[arg(long, global = true, env = "SLUICE_SCAN_DEPTH", default_value_t = 8)]
+    pub scan_depth: usize,
+    /// Largest coalesced device read of a scan, e.g. 4MiB.
+    #[arg(long, global = true, env = "SLUICE_MAX_READ", default_value = "4MiB", value_parser = parse_size)]
+    pub max_read: u64,
     /// The command.
     #[command(subcommand)]
     pub command: Command,

@@ -10,6 +10,7 @@ mod sql;
 use std::sync::Arc;
 
 use anyhow::Context;
+use sluice_storage::scan::ScanOptions;
 use sluice_storage::{Store, StoreOptions};
 
 use crate::cli::{Cli, Command};
@@ -22,6 +23,15 @@ pub fn store_options(cli: &Cli) -> StoreOptions {
         device_size: cli.device_size,
         chunk_size: cli.chunk_size,
         ..StoreOptions::new(&cli.data_dir)
+    }
+}
+
+/// Scan tuning from the global flags.
+pub fn scan_options(cli: &Cli) -> ScanOptions {
+    ScanOptions {
+        reads_in_flight: cli.scan_depth.max(1),
+        max_read: cli.max_read.max(4096),
+        ..ScanOptions::default()
     }
 }
 

@@ -6,7 +6,7 @@
 
 use datafusion::execution::context::SQLOptions;
 
-use super::open_store;
+use super::{open_store, scan_options};
 use crate::cli::{BinaryFormat, Cli, RowFormat};
 use crate::output::print_batches;
 
@@ -25,7 +25,7 @@ pub async fn run(
     binary: BinaryFormat,
 ) -> anyhow::Result<()> {
     let store = open_store(cli)?;
-    let ctx = sluice_storage::session_context(store);
+    let ctx = sluice_storage::session_context_with(store, scan_options(cli));
     let df = ctx.sql_with_options(query, read_only()).await?;
     let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
     let batches = df.collect().await?;
