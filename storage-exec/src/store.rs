@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::alloc::{ChunkAllocator, ChunkRun};
+use crate::alloc::ChunkAllocator;
 use crate::catalog::{Catalog, VersionRecord};
 use crate::device::{Backend, Device, DeviceOptions, create_device_file, open_device};
 use crate::error::{Result, StorageError};
@@ -226,7 +226,7 @@ impl Store {
         self.catalog.commit_version(record)?;
         let mut alloc = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         for run in &record.runs {
-            alloc.mark_used(ChunkRun { ..*run });
+            alloc.mark_used(*run);
         }
         Ok(())
     }

@@ -15,6 +15,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
+    sync_data,
 };
 use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator, PoolOptions};
 use crate::error::{Result, StorageError};
@@ -122,14 +123,7 @@ impl Device for FileDevice {
     }
 
     async fn flush(&self) -> Result<()> {
-        let file = Arc::clone(&self.file);
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || {
-            file.sync_data()
-                .map_err(|e| StorageError::io("flush", &path, e))
-        })
-        .await
-        .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
+        sync_data(&self.file, &self.path).await
     }
 
     fn capacity(&self) -> u64 {

@@ -224,6 +224,17 @@ pub(crate) fn check_request(
     Ok(())
 }
 
+/// `fdatasync` on the blocking pool: makes completed writes durable.
+pub(crate) async fn sync_data(file: &Arc<std::fs::File>, path: &Path) -> Result<()> {
+    let (file, owned) = (Arc::clone(file), path.to_owned());
+    tokio::task::spawn_blocking(move || {
+        file.sync_data()
+            .map_err(|e| StorageError::io("flush", &owned, e))
+    })
+    .await
+    .map_err(|e| StorageError::io("flush", path, std::io::Error::other(e)))?
+}
+
 /// Creates a sparse device file of `size` bytes if `path` does not exist.
 pub fn create_device_file(path: &Path, size: u64) -> Result<()> {
     let file = std::fs::OpenOptions::new()

@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 
 use super::{
     Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
+    sync_data,
 };
 use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator};
 use crate::error::{Result, StorageError};
@@ -356,14 +357,7 @@ impl Device for UringDevice {
     }
 
     async fn flush(&self) -> Result<()> {
-        let file = Arc::clone(&self.file);
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || {
-            file.sync_data()
-                .map_err(|e| StorageError::io("flush", &path, e))
-        })
-        .await
-        .map_err(|e| StorageError::io("flush", &self.path, std::io::Error::other(e)))?
+        sync_data(&self.file, &self.path).await
     }
 
     fn capacity(&self) -> u64 {

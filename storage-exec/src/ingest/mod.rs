@@ -258,7 +258,7 @@ pub async fn ingest(
     if accepted.is_empty() {
         return Err(StorageError::EmptyIngest(dataset.to_owned()));
     }
-    let (runs, _alloc) = writer.finish().await?;
+    let runs = writer.finish().await?;
 
     // Metadata: key, user columns (rows of accepted objects), system columns.
     let schema = metadata_schema(&enumerated.user_fields);

@@ -188,14 +188,14 @@ impl ExtentWriter {
     }
 
     /// Writes what is staged, waits for every write, flushes the device and
-    /// returns the runs used and the allocator with them claimed.
-    pub async fn finish(mut self) -> Result<(Vec<ChunkRun>, ChunkAllocator)> {
+    /// returns the chunk runs used.
+    pub async fn finish(mut self) -> Result<Vec<ChunkRun>> {
         self.flush_staging().await?;
         while let Some(res) = self.writes.next().await {
             res?;
         }
         self.device.flush().await?;
-        Ok((self.runs, self.alloc))
+        Ok(self.runs)
     }
 }
 
@@ -228,9 +228,8 @@ mod tests {
         assert_eq!((ea.chunk, ea.offset), (0, 0));
         assert_eq!((eb.chunk, eb.offset), (0, 1000));
         assert_eq!(ec.chunk * chunk + ec.offset, 151_000);
-        let (runs, alloc) = w.finish().await.unwrap();
+        let runs = w.finish().await.unwrap();
         assert_eq!(runs, vec![ChunkRun { start: 0, count: 3 }]);
-        assert_eq!(alloc.free(), 13);
         for (e, want) in [(ea, &a), (eb, &b), (ec, &c)] {
             let (buf, at) = dev
                 .read_covering(e.chunk * chunk + e.offset, e.length)
