@@ -101,6 +101,7 @@ fn sigkill_during_ingest_never_loses_or_exposes_partial_data() {
         let mut child = env
             .cmd()
             .args(["ingest", "ds", big.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let delay = full.mul_f64(rng.random_range(0.0..1.1));
