@@ -31,13 +31,24 @@ fn render_binary(col: &ArrayRef, mode: BinaryFormat) -> Option<(DataType, ArrayR
             let mut b = StringBuilder::new();
             for v in values {
                 b.append_option(v.map(|v| match mode {
-                    BinaryFormat::Hex => v.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+                    BinaryFormat::Hex => hex(v),
                     _ => base64(v),
                 }));
             }
             (DataType::Utf8, Arc::new(b.finish()))
         }
     })
+}
+
+/// Lower-case hex, two digits a byte.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 /// Standard base64 with padding.

@@ -28,8 +28,7 @@ fn ingest_list_and_query_an_image_folder() {
     );
     assert!(out.contains("class_2/empty.jpg: empty file"), "{out}");
 
-    let list: serde_json::Value =
-        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list = env.json(&["datasets", "--format", "json"]);
     assert_eq!(list[0]["name"], "pets");
     assert_eq!(list[0]["latest_version"], 1);
     assert_eq!(list[0]["samples"], 24);
@@ -110,8 +109,7 @@ fn on_error_fail_commits_nothing() {
         "{err}"
     );
     assert!(err.contains("nothing was committed"), "{err}");
-    let list: serde_json::Value =
-        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list = env.json(&["datasets", "--format", "json"]);
     assert_eq!(list[0]["latest_version"], 1);
     assert_eq!(list[0]["versions"].as_array().unwrap().len(), 1);
 }
@@ -225,15 +223,12 @@ fn an_incompatible_data_dir_is_a_clear_error() {
 #[test]
 fn info_reports_the_device_and_free_space() {
     let env = Env::new();
-    let doc: serde_json::Value =
-        serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
+    let doc = env.json(&["info", "--format", "json"]);
     assert_eq!(doc["space"]["chunk_size"], 1 << 20);
     assert_eq!(doc["space"]["total_chunks"], 256);
     assert_eq!(doc["space"]["free_chunks"], 256);
     let backend = doc["device"]["backend"].as_str().unwrap();
     assert!(backend == "uring" || backend == "file", "{backend}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&env.ok(&["--device-backend", "file", "info", "--format", "json"]))
-            .unwrap();
+    let doc = env.json(&["--device-backend", "file", "info", "--format", "json"]);
     assert_eq!(doc["device"]["backend"], "file");
 }

@@ -57,16 +57,14 @@ struct State {
 }
 
 fn state(env: &Env) -> State {
-    let list: serde_json::Value =
-        serde_json::from_str(&env.ok(&["datasets", "--format", "json"])).unwrap();
+    let list = env.json(&["datasets", "--format", "json"]);
     let versions = list[0]["versions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v["version"].as_u64().unwrap())
         .collect();
-    let info: serde_json::Value =
-        serde_json::from_str(&env.ok(&["info", "--format", "json"])).unwrap();
+    let info = env.json(&["info", "--format", "json"]);
     State {
         versions,
         free_chunks: info["space"]["free_chunks"].as_u64().unwrap(),

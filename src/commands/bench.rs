@@ -24,7 +24,7 @@ use clap::Subcommand;
 use futures::{StreamExt, TryStreamExt};
 use sluice_storage::device::DeviceExt;
 use sluice_storage::scan::ScanOptions;
-use sluice_storage::{IngestOptions, IngestSource, OnError, Store, StoreOptions};
+use sluice_storage::{IngestOptions, IngestReport, IngestSource, OnError, Store, StoreOptions};
 
 use crate::cli::Cli;
 use crate::size::{human, parse_size};
@@ -139,8 +139,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// A JPEG of noise close to `size` bytes, padded to exactly `size` (bytes
-/// after the end-of-image marker are ignored by decoders).
+/// A 64×64 JPEG of noise made exactly `size` bytes long: padded after the
+/// end-of-image marker (which decoders ignore), or cut when smaller — ingest
+/// only reads the header, and the scan benchmarks only move bytes.
 fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
@@ -161,15 +162,19 @@ fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
         let v = next();
         bytes.extend_from_slice(&v.to_le_bytes());
     }
-    bytes.truncate(size.max(bytes.len().min(size)));
+    bytes.truncate(size);
     bytes
 }
 
-async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> anyhow::Result<u64> {
-    let n = (bytes / object_size).max(1) as usize;
-    let templates: Vec<Vec<u8>> = (0..16)
-        .map(|i| noise_jpeg(object_size as usize, i + 1))
-        .collect();
+/// Ingests `n` objects keyed `obj_00000000…`, cycling through `templates`;
+/// returns the report and the ingest's wall time (building the objects in
+/// memory is not timed).
+async fn ingest_objects(
+    store: &Store,
+    name: &str,
+    templates: &[Vec<u8>],
+    n: usize,
+) -> anyhow::Result<(IngestReport, f64)> {
     let samples = (0..n)
         .map(|i| {
             (
@@ -183,18 +188,23 @@ async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> a
         store,
         name,
         IngestSource::Memory(samples),
-        IngestOptions {
-            on_error: OnError::Fail,
-            progress: None,
-        },
+        IngestOptions::with_policy(OnError::Fail),
     )
     .await?;
+    Ok((report, t.elapsed().as_secs_f64()))
+}
+
+async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> anyhow::Result<u64> {
+    let n = (bytes / object_size).max(1) as usize;
+    let templates: Vec<Vec<u8>> = (0..16)
+        .map(|i| noise_jpeg(object_size as usize, i + 1))
+        .collect();
+    let (report, seconds) = ingest_objects(store, name, &templates, n).await?;
     println!(
-        "ingested {} objects of {} ({}) in {:.1} s",
+        "ingested {} objects of {} ({}) in {seconds:.1} s",
         report.samples,
         human(object_size),
         human(report.bytes),
-        t.elapsed().as_secs_f64()
     );
     Ok(report.bytes)
 }
@@ -494,21 +504,7 @@ async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> an
         image::RgbImage::new(1, 1).write_to(&mut out, image::ImageFormat::Png)?;
         out.into_inner()
     };
-    let objects: Vec<(String, Vec<u8>)> = (0..samples)
-        .map(|i| (format!("obj_{i:08}"), png.clone()))
-        .collect();
-    let t = Instant::now();
-    let report = sluice_storage::ingest(
-        &store,
-        "catalog",
-        IngestSource::Memory(objects),
-        IngestOptions {
-            on_error: OnError::Fail,
-            progress: None,
-        },
-    )
-    .await?;
-    let ingest_s = t.elapsed().as_secs_f64();
+    let (report, ingest_s) = ingest_objects(&store, "catalog", &[png], samples).await?;
     let ctx = sluice_storage::session_context(Arc::clone(&store));
     let t = Instant::now();
     let count = ctx

@@ -121,23 +121,24 @@ impl Catalog {
 
     /// One version of a dataset: the latest when `version` is `None`.
     pub fn version(&self, dataset: &str, version: Option<u64>) -> Result<VersionRecord> {
-        let version = match version {
-            Some(v) => v,
-            None => self
-                .latest_version(dataset)?
-                .ok_or_else(|| StorageError::UnknownDataset(dataset.to_owned()))?,
-        };
+        // One read transaction: the latest pointer and the record agree.
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let latest = txn
+            .open_table(DATASETS)
+            .map_err(|e| self.err(e))?
+            .get(dataset)
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value())
+            .ok_or_else(|| StorageError::UnknownDataset(dataset.to_owned()))?;
+        let version = version.unwrap_or(latest);
         let table = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
-        let Some(bytes) = table.get((dataset, version)).map_err(|e| self.err(e))? else {
-            if self.latest_version(dataset)?.is_none() {
-                return Err(StorageError::UnknownDataset(dataset.to_owned()));
-            }
-            return Err(StorageError::UnknownVersion {
+        let bytes = table
+            .get((dataset, version))
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| StorageError::UnknownVersion {
                 dataset: dataset.to_owned(),
                 version,
-            });
-        };
+            })?;
         self.decode(bytes.value())
     }
 

@@ -56,10 +56,7 @@ async fn ingest_mem(
         store,
         name,
         IngestSource::Memory(s),
-        IngestOptions {
-            on_error: OnError::Fail,
-            progress: None,
-        },
+        IngestOptions::with_policy(OnError::Fail),
     )
     .await
     .unwrap()
@@ -344,10 +341,7 @@ async fn bad_objects_follow_the_policy() {
         &store,
         "mixed",
         IngestSource::Memory(s),
-        IngestOptions {
-            on_error: OnError::Fail,
-            progress: None,
-        },
+        IngestOptions::with_policy(OnError::Fail),
     )
     .await
     .unwrap_err();

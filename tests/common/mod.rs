@@ -65,6 +65,11 @@ impl Env {
         errors[0].to_owned()
     }
 
+    /// Runs `sluice ARGS…`, asserts success, parses stdout as one JSON document.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok(args)).expect("json document")
+    }
+
     /// JSON lines from `sluice sql … --format json`.
     pub fn sql_json(&self, query: &str, extra: &[&str]) -> Vec<serde_json::Value> {
         let mut args = vec!["sql", query, "--format", "json"];

@@ -11,7 +11,7 @@ use super::pool::{BufferPool, Slot};
 /// A block-aligned buffer of `capacity()` bytes, of which the first `len()`
 /// hold data, borrowed from a [`BufferPool`] and returned to it on drop.
 ///
-/// Invariant: all `capacity()` bytes are initialised (the pool zeroes fresh
+/// Invariant: all `capacity()` bytes are initialised (allocators hand out zeroed
 /// memory), so any `len <= capacity` exposes initialised bytes.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,

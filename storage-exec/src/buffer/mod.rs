@@ -10,7 +10,7 @@
 //! reference returns the memory to the pool.
 //!
 //! Where the memory comes from is the [`DmaAllocator`]'s business: the
-//! ordinary heap for the `uring` and `file` backends, SPDK's DMA allocator
+//! kernel's anonymous pages for the `uring` and `file` backends, SPDK's DMA allocator
 //! for the SPDK backend. Callers never see the difference.
 
 mod aligned;
@@ -18,5 +18,5 @@ mod allocator;
 mod pool;
 
 pub use aligned::AlignedBuf;
-pub use allocator::{DmaAllocator, HeapAllocator};
+pub use allocator::{DmaAllocator, PageAllocator};
 pub use pool::{BufferPool, PoolOptions, PoolStats};

@@ -98,7 +98,7 @@ unsafe impl Send for BufferPool {}
 unsafe impl Sync for BufferPool {}
 
 impl BufferPool {
-    /// Builds a pool, allocating (and zeroing) the fixed buffers now.
+    /// Builds a pool, allocating the fixed buffers now.
     pub fn new(allocator: Arc<dyn DmaAllocator>, opts: PoolOptions) -> std::io::Result<Arc<Self>> {
         assert!(
             opts.align.is_power_of_two(),
@@ -117,8 +117,6 @@ impl BufferPool {
                     ),
                 )
             })?;
-            // SAFETY: fresh allocation valid for `fixed_size` bytes.
-            unsafe { ptr.as_ptr().write_bytes(0, fixed_size) };
             fixed.push(ptr);
         }
         let free = FreeLists {
@@ -219,9 +217,6 @@ impl BufferPool {
                     ),
                 )
             })?;
-        // SAFETY: fresh allocation valid for `cap` bytes; zeroing establishes
-        // `AlignedBuf`'s all-initialised invariant.
-        unsafe { ptr.as_ptr().write_bytes(0, cap) };
         self.allocations.fetch_add(1, Ordering::Relaxed);
         Ok(ptr)
     }
@@ -295,11 +290,11 @@ fn class_of(len: usize) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::HeapAllocator;
+    use crate::buffer::PageAllocator;
 
     fn pool(fixed: usize) -> Arc<BufferPool> {
         BufferPool::new(
-            Arc::new(HeapAllocator),
+            Arc::new(PageAllocator),
             PoolOptions {
                 align: 4096,
                 fixed_count: fixed,

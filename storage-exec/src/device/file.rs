@@ -7,26 +7,21 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
-use super::{
-    Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
-    sync_data,
-};
-use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator, PoolOptions};
+use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters, sync_data};
+use crate::buffer::{AlignedBuf, BufferPool, PageAllocator, PoolOptions};
 use crate::error::{Result, StorageError};
 
 /// A device read and written with positional syscalls.
 #[derive(Debug)]
 pub struct FileDevice {
-    path: PathBuf,
+    geometry: Geometry,
     file: Arc<File>,
-    capacity: u64,
-    block_size: usize,
     depth: usize,
     permits: Semaphore,
     pool: Arc<BufferPool>,
@@ -41,10 +36,10 @@ impl FileDevice {
             .write(true)
             .open(path)
             .map_err(|e| StorageError::io("open device", path, e))?;
-        let capacity = device_size(&file, path)?;
+        let geometry = Geometry::of(&file, path, opts.block_size)?;
         // No registration here, so no fixed buffers: everything is pooled by class.
         let pool = BufferPool::new(
-            Arc::new(HeapAllocator),
+            Arc::new(PageAllocator),
             PoolOptions {
                 align: opts.pool.align.max(opts.block_size),
                 fixed_count: 0,
@@ -54,10 +49,8 @@ impl FileDevice {
         .map_err(|e| StorageError::io("allocate buffer pool for", path, e))?;
         let depth = opts.queue_depth.max(1);
         Ok(Self {
-            path: path.to_owned(),
+            geometry,
             file: Arc::new(file),
-            capacity,
-            block_size: opts.block_size,
             depth,
             permits: Semaphore::new(depth),
             pool,
@@ -75,18 +68,12 @@ impl FileDevice {
     where
         F: FnOnce(&File, u64, &mut AlignedBuf) -> std::io::Result<()> + Send + 'static,
     {
-        check_request(
-            &self.path,
-            offset,
-            buf.len(),
-            self.block_size,
-            self.capacity,
-        )?;
+        self.geometry.check(offset, buf.len())?;
         let _permit = self
             .permits
             .acquire()
             .await
-            .map_err(|e| StorageError::io(op, &self.path, std::io::Error::other(e)))?;
+            .map_err(|e| StorageError::io(op, &self.geometry.path, std::io::Error::other(e)))?;
         let file = Arc::clone(&self.file);
         let (res, buf) = tokio::task::spawn_blocking(move || {
             let mut buf = buf;
@@ -94,8 +81,8 @@ impl FileDevice {
             (res, buf)
         })
         .await
-        .map_err(|e| StorageError::io(op, &self.path, std::io::Error::other(e)))?;
-        res.map_err(|e| StorageError::io(op, &self.path, e))?;
+        .map_err(|e| StorageError::io(op, &self.geometry.path, std::io::Error::other(e)))?;
+        res.map_err(|e| StorageError::io(op, &self.geometry.path, e))?;
         Ok(buf)
     }
 }
@@ -123,15 +110,15 @@ impl Device for FileDevice {
     }
 
     async fn flush(&self) -> Result<()> {
-        sync_data(&self.file, &self.path).await
+        sync_data(&self.file, &self.geometry.path).await
     }
 
     fn capacity(&self) -> u64 {
-        self.capacity
+        self.geometry.capacity
     }
 
     fn block_size(&self) -> usize {
-        self.block_size
+        self.geometry.block_size
     }
 
     fn parallelism(&self) -> usize {
@@ -143,13 +130,7 @@ impl Device for FileDevice {
     }
 
     fn describe(&self) -> DeviceInfo {
-        DeviceInfo {
-            backend: "file",
-            path: self.path.clone(),
-            capacity: self.capacity,
-            block_size: self.block_size,
-            fixed_buffers: false,
-        }
+        self.geometry.info("file", false)
     }
 
     fn stats(&self) -> IoCounters {

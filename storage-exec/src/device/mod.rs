@@ -9,7 +9,7 @@
 //! I/O takes an [`AlignedBuf`] by value and gives it back, so the buffer
 //! cannot be touched or freed while the kernel (or a DMA engine) owns it.
 //! Buffers come from the device's own [`BufferPool`], because where I/O
-//! memory lives is a property of the backend: registered heap memory for
+//! memory lives is a property of the backend: registered anonymous pages for
 //! io_uring, DMA memory for SPDK.
 //!
 //! Backends:
@@ -153,16 +153,20 @@ pub struct DeviceInfo {
 /// Conveniences over any [`Device`].
 #[async_trait]
 pub trait DeviceExt: Device {
+    /// A buffer of `len` bytes from the device's pool.
+    fn buffer(&self, len: usize) -> Result<AlignedBuf> {
+        self.pool()
+            .get(len)
+            .map_err(|e| StorageError::io("allocate a buffer for", self.describe().path, e))
+    }
+
     /// Reads the block-aligned range covering `[offset, offset + len)` and
     /// returns the buffer with the position of `offset` inside it.
     async fn read_covering(&self, offset: u64, len: u64) -> Result<(AlignedBuf, usize)> {
         let bs = self.block_size() as u64;
         let start = offset / bs * bs;
         let end = (offset + len).div_ceil(bs) * bs;
-        let buf = self
-            .pool()
-            .get((end - start) as usize)
-            .map_err(|e| StorageError::io("allocate buffer for", self.describe().path, e))?;
+        let buf = self.buffer((end - start) as usize)?;
         let buf = self.read_at(start, buf).await?;
         Ok((buf, (offset - start) as usize))
     }
@@ -171,10 +175,7 @@ pub trait DeviceExt: Device {
     async fn write_all_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         let bs = self.block_size();
         let padded = data.len().div_ceil(bs) * bs;
-        let mut buf = self
-            .pool()
-            .get(padded)
-            .map_err(|e| StorageError::io("allocate buffer for", self.describe().path, e))?;
+        let mut buf = self.buffer(padded)?;
         let dst = buf.as_mut_slice();
         dst[..data.len()].copy_from_slice(data);
         dst[data.len()..].fill(0);
@@ -185,43 +186,69 @@ pub trait DeviceExt: Device {
 
 impl<T: Device + ?Sized> DeviceExt for T {}
 
-/// Checks a request against a device's geometry.
-pub(crate) fn check_request(
-    name: &Path,
-    offset: u64,
-    len: usize,
-    block_size: usize,
-    capacity: u64,
-) -> Result<()> {
-    let device = name.display().to_string();
-    if !offset.is_multiple_of(block_size as u64) {
-        return Err(StorageError::Misaligned {
-            device,
-            what: "offset",
-            value: offset,
+/// Where a device is and its shape: what every backend checks requests
+/// against and reports in [`DeviceInfo`].
+#[derive(Debug, Clone)]
+pub(crate) struct Geometry {
+    pub path: PathBuf,
+    pub capacity: u64,
+    pub block_size: usize,
+}
+
+impl Geometry {
+    /// The geometry of the open device `file` at `path`.
+    pub fn of(file: &std::fs::File, path: &Path, block_size: usize) -> Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            capacity: device_size(file, path)?,
             block_size,
-        });
+        })
     }
-    if !len.is_multiple_of(block_size) {
-        return Err(StorageError::Misaligned {
-            device,
-            what: "length",
-            value: len as u64,
-            block_size,
-        });
+
+    /// Checks that a request is block aligned and inside the device.
+    pub fn check(&self, offset: u64, len: usize) -> Result<()> {
+        let (block_size, capacity) = (self.block_size, self.capacity);
+        let device = self.path.display().to_string();
+        if !offset.is_multiple_of(block_size as u64) {
+            return Err(StorageError::Misaligned {
+                device,
+                what: "offset",
+                value: offset,
+                block_size,
+            });
+        }
+        if !len.is_multiple_of(block_size) {
+            return Err(StorageError::Misaligned {
+                device,
+                what: "length",
+                value: len as u64,
+                block_size,
+            });
+        }
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > capacity)
+        {
+            return Err(StorageError::OutOfRange {
+                device,
+                offset,
+                len: len as u64,
+                capacity,
+            });
+        }
+        Ok(())
     }
-    if offset
-        .checked_add(len as u64)
-        .is_none_or(|end| end > capacity)
-    {
-        return Err(StorageError::OutOfRange {
-            device,
-            offset,
-            len: len as u64,
-            capacity,
-        });
+
+    /// The device as shown to users.
+    pub fn info(&self, backend: &'static str, fixed_buffers: bool) -> DeviceInfo {
+        DeviceInfo {
+            backend,
+            path: self.path.clone(),
+            capacity: self.capacity,
+            block_size: self.block_size,
+            fixed_buffers,
+        }
     }
-    Ok(())
 }
 
 /// `fdatasync` on the blocking pool: makes completed writes durable.
@@ -249,7 +276,7 @@ pub fn create_device_file(path: &Path, size: u64) -> Result<()> {
 }
 
 /// The size of a file or block device.
-pub(crate) fn device_size(file: &std::fs::File, path: &Path) -> Result<u64> {
+fn device_size(file: &std::fs::File, path: &Path) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
     let meta = file
         .metadata()

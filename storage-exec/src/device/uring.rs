@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -30,11 +30,8 @@ use async_trait::async_trait;
 use io_uring::{IoUring, opcode, types};
 use tokio::sync::oneshot;
 
-use super::{
-    Device, DeviceInfo, DeviceOptions, DeviceStats, IoCounters, check_request, device_size,
-    sync_data,
-};
-use crate::buffer::{AlignedBuf, BufferPool, HeapAllocator};
+use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters, sync_data};
+use crate::buffer::{AlignedBuf, BufferPool, PageAllocator};
 use crate::error::{Result, StorageError};
 
 /// Largest transfer one SQE describes; bigger requests continue in pieces.
@@ -61,10 +58,8 @@ struct InFlight {
 /// A device driven by io_uring with O_DIRECT.
 #[derive(Debug)]
 pub struct UringDevice {
-    path: PathBuf,
+    geometry: Geometry,
     file: Arc<File>,
-    capacity: u64,
-    block_size: usize,
     depth: usize,
     pool: Arc<BufferPool>,
     fixed_buffers: bool,
@@ -91,7 +86,7 @@ impl UringDevice {
                     StorageError::io("open device", path, e)
                 }
             })?;
-        let capacity = device_size(&file, path)?;
+        let geometry = Geometry::of(&file, path, opts.block_size)?;
         let depth = opts.queue_depth.clamp(1, 4096);
         let ring = IoUring::new(depth.next_power_of_two() as u32)
             .map_err(StorageError::UringUnavailable)?;
@@ -103,7 +98,7 @@ impl UringDevice {
             align: opts.pool.align.max(opts.block_size),
             ..opts.pool.clone()
         };
-        let pool = BufferPool::new(Arc::new(HeapAllocator), pool_opts)
+        let pool = BufferPool::new(Arc::new(PageAllocator), pool_opts)
             .map_err(|e| StorageError::io("allocate buffer pool for", path, e))?;
         let iovecs: Vec<libc::iovec> = pool
             .fixed_regions()
@@ -149,10 +144,8 @@ impl UringDevice {
             .map_err(|e| StorageError::io("start io_uring thread for", path, e))?;
 
         Ok(Self {
-            path: path.to_owned(),
+            geometry,
             file: Arc::new(file),
-            capacity,
-            block_size: opts.block_size,
             depth,
             pool,
             fixed_buffers,
@@ -163,28 +156,25 @@ impl UringDevice {
     }
 
     async fn submit(&self, kind: Kind, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
-        check_request(
-            &self.path,
-            offset,
-            buf.len(),
-            self.block_size,
-            self.capacity,
-        )?;
+        self.geometry.check(offset, buf.len())?;
         let (reply, rx) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or_else(|| closed(&self.path))?;
+        let tx = self
+            .tx
+            .as_ref()
+            .ok_or_else(|| closed(&self.geometry.path))?;
         tx.send(Request {
             kind,
             offset,
             buf,
             reply,
         })
-        .map_err(|_| closed(&self.path))?;
-        let (res, buf) = rx.await.map_err(|_| closed(&self.path))?;
+        .map_err(|_| closed(&self.geometry.path))?;
+        let (res, buf) = rx.await.map_err(|_| closed(&self.geometry.path))?;
         let op = match kind {
             Kind::Read => "read",
             Kind::Write => "write",
         };
-        res.map_err(|e| StorageError::io(op, &self.path, e))?;
+        res.map_err(|e| StorageError::io(op, &self.geometry.path, e))?;
         Ok(buf)
     }
 }
@@ -256,22 +246,18 @@ fn ring_loop(
             }
         }
         while open && !free.is_empty() {
-            let req = if in_flight == 0 && resubmit.is_empty() {
-                match rx.recv() {
-                    Ok(req) => req,
-                    Err(_) => {
-                        open = false;
-                        break;
-                    }
-                }
+            // Block for work only when nothing is in flight.
+            let next = if in_flight == 0 && resubmit.is_empty() {
+                rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
             } else {
-                match rx.try_recv() {
-                    Ok(req) => req,
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
+                rx.try_recv()
+            };
+            let req = match next {
+                Ok(req) => req,
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
                 }
             };
             let slot = free.pop().unwrap_or_default();
@@ -303,11 +289,8 @@ fn ring_loop(
             }
             return;
         }
-        let completed: Vec<(usize, i32)> = ring
-            .completion()
-            .map(|cqe| (cqe.user_data() as usize, cqe.result()))
-            .collect();
-        for (slot, res) in completed {
+        for cqe in ring.completion() {
+            let (slot, res) = (cqe.user_data() as usize, cqe.result());
             let Some(f) = slots[slot].as_mut() else {
                 continue;
             };
@@ -357,15 +340,15 @@ impl Device for UringDevice {
     }
 
     async fn flush(&self) -> Result<()> {
-        sync_data(&self.file, &self.path).await
+        sync_data(&self.file, &self.geometry.path).await
     }
 
     fn capacity(&self) -> u64 {
-        self.capacity
+        self.geometry.capacity
     }
 
     fn block_size(&self) -> usize {
-        self.block_size
+        self.geometry.block_size
     }
 
     fn parallelism(&self) -> usize {
@@ -377,13 +360,7 @@ impl Device for UringDevice {
     }
 
     fn describe(&self) -> DeviceInfo {
-        DeviceInfo {
-            backend: "uring",
-            path: self.path.clone(),
-            capacity: self.capacity,
-            block_size: self.block_size,
-            fixed_buffers: self.fixed_buffers,
-        }
+        self.geometry.info("uring", self.fixed_buffers)
     }
 
     fn stats(&self) -> IoCounters {

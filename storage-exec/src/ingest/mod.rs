@@ -81,6 +81,16 @@ pub struct IngestOptions {
     pub progress: Option<Box<dyn Fn(Progress) + Send + Sync>>,
 }
 
+impl IngestOptions {
+    /// Options with `on_error` and no progress callback.
+    pub fn with_policy(on_error: OnError) -> Self {
+        Self {
+            on_error,
+            progress: None,
+        }
+    }
+}
+
 impl std::fmt::Debug for IngestOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngestOptions")
@@ -196,26 +206,20 @@ pub async fn ingest(
     // Objects are loaded in groups on the blocking pool, a few groups ahead
     // of the writer, and appended in source order.
     let mut entries = enumerated.entries.into_iter();
-    let mut groups = Vec::new();
-    loop {
+    let groups = std::iter::from_fn(|| {
         let group: Vec<Entry> = entries.by_ref().take(LOAD_GROUP).collect();
-        if group.is_empty() {
-            break;
-        }
-        groups.push(group);
-    }
+        (!group.is_empty()).then_some(group)
+    });
     let mut loaded = futures::stream::iter(groups)
         .map(|group| {
             tokio::task::spawn_blocking(move || group.into_iter().map(load).collect::<Vec<_>>())
         })
         .buffered(LOAD_TASKS);
 
-    let mut index = 0u64;
     while let Some(group) = loaded.next().await {
         let group = group.map_err(|e| StorageError::io("load", ".", std::io::Error::other(e)))?;
         for (key, result) in group {
-            let row = index;
-            index += 1;
+            let row = done;
             done += 1;
             match result {
                 Ok(obj) => {

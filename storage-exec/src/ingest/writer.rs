@@ -20,7 +20,7 @@ use futures::stream::FuturesUnordered;
 
 use crate::alloc::{ChunkAllocator, ChunkRun};
 use crate::buffer::AlignedBuf;
-use crate::device::Device;
+use crate::device::{Device, DeviceExt};
 use crate::error::{Result, StorageError};
 
 /// Where an object landed.
@@ -133,21 +133,13 @@ impl ExtentWriter {
                 .is_none_or(|(start, _)| *start != chunk_start)
             {
                 self.flush_staging().await?;
-                let buf = self
-                    .device
-                    .pool()
-                    .get(self.chunk_size as usize)
-                    .map_err(|e| {
-                        StorageError::io(
-                            "allocate staging buffer for",
-                            self.device.describe().path,
-                            e,
-                        )
-                    })?;
-                self.staging = Some((chunk_start, buf));
             }
-            let Some((_, buf)) = self.staging.as_mut() else {
-                unreachable!("staging set above")
+            let buf = match &mut self.staging {
+                Some((_, buf)) => buf,
+                slot => {
+                    let buf = self.device.buffer(self.chunk_size as usize)?;
+                    &mut slot.insert((chunk_start, buf)).1
+                }
             };
             let at = (self.cursor - chunk_start) as usize;
             let n = bytes.len().min(self.chunk_size as usize - at);

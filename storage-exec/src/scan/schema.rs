@@ -54,7 +54,13 @@ impl SchemaProvider for DatasetSchema {
             })?),
             None => None,
         };
-        match DatasetVersion::open(Arc::clone(&self.store), dataset, version) {
+        // Catalog lookup and the Parquet footer read are blocking file I/O.
+        let (store, name) = (Arc::clone(&self.store), dataset.to_owned());
+        let opened =
+            tokio::task::spawn_blocking(move || DatasetVersion::open(store, &name, version))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        match opened {
             Ok(v) => Ok(Some(Arc::new(DatasetTable::new(v, self.options.clone())))),
             // Unknown datasets are "not found" so DataFusion names the table.
             Err(StorageError::UnknownDataset(_)) => Ok(None),

@@ -32,13 +32,13 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExp
 use datafusion::physical_plan::DisplayFormatType;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt, stream};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::reads::{ReadPlan, plan_reads};
 use super::table::DatasetVersion;
+use crate::device::DeviceExt;
 use crate::error::StorageError;
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
 
@@ -198,17 +198,26 @@ struct PartitionScan {
     read_bytes: Count,
 }
 
+/// One device read and the metadata rows it serves.
+struct ReadJob {
+    plan: ReadPlan,
+    batch: Arc<RecordBatch>,
+    extents: Arc<Vec<(u64, u64)>>,
+}
+
 impl PartitionScan {
-    fn project_meta(&self, batch: &RecordBatch) -> DFResult<RecordBatch> {
+    /// An output batch: metadata columns from `meta`, `data` if given.
+    fn output(&self, meta: &RecordBatch, data: Option<&ArrayRef>) -> DFResult<RecordBatch> {
         let columns: Vec<ArrayRef> = self
             .out
             .iter()
-            .map(|c| match c {
-                OutCol::Meta(i) => Ok(Arc::clone(batch.column(*i))),
-                OutCol::Data => exec_err!("data column without a read"),
+            .map(|c| match (c, data) {
+                (OutCol::Meta(i), _) => Ok(Arc::clone(meta.column(*i))),
+                (OutCol::Data, Some(data)) => Ok(Arc::clone(data)),
+                (OutCol::Data, None) => exec_err!("data column without a read"),
             })
             .collect::<DFResult<_>>()?;
-        let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        let opts = RecordBatchOptions::new().with_row_count(Some(meta.num_rows()));
         Ok(RecordBatch::try_new_with_options(
             Arc::clone(&self.projected_schema),
             columns,
@@ -216,22 +225,14 @@ impl PartitionScan {
         )?)
     }
 
-    /// Plans the reads for one metadata batch; each future yields the
-    /// output batches of one read, in row order.
-    fn reads_for(
-        self: &Arc<Self>,
-        batch: RecordBatch,
-    ) -> DFResult<Vec<BoxFuture<'static, DFResult<Vec<RecordBatch>>>>> {
-        let col = |name: &str| -> DFResult<ArrayRef> {
-            let i = self.read_schema.index_of(name)?;
-            Ok(Arc::clone(batch.column(i)))
+    /// Plans the device reads for one metadata batch, in row order.
+    fn reads_for(&self, batch: RecordBatch) -> DFResult<Vec<ReadJob>> {
+        let col = |name: &str| -> DFResult<&arrow::array::UInt64Array> {
+            Ok(batch
+                .column(self.read_schema.index_of(name)?)
+                .as_primitive::<UInt64Type>())
         };
         let (chunks, offsets, lengths) = (col(CHUNK)?, col(OFFSET)?, col(LENGTH)?);
-        let (chunks, offsets, lengths) = (
-            chunks.as_primitive::<UInt64Type>(),
-            offsets.as_primitive::<UInt64Type>(),
-            lengths.as_primitive::<UInt64Type>(),
-        );
         let chunk_size = self.version.store.chunk_size();
         let extents: Vec<(u64, u64)> = (0..batch.num_rows())
             .map(|r| {
@@ -241,75 +242,76 @@ impl PartitionScan {
                 )
             })
             .collect();
-        let device = self.version.store.device();
         let plans = plan_reads(
             &extents,
-            device.block_size() as u64,
+            self.version.store.device().block_size() as u64,
             self.options.max_read,
             self.options.max_gap,
             self.batch_size,
         );
-        let extents = Arc::new(extents);
-        let batch = Arc::new(batch);
+        let (batch, extents) = (Arc::new(batch), Arc::new(extents));
         Ok(plans
             .into_iter()
-            .map(|plan| {
-                let scan = Arc::clone(self);
-                let (batch, extents) = (Arc::clone(&batch), Arc::clone(&extents));
-                Box::pin(async move { scan.execute_read(plan, &batch, &extents).await })
-                    as BoxFuture<'static, _>
+            .map(|plan| ReadJob {
+                plan,
+                batch: Arc::clone(&batch),
+                extents: Arc::clone(&extents),
             })
             .collect())
     }
 
-    async fn execute_read(
-        &self,
-        plan: ReadPlan,
-        batch: &RecordBatch,
-        extents: &[(u64, u64)],
-    ) -> DFResult<Vec<RecordBatch>> {
-        let device = self.version.store.device();
-        let key_at = |r: usize| -> String {
-            self.read_schema
-                .index_of(KEY)
-                .ok()
-                .map(|i| batch.column(i).as_string::<i32>().value(r).to_owned())
-                .unwrap_or_default()
-        };
+    fn key_at(&self, batch: &RecordBatch, row: usize) -> String {
+        self.read_schema
+            .index_of(KEY)
+            .ok()
+            .map(|i| batch.column(i).as_string::<i32>().value(row).to_owned())
+            .unwrap_or_default()
+    }
+
+    /// Issues the job's device read (I/O only; no CPU work on the runtime).
+    async fn read(&self, job: &ReadJob) -> DFResult<Buffer> {
+        let plan = &job.plan;
         if plan.len > i32::MAX as u64 {
             let r = plan.runs[0].rows.start;
             return exec_err!(
                 "sample '{}' of dataset '{}' is {} bytes; a Binary column holds at most 2 GiB per batch",
-                key_at(r),
+                self.key_at(&job.batch, r),
                 self.version.record.dataset,
-                extents[r].1
+                job.extents[r].1
             );
         }
-        let buf = device
-            .pool()
-            .get(plan.len as usize)
-            .map_err(|e| StorageError::io("allocate read buffer for", device.describe().path, e))?;
-        let buf = device.read_at(plan.offset, buf).await?;
+        // Plans are block aligned, so the covering read is exactly the plan.
+        let (buf, _) = self
+            .version
+            .store
+            .device()
+            .read_covering(plan.offset, plan.len)
+            .await?;
         self.reads.add(1);
         self.read_bytes.add(plan.len as usize);
-        let values: Buffer = buf.into_arrow();
+        Ok(buf.into_arrow())
+    }
+
+    /// Checks every extent's crc32c and cuts the read into output batches
+    /// whose `data` values buffer is `values` itself. CPU work: runs on the
+    /// blocking pool while the next read is in flight.
+    fn assemble(&self, job: &ReadJob, values: Buffer) -> DFResult<Vec<RecordBatch>> {
+        let (plan, batch, extents) = (&job.plan, &job.batch, &job.extents);
         let crcs = batch
             .column(self.read_schema.index_of(CRC32C)?)
             .as_primitive::<UInt32Type>();
-
         let mut out = Vec::with_capacity(plan.runs.len());
         for run in &plan.runs {
             let mut offsets = Vec::with_capacity(run.rows.len() + 1);
             for r in run.rows.clone() {
                 let (start, len) = extents[r];
                 let from = (start - plan.offset) as usize;
-                let bytes = &values.as_slice()[from..from + len as usize];
-                let actual = crc32c::crc32c(bytes);
+                let actual = crc32c::crc32c(&values.as_slice()[from..from + len as usize]);
                 if actual != crcs.value(r) {
                     return Err(StorageError::ChecksumMismatch {
                         dataset: self.version.record.dataset.clone(),
                         version: self.version.record.version,
-                        key: key_at(r),
+                        key: self.key_at(batch, r),
                         expected: crcs.value(r),
                         actual,
                     }
@@ -320,26 +322,13 @@ impl PartitionScan {
             let (last_start, last_len) = extents[run.rows.end - 1];
             offsets.push((last_start + last_len - plan.offset) as i32);
             // The values buffer is the read buffer itself: no copy.
-            let data = BinaryArray::try_new(
+            let data: ArrayRef = Arc::new(BinaryArray::try_new(
                 OffsetBuffer::new(ScalarBuffer::from(offsets)),
                 values.clone(),
                 None,
-            )?;
-            let meta = batch.slice(run.rows.start, run.rows.len());
-            let columns: Vec<ArrayRef> = self
-                .out
-                .iter()
-                .map(|c| match c {
-                    OutCol::Meta(i) => Arc::clone(meta.column(*i)),
-                    OutCol::Data => Arc::new(data.clone()) as ArrayRef,
-                })
-                .collect();
-            let opts = RecordBatchOptions::new().with_row_count(Some(run.rows.len()));
-            out.push(RecordBatch::try_new_with_options(
-                Arc::clone(&self.projected_schema),
-                columns,
-                &opts,
             )?);
+            let meta = batch.slice(run.rows.start, run.rows.len());
+            out.push(self.output(&meta, Some(&data))?);
         }
         Ok(out)
     }
@@ -419,22 +408,38 @@ impl DataSource for ExtentSource {
 
         let schema = Arc::clone(&self.projected_schema);
         if !self.wants_data() {
-            let scan2 = Arc::clone(&scan);
-            let out = meta.and_then(move |b| futures::future::ready(scan2.project_meta(&b)));
+            let out = meta.and_then(move |b| futures::future::ready(scan.output(&b, None)));
             return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)));
         }
+        // Each job is a read (I/O only; a semaphore keeps `depth` in flight)
+        // followed by crc checks and batch assembly on the blocking pool.
+        // Two jobs more than `depth` are polled, so verifying one read
+        // overlaps the next reads; `buffered` keeps the output in row order.
         let depth = self.options.reads_in_flight.max(1);
+        let permits = Arc::new(tokio::sync::Semaphore::new(depth));
+        let reader = Arc::clone(&scan);
         let out = meta
             .map(move |b| match b.and_then(|b| scan.reads_for(b)) {
-                Ok(jobs) => stream::iter(jobs).left_stream(),
-                Err(e) => {
-                    let failed: BoxFuture<'static, DFResult<Vec<RecordBatch>>> =
-                        Box::pin(futures::future::ready(Err(e)));
-                    stream::iter(vec![failed]).right_stream()
-                }
+                Ok(jobs) => stream::iter(jobs.into_iter().map(Ok)).left_stream(),
+                Err(e) => stream::iter(vec![Err(e)]).right_stream(),
             })
             .flatten()
-            .buffered(depth)
+            .map(move |job: DFResult<ReadJob>| {
+                let (reader, permits) = (Arc::clone(&reader), Arc::clone(&permits));
+                async move {
+                    let job = job?;
+                    let permit = permits
+                        .acquire()
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                    let values = reader.read(&job).await?;
+                    drop(permit);
+                    tokio::task::spawn_blocking(move || reader.assemble(&job, values))
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?
+                }
+            })
+            .buffered(depth + 2)
             .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
             .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
