@@ -1,0 +1,198 @@
+//! What the UDFs of one session share: options, limits and the log of bad samples.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+/// What to do with a sample that cannot be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// Drop the row, count it and log its key.
+    Skip,
+    /// Keep the row with a NULL result, count it and log its key.
+    Null,
+    /// Fail the query with an error naming the key and the reason.
+    #[default]
+    Fail,
+}
+
+impl FromStr for OnError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "skip" => Ok(Self::Skip),
+            "null" => Ok(Self::Null),
+            "fail" => Ok(Self::Fail),
+            other => Err(format!(
+                "unknown error policy '{other}' (expected skip, null or fail)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Skip => "skip",
+            Self::Null => "null",
+            Self::Fail => "fail",
+        })
+    }
+}
+
+/// Bounds on what one sample may decode to, checked from headers before decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// Largest image (width × height), and largest video frame.
+    pub max_pixels: u64,
+    /// Most frames a video may have decoded.
+    pub max_frames: u64,
+    /// Largest decoded result of one sample, in bytes.
+    pub max_decoded_bytes: u64,
+}
+
+impl Default for Limits {
+    /// 64 Mpx, 4096 frames, 1 GiB: above any real training sample, far
+    /// below what a crafted header can ask for.
+    fn default() -> Self {
+        Self {
+            max_pixels: 64 << 20,
+            max_frames: 4096,
+            max_decoded_bytes: 1 << 30,
+        }
+    }
+}
+
+impl Limits {
+    /// Checks a decoded size of `pixels` × `channels` bytes per frame, `frames` frames.
+    pub fn check(&self, what: &str, pixels: u64, frames: u64, bytes: u64) -> Result<(), String> {
+        if pixels > self.max_pixels {
+            return Err(format!(
+                "{what} has {pixels} pixels, over the limit of {} (max_pixels)",
+                self.max_pixels
+            ));
+        }
+        if frames > self.max_frames {
+            return Err(format!(
+                "{what} needs {frames} frames, over the limit of {} (max_frames)",
+                self.max_frames
+            ));
+        }
+        if bytes > self.max_decoded_bytes {
+            return Err(format!(
+                "{what} decodes to {bytes} bytes, over the limit of {} (max_decoded_bytes)",
+                self.max_decoded_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The options of one session's UDFs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UdfOptions {
+    /// Policy for bad samples.
+    pub on_error: OnError,
+    /// Job seed of the random UDFs.
+    pub seed: u64,
+    /// Epoch of the random UDFs.
+    pub epoch: u64,
+    /// Decoding limits.
+    pub limits: Limits,
+}
+
+/// A sample that was skipped or nulled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadSample {
+    /// The UDF that refused it.
+    pub udf: String,
+    /// The sample key (or `row N` when no key was in scope).
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Samples skipped or nulled by the UDFs of a session (the first
+/// [`ErrorLog::KEEP`] are kept; all are counted).
+#[derive(Debug, Default)]
+pub struct ErrorLog {
+    inner: Mutex<(u64, Vec<BadSample>)>,
+}
+
+impl ErrorLog {
+    /// Entries kept in full.
+    pub const KEEP: usize = 1000;
+
+    /// Records one bad sample.
+    pub fn record(&self, sample: BadSample) {
+        tracing::info!(
+            "{}: bad sample '{}': {}",
+            sample.udf,
+            sample.key,
+            sample.reason
+        );
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 += 1;
+        if g.1.len() < Self::KEEP {
+            g.1.push(sample);
+        }
+    }
+
+    /// How many were recorded, and the first ones.
+    pub fn snapshot(&self) -> (u64, Vec<BadSample>) {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        (g.0, g.1.clone())
+    }
+}
+
+/// Shared by the UDFs of one session.
+#[derive(Debug, Default)]
+pub struct UdfEnv {
+    /// The options.
+    pub options: UdfOptions,
+    /// Bad samples met so far.
+    pub errors: ErrorLog,
+}
+
+impl UdfEnv {
+    /// An environment with `options`.
+    pub fn new(options: UdfOptions) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            options,
+            errors: ErrorLog::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_name_the_one_exceeded() {
+        let l = Limits::default();
+        assert!(l.check("x", 10, 1, 30).is_ok());
+        let e = l
+            .check("image 100000x100000", 10_000_000_000, 1, 0)
+            .unwrap_err();
+        assert!(
+            e.contains("max_pixels") && e.contains("100000x100000"),
+            "{e}"
+        );
+        assert!(l.check("v", 1, 5000, 1).unwrap_err().contains("max_frames"));
+        assert!(
+            l.check("a", 1, 1, 2 << 30)
+                .unwrap_err()
+                .contains("max_decoded_bytes")
+        );
+    }
+
+    #[test]
+    fn policies_parse() {
+        for p in ["skip", "null", "fail"] {
+            assert_eq!(p.parse::<OnError>().unwrap().to_string(), p);
+        }
+        assert!("drop".parse::<OnError>().unwrap_err().contains("'drop'"));
+    }
+}

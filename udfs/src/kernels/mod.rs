@@ -1,0 +1,15 @@
+//! The pixel, frame and array work behind the UDFs, as plain functions.
+//!
+//! Kernels know nothing of Arrow or DataFusion: they take bytes or borrowed
+//! views and write into caller-provided buffers, and they report bad input
+//! as a `String` reason that the UDF turns into the session's policy.
+
+pub mod crop;
+pub mod decode;
+pub mod flip;
+pub mod normalize;
+pub mod npy;
+pub mod npz;
+pub mod resize;
+pub mod video;
+pub mod volume;

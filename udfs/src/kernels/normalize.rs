@@ -1,0 +1,64 @@
+//! uint8 HWC → float32 CHW with per-channel mean and standard deviation.
+
+use crate::tensor::ImageRef;
+
+/// Per-channel `(x / 255 - mean) / std`, written planar (CHW) into `out`.
+/// `mean` and `std` have one value per channel (or one for all).
+pub fn normalize_into(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut [f32]) {
+    let c = usize::from(src.channels);
+    let plane = src.height as usize * src.width as usize;
+    for ch in 0..c {
+        let m = mean[ch.min(mean.len() - 1)];
+        let s = std[ch.min(std.len() - 1)];
+        // (x/255 - m)/s = x * a + b, precomputed as a 256-entry table.
+        let (a, b) = (1.0 / (255.0 * s), -m / s);
+        let lut: Vec<f32> = (0..256).map(|x| (f64::from(x) * a + b) as f32).collect();
+        let dst = &mut out[ch * plane..(ch + 1) * plane];
+        for (d, p) in dst.iter_mut().zip(src.pixels[ch..].iter().step_by(c)) {
+            *d = lut[usize::from(*p)];
+        }
+    }
+}
+
+/// Checks mean/std against a channel count.
+pub fn check_stats(mean: &[f64], std: &[f64], channels: u8) -> Result<(), String> {
+    for (name, v) in [("mean", mean), ("std", std)] {
+        if v.len() != 1 && v.len() != usize::from(channels) {
+            return Err(format!(
+                "{name} has {} values for an image of {channels} channels",
+                v.len()
+            ));
+        }
+    }
+    if std.iter().any(|s| *s == 0.0) {
+        return Err("std must not be zero".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_planes_with_each_channels_statistics() {
+        let px = [0, 255, 51, 255, 0, 102];
+        let src = ImageRef {
+            height: 1,
+            width: 2,
+            channels: 3,
+            pixels: &px,
+        };
+        let mut out = [0f32; 6];
+        normalize_into(src, &[0.0, 0.5, 0.0], &[1.0, 0.5, 0.2], &mut out);
+        let want = [0.0, 1.0, 1.0, -1.0, 1.0, 2.0];
+        for (o, w) in out.iter().zip(want) {
+            assert!((o - w).abs() < 1e-6, "{out:?}");
+        }
+        assert!(
+            check_stats(&[0.5; 2], &[1.0], 3)
+                .unwrap_err()
+                .contains("mean has 2")
+        );
+    }
+}

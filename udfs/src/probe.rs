@@ -1,0 +1,218 @@
+//! Cheap facts about an object, read from its header at ingest.
+//!
+//! Probing never decodes pixels or frames: image headers (JPEG SOF, PNG
+//! IHDR, WebP VP8 …) through the `image` crate's decoders, video containers
+//! and stream parameters through FFmpeg, and array headers from the `.npy`
+//! text (for `.npz`, the largest member's header). The facts become metadata
+//! columns that the planner uses as statistics and that users filter on
+//! without reading any extent.
+
+use std::io::{Cursor, Read};
+
+use image::{ImageDecoder, ImageReader};
+
+use crate::kernels::{decode::first_bytes, npy, video};
+
+/// What a header says about an object.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Probe {
+    /// Container or file format ("jpeg", "png", "mp4", "npy" …).
+    pub format: String,
+    /// Video codec ("h264" …).
+    pub codec: Option<String>,
+    /// Width in pixels.
+    pub width: Option<u32>,
+    /// Height in pixels.
+    pub height: Option<u32>,
+    /// Colour channels of an image (1 grey, 2 grey+alpha, 3 RGB, 4 RGBA).
+    pub channels: Option<u8>,
+    /// Frames of a video.
+    pub frames: Option<u64>,
+    /// Duration of a video in seconds.
+    pub duration: Option<f64>,
+    /// Element type of an array (NumPy's name).
+    pub dtype: Option<String>,
+    /// Shape of an array.
+    pub shape: Option<Vec<u32>>,
+}
+
+/// Containers accepted as video (FFmpeg also "reads" text and raw data).
+const VIDEO_CONTAINERS: &[&str] = &[
+    "mp4",
+    "matroska",
+    "webm",
+    "avi",
+    "mpeg",
+    "mpegts",
+    "mpegvideo",
+    "flv",
+    "ogg",
+    "asf",
+    "h264",
+    "hevc",
+    "m4v",
+    "ivf",
+    "nut",
+];
+
+/// Reads the header of `bytes`. Errors say why the object is not usable.
+pub fn probe(bytes: &[u8]) -> Result<Probe, String> {
+    if bytes.is_empty() {
+        return Err("empty file".into());
+    }
+    if bytes.starts_with(b"\x93NUMPY") {
+        return array_probe("npy", &npy::header(bytes)?);
+    }
+    if bytes.starts_with(b"PK\x03\x04") {
+        return npz_probe(bytes);
+    }
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("cannot read header: {e}"))?;
+    if let Some(format) = reader.format() {
+        let name = image_format_name(format);
+        let decoder = reader
+            .into_decoder()
+            .map_err(|e| format!("bad {name} header: {e}"))?;
+        let (width, height) = decoder.dimensions();
+        if width == 0 || height == 0 {
+            return Err(format!(
+                "bad {name} header: zero-sized image {width}x{height}"
+            ));
+        }
+        return Ok(Probe {
+            format: name.to_owned(),
+            width: Some(width),
+            height: Some(height),
+            channels: Some(decoder.color_type().channel_count()),
+            ..Probe::default()
+        });
+    }
+    match video::probe(arrow::buffer::Buffer::from_slice_ref(bytes)) {
+        Ok(v) if VIDEO_CONTAINERS.contains(&v.container.as_str()) => Ok(Probe {
+            format: v.container,
+            codec: Some(v.codec),
+            width: Some(v.width),
+            height: Some(v.height),
+            channels: Some(3),
+            frames: v.frames,
+            duration: v.duration,
+            ..Probe::default()
+        }),
+        _ => Err(format!(
+            "not a recognised image, video or array format (first bytes: {})",
+            first_bytes(bytes)
+        )),
+    }
+}
+
+fn array_probe(format: &str, h: &npy::Header) -> Result<Probe, String> {
+    Ok(Probe {
+        format: format.to_owned(),
+        dtype: Some(h.dtype.name().to_owned()),
+        shape: Some(h.shape.clone()),
+        ..Probe::default()
+    })
+}
+
+/// An `.npz` is described by its largest member's header.
+fn npz_probe(bytes: &[u8]) -> Result<Probe, String> {
+    let mut zip =
+        zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| format!("bad zip archive: {e}"))?;
+    let largest = (0..zip.len())
+        .filter_map(|i| zip.by_index_raw(i).ok().map(|f| (f.size(), i)))
+        .max()
+        .ok_or("empty .npz archive")?
+        .1;
+    let mut entry = zip
+        .by_index(largest)
+        .map_err(|e| format!("bad .npz member: {e}"))?;
+    let name = entry.name().map(|n| n.into_owned()).unwrap_or_default();
+    if !name.ends_with(".npy") {
+        return Err(format!("a zip archive whose member '{name}' is not a .npy"));
+    }
+    let mut head = Vec::with_capacity(4096);
+    (&mut entry)
+        .take(64 * 1024)
+        .read_to_end(&mut head)
+        .map_err(|e| format!("cannot inflate '{name}': {e}"))?;
+    array_probe("npz", &npy::header(&head)?)
+}
+
+fn image_format_name(format: image::ImageFormat) -> &'static str {
+    use image::ImageFormat as F;
+    match format {
+        F::Jpeg => "jpeg",
+        F::Png => "png",
+        F::WebP => "webp",
+        F::Gif => "gif",
+        F::Bmp => "bmp",
+        F::Tiff => "tiff",
+        other => other.extensions_str().first().copied().unwrap_or("image"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{npy::DType, npz};
+
+    fn encode(format: image::ImageFormat, w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, format).unwrap();
+        out.into_inner()
+    }
+
+    #[test]
+    fn reads_image_dimensions_from_headers() {
+        for (fmt, name) in [
+            (image::ImageFormat::Png, "png"),
+            (image::ImageFormat::Jpeg, "jpeg"),
+        ] {
+            let p = probe(&encode(fmt, 31, 17)).unwrap();
+            assert_eq!(p.format, name);
+            assert_eq!(
+                (p.width, p.height, p.channels),
+                (Some(31), Some(17), Some(3))
+            );
+        }
+    }
+
+    #[test]
+    fn reads_array_headers_and_video_streams() {
+        let a = npy::write(DType::F32, &[4, 5, 6], &[0; 480]);
+        let p = probe(&a).unwrap();
+        assert_eq!(
+            (p.format.as_str(), p.dtype.as_deref(), p.shape.clone()),
+            ("npy", Some("float32"), Some(vec![4, 5, 6]))
+        );
+        let z = npz::write(
+            &[("small", npy::write(DType::U8, &[2], &[1, 2])), ("big", a)],
+            true,
+        );
+        let p = probe(&z).unwrap();
+        assert_eq!((p.format.as_str(), p.shape), ("npz", Some(vec![4, 5, 6])));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.avi");
+        video::encode_test_clip(&path, "mpeg4", 10, 32, 24).unwrap();
+        let p = probe(&std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(
+            (p.format.as_str(), p.codec.as_deref(), p.width, p.frames),
+            ("avi", Some("mpeg4"), Some(32), Some(10))
+        );
+    }
+
+    #[test]
+    fn refuses_empty_unknown_and_truncated_objects() {
+        assert_eq!(probe(b"").unwrap_err(), "empty file");
+        let e = probe(b"hello world, not an image").unwrap_err();
+        assert!(
+            e.contains("not a recognised image, video or array format"),
+            "{e}"
+        );
+        let png = encode(image::ImageFormat::Png, 8, 8);
+        assert!(probe(&png[..12]).unwrap_err().contains("bad png header"));
+        assert!(probe(b"\x93NUMPY\x01\x00\xff").is_err());
+    }
+}

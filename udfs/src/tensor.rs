@@ -1,0 +1,540 @@
+//! Arrow representations of images, arrays and fixed-shape tensors.
+//!
+//! See the crate docs for the layouts. This module builds the Arrow types
+//! and fields, reads rows back as borrowed views, and builds columns.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, LargeBinaryBuilder, ListBuilder,
+    NullBufferBuilder, PrimitiveArray, StringBuilder, StructArray, UInt8Builder, UInt32Builder,
+};
+use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
+use arrow::datatypes::{
+    ArrowPrimitiveType, DataType, Field, FieldRef, Fields, Float32Type, UInt8Type,
+};
+use datafusion::error::{DataFusionError, Result};
+
+/// Field metadata key of an image or array whose shape is the same on every row.
+pub const SHAPE_KEY: &str = "sluice.shape";
+/// Arrow's extension name key.
+pub const EXTENSION_NAME: &str = "ARROW:extension:name";
+/// Arrow's extension metadata key.
+pub const EXTENSION_METADATA: &str = "ARROW:extension:metadata";
+/// The canonical fixed-shape tensor extension.
+pub const FIXED_SHAPE_TENSOR: &str = "arrow.fixed_shape_tensor";
+
+/// The struct fields of an image.
+pub fn image_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("height", DataType::UInt32, false),
+        Field::new("width", DataType::UInt32, false),
+        Field::new("channels", DataType::UInt8, false),
+        Field::new("pixels", DataType::LargeBinary, false),
+    ])
+}
+
+/// The struct fields of an array.
+pub fn array_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("dtype", DataType::Utf8, false),
+        Field::new(
+            "shape",
+            DataType::List(Arc::new(Field::new_list_field(DataType::UInt32, false))),
+            false,
+        ),
+        Field::new("data", DataType::LargeBinary, false),
+    ])
+}
+
+/// Dimensions of an image column known when the query is planned:
+/// `[height, width, channels]`, each `None` when it varies by row.
+pub type ImageDims = [Option<u32>; 3];
+
+/// An image field, recording the dimensions known for every row.
+pub fn image_field(name: &str, dims: ImageDims) -> FieldRef {
+    let text = dims
+        .iter()
+        .map(|d| d.map_or("?".to_owned(), |d| d.to_string()))
+        .collect::<Vec<_>>()
+        .join(",");
+    Arc::new(
+        Field::new(name, DataType::Struct(image_fields()), true)
+            .with_metadata(HashMap::from([(SHAPE_KEY.to_owned(), text)])),
+    )
+}
+
+/// The dimensions recorded on an image field (all `None` when none are).
+pub fn image_dims(field: &Field) -> ImageDims {
+    let mut dims = [None; 3];
+    if let Some(text) = field.metadata().get(SHAPE_KEY) {
+        for (d, t) in dims.iter_mut().zip(text.split(',')) {
+            *d = t.parse().ok();
+        }
+    }
+    dims
+}
+
+/// Field metadata key of an array column's element type, when fixed.
+pub const DTYPE_KEY: &str = "sluice.dtype";
+
+/// An array field, recording the shape and element type when they are the same on every row.
+pub fn array_field(name: &str, shape: Option<&[u32]>, dtype: Option<&str>) -> FieldRef {
+    let mut meta = HashMap::new();
+    if let Some(s) = shape {
+        let text = s.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        meta.insert(SHAPE_KEY.to_owned(), text);
+    }
+    if let Some(d) = dtype {
+        meta.insert(DTYPE_KEY.to_owned(), d.to_owned());
+    }
+    Arc::new(Field::new(name, DataType::Struct(array_fields()), true).with_metadata(meta))
+}
+
+/// The shape recorded on an array field, if any.
+pub fn array_shape(field: &Field) -> Option<Vec<u32>> {
+    let text = field.metadata().get(SHAPE_KEY)?;
+    text.split(',').map(|d| d.parse().ok()).collect()
+}
+
+/// The element type recorded on an array field, if any.
+pub fn array_dtype(field: &Field) -> Option<&str> {
+    field.metadata().get(DTYPE_KEY).map(String::as_str)
+}
+
+/// Whether `field` is an image struct.
+pub fn is_image(field: &Field) -> bool {
+    matches!(field.data_type(), DataType::Struct(f) if f == &image_fields())
+}
+
+/// Whether `field` is an array struct.
+pub fn is_array(field: &Field) -> bool {
+    matches!(field.data_type(), DataType::Struct(f) if f == &array_fields())
+}
+
+/// A fixed-shape tensor field of `element` values with `shape`.
+pub fn tensor_field(name: &str, element: DataType, shape: &[u32]) -> FieldRef {
+    let size: u64 = shape.iter().map(|&d| u64::from(d)).product();
+    let dt = DataType::FixedSizeList(
+        Arc::new(Field::new_list_field(element, false)),
+        i32::try_from(size).unwrap_or(i32::MAX),
+    );
+    let meta = serde_json::json!({ "shape": shape }).to_string();
+    Arc::new(Field::new(name, dt, true).with_metadata(HashMap::from([
+        (EXTENSION_NAME.to_owned(), FIXED_SHAPE_TENSOR.to_owned()),
+        (EXTENSION_METADATA.to_owned(), meta),
+    ])))
+}
+
+/// The shape of a fixed-shape tensor field.
+pub fn tensor_shape(field: &Field) -> Option<Vec<u32>> {
+    if field.metadata().get(EXTENSION_NAME)? != FIXED_SHAPE_TENSOR {
+        return None;
+    }
+    let meta: serde_json::Value =
+        serde_json::from_str(field.metadata().get(EXTENSION_METADATA)?).ok()?;
+    meta.get("shape")?
+        .as_array()?
+        .iter()
+        .map(|d| d.as_u64().and_then(|d| u32::try_from(d).ok()))
+        .collect()
+}
+
+/// One row of an image column.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRef<'a> {
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+    /// Interleaved channels.
+    pub channels: u8,
+    /// `height * width * channels` bytes, row-major.
+    pub pixels: &'a [u8],
+}
+
+/// A decoded image that owns its pixels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+    /// Interleaved channels.
+    pub channels: u8,
+    /// `height * width * channels` bytes, row-major.
+    pub pixels: Vec<u8>,
+}
+
+impl Image {
+    /// A borrowed view.
+    pub fn view(&self) -> ImageRef<'_> {
+        ImageRef {
+            height: self.height,
+            width: self.width,
+            channels: self.channels,
+            pixels: &self.pixels,
+        }
+    }
+}
+
+/// Reads an image column's rows.
+#[derive(Debug)]
+pub struct ImageColumn<'a> {
+    array: &'a StructArray,
+    heights: &'a [u32],
+    widths: &'a [u32],
+    channels: &'a [u8],
+    pixels: &'a arrow::array::LargeBinaryArray,
+}
+
+impl<'a> ImageColumn<'a> {
+    /// Views `array`, which must be an image struct.
+    pub fn new(array: &'a ArrayRef, udf: &str) -> Result<Self> {
+        let Some(s) = array.as_struct_opt() else {
+            return Err(not_an(udf, "image", array.data_type()));
+        };
+        if s.fields() != &image_fields() {
+            return Err(not_an(udf, "image", array.data_type()));
+        }
+        Ok(Self {
+            array: s,
+            heights: s
+                .column(0)
+                .as_primitive::<arrow::datatypes::UInt32Type>()
+                .values(),
+            widths: s
+                .column(1)
+                .as_primitive::<arrow::datatypes::UInt32Type>()
+                .values(),
+            channels: s.column(2).as_primitive::<UInt8Type>().values(),
+            pixels: s.column(3).as_binary::<i64>(),
+        })
+    }
+
+    /// Row `i`, or `None` when it is NULL.
+    pub fn get(&self, i: usize) -> Option<ImageRef<'a>> {
+        if self.array.is_null(i) {
+            return None;
+        }
+        Some(ImageRef {
+            height: self.heights[i],
+            width: self.widths[i],
+            channels: self.channels[i],
+            pixels: self.pixels.value(i),
+        })
+    }
+}
+
+fn not_an(udf: &str, what: &str, got: &DataType) -> DataFusionError {
+    DataFusionError::Plan(format!("{udf}: expected an {what}, got {got}"))
+}
+
+/// Builds an image column.
+#[derive(Debug)]
+pub struct ImageBuilder {
+    heights: UInt32Builder,
+    widths: UInt32Builder,
+    channels: UInt8Builder,
+    pixels: LargeBinaryBuilder,
+    nulls: NullBufferBuilder,
+}
+
+impl ImageBuilder {
+    /// A builder for `rows` rows of about `bytes_per_row` pixels.
+    pub fn with_capacity(rows: usize, bytes_per_row: usize) -> Self {
+        Self {
+            heights: UInt32Builder::with_capacity(rows),
+            widths: UInt32Builder::with_capacity(rows),
+            channels: UInt8Builder::with_capacity(rows),
+            pixels: LargeBinaryBuilder::with_capacity(rows, rows.saturating_mul(bytes_per_row)),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends an image.
+    pub fn append(&mut self, img: ImageRef<'_>) {
+        self.heights.append_value(img.height);
+        self.widths.append_value(img.width);
+        self.channels.append_value(img.channels);
+        self.pixels.append_value(img.pixels);
+        self.nulls.append_non_null();
+    }
+
+    /// Appends an image built in place: `fill` writes `h * w * c` bytes.
+    pub fn append_with(&mut self, h: u32, w: u32, c: u8, fill: impl FnOnce(&mut [u8])) {
+        let mut buf = vec![0u8; h as usize * w as usize * usize::from(c)];
+        fill(&mut buf);
+        self.append(ImageRef {
+            height: h,
+            width: w,
+            channels: c,
+            pixels: &buf,
+        });
+    }
+
+    /// Appends a NULL.
+    pub fn append_null(&mut self) {
+        self.heights.append_value(0);
+        self.widths.append_value(0);
+        self.channels.append_value(0);
+        self.pixels.append_value([]);
+        self.nulls.append_null();
+    }
+
+    /// The column.
+    pub fn finish(mut self) -> ArrayRef {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.heights.finish()),
+            Arc::new(self.widths.finish()),
+            Arc::new(self.channels.finish()),
+            Arc::new(self.pixels.finish()),
+        ];
+        Arc::new(StructArray::new(
+            image_fields(),
+            columns,
+            self.nulls.finish(),
+        ))
+    }
+}
+
+/// One row of an array column.
+#[derive(Debug, Clone)]
+pub struct ArrayRefView<'a> {
+    /// NumPy dtype name.
+    pub dtype: &'a str,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// Little-endian, C-order elements.
+    pub data: &'a [u8],
+}
+
+/// A parsed array that owns its elements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NdArray {
+    /// Element type.
+    pub dtype: crate::kernels::npy::DType,
+    /// Dimensions.
+    pub shape: Vec<u32>,
+    /// Little-endian, C-order elements.
+    pub data: Vec<u8>,
+}
+
+/// Reads an array column's rows.
+#[derive(Debug)]
+pub struct ArrayColumn<'a> {
+    array: &'a StructArray,
+    dtypes: &'a arrow::array::StringArray,
+    shapes: &'a arrow::array::ListArray,
+    data: &'a arrow::array::LargeBinaryArray,
+}
+
+impl<'a> ArrayColumn<'a> {
+    /// Views `array`, which must be an array struct.
+    pub fn new(array: &'a ArrayRef, udf: &str) -> Result<Self> {
+        let Some(s) = array.as_struct_opt() else {
+            return Err(not_an(udf, "array", array.data_type()));
+        };
+        if s.fields() != &array_fields() {
+            return Err(not_an(udf, "array", array.data_type()));
+        }
+        Ok(Self {
+            array: s,
+            dtypes: s.column(0).as_string::<i32>(),
+            shapes: s.column(1).as_list::<i32>(),
+            data: s.column(2).as_binary::<i64>(),
+        })
+    }
+
+    /// Row `i`, or `None` when it is NULL.
+    pub fn get(&self, i: usize) -> Option<ArrayRefView<'a>> {
+        if self.array.is_null(i) {
+            return None;
+        }
+        let shape = self.shapes.value(i);
+        Some(ArrayRefView {
+            dtype: self.dtypes.value(i),
+            shape: shape
+                .as_primitive::<arrow::datatypes::UInt32Type>()
+                .values()
+                .to_vec(),
+            data: self.data.value(i),
+        })
+    }
+}
+
+/// Builds an array column.
+#[derive(Debug)]
+pub struct ArrayBuilder {
+    dtypes: StringBuilder,
+    shapes: ListBuilder<UInt32Builder>,
+    data: LargeBinaryBuilder,
+    nulls: NullBufferBuilder,
+}
+
+impl ArrayBuilder {
+    /// A builder for `rows` rows.
+    pub fn new(rows: usize) -> Self {
+        Self {
+            dtypes: StringBuilder::new(),
+            shapes: ListBuilder::new(UInt32Builder::new())
+                .with_field(Arc::new(Field::new_list_field(DataType::UInt32, false))),
+            data: LargeBinaryBuilder::new(),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends an array.
+    pub fn append(&mut self, dtype: &str, shape: &[u32], data: &[u8]) {
+        self.dtypes.append_value(dtype);
+        self.shapes.values().append_slice(shape);
+        self.shapes.append(true);
+        self.data.append_value(data);
+        self.nulls.append_non_null();
+    }
+
+    /// Appends a NULL.
+    pub fn append_null(&mut self) {
+        self.dtypes.append_value("");
+        self.shapes.append(true);
+        self.data.append_value([]);
+        self.nulls.append_null();
+    }
+
+    /// The column.
+    pub fn finish(mut self) -> ArrayRef {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.dtypes.finish()),
+            Arc::new(self.shapes.finish()),
+            Arc::new(self.data.finish()),
+        ];
+        Arc::new(StructArray::new(
+            array_fields(),
+            columns,
+            self.nulls.finish(),
+        ))
+    }
+}
+
+/// Builds a fixed-shape tensor column of `T` with `size` elements a row.
+#[derive(Debug)]
+pub struct TensorBuilder<T: ArrowPrimitiveType> {
+    values: Vec<T::Native>,
+    size: usize,
+    nulls: NullBufferBuilder,
+}
+
+impl<T: ArrowPrimitiveType> TensorBuilder<T> {
+    /// A builder for `rows` rows of `size` elements.
+    pub fn new(rows: usize, size: usize) -> Self {
+        Self {
+            values: Vec::with_capacity(rows.saturating_mul(size)),
+            size,
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    /// Appends a row written in place by `fill`.
+    pub fn append_with(&mut self, fill: impl FnOnce(&mut [T::Native])) {
+        let start = self.values.len();
+        self.values.resize(start + self.size, T::Native::default());
+        fill(&mut self.values[start..]);
+        self.nulls.append_non_null();
+    }
+
+    /// Appends a NULL (zeros underneath).
+    pub fn append_null(&mut self) {
+        self.values
+            .resize(self.values.len() + self.size, T::Native::default());
+        self.nulls.append_null();
+    }
+
+    /// The column, typed as `field` (a tensor field from [`tensor_field`]).
+    pub fn finish(mut self, field: &Field) -> Result<ArrayRef> {
+        let DataType::FixedSizeList(item, size) = field.data_type() else {
+            return Err(DataFusionError::Internal(format!(
+                "tensor field of type {}",
+                field.data_type()
+            )));
+        };
+        let values = PrimitiveArray::<T>::new(ScalarBuffer::from(self.values), None);
+        let nulls: Option<NullBuffer> = self.nulls.finish();
+        Ok(Arc::new(FixedSizeListArray::try_new(
+            Arc::clone(item),
+            *size,
+            Arc::new(values),
+            nulls,
+        )?))
+    }
+}
+
+/// uint8 tensor builder.
+pub type U8Tensor = TensorBuilder<UInt8Type>;
+/// float32 tensor builder.
+pub type F32Tensor = TensorBuilder<Float32Type>;
+
+/// The bytes of row `i` of a binary column as an owned, reference-counted
+/// Arrow buffer (no copy), for readers that need `'static` data.
+pub fn binary_buffer(array: &ArrayRef, i: usize) -> Option<Buffer> {
+    match array.data_type() {
+        DataType::Binary => {
+            let a = array.as_binary::<i32>();
+            let (s, e) = (a.value_offsets()[i], a.value_offsets()[i + 1]);
+            Some(a.values().slice_with_length(s as usize, (e - s) as usize))
+        }
+        DataType::LargeBinary => {
+            let a = array.as_binary::<i64>();
+            let (s, e) = (a.value_offsets()[i], a.value_offsets()[i + 1]);
+            Some(a.values().slice_with_length(s as usize, (e - s) as usize))
+        }
+        _ => None,
+    }
+}
+
+/// Row `i` of a binary column (Binary, LargeBinary or BinaryView), or `None` when NULL.
+pub fn binary_value(array: &ArrayRef, i: usize) -> Option<&[u8]> {
+    if array.is_null(i) {
+        return None;
+    }
+    Some(match array.data_type() {
+        DataType::Binary => array.as_binary::<i32>().value(i),
+        DataType::LargeBinary => array.as_binary::<i64>().value(i),
+        DataType::BinaryView => array.as_binary_view().value(i),
+        _ => return None,
+    })
+}
+
+/// Checks that `field` holds encoded bytes.
+pub fn expect_binary(udf: &str, field: &Field) -> Result<()> {
+    match field.data_type() {
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView | DataType::Null => Ok(()),
+        other => Err(DataFusionError::Plan(format!(
+            "{udf}: expected the encoded bytes (a binary column such as `data`), got {other}"
+        ))),
+    }
+}
+
+/// Checks that `field` is an image; returns its known dimensions.
+pub fn expect_image(udf: &str, field: &Field) -> Result<ImageDims> {
+    if is_image(field) {
+        Ok(image_dims(field))
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{udf}: expected an image (from decode_image), got {}",
+            field.data_type()
+        )))
+    }
+}
+
+/// Checks that `field` is an array.
+pub fn expect_array(udf: &str, field: &Field) -> Result<()> {
+    if is_array(field) {
+        Ok(())
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{udf}: expected an array (from npy or npz), got {}",
+            field.data_type()
+        )))
+    }
+}

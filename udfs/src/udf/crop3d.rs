@@ -1,0 +1,130 @@
+//! `crop3d(arr, z, y, x, d, h, w[, channels])`: a box of a volume.
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::FieldRef;
+use datafusion::error::Result;
+
+use super::Function;
+use crate::args::{ArgSpec, Call, Consts, Kind, Lit, opt, req};
+use crate::cost::{Estimate, SampleStats};
+use crate::kernels::npy::DType;
+use crate::kernels::volume::crop3d;
+use crate::tensor::{ArrayBuilder, ArrayColumn, array_field, expect_array};
+
+/// Crops the first three dimensions of `[D, H, W]` or `[D, H, W, channels]` volumes.
+#[derive(Debug, Default)]
+pub struct Crop3d;
+
+/// The planned output shape `[d, h, w]` or `[d, h, w, c]` from arguments `first..first+3` and `channels_at`.
+pub(crate) fn volume_shape(consts: &Consts, first: usize, channels_at: usize) -> Result<Vec<u32>> {
+    let mut shape = vec![
+        consts.size(first)?,
+        consts.size(first + 1)?,
+        consts.size(first + 2)?,
+    ];
+    let c = consts.size(channels_at)?;
+    if c > 1 {
+        shape.push(c);
+    }
+    Ok(shape)
+}
+
+/// Checks a row's shape against the planned channel count.
+pub(crate) fn check_volume(shape: &[u32], channels: u32) -> std::result::Result<(), String> {
+    let ok = match shape.len() {
+        3 => channels == 1,
+        4 => shape[3] == channels,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected a [D, H, W] volume{}, got shape {shape:?}",
+            if channels > 1 {
+                format!(" with {channels} channels")
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
+
+impl Function for Crop3d {
+    const SPEC: ArgSpec = ArgSpec {
+        name: "crop3d",
+        params: &[
+            req("arr", Kind::Value),
+            req("z", Kind::Int),
+            req("y", Kind::Int),
+            req("x", Kind::Int),
+            req("d", Kind::Int),
+            req("h", Kind::Int),
+            req("w", Kind::Int),
+            opt("channels", Kind::Int, Lit::Int(1)),
+        ],
+        random: false,
+        keyed: false,
+    };
+
+    fn return_field(&self, consts: &Consts, fields: &[FieldRef]) -> Result<FieldRef> {
+        expect_array(Self::SPEC.name, &fields[0])?;
+        let shape = volume_shape(consts, 4, 7)?;
+        let dtype = crate::tensor::array_dtype(&fields[0]);
+        Ok(array_field(Self::SPEC.name, Some(&shape), dtype))
+    }
+
+    fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
+        let c = &call.consts;
+        let start =
+            [c.int(1)?, c.int(2)?, c.int(3)?].map(|v| v.clamp(0, i64::from(u32::MAX)) as u32);
+        let size = [c.size(4)?, c.size(5)?, c.size(6)?];
+        let channels = c.size(7)?;
+        let input = call.array(0)?;
+        let arrays = ArrayColumn::new(&input, Self::SPEC.name)?;
+        let mut out = ArrayBuilder::new(call.rows);
+        for row in 0..call.rows {
+            let Some(a) = arrays.get(row) else {
+                out.append_null();
+                continue;
+            };
+            let result = check_volume(&a.shape, channels).and_then(|()| {
+                let esize = DType::from_name(a.dtype)
+                    .ok_or_else(|| format!("unknown dtype '{}'", a.dtype))?
+                    .size();
+                crop3d(a.data, &a.shape, esize, start, size)
+            });
+            match result {
+                Ok(bytes) => {
+                    let mut shape = size.to_vec();
+                    shape.extend_from_slice(&a.shape[3..]);
+                    out.append(a.dtype, &shape, &bytes);
+                }
+                Err(reason) => {
+                    call.bad(row, reason)?;
+                    out.append_null();
+                }
+            }
+        }
+        Ok(out.finish())
+    }
+
+    fn cost(&self, consts: &Consts, input: &SampleStats) -> Result<Estimate> {
+        let shape = volume_shape(consts, 4, 7)?;
+        let elements: f64 = shape.iter().map(|&d| f64::from(d)).product();
+        let esize = if input.elements > 0.0 {
+            input.bytes / input.elements
+        } else {
+            4.0
+        };
+        let bytes = elements * esize;
+        Ok(Estimate {
+            work: bytes,
+            out: SampleStats {
+                bytes,
+                elements,
+                ..*input
+            },
+        })
+    }
+}

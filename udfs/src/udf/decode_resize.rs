@@ -1,0 +1,222 @@
+//! Fused decode + resize and decode + random resized crop, with JPEG
+//! DCT-domain downscaling.
+//!
+//! [`crate::rewrite::SluiceRewrite`] turns `resize(decode_image(data), h, w)`
+//! and `random_resized_crop(decode_image(data), h, w)` into these. They read
+//! the header first, work out how many source pixels the output needs, and
+//! let the JPEG decoder run its IDCT at 1/2, 1/4 or 1/8 scale when that is
+//! still at least the output's size: a 12 MP photo feeding a 224² crop is
+//! decoded at about 1.5 MP. The random window is drawn exactly as
+//! `random_resized_crop` draws it (same generator, same full-size
+//! coordinates), so the two forms pick the same crop; the pixels differ only
+//! by the DCT-domain prefilter (a few levels at most).
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::FieldRef;
+use datafusion::error::Result;
+
+use super::random_resized_crop::{RRC_PARAMS, rrc_params};
+use super::{Function, RandomResizedCrop};
+use crate::args::{ArgSpec, Call, Consts, Kind, Lit, Param, opt, req};
+use crate::cost::{Estimate, SampleStats};
+use crate::kernels::decode::{Mode, decode_at_least, header};
+use crate::kernels::resize::{Filter, Rect, resize_into};
+use crate::tensor::{ImageBuilder, binary_value, expect_binary, image_field};
+
+/// `decode_resize(data, h, w[, filter, mode])`.
+#[derive(Debug, Default)]
+pub struct DecodeResize;
+
+/// `decode_random_resized_crop(data, h, w[, scale_min, scale_max, ratio_min, ratio_max, mode])`.
+#[derive(Debug, Default)]
+pub struct DecodeRandomResizedCrop;
+
+const RRC_FUSED_PARAMS: [Param; 8] = [
+    RRC_PARAMS[0],
+    RRC_PARAMS[1],
+    RRC_PARAMS[2],
+    RRC_PARAMS[3],
+    RRC_PARAMS[4],
+    RRC_PARAMS[5],
+    RRC_PARAMS[6],
+    opt("mode", Kind::Str, Lit::Str("RGB")),
+];
+
+/// Decodes each row and writes an `h`×`w` image resampled from the window
+/// `window` picks (in full-size coordinates) for that row.
+fn decode_windows(
+    call: &Call<'_>,
+    mode: Mode,
+    filter: Filter,
+    mut window: impl FnMut(usize, u32, u32) -> Result<Rect>,
+) -> Result<ArrayRef> {
+    let (h, w) = (call.consts.size(1)?, call.consts.size(2)?);
+    let data = call.array(0)?;
+    let limits = call.limits();
+    let mut out =
+        ImageBuilder::with_capacity(call.rows, (h * w) as usize * usize::from(mode.channels()));
+    let mut buf = vec![0u8; (h * w) as usize * usize::from(mode.channels())];
+    for row in 0..call.rows {
+        let Some(bytes) = binary_value(&data, row) else {
+            out.append_null();
+            continue;
+        };
+        let result = header(bytes, mode, &limits).and_then(|(_, fw, fh)| {
+            let win = window(row, fh, fw).map_err(|e| e.to_string())?;
+            let s = (win.width / f64::from(w))
+                .min(win.height / f64::from(h))
+                .max(1.0);
+            let scaled = decode_at_least(
+                bytes,
+                mode,
+                (fw, fh),
+                f64::from(fw) / s,
+                f64::from(fh) / s,
+                &limits,
+            )?;
+            let (fx, fy) = (scaled.factor_x, scaled.factor_y);
+            let img = &scaled.image;
+            let rect = Rect {
+                left: win.left / fx,
+                top: win.top / fy,
+                width: (win.width / fx).min(f64::from(img.width)),
+                height: (win.height / fy).min(f64::from(img.height)),
+            };
+            let full = rect.left == 0.0
+                && rect.top == 0.0
+                && rect.width == f64::from(img.width)
+                && rect.height == f64::from(img.height);
+            resize_into(img.view(), (!full).then_some(rect), h, w, filter, &mut buf)
+        });
+        match result {
+            Ok(()) => out.append(crate::tensor::ImageRef {
+                height: h,
+                width: w,
+                channels: mode.channels(),
+                pixels: &buf,
+            }),
+            Err(reason) => {
+                call.bad(row, reason)?;
+                out.append_null();
+            }
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Source pixels decoded for an output of `out_px` pixels taken from a
+/// window of `window_px` pixels of a `src_px` image (DCT scaling by powers
+/// of two, at most 8).
+fn decoded_pixels(src_px: f64, window_px: f64, out_px: f64) -> f64 {
+    let mut factor = 1.0;
+    while factor < 8.0 && window_px / (4.0 * factor * factor) >= out_px {
+        factor *= 2.0;
+    }
+    src_px / (factor * factor)
+}
+
+impl Function for DecodeResize {
+    const SPEC: ArgSpec = ArgSpec {
+        name: "decode_resize",
+        params: &[
+            req("data", Kind::Value),
+            req("h", Kind::Int),
+            req("w", Kind::Int),
+            opt("filter", Kind::Str, Lit::Str("bilinear")),
+            opt("mode", Kind::Str, Lit::Str("RGB")),
+        ],
+        random: false,
+        keyed: true,
+    };
+
+    fn return_field(&self, consts: &Consts, fields: &[FieldRef]) -> Result<FieldRef> {
+        expect_binary(Self::SPEC.name, &fields[0])?;
+        consts.parsed(3, Filter::parse)?;
+        let c = consts.parsed(4, Mode::parse)?.channels();
+        Ok(image_field(
+            Self::SPEC.name,
+            [
+                Some(consts.size(1)?),
+                Some(consts.size(2)?),
+                Some(u32::from(c)),
+            ],
+        ))
+    }
+
+    fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
+        let filter = call.consts.parsed(3, Filter::parse)?;
+        let mode = call.consts.parsed(4, Mode::parse)?;
+        decode_windows(call, mode, filter, |_, fh, fw| {
+            Ok(Rect {
+                left: 0.0,
+                top: 0.0,
+                width: f64::from(fw),
+                height: f64::from(fh),
+            })
+        })
+    }
+
+    fn cost(&self, consts: &Consts, input: &SampleStats) -> Result<Estimate> {
+        let (h, w) = (f64::from(consts.size(1)?), f64::from(consts.size(2)?));
+        let c = f64::from(consts.parsed(4, Mode::parse)?.channels());
+        Ok(Estimate {
+            work: decoded_pixels(input.pixels(), input.pixels(), h * w),
+            out: SampleStats::image(w, h, c),
+        })
+    }
+}
+
+impl Function for DecodeRandomResizedCrop {
+    const SPEC: ArgSpec = ArgSpec {
+        name: "decode_random_resized_crop",
+        params: &RRC_FUSED_PARAMS,
+        random: true,
+        keyed: true,
+    };
+
+    fn return_field(&self, consts: &Consts, fields: &[FieldRef]) -> Result<FieldRef> {
+        expect_binary(Self::SPEC.name, &fields[0])?;
+        rrc_params(consts)?;
+        let c = consts.parsed(7, Mode::parse)?.channels();
+        Ok(image_field(
+            Self::SPEC.name,
+            [
+                Some(consts.size(1)?),
+                Some(consts.size(2)?),
+                Some(u32::from(c)),
+            ],
+        ))
+    }
+
+    fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
+        let params = rrc_params(&call.consts)?;
+        let mode = call.consts.parsed(7, Mode::parse)?;
+        decode_windows(call, mode, Filter::Bilinear, |row, fh, fw| {
+            let mut rng = call.rng_for(row, RandomResizedCrop::SPEC.name)?;
+            Ok(params.window(&mut rng, fh, fw))
+        })
+    }
+
+    fn cost(&self, consts: &Consts, input: &SampleStats) -> Result<Estimate> {
+        let (h, w) = (f64::from(consts.size(1)?), f64::from(consts.size(2)?));
+        let area = (consts.float(3)? + consts.float(4)?) / 2.0;
+        let c = f64::from(consts.parsed(7, Mode::parse)?.channels());
+        Ok(Estimate {
+            work: decoded_pixels(input.pixels(), input.pixels() * area, h * w),
+            out: SampleStats::image(w, h, c),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decoded_pixels;
+
+    #[test]
+    fn dct_scaling_shrinks_the_decode_only_when_the_output_allows() {
+        let mp12 = 4000.0 * 3000.0;
+        assert_eq!(decoded_pixels(mp12, mp12, 224.0 * 224.0), mp12 / 64.0);
+        let small = 500.0 * 375.0;
+        assert_eq!(decoded_pixels(small, small, 224.0 * 224.0), small);
+    }
+}
