@@ -65,6 +65,48 @@ pub enum RowFormat {
     Csv,
     /// JSON lines: one object per row.
     Json,
+    /// An Arrow IPC stream (binary, on stdout), extension types preserved.
+    Arrow,
+}
+
+/// Options of the UDFs a query calls.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UdfFlags {
+    /// What a bad sample (corrupt, truncated, unsupported, over a limit) does:
+    /// skip drops the row, null keeps it with NULL, fail stops the query.
+    #[arg(long, default_value = "fail")]
+    pub on_error: sluice_udfs::OnError,
+    /// Job seed of the random UDFs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Epoch of the random UDFs.
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// Largest image or video frame a sample may decode to, in pixels.
+    #[arg(long, default_value_t = sluice_udfs::Limits::default().max_pixels)]
+    pub max_pixels: u64,
+    /// Most video frames a sample may need decoded.
+    #[arg(long, default_value_t = sluice_udfs::Limits::default().max_frames)]
+    pub max_frames: u64,
+    /// Largest decoded result of one sample, e.g. 1GiB.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub max_decoded_bytes: u64,
+}
+
+impl UdfFlags {
+    /// The UDF options these flags describe.
+    pub fn options(&self) -> sluice_udfs::UdfOptions {
+        sluice_udfs::UdfOptions {
+            on_error: self.on_error,
+            seed: self.seed,
+            epoch: self.epoch,
+            limits: sluice_udfs::Limits {
+                max_pixels: self.max_pixels,
+                max_frames: self.max_frames,
+                max_decoded_bytes: self.max_decoded_bytes,
+            },
+        }
+    }
 }
 
 /// How binary columns are printed.
@@ -113,6 +155,18 @@ pub enum Command {
         /// How to print binary columns such as `data`.
         #[arg(long, value_enum, default_value = "length")]
         binary: BinaryFormat,
+        /// UDF options.
+        #[command(flatten)]
+        udf: UdfFlags,
+    },
+    /// List the UDFs with their cost profiles; --calibrate measures the profiles here.
+    Udfs {
+        /// Measure the cost profiles on this machine and save them in the data dir.
+        #[arg(long)]
+        calibrate: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
     },
     /// Show the data dir: device, backend, free space.
     Info {

@@ -2,12 +2,15 @@
 //!
 //! The `sluice` binary: a dataflow service that feeds ML trainers. This
 //! crate is the top of the stack — CLI, configuration and wiring; the
-//! storage engine lives in `sluice-storage` (`storage-exec/`).
+//! storage engine lives in `sluice-storage` (`storage-exec/`), the UDFs in
+//! `sluice-udfs` (`udfs/`).
 //!
 //! ```text
 //! sluice [--data-dir DIR] ingest DATASET SOURCE [--manifest FILE] [--on-error skip|fail]
 //! sluice [--data-dir DIR] datasets [--format table|json]
-//! sluice [--data-dir DIR] sql "QUERY" [--format table|csv|json] [--binary length|hex|base64]
+//! sluice [--data-dir DIR] sql "QUERY" [--format table|csv|json|arrow] [--binary length|hex|base64]
+//!        [--on-error skip|null|fail] [--seed N] [--epoch N] [--max-pixels N] [--max-frames N] [--max-decoded-bytes SIZE]
+//! sluice [--data-dir DIR] udfs [--calibrate]
 //! sluice [--data-dir DIR] info
 //! sluice [--data-dir DIR] bench scan|random|catalog
 //! sluice gen-sample DIR

@@ -1,7 +1,10 @@
-//! Printing query results: aligned table, CSV, or JSON lines.
+//! Printing query results: aligned table, CSV, JSON lines, or an Arrow IPC stream.
 //!
-//! Binary columns (such as `data`) are printed as their byte length unless
-//! `--binary hex|base64` asks for the bytes.
+//! In the text formats, binary columns (such as `data`) are printed as their
+//! byte length unless `--binary hex|base64` asks for the bytes, and images,
+//! arrays and tensors as a one-line summary (`image 224x224x3`, `tensor
+//! uint8 [224, 224, 3]`); `--format arrow` carries them whole, with their
+//! extension types.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -73,11 +76,50 @@ pub fn base64(bytes: &[u8]) -> String {
     out
 }
 
-/// Replaces binary columns by their printable form.
+/// One-line summaries of image, array and tensor columns.
+fn render_nested(field: &Field, col: &ArrayRef) -> Option<ArrayRef> {
+    let summary: Box<dyn Fn(usize) -> String> = if sluice_udfs::tensor::is_image(field) {
+        let s = col.as_struct();
+        let (h, w, c) = (
+            s.column(0).as_primitive::<arrow::datatypes::UInt32Type>().clone(),
+            s.column(1).as_primitive::<arrow::datatypes::UInt32Type>().clone(),
+            s.column(2).as_primitive::<arrow::datatypes::UInt8Type>().clone(),
+        );
+        Box::new(move |i| format!("image {}x{}x{}", h.value(i), w.value(i), c.value(i)))
+    } else if sluice_udfs::tensor::is_array(field) {
+        let s = col.as_struct();
+        let (dtype, shape) = (s.column(0).as_string::<i32>().clone(), s.column(1).as_list::<i32>().clone());
+        Box::new(move |i| {
+            let dims = shape.value(i);
+            let dims = dims.as_primitive::<arrow::datatypes::UInt32Type>();
+            format!("array {} {:?}", dtype.value(i), dims.values())
+        })
+    } else if let Some(shape) = sluice_udfs::tensor::tensor_shape(field) {
+        let DataType::FixedSizeList(item, _) = field.data_type() else {
+            return None;
+        };
+        let text = format!("tensor {} {shape:?}", item.data_type().to_string().to_lowercase());
+        Box::new(move |_| text.clone())
+    } else {
+        return None;
+    };
+    let mut b = StringBuilder::new();
+    for i in 0..col.len() {
+        b.append_option((!col.is_null(i)).then(|| summary(i)));
+    }
+    Some(Arc::new(b.finish()))
+}
+
+/// Replaces binary, image, array and tensor columns by their printable form.
 pub fn printable(batch: &RecordBatch, mode: BinaryFormat) -> Result<RecordBatch, ArrowError> {
     let mut fields = Vec::new();
     let mut columns = Vec::new();
     for (f, col) in batch.schema().fields().iter().zip(batch.columns()) {
+        if let Some(c) = render_nested(f, col) {
+            fields.push(Field::new(f.name(), DataType::Utf8, true));
+            columns.push(c);
+            continue;
+        }
         match render_binary(col, mode) {
             Some((dt, c)) => {
                 fields.push(Field::new(f.name(), dt, f.is_nullable()));
@@ -99,6 +141,10 @@ pub fn print_batches(
     format: RowFormat,
     binary: BinaryFormat,
 ) -> anyhow::Result<()> {
+    let raw = batches;
+    if format == RowFormat::Arrow {
+        return write_ipc(schema, raw);
+    }
     let batches: Vec<RecordBatch> = if batches.is_empty() {
         vec![RecordBatch::new_empty(Arc::clone(schema))]
     } else {
@@ -126,6 +172,7 @@ pub fn print_batches(
                 w.write(b)?;
             }
         }
+        RowFormat::Arrow => return write_ipc(schema, raw),
         RowFormat::Json => {
             let mut w = arrow::json::WriterBuilder::new()
                 .with_explicit_nulls(true)
@@ -137,6 +184,19 @@ pub fn print_batches(
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// Writes an Arrow IPC stream to stdout. The schema is the first batch's
+/// (which carries the field metadata of extension types) or `schema`.
+fn write_ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> anyhow::Result<()> {
+    let schema = batches.first().map_or_else(|| Arc::clone(schema), RecordBatch::schema);
+    let stdout = std::io::stdout();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(stdout.lock(), &schema)?;
+    for b in batches {
+        w.write(&b.clone().with_schema(Arc::clone(&schema))?)?;
+    }
+    w.finish()?;
     Ok(())
 }
 

@@ -312,6 +312,7 @@ async fn scan(
                     reads_in_flight: *depth,
                     ..ScanOptions::default()
                 },
+                &sluice_udfs::UdfEnv::new(Default::default()),
             );
             drop_cache(&device_path);
             let t = Instant::now();

@@ -6,6 +6,7 @@ mod gen_sample;
 mod info;
 mod ingest;
 mod sql;
+mod udfs;
 
 use std::sync::Arc;
 
@@ -66,7 +67,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             query,
             format,
             binary,
-        } => sql::run(&cli, query, *format, *binary).await,
+            udf,
+        } => sql::run(&cli, query, *format, *binary, udf).await,
+        Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),
         Command::GenSample {
             dir,

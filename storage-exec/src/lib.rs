@@ -44,7 +44,6 @@ pub mod layout;
 pub mod metadata;
 pub mod scan;
 mod session;
-pub mod sniff;
 pub mod store;
 
 pub use error::{Result, StorageError};

@@ -1,19 +1,26 @@
-//! A DataFusion session whose tables are a store's datasets.
+//! A DataFusion session whose tables are a store's datasets and whose
+//! functions include sluice's UDFs.
 
 use std::sync::Arc;
 
 use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_udfs::UdfEnv;
 
 use crate::scan::{DatasetSchema, ScanOptions};
 use crate::store::Store;
 
-/// A session over `store` with default scan options.
+/// A session over `store` with default scan and UDF options.
 pub fn session_context(store: Arc<Store>) -> SessionContext {
-    session_context_with(store, ScanOptions::default())
+    session_context_with(store, ScanOptions::default(), &UdfEnv::new(Default::default()))
 }
 
-/// A session over `store` whose default schema lists its datasets.
-pub fn session_context_with(store: Arc<Store>, options: ScanOptions) -> SessionContext {
+/// A session over `store` whose default schema lists its datasets and whose
+/// UDFs share `udfs` (policy, seed, epoch, limits, bad-sample log).
+pub fn session_context_with(
+    store: Arc<Store>,
+    options: ScanOptions,
+    udfs: &Arc<UdfEnv>,
+) -> SessionContext {
     let config = SessionConfig::new().with_information_schema(true);
     let ctx = SessionContext::new_with_config(config);
     let schema = Arc::new(DatasetSchema::new(store, options));
@@ -21,5 +28,6 @@ pub fn session_context_with(store: Arc<Store>, options: ScanOptions) -> SessionC
         // Replaces the empty default "public" schema.
         let _previous = catalog.register_schema("public", schema);
     }
+    sluice_udfs::register(&ctx, udfs);
     ctx
 }

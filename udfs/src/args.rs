@@ -270,6 +270,13 @@ impl Consts {
         }
     }
 
+    /// Whether parameter `i` is known: a literal, or left to its default.
+    /// (An expression such as `make_array(0.5, 0.5)` becomes a literal only
+    /// once the optimizer folds it, after the plan's types are computed.)
+    pub fn is_known(&self, i: usize) -> bool {
+        !matches!(self.values.get(i), Some(None))
+    }
+
     /// The UDF's name.
     pub fn name(&self) -> &'static str {
         self.spec.name

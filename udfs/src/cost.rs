@@ -125,6 +125,24 @@ pub fn default_profiles() -> Profiles {
         .collect()
 }
 
+/// The file in a data dir where `sluice udfs --calibrate` keeps its profiles.
+pub const PROFILES_FILE: &str = "udf-profiles.json";
+
+/// The defaults, overridden by the profiles saved at `path` (if it exists).
+pub fn load_profiles(path: &std::path::Path) -> Result<Profiles, String> {
+    let mut profiles = default_profiles();
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let saved: Profiles = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("bad profiles file {}: {e}", path.display()))?;
+            profiles.extend(saved);
+            Ok(profiles)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(profiles),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
 /// Fits `ns = per_call + per_unit × work` through two measurements.
 pub fn fit(unit: &str, small: (f64, f64), large: (f64, f64)) -> Profile {
     let (w0, t0) = small;

@@ -58,6 +58,7 @@
 //! before any decoding, so a 100k×100k JPEG header costs nothing.
 
 pub mod args;
+pub mod calibrate;
 pub mod cost;
 pub mod env;
 pub mod kernels;

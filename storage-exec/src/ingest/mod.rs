@@ -1,8 +1,8 @@
 //! Ingest: put a dataset version on the device, atomically.
 //!
 //! 1. Enumerate the source ([`IngestSource`]).
-//! 2. Read each object (on the blocking pool, several at a time), sniff its
-//!    header and compute its crc32c; a bad object follows the
+//! 2. Read each object (on the blocking pool, several at a time), probe its
+//!    header (image, video or array: [`sluice_udfs::probe`]) and compute its crc32c; a bad object follows the
 //!    [`OnError`] policy.
 //! 3. Pack the accepted objects into chunks ([`ExtentWriter`]), then wait
 //!    for every write and flush the device.
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arrow::array::{
-    ArrayRef, RecordBatch, StringBuilder, UInt8Builder, UInt32Builder, UInt64Builder,
+    ArrayRef, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
 };
 use arrow::compute::take;
 use futures::StreamExt;
@@ -33,8 +33,8 @@ pub use writer::{Extent, ExtentWriter};
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
-use crate::metadata::{metadata_schema, write_metadata};
-use crate::sniff::{Sniffed, sniff};
+use crate::metadata::{ProbedColumns, metadata_schema, write_metadata};
+use sluice_udfs::probe::{Probe, probe};
 use crate::store::Store;
 use source::{Entry, Origin, enumerate};
 
@@ -143,7 +143,7 @@ pub fn validate_dataset_name(name: &str) -> Result<()> {
 
 struct Loaded {
     bytes: Vec<u8>,
-    sniffed: Sniffed,
+    probed: Probe,
     crc: u32,
 }
 
@@ -155,10 +155,10 @@ fn load(entry: Entry) -> (String, std::result::Result<Loaded, String>) {
             Err(e) => return (entry.key, Err(format!("cannot read {}: {e}", p.display()))),
         },
     };
-    let result = sniff(&bytes).map(|sniffed| Loaded {
+    let result = probe(&bytes).map(|probed| Loaded {
         crc: crc32c::crc32c(&bytes),
         bytes,
-        sniffed,
+        probed,
     });
     (entry.key, result)
 }
@@ -189,9 +189,7 @@ pub async fn ingest(
         dataset,
     );
     let mut keys = StringBuilder::new();
-    let mut formats = StringBuilder::new();
-    let (mut widths, mut heights) = (UInt32Builder::new(), UInt32Builder::new());
-    let mut channels = UInt8Builder::new();
+    let mut probed = ProbedColumns::default();
     let (mut chunks, mut offsets, mut lengths) = (
         UInt64Builder::new(),
         UInt64Builder::new(),
@@ -225,10 +223,7 @@ pub async fn ingest(
                 Ok(obj) => {
                     let extent = writer.append(&obj.bytes).await?;
                     keys.append_value(&key);
-                    formats.append_value(obj.sniffed.format);
-                    widths.append_option(obj.sniffed.width);
-                    heights.append_option(obj.sniffed.height);
-                    channels.append_option(obj.sniffed.channels);
+                    probed.append(&obj.probed);
                     chunks.append_value(extent.chunk);
                     offsets.append_value(extent.offset);
                     lengths.append_value(extent.length);
@@ -271,10 +266,7 @@ pub async fn ingest(
     for col in &enumerated.user_columns {
         columns.push(take(col.as_ref(), &indices, None)?);
     }
-    columns.push(Arc::new(formats.finish()));
-    columns.push(Arc::new(widths.finish()));
-    columns.push(Arc::new(heights.finish()));
-    columns.push(Arc::new(channels.finish()));
+    columns.extend(probed.finish());
     columns.push(Arc::new(chunks.finish()));
     columns.push(Arc::new(offsets.finish()));
     columns.push(Arc::new(lengths.finish()));

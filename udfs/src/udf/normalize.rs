@@ -40,14 +40,18 @@ impl Function for Normalize {
 
     fn return_field(&self, consts: &Consts, fields: &[FieldRef]) -> Result<FieldRef> {
         let [h, w, c] = fixed_dims(Self::SPEC.name, &fields[0])?;
-        check_stats(&consts.floats(1)?, &consts.floats(2)?, c as u8)
-            .map_err(|e| DataFusionError::Plan(format!("normalize: {e}")))?;
+        if consts.is_known(1) && consts.is_known(2) {
+            check_stats(&consts.floats(1)?, &consts.floats(2)?, c as u8)
+                .map_err(|e| DataFusionError::Plan(format!("normalize: {e}")))?;
+        }
         Ok(tensor_field(Self::SPEC.name, DataType::Float32, &[c, h, w]))
     }
 
     fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
         let [h, w, c] = fixed_dims(Self::SPEC.name, &call.fields[0])?;
         let (mean, std) = (call.consts.floats(1)?, call.consts.floats(2)?);
+        check_stats(&mean, &std, c as u8)
+            .map_err(|e| DataFusionError::Execution(format!("normalize: {e}")))?;
         let input = call.array(0)?;
         let images = ImageColumn::new(&input, Self::SPEC.name)?;
         let mut out = F32Tensor::new(call.rows, (h * w * c) as usize);
