@@ -81,14 +81,23 @@ fn render_nested(field: &Field, col: &ArrayRef) -> Option<ArrayRef> {
     let summary: Box<dyn Fn(usize) -> String> = if sluice_udfs::tensor::is_image(field) {
         let s = col.as_struct();
         let (h, w, c) = (
-            s.column(0).as_primitive::<arrow::datatypes::UInt32Type>().clone(),
-            s.column(1).as_primitive::<arrow::datatypes::UInt32Type>().clone(),
-            s.column(2).as_primitive::<arrow::datatypes::UInt8Type>().clone(),
+            s.column(0)
+                .as_primitive::<arrow::datatypes::UInt32Type>()
+                .clone(),
+            s.column(1)
+                .as_primitive::<arrow::datatypes::UInt32Type>()
+                .clone(),
+            s.column(2)
+                .as_primitive::<arrow::datatypes::UInt8Type>()
+                .clone(),
         );
         Box::new(move |i| format!("image {}x{}x{}", h.value(i), w.value(i), c.value(i)))
     } else if sluice_udfs::tensor::is_array(field) {
         let s = col.as_struct();
-        let (dtype, shape) = (s.column(0).as_string::<i32>().clone(), s.column(1).as_list::<i32>().clone());
+        let (dtype, shape) = (
+            s.column(0).as_string::<i32>().clone(),
+            s.column(1).as_list::<i32>().clone(),
+        );
         Box::new(move |i| {
             let dims = shape.value(i);
             let dims = dims.as_primitive::<arrow::datatypes::UInt32Type>();
@@ -98,7 +107,10 @@ fn render_nested(field: &Field, col: &ArrayRef) -> Option<ArrayRef> {
         let DataType::FixedSizeList(item, _) = field.data_type() else {
             return None;
         };
-        let text = format!("tensor {} {shape:?}", item.data_type().to_string().to_lowercase());
+        let text = format!(
+            "tensor {} {shape:?}",
+            item.data_type().to_string().to_lowercase()
+        );
         Box::new(move |_| text.clone())
     } else {
         return None;
@@ -190,7 +202,9 @@ pub fn print_batches(
 /// Writes an Arrow IPC stream to stdout. The schema is the first batch's
 /// (which carries the field metadata of extension types) or `schema`.
 fn write_ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> anyhow::Result<()> {
-    let schema = batches.first().map_or_else(|| Arc::clone(schema), RecordBatch::schema);
+    let schema = batches
+        .first()
+        .map_or_else(|| Arc::clone(schema), RecordBatch::schema);
     let stdout = std::io::stdout();
     let mut w = arrow::ipc::writer::StreamWriter::try_new(stdout.lock(), &schema)?;
     for b in batches {

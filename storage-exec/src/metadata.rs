@@ -21,11 +21,11 @@ use arrow::array::{
     UInt64Builder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use sluice_udfs::probe::Probe;
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
+use sluice_udfs::probe::Probe;
 
 use crate::error::{Result, StorageError};
 

@@ -11,7 +11,11 @@ use crate::store::Store;
 
 /// A session over `store` with default scan and UDF options.
 pub fn session_context(store: Arc<Store>) -> SessionContext {
-    session_context_with(store, ScanOptions::default(), &UdfEnv::new(Default::default()))
+    session_context_with(
+        store,
+        ScanOptions::default(),
+        &UdfEnv::new(Default::default()),
+    )
 }
 
 /// A session over `store` whose default schema lists its datasets and whose

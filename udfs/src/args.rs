@@ -326,7 +326,11 @@ impl Consts {
 
     /// Parameter `i` as a string parsed by `parse`.
     pub fn parsed<T>(&self, i: usize, parse: impl FnOnce(&str) -> Result<T, String>) -> Result<T> {
-        parse(&self.str(i)?).map_err(|e| self.err(i, &format!("is invalid: {e}")))
+        let text = match self.get(i)? {
+            ScalarValue::Int64(Some(v)) => v.to_string(),
+            _ => self.str(i)?,
+        };
+        parse(&text).map_err(|e| self.err(i, &format!("is invalid: {e}")))
     }
 
     /// Parameter `i` as a list of numbers (a single number is a list of one).

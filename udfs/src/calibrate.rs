@@ -49,13 +49,20 @@ fn image_column(w: u32, h: u32) -> ArrayRef {
     let px: Vec<u8> = (0..w * h * 3).map(|i| (i % 251) as u8).collect();
     let mut b = ImageBuilder::with_capacity(ROWS, px.len());
     for _ in 0..ROWS {
-        b.append(ImageRef { height: h, width: w, channels: 3, pixels: &px });
+        b.append(ImageRef {
+            height: h,
+            width: w,
+            channels: 3,
+            pixels: &px,
+        });
     }
     b.finish()
 }
 
 fn volume_column(side: u32) -> ArrayRef {
-    let data: Vec<u8> = (0..side * side * side * 4).map(|i| (i % 253) as u8).collect();
+    let data: Vec<u8> = (0..side * side * side * 4)
+        .map(|i| (i % 253) as u8)
+        .collect();
     let mut b = ArrayBuilder::new(ROWS);
     for _ in 0..ROWS {
         b.append("float32", &[side, side, side], &data);
@@ -90,9 +97,21 @@ fn cases() -> Result<Vec<Case>> {
         let stats = SampleStats::encoded_image(bytes, f64::from(w), f64::from(h), 3.0);
         (binary_column(&objs), stats)
     };
-    let images = |w: u32, h: u32| (image_column(w, h), SampleStats::image(f64::from(w), f64::from(h), 3.0));
+    let images = |w: u32, h: u32| {
+        (
+            image_column(w, h),
+            SampleStats::image(f64::from(w), f64::from(h), 3.0),
+        )
+    };
     let img_field = |w: u32, h: u32| image_field("img", [Some(h), Some(w), Some(3)]);
-    let rrc = vec![int(224), int(224), float(0.08), float(1.0), float(0.75), float(4.0 / 3.0)];
+    let rrc = vec![
+        int(224),
+        int(224),
+        float(0.08),
+        float(1.0),
+        float(0.75),
+        float(4.0 / 3.0),
+    ];
     let random = |mut v: Vec<ScalarValue>| {
         v.extend([int(0), int(0)]);
         v
@@ -103,13 +122,24 @@ fn cases() -> Result<Vec<Case>> {
         video::encode_test_clip(&path, "mpeg4", 32, w, h).map_err(DataFusionError::Execution)?;
         let bytes = std::fs::read(&path)?;
         let _ = std::fs::remove_dir_all(&dir);
-        let stats = SampleStats { bytes: bytes.len() as f64, width: f64::from(w), height: f64::from(h), channels: 3.0, frames: 32.0, elements: 0.0 };
+        let stats = SampleStats {
+            bytes: bytes.len() as f64,
+            width: f64::from(w),
+            height: f64::from(h),
+            channels: 3.0,
+            frames: 32.0,
+            elements: 0.0,
+        };
         Ok((binary_column(&vec![bytes; ROWS]), stats))
     };
     let arrays = |n: usize| {
         let data: Vec<u8> = (0..n * 4).map(|i| (i % 7) as u8).collect();
         let file = npy::write(npy::DType::F32, &[n as u32], &data);
-        let stats = SampleStats { bytes: file.len() as f64, elements: n as f64, ..SampleStats::default() };
+        let stats = SampleStats {
+            bytes: file.len() as f64,
+            elements: n as f64,
+            ..SampleStats::default()
+        };
         (file, stats)
     };
     let (npy_s, npy_l) = (arrays(1 << 18), arrays(1 << 21));
@@ -119,24 +149,106 @@ fn cases() -> Result<Vec<Case>> {
     };
     let vol = |side: u32| {
         let e = f64::from(side).powi(3);
-        (volume_column(side), SampleStats { bytes: e * 4.0, width: f64::from(side), height: f64::from(side), elements: e, ..SampleStats::default() })
+        (
+            volume_column(side),
+            SampleStats {
+                bytes: e * 4.0,
+                width: f64::from(side),
+                height: f64::from(side),
+                elements: e,
+                ..SampleStats::default()
+            },
+        )
     };
     let vol_field = array_field("arr", None, Some("float32"));
     Ok(vec![
-        Case { udf: "decode_image", field: Arc::clone(&bin), inputs: [jpegs(320, 240), jpegs(1280, 960)], consts: vec![text("RGB")] },
-        Case { udf: "decode_resize", field: Arc::clone(&bin), inputs: [jpegs(500, 375), jpegs(2560, 1920)], consts: vec![int(224), int(224), text("bilinear"), text("RGB")] },
-        Case { udf: "decode_random_resized_crop", field: Arc::clone(&bin), inputs: [jpegs(500, 375), jpegs(2560, 1920)], consts: random([rrc.clone(), vec![text("RGB")]].concat()) },
-        Case { udf: "resize", field: img_field(320, 240), inputs: [images(320, 240), images(1280, 960)], consts: vec![int(224), int(224), text("bilinear")] },
-        Case { udf: "random_resized_crop", field: img_field(320, 240), inputs: [images(320, 240), images(1280, 960)], consts: random(rrc) },
-        Case { udf: "center_crop", field: img_field(512, 512), inputs: [images(256, 256), images(1024, 1024)], consts: vec![int(224), int(224)] },
-        Case { udf: "random_horizontal_flip", field: img_field(224, 224), inputs: [images(224, 224), images(896, 896)], consts: random(vec![float(1.0)]) },
-        Case { udf: "normalize", field: img_field(224, 224), inputs: [images(224, 224), images(896, 896)], consts: vec![float(0.5), float(0.25)] },
-        Case { udf: "to_tensor", field: img_field(224, 224), inputs: [images(224, 224), images(896, 896)], consts: vec![text("")] },
-        Case { udf: "decode_video", field: Arc::clone(&bin), inputs: [clip(64, 48)?, clip(256, 192)?], consts: vec![int(8), int(112), int(112), text("2")] },
-        Case { udf: "npy", field: Arc::clone(&bin), inputs: [(binary_column(&vec![npy_s.0.clone(); ROWS]), npy_s.1), (binary_column(&vec![npy_l.0.clone(); ROWS]), npy_l.1)], consts: vec![] },
-        Case { udf: "npz", field: Arc::clone(&bin), inputs: [zipped(&npy_s), zipped(&npy_l)], consts: vec![text("x")] },
-        Case { udf: "crop3d", field: Arc::clone(&vol_field), inputs: [vol(48), vol(48)], consts: vec![int(0), int(0), int(0), int(16), int(16), int(16), int(1)] },
-        Case { udf: "resize3d", field: vol_field, inputs: [vol(32), vol(64)], consts: vec![int(24), int(24), int(24), int(1)] },
+        Case {
+            udf: "decode_image",
+            field: Arc::clone(&bin),
+            inputs: [jpegs(320, 240), jpegs(1280, 960)],
+            consts: vec![text("RGB")],
+        },
+        Case {
+            udf: "decode_resize",
+            field: Arc::clone(&bin),
+            inputs: [jpegs(500, 375), jpegs(2560, 1920)],
+            consts: vec![int(224), int(224), text("bilinear"), text("RGB")],
+        },
+        Case {
+            udf: "decode_random_resized_crop",
+            field: Arc::clone(&bin),
+            inputs: [jpegs(500, 375), jpegs(2560, 1920)],
+            consts: random([rrc.clone(), vec![text("RGB")]].concat()),
+        },
+        Case {
+            udf: "resize",
+            field: img_field(320, 240),
+            inputs: [images(320, 240), images(1280, 960)],
+            consts: vec![int(224), int(224), text("bilinear")],
+        },
+        Case {
+            udf: "random_resized_crop",
+            field: img_field(320, 240),
+            inputs: [images(320, 240), images(1280, 960)],
+            consts: random(rrc),
+        },
+        Case {
+            udf: "center_crop",
+            field: img_field(512, 512),
+            inputs: [images(256, 256), images(1024, 1024)],
+            consts: vec![int(224), int(224)],
+        },
+        Case {
+            udf: "random_horizontal_flip",
+            field: img_field(224, 224),
+            inputs: [images(224, 224), images(896, 896)],
+            consts: random(vec![float(1.0)]),
+        },
+        Case {
+            udf: "normalize",
+            field: img_field(224, 224),
+            inputs: [images(224, 224), images(896, 896)],
+            consts: vec![float(0.5), float(0.25)],
+        },
+        Case {
+            udf: "to_tensor",
+            field: img_field(224, 224),
+            inputs: [images(224, 224), images(896, 896)],
+            consts: vec![text("")],
+        },
+        Case {
+            udf: "decode_video",
+            field: Arc::clone(&bin),
+            inputs: [clip(64, 48)?, clip(256, 192)?],
+            consts: vec![int(8), int(112), int(112), text("2")],
+        },
+        Case {
+            udf: "npy",
+            field: Arc::clone(&bin),
+            inputs: [
+                (binary_column(&vec![npy_s.0.clone(); ROWS]), npy_s.1),
+                (binary_column(&vec![npy_l.0.clone(); ROWS]), npy_l.1),
+            ],
+            consts: vec![],
+        },
+        Case {
+            udf: "npz",
+            field: Arc::clone(&bin),
+            inputs: [zipped(&npy_s), zipped(&npy_l)],
+            consts: vec![text("x")],
+        },
+        Case {
+            udf: "crop3d",
+            field: Arc::clone(&vol_field),
+            inputs: [vol(48), vol(48)],
+            consts: vec![int(0), int(0), int(0), int(16), int(16), int(16), int(1)],
+        },
+        Case {
+            udf: "resize3d",
+            field: vol_field,
+            inputs: [vol(32), vol(64)],
+            consts: vec![int(24), int(24), int(24), int(1)],
+        },
     ])
 }
 
@@ -147,7 +259,8 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
 }
 
 fn measure(udf: &ScalarUDF, case: &Case, input: &(ArrayRef, SampleStats)) -> Result<(f64, f64)> {
-    let spec = spec(case.udf).ok_or_else(|| DataFusionError::Internal(format!("no udf {}", case.udf)))?;
+    let spec =
+        spec(case.udf).ok_or_else(|| DataFusionError::Internal(format!("no udf {}", case.udf)))?;
     let (array, stats) = input;
     let mut args = vec![ColumnarValue::Array(Arc::clone(array))];
     let mut fields = vec![Arc::clone(&case.field)];
@@ -167,7 +280,10 @@ fn measure(udf: &ScalarUDF, case: &Case, input: &(ArrayRef, SampleStats)) -> Res
             ColumnarValue::Array(_) => None,
         })
         .collect();
-    let return_field = udf.return_field_from_args(ReturnFieldArgs { arg_fields: &fields, scalar_arguments: &scalars })?;
+    let return_field = udf.return_field_from_args(ReturnFieldArgs {
+        arg_fields: &fields,
+        scalar_arguments: &scalars,
+    })?;
     let config = Arc::new(ConfigOptions::default());
     let mut failure = None;
     let ns = median_ns(5, || {
@@ -207,7 +323,9 @@ pub fn calibrate() -> Result<Profiles> {
             .ok_or_else(|| DataFusionError::Internal(format!("no udf {}", case.udf)))?;
         let small = measure(udf, &case, &case.inputs[0])?;
         let large = measure(udf, &case, &case.inputs[1])?;
-        let unit = defaults.get(case.udf).map_or("unit", |p: &Profile| p.unit.as_str());
+        let unit = defaults
+            .get(case.udf)
+            .map_or("unit", |p: &Profile| p.unit.as_str());
         out.insert(case.udf.to_owned(), fit(unit, small, large));
     }
     Ok(out)

@@ -21,9 +21,7 @@ mod writer;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use arrow::array::{
-    ArrayRef, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
-};
+use arrow::array::{ArrayRef, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder};
 use arrow::compute::take;
 use futures::StreamExt;
 
@@ -34,8 +32,8 @@ use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
 use crate::metadata::{ProbedColumns, metadata_schema, write_metadata};
-use sluice_udfs::probe::{Probe, probe};
 use crate::store::Store;
+use sluice_udfs::probe::{Probe, probe};
 use source::{Entry, Origin, enumerate};
 
 /// What to do with an object that cannot be ingested.

@@ -1,0 +1,447 @@
+//! The UDFs through DataFusion SQL on in-memory tables of generated samples:
+//! golden shapes and values, determinism, fusion, and every bad-input path
+//! under each error policy.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Float32Type, Schema, UInt8Type};
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use sluice_udfs::kernels::{npy, npz, video};
+use sluice_udfs::tensor::{ImageColumn, tensor_shape};
+use sluice_udfs::{OnError, UdfEnv, UdfOptions};
+
+fn encode(img: &image::RgbImage, format: image::ImageFormat) -> Vec<u8> {
+    let mut out = Cursor::new(Vec::new());
+    img.write_to(&mut out, format).unwrap();
+    out.into_inner()
+}
+
+fn gradient(w: u32, h: u32) -> image::RgbImage {
+    image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([(x % 256) as u8, (y % 256) as u8, ((x + y) % 256) as u8])
+    })
+}
+
+fn session(rows: Vec<(&str, Vec<u8>)>, options: UdfOptions) -> (SessionContext, Arc<UdfEnv>) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("data", DataType::Binary, false),
+    ]));
+    let keys: ArrayRef = Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0)));
+    let data: ArrayRef = Arc::new(BinaryArray::from_iter_values(
+        rows.iter().map(|r| r.1.as_slice()),
+    ));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), vec![keys, data]).unwrap();
+    let ctx = SessionContext::new();
+    ctx.register_table(
+        "ds",
+        Arc::new(MemTable::try_new(schema, vec![vec![batch]]).unwrap()),
+    )
+    .unwrap();
+    let env = UdfEnv::new(options);
+    sluice_udfs::register(&ctx, &env);
+    (ctx, env)
+}
+
+async fn query(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<Vec<RecordBatch>> {
+    ctx.sql(sql).await?.collect().await
+}
+
+fn one(batches: &[RecordBatch]) -> RecordBatch {
+    arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
+}
+
+#[tokio::test]
+async fn image_pipeline_gives_tensors_of_the_planned_shape_and_values() {
+    let png = encode(&gradient(64, 48), image::ImageFormat::Png);
+    let (ctx, _) = session(vec![("a.png", png)], UdfOptions::default());
+    let b = one(&query(
+        &ctx,
+        "SELECT decode_image(data) AS img, to_tensor(resize(decode_image(data), 24, 32)) AS t, \
+         normalize(center_crop(decode_image(data), 8, 8), [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]) AS n FROM ds",
+    )
+    .await
+    .unwrap());
+    // PNG decodes exactly.
+    let img_col = b.column(0);
+    let images = ImageColumn::new(img_col, "test").unwrap();
+    let img = images.get(0).unwrap();
+    assert_eq!((img.height, img.width, img.channels), (48, 64, 3));
+    assert_eq!(&img.pixels[(10 * 64 + 20) * 3..][..3], &[20, 10, 30]);
+    // to_tensor: arrow.fixed_shape_tensor uint8 [24, 32, 3].
+    let schema = b.schema();
+    assert_eq!(tensor_shape(schema.field(1)), Some(vec![24, 32, 3]));
+    let t = b.column(1).as_fixed_size_list();
+    assert_eq!(t.value_length(), 24 * 32 * 3);
+    assert_eq!(t.values().as_primitive::<UInt8Type>().len(), 24 * 32 * 3);
+    // normalize: float32 [3, 8, 8]; the centre crop starts at (20, 28):
+    // red at (0, 0) is 28 → (28/255 - 0.5) / 0.5.
+    assert_eq!(tensor_shape(schema.field(2)), Some(vec![3, 8, 8]));
+    let n = b
+        .column(2)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    assert!((n[0] - (28.0 / 255.0 - 0.5) / 0.5).abs() < 1e-6, "{}", n[0]);
+    // Green plane, row 0: y = 20.
+    assert!(
+        (n[64] - (20.0 / 255.0 - 0.5) / 0.5).abs() < 1e-6,
+        "{}",
+        n[64]
+    );
+}
+
+#[tokio::test]
+async fn variable_size_images_need_a_resize_before_a_tensor() {
+    let png = encode(&gradient(8, 8), image::ImageFormat::Png);
+    let (ctx, _) = session(vec![("a", png)], UdfOptions::default());
+    let e = query(&ctx, "SELECT to_tensor(decode_image(data)) FROM ds")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("resize or crop them first"), "{e}");
+    let e = query(&ctx, "SELECT resize(decode_image(data), 0, 5) FROM ds")
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("argument h must be in 1..=1048576"),
+        "{e}"
+    );
+    let e = query(&ctx, "SELECT resize(decode_image(data), 5) FROM ds")
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("resize takes 3 to 4 arguments"),
+        "{e}"
+    );
+    let e = query(
+        &ctx,
+        "SELECT resize(decode_image(data), 5, 5, 'box') FROM ds",
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("unknown filter 'box'"), "{e}");
+}
+
+fn dataset(n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let img = image::RgbImage::from_fn(96 + i as u32 * 7, 80, |x, y| {
+                image::Rgb([
+                    (x * 3 % 256) as u8,
+                    (y * 5 % 256) as u8,
+                    ((x * y + i as u32) % 256) as u8,
+                ])
+            });
+            (
+                format!("s{i:03}.jpg"),
+                encode(&img, image::ImageFormat::Jpeg),
+            )
+        })
+        .collect()
+}
+
+async fn augmented(rows: &[(String, Vec<u8>)], seed: u64, epoch: u64, sql: &str) -> Vec<u8> {
+    let rows = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let (ctx, _) = session(
+        rows,
+        UdfOptions {
+            seed,
+            epoch,
+            ..UdfOptions::default()
+        },
+    );
+    let b = one(&query(&ctx, sql).await.unwrap());
+    let t = b.column(1).as_fixed_size_list();
+    t.values().as_primitive::<UInt8Type>().values().to_vec()
+}
+
+const AUGMENT: &str = "SELECT key, to_tensor(random_horizontal_flip(random_resized_crop(decode_image(data), 32, 32))) FROM ds ORDER BY key";
+
+#[tokio::test]
+async fn random_augmentations_are_a_function_of_seed_epoch_and_key() {
+    let rows = dataset(12);
+    let base = augmented(&rows, 7, 0, AUGMENT).await;
+    // Same inputs on other threads: the same bytes.
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let rows = rows.clone();
+            tokio::spawn(async move { augmented(&rows, 7, 0, AUGMENT).await })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap(), base);
+    }
+    // Row order and batch composition do not matter: reversed input, one row alone.
+    let mut reversed = rows.clone();
+    reversed.reverse();
+    assert_eq!(augmented(&reversed, 7, 0, AUGMENT).await, base);
+    let alone = augmented(&rows[5..6], 7, 0, AUGMENT).await;
+    let per = alone.len();
+    assert_eq!(&base[5 * per..6 * per], alone.as_slice());
+    // Another epoch or seed: other crops.
+    assert_ne!(augmented(&rows, 7, 1, AUGMENT).await, base);
+    assert_ne!(augmented(&rows, 8, 0, AUGMENT).await, base);
+}
+
+#[tokio::test]
+async fn fused_decode_crop_picks_the_same_window_as_the_unfused_form() {
+    let big = gradient(1600, 1200);
+    let rows = vec![("big.jpg".to_owned(), encode(&big, image::ImageFormat::Jpeg))];
+    let fused = augmented(
+        &rows,
+        3,
+        0,
+        "SELECT key, to_tensor(random_resized_crop(decode_image(data), 64, 64)) FROM ds",
+    )
+    .await;
+    // A flip with p = 0 between decode and crop keeps the planner from fusing.
+    let unfused = augmented(
+        &rows,
+        3,
+        0,
+        "SELECT key, to_tensor(random_resized_crop(random_horizontal_flip(decode_image(data), 0.0), 64, 64)) FROM ds",
+    )
+    .await;
+    let mad = fused
+        .iter()
+        .zip(&unfused)
+        .map(|(a, b)| (i32::from(*a) - i32::from(*b)).abs())
+        .sum::<i32>() as f64
+        / fused.len() as f64;
+    assert!(mad < 4.0, "mean abs difference {mad}");
+    let resized = augmented(
+        &rows,
+        0,
+        0,
+        "SELECT key, to_tensor(resize(decode_image(data), 60, 80)) FROM ds",
+    )
+    .await;
+    // Left column red ≈ 10 (mean of x in 0..20), bottom rows green ≈ 255 clipped → high.
+    assert!((i32::from(resized[0]) - 10).abs() < 6, "{}", resized[0]);
+}
+
+#[tokio::test]
+async fn explain_shows_fusion_and_completed_arguments() {
+    let (ctx, _) = session(
+        vec![("a", vec![1])],
+        UdfOptions {
+            seed: 42,
+            epoch: 3,
+            ..UdfOptions::default()
+        },
+    );
+    let b = one(&query(
+        &ctx,
+        "EXPLAIN SELECT random_resized_crop(decode_image(data), 224, 224) AS x FROM ds",
+    )
+    .await
+    .unwrap());
+    let text = arrow::util::pretty::pretty_format_batches(&[b])
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("decode_random_resized_crop(ds.data, Int64(224), Int64(224)"),
+        "{text}"
+    );
+    assert!(text.contains("Int64(42), Int64(3), ds.key"), "{text}");
+}
+
+/// A JPEG whose frame header claims `w`×`h`.
+fn jpeg_claiming(w: u16, h: u16) -> Vec<u8> {
+    let mut jpeg = encode(&gradient(16, 16), image::ImageFormat::Jpeg);
+    let sof = jpeg.windows(2).position(|m| m == [0xff, 0xc0]).unwrap();
+    jpeg[sof + 5..sof + 7].copy_from_slice(&h.to_be_bytes());
+    jpeg[sof + 7..sof + 9].copy_from_slice(&w.to_be_bytes());
+    jpeg
+}
+
+fn clip(frames: u32) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.avi");
+    video::encode_test_clip(&path, "mpeg4", frames, 64, 48).unwrap();
+    std::fs::read(path).unwrap()
+}
+
+/// One good and one bad sample per case: (query, good, bad, words the reason contains).
+fn bad_cases() -> Vec<(&'static str, Vec<u8>, Vec<u8>, &'static str)> {
+    let jpeg = encode(&gradient(32, 32), image::ImageFormat::Jpeg);
+    let truncated = jpeg[..jpeg.len() / 3].to_vec();
+    let good_clip = clip(8);
+    let mut corrupt_clip = good_clip.clone();
+    corrupt_clip.truncate(400);
+    let arr = npy::write(npy::DType::U8, &[2, 2], &[1, 2, 3, 4]);
+    let with_x = npz::write(&[("x", arr.clone())], true);
+    let with_y = npz::write(&[("y", arr.clone())], true);
+    let img = "SELECT key, decode_image(data) AS v FROM ds";
+    vec![
+        (img, jpeg.clone(), truncated, "JPEG"),
+        (
+            img,
+            jpeg.clone(),
+            b"GIF87a\x04\x00\x04\x00\x00\x00\x00 garbage".to_vec(),
+            "Gif",
+        ),
+        (
+            img,
+            jpeg.clone(),
+            b"plain words".to_vec(),
+            "not a recognised image format",
+        ),
+        (img, jpeg.clone(), Vec::new(), "empty object"),
+        (
+            img,
+            jpeg.clone(),
+            jpeg_claiming(65_000, 65_000),
+            "max_pixels",
+        ),
+        (
+            "SELECT key, decode_video(data, 4, 16, 16) AS v FROM ds",
+            good_clip,
+            corrupt_clip,
+            "video",
+        ),
+        (
+            "SELECT key, npz(data, 'x') AS v FROM ds",
+            with_x,
+            with_y,
+            "no array 'x'",
+        ),
+        (
+            "SELECT key, npy(data) AS v FROM ds",
+            arr.clone(),
+            arr[..arr.len() - 2].to_vec(),
+            "truncated .npy data",
+        ),
+        (
+            "SELECT key, to_tensor(resize(decode_image(data), 8, 8)) AS v FROM ds",
+            jpeg.clone(),
+            b"\xff\xd8\xff\xe0 broken".to_vec(),
+            "JPEG",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_bad_input_follows_each_policy_and_the_session_keeps_working() {
+    for (sql, good, bad, reason) in bad_cases() {
+        let rows = || vec![("good", good.clone()), ("bad", bad.clone())];
+        // fail: an error naming the UDF, the key and the reason.
+        let (ctx, _) = session(
+            rows(),
+            UdfOptions {
+                on_error: OnError::Fail,
+                ..UdfOptions::default()
+            },
+        );
+        let e = query(&ctx, sql).await.unwrap_err().to_string();
+        assert!(
+            e.contains("sample 'bad'") && e.to_lowercase().contains(&reason.to_lowercase()),
+            "{sql}: {e}"
+        );
+        // The same session still answers.
+        assert_eq!(
+            one(&query(&ctx, "SELECT count(*) FROM ds").await.unwrap()).num_rows(),
+            1
+        );
+        // null: both rows, the bad one NULL, logged.
+        let (ctx, env) = session(
+            rows(),
+            UdfOptions {
+                on_error: OnError::Null,
+                ..UdfOptions::default()
+            },
+        );
+        let b = one(&query(&ctx, &format!("{sql} ORDER BY key DESC"))
+            .await
+            .unwrap());
+        assert_eq!(b.num_rows(), 2, "{sql}");
+        assert!(!b.column(1).is_null(0) && b.column(1).is_null(1), "{sql}");
+        let (n, log) = env.errors.snapshot();
+        assert_eq!((n, log[0].key.as_str()), (1, "bad"), "{sql}");
+        // skip: only the good row.
+        let (ctx, env) = session(
+            rows(),
+            UdfOptions {
+                on_error: OnError::Skip,
+                ..UdfOptions::default()
+            },
+        );
+        let b = one(&query(&ctx, sql).await.unwrap());
+        let keys = b.column(0).as_string::<i32>();
+        assert_eq!((b.num_rows(), keys.value(0)), (1, "good"), "{sql}");
+        assert_eq!(env.errors.snapshot().0, 1, "{sql}");
+    }
+}
+
+#[tokio::test]
+async fn video_frames_come_in_order_at_the_requested_size() {
+    let (ctx, _) = session(vec![("c", clip(24))], UdfOptions::default());
+    let b = one(&query(&ctx, "SELECT decode_video(data, 5, 24, 32, 'uniform') AS v, decode_video(data, 3, 8, 8, 4) AS s FROM ds").await.unwrap());
+    let schema = b.schema();
+    assert_eq!(tensor_shape(schema.field(0)), Some(vec![5, 24, 32, 3]));
+    assert_eq!(tensor_shape(schema.field(1)), Some(vec![3, 8, 8, 3]));
+    let v = b
+        .column(0)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<UInt8Type>()
+        .values()
+        .to_vec();
+    let plane = 24 * 32 * 3;
+    let means: Vec<f64> = v
+        .chunks(plane)
+        .map(|f| f.iter().map(|&x| f64::from(x)).sum::<f64>() / plane as f64)
+        .collect();
+    assert!(means.windows(2).all(|w| w[1] > w[0]), "{means:?}");
+}
+
+#[tokio::test]
+async fn arrays_volumes_and_their_tensors() {
+    // A 4x4x4 float32 ramp along z: value = z.
+    let data: Vec<u8> = (0..64u32)
+        .flat_map(|i| ((i / 16) as f32).to_le_bytes())
+        .collect();
+    let file = npy::write(npy::DType::F32, &[4, 4, 4], &data);
+    let z = npz::write(&[("image", file.clone())], true);
+    let (ctx, _) = session(vec![("v", z)], UdfOptions::default());
+    let b = one(&query(
+        &ctx,
+        "SELECT npz(data, 'image') AS a, to_tensor(crop3d(npz(data, 'image'), 1, 0, 0, 2, 2, 2), 'float32') AS c, \
+         to_tensor(resize3d(npz(data, 'image'), 2, 2, 2)) AS r FROM ds",
+    )
+    .await
+    .unwrap());
+    let a = b.column(0).as_struct();
+    assert_eq!(a.column(0).as_string::<i32>().value(0), "float32");
+    let schema = b.schema();
+    assert_eq!(tensor_shape(schema.field(1)), Some(vec![2, 2, 2]));
+    let c = b
+        .column(1)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    assert_eq!(c, [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]);
+    let r = b
+        .column(2)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec();
+    assert_eq!(r, [0.5, 0.5, 0.5, 0.5, 2.5, 2.5, 2.5, 2.5]);
+    // A crop that does not fit is a bad sample, not a crash.
+    let e = query(
+        &ctx,
+        "SELECT crop3d(npz(data, 'image'), 3, 0, 0, 2, 2, 2) FROM ds",
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("exceeds the volume's shape"), "{e}");
+}
