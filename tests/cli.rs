@@ -23,7 +23,7 @@ fn ingest_list_and_query_an_image_folder() {
     assert!(out.contains("skipped 3:"), "{out}");
     assert!(out.contains("class_2/dangling.jpg: cannot read"), "{out}");
     assert!(
-        out.contains("class_1/notes.txt: not a recognised image format"),
+        out.contains("class_1/notes.txt: not a recognised image, video or array format"),
         "{out}"
     );
     assert!(out.contains("class_2/empty.jpg: empty file"), "{out}");

@@ -57,7 +57,7 @@ impl SampleRng {
 
     /// Uniform integer in [0, n] (inclusive).
     pub fn below_or_eq(&mut self, n: u32) -> u32 {
-        ((self.next_u64() >> 32) * (u64::from(n) + 1) >> 32) as u32
+        (((self.next_u64() >> 32) * (u64::from(n) + 1)) >> 32) as u32
     }
 }
 

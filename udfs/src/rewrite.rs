@@ -66,21 +66,20 @@ impl SluiceRewrite {
             return Ok(t);
         }
         let node = t.data.recompute_schema()?;
-        if self.env.options.on_error == OnError::Skip && keyed_calls {
-            if let LogicalPlan::Projection(p) = &node {
-                let checks: Vec<Expr> = p
-                    .expr
-                    .iter()
-                    .zip(p.schema.iter())
-                    .filter(|(e, _)| contains_keyed_call(e))
-                    .map(|(_, (q, f))| {
-                        Expr::Column(Column::new(q.cloned(), f.name())).is_not_null()
-                    })
-                    .collect();
-                if let Some(pred) = checks.into_iter().reduce(Expr::and) {
-                    let filter = Filter::try_new(pred, Arc::new(node))?;
-                    return Ok(Transformed::yes(LogicalPlan::Filter(filter)));
-                }
+        if let LogicalPlan::Projection(p) = &node
+            && self.env.options.on_error == OnError::Skip
+            && keyed_calls
+        {
+            let checks: Vec<Expr> = p
+                .expr
+                .iter()
+                .zip(p.schema.iter())
+                .filter(|(e, _)| contains_keyed_call(e))
+                .map(|(_, (q, f))| Expr::Column(Column::new(q.cloned(), f.name())).is_not_null())
+                .collect();
+            if let Some(pred) = checks.into_iter().reduce(Expr::and) {
+                let filter = Filter::try_new(pred, Arc::new(node))?;
+                return Ok(Transformed::yes(LogicalPlan::Filter(filter)));
             }
         }
         Ok(Transformed::yes(node))

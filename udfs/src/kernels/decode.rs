@@ -1,6 +1,8 @@
 //! Image decoding, full-size or JPEG DCT-domain downscaled.
 //!
-//! [`decode`] uses the `image` crate (zune-jpeg for JPEG). [`decode_at_least`]
+//! [`decode`] uses zune-jpeg directly for JPEG (in strict mode: a truncated
+//! or corrupt stream is an error, as in Pillow, not a grey-filled image) and
+//! the `image` crate for the other formats. [`decode_at_least`]
 //! asks a JPEG decoder to run its inverse DCT at 1/2, 1/4 or 1/8 size when the
 //! caller needs far fewer pixels than the file holds: the entropy decoding
 //! still reads every coefficient, but the IDCT, upsampling and colour
@@ -110,9 +112,47 @@ pub fn first_bytes(bytes: &[u8]) -> String {
         .join(" ")
 }
 
+/// Decodes a whole JPEG with zune-jpeg in strict mode.
+fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32) -> Result<Image, String> {
+    use zune_jpeg::zune_core::bytestream::ZCursor;
+    use zune_jpeg::zune_core::colorspace::ColorSpace;
+    use zune_jpeg::zune_core::options::DecoderOptions;
+    let colorspace = match mode {
+        Mode::Rgb => ColorSpace::RGB,
+        Mode::L => ColorSpace::Luma,
+        Mode::Rgba => ColorSpace::RGBA,
+    };
+    // Size limits are ours (checked from the header already).
+    let options = DecoderOptions::default()
+        .set_strict_mode(true)
+        .set_max_width(usize::from(u16::MAX))
+        .set_max_height(usize::from(u16::MAX))
+        .jpeg_set_out_colorspace(colorspace);
+    let mut d = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    let pixels = d
+        .decode()
+        .map_err(|e| format!("cannot decode JPEG: {e:?}"))?;
+    let expected = w as usize * h as usize * usize::from(mode.channels());
+    if pixels.len() != expected {
+        return Err(format!(
+            "cannot decode JPEG: {} bytes decoded for {w}x{h}",
+            pixels.len()
+        ));
+    }
+    Ok(Image {
+        height: h,
+        width: w,
+        channels: mode.channels(),
+        pixels,
+    })
+}
+
 /// Decodes a whole image.
 pub fn decode(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String> {
     let (format, w, h) = header(bytes, mode, limits)?;
+    if format == ImageFormat::Jpeg {
+        return decode_jpeg(bytes, mode, w, h);
+    }
     let mut reader = ImageReader::new(Cursor::new(bytes));
     reader.set_format(format);
     let mut il = image::Limits::default();

@@ -30,7 +30,7 @@ pub fn check_stats(mean: &[f64], std: &[f64], channels: u8) -> Result<(), String
             ));
         }
     }
-    if std.iter().any(|s| *s == 0.0) {
+    if std.contains(&0.0) {
         return Err("std must not be zero".into());
     }
     Ok(())
