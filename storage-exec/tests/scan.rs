@@ -333,7 +333,7 @@ async fn bad_objects_follow_the_policy() {
     assert!(
         report.skipped[1]
             .reason
-            .contains("not a recognised image format")
+            .contains("not a recognised image, video or array format")
     );
 
     let free = store.space().free_chunks;
