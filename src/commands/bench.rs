@@ -68,6 +68,21 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// A UDF pipeline on one core over the files of DIR in memory (table `files(key, data)`).
+    Udf {
+        /// Directory of input files.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The query, e.g. "SELECT decode_image(data) FROM files".
+        #[arg(long)]
+        sql: String,
+        /// Repetitions after a warm-up (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Metadata path at scale: ingest many small objects, count, filter.
     Catalog {
         /// Number of objects.
@@ -123,6 +138,12 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
             .await
         }
         BenchCommand::Catalog { samples, json } => catalog(&opts, *samples, json.as_deref()).await,
+        BenchCommand::Udf {
+            dir,
+            sql,
+            runs,
+            json,
+        } => super::bench_udf::run(dir, sql, *runs, json.as_deref()).await,
     }
 }
 

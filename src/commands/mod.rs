@@ -1,6 +1,7 @@
 //! One file per command; [`run`] dispatches.
 
 pub mod bench;
+mod bench_udf;
 mod datasets;
 mod gen_sample;
 mod info;

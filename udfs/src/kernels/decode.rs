@@ -1,13 +1,14 @@
 //! Image decoding, full-size or JPEG DCT-domain downscaled.
 //!
-//! [`decode`] uses zune-jpeg directly for JPEG (in strict mode: a truncated
-//! or corrupt stream is an error, as in Pillow, not a grey-filled image) and
-//! the `image` crate for the other formats. [`decode_at_least`]
-//! asks a JPEG decoder to run its inverse DCT at 1/2, 1/4 or 1/8 size when the
-//! caller needs far fewer pixels than the file holds: the entropy decoding
-//! still reads every coefficient, but the IDCT, upsampling and colour
-//! conversion run on the small image, and no full-size buffer is allocated.
-//! It is the technique behind PIL's `draft` mode and DALI's ROI decode.
+//! JPEGs are decoded by libjpeg-turbo (TurboJPEG API, SIMD), the decoder
+//! Pillow and torchvision use; a truncated or corrupt stream is an error, as
+//! in Pillow, not a grey-filled image. Other formats go through the `image`
+//! crate. [`decode_at_least`] asks libjpeg-turbo to run its inverse DCT at
+//! M/8 scale (M = 1…8) when the caller needs fewer pixels than the file
+//! holds: the entropy decoding still reads every coefficient, but the IDCT,
+//! upsampling and colour conversion run on the small image, and no
+//! full-size buffer is allocated. It is the technique behind PIL's `draft`
+//! mode and DALI's ROI decode.
 
 use std::io::Cursor;
 
@@ -112,46 +113,64 @@ pub fn first_bytes(bytes: &[u8]) -> String {
         .join(" ")
 }
 
-/// Decodes a whole JPEG with zune-jpeg in strict mode.
-fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32) -> Result<Image, String> {
-    use zune_jpeg::zune_core::bytestream::ZCursor;
-    use zune_jpeg::zune_core::colorspace::ColorSpace;
-    use zune_jpeg::zune_core::options::DecoderOptions;
-    let colorspace = match mode {
-        Mode::Rgb => ColorSpace::RGB,
-        Mode::L => ColorSpace::Luma,
-        Mode::Rgba => ColorSpace::RGBA,
+thread_local! {
+    static TURBO: std::cell::RefCell<Option<turbojpeg::Decompressor>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sides of a `w`×`h` JPEG decoded at `m`/8 scale (TurboJPEG's TJSCALED).
+pub fn scaled(w: u32, h: u32, m: u32) -> (u32, u32) {
+    ((w * m).div_ceil(8), (h * m).div_ceil(8))
+}
+
+/// Decodes a JPEG with libjpeg-turbo at `m`/8 scale.
+fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32, m: u32) -> Result<Image, String> {
+    let (sw, sh) = scaled(w, h, m);
+    let (format, c) = match mode {
+        Mode::Rgb => (turbojpeg::PixelFormat::RGB, 3usize),
+        Mode::L => (turbojpeg::PixelFormat::GRAY, 1),
+        Mode::Rgba => (turbojpeg::PixelFormat::RGBA, 4),
     };
-    // Size limits are ours (checked from the header already).
-    let options = DecoderOptions::default()
-        .set_strict_mode(true)
-        .set_max_width(usize::from(u16::MAX))
-        .set_max_height(usize::from(u16::MAX))
-        .jpeg_set_out_colorspace(colorspace);
-    let mut d = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    let pixels = d
-        .decode()
-        .map_err(|e| format!("cannot decode JPEG: {e:?}"))?;
-    let expected = w as usize * h as usize * usize::from(mode.channels());
-    if pixels.len() != expected {
-        return Err(format!(
-            "cannot decode JPEG: {} bytes decoded for {w}x{h}",
-            pixels.len()
-        ));
-    }
+    let mut pixels = vec![0u8; sw as usize * sh as usize * c];
+    let image = turbojpeg::Image {
+        pixels: pixels.as_mut_slice(),
+        width: sw as usize,
+        pitch: sw as usize * c,
+        height: sh as usize,
+        format,
+    };
+    TURBO.with(|t| {
+        let mut t = t.borrow_mut();
+        let d = match t.as_mut() {
+            Some(d) => d,
+            None => t.insert(
+                turbojpeg::Decompressor::new()
+                    .map_err(|e| format!("cannot start libjpeg-turbo: {e}"))?,
+            ),
+        };
+        d.decompress(bytes, image)
+            .map_err(|e| format!("cannot decode JPEG: {e}"))
+    })?;
     Ok(Image {
-        height: h,
-        width: w,
-        channels: mode.channels(),
+        height: sh,
+        width: sw,
+        channels: c as u8,
         pixels,
     })
+}
+
+/// Whether libjpeg-turbo can decode this JPEG to RGB/L/RGBA (not CMYK/YCCK).
+fn turbo_can(bytes: &[u8]) -> bool {
+    matches!(
+        turbojpeg::read_header(bytes).map(|h| h.colorspace),
+        Ok(turbojpeg::Colorspace::RGB | turbojpeg::Colorspace::YCbCr | turbojpeg::Colorspace::Gray)
+    )
 }
 
 /// Decodes a whole image.
 pub fn decode(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String> {
     let (format, w, h) = header(bytes, mode, limits)?;
-    if format == ImageFormat::Jpeg {
-        return decode_jpeg(bytes, mode, w, h);
+    if format == ImageFormat::Jpeg && turbo_can(bytes) {
+        return decode_jpeg(bytes, mode, w, h, 8);
     }
     let mut reader = ImageReader::new(Cursor::new(bytes));
     reader.set_format(format);
@@ -184,9 +203,10 @@ pub struct Scaled {
     pub factor_y: f64,
 }
 
-/// Decodes an image no smaller than `min_w`×`min_h`, downscaling in the DCT
-/// domain when the file is a JPEG at least twice as large; otherwise decodes
-/// it whole. `full` is the original size (from [`header`]).
+/// Decodes an image no smaller than `min_w`×`min_h`, downscaling in the
+/// DCT domain (by the smallest M/8 that keeps both sides at least that
+/// large) when the file is a JPEG; otherwise decodes it whole. `full` is the
+/// original size (from [`header`]).
 pub fn decode_at_least(
     bytes: &[u8],
     mode: Mode,
@@ -196,61 +216,24 @@ pub fn decode_at_least(
     limits: &Limits,
 ) -> Result<Scaled, String> {
     let (w, h) = full;
-    let s = (f64::from(w) / min_w.max(1.0)).min(f64::from(h) / min_h.max(1.0));
-    if s >= 2.0 && is_jpeg(bytes) && w <= u32::from(u16::MAX) && h <= u32::from(u16::MAX) {
-        let mut d = jpeg_decoder::Decoder::new(Cursor::new(bytes));
-        let req_w = (f64::from(w) / s).ceil() as u16;
-        let req_h = (f64::from(h) / s).ceil() as u16;
-        let (sw, sh) = d
-            .scale(req_w.max(1), req_h.max(1))
-            .map_err(|e| format!("cannot decode JPEG: {e}"))?;
-        let raw = d.decode().map_err(|e| format!("cannot decode JPEG: {e}"))?;
-        let info = d.info().ok_or("cannot decode JPEG: no frame header")?;
-        let (sw, sh) = (u32::from(sw), u32::from(sh));
-        let img = jpeg_to_dynamic(raw, sw, sh, info.pixel_format)?;
+    let m = (1..8)
+        .find(|&m| {
+            let (sw, sh) = scaled(w, h, m);
+            f64::from(sw) >= min_w && f64::from(sh) >= min_h
+        })
+        .unwrap_or(8);
+    if m < 8 && is_jpeg(bytes) && turbo_can(bytes) {
+        let image = decode_jpeg(bytes, mode, w, h, m)?;
         return Ok(Scaled {
-            image: mode.convert(img),
-            factor_x: f64::from(w) / f64::from(sw),
-            factor_y: f64::from(h) / f64::from(sh),
+            factor_x: f64::from(w) / f64::from(image.width),
+            factor_y: f64::from(h) / f64::from(image.height),
+            image,
         });
     }
     Ok(Scaled {
         image: decode(bytes, mode, limits)?,
         factor_x: 1.0,
         factor_y: 1.0,
-    })
-}
-
-fn jpeg_to_dynamic(
-    raw: Vec<u8>,
-    w: u32,
-    h: u32,
-    format: jpeg_decoder::PixelFormat,
-) -> Result<DynamicImage, String> {
-    use jpeg_decoder::PixelFormat as P;
-    let short = || format!("cannot decode JPEG: short pixel buffer for {w}x{h}");
-    Ok(match format {
-        P::RGB24 => {
-            DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, raw).ok_or_else(short)?)
-        }
-        P::L8 => DynamicImage::ImageLuma8(image::GrayImage::from_raw(w, h, raw).ok_or_else(short)?),
-        P::L16 => {
-            let px: Vec<u16> = raw
-                .chunks_exact(2)
-                .map(|c| u16::from_be_bytes([c[0], c[1]]))
-                .collect();
-            DynamicImage::ImageLuma16(image::ImageBuffer::from_raw(w, h, px).ok_or_else(short)?)
-        }
-        P::CMYK32 => {
-            let rgb: Vec<u8> = raw
-                .chunks_exact(4)
-                .flat_map(|p| {
-                    let k = u32::from(p[3]);
-                    [0, 1, 2].map(|i| (u32::from(p[i]) * k / 255) as u8)
-                })
-                .collect();
-            DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, rgb).ok_or_else(short)?)
-        }
     })
 }
 
@@ -295,16 +278,12 @@ mod tests {
         // red channel is about 8x + 3.5 in the source.
         let r = s.image.pixels[(10 * 100 + 10) * 3];
         assert!((i32::from(r) - 83).abs() <= 6, "{r}");
-        // Not a JPEG, or not much larger: decoded whole.
-        let full = decode_at_least(
-            &bytes,
-            Mode::Rgb,
-            (800, 600),
-            500.0,
-            400.0,
-            &Limits::default(),
-        )
-        .unwrap();
+        // 3/8 is the smallest scale that keeps 300x200.
+        let l = Limits::default();
+        let s = decode_at_least(&bytes, Mode::Rgb, (800, 600), 300.0, 200.0, &l).unwrap();
+        assert_eq!((s.image.width, s.image.height), (300, 225));
+        // No smaller scale keeps 750x590: decoded whole.
+        let full = decode_at_least(&bytes, Mode::Rgb, (800, 600), 750.0, 590.0, &l).unwrap();
         assert_eq!((full.image.width, full.factor_x), (800, 1.0));
     }
 

@@ -16,7 +16,8 @@ use ffmpeg_next as ff;
 
 use crate::env::Limits;
 
-fn init() {
+/// Initialises FFmpeg once (and silences its logging).
+pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         // Registration is automatic since FFmpeg 4; errors reach us as codes,

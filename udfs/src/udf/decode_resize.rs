@@ -4,9 +4,9 @@
 //! [`crate::rewrite::SluiceRewrite`] turns `resize(decode_image(data), h, w)`
 //! and `random_resized_crop(decode_image(data), h, w)` into these. They read
 //! the header first, work out how many source pixels the output needs, and
-//! let the JPEG decoder run its IDCT at 1/2, 1/4 or 1/8 scale when that is
-//! still at least the output's size: a 12 MP photo feeding a 224² crop is
-//! decoded at about 1.5 MP. The random window is drawn exactly as
+//! let libjpeg-turbo run its IDCT at the smallest M/8 scale (M = 1…8) that is
+//! still at least the output's size: a 12 MP photo feeding a 224² crop of
+//! half its area is decoded at about 0.2 MP. The random window is drawn exactly as
 //! `random_resized_crop` draws it (same generator, same full-size
 //! coordinates), so the two forms pick the same crop; the pixels differ only
 //! by the DCT-domain prefilter (a few levels at most).
@@ -105,14 +105,14 @@ fn decode_windows(
 }
 
 /// Source pixels decoded for an output of `out_px` pixels taken from a
-/// window of `window_px` pixels of a `src_px` image (DCT scaling by powers
-/// of two, at most 8).
+/// window of `window_px` pixels of a `src_px` image (DCT scaling by the
+/// smallest M/8 that keeps the window at least as large as the output).
 fn decoded_pixels(src_px: f64, window_px: f64, out_px: f64) -> f64 {
-    let mut factor = 1.0;
-    while factor < 8.0 && window_px / (4.0 * factor * factor) >= out_px {
-        factor *= 2.0;
-    }
-    src_px / (factor * factor)
+    let scale = (1..=8)
+        .map(|m| f64::from(m) / 8.0)
+        .find(|s| window_px * s * s >= out_px)
+        .unwrap_or(1.0);
+    src_px * scale * scale
 }
 
 impl Function for DecodeResize {
@@ -217,6 +217,10 @@ mod tests {
         let mp12 = 4000.0 * 3000.0;
         assert_eq!(decoded_pixels(mp12, mp12, 224.0 * 224.0), mp12 / 64.0);
         let small = 500.0 * 375.0;
-        assert_eq!(decoded_pixels(small, small, 224.0 * 224.0), small);
+        assert_eq!(
+            decoded_pixels(small, small, 224.0 * 224.0),
+            small * 25.0 / 64.0
+        );
+        assert_eq!(decoded_pixels(small, small * 0.1, 224.0 * 224.0), small);
     }
 }
