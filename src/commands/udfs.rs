@@ -58,14 +58,14 @@ pub fn run(cli: &Cli, calibrate: bool, format: DocFormat) -> anyhow::Result<()> 
         }
         DocFormat::Table => {
             println!(
-                "{:<92} {:>12} {:>10} {:>10}  unit",
+                "{:<64} {:>10} {:>10} {:>10}  unit",
                 "udf", "ns/call", "ns/unit", "default"
             );
             for s in SPECS {
                 let p = profiles.get(s.name);
                 let d = defaults.get(s.name).map_or(0.0, |d| d.per_unit_ns);
                 println!(
-                    "{:<92} {:>12.0} {:>10.3} {:>10.3}  {}",
+                    "{:<64} {:>10.0} {:>10.3} {:>10.3}  {}",
                     usage(s),
                     p.map_or(0.0, |p| p.per_call_ns),
                     p.map_or(0.0, |p| p.per_unit_ns),

@@ -75,6 +75,8 @@ struct Case {
     field: FieldRef,
     inputs: [(ArrayRef, SampleStats); 2],
     consts: Vec<ScalarValue>,
+    /// Constants for the larger input, when the work depends on them (output sizes).
+    large_consts: Option<Vec<ScalarValue>>,
 }
 
 fn int(v: i64) -> ScalarValue {
@@ -167,60 +169,70 @@ fn cases() -> Result<Vec<Case>> {
             field: Arc::clone(&bin),
             inputs: [jpegs(320, 240), jpegs(1280, 960)],
             consts: vec![text("RGB")],
+            large_consts: None,
         },
         Case {
             udf: "decode_resize",
             field: Arc::clone(&bin),
             inputs: [jpegs(500, 375), jpegs(2560, 1920)],
             consts: vec![int(224), int(224), text("bilinear"), text("RGB")],
+            large_consts: None,
         },
         Case {
             udf: "decode_random_resized_crop",
             field: Arc::clone(&bin),
             inputs: [jpegs(500, 375), jpegs(2560, 1920)],
             consts: random([rrc.clone(), vec![text("RGB")]].concat()),
+            large_consts: None,
         },
         Case {
             udf: "resize",
             field: img_field(320, 240),
             inputs: [images(320, 240), images(1280, 960)],
             consts: vec![int(224), int(224), text("bilinear")],
+            large_consts: None,
         },
         Case {
             udf: "random_resized_crop",
             field: img_field(320, 240),
             inputs: [images(320, 240), images(1280, 960)],
             consts: random(rrc),
+            large_consts: None,
         },
         Case {
             udf: "center_crop",
             field: img_field(512, 512),
             inputs: [images(256, 256), images(1024, 1024)],
-            consts: vec![int(224), int(224)],
+            consts: vec![int(112), int(112)],
+            large_consts: Some(vec![int(448), int(448)]),
         },
         Case {
             udf: "random_horizontal_flip",
             field: img_field(224, 224),
             inputs: [images(224, 224), images(896, 896)],
             consts: random(vec![float(1.0)]),
+            large_consts: None,
         },
         Case {
             udf: "normalize",
             field: img_field(224, 224),
             inputs: [images(224, 224), images(896, 896)],
             consts: vec![float(0.5), float(0.25)],
+            large_consts: None,
         },
         Case {
             udf: "to_tensor",
             field: img_field(224, 224),
             inputs: [images(224, 224), images(896, 896)],
             consts: vec![text("")],
+            large_consts: None,
         },
         Case {
             udf: "decode_video",
             field: Arc::clone(&bin),
             inputs: [clip(64, 48)?, clip(256, 192)?],
             consts: vec![int(8), int(112), int(112), text("2")],
+            large_consts: None,
         },
         Case {
             udf: "npy",
@@ -230,24 +242,36 @@ fn cases() -> Result<Vec<Case>> {
                 (binary_column(&vec![npy_l.0.clone(); ROWS]), npy_l.1),
             ],
             consts: vec![],
+            large_consts: None,
         },
         Case {
             udf: "npz",
             field: Arc::clone(&bin),
             inputs: [zipped(&npy_s), zipped(&npy_l)],
             consts: vec![text("x")],
+            large_consts: None,
         },
         Case {
             udf: "crop3d",
             field: Arc::clone(&vol_field),
             inputs: [vol(48), vol(48)],
             consts: vec![int(0), int(0), int(0), int(16), int(16), int(16), int(1)],
+            large_consts: Some(vec![
+                int(0),
+                int(0),
+                int(0),
+                int(40),
+                int(40),
+                int(40),
+                int(1),
+            ]),
         },
         Case {
             udf: "resize3d",
             field: vol_field,
             inputs: [vol(32), vol(64)],
-            consts: vec![int(24), int(24), int(24), int(1)],
+            consts: vec![int(16), int(16), int(16), int(1)],
+            large_consts: Some(vec![int(48), int(48), int(48), int(1)]),
         },
     ])
 }
@@ -258,13 +282,33 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
-fn measure(udf: &ScalarUDF, case: &Case, input: &(ArrayRef, SampleStats)) -> Result<(f64, f64)> {
+fn measure(
+    udf: &ScalarUDF,
+    case: &Case,
+    input: &(ArrayRef, SampleStats),
+    consts: &[ScalarValue],
+) -> Result<(f64, f64)> {
     let spec =
         spec(case.udf).ok_or_else(|| DataFusionError::Internal(format!("no udf {}", case.udf)))?;
     let (array, stats) = input;
     let mut args = vec![ColumnarValue::Array(Arc::clone(array))];
-    let mut fields = vec![Arc::clone(&case.field)];
-    for c in &case.consts {
+    // An image argument's field records the size of the images it carries.
+    let field = match crate::tensor::ImageColumn::new(array, case.udf)
+        .ok()
+        .and_then(|c| c.get(0))
+    {
+        Some(img) => image_field(
+            "img",
+            [
+                Some(img.height),
+                Some(img.width),
+                Some(u32::from(img.channels)),
+            ],
+        ),
+        None => Arc::clone(&case.field),
+    };
+    let mut fields = vec![field];
+    for c in consts {
         args.push(ColumnarValue::Scalar(c.clone()));
         fields.push(Arc::new(Field::new("c", c.data_type(), true)));
     }
@@ -302,7 +346,7 @@ fn measure(udf: &ScalarUDF, case: &Case, input: &(ArrayRef, SampleStats)) -> Res
         return Err(e);
     }
     let mut values: Vec<Option<ScalarValue>> = vec![None];
-    values.extend(case.consts.iter().cloned().map(Some));
+    values.extend(consts.iter().cloned().map(Some));
     let consts = Consts::from_values(spec, values);
     let work = udf::estimate(udf, &consts, stats)
         .ok_or_else(|| DataFusionError::Internal(format!("{} has no cost model", case.udf)))??
@@ -321,8 +365,9 @@ pub fn calibrate() -> Result<Profiles> {
             .iter()
             .find(|u| u.name() == case.udf)
             .ok_or_else(|| DataFusionError::Internal(format!("no udf {}", case.udf)))?;
-        let small = measure(udf, &case, &case.inputs[0])?;
-        let large = measure(udf, &case, &case.inputs[1])?;
+        let small = measure(udf, &case, &case.inputs[0], &case.consts)?;
+        let large_consts = case.large_consts.as_ref().unwrap_or(&case.consts);
+        let large = measure(udf, &case, &case.inputs[1], large_consts)?;
         let unit = defaults
             .get(case.udf)
             .map_or("unit", |p: &Profile| p.unit.as_str());

@@ -95,20 +95,30 @@ pub type Profiles = BTreeMap<String, Profile>;
 pub fn default_profiles() -> Profiles {
     // (udf, ns per call, ns per unit, unit)
     const DEFAULTS: &[(&str, f64, f64, &str)] = &[
-        ("decode_image", 20_000.0, 9.0, "source pixel"),
-        ("decode_resize", 25_000.0, 3.0, "source pixel"),
-        ("decode_random_resized_crop", 25_000.0, 3.5, "source pixel"),
-        ("resize", 2_000.0, 1.2, "source + output pixel"),
-        ("center_crop", 500.0, 0.15, "output byte"),
-        ("random_resized_crop", 2_500.0, 1.2, "source + output pixel"),
-        ("random_horizontal_flip", 300.0, 0.15, "output byte"),
-        ("normalize", 1_000.0, 0.8, "element"),
-        ("to_tensor", 200.0, 0.05, "byte"),
-        ("decode_video", 400_000.0, 6.0, "decoded frame pixel"),
-        ("npy", 2_000.0, 0.1, "byte"),
-        ("npz", 10_000.0, 2.0, "byte"),
-        ("crop3d", 1_000.0, 0.1, "output byte"),
-        ("resize3d", 1_000.0, 25.0, "output element"),
+        ("decode_image", 56_000.0, 5.3, "source pixel"),
+        ("decode_resize", 560_000.0, 5.2, "effective source pixel"),
+        (
+            "decode_random_resized_crop",
+            510_000.0,
+            6.1,
+            "effective source pixel",
+        ),
+        ("resize", 181_000.0, 0.72, "source + output pixel"),
+        ("center_crop", 0.0, 0.23, "output byte"),
+        (
+            "random_resized_crop",
+            179_000.0,
+            0.58,
+            "source + output pixel",
+        ),
+        ("random_horizontal_flip", 0.0, 0.96, "output byte"),
+        ("normalize", 0.0, 2.4, "element"),
+        ("to_tensor", 0.0, 0.11, "byte"),
+        ("decode_video", 501_000.0, 1.6, "decoded frame pixel"),
+        ("npy", 0.0, 0.75, "byte"),
+        ("npz", 0.0, 0.35, "byte"),
+        ("crop3d", 120.0, 0.12, "output byte"),
+        ("resize3d", 370.0, 25.9, "output element"),
     ];
     DEFAULTS
         .iter()

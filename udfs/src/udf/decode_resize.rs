@@ -32,7 +32,7 @@ pub struct DecodeResize;
 pub struct DecodeRandomResizedCrop;
 
 const RRC_FUSED_PARAMS: [Param; 8] = [
-    RRC_PARAMS[0],
+    req("data", Kind::Value),
     RRC_PARAMS[1],
     RRC_PARAMS[2],
     RRC_PARAMS[3],
@@ -104,15 +104,18 @@ fn decode_windows(
     Ok(out.finish())
 }
 
-/// Source pixels decoded for an output of `out_px` pixels taken from a
-/// window of `window_px` pixels of a `src_px` image (DCT scaling by the
-/// smallest M/8 that keeps the window at least as large as the output).
+/// Work of a scaled decode, in full-decode-equivalent source pixels, for an
+/// output of `out_px` pixels taken from a window of `window_px` pixels of a
+/// `src_px` image. DCT scaling picks the smallest M/8 that keeps the window
+/// at least as large as the output; entropy decoding (about half of a full
+/// decode with libjpeg-turbo) still reads every coefficient, while the IDCT,
+/// upsampling and colour conversion shrink with the square of the scale.
 fn decoded_pixels(src_px: f64, window_px: f64, out_px: f64) -> f64 {
     let scale = (1..=8)
         .map(|m| f64::from(m) / 8.0)
         .find(|s| window_px * s * s >= out_px)
         .unwrap_or(1.0);
-    src_px * scale * scale
+    src_px * (0.5 + 0.5 * scale * scale)
 }
 
 impl Function for DecodeResize {
@@ -215,7 +218,10 @@ mod tests {
     #[test]
     fn dct_scaling_shrinks_the_decode_only_when_the_output_allows() {
         let mp12 = 4000.0 * 3000.0;
-        assert_eq!(decoded_pixels(mp12, mp12, 224.0 * 224.0), mp12 / 64.0);
+        assert_eq!(
+            decoded_pixels(mp12, mp12, 224.0 * 224.0),
+            mp12 * (0.5 + 0.5 / 64.0)
+        );
         let small = 500.0 * 375.0;
         assert_eq!(
             decoded_pixels(small, small, 224.0 * 224.0),
