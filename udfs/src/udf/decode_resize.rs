@@ -225,7 +225,7 @@ mod tests {
         let small = 500.0 * 375.0;
         assert_eq!(
             decoded_pixels(small, small, 224.0 * 224.0),
-            small * 25.0 / 64.0
+            small * (0.5 + 0.5 * 25.0 / 64.0)
         );
         assert_eq!(decoded_pixels(small, small * 0.1, 224.0 * 224.0), small);
     }
