@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: generate a sample image dataset,
 # ingest it into the data dir (SLUICE_DATA_DIR, default ./sluice-data),
-# list it, and query it with SQL, reading images zero-copy from the device.
+# list it, and query it with SQL, reading images zero-copy from the device
+# and preprocessing them with sluice's UDFs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -24,5 +25,14 @@ echo "== large images, with their bytes read from the device (data shows byte le
 sluice sql "SELECT key, format, width, height, data FROM pets WHERE width * height > 200000 ORDER BY key LIMIT 5"
 echo "== the plan: the filter runs inside the ExtentSource scan"
 sluice sql "EXPLAIN SELECT key, data FROM pets WHERE label = 'class_1'"
+echo "== a training transform: decode, random resized crop, flip, normalize (seed 7, epoch 0)"
+sluice sql "SELECT key, label,
+                   normalize(random_horizontal_flip(random_resized_crop(decode_image(data), 224, 224)),
+                             [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) AS x
+            FROM pets ORDER BY key LIMIT 4" --seed 7 --epoch 0
+echo "== its plan: decode and crop fused (JPEG DCT downscaling), seed/epoch/key filled in"
+sluice sql "EXPLAIN SELECT key, random_resized_crop(decode_image(data), 224, 224) AS x FROM pets" --seed 7
+echo "== UDF cost profiles (the planner's inputs)"
+sluice udfs
 echo "== device"
 sluice info
