@@ -12,18 +12,6 @@ use sluice_udfs::udf::SPECS;
 
 use crate::cli::{Cli, DocFormat};
 
-fn usage(spec: &sluice_udfs::args::ArgSpec) -> String {
-    let params: Vec<String> = spec
-        .params
-        .iter()
-        .map(|p| match p.default {
-            None => p.name.to_owned(),
-            Some(_) => format!("[{}]", p.name),
-        })
-        .collect();
-    format!("{}({})", spec.name, params.join(", "))
-}
-
 pub fn run(cli: &Cli, calibrate: bool, format: DocFormat) -> anyhow::Result<()> {
     let path = cli.data_dir.join(PROFILES_FILE);
     let profiles: Profiles = if calibrate {
@@ -46,7 +34,7 @@ pub fn run(cli: &Cli, calibrate: bool, format: DocFormat) -> anyhow::Result<()> 
                 .map(|s| {
                     serde_json::json!({
                         "name": s.name,
-                        "usage": usage(s),
+                        "usage": s.usage(),
                         "random": s.random,
                         "follows_error_policy": s.keyed,
                         "profile": profiles.get(s.name),
@@ -66,7 +54,7 @@ pub fn run(cli: &Cli, calibrate: bool, format: DocFormat) -> anyhow::Result<()> 
                 let d = defaults.get(s.name).map_or(0.0, |d| d.per_unit_ns);
                 println!(
                     "{:<64} {:>10.0} {:>10.3} {:>10.3}  {}",
-                    usage(s),
+                    s.usage(),
                     p.map_or(0.0, |p| p.per_call_ns),
                     p.map_or(0.0, |p| p.per_unit_ns),
                     d,

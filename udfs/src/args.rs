@@ -127,7 +127,8 @@ impl ArgSpec {
         self.keyed.then(|| self.full_len() - 1)
     }
 
-    fn usage(&self) -> String {
+    /// `name(a, b, [c])`: the parameters a call may give.
+    pub fn usage(&self) -> String {
         let ps: Vec<String> = self
             .params
             .iter()

@@ -310,17 +310,6 @@ pub struct ArrayRefView<'a> {
     pub data: &'a [u8],
 }
 
-/// A parsed array that owns its elements.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NdArray {
-    /// Element type.
-    pub dtype: crate::kernels::npy::DType,
-    /// Dimensions.
-    pub shape: Vec<u32>,
-    /// Little-endian, C-order elements.
-    pub data: Vec<u8>,
-}
-
 /// Reads an array column's rows.
 #[derive(Debug)]
 pub struct ArrayColumn<'a> {

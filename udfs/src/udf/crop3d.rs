@@ -9,7 +9,7 @@ use crate::args::{ArgSpec, Call, Consts, Kind, Lit, opt, req};
 use crate::cost::{Estimate, SampleStats};
 use crate::kernels::npy::DType;
 use crate::kernels::volume::crop3d;
-use crate::tensor::{ArrayBuilder, ArrayColumn, array_field, expect_array};
+use crate::tensor::{ArrayBuilder, ArrayColumn, ArrayRefView, array_field, expect_array};
 
 /// Crops the first three dimensions of `[D, H, W]` or `[D, H, W, channels]` volumes.
 #[derive(Debug, Default)]
@@ -50,6 +50,46 @@ pub(crate) fn check_volume(shape: &[u32], channels: u32) -> std::result::Result<
     }
 }
 
+/// Applies `f` to every non-NULL `[D, H, W(, channels)]` volume of argument
+/// 0; `f` gets the element type and returns the result's element type name,
+/// its first three dimensions and its bytes (trailing dimensions are kept).
+/// A row that fails follows the session's policy.
+pub(crate) fn map_volumes(
+    call: &Call<'_>,
+    channels: u32,
+    mut f: impl FnMut(
+        &ArrayRefView<'_>,
+        DType,
+    ) -> std::result::Result<(&'static str, [u32; 3], Vec<u8>), String>,
+) -> Result<ArrayRef> {
+    let input = call.array(0)?;
+    let arrays = ArrayColumn::new(&input, call.spec.name)?;
+    let mut out = ArrayBuilder::new(call.rows);
+    for row in 0..call.rows {
+        let Some(a) = arrays.get(row) else {
+            out.append_null();
+            continue;
+        };
+        let result = check_volume(&a.shape, channels).and_then(|()| {
+            let dtype =
+                DType::from_name(a.dtype).ok_or_else(|| format!("unknown dtype '{}'", a.dtype))?;
+            f(&a, dtype)
+        });
+        match result {
+            Ok((dtype, dims, bytes)) => {
+                let mut shape = dims.to_vec();
+                shape.extend_from_slice(&a.shape[3..]);
+                out.append(dtype, &shape, &bytes);
+            }
+            Err(reason) => {
+                call.bad(row, reason)?;
+                out.append_null();
+            }
+        }
+    }
+    Ok(out.finish())
+}
+
 impl Function for Crop3d {
     const SPEC: ArgSpec = ArgSpec {
         name: "crop3d",
@@ -80,33 +120,13 @@ impl Function for Crop3d {
             [c.int(1)?, c.int(2)?, c.int(3)?].map(|v| v.clamp(0, i64::from(u32::MAX)) as u32);
         let size = [c.size(4)?, c.size(5)?, c.size(6)?];
         let channels = c.size(7)?;
-        let input = call.array(0)?;
-        let arrays = ArrayColumn::new(&input, Self::SPEC.name)?;
-        let mut out = ArrayBuilder::new(call.rows);
-        for row in 0..call.rows {
-            let Some(a) = arrays.get(row) else {
-                out.append_null();
-                continue;
-            };
-            let result = check_volume(&a.shape, channels).and_then(|()| {
-                let esize = DType::from_name(a.dtype)
-                    .ok_or_else(|| format!("unknown dtype '{}'", a.dtype))?
-                    .size();
-                crop3d(a.data, &a.shape, esize, start, size)
-            });
-            match result {
-                Ok(bytes) => {
-                    let mut shape = size.to_vec();
-                    shape.extend_from_slice(&a.shape[3..]);
-                    out.append(a.dtype, &shape, &bytes);
-                }
-                Err(reason) => {
-                    call.bad(row, reason)?;
-                    out.append_null();
-                }
-            }
-        }
-        Ok(out.finish())
+        map_volumes(call, channels, |a, dtype| {
+            Ok((
+                dtype.name(),
+                size,
+                crop3d(a.data, &a.shape, dtype.size(), start, size)?,
+            ))
+        })
     }
 
     fn cost(&self, consts: &Consts, input: &SampleStats) -> Result<Estimate> {

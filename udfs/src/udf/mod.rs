@@ -89,11 +89,6 @@ impl<F: Function> Udf<F> {
     pub fn udf(env: &Arc<UdfEnv>) -> ScalarUDF {
         ScalarUDF::new_from_impl(Self::new(Arc::clone(env)))
     }
-
-    /// The function.
-    pub fn function(&self) -> &F {
-        &self.function
-    }
 }
 
 impl<F: Function> PartialEq for Udf<F> {

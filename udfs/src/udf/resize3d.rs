@@ -5,12 +5,11 @@ use arrow::datatypes::FieldRef;
 use datafusion::error::Result;
 
 use super::Function;
-use super::crop3d::{check_volume, volume_shape};
+use super::crop3d::{map_volumes, volume_shape};
 use crate::args::{ArgSpec, Call, Consts, Kind, Lit, opt, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::npy::DType;
 use crate::kernels::volume::resize3d;
-use crate::tensor::{ArrayBuilder, ArrayColumn, array_field, expect_array};
+use crate::tensor::{array_field, expect_array};
 
 /// Resizes `[D, H, W]` or `[D, H, W, channels]` volumes (align-corners false), as float32.
 #[derive(Debug, Default)]
@@ -40,32 +39,9 @@ impl Function for Resize3d {
         let c = &call.consts;
         let to = [c.size(1)?, c.size(2)?, c.size(3)?];
         let channels = c.size(4)?;
-        let input = call.array(0)?;
-        let arrays = ArrayColumn::new(&input, Self::SPEC.name)?;
-        let mut out = ArrayBuilder::new(call.rows);
-        for row in 0..call.rows {
-            let Some(a) = arrays.get(row) else {
-                out.append_null();
-                continue;
-            };
-            let result = check_volume(&a.shape, channels).and_then(|()| {
-                let dtype = DType::from_name(a.dtype)
-                    .ok_or_else(|| format!("unknown dtype '{}'", a.dtype))?;
-                resize3d(a.data, &a.shape, dtype, to)
-            });
-            match result {
-                Ok(bytes) => {
-                    let mut shape = to.to_vec();
-                    shape.extend_from_slice(&a.shape[3..]);
-                    out.append("float32", &shape, &bytes);
-                }
-                Err(reason) => {
-                    call.bad(row, reason)?;
-                    out.append_null();
-                }
-            }
-        }
-        Ok(out.finish())
+        map_volumes(call, channels, |a, dtype| {
+            Ok(("float32", to, resize3d(a.data, &a.shape, dtype, to)?))
+        })
     }
 
     fn cost(&self, consts: &Consts, input: &SampleStats) -> Result<Estimate> {
