@@ -194,3 +194,41 @@ fn bad_udf_calls_are_clear_errors() {
     ]);
     assert!(err.contains("max_pixels"), "{err}");
 }
+
+#[test]
+fn udfs_lists_every_udf_with_its_cost_profile() {
+    let env = Env::new();
+    let list = env.json(&["udfs", "--format", "json"]);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 14);
+    let rrc = list
+        .iter()
+        .find(|u| u["name"] == "random_resized_crop")
+        .unwrap();
+    assert_eq!(rrc["random"], true);
+    assert!(
+        rrc["usage"]
+            .as_str()
+            .unwrap()
+            .starts_with("random_resized_crop(img, h, w")
+    );
+    assert!(rrc["profile"]["per_unit_ns"].as_f64().unwrap() > 0.0);
+    // A saved calibration overrides the defaults.
+    std::fs::create_dir_all(env.data_dir()).unwrap();
+    std::fs::write(
+        env.data_dir().join("udf-profiles.json"),
+        r#"{"resize": {"per_call_ns": 1.0, "per_unit_ns": 2.0, "unit": "source + output pixel"}}"#,
+    )
+    .unwrap();
+    let list = env.json(&["udfs", "--format", "json"]);
+    let resize = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "resize")
+        .unwrap();
+    assert_eq!(resize["profile"]["per_unit_ns"], 2.0);
+    std::fs::write(env.data_dir().join("udf-profiles.json"), "not json").unwrap();
+    let err = env.fails(&["udfs"]);
+    assert!(err.contains("bad profiles file"), "{err}");
+}

@@ -464,8 +464,13 @@ pub type U8Tensor = TensorBuilder<UInt8Type>;
 pub type F32Tensor = TensorBuilder<Float32Type>;
 
 /// The bytes of row `i` of a binary column as an owned, reference-counted
-/// Arrow buffer (no copy), for readers that need `'static` data.
+/// Arrow buffer, for readers that need `'static` data: a slice of the
+/// column's buffer (no copy) for Binary and LargeBinary, a copy for
+/// BinaryView. `None` when the row is NULL.
 pub fn binary_buffer(array: &ArrayRef, i: usize) -> Option<Buffer> {
+    if array.is_null(i) {
+        return None;
+    }
     match array.data_type() {
         DataType::Binary => {
             let a = array.as_binary::<i32>();
@@ -477,7 +482,7 @@ pub fn binary_buffer(array: &ArrayRef, i: usize) -> Option<Buffer> {
             let (s, e) = (a.value_offsets()[i], a.value_offsets()[i + 1]);
             Some(a.values().slice_with_length(s as usize, (e - s) as usize))
         }
-        _ => None,
+        _ => binary_value(array, i).map(Buffer::from_slice_ref),
     }
 }
 

@@ -445,3 +445,62 @@ async fn arrays_volumes_and_their_tensors() {
     .unwrap_err();
     assert!(e.to_string().contains("exceeds the volume's shape"), "{e}");
 }
+
+#[test]
+fn cost_estimates_follow_the_statistics() {
+    use datafusion::common::ScalarValue;
+    use sluice_udfs::args::Consts;
+    use sluice_udfs::cost::{SampleStats, default_profiles};
+    use sluice_udfs::udf::{all, estimate, spec};
+    let env = UdfEnv::new(UdfOptions::default());
+    let udfs = all(&env);
+    let find = |n: &str| udfs.iter().find(|u| u.name() == n).unwrap();
+    let int = |v: i64| Some(ScalarValue::Int64(Some(v)));
+    let photo = SampleStats::encoded_image(4e6, 4000.0, 3000.0, 3.0);
+    let full = estimate(
+        find("decode_image"),
+        &Consts::from_values(spec("decode_image").unwrap(), vec![None]),
+        &photo,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(full.work, 12e6);
+    assert_eq!(full.out.bytes, 36e6);
+    let fused = estimate(
+        find("decode_resize"),
+        &Consts::from_values(
+            spec("decode_resize").unwrap(),
+            vec![None, int(224), int(224)],
+        ),
+        &photo,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(fused.work < full.work * 0.6, "{fused:?}");
+    assert_eq!(fused.out.bytes, 224.0 * 224.0 * 3.0);
+    let p = default_profiles();
+    assert!(p["decode_resize"].ns(fused.work) < p["decode_image"].ns(full.work));
+    let clip = SampleStats {
+        bytes: 1e6,
+        width: 320.0,
+        height: 240.0,
+        channels: 3.0,
+        frames: 300.0,
+        elements: 0.0,
+    };
+    let v = estimate(
+        find("decode_video"),
+        &Consts::from_values(
+            spec("decode_video").unwrap(),
+            vec![None, int(16), int(112), int(112)],
+        ),
+        &clip,
+    )
+    .unwrap()
+    .unwrap();
+    // Stride 1: frames 0..16 decoded, 16 frames of 112x112x3 out.
+    assert_eq!(
+        (v.work, v.out.bytes),
+        (16.0 * 320.0 * 240.0, 16.0 * 112.0 * 112.0 * 3.0)
+    );
+}

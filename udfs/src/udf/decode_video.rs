@@ -52,9 +52,7 @@ impl Function for DecodeVideo {
         let mut out = TensorBuilder::<UInt8Type>::new(call.rows, size);
         let mut buf = vec![0u8; size];
         for row in 0..call.rows {
-            let Some(bytes) =
-                binary_buffer(&data, row).filter(|_| !arrow::array::Array::is_null(&data, row))
-            else {
+            let Some(bytes) = binary_buffer(&data, row) else {
                 out.append_null();
                 continue;
             };
