@@ -406,6 +406,43 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_containers_and_codecs_debian_ships() {
+        // (encoder, file extension, probed container, probed codec)
+        for (enc, ext, container, codec) in [
+            ("libx264", "mp4", "mp4", "h264"),
+            ("mpeg4", "avi", "avi", "mpeg4"),
+            ("libvpx-vp9", "webm", "matroska", "vp9"),
+            ("libx264", "mkv", "matroska", "h264"),
+            ("mpeg2video", "mpg", "mpeg", "mpeg2video"),
+        ] {
+            let data = clip(enc, ext, 12);
+            let info = probe(data.clone()).unwrap();
+            assert_eq!(
+                (info.container.as_str(), info.codec.as_str()),
+                (container, codec),
+                "{enc}/{ext}"
+            );
+            assert_eq!((info.width, info.height), (64, 48), "{enc}/{ext}");
+            let mut out = vec![0; 3 * 8 * 8 * 3];
+            decode_clip(
+                data,
+                3,
+                8,
+                8,
+                Sampling::Stride(4),
+                &Limits::default(),
+                &mut out,
+            )
+            .unwrap();
+            let means: Vec<f64> = out.chunks(8 * 8 * 3).map(mean).collect();
+            assert!(
+                means.windows(2).all(|w| w[1] > w[0]),
+                "{enc}/{ext}: {means:?}"
+            );
+        }
+    }
+
+    #[test]
     fn uniform_sampling_spreads_over_the_clip_and_short_clips_repeat() {
         assert_eq!(Sampling::Uniform.indices(4, Some(40)), [5, 15, 25, 35]);
         assert_eq!(Sampling::parse("2").unwrap(), Sampling::Stride(2));
