@@ -12,7 +12,7 @@
 //!        [--on-error skip|null|fail] [--seed N] [--epoch N] [--max-pixels N] [--max-frames N] [--max-decoded-bytes SIZE]
 //! sluice [--data-dir DIR] udfs [--calibrate]
 //! sluice [--data-dir DIR] info
-//! sluice [--data-dir DIR] bench scan|random|catalog
+//! sluice [--data-dir DIR] bench scan|random|catalog|udf
 //! sluice gen-sample DIR
 //! ```
 //!
