@@ -5,8 +5,11 @@
 //! AVIO context (`StreamIo` over an Arrow buffer: no temporary file, no copy
 //! of the object). Frames are decoded from the start, one decoder thread
 //! (the executor parallelises across samples), and the sampled ones are
-//! converted by swscale to packed RGB at the requested size. A clip with
-//! fewer frames than asked for repeats its last frame.
+//! converted by swscale to packed RGB at the requested size. Frames are
+//! identified by their timestamps; when the next sampled frame is more than
+//! [`SEEK_GAP`] frames ahead (uniform sampling of a long clip), the demuxer
+//! seeks to the key frame before it instead of decoding everything in
+//! between. A clip with fewer frames than asked for repeats its last frame.
 
 use std::io::Cursor;
 use std::sync::Once;
@@ -86,6 +89,60 @@ struct Bytes(Buffer);
 impl AsRef<[u8]> for Bytes {
     fn as_ref(&self) -> &[u8] {
         self.0.as_slice()
+    }
+}
+
+/// Frames ahead beyond which decoding seeks instead of reading on.
+pub const SEEK_GAP: u64 = 48;
+
+/// Maps timestamps to frame numbers (constant frame rate assumed).
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    start: i128,
+    /// Stream time base, num/den seconds per unit.
+    tb: (i128, i128),
+    /// Frame rate, num/den frames per second.
+    fps: (i128, i128),
+}
+
+impl Clock {
+    fn new(stream: &ff::format::stream::Stream<'_>) -> Option<Self> {
+        let (tb, fr) = (stream.time_base(), stream.avg_frame_rate());
+        if [
+            tb.numerator(),
+            tb.denominator(),
+            fr.numerator(),
+            fr.denominator(),
+        ]
+        .iter()
+        .any(|v| *v <= 0)
+        {
+            return None;
+        }
+        let start = match stream.start_time() {
+            t if t == ff::ffi::AV_NOPTS_VALUE => 0,
+            t => t,
+        };
+        Some(Self {
+            start: i128::from(start),
+            tb: (i128::from(tb.numerator()), i128::from(tb.denominator())),
+            fps: (i128::from(fr.numerator()), i128::from(fr.denominator())),
+        })
+    }
+
+    /// The frame number at timestamp `ts` (nearest frame).
+    fn index(&self, ts: i64) -> u64 {
+        let num = (i128::from(ts) - self.start) * self.tb.0 * self.fps.0;
+        let den = self.tb.1 * self.fps.1;
+        u64::try_from((2 * num + den).div_euclid(2 * den)).unwrap_or(0)
+    }
+
+    /// A container timestamp (AV_TIME_BASE units) half a frame before frame `i`.
+    fn seek_ts(&self, i: u64) -> i64 {
+        let us = i128::from(ff::ffi::AV_TIME_BASE);
+        let start = self.start * self.tb.0 * us / self.tb.1;
+        let at = (2 * i128::from(i)).saturating_sub(1).max(0) * self.fps.1 * us / (2 * self.fps.0);
+        i64::try_from(start + at).unwrap_or(i64::MAX)
     }
 }
 
@@ -206,10 +263,10 @@ pub fn decode_clip(
     let mut frame = ff::frame::Video::empty();
     let mut rgb = ff::frame::Video::empty();
     let plane = h as usize * w as usize * 3;
-    let (mut index, mut taken, mut bad_packets) = (0u64, 0usize, 0u32);
+    let (mut index, mut taken, mut bad_packets, mut decoded) = (0u64, 0usize, 0u32, 0u64);
     let mut take =
         |frame: &ff::frame::Video, index: u64, taken: &mut usize| -> Result<(), String> {
-            while *taken < wanted.len() && wanted[*taken] == index {
+            while *taken < wanted.len() && wanted[*taken] <= index {
                 let sc = match &mut scaler {
                     Some(s) => s,
                     None => scaler.insert(
@@ -237,30 +294,60 @@ pub fn decode_clip(
             }
             Ok(())
         };
-    'packets: for (s, packet) in input.packets() {
-        if s.index() != stream {
-            continue;
-        }
-        if dec.send_packet(&packet).is_err() {
-            bad_packets += 1;
-            continue;
-        }
-        while dec.receive_frame(&mut frame).is_ok() {
-            take(&frame, index, &mut taken)?;
-            index += 1;
-            if taken == wanted.len() {
-                break 'packets;
+    let clock = input.stream(stream).as_ref().and_then(Clock::new);
+    let mut can_seek = clock.is_some();
+    // The frame number of a decoded frame: from its timestamp when the clip
+    // has a usable clock, else by counting.
+    let number = |frame: &ff::frame::Video, clock: Option<Clock>, next: u64| {
+        clock
+            .and_then(|c| frame.timestamp().map(|t| c.index(t)))
+            .unwrap_or(next)
+    };
+    loop {
+        let mut seek_to = None;
+        'packets: for (s, packet) in input.packets() {
+            if s.index() != stream {
+                continue;
             }
+            if dec.send_packet(&packet).is_err() {
+                bad_packets += 1;
+                continue;
+            }
+            while dec.receive_frame(&mut frame).is_ok() {
+                let i = number(&frame, clock, index);
+                decoded += 1;
+                index = i + 1;
+                take(&frame, i, &mut taken)?;
+                if taken == wanted.len() {
+                    break 'packets;
+                }
+                if can_seek && wanted[taken] > index + SEEK_GAP {
+                    seek_to = Some(wanted[taken]);
+                    break 'packets;
+                }
+            }
+        }
+        let (Some(target), Some(c)) = (seek_to, clock) else {
+            break;
+        };
+        let ts = c.seek_ts(target);
+        if input.seek(ts, ..ts).is_ok() {
+            dec.flush();
+        } else {
+            // Not seekable: read on from here, without trying again.
+            can_seek = false;
         }
     }
     if taken < wanted.len() {
         let _ = dec.send_eof();
         while dec.receive_frame(&mut frame).is_ok() {
-            take(&frame, index, &mut taken)?;
-            index += 1;
+            let i = number(&frame, clock, index);
+            decoded += 1;
+            index = i + 1;
+            take(&frame, i, &mut taken)?;
         }
     }
-    if index == 0 {
+    if decoded == 0 {
         return Err(format!(
             "no frame could be decoded from the {} stream ({bad_packets} bad packets)",
             info.codec
@@ -439,6 +526,48 @@ mod tests {
                 means.windows(2).all(|w| w[1] > w[0]),
                 "{enc}/{ext}: {means:?}"
             );
+        }
+    }
+
+    #[test]
+    fn seeking_through_a_long_clip_gives_the_frames_reading_on_would() {
+        // 400 frames, a key frame every 12: uniform sampling of 4 seeks three times.
+        for (enc, ext) in [("mpeg4", "avi"), ("libx264", "mp4")] {
+            let data = clip(enc, ext, 400);
+            let wanted = Sampling::Uniform.indices(4, Some(400));
+            assert!(wanted.windows(2).all(|w| w[1] - w[0] > SEEK_GAP));
+            let mut seeking = vec![0; 4 * 16 * 16 * 3];
+            decode_clip(
+                data.clone(),
+                4,
+                16,
+                16,
+                Sampling::Uniform,
+                &Limits::default(),
+                &mut seeking,
+            )
+            .unwrap();
+            // The same frames one by one, as strides from frame 0 never seek.
+            for (k, &f) in wanted.iter().enumerate() {
+                let mut one = vec![0; 2 * 16 * 16 * 3];
+                let stride = u32::try_from(f).unwrap().max(1);
+                decode_clip(
+                    data.clone(),
+                    2,
+                    16,
+                    16,
+                    Sampling::Stride(stride),
+                    &Limits::default(),
+                    &mut one,
+                )
+                .unwrap();
+                let plane = 16 * 16 * 3;
+                assert_eq!(
+                    &seeking[k * plane..(k + 1) * plane],
+                    &one[plane..],
+                    "{enc}: frame {f}"
+                );
+            }
         }
     }
 
