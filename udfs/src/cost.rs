@@ -4,7 +4,7 @@
 //! in its own unit (source pixels decoded, output pixels resampled, bytes
 //! copied …) and the statistics of its result. A [`Profile`] per UDF turns
 //! work into nanoseconds: `ns = per_call + per_unit × work`. The defaults
-//! were measured by [`calibrate`] on a 2-core x86-64 VM (AVX2) in the dev
+//! were measured by [`crate::calibrate::calibrate`] on a 2-core x86-64 VM (AVX2) in the dev
 //! profile's optimisation of the kernels; `sluice udfs --calibrate` measures
 //! them on the machine at hand and saves them for the planner.
 
