@@ -559,7 +559,7 @@ async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> an
     println!("catalog scale: {samples} objects");
     println!(
         "{:<40} {:>14}",
-        "ingest (sniff, crc, pack, metadata, commit)",
+        "ingest (probe, crc, pack, metadata, commit)",
         format!("{rate:.0} samples/s")
     );
     println!(

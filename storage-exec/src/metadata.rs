@@ -69,7 +69,7 @@ pub const RESERVED: &[&str] = &[
     LENGTH, CRC32C,
 ];
 
-/// The sniffed and extent columns, appended after the user columns.
+/// The probed and extent columns, appended after the user columns.
 pub fn system_fields() -> Vec<Field> {
     vec![
         Field::new(FORMAT, DataType::Utf8, true),
