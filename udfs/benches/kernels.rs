@@ -9,7 +9,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use sluice_udfs::calibrate::photo_jpeg;
 use sluice_udfs::env::Limits;
 use sluice_udfs::kernels::crop::RrcParams;
-use sluice_udfs::kernels::decode::{Mode, decode, decode_at_least};
+use sluice_udfs::kernels::decode::{Mode, decode, decode_at_least, header};
 use sluice_udfs::kernels::flip::flip_horizontal_into;
 use sluice_udfs::kernels::normalize::normalize_into;
 use sluice_udfs::kernels::resize::{Filter, resize_into};
@@ -19,12 +19,13 @@ fn images(c: &mut Criterion) {
     let limits = Limits::default();
     for (name, w, h) in [("500x375", 500, 375), ("12MP", 4000, 3000)] {
         let jpeg = photo_jpeg(w, h, 1);
+        let hd = header(&jpeg, Mode::Rgb, &limits).unwrap();
         c.bench_function(&format!("decode_jpeg_full/{name}"), |b| {
             b.iter(|| decode(black_box(&jpeg), Mode::Rgb, &limits).unwrap())
         });
         c.bench_function(&format!("decode_jpeg_at_least_224/{name}"), |b| {
             b.iter(|| {
-                decode_at_least(black_box(&jpeg), Mode::Rgb, (w, h), 224.0, 224.0, &limits).unwrap()
+                decode_at_least(black_box(&jpeg), Mode::Rgb, &hd, 224.0, 224.0, &limits).unwrap()
             })
         });
         let img = decode(&jpeg, Mode::Rgb, &limits).unwrap();

@@ -119,11 +119,10 @@ fn cases() -> Result<Vec<Case>> {
         v
     };
     let clip = |w: u32, h: u32| -> Result<(ArrayRef, SampleStats)> {
-        let dir = tempfile_dir()?;
-        let path = dir.join("clip.avi");
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("clip.avi");
         video::encode_test_clip(&path, "mpeg4", 32, w, h).map_err(DataFusionError::Execution)?;
         let bytes = std::fs::read(&path)?;
-        let _ = std::fs::remove_dir_all(&dir);
         let stats = SampleStats {
             bytes: bytes.len() as f64,
             width: f64::from(w),
@@ -274,12 +273,6 @@ fn cases() -> Result<Vec<Case>> {
             large_consts: Some(vec![int(48), int(48), int(48), int(1)]),
         },
     ])
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("sluice-calibrate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
 
 fn measure(

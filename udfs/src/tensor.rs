@@ -213,6 +213,25 @@ impl<'a> ImageColumn<'a> {
         })
     }
 
+    /// The pixels of all rows as one buffer, when no row is NULL and every
+    /// row has exactly `size` bytes: then the values buffer already is a
+    /// `[rows, size]` tensor and can be shared without a copy.
+    pub fn contiguous(&self, size: usize) -> Option<Buffer> {
+        if self.array.null_count() > 0 {
+            return None;
+        }
+        let offsets = self.pixels.value_offsets();
+        let uniform = offsets
+            .windows(2)
+            .all(|o| usize::try_from(o[1] - o[0]).ok() == Some(size));
+        let start = usize::try_from(offsets[0]).ok()?;
+        uniform.then(|| {
+            self.pixels
+                .values()
+                .slice_with_length(start, size * self.array.len())
+        })
+    }
+
     /// Row `i`, or `None` when it is NULL.
     pub fn get(&self, i: usize) -> Option<ImageRef<'a>> {
         if self.array.is_null(i) {
@@ -231,65 +250,84 @@ fn not_an(udf: &str, what: &str, got: &DataType) -> DataFusionError {
     DataFusionError::Plan(format!("{udf}: expected an {what}, got {got}"))
 }
 
-/// Builds an image column.
+/// Builds an image column. Pixels are written straight into the column's
+/// values buffer ([`ImageBuilder::try_append_with`]), never staged elsewhere.
 #[derive(Debug)]
 pub struct ImageBuilder {
     heights: UInt32Builder,
     widths: UInt32Builder,
     channels: UInt8Builder,
-    pixels: LargeBinaryBuilder,
+    offsets: Vec<i64>,
+    values: Vec<u8>,
     nulls: NullBufferBuilder,
 }
 
 impl ImageBuilder {
     /// A builder for `rows` rows of about `bytes_per_row` pixels.
     pub fn with_capacity(rows: usize, bytes_per_row: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
         Self {
             heights: UInt32Builder::with_capacity(rows),
             widths: UInt32Builder::with_capacity(rows),
             channels: UInt8Builder::with_capacity(rows),
-            pixels: LargeBinaryBuilder::with_capacity(rows, rows.saturating_mul(bytes_per_row)),
+            offsets,
+            values: Vec::with_capacity(rows.saturating_mul(bytes_per_row)),
             nulls: NullBufferBuilder::new(rows),
         }
     }
 
-    /// Appends an image.
-    pub fn append(&mut self, img: ImageRef<'_>) {
-        self.heights.append_value(img.height);
-        self.widths.append_value(img.width);
-        self.channels.append_value(img.channels);
-        self.pixels.append_value(img.pixels);
-        self.nulls.append_non_null();
+    fn push_row(&mut self, h: u32, w: u32, c: u8, valid: bool) {
+        self.heights.append_value(h);
+        self.widths.append_value(w);
+        self.channels.append_value(c);
+        self.offsets.push(self.values.len() as i64);
+        self.nulls.append(valid);
     }
 
-    /// Appends an image built in place: `fill` writes `h * w * c` bytes.
-    pub fn append_with(&mut self, h: u32, w: u32, c: u8, fill: impl FnOnce(&mut [u8])) {
-        let mut buf = vec![0u8; h as usize * w as usize * usize::from(c)];
-        fill(&mut buf);
-        self.append(ImageRef {
-            height: h,
-            width: w,
-            channels: c,
-            pixels: &buf,
-        });
+    /// Appends a copy of an image.
+    pub fn append(&mut self, img: ImageRef<'_>) {
+        self.values.extend_from_slice(img.pixels);
+        self.push_row(img.height, img.width, img.channels, true);
+    }
+
+    /// Appends an `h`×`w`×`c` image that `fill` writes in place. When `fill`
+    /// fails nothing is appended and its error is returned.
+    pub fn try_append_with<E>(
+        &mut self,
+        h: u32,
+        w: u32,
+        c: u8,
+        fill: impl FnOnce(&mut [u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let start = self.values.len();
+        self.values
+            .resize(start + h as usize * w as usize * usize::from(c), 0);
+        if let Err(e) = fill(&mut self.values[start..]) {
+            self.values.truncate(start);
+            return Err(e);
+        }
+        self.push_row(h, w, c, true);
+        Ok(())
     }
 
     /// Appends a NULL.
     pub fn append_null(&mut self) {
-        self.heights.append_value(0);
-        self.widths.append_value(0);
-        self.channels.append_value(0);
-        self.pixels.append_value([]);
-        self.nulls.append_null();
+        self.push_row(0, 0, 0, false);
     }
 
     /// The column.
     pub fn finish(mut self) -> ArrayRef {
+        let pixels = arrow::array::LargeBinaryArray::new(
+            arrow::buffer::OffsetBuffer::new(ScalarBuffer::from(self.offsets)),
+            Buffer::from_vec(self.values),
+            None,
+        );
         let columns: Vec<ArrayRef> = vec![
             Arc::new(self.heights.finish()),
             Arc::new(self.widths.finish()),
             Arc::new(self.channels.finish()),
-            Arc::new(self.pixels.finish()),
+            Arc::new(pixels),
         ];
         Arc::new(StructArray::new(
             image_fields(),
@@ -432,6 +470,22 @@ impl<T: ArrowPrimitiveType> TensorBuilder<T> {
         self.nulls.append_non_null();
     }
 
+    /// Appends a row that `fill` writes in place; when `fill` fails nothing
+    /// is appended and its error is returned.
+    pub fn try_append_with<E>(
+        &mut self,
+        fill: impl FnOnce(&mut [T::Native]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let start = self.values.len();
+        self.values.resize(start + self.size, T::Native::default());
+        if let Err(e) = fill(&mut self.values[start..]) {
+            self.values.truncate(start);
+            return Err(e);
+        }
+        self.nulls.append_non_null();
+        Ok(())
+    }
+
     /// Appends a NULL (zeros underneath).
     pub fn append_null(&mut self) {
         self.values
@@ -456,6 +510,23 @@ impl<T: ArrowPrimitiveType> TensorBuilder<T> {
             nulls,
         )?))
     }
+}
+
+/// A uint8 tensor column typed as `field` over `values` (`rows * size` bytes), without a copy.
+pub fn u8_tensor_from_buffer(field: &Field, values: Buffer) -> Result<ArrayRef> {
+    let DataType::FixedSizeList(item, size) = field.data_type() else {
+        return Err(DataFusionError::Internal(format!(
+            "tensor field of type {}",
+            field.data_type()
+        )));
+    };
+    let values = PrimitiveArray::<UInt8Type>::new(ScalarBuffer::from(values), None);
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        Arc::clone(item),
+        *size,
+        Arc::new(values),
+        None,
+    )?))
 }
 
 /// uint8 tensor builder.
@@ -530,5 +601,50 @@ pub fn expect_array(udf: &str, field: &Field) -> Result<()> {
             "{udf}: expected an array (from npy or npz), got {}",
             field.data_type()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_sized_images_are_already_a_tensor() {
+        let mut b = ImageBuilder::with_capacity(3, 12);
+        for v in 0..3u8 {
+            b.append(ImageRef {
+                height: 2,
+                width: 2,
+                channels: 3,
+                pixels: &[v; 12],
+            });
+        }
+        let col = b.finish();
+        let images = ImageColumn::new(&col, "t").unwrap();
+        let shared = images.contiguous(12).unwrap();
+        let pixels = col
+            .as_struct()
+            .column(3)
+            .as_binary::<i64>()
+            .values()
+            .as_ptr();
+        assert_eq!(shared.as_ptr(), pixels);
+        assert_eq!(shared.len(), 36);
+        assert!(images.contiguous(11).is_none());
+        // A NULL row (or a failed fill) breaks the layout: no sharing.
+        let mut b = ImageBuilder::with_capacity(2, 12);
+        b.append(ImageRef {
+            height: 2,
+            width: 2,
+            channels: 3,
+            pixels: &[1; 12],
+        });
+        assert!(b.try_append_with(2, 2, 3, |_| Err("bad")).is_err());
+        b.append_null();
+        let col = b.finish();
+        let images = ImageColumn::new(&col, "t").unwrap();
+        assert!(images.contiguous(12).is_none());
+        assert_eq!(images.get(0).unwrap().pixels, &[1; 12]);
+        assert!(images.get(1).is_none());
     }
 }

@@ -64,15 +64,56 @@ impl Mode {
     }
 }
 
-/// Format and dimensions from the header, with the limits checked.
-pub fn header(
-    bytes: &[u8],
-    mode: Mode,
-    limits: &Limits,
-) -> Result<(ImageFormat, u32, u32), String> {
+/// What an image's header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The format.
+    pub format: ImageFormat,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// A JPEG that libjpeg-turbo decodes to RGB/L/RGBA (not CMYK/YCCK).
+    pub turbo: bool,
+}
+
+/// Reads the header once (libjpeg-turbo for JPEG, the `image` crate
+/// otherwise) and checks the limits.
+pub fn header(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Header, String> {
     if bytes.is_empty() {
         return Err("empty object".into());
     }
+    let hd = if is_jpeg(bytes) {
+        // A stream cut before its frame header reads as 0x0 rather than
+        // failing: that is a bad header too.
+        let jh = with_turbo(|d| match d.read_header(bytes) {
+            Ok(h) if h.width > 0 && h.height > 0 => Ok(h),
+            Ok(_) => Err("bad JPEG header: no frame header before the data ends".to_owned()),
+            Err(e) => Err(format!("bad JPEG header: {e}")),
+        })?;
+        use turbojpeg::Colorspace as C;
+        Header {
+            format: ImageFormat::Jpeg,
+            width: u32::try_from(jh.width).unwrap_or(u32::MAX),
+            height: u32::try_from(jh.height).unwrap_or(u32::MAX),
+            turbo: matches!(jh.colorspace, C::RGB | C::YCbCr | C::Gray),
+        }
+    } else {
+        let (format, decoder) = image_decoder(bytes)?;
+        let (width, height) = decoder.dimensions();
+        Header {
+            format,
+            width,
+            height,
+            turbo: false,
+        }
+    };
+    check(hd.width, hd.height, mode, limits)?;
+    Ok(hd)
+}
+
+/// The `image` crate's decoder for `bytes`, its header read.
+fn image_decoder(bytes: &[u8]) -> Result<(ImageFormat, Box<dyn image::ImageDecoder + '_>), String> {
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| format!("cannot read header: {e}"))?;
@@ -85,9 +126,7 @@ pub fn header(
     let decoder = reader
         .into_decoder()
         .map_err(|e| format!("bad {format:?} header: {e}"))?;
-    let (w, h) = decoder.dimensions();
-    check(w, h, mode, limits)?;
-    Ok((format, w, h))
+    Ok((format, Box::new(decoder)))
 }
 
 fn check(w: u32, h: u32, mode: Mode, limits: &Limits) -> Result<(), String> {
@@ -117,6 +156,29 @@ thread_local! {
     static TURBO: std::cell::RefCell<Option<turbojpeg::Decompressor>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Runs `f` with this thread's libjpeg-turbo decompressor, made once and
+/// replaced after an error (a handle that failed mid-stream may keep stale
+/// state: the next header read on it reports 0x0).
+fn with_turbo<T>(
+    f: impl FnOnce(&mut turbojpeg::Decompressor) -> Result<T, String>,
+) -> Result<T, String> {
+    TURBO.with(|t| {
+        let mut t = t.borrow_mut();
+        let d = match t.as_mut() {
+            Some(d) => d,
+            None => t.insert(
+                turbojpeg::Decompressor::new()
+                    .map_err(|e| format!("cannot start libjpeg-turbo: {e}"))?,
+            ),
+        };
+        let result = f(d);
+        if result.is_err() {
+            *t = None;
+        }
+        result
+    })
+}
+
 /// Sides of a `w`×`h` JPEG decoded at `m`/8 scale (TurboJPEG's TJSCALED).
 pub fn scaled(w: u32, h: u32, m: u32) -> (u32, u32) {
     ((w * m).div_ceil(8), (h * m).div_ceil(8))
@@ -138,15 +200,7 @@ fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32, m: u32) -> Result<Image
         height: sh as usize,
         format,
     };
-    TURBO.with(|t| {
-        let mut t = t.borrow_mut();
-        let d = match t.as_mut() {
-            Some(d) => d,
-            None => t.insert(
-                turbojpeg::Decompressor::new()
-                    .map_err(|e| format!("cannot start libjpeg-turbo: {e}"))?,
-            ),
-        };
+    with_turbo(|d| {
         d.decompress(bytes, image)
             .map_err(|e| format!("cannot decode JPEG: {e}"))
     })?;
@@ -158,31 +212,28 @@ fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32, m: u32) -> Result<Image
     })
 }
 
-/// Whether libjpeg-turbo can decode this JPEG to RGB/L/RGBA (not CMYK/YCCK).
-fn turbo_can(bytes: &[u8]) -> bool {
-    matches!(
-        turbojpeg::read_header(bytes).map(|h| h.colorspace),
-        Ok(turbojpeg::Colorspace::RGB | turbojpeg::Colorspace::YCbCr | turbojpeg::Colorspace::Gray)
-    )
-}
-
 /// Decodes a whole image.
 pub fn decode(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String> {
-    let (format, w, h) = header(bytes, mode, limits)?;
-    if format == ImageFormat::Jpeg && turbo_can(bytes) {
-        return decode_jpeg(bytes, mode, w, h, 8);
+    let hd = header(bytes, mode, limits)?;
+    decode_full(bytes, mode, &hd, limits)
+}
+
+/// Decodes a whole image whose header is `hd`.
+fn decode_full(bytes: &[u8], mode: Mode, hd: &Header, limits: &Limits) -> Result<Image, String> {
+    if hd.turbo {
+        return decode_jpeg(bytes, mode, hd.width, hd.height, 8);
     }
-    let mut reader = ImageReader::new(Cursor::new(bytes));
-    reader.set_format(format);
+    let (format, mut decoder) = image_decoder(bytes)?;
     let mut il = image::Limits::default();
     il.max_alloc = Some(
         limits
             .max_decoded_bytes
-            .max(u64::from(w) * u64::from(h) * 8),
+            .max(u64::from(hd.width) * u64::from(hd.height) * 8),
     );
-    reader.limits(il);
-    let img = reader
-        .decode()
+    decoder
+        .set_limits(il)
+        .map_err(|e| format!("cannot decode {format:?}: {e}"))?;
+    let img = DynamicImage::from_decoder(decoder)
         .map_err(|e| format!("cannot decode {format:?}: {e}"))?;
     Ok(mode.convert(img))
 }
@@ -205,24 +256,24 @@ pub struct Scaled {
 
 /// Decodes an image no smaller than `min_w`×`min_h`, downscaling in the
 /// DCT domain (by the smallest M/8 that keeps both sides at least that
-/// large) when the file is a JPEG; otherwise decodes it whole. `full` is the
-/// original size (from [`header`]).
+/// large) when the file is a JPEG; otherwise decodes it whole. `hd` is its
+/// [`header`].
 pub fn decode_at_least(
     bytes: &[u8],
     mode: Mode,
-    full: (u32, u32),
+    hd: &Header,
     min_w: f64,
     min_h: f64,
     limits: &Limits,
 ) -> Result<Scaled, String> {
-    let (w, h) = full;
+    let (w, h) = (hd.width, hd.height);
     let m = (1..8)
         .find(|&m| {
             let (sw, sh) = scaled(w, h, m);
             f64::from(sw) >= min_w && f64::from(sh) >= min_h
         })
         .unwrap_or(8);
-    if m < 8 && is_jpeg(bytes) && turbo_can(bytes) {
+    if m < 8 && hd.turbo {
         let image = decode_jpeg(bytes, mode, w, h, m)?;
         return Ok(Scaled {
             factor_x: f64::from(w) / f64::from(image.width),
@@ -231,7 +282,7 @@ pub fn decode_at_least(
         });
     }
     Ok(Scaled {
-        image: decode(bytes, mode, limits)?,
+        image: decode_full(bytes, mode, hd, limits)?,
         factor_x: 1.0,
         factor_y: 1.0,
     })
@@ -263,15 +314,9 @@ mod tests {
     #[test]
     fn dct_scaling_decodes_a_smaller_image_close_to_the_full_one() {
         let bytes = jpeg(800, 600);
-        let s = decode_at_least(
-            &bytes,
-            Mode::Rgb,
-            (800, 600),
-            100.0,
-            75.0,
-            &Limits::default(),
-        )
-        .unwrap();
+        let hd = header(&bytes, Mode::Rgb, &Limits::default()).unwrap();
+        assert_eq!((hd.width, hd.height, hd.turbo), (800, 600, true));
+        let s = decode_at_least(&bytes, Mode::Rgb, &hd, 100.0, 75.0, &Limits::default()).unwrap();
         assert_eq!((s.image.width, s.image.height), (100, 75));
         assert_eq!((s.factor_x, s.factor_y), (8.0, 8.0));
         // The pixel at (x, y) of the small image averages an 8x8 block whose
@@ -280,10 +325,10 @@ mod tests {
         assert!((i32::from(r) - 83).abs() <= 6, "{r}");
         // 3/8 is the smallest scale that keeps 300x200.
         let l = Limits::default();
-        let s = decode_at_least(&bytes, Mode::Rgb, (800, 600), 300.0, 200.0, &l).unwrap();
+        let s = decode_at_least(&bytes, Mode::Rgb, &hd, 300.0, 200.0, &l).unwrap();
         assert_eq!((s.image.width, s.image.height), (300, 225));
         // No smaller scale keeps 750x590: decoded whole.
-        let full = decode_at_least(&bytes, Mode::Rgb, (800, 600), 750.0, 590.0, &l).unwrap();
+        let full = decode_at_least(&bytes, Mode::Rgb, &hd, 750.0, 590.0, &l).unwrap();
         assert_eq!((full.image.width, full.factor_x), (800, 1.0));
     }
 

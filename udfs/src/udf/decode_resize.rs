@@ -19,7 +19,7 @@ use super::random_resized_crop::{RRC_PARAMS, rrc_params};
 use super::{Function, RandomResizedCrop};
 use crate::args::{ArgSpec, Call, Consts, Kind, Lit, Param, opt, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::decode::{Mode, decode_at_least, header};
+use crate::kernels::decode::{Header, Mode, decode_at_least, header};
 use crate::kernels::resize::{Filter, Rect, resize_into};
 use crate::tensor::{ImageBuilder, binary_value, expect_binary, image_field};
 
@@ -42,6 +42,52 @@ const RRC_FUSED_PARAMS: [Param; 8] = [
     opt("mode", Kind::Str, Lit::Str("RGB")),
 ];
 
+/// What each row of a fused call becomes.
+struct Target {
+    h: u32,
+    w: u32,
+    mode: Mode,
+    filter: Filter,
+    limits: crate::env::Limits,
+}
+
+/// Decodes `bytes` (a `full`-sized image) no larger than `win` needs and
+/// resamples `win` into `out` at the target size.
+fn decode_window(
+    bytes: &[u8],
+    hd: &Header,
+    win: Rect,
+    t: &Target,
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let (fw, fh) = (hd.width, hd.height);
+    let (h, w, mode, limits) = (t.h, t.w, t.mode, &t.limits);
+    let s = (win.width / f64::from(w))
+        .min(win.height / f64::from(h))
+        .max(1.0);
+    let scaled = decode_at_least(
+        bytes,
+        mode,
+        hd,
+        f64::from(fw) / s,
+        f64::from(fh) / s,
+        limits,
+    )?;
+    let (fx, fy) = (scaled.factor_x, scaled.factor_y);
+    let img = &scaled.image;
+    let rect = Rect {
+        left: win.left / fx,
+        top: win.top / fy,
+        width: (win.width / fx).min(f64::from(img.width)),
+        height: (win.height / fy).min(f64::from(img.height)),
+    };
+    let full = rect.left == 0.0
+        && rect.top == 0.0
+        && rect.width == f64::from(img.width)
+        && rect.height == f64::from(img.height);
+    resize_into(img.view(), (!full).then_some(rect), h, w, t.filter, out)
+}
+
 /// Decodes each row and writes an `h`×`w` image resampled from the window
 /// `window` picks (in full-size coordinates) for that row.
 fn decode_windows(
@@ -53,52 +99,32 @@ fn decode_windows(
     let (h, w) = (call.consts.size(1)?, call.consts.size(2)?);
     let data = call.array(0)?;
     let limits = call.limits();
-    let mut out =
-        ImageBuilder::with_capacity(call.rows, (h * w) as usize * usize::from(mode.channels()));
-    let mut buf = vec![0u8; (h * w) as usize * usize::from(mode.channels())];
+    let c = mode.channels();
+    let target = Target {
+        h,
+        w,
+        mode,
+        filter,
+        limits,
+    };
+    let mut out = ImageBuilder::with_capacity(call.rows, (h * w) as usize * usize::from(c));
     for row in 0..call.rows {
         let Some(bytes) = binary_value(&data, row) else {
             out.append_null();
             continue;
         };
-        let result = header(bytes, mode, &limits).and_then(|(_, fw, fh)| {
-            let win = window(row, fh, fw).map_err(|e| e.to_string())?;
-            let s = (win.width / f64::from(w))
-                .min(win.height / f64::from(h))
-                .max(1.0);
-            let scaled = decode_at_least(
-                bytes,
-                mode,
-                (fw, fh),
-                f64::from(fw) / s,
-                f64::from(fh) / s,
-                &limits,
-            )?;
-            let (fx, fy) = (scaled.factor_x, scaled.factor_y);
-            let img = &scaled.image;
-            let rect = Rect {
-                left: win.left / fx,
-                top: win.top / fy,
-                width: (win.width / fx).min(f64::from(img.width)),
-                height: (win.height / fy).min(f64::from(img.height)),
-            };
-            let full = rect.left == 0.0
-                && rect.top == 0.0
-                && rect.width == f64::from(img.width)
-                && rect.height == f64::from(img.height);
-            resize_into(img.view(), (!full).then_some(rect), h, w, filter, &mut buf)
-        });
-        match result {
-            Ok(()) => out.append(crate::tensor::ImageRef {
-                height: h,
-                width: w,
-                channels: mode.channels(),
-                pixels: &buf,
-            }),
-            Err(reason) => {
-                call.bad(row, reason)?;
-                out.append_null();
+        let result = match header(bytes, mode, &target.limits) {
+            Ok(hd) => {
+                // A window that cannot be drawn (no hidden arguments) fails
+                // the query; it is not a property of the sample.
+                let win = window(row, hd.height, hd.width)?;
+                out.try_append_with(h, w, c, |dst| decode_window(bytes, &hd, win, &target, dst))
             }
+            Err(reason) => Err(reason),
+        };
+        if let Err(reason) = result {
+            call.bad(row, reason)?;
+            out.append_null();
         }
     }
     Ok(out.finish())

@@ -50,18 +50,17 @@ impl Function for DecodeVideo {
         let limits = call.limits();
         let size = n as usize * h as usize * w as usize * 3;
         let mut out = TensorBuilder::<UInt8Type>::new(call.rows, size);
-        let mut buf = vec![0u8; size];
         for row in 0..call.rows {
             let Some(bytes) = binary_buffer(&data, row) else {
                 out.append_null();
                 continue;
             };
-            match decode_clip(bytes, n, h, w, sampling, &limits, &mut buf) {
-                Ok(()) => out.append_with(|d| d.copy_from_slice(&buf)),
-                Err(reason) => {
-                    call.bad(row, reason)?;
-                    out.append_null();
-                }
+            // Frames are converted straight into the tensor column.
+            let decoded =
+                out.try_append_with(|dst| decode_clip(bytes, n, h, w, sampling, &limits, dst));
+            if let Err(reason) = decoded {
+                call.bad(row, reason)?;
+                out.append_null();
             }
         }
         out.finish(call.return_field)

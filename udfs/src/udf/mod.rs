@@ -143,74 +143,43 @@ pub fn spec(name: &str) -> Option<ArgSpec> {
 
 /// Estimates one call of the sluice UDF `udf` on a sample described by `input`.
 pub fn estimate(udf: &ScalarUDF, consts: &Consts, input: &SampleStats) -> Option<Result<Estimate>> {
-    fn try_one<F: Function>(
-        inner: &dyn Any,
-        c: &Consts,
-        s: &SampleStats,
-    ) -> Option<Result<Estimate>> {
-        inner
-            .downcast_ref::<Udf<F>>()
-            .map(|u| u.function.cost(c, s))
-    }
-    let inner: &dyn Any = udf.inner().as_ref();
-    macro_rules! each {
-        ($($t:ty),*) => { None$(.or_else(|| try_one::<$t>(inner, consts, input)))* };
-    }
-    each!(
-        DecodeImage,
-        Resize,
-        CenterCrop,
-        RandomResizedCrop,
-        RandomHorizontalFlip,
-        Normalize,
-        ToTensor,
-        DecodeResize,
-        DecodeRandomResizedCrop,
-        DecodeVideo,
-        Npy,
-        Npz,
-        Crop3d,
-        Resize3d
-    )
+    estimate_any(udf.inner().as_ref(), consts, input)
 }
 
-/// Every UDF's spec.
-pub const SPECS: &[ArgSpec] = &[
-    DecodeImage::SPEC,
-    Resize::SPEC,
-    CenterCrop::SPEC,
-    RandomResizedCrop::SPEC,
-    RandomHorizontalFlip::SPEC,
-    Normalize::SPEC,
-    ToTensor::SPEC,
-    DecodeResize::SPEC,
-    DecodeRandomResizedCrop::SPEC,
-    DecodeVideo::SPEC,
-    Npy::SPEC,
-    Npz::SPEC,
-    Crop3d::SPEC,
-    Resize3d::SPEC,
-];
+/// The UDF types, listed once: their specs, their `ScalarUDF`s, and the
+/// downcast that reaches a `ScalarUDF`'s cost model.
+macro_rules! functions {
+    ($($f:ident),* $(,)?) => {
+        /// Every UDF's spec.
+        pub const SPECS: &[ArgSpec] = &[$($f::SPEC),*];
 
-/// Every UDF bound to `env`.
-pub fn all(env: &Arc<UdfEnv>) -> Vec<ScalarUDF> {
-    vec![
-        Udf::<DecodeImage>::udf(env),
-        Udf::<Resize>::udf(env),
-        Udf::<CenterCrop>::udf(env),
-        Udf::<RandomResizedCrop>::udf(env),
-        Udf::<RandomHorizontalFlip>::udf(env),
-        Udf::<Normalize>::udf(env),
-        Udf::<ToTensor>::udf(env),
-        Udf::<DecodeResize>::udf(env),
-        Udf::<DecodeRandomResizedCrop>::udf(env),
-        Udf::<DecodeVideo>::udf(env),
-        Udf::<Npy>::udf(env),
-        Udf::<Npz>::udf(env),
-        Udf::<Crop3d>::udf(env),
-        Udf::<Resize3d>::udf(env),
-    ]
+        /// Every UDF bound to `env`.
+        pub fn all(env: &Arc<UdfEnv>) -> Vec<ScalarUDF> {
+            vec![$(Udf::<$f>::udf(env)),*]
+        }
+
+        fn estimate_any(inner: &dyn Any, c: &Consts, s: &SampleStats) -> Option<Result<Estimate>> {
+            None$(.or_else(|| inner.downcast_ref::<Udf<$f>>().map(|u| u.function.cost(c, s))))*
+        }
+    };
 }
+
+functions!(
+    DecodeImage,
+    Resize,
+    CenterCrop,
+    RandomResizedCrop,
+    RandomHorizontalFlip,
+    Normalize,
+    ToTensor,
+    DecodeResize,
+    DecodeRandomResizedCrop,
+    DecodeVideo,
+    Npy,
+    Npz,
+    Crop3d,
+    Resize3d,
+);
 
 /// Applies `f` to every non-NULL image of argument 0, writing an image of
 /// the size `size` gives (from the input image) in place. A row whose `f`
@@ -223,26 +192,15 @@ pub(crate) fn map_images(
     let input = call.array(0)?;
     let images = crate::tensor::ImageColumn::new(&input, call.spec.name)?;
     let mut out = crate::tensor::ImageBuilder::with_capacity(call.rows, 0);
-    let mut buf = Vec::new();
     for row in 0..call.rows {
         let Some(img) = images.get(row) else {
             out.append_null();
             continue;
         };
         let (h, w) = size(&img);
-        buf.clear();
-        buf.resize(h as usize * w as usize * usize::from(img.channels), 0);
-        match f(row, img, &mut buf) {
-            Ok(()) => out.append(crate::tensor::ImageRef {
-                height: h,
-                width: w,
-                channels: img.channels,
-                pixels: &buf,
-            }),
-            Err(reason) => {
-                call.bad(row, reason)?;
-                out.append_null();
-            }
+        if let Err(reason) = out.try_append_with(h, w, img.channels, |dst| f(row, img, dst)) {
+            call.bad(row, reason)?;
+            out.append_null();
         }
     }
     Ok(out.finish())

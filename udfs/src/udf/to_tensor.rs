@@ -11,6 +11,7 @@ use crate::cost::{Estimate, SampleStats};
 use crate::kernels::npy::DType;
 use crate::tensor::{
     ArrayColumn, ImageColumn, TensorBuilder, array_dtype, array_shape, is_image, tensor_field,
+    u8_tensor_from_buffer,
 };
 
 /// Fixed-shape tensors (`arrow.fixed_shape_tensor`) from images or arrays.
@@ -82,6 +83,9 @@ impl Function for ToTensor {
         };
         if is_image(&call.fields[0]) {
             let images = ImageColumn::new(&input, Self::SPEC.name)?;
+            if let Some(pixels) = images.contiguous(size) {
+                return u8_tensor_from_buffer(call.return_field, pixels);
+            }
             let mut out = TensorBuilder::<UInt8Type>::new(call.rows, size);
             for row in 0..call.rows {
                 match images.get(row) {
