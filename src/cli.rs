@@ -109,6 +109,68 @@ impl UdfFlags {
     }
 }
 
+/// Where a query's stages run and what the planner assumes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlaceFlags {
+    /// Where stages run: auto (the cost model decides), storage, compute,
+    /// or a cut index (the first N stages on storage).
+    #[arg(long, default_value = "auto")]
+    pub offload: sluice_planner::Offload,
+    /// Storage nodes to run storage fragments on (comma-separated URLs);
+    /// without it, the data dir is served in this process.
+    #[arg(long, value_delimiter = ',', conflicts_with = "connect")]
+    pub storage: Vec<String>,
+    /// Send the query to a compute node (`sluice compute-node` or `sluice serve`) instead.
+    #[arg(long)]
+    pub connect: Option<String>,
+    /// Resources: cores of the storage side (in process: threads of the
+    /// in-process storage node; remote: what the planner assumes).
+    #[arg(long)]
+    pub storage_cores: Option<usize>,
+    /// Resources: cores of the compute side.
+    #[arg(long)]
+    pub compute_cores: Option<usize>,
+    /// Resources: the storage→compute link the planner assumes, e.g. 10Gbit
+    /// (default: the nodes' link limits, else a measured probe).
+    #[arg(long, value_parser = parse_rate)]
+    pub link_bandwidth: Option<RateArg>,
+    /// Experiment knob: limit the in-process storage node's link to this
+    /// rate (token bucket), e.g. 1Gbit.
+    #[arg(long, value_parser = parse_rate)]
+    pub link_limit: Option<RateArg>,
+}
+
+/// A link rate from the command line (`None`: unlimited).
+#[derive(Debug, Clone, Copy)]
+pub struct RateArg(pub Option<f64>);
+
+fn parse_rate(s: &str) -> Result<RateArg, String> {
+    sluice_planner::resources::parse_rate(s).map(RateArg)
+}
+
+/// Options of a node process.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeFlags {
+    /// Address to serve Arrow Flight on (port 0 picks a free one).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Threads given to storage fragments (default: all cores).
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Experiment knob: limit the outgoing link to this rate (token bucket), e.g. 1Gbit.
+    #[arg(long, value_parser = parse_rate)]
+    pub link_limit: Option<RateArg>,
+}
+
+/// Output format of `explain`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ExplainFormat {
+    /// Text with a table of candidates.
+    Text,
+    /// JSON.
+    Json,
+}
+
 /// How binary columns are printed.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum BinaryFormat {
@@ -158,6 +220,68 @@ pub enum Command {
         /// UDF options.
         #[command(flatten)]
         udf: UdfFlags,
+        /// Placement.
+        #[command(flatten)]
+        place: PlaceFlags,
+    },
+    /// Show where each stage of a query would run and why: the candidate
+    /// cuts with their estimated rates, the choice, and both fragments.
+    Explain {
+        /// The query.
+        query: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        format: ExplainFormat,
+        /// UDF options.
+        #[command(flatten)]
+        udf: UdfFlags,
+        /// Placement.
+        #[command(flatten)]
+        place: PlaceFlags,
+    },
+    /// Serve the data dir's datasets to compute nodes over Arrow Flight.
+    StorageNode {
+        /// Node options.
+        #[command(flatten)]
+        node: NodeFlags,
+    },
+    /// Answer queries over Arrow Flight, running storage fragments on remote storage nodes.
+    ComputeNode {
+        /// Address to serve Arrow Flight on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:50052")]
+        listen: String,
+        /// Storage nodes (comma-separated URLs).
+        #[arg(long, value_delimiter = ',', required = true)]
+        storage: Vec<String>,
+        /// Resources: cores storage nodes give fragments (default: what they say).
+        #[arg(long)]
+        storage_cores: Option<usize>,
+        /// Resources: cores of this node.
+        #[arg(long)]
+        compute_cores: Option<usize>,
+        /// Resources: the link the planner assumes (default: measured).
+        #[arg(long, value_parser = parse_rate)]
+        link_bandwidth: Option<RateArg>,
+    },
+    /// The embedded default: a storage node over the data dir and a compute
+    /// node in one process, answering queries over Arrow Flight.
+    Serve {
+        /// Address to serve queries on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:50052")]
+        listen: String,
+        /// Join the two sides over loopback Flight (serialising fragments
+        /// and batches) instead of in-process.
+        #[arg(long)]
+        loopback: bool,
+        /// Threads of the storage side (default: all cores).
+        #[arg(long)]
+        storage_cores: Option<usize>,
+        /// Resources: cores of the compute side.
+        #[arg(long)]
+        compute_cores: Option<usize>,
+        /// Experiment knob: limit the storage→compute link (token bucket), e.g. 1Gbit.
+        #[arg(long, value_parser = parse_rate)]
+        link_limit: Option<RateArg>,
     },
     /// List the UDFs with their cost profiles; --calibrate measures the profiles here.
     Udfs {

@@ -3,9 +3,12 @@
 pub mod bench;
 mod bench_udf;
 mod datasets;
+mod explain;
 mod gen_sample;
 mod info;
 mod ingest;
+mod nodes;
+pub mod place;
 mod sql;
 mod udfs;
 
@@ -69,7 +72,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             format,
             binary,
             udf,
-        } => sql::run(&cli, query, *format, *binary, udf).await,
+            place,
+        } => sql::run(&cli, query, *format, *binary, udf, place).await,
+        Command::Explain {
+            query,
+            format,
+            udf,
+            place,
+        } => explain::run(&cli, query, *format, udf, place).await,
+        Command::StorageNode { node } => nodes::storage_node(&cli, node).await,
+        Command::ComputeNode {
+            listen,
+            storage,
+            storage_cores,
+            compute_cores,
+            link_bandwidth,
+        } => {
+            let hints = place::hints(*storage_cores, *compute_cores, *link_bandwidth);
+            nodes::compute_node(&cli, listen, storage, hints).await
+        }
+        Command::Serve {
+            listen,
+            loopback,
+            storage_cores,
+            compute_cores,
+            link_limit,
+        } => {
+            let hints = place::hints(None, *compute_cores, None);
+            nodes::serve(&cli, listen, *loopback, *storage_cores, *link_limit, hints).await
+        }
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),
         Command::GenSample {

@@ -19,8 +19,13 @@
 //! - [`ingest`]: atomic ingest of directories and manifests;
 //! - [`scan`]: the table provider and the zero-copy `ExtentSource`.
 //!
-//! This crate knows nothing of planners, Flight or trainers: it serves
-//! datasets to whoever builds a DataFusion session over them.
+//! - [`stats`]: a dataset's statistics for the planner;
+//! - [`node`] and [`flight_service`]: the storage node, which binds storage
+//!   fragments to local scans, runs them on its own cores and streams them
+//!   over Arrow Flight (or in-process).
+//!
+//! This crate does not decide what runs where (that is `sluice-planner`);
+//! it runs the fragments it is sent.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,14 +44,19 @@ pub mod buffer;
 pub mod catalog;
 pub mod device;
 mod error;
+pub mod flight_service;
 pub mod ingest;
 pub mod layout;
 pub mod metadata;
+pub mod node;
 pub mod scan;
 mod session;
+pub mod stats;
 pub mod store;
 
 pub use error::{Result, StorageError};
+pub use flight_service::StorageFlightService;
 pub use ingest::{IngestOptions, IngestReport, IngestSource, OnError, ingest};
+pub use node::StorageNode;
 pub use session::{session_context, session_context_with};
 pub use store::{Store, StoreOptions};

@@ -25,7 +25,17 @@ pub fn session_context_with(
     options: ScanOptions,
     udfs: &Arc<UdfEnv>,
 ) -> SessionContext {
-    let config = SessionConfig::new().with_information_schema(true);
+    session_context_with_config(store, options, udfs, SessionConfig::new())
+}
+
+/// [`session_context_with`] under `config` (partitions, batch size).
+pub fn session_context_with_config(
+    store: Arc<Store>,
+    options: ScanOptions,
+    udfs: &Arc<UdfEnv>,
+    config: SessionConfig,
+) -> SessionContext {
+    let config = config.with_information_schema(true);
     let ctx = SessionContext::new_with_config(config);
     let schema = Arc::new(DatasetSchema::new(store, options));
     if let Some(catalog) = ctx.catalog("datafusion") {

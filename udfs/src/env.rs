@@ -103,7 +103,7 @@ pub struct UdfOptions {
 }
 
 /// A sample that was skipped or nulled.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BadSample {
     /// The UDF that refused it.
     pub udf: String,
@@ -137,6 +137,15 @@ impl ErrorLog {
         if g.1.len() < Self::KEEP {
             g.1.push(sample);
         }
+    }
+
+    /// Adds what another process recorded: `total` bad samples, of which
+    /// `kept` were kept there.
+    pub fn merge(&self, total: u64, kept: Vec<BadSample>) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 += total;
+        let room = Self::KEEP.saturating_sub(g.1.len());
+        g.1.extend(kept.into_iter().take(room));
     }
 
     /// How many were recorded, and the first ones.

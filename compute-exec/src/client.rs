@@ -1,0 +1,161 @@
+//! [`QueryClient`]: a typed client of a compute node's [`QueryService`](crate::QueryService).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow_flight::Action;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use futures::{StreamExt, TryStreamExt};
+use sluice_flight::MAX_MESSAGE;
+use sluice_flight::messages::FragmentReport;
+use sluice_planner::Explanation;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::service::{EXPLAIN, QueryTicket};
+
+/// An error from a compute node, with its message.
+#[derive(Debug, thiserror::Error)]
+#[error("{node}: {message}")]
+pub struct QueryError {
+    /// The node's URL.
+    pub node: String,
+    /// Its status code.
+    pub code: tonic::Code,
+    /// Its message.
+    pub message: String,
+}
+
+/// A query's result.
+#[derive(Debug)]
+pub struct QueryResult {
+    /// Its schema.
+    pub schema: SchemaRef,
+    /// Its batches.
+    pub batches: Vec<RecordBatch>,
+    /// Bad samples met.
+    pub report: FragmentReport,
+}
+
+/// A client of one compute node.
+#[derive(Debug, Clone)]
+pub struct QueryClient {
+    node: String,
+    inner: FlightServiceClient<Channel>,
+}
+
+impl QueryClient {
+    /// A client of the node at `url`.
+    pub fn new(url: &str) -> Result<Self, QueryError> {
+        let node = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
+        let endpoint = Endpoint::from_shared(node.clone())
+            .map_err(|e| QueryError {
+                node: node.clone(),
+                code: tonic::Code::InvalidArgument,
+                message: format!("bad URL: {e}"),
+            })?
+            .connect_timeout(Duration::from_secs(5));
+        let inner = FlightServiceClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Self { node, inner })
+    }
+
+    fn err(&self, s: &tonic::Status) -> QueryError {
+        QueryError {
+            node: self.node.clone(),
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+
+    /// Runs a query and collects its result.
+    pub async fn query(&self, ticket: &QueryTicket) -> Result<QueryResult, QueryError> {
+        let body = serde_json::to_vec(ticket).map_err(|e| QueryError {
+            node: self.node.clone(),
+            code: tonic::Code::Internal,
+            message: e.to_string(),
+        })?;
+        let stream = self
+            .inner
+            .clone()
+            .do_get(arrow_flight::Ticket {
+                ticket: body.into(),
+            })
+            .await
+            .map_err(|s| self.err(&s))?
+            .into_inner()
+            .map_err(|s| FlightError::Tonic(Box::new(s)));
+        let mut decoder = FlightDataDecoder::new(stream);
+        let mut schema: Option<SchemaRef> = None;
+        let mut batches = Vec::new();
+        let mut report = FragmentReport::default();
+        while let Some(d) = decoder.next().await {
+            let d = d.map_err(|e| match e {
+                FlightError::Tonic(s) => self.err(&s),
+                other => QueryError {
+                    node: self.node.clone(),
+                    code: tonic::Code::Internal,
+                    message: other.to_string(),
+                },
+            })?;
+            match d.payload {
+                DecodedPayload::Schema(s) => schema = Some(s),
+                DecodedPayload::RecordBatch(b) => batches.push(b),
+                DecodedPayload::None => {
+                    if let Ok(r) = serde_json::from_slice(&d.inner.app_metadata) {
+                        report = r;
+                    }
+                }
+            }
+        }
+        let schema = schema
+            .or_else(|| batches.first().map(|b| b.schema()))
+            .unwrap_or_else(|| Arc::new(arrow::datatypes::Schema::empty()));
+        Ok(QueryResult {
+            schema,
+            batches,
+            report,
+        })
+    }
+
+    /// The placement of a query.
+    pub async fn explain(&self, ticket: &QueryTicket) -> Result<Explanation, QueryError> {
+        let body = serde_json::to_vec(ticket).map_err(|e| QueryError {
+            node: self.node.clone(),
+            code: tonic::Code::Internal,
+            message: e.to_string(),
+        })?;
+        let mut replies = self
+            .inner
+            .clone()
+            .do_action(Action {
+                r#type: EXPLAIN.into(),
+                body: body.into(),
+            })
+            .await
+            .map_err(|s| self.err(&s))?
+            .into_inner();
+        let reply = replies
+            .message()
+            .await
+            .map_err(|s| self.err(&s))?
+            .ok_or_else(|| QueryError {
+                node: self.node.clone(),
+                code: tonic::Code::Internal,
+                message: "no explanation sent".into(),
+            })?;
+        serde_json::from_slice(&reply.body).map_err(|e| QueryError {
+            node: self.node.clone(),
+            code: tonic::Code::Internal,
+            message: format!("bad explanation: {e}"),
+        })
+    }
+}

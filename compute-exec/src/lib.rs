@@ -1,0 +1,28 @@
+//! # sluice-compute: the compute side
+//!
+//! ```text
+//!  SQL ──► ComputeSession ──► planner (sluice-planner) ──► compute fragment
+//!                │                                              │
+//!                │ datasets, stats, cores (ListFlights, node_info)   │ FragmentTable
+//!                ▼                                              ▼
+//!        StorageEndpoint × N  ◄───── fragment ─────── RemoteFragmentExec (one partition a node)
+//!        (Flight client, or the in-process storage node)
+//! ```
+//!
+//! - [`session`]: [`ComputeSession`] — learns the storage nodes' datasets and
+//!   statistics, plans a query, runs the compute fragment;
+//! - [`remote`]: the tables the compute side plans over and
+//!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
+//! - [`explain`]: SQL `EXPLAIN` of a placed query;
+//! - [`service`] and [`client`]: a compute node as a Flight service that
+//!   answers queries, and its typed client.
+
+pub mod client;
+pub mod explain;
+pub mod remote;
+pub mod service;
+pub mod session;
+
+pub use client::{QueryClient, QueryError, QueryResult};
+pub use service::{QueryService, QueryTicket};
+pub use session::{ComputeSession, PlannedQuery, ResourceHints, read_only};

@@ -1,0 +1,290 @@
+//! The compute side's view of storage: dataset tables it can plan over,
+//! fragment tables the planner's compute fragment reads, and
+//! [`RemoteFragmentExec`], which runs a storage fragment on every storage
+//! node holding its dataset — one partition per node.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, exec_err};
+use datafusion::datasource::TableType;
+use datafusion::execution::{
+    SendableRecordBatchStream, SessionState, SessionStateBuilder, TaskContext,
+};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    displayable,
+};
+use futures::{StreamExt, TryStreamExt, stream};
+use sluice_flight::{DatasetScanExec, StorageEndpoint};
+use sluice_planner::StorageFragment;
+use sluice_planner::pipeline::storage_capable;
+use sluice_udfs::UdfEnv;
+
+/// A dataset as the compute side sees it: its schema, planned over
+/// without its extents. Metadata filters are taken exactly (the storage
+/// node applies them before reading any object).
+#[derive(Debug)]
+pub struct RemoteDatasetTable {
+    name: String,
+    schema: SchemaRef,
+}
+
+impl RemoteDatasetTable {
+    /// The table of dataset `name`.
+    pub fn new(name: String, schema: SchemaRef) -> Self {
+        Self { name, schema }
+    }
+}
+
+#[async_trait]
+impl TableProvider for RemoteDatasetTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if f.column_refs().iter().any(|c| c.name == "data") || !storage_capable(f) {
+                    TableProviderFilterPushDown::Unsupported
+                } else {
+                    TableProviderFilterPushDown::Exact
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => Arc::clone(&self.schema),
+        };
+        Ok(Arc::new(DatasetScanExec::new(
+            self.name.clone(),
+            projection.cloned(),
+            filters.to_vec(),
+            limit,
+            schema,
+        )))
+    }
+}
+
+/// The output of one storage fragment, as a table of the compute fragment.
+#[derive(Debug)]
+pub struct FragmentTable {
+    fragment: StorageFragment,
+    endpoints: Vec<Arc<dyn StorageEndpoint>>,
+    udfs: Arc<UdfEnv>,
+    compute_cores: usize,
+}
+
+impl FragmentTable {
+    /// The table of `fragment`, run on `endpoints`.
+    pub fn new(
+        fragment: StorageFragment,
+        endpoints: Vec<Arc<dyn StorageEndpoint>>,
+        udfs: Arc<UdfEnv>,
+        compute_cores: usize,
+    ) -> Self {
+        Self {
+            fragment,
+            endpoints,
+            udfs,
+            compute_cores,
+        }
+    }
+}
+
+#[async_trait]
+impl TableProvider for FragmentTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::new(self.fragment.plan.schema().as_arrow().clone())
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        // The fragment is planned in one partition; the storage node
+        // spreads it over its own cores once bound.
+        let Some(state) = state.as_any().downcast_ref::<SessionState>() else {
+            return exec_err!("fragment tables need a DataFusion SessionState");
+        };
+        let config = state.config().clone().with_target_partitions(1);
+        let single = SessionStateBuilder::new_from_existing(state.clone())
+            .with_config(config)
+            .build();
+        let physical = single
+            .query_planner()
+            .create_physical_plan(&self.fragment.plan, &single)
+            .await?;
+        let mut plan: Arc<dyn ExecutionPlan> = Arc::new(RemoteFragmentExec::new(
+            self.fragment.dataset.clone(),
+            physical,
+            self.endpoints.clone(),
+            Arc::clone(&self.udfs),
+        ));
+        if let Some(p) = projection {
+            let schema = plan.schema();
+            let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p
+                .iter()
+                .map(|&i| {
+                    let f = schema.field(i);
+                    let col: Arc<dyn PhysicalExpr> = Arc::new(
+                        datafusion::physical_expr::expressions::Column::new(f.name(), i),
+                    );
+                    (col, f.name().clone())
+                })
+                .collect();
+            plan = Arc::new(ProjectionExec::try_new(exprs, plan)?);
+        }
+        if plan.output_partitioning().partition_count() < self.compute_cores {
+            plan = Arc::new(RepartitionExec::try_new(
+                plan,
+                Partitioning::RoundRobinBatch(self.compute_cores),
+            )?);
+        }
+        Ok(plan)
+    }
+}
+
+/// Runs a storage fragment on each storage node holding its dataset; its
+/// partition `i` is node `i`'s stream.
+#[derive(Debug)]
+pub struct RemoteFragmentExec {
+    dataset: String,
+    fragment: Arc<dyn ExecutionPlan>,
+    endpoints: Vec<Arc<dyn StorageEndpoint>>,
+    udfs: Arc<UdfEnv>,
+    properties: Arc<PlanProperties>,
+}
+
+impl RemoteFragmentExec {
+    /// A fragment over `dataset`, run on `endpoints`.
+    pub fn new(
+        dataset: String,
+        fragment: Arc<dyn ExecutionPlan>,
+        endpoints: Vec<Arc<dyn StorageEndpoint>>,
+        udfs: Arc<UdfEnv>,
+    ) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(fragment.schema()),
+            Partitioning::UnknownPartitioning(endpoints.len().max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            dataset,
+            fragment,
+            endpoints,
+            udfs,
+            properties,
+        }
+    }
+
+    /// The storage fragment's physical plan.
+    pub fn fragment(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.fragment
+    }
+}
+
+impl DisplayAs for RemoteFragmentExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<&str> = self.endpoints.iter().map(|e| e.name()).collect();
+        let plan = displayable(self.fragment.as_ref()).one_line().to_string();
+        write!(
+            f,
+            "RemoteFragmentExec: dataset={}, nodes=[{}], fragment={}",
+            self.dataset,
+            nodes.join(", "),
+            plan.trim_end()
+        )
+    }
+}
+
+impl ExecutionPlan for RemoteFragmentExec {
+    fn name(&self) -> &str {
+        "RemoteFragmentExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.fragment.schema();
+        let Some(endpoint) = self.endpoints.get(partition).cloned() else {
+            if self.endpoints.is_empty() && partition == 0 {
+                return exec_err!("no storage node holds dataset {}", self.dataset);
+            }
+            return exec_err!("RemoteFragmentExec has no partition {partition}");
+        };
+        let fragment = Arc::clone(&self.fragment);
+        let udfs = Arc::clone(&self.udfs);
+        let batches = stream::once(async move {
+            endpoint
+                .execute(fragment, udfs)
+                .await
+                .map_err(datafusion::error::DataFusionError::from)
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            batches.boxed(),
+        )))
+    }
+}

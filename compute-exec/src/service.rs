@@ -1,0 +1,229 @@
+//! [`QueryService`]: a compute node's Arrow Flight service. A client sends
+//! a [`QueryTicket`] (SQL, offload mode, UDF options) to `DoGet` and reads
+//! the result; the `explain` action answers the placement as JSON;
+//! `ListFlights` lists the datasets the node can reach. A stream ends with
+//! a message whose app metadata is a [`FragmentReport`] of the bad samples
+//! met.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult,
+};
+use bytes::Bytes;
+use datafusion::error::DataFusionError;
+use futures::{Stream, StreamExt, TryStreamExt, stream};
+use serde::{Deserialize, Serialize};
+use sluice_flight::error::status_of;
+use sluice_flight::messages::FragmentReport;
+use sluice_flight::{LinkError, MAX_FLIGHT_DATA, MAX_MESSAGE};
+use sluice_planner::Offload;
+use sluice_udfs::{UdfEnv, UdfOptions};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::session::ComputeSession;
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The action answering a query's placement.
+pub const EXPLAIN: &str = "explain";
+
+/// A query as a ticket (JSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueryTicket {
+    /// The SQL.
+    pub sql: String,
+    /// Where its stages may run.
+    #[serde(default)]
+    pub offload: Offload,
+    /// Its UDF options.
+    #[serde(default)]
+    pub udf: UdfOptions,
+}
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct QueryService {
+    session: Arc<ComputeSession>,
+}
+
+/// The status for an error of a query: a storage node's error keeps its
+/// kind and names the node.
+pub fn query_status(e: &DataFusionError, planning: bool) -> Status {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(link) = s.downcast_ref::<LinkError>() {
+            return match link {
+                LinkError::DatasetNotFound { .. } => Status::not_found(link.to_string()),
+                LinkError::Unavailable { .. } => Status::unavailable(link.to_string()),
+                _ => Status::internal(link.to_string()),
+            };
+        }
+        source = s.source();
+    }
+    status_of(e, planning)
+}
+
+impl QueryService {
+    /// The service of `session`.
+    pub fn new(session: Arc<ComputeSession>) -> Self {
+        Self { session }
+    }
+
+    /// The tonic server of this service.
+    pub fn server(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+}
+
+fn parse_ticket(bytes: &[u8]) -> Result<QueryTicket, Status> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Status::invalid_argument(format!("bad query ticket: {e}")))
+}
+
+#[tonic::async_trait]
+impl FlightService for QueryService {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("no handshake is needed"))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.session.refresh().await.map_err(Status::from)?;
+        let mut infos = Vec::new();
+        for (name, schema, stats, _) in self.session.datasets().await {
+            let info = FlightInfo::new()
+                .try_with_schema(&schema)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .with_descriptor(FlightDescriptor::new_path(vec![name]))
+                .with_total_records(stats.samples as i64)
+                .with_total_bytes(stats.bytes as i64);
+            infos.push(Ok(info));
+        }
+        Ok(Response::new(Box::pin(stream::iter(infos))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("send the query ticket to DoGet"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("send the query ticket to DoGet"))
+    }
+
+    async fn get_schema(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("use ListFlights"))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<arrow_flight::Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let t = parse_ticket(&request.into_inner().ticket)?;
+        let udfs = UdfEnv::new(t.udf);
+        let batches = self
+            .session
+            .execute(&t.sql, t.offload, &udfs)
+            .await
+            .map_err(|e| query_status(&e, true))?
+            .map_err(|e| FlightError::Tonic(Box::new(query_status(&e, false))));
+        let data = FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(MAX_FLIGHT_DATA)
+            .build(batches)
+            .map_err(|e| match e {
+                FlightError::Tonic(s) => *s,
+                other => Status::internal(other.to_string()),
+            });
+        let report = stream::once(async move {
+            let (bad_total, bad) = udfs.errors.snapshot();
+            let report = FragmentReport {
+                bad,
+                bad_total,
+                ..FragmentReport::default()
+            };
+            let json = serde_json::to_vec(&report).map_err(|e| Status::internal(e.to_string()))?;
+            Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
+        });
+        Ok(Response::new(Box::pin(data.chain(report))))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented("ingest on a storage node"))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("DoExchange is not used"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != EXPLAIN {
+            return Err(Status::invalid_argument(format!(
+                "unknown action {:?} (known: {EXPLAIN})",
+                action.r#type
+            )));
+        }
+        let t = parse_ticket(&action.body)?;
+        let udfs = UdfEnv::new(t.udf);
+        let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
+        let q = self
+            .session
+            .plan(sql, t.offload, &udfs)
+            .await
+            .map_err(|e| query_status(&e, true))?;
+        let body = q.explanation.to_json();
+        let reply = arrow_flight::Result {
+            body: body.into_bytes().into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let t = ActionType {
+            r#type: EXPLAIN.into(),
+            description: "the placement of a query ticket, as JSON".into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(t)]))))
+    }
+}

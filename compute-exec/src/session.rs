@@ -1,0 +1,364 @@
+//! [`ComputeSession`]: the compute side of sluice — it learns the storage
+//! nodes' datasets, plans a query with the offload-aware planner, and runs
+//! the compute fragment over the storage fragments' streams.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::common::Result;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::context::SQLOptions;
+use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_flight::{LinkError, StorageEndpoint};
+use sluice_planner::{
+    DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources, StorageFragment,
+};
+use sluice_udfs::UdfEnv;
+use sluice_udfs::cost::Profiles;
+use tokio::sync::Mutex;
+
+use crate::remote::{FragmentTable, RemoteDatasetTable};
+
+/// Bytes fetched to measure a link that is neither configured nor limited.
+pub const PROBE_BYTES: u64 = 32 << 20;
+
+/// What the compute side is told about its resources (`None`: find out).
+#[derive(Debug, Clone, Default)]
+pub struct ResourceHints {
+    /// Cores a storage node gives fragments (default: what the node says).
+    pub storage_cores: Option<f64>,
+    /// Cores of this node (default: all).
+    pub compute_cores: Option<f64>,
+    /// The link, bytes per second (default: the nodes' limits, else a probe).
+    pub link_bytes_per_s: Option<f64>,
+}
+
+/// A dataset and the nodes holding its parts.
+#[derive(Debug, Clone)]
+struct Holding {
+    schema: SchemaRef,
+    parts: Vec<(usize, DatasetStats)>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    datasets: BTreeMap<String, Holding>,
+    cores: HashMap<usize, usize>,
+    limits: HashMap<usize, Option<f64>>,
+    measured: HashMap<usize, Option<f64>>,
+}
+
+/// The statement options of user queries: read only.
+pub fn read_only() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+}
+
+/// The compute side over a set of storage nodes.
+#[derive(Debug)]
+pub struct ComputeSession {
+    endpoints: Vec<Arc<dyn StorageEndpoint>>,
+    profiles: Profiles,
+    hints: ResourceHints,
+    known: Mutex<Known>,
+}
+
+/// A planned query.
+pub struct PlannedQuery {
+    /// Why it was placed so.
+    pub explanation: Explanation,
+    /// The compute fragment, physical.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// The session it runs in.
+    pub ctx: SessionContext,
+}
+
+impl std::fmt::Debug for PlannedQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlannedQuery")
+            .field("explanation", &self.explanation)
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ComputeSession {
+    /// A session over `endpoints`, costing UDFs with `profiles`.
+    pub fn new(
+        endpoints: Vec<Arc<dyn StorageEndpoint>>,
+        profiles: Profiles,
+        hints: ResourceHints,
+    ) -> Self {
+        Self {
+            endpoints,
+            profiles,
+            hints,
+            known: Mutex::new(Known::default()),
+        }
+    }
+
+    /// The storage nodes.
+    pub fn endpoints(&self) -> &[Arc<dyn StorageEndpoint>] {
+        &self.endpoints
+    }
+
+    /// Asks every node for its datasets (and, the first time, its cores).
+    /// A node that does not answer keeps what it said last; its datasets
+    /// fail when a query needs them, with an error naming it.
+    pub async fn refresh(&self) -> Result<(), LinkError> {
+        let mut known = self.known.lock().await;
+        let mut reached = 0;
+        let mut last_err = None;
+        let mut listed: BTreeMap<String, Holding> = BTreeMap::new();
+        for (i, e) in self.endpoints.iter().enumerate() {
+            if !known.cores.contains_key(&i) {
+                match e.node_info().await {
+                    Ok(info) => {
+                        known.cores.insert(i, info.cores);
+                        known.limits.insert(i, info.link_limit);
+                    }
+                    Err(err) => {
+                        tracing::warn!("{err}");
+                        last_err = Some(err);
+                        continue;
+                    }
+                }
+            }
+            let datasets = match e.datasets().await {
+                Ok(d) => d,
+                Err(err) => {
+                    tracing::warn!("{err}");
+                    for (name, h) in &known.datasets {
+                        if let Some(p) = h.parts.iter().find(|(n, _)| *n == i) {
+                            listed
+                                .entry(name.clone())
+                                .or_insert_with(|| Holding {
+                                    schema: Arc::clone(&h.schema),
+                                    parts: vec![],
+                                })
+                                .parts
+                                .push(p.clone());
+                        }
+                    }
+                    last_err = Some(err);
+                    continue;
+                }
+            };
+            reached += 1;
+            for d in datasets {
+                let h = listed.entry(d.name.clone()).or_insert_with(|| Holding {
+                    schema: Arc::clone(&d.schema),
+                    parts: vec![],
+                });
+                if h.schema.fields() != d.schema.fields() {
+                    tracing::warn!(
+                        "dataset {} on {} has another schema than on other nodes; ignoring that part",
+                        d.name,
+                        e.name()
+                    );
+                    continue;
+                }
+                h.parts.push((i, d.stats));
+            }
+        }
+        known.datasets = listed;
+        match last_err {
+            Some(e) if reached == 0 && !self.endpoints.is_empty() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The datasets known, with their merged statistics.
+    pub async fn datasets(&self) -> Vec<(String, SchemaRef, DatasetStats, usize)> {
+        let known = self.known.lock().await;
+        known
+            .datasets
+            .iter()
+            .map(|(n, h)| {
+                let parts: Vec<DatasetStats> = h.parts.iter().map(|(_, s)| s.clone()).collect();
+                (
+                    n.clone(),
+                    Arc::clone(&h.schema),
+                    DatasetStats::merge(&parts),
+                    h.parts.len(),
+                )
+            })
+            .collect()
+    }
+
+    /// The resources to plan with.
+    pub async fn resources(&self, nodes: usize) -> Resources {
+        let mut known = self.known.lock().await;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let storage_cores = self.hints.storage_cores.unwrap_or_else(|| {
+            known
+                .cores
+                .values()
+                .copied()
+                .min()
+                .map_or(cores, |c| c as f64)
+        });
+        let (link, source) = if let Some(l) = self.hints.link_bytes_per_s {
+            (Some(l), "configured")
+        } else if known.limits.values().any(Option::is_some) {
+            (
+                Some(known.limits.values().flatten().sum::<f64>()),
+                "node limit",
+            )
+        } else {
+            let mut total = None;
+            let mut measured_any = false;
+            for (i, e) in self.endpoints.iter().enumerate() {
+                let m = match known.measured.get(&i) {
+                    Some(m) => *m,
+                    None => {
+                        let m = e.probe(PROBE_BYTES).await.ok().flatten();
+                        known.measured.insert(i, m);
+                        m
+                    }
+                };
+                if let Some(m) = m {
+                    measured_any = true;
+                    total = Some(total.unwrap_or(0.0) + m);
+                }
+            }
+            (
+                total,
+                if measured_any {
+                    "measured"
+                } else {
+                    "in-process"
+                },
+            )
+        };
+        Resources {
+            storage_nodes: nodes.max(1),
+            storage_cores,
+            compute_cores: self.hints.compute_cores.unwrap_or(cores),
+            link_bytes_per_s: link,
+            link_source: source.into(),
+        }
+    }
+
+    /// Plans `sql` under `offload` with the UDF options of `udfs`.
+    pub async fn plan(
+        &self,
+        sql: &str,
+        offload: Offload,
+        udfs: &Arc<UdfEnv>,
+    ) -> Result<PlannedQuery> {
+        self.refresh().await.map_err(DataFusionError::from)?;
+        let datasets = self.datasets().await;
+        let nodes = {
+            let known = self.known.lock().await;
+            known
+                .datasets
+                .values()
+                .map(|h| h.parts.len())
+                .max()
+                .unwrap_or(1)
+        };
+        let resources = self.resources(nodes).await;
+        let compute_cores = resources.compute_cores.max(1.0) as usize;
+        let config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_target_partitions(compute_cores);
+        let ctx = SessionContext::new_with_config(config);
+        sluice_udfs::register(&ctx, udfs);
+        let mut stats = HashMap::new();
+        for (name, schema, s, _) in &datasets {
+            ctx.register_table(
+                name.as_str(),
+                Arc::new(RemoteDatasetTable::new(name.clone(), Arc::clone(schema))),
+            )?;
+            stats.insert(name.clone(), s.clone());
+        }
+        let plan = ctx
+            .sql_with_options(sql, read_only())
+            .await?
+            .into_optimized_plan()?;
+        let planner = Planner {
+            profiles: self.profiles.clone(),
+            resources,
+            stats,
+        };
+        let holders = {
+            let known = self.known.lock().await;
+            known
+                .datasets
+                .iter()
+                .map(|(n, h)| {
+                    let eps: Vec<Arc<dyn StorageEndpoint>> = h
+                        .parts
+                        .iter()
+                        .map(|(i, _)| Arc::clone(&self.endpoints[*i]))
+                        .collect();
+                    (n.clone(), eps)
+                })
+                .collect::<HashMap<_, _>>()
+        };
+        let tables = Tables {
+            holders,
+            udfs: Arc::clone(udfs),
+            compute_cores,
+        };
+        let placement = planner.place(plan, offload, &tables)?;
+        let state = ctx.state();
+        let physical = state
+            .query_planner()
+            .create_physical_plan(&placement.compute, &state)
+            .await?;
+        Ok(PlannedQuery {
+            explanation: placement.explanation,
+            plan: physical,
+            ctx,
+        })
+    }
+
+    /// Plans and runs `sql`; `EXPLAIN sql` answers the placement and the
+    /// compute fragment's physical plan.
+    pub async fn execute(
+        &self,
+        sql: &str,
+        offload: Offload,
+        udfs: &Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream> {
+        if let Some(inner) = crate::explain::explained(sql) {
+            let q = self.plan(inner, offload, udfs).await?;
+            let batch = crate::explain::explain_batch(&q.explanation, &q.plan)?;
+            let schema = batch.schema();
+            return Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?));
+        }
+        let q = self.plan(sql, offload, udfs).await?;
+        execute_stream(q.plan, q.ctx.task_ctx())
+    }
+}
+
+struct Tables {
+    holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    udfs: Arc<UdfEnv>,
+    compute_cores: usize,
+}
+
+impl FragmentTables for Tables {
+    fn table(&self, fragment: &StorageFragment) -> Result<Arc<dyn TableProvider>> {
+        let endpoints = self
+            .holders
+            .get(&fragment.dataset)
+            .cloned()
+            .unwrap_or_default();
+        Ok(Arc::new(FragmentTable::new(
+            fragment.clone(),
+            endpoints,
+            Arc::clone(&self.udfs),
+            self.compute_cores,
+        )))
+    }
+}

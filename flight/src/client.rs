@@ -1,0 +1,197 @@
+//! [`StorageClient`]: a storage node over Arrow Flight.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, Criteria};
+use async_trait::async_trait;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{StreamExt, TryStreamExt};
+use prost::Message;
+use sluice_udfs::UdfEnv;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::MAX_MESSAGE;
+use crate::codec::encode_fragment;
+use crate::endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
+use crate::error::LinkError;
+use crate::messages::{FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind};
+
+/// A typed Flight client of one storage node. Connections are made on
+/// first use, so a node that is down fails the requests that need it (with
+/// an error naming it), not the client's creation.
+#[derive(Debug, Clone)]
+pub struct StorageClient {
+    node: String,
+    inner: FlightServiceClient<Channel>,
+}
+
+impl StorageClient {
+    /// A client of the node at `url` (`http://host:port`).
+    pub fn new(url: &str) -> Result<Self, LinkError> {
+        let url = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| LinkError::Protocol(format!("bad storage node URL {url}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let inner = FlightServiceClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Self { node: url, inner })
+    }
+
+    fn status(&self, s: &tonic::Status) -> LinkError {
+        LinkError::from_status(&self.node, s)
+    }
+
+    fn flight(&self, e: FlightError) -> LinkError {
+        match e {
+            FlightError::Tonic(s) => self.status(&s),
+            other => LinkError::Execution {
+                node: self.node.clone(),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    async fn get(&self, ticket: Ticket) -> Result<FlightDataDecoder, LinkError> {
+        let ticket = arrow_flight::Ticket {
+            ticket: ticket.encode_to_vec().into(),
+        };
+        let stream = self
+            .inner
+            .clone()
+            .do_get(ticket)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner()
+            .map_err(|s| FlightError::Tonic(Box::new(s)));
+        Ok(FlightDataDecoder::new(stream))
+    }
+}
+
+#[async_trait]
+impl StorageEndpoint for StorageClient {
+    fn name(&self) -> &str {
+        &self.node
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, LinkError> {
+        let action = Action {
+            r#type: NODE_INFO.into(),
+            body: Default::default(),
+        };
+        let mut replies = self
+            .inner
+            .clone()
+            .do_action(action)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
+            return Err(LinkError::Protocol(format!(
+                "{} sent no node info",
+                self.node
+            )));
+        };
+        serde_json::from_slice(&reply.body)
+            .map_err(|e| LinkError::Protocol(format!("{} sent bad node info: {e}", self.node)))
+    }
+
+    async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
+        let mut infos = self
+            .inner
+            .clone()
+            .list_flights(Criteria::default())
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(info) = infos.message().await.map_err(|s| self.status(&s))? {
+            let bad = |what: &str| {
+                LinkError::Protocol(format!("{} listed a dataset with {what}", self.node))
+            };
+            let name = info
+                .flight_descriptor
+                .as_ref()
+                .and_then(|d| d.path.first().cloned())
+                .ok_or_else(|| bad("no name"))?;
+            let schema = info
+                .clone()
+                .try_decode_schema()
+                .map_err(|e| bad(&format!("a bad schema ({e})")))?;
+            let stats = serde_json::from_slice(&info.app_metadata)
+                .map_err(|e| bad(&format!("bad statistics ({e})")))?;
+            out.push(RemoteDataset {
+                name,
+                schema: Arc::new(schema),
+                stats,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn execute(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream, LinkError> {
+        let schema = fragment.schema();
+        let plan = encode_fragment(fragment)
+            .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
+        let udf_options =
+            serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let decoder = self
+            .get(Ticket {
+                kind: Some(TicketKind::Fragment(FragmentTicket { plan, udf_options })),
+            })
+            .await?;
+        let this = self.clone();
+        let batches = decoder
+            .map_err(move |e| DataFusionError::from(this.flight(e)))
+            .try_filter_map(move |data| {
+                let udfs = Arc::clone(&udfs);
+                async move {
+                    match data.payload {
+                        DecodedPayload::RecordBatch(b) => Ok(Some(b)),
+                        DecodedPayload::None if !data.inner.app_metadata.is_empty() => {
+                            if let Ok(r) =
+                                serde_json::from_slice::<FragmentReport>(&data.inner.app_metadata)
+                            {
+                                udfs.errors.merge(r.bad_total, r.bad);
+                            }
+                            Ok(None)
+                        }
+                        _ => Ok(None),
+                    }
+                }
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+
+    async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError> {
+        let start = Instant::now();
+        let mut decoder = self
+            .get(Ticket {
+                kind: Some(TicketKind::Probe(ProbeTicket { bytes })),
+            })
+            .await?;
+        let mut got = 0u64;
+        while let Some(d) = decoder.next().await {
+            let d = d.map_err(|e| self.flight(e))?;
+            got += (d.inner.data_body.len() + d.inner.data_header.len()) as u64;
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-6);
+        Ok(Some(got as f64 / secs))
+    }
+}

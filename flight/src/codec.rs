@@ -1,0 +1,120 @@
+//! The wire form of a storage fragment: datafusion-proto's physical plan
+//! encoding, with [`SluiceCodec`] for sluice's own node.
+//!
+//! Standard nodes (projection, filter, repartition …) and built-in
+//! functions are datafusion-proto's business. Sluice UDFs travel by name
+//! with their (complete, literal) arguments and are resolved in the
+//! receiving node's function registry, where they are bound to the job's
+//! UDF options. [`DatasetScanExec`] is encoded by `SluiceCodec`.
+
+use std::sync::Arc;
+
+use arrow::datatypes::Schema;
+use datafusion::common::{Result, internal_err};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
+use datafusion_proto::logical_plan::from_proto::parse_exprs;
+use datafusion_proto::logical_plan::to_proto::serialize_exprs;
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf;
+use prost::Message;
+
+use crate::scan::DatasetScanExec;
+
+/// The codec of sluice's physical nodes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SluiceCodec;
+
+/// A [`DatasetScanExec`] on the wire.
+#[derive(Clone, PartialEq, prost::Message)]
+struct DatasetScanNode {
+    #[prost(string, tag = "1")]
+    dataset: String,
+    #[prost(uint32, repeated, tag = "2")]
+    projection: Vec<u32>,
+    #[prost(bool, tag = "3")]
+    projected: bool,
+    #[prost(message, optional, tag = "4")]
+    filters: Option<protobuf::LogicalExprList>,
+    #[prost(uint64, optional, tag = "5")]
+    limit: Option<u64>,
+    #[prost(message, optional, tag = "6")]
+    schema: Option<protobuf::Schema>,
+}
+
+impl PhysicalExtensionCodec for SluiceCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return internal_err!("DatasetScanExec has no inputs, got {}", inputs.len());
+        }
+        let node = DatasetScanNode::decode(buf)
+            .map_err(|e| datafusion::error::DataFusionError::Internal(e.to_string()))?;
+        let schema: Schema = match &node.schema {
+            Some(s) => s.try_into()?,
+            None => return internal_err!("DatasetScanExec of {} has no schema", node.dataset),
+        };
+        let filters = match &node.filters {
+            Some(list) => parse_exprs(&list.expr, ctx, &DefaultLogicalExtensionCodec {})?,
+            None => vec![],
+        };
+        Ok(Arc::new(DatasetScanExec::new(
+            node.dataset,
+            node.projected
+                .then(|| node.projection.iter().map(|&i| i as usize).collect()),
+            filters,
+            node.limit.map(|l| l as usize),
+            Arc::new(schema),
+        )))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let Some(scan) = node.downcast_ref::<DatasetScanExec>() else {
+            return internal_err!(
+                "{} cannot be sent to a storage node (only DatasetScanExec leaves can)",
+                node.name()
+            );
+        };
+        let msg = DatasetScanNode {
+            dataset: scan.dataset.clone(),
+            projection: scan
+                .projection
+                .iter()
+                .flatten()
+                .map(|&i| i as u32)
+                .collect(),
+            projected: scan.projection.is_some(),
+            filters: Some(protobuf::LogicalExprList {
+                expr: serialize_exprs(&scan.filters, &DefaultLogicalExtensionCodec {})?,
+            }),
+            limit: scan.limit.map(|l| l as u64),
+            schema: Some(scan.schema().as_ref().try_into()?),
+        };
+        msg.encode(buf)
+            .map_err(|e| datafusion::error::DataFusionError::Internal(e.to_string()))
+    }
+}
+
+/// Encodes a storage fragment.
+pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
+    Ok(physical_plan_to_bytes_with_extension_codec(plan, &SluiceCodec)?.to_vec())
+}
+
+/// Decodes a storage fragment, resolving functions in `ctx`'s registry.
+pub fn decode_fragment(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
+    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)
+}

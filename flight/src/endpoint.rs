@@ -1,0 +1,62 @@
+//! [`StorageEndpoint`]: what the compute side needs of a storage node —
+//! its datasets, its cores, and running a fragment — whether the node is
+//! another process (over Flight) or this one.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
+use serde::{Deserialize, Serialize};
+use sluice_planner::DatasetStats;
+use sluice_udfs::UdfEnv;
+
+use crate::error::LinkError;
+
+/// A dataset as a storage node lists it.
+#[derive(Debug, Clone)]
+pub struct RemoteDataset {
+    /// Its name.
+    pub name: String,
+    /// Its table schema.
+    pub schema: SchemaRef,
+    /// Its statistics on that node.
+    pub stats: DatasetStats,
+}
+
+/// A storage node's description of itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Threads it gives to fragments.
+    pub cores: usize,
+    /// The bytes per second its link is limited to, if it is.
+    pub link_limit: Option<f64>,
+}
+
+/// A storage node, seen from the compute side.
+#[async_trait]
+pub trait StorageEndpoint: Send + Sync + fmt::Debug {
+    /// Its name in messages: a URL, or `in-process`.
+    fn name(&self) -> &str;
+
+    /// Its cores and link limit.
+    async fn node_info(&self) -> Result<NodeInfo, LinkError>;
+
+    /// The datasets it holds.
+    async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError>;
+
+    /// Runs `fragment` (whose leaves are `DatasetScanExec`s) with the UDF
+    /// options of `udfs`, streaming its output in one partition. Bad
+    /// samples the node meets are added to `udfs`' log.
+    async fn execute(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream, LinkError>;
+
+    /// Measures the link by fetching `bytes`: bytes per second, or `None`
+    /// when the node is in this process.
+    async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError>;
+}

@@ -1,0 +1,37 @@
+//! # sluice-flight: the storage→compute link
+//!
+//! Everything the two sides of sluice say to each other over Arrow Flight:
+//!
+//! - [`messages`]: tickets (a fragment to run, or a link probe) and the
+//!   per-dataset and per-node descriptions a storage node lists;
+//! - [`scan`]: [`DatasetScanExec`], the leaf of a storage fragment as the
+//!   compute side plans it, bound to a real scan by the storage node;
+//! - [`codec`]: the fragment's wire form — datafusion-proto plus a
+//!   `PhysicalExtensionCodec` for sluice's nodes (UDFs travel by name and
+//!   are resolved in the storage node's registry);
+//! - [`endpoint`]: [`StorageEndpoint`], what the compute side needs of a
+//!   storage node, implemented over Flight by [`StorageClient`] and
+//!   in-process by the storage crate;
+//! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
+//! - [`throttle`]: a token bucket to limit the link (an experiment knob).
+
+pub mod client;
+pub mod codec;
+pub mod endpoint;
+pub mod error;
+pub mod messages;
+pub mod scan;
+pub mod throttle;
+
+pub use client::StorageClient;
+pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
+pub use endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
+pub use error::LinkError;
+pub use scan::DatasetScanExec;
+pub use throttle::TokenBucket;
+
+/// Largest Flight message body the storage side sends; batches are sliced
+/// to stay under it (tonic refuses messages over 4 MiB by default).
+pub const MAX_FLIGHT_DATA: usize = 2 << 20;
+/// Largest message a client accepts.
+pub const MAX_MESSAGE: usize = 64 << 20;

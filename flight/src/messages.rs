@@ -1,0 +1,69 @@
+//! The messages of the link.
+//!
+//! - A Flight **ticket** is a [`Ticket`] (protobuf): either a fragment to
+//!   run — its datafusion-proto bytes and the job's UDF options — or a
+//!   probe asking for a number of bytes, which the compute side times to
+//!   measure the link.
+//! - `ListFlights` answers one `FlightInfo` per dataset: its name as the
+//!   descriptor path, its schema, sample and byte counts, and its
+//!   [`DatasetStats`](sluice_planner::DatasetStats) as JSON app metadata.
+//! - The `node_info` action answers [`NodeInfo`](crate::NodeInfo) as JSON.
+//! - A fragment's stream ends with a message whose app metadata is a
+//!   [`FragmentReport`] (JSON): the bad samples the node met.
+
+use serde::{Deserialize, Serialize};
+use sluice_udfs::env::BadSample;
+
+/// A Flight ticket.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Ticket {
+    /// What is asked for.
+    #[prost(oneof = "TicketKind", tags = "1, 2")]
+    pub kind: Option<TicketKind>,
+}
+
+/// The kinds of ticket.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum TicketKind {
+    /// Run a fragment.
+    #[prost(message, tag = "1")]
+    Fragment(FragmentTicket),
+    /// Send bytes to time the link.
+    #[prost(message, tag = "2")]
+    Probe(ProbeTicket),
+}
+
+/// A fragment to run.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FragmentTicket {
+    /// The physical plan, datafusion-proto encoded.
+    #[prost(bytes = "vec", tag = "1")]
+    pub plan: Vec<u8>,
+    /// The job's UDF options as JSON (policy, limits).
+    #[prost(string, tag = "2")]
+    pub udf_options: String,
+}
+
+/// A link probe.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProbeTicket {
+    /// Bytes to send.
+    #[prost(uint64, tag = "1")]
+    pub bytes: u64,
+}
+
+/// The action answering [`NodeInfo`](crate::NodeInfo).
+pub const NODE_INFO: &str = "node_info";
+
+/// What a fragment's run met, sent after its last batch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FragmentReport {
+    /// Bad samples (skipped or nulled), up to the log's cap.
+    pub bad: Vec<BadSample>,
+    /// How many there were in all.
+    pub bad_total: u64,
+    /// Rows sent.
+    pub rows: u64,
+    /// Bytes sent.
+    pub bytes: u64,
+}

@@ -1,0 +1,126 @@
+//! [`DatasetScanExec`]: the leaf of a storage fragment as planned on the
+//! compute side.
+//!
+//! The compute node knows a dataset's schema and statistics, not its
+//! extents, so it plans a storage fragment over this node: which dataset,
+//! which columns, which metadata filters (applied before any object is
+//! read) and what limit. The storage node that receives the fragment binds
+//! each `DatasetScanExec` to a scan of its own copy of the dataset; the
+//! node itself never runs — executing it is an error that says so.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{Result, exec_err};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+
+/// A dataset scan to be bound on a storage node.
+#[derive(Debug, Clone)]
+pub struct DatasetScanExec {
+    /// The dataset.
+    pub dataset: String,
+    /// Table columns to produce (all when `None`).
+    pub projection: Option<Vec<usize>>,
+    /// Filters on metadata columns, applied by the scan.
+    pub filters: Vec<Expr>,
+    /// Rows to stop after.
+    pub limit: Option<usize>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DatasetScanExec {
+    /// A scan of `dataset` producing `schema` (the projected schema).
+    pub fn new(
+        dataset: String,
+        projection: Option<Vec<usize>>,
+        filters: Vec<Expr>,
+        limit: Option<usize>,
+        schema: SchemaRef,
+    ) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            dataset,
+            projection,
+            filters,
+            limit,
+            schema,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for DatasetScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatasetScanExec: dataset={}", self.dataset)?;
+        let names: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        write!(f, ", columns=[{}]", names.join(", "))?;
+        if !self.filters.is_empty() {
+            let filters: Vec<String> = self.filters.iter().map(|e| e.to_string()).collect();
+            write!(f, ", filters=[{}]", filters.join(", "))?;
+        }
+        if let Some(l) = self.limit {
+            write!(f, ", limit={l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for DatasetScanExec {
+    fn name(&self) -> &str {
+        "DatasetScanExec"
+    }
+
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        exec_err!(
+            "DatasetScanExec of {} runs only once a storage node has bound it to its extents",
+            self.dataset
+        )
+    }
+}

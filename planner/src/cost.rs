@@ -1,0 +1,232 @@
+//! The cost model: per sample, what a cut costs each side and the link.
+//!
+//! For every sampled object, the projection's expressions are evaluated
+//! symbolically: a column of the scan has the object's statistics (`data`)
+//! or its type's width; a sluice UDF call maps its input's statistics to its
+//! result's through the UDF's own estimate and turns its work into
+//! nanoseconds through its [`Profile`](sluice_udfs::cost::Profile). Under a
+//! cut, storage pays the read, its sub-expressions and the encoding of what
+//! it ships; compute pays the decoding and the rest; the link carries the
+//! shipped columns.
+
+use std::collections::BTreeMap;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::Expr;
+use sluice_udfs::args::Consts;
+use sluice_udfs::cost::{Profiles, SampleStats};
+
+use crate::pipeline::{Cut, Pipeline, SHIPPED, is_stage};
+
+/// CPU a storage node spends per object read (request, checksum setup).
+pub const READ_NS_PER_SAMPLE: f64 = 2_000.0;
+/// CPU a storage node spends per byte read (crc32c check, batch building).
+pub const READ_NS_PER_BYTE: f64 = 0.25;
+/// CPU per byte shipped, paid on each side (Flight encoding, decoding).
+pub const LINK_NS_PER_BYTE: f64 = 0.15;
+/// Bytes per shipped row besides its values (offsets, validity, framing).
+pub const LINK_BYTES_PER_ROW: f64 = 16.0;
+
+/// Per-sample cost of one cut for one object.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SampleCost {
+    /// Storage CPU, ns.
+    pub storage_ns: f64,
+    /// Bytes over the link.
+    pub link_bytes: f64,
+    /// Compute CPU, ns.
+    pub compute_ns: f64,
+}
+
+impl std::ops::AddAssign for SampleCost {
+    fn add_assign(&mut self, o: Self) {
+        self.storage_ns += o.storage_ns;
+        self.link_bytes += o.link_bytes;
+        self.compute_ns += o.compute_ns;
+    }
+}
+
+/// Costs cuts of one pipeline.
+#[derive(Debug)]
+pub struct CostModel<'a> {
+    profiles: &'a Profiles,
+    schema: SchemaRef,
+    reads_data: bool,
+}
+
+impl<'a> CostModel<'a> {
+    /// A model of `pipeline` under `profiles`.
+    pub fn new(pipeline: &Pipeline, profiles: &'a Profiles) -> Self {
+        let schema = pipeline.scan.projected_schema.inner().clone();
+        let reads_data = pipeline
+            .scan
+            .projected_schema
+            .fields()
+            .iter()
+            .any(|f| f.name() == DATA);
+        Self {
+            profiles,
+            schema,
+            reads_data,
+        }
+    }
+
+    /// The cost of `cut` for an object described by `object`.
+    pub fn sample(&self, cut: &Cut, object: &SampleStats) -> SampleCost {
+        let mut storage_ns = if self.reads_data {
+            READ_NS_PER_SAMPLE + READ_NS_PER_BYTE * object.bytes
+        } else {
+            READ_NS_PER_SAMPLE
+        };
+        let mut link_bytes = LINK_BYTES_PER_ROW;
+        let mut shipped = Vec::with_capacity(cut.shipped.len());
+        for e in &cut.shipped {
+            let v = self.eval(e, object, &[]);
+            storage_ns += v.ns;
+            link_bytes += v.stats.bytes;
+            shipped.push(v.stats);
+        }
+        storage_ns += LINK_NS_PER_BYTE * link_bytes;
+        let mut compute_ns = LINK_NS_PER_BYTE * link_bytes;
+        for e in &cut.compute {
+            compute_ns += self.eval(e, object, &shipped).ns;
+        }
+        SampleCost {
+            storage_ns,
+            link_bytes,
+            compute_ns,
+        }
+    }
+
+    fn column(&self, name: &str, object: &SampleStats, shipped: &[SampleStats]) -> SampleStats {
+        if let Some(i) = name
+            .strip_prefix(SHIPPED)
+            .and_then(|i| i.parse::<usize>().ok())
+            && let Some(s) = shipped.get(i)
+        {
+            return *s;
+        }
+        if name == DATA {
+            return *object;
+        }
+        let bytes = match self.schema.field_with_name(name).map(|f| f.data_type()) {
+            Ok(t) => type_bytes(t),
+            Err(_) => 8.0,
+        };
+        SampleStats {
+            bytes,
+            ..SampleStats::default()
+        }
+    }
+
+    fn eval(&self, e: &Expr, object: &SampleStats, shipped: &[SampleStats]) -> Value {
+        match e {
+            Expr::Column(c) => Value {
+                stats: self.column(&c.name, object, shipped),
+                ns: 0.0,
+            },
+            Expr::Literal(..) => Value::default(),
+            Expr::Alias(a) => self.eval(&a.expr, object, shipped),
+            Expr::ScalarFunction(f) if is_stage(f.func.name()) => {
+                let args: Vec<Value> = f
+                    .args
+                    .iter()
+                    .map(|a| self.eval(a, object, shipped))
+                    .collect();
+                let below: f64 = args.iter().map(|a| a.ns).sum();
+                let input = args.first().map(|a| a.stats).unwrap_or_default();
+                let Some(spec) = sluice_udfs::udf::spec(f.func.name()) else {
+                    return Value {
+                        stats: input,
+                        ns: below,
+                    };
+                };
+                let literals = f
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        Expr::Literal(v, _) => Some(v.clone()),
+                        _ => None::<ScalarValue>,
+                    })
+                    .collect();
+                let consts = Consts::from_values(spec, literals);
+                match sluice_udfs::udf::estimate(&f.func, &consts, &input) {
+                    Some(Ok(est)) => {
+                        let ns = self
+                            .profiles
+                            .get(f.func.name())
+                            .map_or(0.0, |p| p.ns(est.work));
+                        Value {
+                            stats: est.out,
+                            ns: below + ns,
+                        }
+                    }
+                    _ => Value {
+                        stats: input,
+                        ns: below,
+                    },
+                }
+            }
+            other => {
+                let mut ns = 0.0;
+                let mut bytes: f64 = 0.0;
+                let _ = other.apply_children(|c| {
+                    let v = self.eval(c, object, shipped);
+                    ns += v.ns;
+                    bytes = bytes.max(v.stats.bytes);
+                    Ok(TreeNodeRecursion::Continue)
+                });
+                Value {
+                    stats: SampleStats {
+                        bytes: bytes.max(8.0),
+                        ..SampleStats::default()
+                    },
+                    ns,
+                }
+            }
+        }
+    }
+}
+
+const DATA: &str = "data";
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Value {
+    stats: SampleStats,
+    ns: f64,
+}
+
+fn type_bytes(t: &DataType) -> f64 {
+    t.primitive_width().map_or(24.0, |w| w as f64)
+}
+
+/// Mean cost per sample of `cut` over `rows`, weighted equally.
+pub fn mean_cost(model: &CostModel<'_>, cut: &Cut, rows: &[SampleStats]) -> SampleCost {
+    let mut total = SampleCost::default();
+    for r in rows {
+        total += model.sample(cut, r);
+    }
+    let n = rows.len().max(1) as f64;
+    SampleCost {
+        storage_ns: total.storage_ns / n,
+        link_bytes: total.link_bytes / n,
+        compute_ns: total.compute_ns / n,
+    }
+}
+
+/// Per-row costs of every cut: `table[cut][row]`.
+pub fn cost_table(
+    pipeline: &Pipeline,
+    profiles: &Profiles,
+    rows: &[SampleStats],
+) -> BTreeMap<usize, Vec<SampleCost>> {
+    let model = CostModel::new(pipeline, profiles);
+    (0..=pipeline.depth())
+        .map(|k| {
+            let cut = pipeline.cut(k);
+            (k, rows.iter().map(|r| model.sample(&cut, r)).collect())
+        })
+        .collect()
+}

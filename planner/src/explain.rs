@@ -1,0 +1,188 @@
+//! [`Explanation`]: what the planner decided and why, as text or JSON.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::choose::{Metric, Rates, Split};
+use crate::offload::Offload;
+use crate::resources::Resources;
+
+/// One candidate cut of a pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The cut: how many stages run on storage.
+    pub cut: usize,
+    /// The UDFs storage runs under it.
+    pub on_storage: Vec<String>,
+    /// Its estimated rates.
+    pub rates: Rates,
+}
+
+/// What was chosen for a pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Choice {
+    /// One cut for every sample.
+    Cut {
+        /// The cut.
+        cut: usize,
+    },
+    /// A per-sample split.
+    Split(Split),
+}
+
+/// The planner's reasoning for one pipeline (a projection over a dataset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PipelineExplanation {
+    /// The dataset.
+    pub dataset: String,
+    /// Its samples, per the catalog.
+    pub samples: u64,
+    /// Objects whose statistics were costed.
+    pub sampled: usize,
+    /// The UDFs of each stage.
+    pub stages: Vec<Vec<String>>,
+    /// Every single-cut candidate.
+    pub candidates: Vec<Candidate>,
+    /// The offload mode asked for.
+    pub offload: Offload,
+    /// The choice.
+    pub choice: Choice,
+    /// Estimated rates of the choice.
+    pub rates: Rates,
+}
+
+/// The whole placement: resources, pipelines, fragments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The resources planned for.
+    pub resources: Resources,
+    /// One entry per pipeline.
+    pub pipelines: Vec<PipelineExplanation>,
+    /// Each storage fragment's plan, indented.
+    pub storage_fragments: Vec<String>,
+    /// The compute fragment's plan, indented.
+    pub compute_fragment: String,
+}
+
+fn rate(r: f64) -> String {
+    if r >= 1e6 {
+        format!("{:.2}M", r / 1e6)
+    } else if r >= 1e4 {
+        format!("{:.1}k", r / 1e3)
+    } else {
+        format!("{r:.1}")
+    }
+}
+
+fn bytes(b: f64) -> String {
+    if b >= 1048576.0 {
+        format!("{:.2} MiB", b / 1048576.0)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b:.0} B")
+    }
+}
+
+impl Explanation {
+    /// The explanation as a JSON document.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// The explanation as text.
+    pub fn to_text(&self) -> String {
+        let r = &self.resources;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "resources: {} storage node(s) x {} core(s), compute {} core(s), link {} ({})",
+            r.storage_nodes,
+            r.storage_cores,
+            r.compute_cores,
+            r.link_text(),
+            r.link_source
+        );
+        for p in &self.pipelines {
+            p.write_text(&mut out);
+        }
+        for (i, f) in self.storage_fragments.iter().enumerate() {
+            let _ = writeln!(out, "\nstorage fragment {i}:");
+            for line in f.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        let _ = writeln!(out, "\ncompute fragment:");
+        for line in self.compute_fragment.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+        out
+    }
+}
+
+impl PipelineExplanation {
+    fn write_text(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\npipeline over {} ({} samples, {} costed)",
+            self.dataset, self.samples, self.sampled
+        );
+        for (i, s) in self.stages.iter().enumerate() {
+            let _ = writeln!(out, "  stage {}: {}", i + 1, s.join(", "));
+        }
+        let _ = writeln!(
+            out,
+            "  {:>4}  {:>10}  {:>10}  {:>10}  {:>10}  {:>12}  {:<9}  on storage",
+            "cut", "storage/s", "link/s", "compute/s", "est/s", "bytes/sample", "limit"
+        );
+        let chosen = match &self.choice {
+            Choice::Cut { cut } => Some(*cut),
+            Choice::Split(_) => None,
+        };
+        for c in &self.candidates {
+            let mark = if chosen == Some(c.cut) { "*" } else { " " };
+            let on = if c.on_storage.is_empty() {
+                "(read only)".to_string()
+            } else {
+                c.on_storage.join(", ")
+            };
+            let _ = writeln!(
+                out,
+                "{mark} {:>4}  {:>10}  {:>10}  {:>10}  {:>10}  {:>12}  {:<9}  {on}",
+                c.cut,
+                rate(c.rates.storage_per_s),
+                c.rates.link_per_s.map_or("-".into(), rate),
+                rate(c.rates.compute_per_s),
+                rate(c.rates.per_s),
+                bytes(c.rates.bytes_per_sample),
+                c.rates.bottleneck(),
+            );
+        }
+        let what = match &self.choice {
+            Choice::Cut { cut } => format!("cut {cut}"),
+            Choice::Split(s) => {
+                let metric = match s.metric {
+                    Metric::Pixels => "width*height",
+                    Metric::Bytes => "length",
+                };
+                format!(
+                    "per-sample split: {metric} > {} ({:.0}% of samples) at cut {}, the rest at cut {}",
+                    s.threshold,
+                    s.share_above * 100.0,
+                    s.above,
+                    s.below
+                )
+            }
+        };
+        let _ = writeln!(
+            out,
+            "  offload {}: {what}, est {}/s ({} per sample over the link, limited by {})",
+            self.offload,
+            rate(self.rates.per_s),
+            bytes(self.rates.bytes_per_sample),
+            self.rates.bottleneck()
+        );
+    }
+}

@@ -1,0 +1,357 @@
+//! # sluice-planner: where each stage of a pipeline runs, and why
+//!
+//! The planner takes an optimized DataFusion logical plan and divides it
+//! between storage nodes (next to the data) and the compute node:
+//!
+//! ```text
+//!   Projection(normalize(flip(decode_rrc(data))), label)      compute fragment
+//!       TableScan pets            ──place──►   Projection(normalize(__sluice_0), __sluice_1)
+//!                                                  TableScan __storage_0 ◄── Flight ──┐
+//!                                                                                    │
+//!                                              storage fragment 0                    │
+//!                                              Projection(flip(decode_rrc(data)) AS __sluice_0,
+//!                                                         label AS __sluice_1)
+//!                                                  TableScan pets
+//! ```
+//!
+//! - [`pipeline`]: finds each projection over a dataset scan and its stages
+//!   (nested sluice UDF calls), and divides it at a cut;
+//! - [`cost`]: per sample, storage CPU, compute CPU and link bytes of a cut,
+//!   from the dataset's [`stats`] and the UDFs' cost profiles;
+//! - [`choose`]: candidate rates under the [`resources`], the pick, and the
+//!   per-sample split;
+//! - [`explain`]: the reasoning, as text or JSON;
+//! - [`Planner::place`]: the rewrite into fragments.
+//!
+//! The planner only rewrites plans. Who runs a storage fragment — a storage
+//! node over Flight, or the same process — is up to the caller's
+//! [`FragmentTables`].
+
+pub mod choose;
+pub mod cost;
+pub mod explain;
+pub mod offload;
+pub mod pipeline;
+pub mod resources;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, Result, ScalarValue, plan_err};
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableProviderFilterPushDown, TableScan,
+    cast, lit,
+};
+use sluice_udfs::cost::Profiles;
+
+pub use choose::{Rates, Split};
+pub use explain::{Candidate, Choice, Explanation, PipelineExplanation};
+pub use offload::Offload;
+pub use pipeline::Pipeline;
+pub use resources::Resources;
+pub use stats::DatasetStats;
+
+use crate::choose::{Metric, best_split};
+use crate::cost::{cost_table, mean_cost};
+use crate::pipeline::shipped_name;
+
+/// A plan storage runs: a projection over a dataset scan.
+#[derive(Debug, Clone)]
+pub struct StorageFragment {
+    /// Its index in the placement.
+    pub id: usize,
+    /// The dataset it reads.
+    pub dataset: String,
+    /// The plan.
+    pub plan: LogicalPlan,
+}
+
+/// Where the compute fragment reads a storage fragment from.
+pub trait FragmentTables {
+    /// A table whose scan yields `fragment`'s output, from wherever it runs.
+    fn table(&self, fragment: &StorageFragment) -> Result<Arc<dyn TableProvider>>;
+}
+
+/// A plan divided between storage and compute.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The compute fragment: the original plan with each dataset scan
+    /// (and the stages placed on storage) replaced by a fragment table.
+    pub compute: LogicalPlan,
+    /// The storage fragments.
+    pub fragments: Vec<StorageFragment>,
+    /// Why.
+    pub explanation: Explanation,
+}
+
+/// The offload-aware planner.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    /// UDF cost profiles.
+    pub profiles: Profiles,
+    /// Machines planned for.
+    pub resources: Resources,
+    /// Statistics of the datasets, by name.
+    pub stats: HashMap<String, DatasetStats>,
+}
+
+impl Planner {
+    /// Divides `plan` (optimized) per `offload`.
+    pub fn place(
+        &self,
+        plan: LogicalPlan,
+        offload: Offload,
+        tables: &dyn FragmentTables,
+    ) -> Result<Placement> {
+        let mut fragments = Vec::new();
+        let mut pipelines = Vec::new();
+        let compute = plan
+            .transform_down(|node| {
+                if let Some(p) = Pipeline::find(&node)
+                    && self.stats.contains_key(&p.dataset())
+                {
+                    let (sub, why) = self.place_pipeline(&p, offload, tables, &mut fragments)?;
+                    pipelines.push(why);
+                    return Ok(Transformed::new(sub, true, TreeNodeRecursion::Jump));
+                }
+                if let LogicalPlan::TableScan(scan) = &node
+                    && self.stats.contains_key(scan.table_name.table())
+                {
+                    return Ok(Transformed::yes(self.read_only(
+                        scan,
+                        tables,
+                        &mut fragments,
+                    )?));
+                }
+                Ok(Transformed::no(node))
+            })?
+            .data;
+        if pipelines.is_empty()
+            && let Offload::Cut(k) = offload
+            && k > 0
+        {
+            return plan_err!("offload cut {k} is out of range: the query has no pipeline stages");
+        }
+        let explanation = Explanation {
+            resources: self.resources.clone(),
+            pipelines,
+            storage_fragments: fragments
+                .iter()
+                .map(|f| f.plan.display_indent().to_string())
+                .collect(),
+            compute_fragment: compute.display_indent().to_string(),
+        };
+        Ok(Placement {
+            compute,
+            fragments,
+            explanation,
+        })
+    }
+
+    /// Candidates and choice for `p`, then the rewrite.
+    fn place_pipeline(
+        &self,
+        p: &Pipeline,
+        offload: Offload,
+        tables: &dyn FragmentTables,
+        fragments: &mut Vec<StorageFragment>,
+    ) -> Result<(LogicalPlan, PipelineExplanation)> {
+        let dataset = p.dataset();
+        let stats = &self.stats[&dataset];
+        let rows = stats.rows();
+        let table: Vec<_> = cost_table(p, &self.profiles, &rows).into_values().collect();
+        let candidates: Vec<Candidate> = (0..=p.depth())
+            .map(|k| {
+                let model = cost::CostModel::new(p, &self.profiles);
+                Candidate {
+                    cut: k,
+                    on_storage: p.stages[..k].iter().flatten().cloned().collect(),
+                    rates: Rates::of(mean_cost(&model, &p.cut(k), &rows), &self.resources),
+                }
+            })
+            .collect();
+        let fixed = |k: usize| -> Result<(Choice, Rates)> {
+            match candidates.get(k) {
+                Some(c) => Ok((Choice::Cut { cut: k }, c.rates)),
+                None => plan_err!(
+                    "offload cut {k} is out of range: the pipeline over {dataset} has cuts 0 to {}",
+                    p.depth()
+                ),
+            }
+        };
+        let (choice, rates) = match offload {
+            Offload::Compute => fixed(0)?,
+            Offload::Storage => fixed(p.depth())?,
+            Offload::Cut(k) => fixed(k)?,
+            Offload::Auto => {
+                let mut best = &candidates[0];
+                for c in &candidates[1..] {
+                    if c.rates.beats(&best.rates) {
+                        best = c;
+                    }
+                }
+                let split = best_split(&table, &rows, &self.resources, &best.rates)
+                    .filter(|s| split_predicate(&p.scan, s).is_ok());
+                match split {
+                    Some(s) => {
+                        let r = s.rates;
+                        (Choice::Split(s), r)
+                    }
+                    None => (Choice::Cut { cut: best.cut }, best.rates),
+                }
+            }
+        };
+        let plan = match &choice {
+            Choice::Cut { cut } => self.fragment(p, *cut, None, tables, fragments)?,
+            Choice::Split(s) => {
+                let above = split_predicate(&p.scan, s)?;
+                let below = Expr::Not(Box::new(above.clone()));
+                let a = self.fragment(p, s.above, Some(above), tables, fragments)?;
+                let b = self.fragment(p, s.below, Some(below), tables, fragments)?;
+                // A union drops qualifiers; the dataset's name restores
+                // them for the nodes above, which may name `dataset.column`.
+                LogicalPlanBuilder::from(a)
+                    .union(b)?
+                    .alias(p.scan.table_name.clone())?
+                    .build()?
+            }
+        };
+        let why = PipelineExplanation {
+            dataset,
+            samples: stats.samples,
+            sampled: stats.sample.len(),
+            stages: p.stages.clone(),
+            candidates,
+            offload,
+            choice,
+            rates,
+        };
+        Ok((plan, why))
+    }
+
+    /// The storage fragment of `p` at `cut` (over the rows `group` selects),
+    /// and the compute projection that reads it.
+    fn fragment(
+        &self,
+        p: &Pipeline,
+        cut: usize,
+        group: Option<Expr>,
+        tables: &dyn FragmentTables,
+        fragments: &mut Vec<StorageFragment>,
+    ) -> Result<LogicalPlan> {
+        let divided = p.cut(cut);
+        let mut input = filtered_scan(&p.scan, group)?;
+        if let Some(f) = &p.filter {
+            input = f.with_new_exprs(f.expressions(), vec![input])?;
+        }
+        let shipped = divided
+            .shipped
+            .iter()
+            .enumerate()
+            .map(|(i, e)| e.clone().alias(shipped_name(i)))
+            .collect();
+        let plan = LogicalPlan::Projection(Projection::try_new(shipped, Arc::new(input))?);
+        let fragment = StorageFragment {
+            id: fragments.len(),
+            dataset: p.dataset(),
+            plan,
+        };
+        let provider = tables.table(&fragment)?;
+        let name = format!("__storage_{}", fragment.id);
+        fragments.push(fragment);
+        let source = LogicalPlanBuilder::scan(name, provider_as_source(provider), None)?.build()?;
+        let exprs = divided
+            .compute
+            .into_iter()
+            .zip(p.projection.schema.iter())
+            .map(|(e, (q, f))| {
+                let e = match e {
+                    Expr::Alias(a) => *a.expr,
+                    other => other,
+                };
+                e.alias_qualified(q.cloned(), f.name())
+            })
+            .collect();
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(source),
+        )?))
+    }
+
+    /// A dataset scan outside any pipeline: storage only reads.
+    fn read_only(
+        &self,
+        scan: &TableScan,
+        tables: &dyn FragmentTables,
+        fragments: &mut Vec<StorageFragment>,
+    ) -> Result<LogicalPlan> {
+        let fragment = StorageFragment {
+            id: fragments.len(),
+            dataset: scan.table_name.table().to_string(),
+            plan: LogicalPlan::TableScan(scan.clone()),
+        };
+        let provider = tables.table(&fragment)?;
+        fragments.push(fragment);
+        LogicalPlanBuilder::scan(scan.table_name.clone(), provider_as_source(provider), None)?
+            .build()
+    }
+}
+
+/// `scan` with `group` applied: inside the scan when it takes the filter
+/// exactly (metadata filters are applied before any object is read),
+/// otherwise as a filter above it.
+fn filtered_scan(scan: &TableScan, group: Option<Expr>) -> Result<LogicalPlan> {
+    let Some(pred) = group else {
+        return Ok(LogicalPlan::TableScan(scan.clone()));
+    };
+    let exact = scan
+        .source
+        .supports_filters_pushdown(&[&pred])?
+        .first()
+        .is_some_and(|p| *p == TableProviderFilterPushDown::Exact);
+    if exact {
+        let mut s = scan.clone();
+        s.filters.push(pred);
+        Ok(LogicalPlan::TableScan(s))
+    } else {
+        LogicalPlanBuilder::from(LogicalPlan::TableScan(scan.clone()))
+            .filter(pred)?
+            .build()
+    }
+}
+
+/// The predicate selecting the objects above a split's threshold; never NULL.
+fn split_predicate(scan: &TableScan, s: &Split) -> Result<Expr> {
+    let schema = scan.source.schema();
+    let col = |name: &str| -> Result<Expr> {
+        if schema.field_with_name(name).is_err() {
+            return plan_err!(
+                "cannot split {} per sample: it has no {name} column",
+                scan.table_name
+            );
+        }
+        Ok(Expr::Column(Column::new(
+            Some(scan.table_name.clone()),
+            name,
+        )))
+    };
+    let t = lit(ScalarValue::Int64(Some(s.threshold as i64)));
+    let big = arrow::datatypes::DataType::Int64;
+    Ok(match s.metric {
+        Metric::Pixels => {
+            let (w, h) = (col("width")?, col("height")?);
+            w.clone()
+                .is_not_null()
+                .and(h.clone().is_not_null())
+                .and((cast(w, big.clone()) * cast(h, big)).gt(t))
+        }
+        Metric::Bytes => {
+            let l = col("length")?;
+            l.clone().is_not_null().and(cast(l, big).gt(t))
+        }
+    })
+}

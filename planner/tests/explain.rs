@@ -1,0 +1,233 @@
+//! EXPLAIN snapshots of representative pipelines under different resources:
+//! the choice must flip where the link or the cores make another cut best.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::MemTable;
+use datafusion::error::Result;
+use datafusion::prelude::SessionContext;
+use sluice_planner::{
+    Choice, DatasetStats, FragmentTables, Offload, Placement, Planner, Resources, StorageFragment,
+};
+use sluice_udfs::cost::{SampleStats, default_profiles};
+use sluice_udfs::{UdfEnv, UdfOptions};
+
+const GBIT: f64 = 1e9 / 8.0;
+
+fn table_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("label", DataType::Utf8, true),
+        Field::new("format", DataType::Utf8, true),
+        Field::new("width", DataType::UInt32, true),
+        Field::new("height", DataType::UInt32, true),
+        Field::new("channels", DataType::UInt8, true),
+        Field::new("frames", DataType::UInt64, true),
+        Field::new("length", DataType::UInt64, false),
+        Field::new("data", DataType::Binary, true),
+    ]))
+}
+
+fn image(bytes: f64, w: f64, h: f64) -> SampleStats {
+    SampleStats::encoded_image(bytes, w, h, 3.0)
+}
+
+fn stats(samples: u64, rows: Vec<SampleStats>) -> DatasetStats {
+    let mean = rows.iter().map(|r| r.bytes).sum::<f64>() / rows.len() as f64;
+    DatasetStats {
+        samples,
+        bytes: (mean * samples as f64) as u64,
+        sample: rows,
+    }
+}
+
+fn datasets() -> HashMap<String, DatasetStats> {
+    let mut m = HashMap::new();
+    m.insert(
+        "thumbs".into(),
+        stats(50_000, vec![image(40e3, 500.0, 375.0); 8]),
+    );
+    m.insert(
+        "photos".into(),
+        stats(10_000, vec![image(4e6, 4000.0, 3000.0); 8]),
+    );
+    let mut mixed = vec![image(4e6, 4000.0, 3000.0); 4];
+    mixed.extend(vec![image(6e3, 96.0, 96.0); 12]);
+    m.insert("mixed".into(), stats(20_000, mixed));
+    m.insert(
+        "volumes".into(),
+        stats(
+            1_000,
+            vec![
+                SampleStats {
+                    bytes: 64.0 * 128.0 * 128.0 * 4.0,
+                    width: 128.0,
+                    height: 128.0,
+                    channels: 1.0,
+                    frames: 64.0,
+                    elements: 64.0 * 128.0 * 128.0,
+                };
+                4
+            ],
+        ),
+    );
+    m.insert(
+        "clips".into(),
+        stats(
+            2_000,
+            vec![
+                SampleStats {
+                    bytes: 1e6,
+                    width: 320.0,
+                    height: 240.0,
+                    channels: 3.0,
+                    frames: 300.0,
+                    elements: 0.0,
+                };
+                4
+            ],
+        ),
+    );
+    m
+}
+
+struct Tables;
+
+impl FragmentTables for Tables {
+    fn table(&self, f: &StorageFragment) -> Result<Arc<dyn TableProvider>> {
+        let schema = Arc::new(f.plan.schema().as_arrow().clone());
+        Ok(Arc::new(MemTable::try_new(schema, vec![vec![]])?))
+    }
+}
+
+fn resources(storage_cores: f64, link: Option<f64>) -> Resources {
+    Resources {
+        storage_nodes: 1,
+        storage_cores,
+        compute_cores: 2.0,
+        link_bytes_per_s: link,
+        link_source: "configured".into(),
+    }
+}
+
+async fn place(sql: &str, res: Resources, offload: Offload) -> Placement {
+    let ctx = SessionContext::new();
+    sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
+    for name in datasets().keys() {
+        let t = MemTable::try_new(table_schema(), vec![vec![]]).unwrap();
+        ctx.register_table(name.as_str(), Arc::new(t)).unwrap();
+    }
+    let plan = ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap();
+    let planner = Planner {
+        profiles: default_profiles(),
+        resources: res,
+        stats: datasets(),
+    };
+    planner.place(plan, offload, &Tables).unwrap()
+}
+
+fn cut_of(p: &Placement) -> String {
+    match &p.explanation.pipelines[0].choice {
+        Choice::Cut { cut } => format!("cut {cut}"),
+        Choice::Split(s) => format!("split {}/{}", s.above, s.below),
+    }
+}
+
+const CLASSIFY: &str = "SELECT key, label, normalize(random_horizontal_flip(\
+    random_resized_crop(decode_image(data), 224, 224)), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) AS image \
+    FROM thumbs";
+const LARGE: &str =
+    "SELECT key, to_tensor(resize(decode_image(data), 224, 224)) AS image FROM photos";
+const VOLUME: &str =
+    "SELECT key, to_tensor(crop3d(npz(data, 'image'), 0, 32, 32, 32, 64, 64)) AS v FROM volumes";
+const VIDEO: &str = "SELECT key, decode_video(data, 16, 112, 112) AS clip FROM clips";
+const FILTER: &str = "SELECT key, label FROM thumbs WHERE width > 400 AND label = 'cat'";
+const MIXED: &str = "SELECT key, resize(decode_image(data), 224, 224) AS image FROM mixed";
+
+#[tokio::test]
+async fn explain_small_jpeg_classification() {
+    let fast = place(CLASSIFY, resources(1.0, None), Offload::Auto).await;
+    insta::assert_snapshot!("classify_unlimited_1core", fast.explanation.to_text());
+    let slow = place(CLASSIFY, resources(2.0, Some(GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("classify_1gbit_2cores", slow.explanation.to_text());
+    // The normalized float tensor is 15x the JPEG: never worth shipping
+    // from storage over a slow link.
+    assert_eq!(cut_of(&slow), "cut 1");
+}
+
+#[tokio::test]
+async fn explain_large_photos_flip_with_the_link() {
+    let fast = place(LARGE, resources(1.0, None), Offload::Auto).await;
+    let slow = place(LARGE, resources(1.0, Some(GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("large_unlimited_1core", fast.explanation.to_text());
+    insta::assert_snapshot!("large_1gbit_1core", slow.explanation.to_text());
+    assert_eq!(cut_of(&fast), "cut 0");
+    assert_ne!(cut_of(&slow), "cut 0");
+}
+
+#[tokio::test]
+async fn explain_volume_crop() {
+    let p = place(VOLUME, resources(2.0, Some(10.0 * GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("volume_10gbit_2cores", p.explanation.to_text());
+}
+
+#[tokio::test]
+async fn explain_video_clips() {
+    let p = place(VIDEO, resources(2.0, Some(GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("video_1gbit_2cores", p.explanation.to_text());
+}
+
+#[tokio::test]
+async fn explain_filter_only() {
+    let p = place(FILTER, resources(1.0, Some(GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("filter_only", p.explanation.to_text());
+}
+
+#[tokio::test]
+async fn mixed_sizes_split_per_sample() {
+    let p = place(MIXED, resources(2.0, Some(GBIT)), Offload::Auto).await;
+    insta::assert_snapshot!("mixed_1gbit_2cores", p.explanation.to_text());
+    let Choice::Split(s) = &p.explanation.pipelines[0].choice else {
+        panic!("expected a split:\n{}", p.explanation.to_text());
+    };
+    // Photos shrink on storage; thumbnails grow when resized, so they travel raw.
+    assert!(s.above > s.below, "{s:?}");
+    assert_eq!(p.fragments.len(), 2);
+}
+
+#[tokio::test]
+async fn fixed_modes_and_bad_cuts() {
+    let all = place(CLASSIFY, resources(1.0, None), Offload::Storage).await;
+    assert_eq!(cut_of(&all), "cut 3");
+    let none = place(CLASSIFY, resources(1.0, None), Offload::Compute).await;
+    assert_eq!(cut_of(&none), "cut 0");
+    let two = place(CLASSIFY, resources(1.0, None), Offload::Cut(2)).await;
+    assert_eq!(cut_of(&two), "cut 2");
+    let ctx = SessionContext::new();
+    sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
+    ctx.register_table(
+        "thumbs",
+        Arc::new(MemTable::try_new(table_schema(), vec![vec![]]).unwrap()),
+    )
+    .unwrap();
+    let plan = ctx
+        .sql(CLASSIFY)
+        .await
+        .unwrap()
+        .into_optimized_plan()
+        .unwrap();
+    let planner = Planner {
+        profiles: default_profiles(),
+        resources: resources(1.0, None),
+        stats: datasets(),
+    };
+    let e = planner.place(plan, Offload::Cut(7), &Tables).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("offload cut 7 is out of range: the pipeline over thumbs has cuts 0 to 3"),
+        "{e}"
+    );
+}

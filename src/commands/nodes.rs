@@ -1,0 +1,116 @@
+//! The node processes: `sluice storage-node`, `sluice compute-node` and
+//! `sluice serve` (both sides in one process). Each prints `listening on
+//! ADDR` on stdout once it accepts connections, and stops cleanly on
+//! Ctrl-C or SIGTERM.
+
+use std::sync::Arc;
+
+use sluice_compute::{ComputeSession, QueryService, ResourceHints};
+use sluice_flight::{StorageClient, StorageEndpoint};
+use sluice_storage::StorageFlightService;
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use super::place;
+use crate::cli::{Cli, NodeFlags, RateArg};
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+}
+
+pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
+    let storage = place::local_node(cli, node.cores, node.link_limit)?;
+    let listener = bind(node.listen.as_deref().unwrap_or("127.0.0.1:50051")).await?;
+    let addr = listener.local_addr()?;
+    let datasets = storage.list()?;
+    println!(
+        "storage node listening on {addr} ({} dataset(s), {} core(s))",
+        datasets.len(),
+        storage.info().cores
+    );
+    Server::builder()
+        .add_service(StorageFlightService::new(storage).server())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+        .await?;
+    eprintln!("storage node stopped");
+    Ok(())
+}
+
+async fn serve_queries(listen: &str, session: ComputeSession, what: &str) -> anyhow::Result<()> {
+    let listener = bind(listen).await?;
+    let addr = listener.local_addr()?;
+    if let Err(e) = session.refresh().await {
+        eprintln!("warning: {e}");
+    }
+    println!(
+        "{what} listening on {addr} ({} dataset(s) over {} storage node(s))",
+        session.datasets().await.len(),
+        session.endpoints().len()
+    );
+    Server::builder()
+        .add_service(QueryService::new(Arc::new(session)).server())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+        .await?;
+    eprintln!("{what} stopped");
+    Ok(())
+}
+
+pub async fn compute_node(
+    cli: &Cli,
+    listen: &str,
+    storage: &[String],
+    hints: ResourceHints,
+) -> anyhow::Result<()> {
+    let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints);
+    serve_queries(listen, session, "compute node").await
+}
+
+pub async fn serve(
+    cli: &Cli,
+    listen: &str,
+    loopback: bool,
+    storage_cores: Option<usize>,
+    link_limit: Option<RateArg>,
+    hints: ResourceHints,
+) -> anyhow::Result<()> {
+    let storage = place::local_node(cli, storage_cores, link_limit)?;
+    let endpoint: Arc<dyn StorageEndpoint> = if loopback {
+        let listener = bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let service = StorageFlightService::new(storage).server();
+        tokio::spawn(async move {
+            let served = Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+                .await;
+            if let Err(e) = served {
+                eprintln!("error: loopback storage service: {e}");
+            }
+        });
+        eprintln!("storage side on loopback Flight at {addr}");
+        Arc::new(StorageClient::new(&format!("http://{addr}"))?)
+    } else {
+        storage
+    };
+    let session = ComputeSession::new(vec![endpoint], place::profiles(cli)?, hints);
+    serve_queries(listen, session, "sluice serve").await
+}

@@ -1,0 +1,77 @@
+//! The compute session a command plans and runs queries with: over remote
+//! storage nodes (`--storage`), or over an in-process storage node serving
+//! the data dir.
+
+use std::sync::Arc;
+
+use sluice_compute::{ComputeSession, ResourceHints};
+use sluice_flight::{StorageClient, StorageEndpoint};
+use sluice_storage::StorageNode;
+use sluice_udfs::cost::{PROFILES_FILE, Profiles, load_profiles};
+
+use super::{open_store, scan_options};
+use crate::cli::{Cli, PlaceFlags, RateArg};
+
+/// Resource hints from flags.
+pub fn hints(
+    storage_cores: Option<usize>,
+    compute_cores: Option<usize>,
+    link: Option<RateArg>,
+) -> ResourceHints {
+    ResourceHints {
+        storage_cores: storage_cores.map(|c| c as f64),
+        compute_cores: compute_cores.map(|c| c as f64),
+        link_bytes_per_s: link.and_then(|r| r.0),
+    }
+}
+
+/// The UDF profiles in force: the data dir's calibration, else the defaults.
+pub fn profiles(cli: &Cli) -> anyhow::Result<Profiles> {
+    load_profiles(&cli.data_dir.join(PROFILES_FILE)).map_err(anyhow::Error::msg)
+}
+
+/// Cores of this machine.
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// An in-process storage node over the data dir.
+pub fn local_node(
+    cli: &Cli,
+    cores: Option<usize>,
+    link_limit: Option<RateArg>,
+) -> anyhow::Result<Arc<StorageNode>> {
+    let store = open_store(cli)?;
+    Ok(StorageNode::new(
+        store,
+        scan_options(cli),
+        cores.unwrap_or_else(all_cores),
+        link_limit.and_then(|r| r.0),
+    )?)
+}
+
+/// Clients of remote storage nodes.
+pub fn remote_nodes(urls: &[String]) -> anyhow::Result<Vec<Arc<dyn StorageEndpoint>>> {
+    urls.iter()
+        .map(|u| Ok(Arc::new(StorageClient::new(u)?) as Arc<dyn StorageEndpoint>))
+        .collect()
+}
+
+/// The compute session the flags describe.
+pub fn session(cli: &Cli, place: &PlaceFlags) -> anyhow::Result<ComputeSession> {
+    let endpoints: Vec<Arc<dyn StorageEndpoint>> = if place.storage.is_empty() {
+        vec![local_node(cli, place.storage_cores, place.link_limit)?]
+    } else {
+        remote_nodes(&place.storage)?
+    };
+    let storage_cores = if place.storage.is_empty() {
+        None
+    } else {
+        place.storage_cores
+    };
+    Ok(ComputeSession::new(
+        endpoints,
+        profiles(cli)?,
+        hints(storage_cores, place.compute_cores, place.link_bandwidth),
+    ))
+}

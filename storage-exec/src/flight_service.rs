@@ -1,0 +1,268 @@
+//! [`StorageFlightService`]: a [`StorageNode`] as an Arrow Flight service.
+//!
+//! - `ListFlights`: one `FlightInfo` per dataset (schema, counts, and the
+//!   planner's statistics as JSON app metadata);
+//! - `DoAction("node_info")`: the node's cores and link limit;
+//! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
+//!   job's UDF options, bound to local scans, run, and streamed in messages
+//!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
+//!   [`FragmentReport`]; or a probe of N bytes.
+//!
+//! Errors keep their kind on the wire (see `sluice_flight::error`): a
+//! missing dataset is `NOT_FOUND`, a fragment that cannot be decoded or
+//! planned `INVALID_ARGUMENT`, a failure while running `INTERNAL` with the
+//! UDF's message (which names the sample).
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
+};
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt, stream};
+use prost::Message;
+use sluice_flight::error::status_of;
+use sluice_flight::messages::{
+    FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind,
+};
+use sluice_flight::{LinkError, MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
+use sluice_udfs::{UdfEnv, UdfOptions};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::node::StorageNode;
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct StorageFlightService {
+    node: Arc<StorageNode>,
+}
+
+impl StorageFlightService {
+    /// The service of `node`.
+    pub fn new(node: Arc<StorageNode>) -> Self {
+        Self { node }
+    }
+
+    /// The tonic server of this service, with sluice's message limits.
+    pub fn server(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    async fn fragment(&self, t: FragmentTicket) -> Result<Boxed<FlightData>, Status> {
+        let options: UdfOptions = serde_json::from_str(&t.udf_options)
+            .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+        let udfs = UdfEnv::new(options);
+        let ctx = self.node.session(&udfs);
+        let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
+        let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
+        let batches = self.node.run(plan, &ctx);
+        let rows = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&rows);
+        let batches = batches
+            .inspect_ok(move |b| {
+                counted.fetch_add(b.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+            })
+            .map_err(|e| FlightError::Tonic(Box::new(status_of(&e, false))));
+        let data = FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(MAX_FLIGHT_DATA)
+            .build(batches)
+            .map_err(|e| match e {
+                FlightError::Tonic(s) => *s,
+                other => Status::internal(other.to_string()),
+            });
+        let link = self.node.link().cloned();
+        let bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sent = Arc::clone(&bytes);
+        let data = data.and_then(move |d| {
+            let link = link.clone();
+            let sent = Arc::clone(&sent);
+            async move {
+                let n = d.data_body.len() + d.data_header.len();
+                sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                if let Some(l) = link {
+                    l.take(n).await;
+                }
+                Ok(d)
+            }
+        });
+        let report = stream::once(async move {
+            let (bad_total, bad) = udfs.errors.snapshot();
+            let report = FragmentReport {
+                bad,
+                bad_total,
+                rows: rows.load(std::sync::atomic::Ordering::Relaxed),
+                bytes: bytes.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            let json = serde_json::to_vec(&report).map_err(|e| Status::internal(e.to_string()))?;
+            Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
+        });
+        Ok(Box::pin(data.chain(report)))
+    }
+
+    fn probe(&self, t: ProbeTicket) -> Boxed<FlightData> {
+        let chunk = Bytes::from(vec![0u8; MAX_FLIGHT_DATA]);
+        let n = t.bytes.div_ceil(MAX_FLIGHT_DATA as u64);
+        let link = self.node.link().cloned();
+        Box::pin(stream::iter(0..n).then(move |_| {
+            let chunk = chunk.clone();
+            let link = link.clone();
+            async move {
+                if let Some(l) = link {
+                    l.take(chunk.len()).await;
+                }
+                Ok(FlightData::new().with_data_body(chunk))
+            }
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl FlightService for StorageFlightService {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("storage nodes need no handshake"))
+    }
+
+    async fn list_flights(
+        &self,
+        _request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let node = Arc::clone(&self.node);
+        let datasets = tokio::task::spawn_blocking(move || node.list())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(Status::from)?;
+        let mut infos = Vec::new();
+        for d in datasets {
+            let stats =
+                serde_json::to_vec(&d.stats).map_err(|e| Status::internal(e.to_string()))?;
+            let info = FlightInfo::new()
+                .try_with_schema(&d.schema)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
+                .with_total_records(d.stats.samples as i64)
+                .with_total_bytes(d.stats.bytes as i64)
+                .with_app_metadata(stats);
+            infos.push(Ok(info));
+        }
+        Ok(Response::new(Box::pin(stream::iter(infos))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("use ListFlights to list datasets"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented(
+            "fragments are not long-running queries",
+        ))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        let name = request
+            .into_inner()
+            .path
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        let node = Arc::clone(&self.node);
+        let datasets = tokio::task::spawn_blocking(move || node.list())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(Status::from)?;
+        let Some(d) = datasets.into_iter().find(|d| d.name == name) else {
+            return Err(LinkError::not_found_status(&name));
+        };
+        let options = arrow::ipc::writer::IpcWriteOptions::default();
+        let result: SchemaResult = SchemaAsIpc::new(&d.schema, &options)
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<arrow_flight::Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let ticket = Ticket::decode(request.into_inner().ticket)
+            .map_err(|e| Status::invalid_argument(format!("bad ticket: {e}")))?;
+        let stream = match ticket.kind {
+            Some(TicketKind::Fragment(t)) => self.fragment(t).await?,
+            Some(TicketKind::Probe(p)) => self.probe(p),
+            None => return Err(Status::invalid_argument("empty ticket")),
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn do_put(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(Status::unimplemented(
+            "ingest with `sluice ingest` on the storage node",
+        ))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("DoExchange is not used"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let action = request.into_inner();
+        if action.r#type != NODE_INFO {
+            return Err(Status::invalid_argument(format!(
+                "unknown action {:?} (known: {NODE_INFO})",
+                action.r#type
+            )));
+        }
+        let body =
+            serde_json::to_vec(&self.node.info()).map_err(|e| Status::internal(e.to_string()))?;
+        let reply = arrow_flight::Result { body: body.into() };
+        Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let t = ActionType {
+            r#type: NODE_INFO.into(),
+            description: "the node's cores and link limit, as JSON".into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(t)]))))
+    }
+}

@@ -1,0 +1,306 @@
+//! [`StorageNode`]: runs storage fragments next to the data.
+//!
+//! A fragment arrives as a physical plan whose leaves are
+//! [`DatasetScanExec`]s (see `sluice-flight`). The node binds each to a
+//! scan of its own dataset, spreads the work over its cores, and drives
+//! the plan on its own runtime of `cores` threads — the storage CPU limit
+//! the planner reasons about. The same node serves the Flight service
+//! ([`crate::flight_service`]) and, in `sluice serve`, the compute side of
+//! the same process directly ([`StorageEndpoint`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use async_trait::async_trait;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+use sluice_flight::{
+    DatasetScanExec, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, TokenBucket,
+};
+use sluice_planner::DatasetStats;
+use sluice_udfs::UdfEnv;
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::mpsc;
+
+use crate::scan::{DatasetVersion, ScanOptions};
+use crate::stats::{SAMPLE, dataset_stats};
+use crate::store::Store;
+
+/// Rows per batch a fragment produces: small enough that the compute side
+/// can spread a stream over its cores.
+pub const FRAGMENT_BATCH_ROWS: usize = 64;
+
+/// Name of the in-process node in messages.
+pub const IN_PROCESS: &str = "in-process storage node";
+
+/// A storage node over one store.
+#[derive(Debug)]
+pub struct StorageNode {
+    store: Arc<Store>,
+    scan: ScanOptions,
+    cores: usize,
+    link: Option<Arc<TokenBucket>>,
+    runtime: Option<Runtime>,
+    handle: Handle,
+    stats: Mutex<HashMap<(String, u64), DatasetStats>>,
+}
+
+impl StorageNode {
+    /// A node serving `store` with `cores` threads for fragments and, if
+    /// given, its outgoing link limited to `link_limit` bytes per second.
+    pub fn new(
+        store: Arc<Store>,
+        scan: ScanOptions,
+        cores: usize,
+        link_limit: Option<f64>,
+    ) -> std::io::Result<Arc<Self>> {
+        let cores = cores.max(1);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .thread_name("sluice-storage")
+            .enable_all()
+            .build()?;
+        Ok(Arc::new(Self {
+            store,
+            scan,
+            cores,
+            link: link_limit.map(|r| Arc::new(TokenBucket::new(r))),
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+            stats: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The link limit, if any.
+    pub fn link(&self) -> Option<&Arc<TokenBucket>> {
+        self.link.as_ref()
+    }
+
+    /// Cores and link limit.
+    pub fn info(&self) -> NodeInfo {
+        NodeInfo {
+            cores: self.cores,
+            link_limit: self.link.as_ref().map(|l| l.rate()),
+        }
+    }
+
+    /// The datasets held here, with their schemas and statistics.
+    pub fn list(&self) -> Result<Vec<RemoteDataset>, LinkError> {
+        let err = |e: crate::StorageError| LinkError::Execution {
+            node: IN_PROCESS.into(),
+            message: e.to_string(),
+        };
+        let mut out = Vec::new();
+        for name in self.store.catalog().dataset_names().map_err(err)? {
+            let version =
+                DatasetVersion::open(Arc::clone(&self.store), &name, None).map_err(err)?;
+            let key = (name.clone(), version.record.version);
+            let cached = self
+                .stats
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .cloned();
+            let stats = match cached {
+                Some(s) => s,
+                None => {
+                    let s = dataset_stats(&version, SAMPLE).map_err(err)?;
+                    self.stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key, s.clone());
+                    s
+                }
+            };
+            out.push(RemoteDataset {
+                name,
+                schema: Arc::clone(&version.table_schema),
+                stats,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A session whose functions are bound to `udfs` and whose scans use
+    /// this node's cores: the registry fragments are decoded against.
+    pub fn session(&self, udfs: &Arc<UdfEnv>) -> SessionContext {
+        let config = SessionConfig::new()
+            .with_target_partitions(self.cores)
+            .with_batch_size(FRAGMENT_BATCH_ROWS);
+        crate::session::session_context_with_config(
+            Arc::clone(&self.store),
+            self.scan.clone(),
+            udfs,
+            config,
+        )
+    }
+
+    /// Binds every [`DatasetScanExec`] of `fragment` to a scan of this
+    /// node's dataset, and spreads the result over the node's cores.
+    pub async fn bind(
+        &self,
+        ctx: &SessionContext,
+        fragment: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>, LinkError> {
+        let mut scans = Vec::new();
+        let _ = fragment.apply(|p| {
+            if let Some(s) = p.downcast_ref::<DatasetScanExec>() {
+                scans.push(s.clone());
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        });
+        let mut bound = Vec::new();
+        let state = ctx.state();
+        for s in &scans {
+            if self
+                .store
+                .catalog()
+                .latest_version(&s.dataset)
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                return Err(LinkError::DatasetNotFound {
+                    dataset: s.dataset.clone(),
+                    node: IN_PROCESS.into(),
+                });
+            }
+            let bad = |e: DataFusionError| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            };
+            let table = ctx.table_provider(s.dataset.as_str()).await.map_err(bad)?;
+            let mut plan = table
+                .scan(&state, s.projection.as_ref(), &s.filters, s.limit)
+                .await
+                .map_err(bad)?;
+            if plan.output_partitioning().partition_count() < self.cores {
+                plan = Arc::new(
+                    RepartitionExec::try_new(plan, Partitioning::RoundRobinBatch(self.cores))
+                        .map_err(bad)?,
+                );
+            }
+            bound.push(plan);
+        }
+        let mut next = bound.into_iter();
+        fragment
+            .transform_up(|p| {
+                if p.is::<DatasetScanExec>() {
+                    let b = next.next().ok_or_else(|| {
+                        DataFusionError::Internal("scan count changed while binding".into())
+                    })?;
+                    return Ok(Transformed::yes(b));
+                }
+                Ok(Transformed::no(p))
+            })
+            .map(|t| t.data)
+            .map_err(|e| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Runs a bound fragment on the node's runtime, all partitions merged,
+    /// with at most a few batches buffered ahead of the reader.
+    pub fn run(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        ctx: &SessionContext,
+    ) -> SendableRecordBatchStream {
+        let schema = plan.schema();
+        let task = ctx.task_ctx();
+        let (tx, rx) = mpsc::channel::<DFResult<RecordBatch>>(4);
+        self.handle.spawn(async move {
+            let plan: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(plan));
+            let mut stream = match plan.execute(0, task) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            while let Some(item) = stream.next().await {
+                let failed = item.is_err();
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let batches =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+        Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+    }
+}
+
+impl Drop for StorageNode {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The memory a batch's values occupy as sliced: what crosses the link.
+pub fn link_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
+#[async_trait]
+impl StorageEndpoint for StorageNode {
+    fn name(&self) -> &str {
+        IN_PROCESS
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, LinkError> {
+        Ok(self.info())
+    }
+
+    async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
+        self.list()
+    }
+
+    async fn execute(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream, LinkError> {
+        let ctx = self.session(&udfs);
+        let plan = self.bind(&ctx, fragment).await?;
+        let stream = self.run(plan, &ctx);
+        let Some(link) = self.link.clone() else {
+            return Ok(stream);
+        };
+        let schema = stream.schema();
+        let throttled = stream.then(move |item| {
+            let link = Arc::clone(&link);
+            async move {
+                if let Ok(b) = &item {
+                    link.take(link_bytes(b)).await;
+                }
+                item
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, throttled)))
+    }
+
+    async fn probe(&self, _bytes: u64) -> Result<Option<f64>, LinkError> {
+        Ok(self.link.as_ref().map(|l| l.rate()))
+    }
+}
