@@ -17,6 +17,7 @@
 //! - [`service`] and [`client`]: a compute node as a Flight service that
 //!   answers queries, and its typed client.
 
+pub mod catalog;
 pub mod client;
 pub mod explain;
 pub mod remote;

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::Result;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -22,7 +24,8 @@ use sluice_udfs::UdfEnv;
 use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
-use crate::remote::{FragmentTable, RemoteDatasetTable};
+use crate::catalog::{ComputeSchema, base_name};
+use crate::remote::FragmentTable;
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
 pub const PROBE_BYTES: u64 = 32 << 20;
@@ -272,23 +275,6 @@ impl ComputeSession {
             .with_target_partitions(compute_cores);
         let ctx = SessionContext::new_with_config(config);
         sluice_udfs::register(&ctx, udfs);
-        let mut stats = HashMap::new();
-        for (name, schema, s, _) in &datasets {
-            ctx.register_table(
-                name.as_str(),
-                Arc::new(RemoteDatasetTable::new(name.clone(), Arc::clone(schema))),
-            )?;
-            stats.insert(name.clone(), s.clone());
-        }
-        let plan = ctx
-            .sql_with_options(sql, read_only())
-            .await?
-            .into_optimized_plan()?;
-        let planner = Planner {
-            profiles: self.profiles.clone(),
-            resources,
-            stats,
-        };
         let holders = {
             let known = self.known.lock().await;
             known
@@ -303,6 +289,43 @@ impl ComputeSession {
                     (n.clone(), eps)
                 })
                 .collect::<HashMap<_, _>>()
+        };
+        let mut stats = HashMap::new();
+        let mut latest = BTreeMap::new();
+        for (name, schema, s, _) in &datasets {
+            latest.insert(name.clone(), Arc::clone(schema));
+            stats.insert(name.clone(), s.clone());
+        }
+        let schema = Arc::new(ComputeSchema::new(latest, holders.clone()));
+        if let Some(catalog) = ctx.catalog("datafusion") {
+            let _previous = catalog.register_schema("public", schema);
+        }
+        let plan = ctx
+            .sql_with_options(sql, read_only())
+            .await?
+            .into_optimized_plan()?;
+        // Versions (`pets@2`) are planned with the latest version's
+        // statistics and run where the dataset is.
+        let mut holders = holders;
+        let _ = plan.apply(|n| {
+            if let LogicalPlan::TableScan(scan) = n {
+                let table = scan.table_name.table();
+                let base = base_name(table);
+                if table != base {
+                    if let Some(s) = stats.get(base).cloned() {
+                        stats.insert(table.to_string(), s);
+                    }
+                    if let Some(h) = holders.get(base).cloned() {
+                        holders.insert(table.to_string(), h);
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        let planner = Planner {
+            profiles: self.profiles.clone(),
+            resources,
+            stats,
         };
         let tables = Tables {
             holders,

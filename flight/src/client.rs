@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::datatypes::SchemaRef;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{Action, Criteria};
+use arrow_flight::{Action, Criteria, FlightDescriptor};
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
@@ -139,6 +140,20 @@ impl StorageEndpoint for StorageClient {
             });
         }
         Ok(out)
+    }
+
+    async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
+        let reply = self
+            .inner
+            .clone()
+            .get_schema(FlightDescriptor::new_path(vec![table.to_string()]))
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        let schema = arrow::datatypes::Schema::try_from(&reply).map_err(|e| {
+            LinkError::Protocol(format!("{} sent a bad schema for {table}: {e}", self.node))
+        })?;
+        Ok(Arc::new(schema))
     }
 
     async fn execute(

@@ -47,6 +47,9 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// The datasets it holds.
     async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError>;
 
+    /// The schema of `table`: a dataset, or `dataset@N` for version N.
+    async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError>;
+
     /// Runs `fragment` (whose leaves are `DatasetScanExec`s) with the UDF
     /// options of `udfs`, streaming its output in one partition. Bad
     /// samples the node meets are added to `udfs`' log.

@@ -208,8 +208,7 @@ impl Planner {
         let plan = match &choice {
             Choice::Cut { cut } => self.fragment(p, *cut, None, tables, fragments)?,
             Choice::Split(s) => {
-                let above = split_predicate(&p.scan, s)?;
-                let below = Expr::Not(Box::new(above.clone()));
+                let (above, below) = split_predicate(&p.scan, s)?;
                 let a = self.fragment(p, s.above, Some(above), tables, fragments)?;
                 let b = self.fragment(p, s.below, Some(below), tables, fragments)?;
                 // A union drops qualifiers; the dataset's name restores
@@ -324,8 +323,9 @@ fn filtered_scan(scan: &TableScan, group: Option<Expr>) -> Result<LogicalPlan> {
     }
 }
 
-/// The predicate selecting the objects above a split's threshold; never NULL.
-fn split_predicate(scan: &TableScan, s: &Split) -> Result<Expr> {
+/// The predicates selecting the objects above a split's threshold and the
+/// others; neither is ever NULL, and every row satisfies exactly one.
+fn split_predicate(scan: &TableScan, s: &Split) -> Result<(Expr, Expr)> {
     let schema = scan.source.schema();
     let col = |name: &str| -> Result<Expr> {
         if schema.field_with_name(name).is_err() {
@@ -339,19 +339,26 @@ fn split_predicate(scan: &TableScan, s: &Split) -> Result<Expr> {
             name,
         )))
     };
-    let t = lit(ScalarValue::Int64(Some(s.threshold as i64)));
+    let t = || lit(ScalarValue::Int64(Some(s.threshold as i64)));
     let big = arrow::datatypes::DataType::Int64;
     Ok(match s.metric {
         Metric::Pixels => {
             let (w, h) = (col("width")?, col("height")?);
-            w.clone()
+            let pixels = cast(w.clone(), big.clone()) * cast(h.clone(), big);
+            let above = w
+                .clone()
                 .is_not_null()
                 .and(h.clone().is_not_null())
-                .and((cast(w, big.clone()) * cast(h, big)).gt(t))
+                .and(pixels.clone().gt(t()));
+            let below = w.is_null().or(h.is_null()).or(pixels.lt_eq(t()));
+            (above, below)
         }
         Metric::Bytes => {
             let l = col("length")?;
-            l.clone().is_not_null().and(cast(l, big).gt(t))
+            let bytes = cast(l.clone(), big);
+            let above = l.clone().is_not_null().and(bytes.clone().gt(t()));
+            let below = l.is_null().or(bytes.lt_eq(t()));
+            (above, below)
         }
     })
 }

@@ -60,7 +60,11 @@ pub fn parse_rate(text: &str) -> Result<Option<f64>, String> {
     if t == "unlimited" || t == "none" || t == "0" {
         return Ok(None);
     }
-    let t = t.trim_end_matches("/s").trim_end_matches("ps");
+    let t = t.trim_end_matches("/s");
+    let t = match t.strip_suffix("bps") {
+        Some(head) => format!("{head}bit"),
+        None => t.to_string(),
+    };
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -70,6 +74,7 @@ pub fn parse_rate(text: &str) -> Result<Option<f64>, String> {
         .map_err(|_| format!("bad link rate {text:?}: expected e.g. 10Gbit, 1Gbit/s or 125MB/s"))?;
     let (scale, bits) = match unit {
         "" | "b" => (1.0, false),
+        "bit" => (1.0, true),
         "k" | "kb" | "kib" => (1e3, unit == "k"),
         "kbit" => (1e3, true),
         "m" | "mb" | "mib" => (1e6, unit == "m"),

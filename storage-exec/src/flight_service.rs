@@ -30,7 +30,7 @@ use sluice_flight::error::status_of;
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind,
 };
-use sluice_flight::{LinkError, MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
+use sluice_flight::{MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -194,15 +194,12 @@ impl FlightService for StorageFlightService {
             .cloned()
             .unwrap_or_default();
         let node = Arc::clone(&self.node);
-        let datasets = tokio::task::spawn_blocking(move || node.list())
+        let schema = tokio::task::spawn_blocking(move || node.table_schema(&name))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(Status::from)?;
-        let Some(d) = datasets.into_iter().find(|d| d.name == name) else {
-            return Err(LinkError::not_found_status(&name));
-        };
         let options = arrow::ipc::writer::IpcWriteOptions::default();
-        let result: SchemaResult = SchemaAsIpc::new(&d.schema, &options)
+        let result: SchemaResult = SchemaAsIpc::new(&schema, &options)
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
         Ok(Response::new(result))

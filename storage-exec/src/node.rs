@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result as DFResult};
@@ -30,7 +31,7 @@ use sluice_udfs::UdfEnv;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
-use crate::scan::{DatasetVersion, ScanOptions};
+use crate::scan::{DatasetVersion, ScanOptions, parse_name};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
 
@@ -134,6 +135,29 @@ impl StorageNode {
         Ok(out)
     }
 
+    /// The schema of `table` (`dataset` or `dataset@N`).
+    pub fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
+        let (dataset, version) = parse_name(table);
+        let version = match version {
+            Some(v) => Some(v.parse::<u64>().map_err(|_| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: format!("bad version '{v}' in table name '{table}' (expected dataset@N)"),
+            })?),
+            None => None,
+        };
+        match DatasetVersion::open(Arc::clone(&self.store), dataset, version) {
+            Ok(v) => Ok(Arc::clone(&v.table_schema)),
+            Err(crate::StorageError::UnknownDataset(_)) => Err(LinkError::DatasetNotFound {
+                dataset: table.to_string(),
+                node: IN_PROCESS.into(),
+            }),
+            Err(e) => Err(LinkError::Execution {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
     /// A session whose functions are bound to `udfs` and whose scans use
     /// this node's cores: the registry fragments are decoded against.
     pub fn session(&self, udfs: &Arc<UdfEnv>) -> SessionContext {
@@ -168,7 +192,7 @@ impl StorageNode {
             if self
                 .store
                 .catalog()
-                .latest_version(&s.dataset)
+                .latest_version(parse_name(&s.dataset).0)
                 .ok()
                 .flatten()
                 .is_none()
@@ -274,6 +298,10 @@ impl StorageEndpoint for StorageNode {
 
     async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
         self.list()
+    }
+
+    async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
+        StorageNode::table_schema(self, table)
     }
 
     async fn execute(

@@ -31,7 +31,7 @@ impl DatasetSchema {
 }
 
 /// Splits `name@version`.
-fn parse_name(name: &str) -> (&str, Option<&str>) {
+pub fn parse_name(name: &str) -> (&str, Option<&str>) {
     match name.rsplit_once('@') {
         Some((ds, v)) => (ds, Some(v)),
         None => (name, None),

@@ -1,0 +1,76 @@
+//! [`ComputeSchema`]: the datasets the storage nodes listed, as the tables
+//! of a compute session. `dataset@N` (version N) is resolved on demand by
+//! asking a node that holds the dataset for that version's schema.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::error::{DataFusionError, Result};
+use sluice_flight::StorageEndpoint;
+
+use crate::remote::RemoteDatasetTable;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ComputeSchema {
+    latest: BTreeMap<String, SchemaRef>,
+    holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    versions: Mutex<HashMap<String, SchemaRef>>,
+}
+
+impl ComputeSchema {
+    /// The tables of `latest` (dataset → schema), held by `holders`.
+    pub fn new(
+        latest: BTreeMap<String, SchemaRef>,
+        holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    ) -> Self {
+        Self {
+            latest,
+            holders,
+            versions: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The dataset a table name reads: `pets` for `pets@2`.
+pub fn base_name(table: &str) -> &str {
+    table.rsplit_once('@').map_or(table, |(d, _)| d)
+}
+
+#[async_trait]
+impl SchemaProvider for ComputeSchema {
+    fn table_names(&self) -> Vec<String> {
+        self.latest.keys().cloned().collect()
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if let Some(schema) = self.latest.get(name) {
+            return Ok(Some(Arc::new(RemoteDatasetTable::new(
+                name.to_string(),
+                Arc::clone(schema),
+            ))));
+        }
+        let Some(node) = self.holders.get(base_name(name)).and_then(|h| h.first()) else {
+            return Ok(None);
+        };
+        let schema = node
+            .table_schema(name)
+            .await
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        self.versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), Arc::clone(&schema));
+        Ok(Some(Arc::new(RemoteDatasetTable::new(
+            name.to_string(),
+            schema,
+        ))))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.latest.contains_key(name) || self.holders.contains_key(base_name(name))
+    }
+}
