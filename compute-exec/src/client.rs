@@ -83,6 +83,9 @@ impl QueryClient {
             code: tonic::Code::Internal,
             message: e.to_string(),
         })?;
+        let report = Arc::new(std::sync::Mutex::new(FragmentReport::default()));
+        let seen = Arc::clone(&report);
+        // The last message carries the report and no Arrow data.
         let stream = self
             .inner
             .clone()
@@ -92,11 +95,17 @@ impl QueryClient {
             .await
             .map_err(|s| self.err(&s))?
             .into_inner()
-            .map_err(|s| FlightError::Tonic(Box::new(s)));
+            .map_err(|s| FlightError::Tonic(Box::new(s)))
+            .try_filter(move |d| {
+                let keep = !d.data_header.is_empty();
+                if !keep && let Ok(r) = serde_json::from_slice(&d.app_metadata) {
+                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = r;
+                }
+                futures::future::ready(keep)
+            });
         let mut decoder = FlightDataDecoder::new(stream);
         let mut schema: Option<SchemaRef> = None;
         let mut batches = Vec::new();
-        let mut report = FragmentReport::default();
         while let Some(d) = decoder.next().await {
             let d = d.map_err(|e| match e {
                 FlightError::Tonic(s) => self.err(&s),
@@ -109,16 +118,13 @@ impl QueryClient {
             match d.payload {
                 DecodedPayload::Schema(s) => schema = Some(s),
                 DecodedPayload::RecordBatch(b) => batches.push(b),
-                DecodedPayload::None => {
-                    if let Ok(r) = serde_json::from_slice(&d.inner.app_metadata) {
-                        report = r;
-                    }
-                }
+                DecodedPayload::None => {}
             }
         }
         let schema = schema
             .or_else(|| batches.first().map(|b| b.schema()))
             .unwrap_or_else(|| Arc::new(arrow::datatypes::Schema::empty()));
+        let report = report.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Ok(QueryResult {
             schema,
             batches,

@@ -65,19 +65,20 @@ impl StorageClient {
         }
     }
 
-    async fn get(&self, ticket: Ticket) -> Result<FlightDataDecoder, LinkError> {
+    async fn get(
+        &self,
+        ticket: Ticket,
+    ) -> Result<tonic::Streaming<arrow_flight::FlightData>, LinkError> {
         let ticket = arrow_flight::Ticket {
             ticket: ticket.encode_to_vec().into(),
         };
-        let stream = self
+        Ok(self
             .inner
             .clone()
             .do_get(ticket)
             .await
             .map_err(|s| self.status(&s))?
-            .into_inner()
-            .map_err(|s| FlightError::Tonic(Box::new(s)));
-        Ok(FlightDataDecoder::new(stream))
+            .into_inner())
     }
 }
 
@@ -166,45 +167,49 @@ impl StorageEndpoint for StorageClient {
             .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
         let udf_options =
             serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
-        let decoder = self
+        let raw = self
             .get(Ticket {
                 kind: Some(TicketKind::Fragment(FragmentTicket { plan, udf_options })),
             })
             .await?;
-        let this = self.clone();
-        let batches = decoder
-            .map_err(move |e| DataFusionError::from(this.flight(e)))
-            .try_filter_map(move |data| {
+        // The last message carries the node's report and no Arrow data.
+        let data = raw
+            .map_err(|s| FlightError::Tonic(Box::new(s)))
+            .try_filter_map(move |d| {
                 let udfs = Arc::clone(&udfs);
                 async move {
-                    match data.payload {
-                        DecodedPayload::RecordBatch(b) => Ok(Some(b)),
-                        DecodedPayload::None if !data.inner.app_metadata.is_empty() => {
-                            if let Ok(r) =
-                                serde_json::from_slice::<FragmentReport>(&data.inner.app_metadata)
-                            {
-                                udfs.errors.merge(r.bad_total, r.bad);
-                            }
-                            Ok(None)
-                        }
-                        _ => Ok(None),
+                    if !d.data_header.is_empty() {
+                        return Ok(Some(d));
                     }
+                    if let Ok(r) = serde_json::from_slice::<FragmentReport>(&d.app_metadata) {
+                        udfs.errors.merge(r.bad_total, r.bad);
+                    }
+                    Ok(None)
                 }
+            });
+        let this = self.clone();
+        let batches = FlightDataDecoder::new(data)
+            .map_err(move |e| DataFusionError::from(this.flight(e)))
+            .try_filter_map(|d| async move {
+                Ok(match d.payload {
+                    DecodedPayload::RecordBatch(b) => Some(b),
+                    _ => None,
+                })
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
 
     async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError> {
         let start = Instant::now();
-        let mut decoder = self
+        let mut raw = self
             .get(Ticket {
                 kind: Some(TicketKind::Probe(ProbeTicket { bytes })),
             })
             .await?;
         let mut got = 0u64;
-        while let Some(d) = decoder.next().await {
-            let d = d.map_err(|e| self.flight(e))?;
-            got += (d.inner.data_body.len() + d.inner.data_header.len()) as u64;
+        while let Some(d) = raw.next().await {
+            let d = d.map_err(|s| self.status(&s))?;
+            got += (d.data_body.len() + d.data_header.len()) as u64;
         }
         let secs = start.elapsed().as_secs_f64().max(1e-6);
         Ok(Some(got as f64 / secs))

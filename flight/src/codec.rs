@@ -10,9 +10,13 @@
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, internal_err};
+use datafusion::config::ConfigOptions;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
 };
@@ -116,5 +120,47 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
 
 /// Decodes a storage fragment, resolving functions in `ctx`'s registry.
 pub fn decode_fragment(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)
+    let plan = physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)?;
+    let config = Arc::clone(ctx.session_config().options());
+    plan.transform_up(|node| {
+        let Some(p) = node.downcast_ref::<ProjectionExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let schema = p.input().schema();
+        let exprs = p
+            .expr()
+            .iter()
+            .map(|e| {
+                let expr = Arc::clone(&e.expr)
+                    .transform_up(|x| retype(x, &schema, &config))?
+                    .data;
+                Ok(ProjectionExpr::new(expr, e.alias.clone()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let rebuilt: Arc<dyn ExecutionPlan> =
+            Arc::new(ProjectionExec::try_new(exprs, Arc::clone(p.input()))?);
+        Ok(Transformed::yes(rebuilt))
+    })
+    .map(|t| t.data)
+}
+
+/// datafusion-proto carries a function call's result type but not its
+/// field metadata, where sluice UDFs keep sizes known at plan time
+/// (`sluice.shape`) for the calls above them; recomputing the result
+/// field from the (already retyped) arguments restores it.
+fn retype(
+    expr: Arc<dyn PhysicalExpr>,
+    schema: &Schema,
+    config: &Arc<ConfigOptions>,
+) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
+    let Some(f) = expr.downcast_ref::<ScalarFunctionExpr>() else {
+        return Ok(Transformed::no(expr));
+    };
+    let call = ScalarFunctionExpr::try_new(
+        Arc::new(f.fun().clone()),
+        f.args().to_vec(),
+        schema,
+        Arc::clone(config),
+    )?;
+    Ok(Transformed::yes(Arc::new(call)))
 }

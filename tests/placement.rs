@@ -1,0 +1,339 @@
+//! Placement transparency and split execution, against the real binary:
+//! every offload mode gives byte-identical rows; two storage nodes plus a
+//! compute node (separate processes over loopback Flight) give the rows of
+//! the embedded default; a storage node that goes down fails the queries
+//! that need it, by name, while the compute node keeps serving the others.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::{Env, gen_sample};
+use sluice_udfs::kernels::{npy, npz, video};
+
+/// The pipelines of the issue, at test sizes, in a stable order.
+const PIPELINES: &[(&str, &str)] = &[
+    (
+        "classify",
+        "SELECT key, label, normalize(random_horizontal_flip(random_resized_crop(decode_image(data), 24, 24)), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS img FROM pets ORDER BY key",
+    ),
+    (
+        "resize",
+        "SELECT key, to_tensor(resize(decode_image(data), 32, 32)) AS img FROM pets ORDER BY key",
+    ),
+    (
+        "volume",
+        "SELECT key, to_tensor(crop3d(npz(data, 'x'), 1, 1, 1, 4, 4, 4), 'float32') AS v FROM vols ORDER BY key",
+    ),
+    (
+        "video",
+        "SELECT key, decode_video(data, 4, 16, 16) AS clip FROM clips ORDER BY key",
+    ),
+    (
+        "filter",
+        "SELECT key, label, length FROM pets WHERE width > 100 AND label <> 'class_0' ORDER BY key",
+    ),
+];
+
+fn clips(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        video::encode_test_clip(
+            &dir.join(format!("clip{i}.avi")),
+            "mpeg4",
+            10 + i as u32,
+            64,
+            48,
+        )
+        .unwrap();
+    }
+}
+
+fn volumes(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        let vol: Vec<u8> = (0..8 * 8 * 8u32)
+            .flat_map(|v| ((v + i as u32) as f32).to_le_bytes())
+            .collect();
+        let z = npz::write(
+            &[("x", npy::write(npy::DType::F32, &[8, 8, 8], &vol))],
+            true,
+        );
+        std::fs::write(dir.join(format!("vol{i}.npz")), z).unwrap();
+    }
+}
+
+/// An ImageFolder whose classes start at `first`.
+fn images(env: &Env, dir: &Path, first: u32, seed: u64) {
+    let tmp = env.path(&format!("gen{seed}"));
+    gen_sample(env, &tmp, 2, 5, seed);
+    std::fs::create_dir_all(dir).unwrap();
+    for c in 0..2 {
+        std::fs::rename(
+            tmp.join(format!("class_{c}")),
+            dir.join(format!("class_{}", first + c)),
+        )
+        .unwrap();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn sluice(data_dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.env("SLUICE_DATA_DIR", data_dir)
+        .env("SLUICE_DEVICE_SIZE", "256MiB")
+        .env("SLUICE_CHUNK_SIZE", "1MiB")
+        .env_remove("SLUICE_LOG");
+    c
+}
+
+fn ok(c: &mut Command) -> Vec<u8> {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn fails(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(!out.status.success(), "{c:?} should fail");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn ingest(data_dir: &Path, name: &str, src: &Path) {
+    ok(sluice(data_dir).args(["ingest", name]).arg(src));
+}
+
+/// A node process, killed when dropped.
+struct Node {
+    child: Child,
+    url: String,
+}
+
+impl Node {
+    fn start(data_dir: &Path, args: &[&str]) -> Self {
+        let mut child = sluice(data_dir)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        Self {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rows(data_dir: &Path, query: &str, extra: &[&str]) -> Vec<u8> {
+    let out = ok(sluice(data_dir)
+        .args(["sql", query, "--format", "arrow", "--seed", "7"])
+        .args(extra));
+    assert!(out.len() > 200, "{query} {extra:?} gave almost nothing");
+    out
+}
+
+/// Sources: two halves of an image dataset, clips and volumes.
+fn sources(env: &Env) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
+    let (a, b) = (env.path("pets_a"), env.path("pets_b"));
+    images(env, &a, 0, 1);
+    images(env, &b, 2, 2);
+    let (c, v) = (env.path("clips"), env.path("vols"));
+    clips(&c, 3);
+    volumes(&v, 3);
+    (a, b, c, v)
+}
+
+#[test]
+fn every_offload_mode_gives_the_same_bytes() {
+    let env = Env::new();
+    let (a, _, c, v) = sources(&env);
+    let data = env.data_dir();
+    ingest(&data, "pets", &a);
+    ingest(&data, "clips", &c);
+    ingest(&data, "vols", &v);
+    for (name, q) in PIPELINES {
+        let reference = rows(&data, q, &["--offload", "compute"]);
+        let mut variants: Vec<Vec<&str>> = vec![
+            vec!["--offload", "storage"],
+            vec!["--offload", "auto"],
+            vec!["--offload", "1"],
+            // A slow link and a big storage side push auto elsewhere
+            // (for the images, to a per-sample split).
+            vec!["--link-bandwidth", "20Mbit", "--storage-cores", "64"],
+            vec!["--link-bandwidth", "100Gbit", "--storage-cores", "1"],
+        ];
+        if *name == "filter" {
+            variants.retain(|v| v[1] != "1");
+        }
+        for extra in variants {
+            assert!(
+                rows(&data, q, &extra) == reference,
+                "{name}: {extra:?} differs from --offload compute"
+            );
+        }
+    }
+    // The explanation names every candidate and the choice.
+    let text = String::from_utf8(ok(sluice(&data).args([
+        "explain",
+        PIPELINES[0].1,
+        "--link-bandwidth",
+        "1Gbit",
+    ])))
+    .unwrap();
+    for needle in [
+        "stage 1: decode_random_resized_crop",
+        "stage 3: normalize",
+        "offload auto:",
+        "storage fragment 0:",
+        "compute fragment:",
+        "link 1.00 Gbit/s (configured)",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&data).args([
+        "explain",
+        PIPELINES[0].1,
+        "--format",
+        "json",
+        "--offload",
+        "2",
+    ])))
+    .unwrap();
+    assert_eq!(json["pipelines"][0]["choice"]["cut"], 2);
+    assert_eq!(
+        json["pipelines"][0]["candidates"].as_array().unwrap().len(),
+        4
+    );
+    // SQL EXPLAIN shows the placement too.
+    let explained = String::from_utf8(ok(sluice(&data).args([
+        "sql",
+        &format!("EXPLAIN {}", PIPELINES[1].1),
+        "--format",
+        "csv",
+    ])))
+    .unwrap();
+    assert!(explained.contains("placement") && explained.contains("RemoteFragmentExec"));
+    let e = fails(sluice(&data).args(["sql", PIPELINES[0].1, "--offload", "9"]));
+    assert!(e.contains("offload cut 9 is out of range"), "{e}");
+}
+
+#[test]
+fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
+    let env = Env::new();
+    let (a, b, c, v) = sources(&env);
+    // Node A: the first half of pets and the clips; node B: the other half
+    // and the volumes. The embedded data dir has all of it.
+    let (dir_a, dir_b, all) = (env.path("node_a"), env.path("node_b"), env.data_dir());
+    ingest(&dir_a, "pets", &a);
+    ingest(&dir_a, "clips", &c);
+    ingest(&dir_b, "pets", &b);
+    ingest(&dir_b, "vols", &v);
+    let both = env.path("pets_all");
+    copy_dir(&a, &both);
+    copy_dir(&b, &both);
+    // A data dir is locked by the process serving it: the embedded rows
+    // come first, and the loopback server gets its own copy.
+    let all2 = env.path("data2");
+    for dir in [&all, &all2] {
+        ingest(dir, "pets", &both);
+        ingest(dir, "clips", &c);
+        ingest(dir, "vols", &v);
+    }
+    let embedded: Vec<Vec<u8>> = PIPELINES.iter().map(|(_, q)| rows(&all, q, &[])).collect();
+
+    let node_a = Node::start(
+        &dir_a,
+        &["storage-node", "--listen", "127.0.0.1:0", "--cores", "1"],
+    );
+    let mut node_b = Node::start(&dir_b, &["storage-node", "--listen", "127.0.0.1:0"]);
+    let storage = format!("{},{}", node_a.url, node_b.url);
+    let compute = Node::start(
+        &env.path("compute"),
+        &[
+            "compute-node",
+            "--listen",
+            "127.0.0.1:0",
+            "--storage",
+            &storage,
+        ],
+    );
+    let serve = Node::start(&all, &["serve", "--listen", "127.0.0.1:0"]);
+    let looped = Node::start(&all2, &["serve", "--listen", "127.0.0.1:0", "--loopback"]);
+
+    for ((name, q), embedded) in PIPELINES.iter().zip(&embedded) {
+        for (how, extra) in [
+            ("--storage", vec!["--storage", storage.as_str()]),
+            (
+                "--storage, all on storage",
+                vec!["--storage", storage.as_str(), "--offload", "storage"],
+            ),
+            ("compute-node", vec!["--connect", compute.url.as_str()]),
+            ("serve", vec!["--connect", serve.url.as_str()]),
+            ("serve --loopback", vec!["--connect", looped.url.as_str()]),
+        ] {
+            assert!(
+                rows(&env.path("client"), q, &extra) == *embedded,
+                "{name} via {how} differs from the embedded default"
+            );
+        }
+    }
+
+    // An unknown dataset names itself; the compute node keeps serving.
+    let e = fails(sluice(&env.path("client")).args([
+        "sql",
+        "SELECT key FROM nope",
+        "--connect",
+        &compute.url,
+    ]));
+    assert!(e.contains("nope"), "{e}");
+
+    // Node B goes down: pets (half on B) fails naming B; clips (only on A)
+    // still work through the same compute node.
+    let _ = node_b.child.kill();
+    let _ = node_b.child.wait();
+    let e =
+        fails(sluice(&env.path("client")).args(["sql", PIPELINES[1].1, "--connect", &compute.url]));
+    let port_b = node_b.url.rsplit(':').next().unwrap();
+    assert!(e.contains(port_b) && e.contains("unavailable"), "{e}");
+    let clips = rows(
+        &env.path("client"),
+        PIPELINES[3].1,
+        &["--connect", &compute.url],
+    );
+    assert!(clips == embedded[3]);
+}
