@@ -121,10 +121,10 @@ impl ComputeSession {
         let mut last_err = None;
         let mut listed: BTreeMap<String, Holding> = BTreeMap::new();
         for (i, e) in self.endpoints.iter().enumerate() {
-            if !known.cores.contains_key(&i) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = known.cores.entry(i) {
                 match e.node_info().await {
                     Ok(info) => {
-                        known.cores.insert(i, info.cores);
+                        slot.insert(info.cores);
                         known.limits.insert(i, info.link_limit);
                     }
                     Err(err) => {

@@ -64,7 +64,7 @@ pub fn dataset_stats(version: &DatasetVersion, max_sample: usize) -> Result<Data
             .column_by_name(SHAPE)
             .map(|c| c.as_list::<i32>().clone());
         for i in 0..batch.num_rows() {
-            if (row + i) % stride != 0 {
+            if !(row + i).is_multiple_of(stride) {
                 continue;
             }
             let get32 = |a: &Option<arrow::array::UInt32Array>| {
