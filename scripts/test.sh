@@ -51,6 +51,8 @@ bench_dir="$demo_dir/bench"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench catalog --samples 20000
 "$VENV/bin/python" scripts/bench_udfs.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --small 20 --large 2 --clips 2 --runs 1
+"$VENV/bin/python" scripts/bench_placement.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+  --small 8 --large 1 --vols 2 --clips 2 --runs 1 --work "$demo_dir/placement"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" udfs --calibrate
 echo "== cargo test"
 cargo test --workspace

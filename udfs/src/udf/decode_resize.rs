@@ -75,11 +75,17 @@ fn decode_window(
     )?;
     let (fx, fy) = (scaled.factor_x, scaled.factor_y);
     let img = &scaled.image;
+    // The scaled image's size is rounded up by libjpeg-turbo, so the
+    // window mapped into it can overhang by a fraction of a pixel: keep it
+    // inside.
+    let (iw, ih) = (f64::from(img.width), f64::from(img.height));
+    let width = (win.width / fx).min(iw);
+    let height = (win.height / fy).min(ih);
     let rect = Rect {
-        left: win.left / fx,
-        top: win.top / fy,
-        width: (win.width / fx).min(f64::from(img.width)),
-        height: (win.height / fy).min(f64::from(img.height)),
+        left: (win.left / fx).min(iw - width).max(0.0),
+        top: (win.top / fy).min(ih - height).max(0.0),
+        width,
+        height,
     };
     let full = rect.left == 0.0
         && rect.top == 0.0
