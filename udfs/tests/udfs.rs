@@ -504,3 +504,29 @@ fn cost_estimates_follow_the_statistics() {
         (16.0 * 320.0 * 240.0, 16.0 * 112.0 * 112.0 * 3.0)
     );
 }
+
+#[tokio::test]
+async fn fused_crop_windows_stay_inside_dct_scaled_images() {
+    // Odd sizes make libjpeg-turbo round the scaled image up; a window at
+    // the right or bottom edge must not overhang it (found by the
+    // placement bench on 500x375 photos).
+    let rows: Vec<(String, Vec<u8>)> = (0..400)
+        .map(|i| {
+            let (w, h) = [(500, 375), (333, 251), (1001, 667)][i % 3];
+            (
+                format!("k{i}"),
+                encode(&gradient(w, h), image::ImageFormat::Jpeg),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = rows.iter().map(|(k, b)| (k.as_str(), b.clone())).collect();
+    let (ctx, _) = session(refs, UdfOptions::default());
+    for size in [32, 57, 224] {
+        let sql = format!(
+            "SELECT random_resized_crop(decode_image(data), {size}, {size}, 0.01, 1.0) AS x FROM ds"
+        );
+        let out = query(&ctx, &sql).await.unwrap();
+        let n: usize = out.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(n, 400, "{sql}");
+    }
+}
