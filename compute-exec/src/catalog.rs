@@ -2,7 +2,7 @@
 //! of a compute session. `dataset@N` (version N) is resolved on demand by
 //! asking a node that holds the dataset for that version's schema.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
@@ -18,7 +18,7 @@ use crate::remote::RemoteDatasetTable;
 pub struct ComputeSchema {
     latest: BTreeMap<String, SchemaRef>,
     holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
-    versions: Mutex<HashMap<String, SchemaRef>>,
+    versions: Mutex<BTreeSet<String>>,
 }
 
 impl ComputeSchema {
@@ -30,8 +30,16 @@ impl ComputeSchema {
         Self {
             latest,
             holders,
-            versions: Mutex::new(HashMap::new()),
+            versions: Mutex::new(BTreeSet::new()),
         }
+    }
+}
+
+impl ComputeSchema {
+    /// The versioned tables (`dataset@N`) queries have named so far.
+    pub fn versions(&self) -> Vec<String> {
+        let v = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter().cloned().collect()
     }
 }
 
@@ -63,7 +71,7 @@ impl SchemaProvider for ComputeSchema {
         self.versions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string(), Arc::clone(&schema));
+            .insert(name.to_string());
         Ok(Some(Arc::new(RemoteDatasetTable::new(
             name.to_string(),
             schema,

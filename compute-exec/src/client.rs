@@ -1,7 +1,6 @@
 //! [`QueryClient`]: a typed client of a compute node's [`QueryService`](crate::QueryService).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -9,11 +8,11 @@ use arrow_flight::Action;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use futures::{StreamExt, TryStreamExt};
-use sluice_flight::MAX_MESSAGE;
+use futures::StreamExt;
 use sluice_flight::messages::FragmentReport;
+use sluice_flight::stream::{connect, read_reported};
 use sluice_planner::Explanation;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::service::{EXPLAIN, QueryTicket};
 
@@ -50,21 +49,11 @@ pub struct QueryClient {
 impl QueryClient {
     /// A client of the node at `url`.
     pub fn new(url: &str) -> Result<Self, QueryError> {
-        let node = if url.contains("://") {
-            url.to_string()
-        } else {
-            format!("http://{url}")
-        };
-        let endpoint = Endpoint::from_shared(node.clone())
-            .map_err(|e| QueryError {
-                node: node.clone(),
-                code: tonic::Code::InvalidArgument,
-                message: format!("bad URL: {e}"),
-            })?
-            .connect_timeout(Duration::from_secs(5));
-        let inner = FlightServiceClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
+        let (node, inner) = connect(url).map_err(|message| QueryError {
+            node: url.to_string(),
+            code: tonic::Code::InvalidArgument,
+            message,
+        })?;
         Ok(Self { node, inner })
     }
 
@@ -85,8 +74,7 @@ impl QueryClient {
         })?;
         let report = Arc::new(std::sync::Mutex::new(FragmentReport::default()));
         let seen = Arc::clone(&report);
-        // The last message carries the report and no Arrow data.
-        let stream = self
+        let raw = self
             .inner
             .clone()
             .do_get(arrow_flight::Ticket {
@@ -94,15 +82,10 @@ impl QueryClient {
             })
             .await
             .map_err(|s| self.err(&s))?
-            .into_inner()
-            .map_err(|s| FlightError::Tonic(Box::new(s)))
-            .try_filter(move |d| {
-                let keep = !d.data_header.is_empty();
-                if !keep && let Ok(r) = serde_json::from_slice(&d.app_metadata) {
-                    *seen.lock().unwrap_or_else(|e| e.into_inner()) = r;
-                }
-                futures::future::ready(keep)
-            });
+            .into_inner();
+        let stream = read_reported(raw, move |r| {
+            *seen.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        });
         let mut decoder = FlightDataDecoder::new(stream);
         let mut schema: Option<SchemaRef> = None;
         let mut batches = Vec::new();

@@ -26,9 +26,9 @@ use datafusion::physical_plan::{
     displayable,
 };
 use futures::{StreamExt, TryStreamExt, stream};
+use sluice_flight::scan::filter_pushdown;
 use sluice_flight::{DatasetScanExec, StorageEndpoint};
 use sluice_planner::StorageFragment;
-use sluice_planner::pipeline::storage_capable;
 use sluice_udfs::UdfEnv;
 
 /// A dataset as the compute side sees it: its schema, planned over
@@ -61,16 +61,7 @@ impl TableProvider for RemoteDatasetTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
-        Ok(filters
-            .iter()
-            .map(|f| {
-                if f.column_refs().iter().any(|c| c.name == "data") || !storage_capable(f) {
-                    TableProviderFilterPushDown::Unsupported
-                } else {
-                    TableProviderFilterPushDown::Exact
-                }
-            })
-            .collect())
+        Ok(filter_pushdown(filters))
     }
 
     async fn scan(

@@ -8,20 +8,18 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult,
 };
-use bytes::Bytes;
 use datafusion::error::DataFusionError;
-use futures::{Stream, StreamExt, TryStreamExt, stream};
+use futures::{Stream, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::error::status_of;
 use sluice_flight::messages::FragmentReport;
-use sluice_flight::{LinkError, MAX_FLIGHT_DATA, MAX_MESSAGE};
+use sluice_flight::stream::send_reported;
+use sluice_flight::{LinkError, MAX_MESSAGE};
 use sluice_planner::Offload;
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
@@ -111,7 +109,7 @@ impl FlightService for QueryService {
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         self.session.refresh().await.map_err(Status::from)?;
         let mut infos = Vec::new();
-        for (name, schema, stats, _) in self.session.datasets().await {
+        for (name, schema, stats) in self.session.datasets().await {
             let info = FlightInfo::new()
                 .try_with_schema(&schema)
                 .map_err(|e| Status::internal(e.to_string()))?
@@ -154,26 +152,22 @@ impl FlightService for QueryService {
             .session
             .execute(&t.sql, t.offload, &udfs)
             .await
-            .map_err(|e| query_status(&e, true))?
-            .map_err(|e| FlightError::Tonic(Box::new(query_status(&e, false))));
-        let data = FlightDataEncoderBuilder::new()
-            .with_max_flight_data_size(MAX_FLIGHT_DATA)
-            .build(batches)
-            .map_err(|e| match e {
-                FlightError::Tonic(s) => *s,
-                other => Status::internal(other.to_string()),
-            });
-        let report = stream::once(async move {
-            let (bad_total, bad) = udfs.errors.snapshot();
-            let report = FragmentReport {
-                bad,
-                bad_total,
-                ..FragmentReport::default()
-            };
-            let json = serde_json::to_vec(&report).map_err(|e| Status::internal(e.to_string()))?;
-            Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
-        });
-        Ok(Response::new(Box::pin(data.chain(report))))
+            .map_err(|e| query_status(&e, true))?;
+        let stream = send_reported(
+            batches,
+            |e| query_status(e, false),
+            None,
+            move |rows, bytes| {
+                let (bad_total, bad) = udfs.errors.snapshot();
+                FragmentReport {
+                    bad,
+                    bad_total,
+                    rows,
+                    bytes,
+                }
+            },
+        );
+        Ok(Response::new(stream))
     }
 
     async fn do_put(

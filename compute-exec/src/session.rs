@@ -8,11 +8,9 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::Result;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
-use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -39,6 +37,16 @@ pub struct ResourceHints {
     pub compute_cores: Option<f64>,
     /// The link, bytes per second (default: the nodes' limits, else a probe).
     pub link_bytes_per_s: Option<f64>,
+}
+
+/// The known datasets: latest schemas, merged statistics, the nodes
+/// holding each, and the most nodes any dataset is spread over.
+#[derive(Default)]
+struct Snapshot {
+    latest: BTreeMap<String, SchemaRef>,
+    stats: HashMap<String, DatasetStats>,
+    holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    nodes: usize,
 }
 
 /// A dataset and the nodes holding its parts.
@@ -179,27 +187,44 @@ impl ComputeSession {
     }
 
     /// The datasets known, with their merged statistics.
-    pub async fn datasets(&self) -> Vec<(String, SchemaRef, DatasetStats, usize)> {
-        let known = self.known.lock().await;
-        known
-            .datasets
-            .iter()
-            .map(|(n, h)| {
-                let parts: Vec<DatasetStats> = h.parts.iter().map(|(_, s)| s.clone()).collect();
-                (
-                    n.clone(),
-                    Arc::clone(&h.schema),
-                    DatasetStats::merge(&parts),
-                    h.parts.len(),
-                )
+    pub async fn datasets(&self) -> Vec<(String, SchemaRef, DatasetStats)> {
+        let snap = self.snapshot().await;
+        snap.latest
+            .into_iter()
+            .map(|(name, schema)| {
+                let stats = snap.stats[&name].clone();
+                (name, schema, stats)
             })
             .collect()
+    }
+
+    /// The known datasets as the planner and the session's tables need them.
+    async fn snapshot(&self) -> Snapshot {
+        let known = self.known.lock().await;
+        let mut snap = Snapshot {
+            nodes: 1,
+            ..Snapshot::default()
+        };
+        for (name, h) in &known.datasets {
+            let parts: Vec<DatasetStats> = h.parts.iter().map(|(_, s)| s.clone()).collect();
+            snap.latest.insert(name.clone(), Arc::clone(&h.schema));
+            snap.stats.insert(name.clone(), DatasetStats::merge(&parts));
+            snap.holders.insert(
+                name.clone(),
+                h.parts
+                    .iter()
+                    .map(|(i, _)| Arc::clone(&self.endpoints[*i]))
+                    .collect(),
+            );
+            snap.nodes = snap.nodes.max(h.parts.len());
+        }
+        snap
     }
 
     /// The resources to plan with.
     pub async fn resources(&self, nodes: usize) -> Resources {
         let mut known = self.known.lock().await;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cores = sluice_planner::resources::machine_cores() as f64;
         let storage_cores = self.hints.storage_cores.unwrap_or_else(|| {
             known
                 .cores
@@ -258,16 +283,12 @@ impl ComputeSession {
         udfs: &Arc<UdfEnv>,
     ) -> Result<PlannedQuery> {
         self.refresh().await.map_err(DataFusionError::from)?;
-        let datasets = self.datasets().await;
-        let nodes = {
-            let known = self.known.lock().await;
-            known
-                .datasets
-                .values()
-                .map(|h| h.parts.len())
-                .max()
-                .unwrap_or(1)
-        };
+        let Snapshot {
+            latest,
+            mut stats,
+            mut holders,
+            nodes,
+        } = self.snapshot().await;
         let resources = self.resources(nodes).await;
         let compute_cores = resources.compute_cores.max(1.0) as usize;
         let config = SessionConfig::new()
@@ -275,53 +296,25 @@ impl ComputeSession {
             .with_target_partitions(compute_cores);
         let ctx = SessionContext::new_with_config(config);
         sluice_udfs::register(&ctx, udfs);
-        let holders = {
-            let known = self.known.lock().await;
-            known
-                .datasets
-                .iter()
-                .map(|(n, h)| {
-                    let eps: Vec<Arc<dyn StorageEndpoint>> = h
-                        .parts
-                        .iter()
-                        .map(|(i, _)| Arc::clone(&self.endpoints[*i]))
-                        .collect();
-                    (n.clone(), eps)
-                })
-                .collect::<HashMap<_, _>>()
-        };
-        let mut stats = HashMap::new();
-        let mut latest = BTreeMap::new();
-        for (name, schema, s, _) in &datasets {
-            latest.insert(name.clone(), Arc::clone(schema));
-            stats.insert(name.clone(), s.clone());
-        }
         let schema = Arc::new(ComputeSchema::new(latest, holders.clone()));
         if let Some(catalog) = ctx.catalog("datafusion") {
-            let _previous = catalog.register_schema("public", schema);
+            let _previous = catalog.register_schema("public", Arc::clone(&schema) as _);
         }
         let plan = ctx
             .sql_with_options(sql, read_only())
             .await?
             .into_optimized_plan()?;
-        // Versions (`pets@2`) are planned with the latest version's
-        // statistics and run where the dataset is.
-        let mut holders = holders;
-        let _ = plan.apply(|n| {
-            if let LogicalPlan::TableScan(scan) = n {
-                let table = scan.table_name.table();
-                let base = base_name(table);
-                if table != base {
-                    if let Some(s) = stats.get(base).cloned() {
-                        stats.insert(table.to_string(), s);
-                    }
-                    if let Some(h) = holders.get(base).cloned() {
-                        holders.insert(table.to_string(), h);
-                    }
-                }
+        // Versions the query named (`pets@2`) are planned with the latest
+        // version's statistics and run where the dataset is.
+        for table in schema.versions() {
+            let base = base_name(&table);
+            if let Some(s) = stats.get(base).cloned() {
+                stats.insert(table.clone(), s);
             }
-            Ok(TreeNodeRecursion::Continue)
-        });
+            if let Some(h) = holders.get(base).cloned() {
+                holders.insert(table, h);
+            }
+        }
         let planner = Planner {
             profiles: self.profiles.clone(),
             resources,

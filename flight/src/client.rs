@@ -1,7 +1,7 @@
 //! [`StorageClient`]: a storage node over Arrow Flight.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -16,13 +16,13 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use sluice_udfs::UdfEnv;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::MAX_MESSAGE;
 use crate::codec::encode_fragment;
 use crate::endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
-use crate::messages::{FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind};
+use crate::messages::{FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind};
+use crate::stream::{connect, read_reported};
 
 /// A typed Flight client of one storage node. Connections are made on
 /// first use, so a node that is down fails the requests that need it (with
@@ -36,19 +36,8 @@ pub struct StorageClient {
 impl StorageClient {
     /// A client of the node at `url` (`http://host:port`).
     pub fn new(url: &str) -> Result<Self, LinkError> {
-        let url = if url.contains("://") {
-            url.to_string()
-        } else {
-            format!("http://{url}")
-        };
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| LinkError::Protocol(format!("bad storage node URL {url}: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        let inner = FlightServiceClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        Ok(Self { node: url, inner })
+        let (node, inner) = connect(url).map_err(LinkError::Protocol)?;
+        Ok(Self { node, inner })
     }
 
     fn status(&self, s: &tonic::Status) -> LinkError {
@@ -172,21 +161,7 @@ impl StorageEndpoint for StorageClient {
                 kind: Some(TicketKind::Fragment(FragmentTicket { plan, udf_options })),
             })
             .await?;
-        // The last message carries the node's report and no Arrow data.
-        let data = raw
-            .map_err(|s| FlightError::Tonic(Box::new(s)))
-            .try_filter_map(move |d| {
-                let udfs = Arc::clone(&udfs);
-                async move {
-                    if !d.data_header.is_empty() {
-                        return Ok(Some(d));
-                    }
-                    if let Ok(r) = serde_json::from_slice::<FragmentReport>(&d.app_metadata) {
-                        udfs.errors.merge(r.bad_total, r.bad);
-                    }
-                    Ok(None)
-                }
-            });
+        let data = read_reported(raw, move |r| udfs.errors.merge(r.bad_total, r.bad));
         let this = self.clone();
         let batches = FlightDataDecoder::new(data)
             .map_err(move |e| DataFusionError::from(this.flight(e)))

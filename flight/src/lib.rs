@@ -13,6 +13,7 @@
 //!   storage node, implemented over Flight by [`StorageClient`] and
 //!   in-process by the storage crate;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
+//! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob).
 
 pub mod client;
@@ -21,6 +22,7 @@ pub mod endpoint;
 pub mod error;
 pub mod messages;
 pub mod scan;
+pub mod stream;
 pub mod throttle;
 
 pub use client::StorageClient;

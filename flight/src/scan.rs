@@ -15,10 +15,28 @@ use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use sluice_planner::pipeline::{DATA_COLUMN, storage_capable};
+
+/// How a dataset scan takes `filters`, on either side: exactly when they
+/// read only metadata columns and can run on storage (they are then applied
+/// before any object is read); otherwise they stay above the scan.
+pub fn filter_pushdown(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
+    filters
+        .iter()
+        .map(|f| {
+            let reads_data = f.column_refs().iter().any(|c| c.name == DATA_COLUMN);
+            if reads_data || !storage_capable(f) {
+                TableProviderFilterPushDown::Unsupported
+            } else {
+                TableProviderFilterPushDown::Exact
+            }
+        })
+        .collect()
+}
 
 /// A dataset scan to be bound on a storage node.
 #[derive(Debug, Clone)]

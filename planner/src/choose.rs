@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_udfs::cost::SampleStats;
 
-use crate::cost::SampleCost;
+use crate::cost::{SampleCost, mean};
 use crate::resources::Resources;
 
 /// Relative difference under which two throughputs are a tie.
@@ -162,24 +162,18 @@ pub fn best_split(
                 if a == b {
                     continue;
                 }
-                let mut total = SampleCost::default();
-                for (i, &is_above) in above.iter().enumerate() {
-                    total += if is_above { costs_a[i] } else { costs_b[i] };
-                }
-                let n = rows.len() as f64;
-                let mean = SampleCost {
-                    storage_ns: total.storage_ns / n,
-                    link_bytes: total.link_bytes / n,
-                    compute_ns: total.compute_ns / n,
-                };
-                let rates = Rates::of(mean, res);
+                let costs = above
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &is_above)| if is_above { costs_a[i] } else { costs_b[i] });
+                let rates = Rates::of(mean(costs), res);
                 if found.as_ref().is_none_or(|f| rates.beats(&f.rates)) {
                     found = Some(Split {
                         metric,
                         threshold: t as u64,
                         above: a,
                         below: b,
-                        share_above: n_above as f64 / n,
+                        share_above: n_above as f64 / rows.len() as f64,
                         rates,
                     });
                 }

@@ -9,8 +9,6 @@
 //! it ships; compute pays the decoding and the rest; the link carries the
 //! shipped columns.
 
-use std::collections::BTreeMap;
-
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -18,7 +16,7 @@ use datafusion::logical_expr::Expr;
 use sluice_udfs::args::Consts;
 use sluice_udfs::cost::{Profiles, SampleStats};
 
-use crate::pipeline::{Cut, Pipeline, SHIPPED, is_stage};
+use crate::pipeline::{Cut, DATA_COLUMN as DATA, Pipeline, SHIPPED, is_stage};
 
 /// CPU a storage node spends per object read (request, checksum setup).
 pub const READ_NS_PER_SAMPLE: f64 = 2_000.0;
@@ -190,8 +188,6 @@ impl<'a> CostModel<'a> {
     }
 }
 
-const DATA: &str = "data";
-
 #[derive(Debug, Clone, Copy, Default)]
 struct Value {
     stats: SampleStats,
@@ -202,13 +198,15 @@ fn type_bytes(t: &DataType) -> f64 {
     t.primitive_width().map_or(24.0, |w| w as f64)
 }
 
-/// Mean cost per sample of `cut` over `rows`, weighted equally.
-pub fn mean_cost(model: &CostModel<'_>, cut: &Cut, rows: &[SampleStats]) -> SampleCost {
+/// The mean of per-sample costs.
+pub fn mean(costs: impl Iterator<Item = SampleCost>) -> SampleCost {
     let mut total = SampleCost::default();
-    for r in rows {
-        total += model.sample(cut, r);
+    let mut n = 0usize;
+    for c in costs {
+        total += c;
+        n += 1;
     }
-    let n = rows.len().max(1) as f64;
+    let n = n.max(1) as f64;
     SampleCost {
         storage_ns: total.storage_ns / n,
         link_bytes: total.link_bytes / n,
@@ -221,12 +219,12 @@ pub fn cost_table(
     pipeline: &Pipeline,
     profiles: &Profiles,
     rows: &[SampleStats],
-) -> BTreeMap<usize, Vec<SampleCost>> {
+) -> Vec<Vec<SampleCost>> {
     let model = CostModel::new(pipeline, profiles);
     (0..=pipeline.depth())
         .map(|k| {
             let cut = pipeline.cut(k);
-            (k, rows.iter().map(|r| model.sample(&cut, r)).collect())
+            rows.iter().map(|r| model.sample(&cut, r)).collect()
         })
         .collect()
 }

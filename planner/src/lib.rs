@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, Result, ScalarValue, plan_err};
+use datafusion::common::{Column, Result, ScalarValue, internal_datafusion_err, plan_err};
 use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableProviderFilterPushDown, TableScan,
@@ -56,7 +56,7 @@ pub use resources::Resources;
 pub use stats::DatasetStats;
 
 use crate::choose::{Metric, best_split};
-use crate::cost::{cost_table, mean_cost};
+use crate::cost::{cost_table, mean};
 use crate::pipeline::shipped_name;
 
 /// A plan storage runs: a projection over a dataset scan.
@@ -163,15 +163,14 @@ impl Planner {
         let dataset = p.dataset();
         let stats = &self.stats[&dataset];
         let rows = stats.rows();
-        let table: Vec<_> = cost_table(p, &self.profiles, &rows).into_values().collect();
-        let candidates: Vec<Candidate> = (0..=p.depth())
-            .map(|k| {
-                let model = cost::CostModel::new(p, &self.profiles);
-                Candidate {
-                    cut: k,
-                    on_storage: p.stages[..k].iter().flatten().cloned().collect(),
-                    rates: Rates::of(mean_cost(&model, &p.cut(k), &rows), &self.resources),
-                }
+        let table = cost_table(p, &self.profiles, &rows);
+        let candidates: Vec<Candidate> = table
+            .iter()
+            .enumerate()
+            .map(|(k, costs)| Candidate {
+                cut: k,
+                on_storage: p.stages[..k].iter().flatten().cloned().collect(),
+                rates: Rates::of(mean(costs.iter().copied()), &self.resources),
             })
             .collect();
         let fixed = |k: usize| -> Result<(Choice, Rates)> {
@@ -183,6 +182,8 @@ impl Planner {
                 ),
             }
         };
+        // The predicates of a per-sample split's two groups.
+        let mut groups = None;
         let (choice, rates) = match offload {
             Offload::Compute => fixed(0)?,
             Offload::Storage => fixed(p.depth())?,
@@ -195,11 +196,11 @@ impl Planner {
                     }
                 }
                 let split = best_split(&table, &rows, &self.resources, &best.rates)
-                    .filter(|s| split_predicate(&p.scan, s).is_ok());
+                    .and_then(|s| Some((split_predicate(&p.scan, &s).ok()?, s)));
                 match split {
-                    Some(s) => {
-                        let r = s.rates;
-                        (Choice::Split(s), r)
+                    Some((predicates, s)) => {
+                        groups = Some(predicates);
+                        (Choice::Split(s.clone()), s.rates)
                     }
                     None => (Choice::Cut { cut: best.cut }, best.rates),
                 }
@@ -208,7 +209,8 @@ impl Planner {
         let plan = match &choice {
             Choice::Cut { cut } => self.fragment(p, *cut, None, tables, fragments)?,
             Choice::Split(s) => {
-                let (above, below) = split_predicate(&p.scan, s)?;
+                let (above, below) = groups
+                    .ok_or_else(|| internal_datafusion_err!("a split without its predicates"))?;
                 let a = self.fragment(p, s.above, Some(above), tables, fragments)?;
                 let b = self.fragment(p, s.below, Some(below), tables, fragments)?;
                 // A union drops qualifiers; the dataset's name restores

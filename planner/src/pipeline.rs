@@ -17,6 +17,9 @@ use datafusion::common::Column;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::{Expr, LogicalPlan, Projection, TableScan};
 
+/// The column of a dataset table holding the objects' bytes.
+pub const DATA_COLUMN: &str = "data";
+
 /// Prefix of the columns a storage fragment ships.
 pub const SHIPPED: &str = "__sluice_";
 

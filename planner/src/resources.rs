@@ -18,9 +18,14 @@ pub struct Resources {
     pub link_source: String,
 }
 
+/// Cores of this machine.
+pub fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 impl Default for Resources {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cores = machine_cores() as f64;
         Self {
             storage_nodes: 1,
             storage_cores: cores,

@@ -30,11 +30,6 @@ pub fn profiles(cli: &Cli) -> anyhow::Result<Profiles> {
     load_profiles(&cli.data_dir.join(PROFILES_FILE)).map_err(anyhow::Error::msg)
 }
 
-/// Cores of this machine.
-pub fn all_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// An in-process storage node over the data dir.
 pub fn local_node(
     cli: &Cli,
@@ -45,7 +40,7 @@ pub fn local_node(
     Ok(StorageNode::new(
         store,
         scan_options(cli),
-        cores.unwrap_or_else(all_cores),
+        cores.unwrap_or_else(sluice_planner::resources::machine_cores),
         link_limit.and_then(|r| r.0),
     )?)
 }

@@ -16,20 +16,19 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
-use futures::{Stream, StreamExt, TryStreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use prost::Message;
 use sluice_flight::error::status_of;
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind,
 };
+use sluice_flight::stream::{FlightStream, send_reported};
 use sluice_flight::{MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
@@ -57,7 +56,7 @@ impl StorageFlightService {
             .max_encoding_message_size(MAX_MESSAGE)
     }
 
-    async fn fragment(&self, t: FragmentTicket) -> Result<Boxed<FlightData>, Status> {
+    async fn fragment(&self, t: FragmentTicket) -> Result<FlightStream, Status> {
         let options: UdfOptions = serde_json::from_str(&t.udf_options)
             .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
         let udfs = UdfEnv::new(options);
@@ -65,47 +64,21 @@ impl StorageFlightService {
         let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
         let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
         let batches = self.node.run(plan, &ctx);
-        let rows = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counted = Arc::clone(&rows);
-        let batches = batches
-            .inspect_ok(move |b| {
-                counted.fetch_add(b.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
-            })
-            .map_err(|e| FlightError::Tonic(Box::new(status_of(&e, false))));
-        let data = FlightDataEncoderBuilder::new()
-            .with_max_flight_data_size(MAX_FLIGHT_DATA)
-            .build(batches)
-            .map_err(|e| match e {
-                FlightError::Tonic(s) => *s,
-                other => Status::internal(other.to_string()),
-            });
         let link = self.node.link().cloned();
-        let bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let sent = Arc::clone(&bytes);
-        let data = data.and_then(move |d| {
-            let link = link.clone();
-            let sent = Arc::clone(&sent);
-            async move {
-                let n = d.data_body.len() + d.data_header.len();
-                sent.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-                if let Some(l) = link {
-                    l.take(n).await;
+        Ok(send_reported(
+            batches,
+            |e| status_of(e, false),
+            link,
+            move |rows, bytes| {
+                let (bad_total, bad) = udfs.errors.snapshot();
+                FragmentReport {
+                    bad,
+                    bad_total,
+                    rows,
+                    bytes,
                 }
-                Ok(d)
-            }
-        });
-        let report = stream::once(async move {
-            let (bad_total, bad) = udfs.errors.snapshot();
-            let report = FragmentReport {
-                bad,
-                bad_total,
-                rows: rows.load(std::sync::atomic::Ordering::Relaxed),
-                bytes: bytes.load(std::sync::atomic::Ordering::Relaxed),
-            };
-            let json = serde_json::to_vec(&report).map_err(|e| Status::internal(e.to_string()))?;
-            Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
-        });
-        Ok(Box::pin(data.chain(report)))
+            },
+        ))
     }
 
     fn probe(&self, t: ProbeTicket) -> Boxed<FlightData> {

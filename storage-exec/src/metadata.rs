@@ -35,7 +35,7 @@ pub const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// The sample key column.
 pub const KEY: &str = "key";
 /// The object bytes column (table only, never stored in metadata).
-pub const DATA: &str = "data";
+pub const DATA: &str = sluice_planner::pipeline::DATA_COLUMN;
 /// Sniffed: container/codec name.
 pub const FORMAT: &str = "format";
 /// Sniffed: width in pixels.

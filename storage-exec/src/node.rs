@@ -26,12 +26,11 @@ use futures::StreamExt;
 use sluice_flight::{
     DatasetScanExec, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, TokenBucket,
 };
-use sluice_planner::DatasetStats;
 use sluice_udfs::UdfEnv;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
-use crate::scan::{DatasetVersion, ScanOptions, parse_name};
+use crate::scan::{DatasetVersion, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
 
@@ -51,7 +50,7 @@ pub struct StorageNode {
     link: Option<Arc<TokenBucket>>,
     runtime: Option<Runtime>,
     handle: Handle,
-    stats: Mutex<HashMap<(String, u64), DatasetStats>>,
+    listed: Mutex<HashMap<(String, u64), RemoteDataset>>,
 }
 
 impl StorageNode {
@@ -76,7 +75,7 @@ impl StorageNode {
             link: link_limit.map(|r| Arc::new(TokenBucket::new(r))),
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
-            stats: Mutex::new(HashMap::new()),
+            listed: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -98,63 +97,58 @@ impl StorageNode {
         }
     }
 
-    /// The datasets held here, with their schemas and statistics.
+    /// The datasets held here, with their schemas and statistics. A
+    /// version's listing is computed once (it reads the metadata file);
+    /// later calls only ask the catalog which version is the latest.
     pub fn list(&self) -> Result<Vec<RemoteDataset>, LinkError> {
-        let err = |e: crate::StorageError| LinkError::Execution {
-            node: IN_PROCESS.into(),
-            message: e.to_string(),
-        };
+        let catalog = self.store.catalog();
         let mut out = Vec::new();
-        for name in self.store.catalog().dataset_names().map_err(err)? {
-            let version =
-                DatasetVersion::open(Arc::clone(&self.store), &name, None).map_err(err)?;
-            let key = (name.clone(), version.record.version);
+        for name in catalog.dataset_names().map_err(execution)? {
+            let Some(version) = catalog.latest_version(&name).map_err(execution)? else {
+                continue;
+            };
+            let key = (name.clone(), version);
             let cached = self
-                .stats
+                .listed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&key)
                 .cloned();
-            let stats = match cached {
-                Some(s) => s,
+            let listed = match cached {
+                Some(d) => d,
                 None => {
-                    let s = dataset_stats(&version, SAMPLE).map_err(err)?;
-                    self.stats
+                    let v = DatasetVersion::open(Arc::clone(&self.store), &name, Some(version))
+                        .map_err(execution)?;
+                    let d = RemoteDataset {
+                        name,
+                        schema: Arc::clone(&v.table_schema),
+                        stats: dataset_stats(&v, SAMPLE).map_err(execution)?,
+                    };
+                    self.listed
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(key, s.clone());
-                    s
+                        .insert(key, d.clone());
+                    d
                 }
             };
-            out.push(RemoteDataset {
-                name,
-                schema: Arc::clone(&version.table_schema),
-                stats,
-            });
+            out.push(listed);
         }
         Ok(out)
     }
 
     /// The schema of `table` (`dataset` or `dataset@N`).
     pub fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
-        let (dataset, version) = parse_name(table);
-        let version = match version {
-            Some(v) => Some(v.parse::<u64>().map_err(|_| LinkError::BadFragment {
-                node: IN_PROCESS.into(),
-                message: format!("bad version '{v}' in table name '{table}' (expected dataset@N)"),
-            })?),
-            None => None,
-        };
+        let (dataset, version) = parse_table(table).map_err(|message| LinkError::BadFragment {
+            node: IN_PROCESS.into(),
+            message,
+        })?;
         match DatasetVersion::open(Arc::clone(&self.store), dataset, version) {
             Ok(v) => Ok(Arc::clone(&v.table_schema)),
             Err(crate::StorageError::UnknownDataset(_)) => Err(LinkError::DatasetNotFound {
                 dataset: table.to_string(),
                 node: IN_PROCESS.into(),
             }),
-            Err(e) => Err(LinkError::Execution {
-                node: IN_PROCESS.into(),
-                message: e.to_string(),
-            }),
+            Err(e) => Err(execution(e)),
         }
     }
 
@@ -189,14 +183,7 @@ impl StorageNode {
         let mut bound = Vec::new();
         let state = ctx.state();
         for s in &scans {
-            if self
-                .store
-                .catalog()
-                .latest_version(parse_name(&s.dataset).0)
-                .ok()
-                .flatten()
-                .is_none()
-            {
+            if !ctx.table_exist(s.dataset.as_str()).unwrap_or(false) {
                 return Err(LinkError::DatasetNotFound {
                     dataset: s.dataset.clone(),
                     node: IN_PROCESS.into(),
@@ -277,6 +264,13 @@ impl Drop for StorageNode {
     }
 }
 
+fn execution(e: crate::StorageError) -> LinkError {
+    LinkError::Execution {
+        node: IN_PROCESS.into(),
+        message: e.to_string(),
+    }
+}
+
 /// The memory a batch's values occupy as sliced: what crosses the link.
 pub fn link_bytes(batch: &RecordBatch) -> usize {
     batch
@@ -296,12 +290,14 @@ impl StorageEndpoint for StorageNode {
         Ok(self.info())
     }
 
+    // Listing reads the catalog and metadata files: blocking I/O, kept off
+    // the caller's (multi-threaded) runtime's async workers.
     async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
-        self.list()
+        tokio::task::block_in_place(|| self.list())
     }
 
     async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
-        StorageNode::table_schema(self, table)
+        tokio::task::block_in_place(|| StorageNode::table_schema(self, table))
     }
 
     async fn execute(

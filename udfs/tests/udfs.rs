@@ -50,6 +50,16 @@ async fn query(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<Vec
     ctx.sql(sql).await?.collect().await
 }
 
+/// The float32 values of the tensor column `i`.
+fn tensor_f32(b: &RecordBatch, i: usize) -> Vec<f32> {
+    b.column(i)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<Float32Type>()
+        .values()
+        .to_vec()
+}
+
 fn one(batches: &[RecordBatch]) -> RecordBatch {
     arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
 }
@@ -80,13 +90,7 @@ async fn image_pipeline_gives_tensors_of_the_planned_shape_and_values() {
     // normalize: float32 [3, 8, 8]; the centre crop starts at (20, 28):
     // red at (0, 0) is 28 → (28/255 - 0.5) / 0.5.
     assert_eq!(tensor_shape(schema.field(2)), Some(vec![3, 8, 8]));
-    let n = b
-        .column(2)
-        .as_fixed_size_list()
-        .values()
-        .as_primitive::<Float32Type>()
-        .values()
-        .to_vec();
+    let n = tensor_f32(&b, 2);
     assert!((n[0] - (28.0 / 255.0 - 0.5) / 0.5).abs() < 1e-6, "{}", n[0]);
     // Green plane, row 0: y = 20.
     assert!(
@@ -420,21 +424,9 @@ async fn arrays_volumes_and_their_tensors() {
     assert_eq!(a.column(0).as_string::<i32>().value(0), "float32");
     let schema = b.schema();
     assert_eq!(tensor_shape(schema.field(1)), Some(vec![2, 2, 2]));
-    let c = b
-        .column(1)
-        .as_fixed_size_list()
-        .values()
-        .as_primitive::<Float32Type>()
-        .values()
-        .to_vec();
+    let c = tensor_f32(&b, 1);
     assert_eq!(c, [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]);
-    let r = b
-        .column(2)
-        .as_fixed_size_list()
-        .values()
-        .as_primitive::<Float32Type>()
-        .values()
-        .to_vec();
+    let r = tensor_f32(&b, 2);
     assert_eq!(r, [0.5, 0.5, 0.5, 0.5, 2.5, 2.5, 2.5, 2.5]);
     // A crop that does not fit is a bad sample, not a crash.
     let e = query(

@@ -21,6 +21,6 @@ mod source;
 mod table;
 
 pub use reads::{ReadPlan, Run, plan_reads};
-pub use schema::{DatasetSchema, parse_name};
+pub use schema::{DatasetSchema, parse_table};
 pub use source::{ExtentSource, ScanOptions};
 pub use table::{DatasetTable, DatasetVersion};

@@ -31,10 +31,22 @@ impl DatasetSchema {
 }
 
 /// Splits `name@version`.
-pub fn parse_name(name: &str) -> (&str, Option<&str>) {
+fn parse_name(name: &str) -> (&str, Option<&str>) {
     match name.rsplit_once('@') {
         Some((ds, v)) => (ds, Some(v)),
         None => (name, None),
+    }
+}
+
+/// The dataset and version (latest when `None`) a table name reads.
+pub fn parse_table(name: &str) -> Result<(&str, Option<u64>), String> {
+    let (dataset, version) = parse_name(name);
+    match version {
+        Some(v) => v
+            .parse::<u64>()
+            .map(|v| (dataset, Some(v)))
+            .map_err(|_| format!("bad version '{v}' in table name '{name}' (expected dataset@N)")),
+        None => Ok((dataset, None)),
     }
 }
 
@@ -45,15 +57,7 @@ impl SchemaProvider for DatasetSchema {
     }
 
     async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
-        let (dataset, version) = parse_name(name);
-        let version = match version {
-            Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                DataFusionError::Plan(format!(
-                    "bad version '{v}' in table name '{name}' (expected dataset@N)"
-                ))
-            })?),
-            None => None,
-        };
+        let (dataset, version) = parse_table(name).map_err(DataFusionError::Plan)?;
         // Catalog lookup and the Parquet footer read are blocking file I/O.
         let (store, name) = (Arc::clone(&self.store), dataset.to_owned());
         let opened =

@@ -14,11 +14,12 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use sluice_flight::scan::filter_pushdown;
 
 use super::source::{ExtentSource, ScanOptions};
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
-use crate::metadata::{CHUNK, CRC32C, DATA, KEY, LENGTH, OFFSET, table_schema};
+use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET, table_schema};
 use crate::store::Store;
 
 /// An open dataset version: its record, schemas and Parquet footer.
@@ -96,10 +97,6 @@ impl DatasetTable {
     }
 }
 
-fn references_data(expr: &Expr) -> bool {
-    expr.column_refs().iter().any(|c| c.name == DATA)
-}
-
 #[async_trait]
 impl TableProvider for DatasetTable {
     fn schema(&self) -> SchemaRef {
@@ -116,16 +113,7 @@ impl TableProvider for DatasetTable {
     ) -> DFResult<Vec<TableProviderFilterPushDown>> {
         // Filters on metadata columns are applied exactly, before any extent
         // is read; filters on `data` need the bytes and stay above the scan.
-        Ok(filters
-            .iter()
-            .map(|f| {
-                if references_data(f) {
-                    TableProviderFilterPushDown::Unsupported
-                } else {
-                    TableProviderFilterPushDown::Exact
-                }
-            })
-            .collect())
+        Ok(filter_pushdown(filters))
     }
 
     async fn scan(

@@ -1,0 +1,110 @@
+//! The shape every sluice Flight stream has, on both ends: Arrow batches in
+//! messages of at most [`MAX_FLIGHT_DATA`] bytes, optionally paced by a
+//! [`TokenBucket`], then one message without Arrow data whose app metadata
+//! is a [`FragmentReport`] (JSON). Storage nodes and compute nodes send
+//! this; their clients read it back with [`read_reported`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow_flight::FlightData;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use bytes::Bytes;
+use datafusion::error::DataFusionError;
+use futures::{Stream, StreamExt, TryStreamExt, stream};
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::messages::FragmentReport;
+use crate::throttle::TokenBucket;
+use crate::{MAX_FLIGHT_DATA, MAX_MESSAGE};
+
+/// A stream of Flight messages as a service answers it.
+pub type FlightStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
+
+/// Encodes `batches` (errors mapped by `status`), paces them by `link`, and
+/// ends with the report `report(rows, bytes)` builds once they are sent.
+pub fn send_reported<S>(
+    batches: S,
+    status: fn(&DataFusionError) -> Status,
+    link: Option<Arc<TokenBucket>>,
+    report: impl FnOnce(u64, u64) -> FragmentReport + Send + 'static,
+) -> FlightStream
+where
+    S: Stream<Item = Result<RecordBatch, DataFusionError>> + Send + 'static,
+{
+    let rows = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let (counted_rows, counted_bytes) = (Arc::clone(&rows), Arc::clone(&bytes));
+    let batches = batches
+        .inspect_ok(move |b| {
+            counted_rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+        })
+        .map_err(move |e| FlightError::Tonic(Box::new(status(&e))));
+    let data = FlightDataEncoderBuilder::new()
+        .with_max_flight_data_size(MAX_FLIGHT_DATA)
+        .build(batches)
+        .map_err(|e| match e {
+            FlightError::Tonic(s) => *s,
+            other => Status::internal(other.to_string()),
+        })
+        .and_then(move |d| {
+            let n = d.data_body.len() + d.data_header.len();
+            counted_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            let wait = link.as_ref().map_or(Duration::ZERO, |l| l.reserve(n));
+            async move {
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(d)
+            }
+        });
+    let last = stream::once(async move {
+        let r = report(rows.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
+        let json = serde_json::to_vec(&r).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
+    });
+    Box::pin(data.chain(last))
+}
+
+/// The Arrow messages of a stream [`send_reported`] produced, handing its
+/// report to `on_report`.
+pub fn read_reported<S>(
+    raw: S,
+    on_report: impl Fn(FragmentReport) + Send + Sync + 'static,
+) -> impl Stream<Item = Result<FlightData, FlightError>> + Send
+where
+    S: Stream<Item = Result<FlightData, Status>> + Send,
+{
+    raw.map_err(|s| FlightError::Tonic(Box::new(s)))
+        .try_filter(move |d| {
+            let arrow = !d.data_header.is_empty();
+            if !arrow && let Ok(r) = serde_json::from_slice(&d.app_metadata) {
+                on_report(r);
+            }
+            futures::future::ready(arrow)
+        })
+}
+
+/// A lazily connecting Flight client of `url` (`host:port` means
+/// `http://host:port`) with sluice's message limits, and the URL it uses.
+pub fn connect(url: &str) -> Result<(String, FlightServiceClient<Channel>), String> {
+    let url = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| format!("bad URL {url}: {e}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let client = FlightServiceClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    Ok((url, client))
+}
