@@ -20,10 +20,12 @@
 pub mod catalog;
 pub mod client;
 pub mod explain;
+pub mod job;
 pub mod remote;
 pub mod service;
 pub mod session;
 
 pub use client::{QueryClient, QueryError, QueryResult};
+pub use job::{Job, JobError, JobSpec, Jobs};
 pub use service::{QueryService, QueryTicket};
-pub use session::{ComputeSession, PlannedQuery, ResourceHints, read_only};
+pub use session::{ComputeSession, PlannedQuery, Prepared, ResourceHints, read_only};

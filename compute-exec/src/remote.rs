@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -27,6 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::scan::filter_pushdown;
+use sluice_flight::stream::link_bytes;
 use sluice_flight::{DatasetScanExec, StorageEndpoint};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
@@ -92,21 +94,35 @@ pub struct FragmentTable {
     endpoints: Vec<Arc<dyn StorageEndpoint>>,
     udfs: Arc<UdfEnv>,
     compute_cores: usize,
+    tally: Arc<Tally>,
+}
+
+/// What storage fragments sent to the compute side: rows and the bytes of
+/// their Arrow values.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Rows received.
+    pub rows: AtomicU64,
+    /// Bytes of Arrow values received.
+    pub bytes: AtomicU64,
 }
 
 impl FragmentTable {
-    /// The table of `fragment`, run on `endpoints`.
+    /// The table of `fragment`, run on `endpoints`, counting what arrives
+    /// in `tally`.
     pub fn new(
         fragment: StorageFragment,
         endpoints: Vec<Arc<dyn StorageEndpoint>>,
         udfs: Arc<UdfEnv>,
         compute_cores: usize,
+        tally: Arc<Tally>,
     ) -> Self {
         Self {
             fragment,
             endpoints,
             udfs,
             compute_cores,
+            tally,
         }
     }
 }
@@ -146,6 +162,7 @@ impl TableProvider for FragmentTable {
             physical,
             self.endpoints.clone(),
             Arc::clone(&self.udfs),
+            Arc::clone(&self.tally),
         ));
         if let Some(p) = projection {
             let schema = plan.schema();
@@ -179,16 +196,19 @@ pub struct RemoteFragmentExec {
     fragment: Arc<dyn ExecutionPlan>,
     endpoints: Vec<Arc<dyn StorageEndpoint>>,
     udfs: Arc<UdfEnv>,
+    tally: Arc<Tally>,
     properties: Arc<PlanProperties>,
 }
 
 impl RemoteFragmentExec {
-    /// A fragment over `dataset`, run on `endpoints`.
+    /// A fragment over `dataset`, run on `endpoints`, counting what
+    /// arrives in `tally`.
     pub fn new(
         dataset: String,
         fragment: Arc<dyn ExecutionPlan>,
         endpoints: Vec<Arc<dyn StorageEndpoint>>,
         udfs: Arc<UdfEnv>,
+        tally: Arc<Tally>,
     ) -> Self {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(fragment.schema()),
@@ -201,6 +221,7 @@ impl RemoteFragmentExec {
             fragment,
             endpoints,
             udfs,
+            tally,
             properties,
         }
     }
@@ -266,13 +287,20 @@ impl ExecutionPlan for RemoteFragmentExec {
         };
         let fragment = Arc::clone(&self.fragment);
         let udfs = Arc::clone(&self.udfs);
+        let tally = Arc::clone(&self.tally);
         let batches = stream::once(async move {
             endpoint
                 .execute(fragment, udfs)
                 .await
                 .map_err(datafusion::error::DataFusionError::from)
         })
-        .try_flatten();
+        .try_flatten()
+        .inspect_ok(move |b| {
+            tally.rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+            tally
+                .bytes
+                .fetch_add(link_bytes(b) as u64, Ordering::Relaxed);
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
             batches.boxed(),

@@ -11,6 +11,7 @@ use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -23,7 +24,7 @@ use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
 use crate::catalog::{ComputeSchema, base_name};
-use crate::remote::FragmentTable;
+use crate::remote::{FragmentTable, Tally};
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
 pub const PROBE_BYTES: u64 = 32 << 20;
@@ -275,13 +276,10 @@ impl ComputeSession {
         }
     }
 
-    /// Plans `sql` under `offload` with the UDF options of `udfs`.
-    pub async fn plan(
-        &self,
-        sql: &str,
-        offload: Offload,
-        udfs: &Arc<UdfEnv>,
-    ) -> Result<PlannedQuery> {
+    /// Parses and optimizes `sql` against the datasets the nodes hold now,
+    /// with the UDF options of `udfs`; [`Prepared::place`] places it (or a
+    /// plan derived from it).
+    pub async fn prepare(&self, sql: &str, udfs: &Arc<UdfEnv>) -> Result<Prepared> {
         self.refresh().await.map_err(DataFusionError::from)?;
         let Snapshot {
             latest,
@@ -315,27 +313,32 @@ impl ComputeSession {
                 holders.insert(table, h);
             }
         }
-        let planner = Planner {
-            profiles: self.profiles.clone(),
-            resources,
-            stats,
-        };
-        let tables = Tables {
-            holders,
-            udfs: Arc::clone(udfs),
-            compute_cores,
-        };
-        let placement = planner.place(plan, offload, &tables)?;
-        let state = ctx.state();
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&placement.compute, &state)
-            .await?;
-        Ok(PlannedQuery {
-            explanation: placement.explanation,
-            plan: physical,
+        Ok(Prepared {
+            plan,
+            planner: Planner {
+                profiles: self.profiles.clone(),
+                resources,
+                stats,
+            },
+            tables: Tables {
+                holders,
+                udfs: Arc::clone(udfs),
+                compute_cores,
+                tally: Arc::new(Tally::default()),
+            },
             ctx,
         })
+    }
+
+    /// Plans `sql` under `offload` with the UDF options of `udfs`.
+    pub async fn plan(
+        &self,
+        sql: &str,
+        offload: Offload,
+        udfs: &Arc<UdfEnv>,
+    ) -> Result<PlannedQuery> {
+        let prepared = self.prepare(sql, udfs).await?;
+        prepared.place(prepared.plan.clone(), offload).await
     }
 
     /// Plans and runs `sql`; `EXPLAIN sql` answers the placement and the
@@ -357,10 +360,61 @@ impl ComputeSession {
     }
 }
 
+/// A query parsed and optimized against a snapshot of the datasets, with
+/// what placing it needs.
+pub struct Prepared {
+    /// The optimized logical plan of the SQL.
+    pub plan: LogicalPlan,
+    planner: Planner,
+    tables: Tables,
+    ctx: SessionContext,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// The session the plan was made in (its tables and UDFs).
+    pub fn ctx(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// What the storage fragments of this query's placements sent.
+    pub fn tally(&self) -> &Arc<Tally> {
+        &self.tables.tally
+    }
+
+    /// Optimizes `plan` (one derived from [`Prepared::plan`]) again.
+    pub fn optimize(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        self.ctx.state().optimize(&plan)
+    }
+
+    /// Places `plan` under `offload` and plans its compute fragment.
+    pub async fn place(&self, plan: LogicalPlan, offload: Offload) -> Result<PlannedQuery> {
+        let placement = self.planner.place(plan, offload, &self.tables)?;
+        let state = self.ctx.state();
+        let physical = state
+            .query_planner()
+            .create_physical_plan(&placement.compute, &state)
+            .await?;
+        Ok(PlannedQuery {
+            explanation: placement.explanation,
+            plan: physical,
+            ctx: self.ctx.clone(),
+        })
+    }
+}
+
 struct Tables {
     holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
     udfs: Arc<UdfEnv>,
     compute_cores: usize,
+    tally: Arc<Tally>,
 }
 
 impl FragmentTables for Tables {
@@ -375,6 +429,7 @@ impl FragmentTables for Tables {
             endpoints,
             Arc::clone(&self.udfs),
             self.compute_cores,
+            Arc::clone(&self.tally),
         )))
     }
 }

@@ -27,6 +27,15 @@ use crate::{MAX_FLIGHT_DATA, MAX_MESSAGE};
 /// A stream of Flight messages as a service answers it.
 pub type FlightStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
 
+/// The memory a batch's values occupy as sliced: what crosses the link.
+pub fn link_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
+}
+
 /// Encodes `batches` (errors mapped by `status`), paces them by `link`, and
 /// ends with the report `report(rows, bytes)` builds once they are sent.
 pub fn send_reported<S>(

@@ -271,15 +271,6 @@ fn execution(e: crate::StorageError) -> LinkError {
     }
 }
 
-/// The memory a batch's values occupy as sliced: what crosses the link.
-pub fn link_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
-}
-
 #[async_trait]
 impl StorageEndpoint for StorageNode {
     fn name(&self) -> &str {
@@ -316,7 +307,7 @@ impl StorageEndpoint for StorageNode {
             let link = Arc::clone(&link);
             async move {
                 if let Ok(b) = &item {
-                    link.take(link_bytes(b)).await;
+                    link.take(sluice_flight::stream::link_bytes(b)).await;
                 }
                 item
             }

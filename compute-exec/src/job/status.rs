@@ -1,0 +1,146 @@
+//! What a job reports: its state and progress, rates, bytes per tier and
+//! skipped samples ([`JobStatus`]), and the bookkeeping behind it
+//! ([`Progress`]: which positions of which (rank, epoch) were delivered).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sluice_udfs::env::BadSample;
+
+use super::JobSpec;
+
+/// The life of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Submitted; its samples are being listed.
+    Pending,
+    /// Readable.
+    Running,
+    /// Every position of every (rank, epoch) was delivered; still readable.
+    Done,
+    /// It cannot go on (see its error).
+    Failed,
+    /// Cancelled by a user; its resources are freed.
+    Cancelled,
+}
+
+impl JobState {
+    /// Whether the job is over for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Failed | Self::Cancelled)
+    }
+}
+
+/// Bytes a job moved, per tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierBytes {
+    /// Arrow values storage fragments sent to the compute side.
+    pub link: u64,
+    /// Flight messages sent to trainers.
+    pub trainer: u64,
+}
+
+/// A job as the REST API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Its id.
+    pub id: String,
+    /// Its state.
+    pub state: JobState,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Seconds since the Unix epoch when it was submitted.
+    pub created: f64,
+    /// What was submitted.
+    pub spec: JobSpec,
+    /// The SQL it runs.
+    pub sql: String,
+    /// Samples per epoch (known once running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    /// Samples each rank reads per epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_per_rank: Option<u64>,
+    /// Fraction of all (rank, epoch) positions delivered, 0 to 1.
+    pub progress: f64,
+    /// Samples delivered to trainers (re-reads included).
+    pub delivered: u64,
+    /// Delivered samples per second, from the first delivery to the last.
+    pub samples_per_s: f64,
+    /// Bytes per tier.
+    pub bytes: TierBytes,
+    /// Samples skipped or nulled by the error policy, or gone from the
+    /// dataset since the job listed it.
+    pub skipped: u64,
+    /// The first of them, with the reason.
+    pub bad_samples: Vec<BadSample>,
+}
+
+/// Positions delivered per (rank, epoch), and the counters of a job.
+#[derive(Debug, Default)]
+pub struct Progress {
+    covered: HashMap<(u64, u64), Vec<u64>>,
+    /// Distinct positions delivered.
+    pub positions: u64,
+    /// Samples delivered (re-reads included).
+    pub delivered: u64,
+    /// Bytes per tier.
+    pub bytes: TierBytes,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Progress {
+    /// Records positions `from..to` of (`rank`, `epoch`), `rows` samples in
+    /// `bytes` Flight bytes.
+    pub fn deliver(&mut self, rank: u64, epoch: u64, from: u64, to: u64, rows: u64, bytes: u64) {
+        let bits = self.covered.entry((rank, epoch)).or_default();
+        for p in from..to {
+            let (word, bit) = ((p / 64) as usize, p % 64);
+            if bits.len() <= word {
+                bits.resize(word + 1, 0);
+            }
+            if bits[word] & (1 << bit) == 0 {
+                bits[word] |= 1 << bit;
+                self.positions += 1;
+            }
+        }
+        self.delivered += rows;
+        self.bytes.trainer += bytes;
+        let now = Instant::now();
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+    }
+
+    /// Delivered samples per second.
+    pub fn rate(&self) -> f64 {
+        match (self.first, self.last) {
+            (Some(a), Some(b)) if b > a => self.delivered as f64 / (b - a).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
+
+    /// Forgets the positions (a cancelled job's).
+    pub fn release(&mut self) {
+        self.covered = HashMap::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_once() {
+        let mut p = Progress::default();
+        p.deliver(0, 0, 0, 100, 100, 10);
+        p.deliver(0, 0, 50, 130, 80, 10);
+        p.deliver(1, 0, 0, 10, 10, 1);
+        assert_eq!(p.positions, 140);
+        assert_eq!(p.delivered, 190);
+        assert_eq!(p.bytes.trainer, 21);
+    }
+}
