@@ -15,7 +15,11 @@
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
 //! - [`service`] and [`client`]: a compute node as a Flight service that
-//!   answers queries, and its typed client.
+//!   answers queries, and its typed client;
+//! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
+//!   by epoch, shuffled, resumable;
+//! - [`trainer`]: [`TrainerService`], the Flight service trainers read
+//!   jobs from (and that answers queries too).
 
 pub mod catalog;
 pub mod client;
@@ -24,8 +28,10 @@ pub mod job;
 pub mod remote;
 pub mod service;
 pub mod session;
+pub mod trainer;
 
 pub use client::{QueryClient, QueryError, QueryResult};
 pub use job::{Job, JobError, JobSpec, Jobs};
 pub use service::{QueryService, QueryTicket};
 pub use session::{ComputeSession, PlannedQuery, Prepared, ResourceHints, read_only};
+pub use trainer::{JobTicket, TrainerService};

@@ -14,8 +14,10 @@
 //!   in-process by the storage crate;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
-//! - [`throttle`]: a token bucket to limit the link (an experiment knob).
+//! - [`throttle`]: a token bucket to limit the link (an experiment knob);
+//! - [`auth`]: bearer tokens for the services users reach.
 
+pub mod auth;
 pub mod client;
 pub mod codec;
 pub mod endpoint;
@@ -25,6 +27,7 @@ pub mod scan;
 pub mod stream;
 pub mod throttle;
 
+pub use auth::BearerAuth;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};

@@ -358,8 +358,8 @@ impl Job {
         Ok(self.ready().await?.layout)
     }
 
-    /// Records a batch sent to a trainer.
-    pub fn delivered(&self, rank: u64, epoch: u64, d: &Delivery, bytes: u64) {
+    /// Records a batch handed to a reader.
+    fn delivered(&self, rank: u64, epoch: u64, d: &Delivery) {
         let mut inner = self.lock();
         inner.progress.deliver(
             rank,
@@ -367,7 +367,6 @@ impl Job {
             d.from,
             d.next_offset,
             d.batch.num_rows() as u64,
-            bytes,
         );
         let total = inner
             .ready
@@ -384,6 +383,11 @@ impl Job {
                 }
             });
         }
+    }
+
+    /// Records Flight bytes sent to a trainer.
+    pub fn sent(&self, bytes: u64) {
+        self.lock().progress.bytes.trainer += bytes;
     }
 
     /// Its status.
@@ -468,8 +472,16 @@ impl Job {
                 let _closed = tx.send(Err(e)).await;
             }
         });
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        let job = Arc::clone(self);
+        Ok(futures::stream::unfold(rx, move |mut rx| {
+            let job = Arc::clone(&job);
+            async move {
+                let item = rx.recv().await?;
+                if let Ok(d) = &item {
+                    job.delivered(rank, epoch, d);
+                }
+                Some((item, rx))
+            }
         }))
     }
 

@@ -94,9 +94,8 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Records positions `from..to` of (`rank`, `epoch`), `rows` samples in
-    /// `bytes` Flight bytes.
-    pub fn deliver(&mut self, rank: u64, epoch: u64, from: u64, to: u64, rows: u64, bytes: u64) {
+    /// Records positions `from..to` of (`rank`, `epoch`): `rows` samples.
+    pub fn deliver(&mut self, rank: u64, epoch: u64, from: u64, to: u64, rows: u64) {
         let bits = self.covered.entry((rank, epoch)).or_default();
         for p in from..to {
             let (word, bit) = ((p / 64) as usize, p % 64);
@@ -109,7 +108,6 @@ impl Progress {
             }
         }
         self.delivered += rows;
-        self.bytes.trainer += bytes;
         let now = Instant::now();
         self.first.get_or_insert(now);
         self.last = Some(now);
@@ -136,11 +134,10 @@ mod tests {
     #[test]
     fn positions_count_once() {
         let mut p = Progress::default();
-        p.deliver(0, 0, 0, 100, 100, 10);
-        p.deliver(0, 0, 50, 130, 80, 10);
-        p.deliver(1, 0, 0, 10, 10, 1);
+        p.deliver(0, 0, 0, 100, 100);
+        p.deliver(0, 0, 50, 130, 80);
+        p.deliver(1, 0, 0, 10, 10);
         assert_eq!(p.positions, 140);
         assert_eq!(p.delivered, 190);
-        assert_eq!(p.bytes.trainer, 21);
     }
 }

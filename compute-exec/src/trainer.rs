@@ -1,0 +1,305 @@
+//! [`TrainerService`]: the Flight service trainers read jobs from.
+//!
+//! - `GetFlightInfo(descriptor = job id)`: the job's schema, samples per
+//!   epoch and one endpoint per rank, whose ticket is a [`JobTicket`] for
+//!   epoch 0 at offset 0;
+//! - `DoGet(JobTicket {job, rank, epoch, offset[, limit]})`: that rank's
+//!   batches of `batch_size` rows, in the epoch's order, from `offset`.
+//!   Each batch's app metadata is `{"from": F, "next_offset": N}`: a
+//!   trainer that stops after it resumes with `offset = N` and receives
+//!   exactly the samples it had not. A batch larger than a gRPC message
+//!   is sent as several messages; only the last carries the metadata.
+//!
+//! Any other ticket, `ListFlights` and the `explain` action are the
+//! [`QueryService`]'s: one port answers trainers and SQL clients.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use bytes::Bytes;
+use futures::{Stream, StreamExt, stream};
+use serde::{Deserialize, Serialize};
+use sluice_flight::MAX_MESSAGE;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::job::{Delivery, JobError, Jobs};
+use crate::service::QueryService;
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Largest Arrow body of one message to a trainer; larger batches are
+/// sliced by rows.
+pub const MAX_TRAINER_MESSAGE: usize = MAX_MESSAGE / 2;
+
+/// A rank's read of an epoch (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobTicket {
+    /// The job id.
+    pub job: String,
+    /// The rank, below the job's world size.
+    #[serde(default)]
+    pub rank: u64,
+    /// The epoch, below the job's epochs.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The position in the rank's share of the epoch to start at.
+    #[serde(default)]
+    pub offset: u64,
+    /// At most this many positions (none: to the end). DataLoader workers
+    /// split a rank's share into ranges with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+}
+
+/// The app metadata of a trainer batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchMeta {
+    /// The first position the batch covers.
+    pub from: u64,
+    /// The offset to resume after it.
+    pub next_offset: u64,
+}
+
+/// The gRPC status of a job error.
+pub fn job_status(e: &JobError) -> Status {
+    let msg = format!("{}: {e}", e.code());
+    match e {
+        JobError::InvalidOptions(_)
+        | JobError::InvalidPlan(_)
+        | JobError::InvalidSql(_)
+        | JobError::NotAPipeline(_)
+        | JobError::OutOfRange(_) => Status::invalid_argument(msg),
+        JobError::DatasetNotFound(_) | JobError::JobNotFound(_) => Status::not_found(msg),
+        JobError::Cancelled(_) => Status::cancelled(msg),
+        JobError::Failed(..) => Status::failed_precondition(msg),
+        JobError::Unavailable(_) => Status::unavailable(msg),
+        JobError::Internal(_) => Status::internal(msg),
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct TrainerService {
+    jobs: Arc<Jobs>,
+    queries: QueryService,
+}
+
+impl TrainerService {
+    /// The service of `jobs` (and of queries on their session).
+    pub fn new(jobs: Arc<Jobs>) -> Self {
+        let queries = QueryService::new(Arc::clone(jobs.session()));
+        Self { jobs, queries }
+    }
+
+    /// The tonic server of this service.
+    pub fn server(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+}
+
+fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
+    let id = if !d.cmd.is_empty() {
+        String::from_utf8(d.cmd.to_vec())
+            .map_err(|_| Status::invalid_argument("the descriptor's cmd is not a job id"))?
+    } else {
+        d.path.first().cloned().unwrap_or_default()
+    };
+    if id.is_empty() {
+        return Err(Status::invalid_argument("the descriptor names no job"));
+    }
+    Ok(id)
+}
+
+/// The Flight messages of one batch: slices under the message limit, the
+/// last with `meta`.
+fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<FlightData>, Status> {
+    let ipc = IpcDataGenerator::default();
+    let opts = IpcWriteOptions::default();
+    let size = sluice_flight::stream::link_bytes(batch).max(1);
+    let rows = batch.num_rows().max(1);
+    let pieces = size.div_ceil(MAX_TRAINER_MESSAGE).clamp(1, rows);
+    let per = rows.div_ceil(pieces);
+    let mut out = Vec::with_capacity(pieces);
+    let mut start = 0;
+    loop {
+        let len = per.min(batch.num_rows() - start);
+        let mut tracker = DictionaryTracker::new(false);
+        let (_dicts, data) = ipc
+            .encode(
+                &batch.slice(start, len),
+                &mut tracker,
+                &opts,
+                &mut IpcWriteContext::default(),
+            )
+            .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?;
+        out.push(FlightData::from(data));
+        start += len;
+        if start >= batch.num_rows() {
+            break;
+        }
+    }
+    let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
+    if let Some(last) = out.last_mut() {
+        last.app_metadata = Bytes::from(json);
+    }
+    Ok(out)
+}
+
+#[tonic::async_trait]
+impl FlightService for TrainerService {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "no handshake: send the bearer token in the authorization header",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.queries.list_flights(request).await
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let descriptor = request.into_inner();
+        let job = self
+            .jobs
+            .get(&job_id(&descriptor)?)
+            .map_err(|e| job_status(&e))?;
+        let layout = job.layout().await.map_err(|e| job_status(&e))?;
+        let mut info = FlightInfo::new()
+            .try_with_schema(job.schema())
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_descriptor(descriptor)
+            .with_ordered(true)
+            .with_total_records((layout.per_rank() * layout.world_size) as i64);
+        for rank in 0..layout.world_size {
+            let t = JobTicket {
+                job: job.id().to_string(),
+                rank,
+                epoch: 0,
+                offset: 0,
+                limit: None,
+            };
+            let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
+            info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
+        }
+        Ok(Response::new(info))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("use GetFlightInfo"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        let job = self
+            .jobs
+            .get(&job_id(request.get_ref())?)
+            .map_err(|e| job_status(&e))?;
+        let opts = IpcWriteOptions::default();
+        let result = SchemaAsIpc::new(job.schema(), &opts)
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(Response::new(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let is_job = serde_json::from_slice::<serde_json::Value>(&request.get_ref().ticket)
+            .is_ok_and(|v| v.get("job").is_some());
+        if !is_job {
+            return self.queries.do_get(request).await;
+        }
+        let t: JobTicket = serde_json::from_slice(&request.get_ref().ticket)
+            .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
+        let job = self.jobs.get(&t.job).map_err(|e| job_status(&e))?;
+        let deliveries = job
+            .deliver(t.rank, t.epoch, t.offset, t.limit)
+            .await
+            .map_err(|e| job_status(&e))?;
+        let opts = IpcWriteOptions::default();
+        let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
+        let messages = deliveries.flat_map(move |d: Result<Delivery, JobError>| {
+            let out = d.map_err(|e| job_status(&e)).and_then(|d| {
+                let meta = BatchMeta {
+                    from: d.from,
+                    next_offset: d.next_offset,
+                };
+                let msgs = encode(&d.batch, &meta)?;
+                let bytes = msgs
+                    .iter()
+                    .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
+                    .sum();
+                job.sent(bytes);
+                Ok(msgs)
+            });
+            match out {
+                Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
+                Err(s) => stream::iter(vec![Err(s)]),
+            }
+        });
+        Ok(Response::new(Box::pin(
+            stream::once(async move { Ok(schema) }).chain(messages),
+        )))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.queries.do_put(request).await
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.queries.do_exchange(request).await
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.queries.do_action(request).await
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.queries.list_actions(request).await
+    }
+}
