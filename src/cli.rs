@@ -42,6 +42,16 @@ pub struct Cli {
     /// Largest coalesced device read of a scan, e.g. 4MiB.
     #[arg(long, global = true, env = "SLUICE_MAX_READ", default_value = "4MiB", value_parser = parse_size)]
     pub max_read: u64,
+    /// Bearer tokens: the ones `serve` accepts (comma-separated), or the
+    /// one a client (`--connect`) sends.
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub token: Vec<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -264,11 +274,18 @@ pub enum Command {
         link_bandwidth: Option<RateArg>,
     },
     /// The embedded default: a storage node over the data dir and a compute
-    /// node in one process, answering queries over Arrow Flight.
+    /// node in one process, with the REST API (jobs, datasets) and Arrow
+    /// Flight (trainers' job streams and SQL queries).
     Serve {
-        /// Address to serve queries on (port 0 picks a free one).
-        #[arg(long, default_value = "127.0.0.1:50052")]
-        listen: String,
+        /// Address of Arrow Flight: job streams and queries (port 0 picks a free one).
+        #[arg(long, alias = "listen", default_value = "127.0.0.1:50052")]
+        flight: String,
+        /// Address of the REST API (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        rest: String,
+        /// Directories `POST /v1/datasets` may ingest from (repeatable; none: REST ingest is off).
+        #[arg(long)]
+        ingest_root: Vec<PathBuf>,
         /// Join the two sides over loopback Flight (serialising fragments
         /// and batches) instead of in-process.
         #[arg(long)]

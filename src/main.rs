@@ -21,6 +21,7 @@
 mod cli;
 mod commands;
 mod output;
+mod rest;
 mod size;
 
 use clap::Parser;

@@ -44,6 +44,7 @@ pub struct QueryResult {
 pub struct QueryClient {
     node: String,
     inner: FlightServiceClient<Channel>,
+    token: Option<String>,
 }
 
 impl QueryClient {
@@ -54,7 +55,30 @@ impl QueryClient {
             code: tonic::Code::InvalidArgument,
             message,
         })?;
-        Ok(Self { node, inner })
+        Ok(Self {
+            node,
+            inner,
+            token: None,
+        })
+    }
+
+    /// The same client, sending `token` as a bearer token.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Some(v) = self
+            .token
+            .as_ref()
+            .and_then(|t| format!("Bearer {t}").parse().ok())
+        {
+            r.metadata_mut()
+                .insert(sluice_flight::auth::AUTHORIZATION, v);
+        }
+        r
     }
 
     fn err(&self, s: &tonic::Status) -> QueryError {
@@ -77,9 +101,9 @@ impl QueryClient {
         let raw = self
             .inner
             .clone()
-            .do_get(arrow_flight::Ticket {
+            .do_get(self.request(arrow_flight::Ticket {
                 ticket: body.into(),
-            })
+            }))
             .await
             .map_err(|s| self.err(&s))?
             .into_inner();
@@ -125,10 +149,10 @@ impl QueryClient {
         let mut replies = self
             .inner
             .clone()
-            .do_action(Action {
+            .do_action(self.request(Action {
                 r#type: EXPLAIN.into(),
                 body: body.into(),
-            })
+            }))
             .await
             .map_err(|s| self.err(&s))?
             .into_inner();

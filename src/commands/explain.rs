@@ -21,7 +21,10 @@ pub async fn run(
                 offload: flags.offload,
                 udf: udf.options(),
             };
-            QueryClient::new(url)?.explain(&ticket).await?
+            QueryClient::new(url)?
+                .with_token(cli.token.first().cloned())
+                .explain(&ticket)
+                .await?
         }
         None => {
             let session = place::session(cli, flags)?;

@@ -92,14 +92,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             nodes::compute_node(&cli, listen, storage, hints).await
         }
         Command::Serve {
-            listen,
+            flight,
+            rest,
+            ingest_root,
             loopback,
             storage_cores,
             compute_cores,
             link_limit,
         } => {
             let hints = place::hints(None, *compute_cores, None);
-            nodes::serve(&cli, listen, *loopback, *storage_cores, *link_limit, hints).await
+            let addrs = nodes::ServeAddrs {
+                flight,
+                rest,
+                ingest_roots: ingest_root,
+            };
+            nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
         }
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),

@@ -1,12 +1,13 @@
 //! The node processes: `sluice storage-node`, `sluice compute-node` and
-//! `sluice serve` (both sides in one process). Each prints `listening on
+//! `sluice serve` (both sides in one process, with the REST API and the
+//! trainers' Flight service). Each prints `listening on
 //! ADDR` on stdout once it accepts connections, and stops cleanly on
 //! Ctrl-C or SIGTERM.
 
 use std::sync::Arc;
 
-use sluice_compute::{ComputeSession, QueryService, ResourceHints};
-use sluice_flight::{StorageClient, StorageEndpoint};
+use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints, TrainerService};
+use sluice_flight::{BearerAuth, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use tokio::net::TcpListener;
 use tonic::transport::Server;
@@ -84,15 +85,27 @@ pub async fn compute_node(
     serve_queries(listen, session, "compute node").await
 }
 
+/// Where `sluice serve` listens and what REST may ingest.
+#[derive(Debug)]
+pub struct ServeAddrs<'a> {
+    /// Arrow Flight (job streams, queries).
+    pub flight: &'a str,
+    /// The REST API.
+    pub rest: &'a str,
+    /// Directories REST ingest may read.
+    pub ingest_roots: &'a [std::path::PathBuf],
+}
+
 pub async fn serve(
     cli: &Cli,
-    listen: &str,
+    addrs: &ServeAddrs<'_>,
     loopback: bool,
     storage_cores: Option<usize>,
     link_limit: Option<RateArg>,
     hints: ResourceHints,
 ) -> anyhow::Result<()> {
     let storage = place::local_node(cli, storage_cores, link_limit)?;
+    let store = Arc::clone(storage.store());
     let endpoint: Arc<dyn StorageEndpoint> = if loopback {
         let listener = bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -111,6 +124,50 @@ pub async fn serve(
     } else {
         storage
     };
-    let session = ComputeSession::new(vec![endpoint], place::profiles(cli)?, hints);
-    serve_queries(listen, session, "sluice serve").await
+    let session = Arc::new(ComputeSession::new(
+        vec![endpoint],
+        place::profiles(cli)?,
+        hints,
+    ));
+    if let Err(e) = session.refresh().await {
+        eprintln!("warning: {e}");
+    }
+    let auth = BearerAuth::new(cli.token.iter().cloned());
+    let jobs = Arc::new(Jobs::new(Arc::clone(&session)));
+    let flight = bind(addrs.flight).await?;
+    let flight_addr = flight.local_addr()?;
+    let rest = bind(addrs.rest).await?;
+    let rest_addr = rest.local_addr()?;
+    let app = crate::rest::app(crate::rest::AppState {
+        jobs: Arc::clone(&jobs),
+        auth: auth.clone(),
+        ingest_store: Some(store),
+        ingest_roots: addrs.ingest_roots.to_vec(),
+        started: std::time::Instant::now(),
+    });
+    println!(
+        "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)",
+        session.datasets().await.len()
+    );
+    println!(
+        "REST API on http://{rest_addr} (OpenAPI at /openapi.json){}",
+        if auth.enabled() {
+            "; bearer tokens required"
+        } else {
+            ""
+        }
+    );
+    let service = tonic::service::interceptor::InterceptedService::new(
+        TrainerService::new(jobs).server(),
+        auth,
+    );
+    let flight_server = Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
+    let rest_server = axum::serve(rest, app).with_graceful_shutdown(shutdown());
+    let (f, r) = tokio::join!(flight_server, rest_server);
+    f?;
+    r?;
+    eprintln!("sluice serve stopped");
+    Ok(())
 }

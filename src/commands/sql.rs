@@ -37,7 +37,10 @@ pub async fn run(
                 offload: flags.offload,
                 udf: udf.options(),
             };
-            let r = QueryClient::new(url)?.query(&ticket).await?;
+            let r = QueryClient::new(url)?
+                .with_token(cli.token.first().cloned())
+                .query(&ticket)
+                .await?;
             (r.schema, r.batches, r.report.bad_total, r.report.bad)
         }
         None => {

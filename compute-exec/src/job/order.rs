@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sluice_udfs::random::SampleRng;
 
 /// How an epoch's order is drawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ShuffleMode {
     /// A true permutation.
@@ -34,7 +34,7 @@ pub enum ShuffleMode {
 }
 
 /// The shuffle of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Shuffle {
     /// The seed of every epoch's permutation (and of the random UDFs).

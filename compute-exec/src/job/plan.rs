@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use super::JobError;
 
 /// A pipeline as data.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanSpec {
     /// The dataset read.
@@ -44,7 +44,7 @@ pub struct PlanSpec {
 }
 
 /// One UDF call of a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Stage {
     /// Its output's name.
@@ -53,6 +53,7 @@ pub struct Stage {
     pub udf: String,
     /// Its arguments.
     #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
     pub args: Vec<serde_json::Value>,
 }
 

@@ -19,7 +19,7 @@ pub const MAX_WORLD: u64 = 1 << 16;
 pub const MAX_EPOCHS: u64 = 1 << 20;
 
 /// A job as submitted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// The pipeline as SQL.
@@ -46,6 +46,7 @@ pub struct JobSpec {
     pub drop_last: bool,
     /// Bad samples: `fail`, `null` or `skip`.
     #[serde(default)]
+    #[schema(value_type = String, example = "skip")]
     pub on_error: OnError,
     /// Where stages run: `auto`, `storage`, `compute` or a cut index.
     #[serde(default)]
@@ -53,7 +54,7 @@ pub struct JobSpec {
 }
 
 /// A plan as an object or as YAML text.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PlanInput {
     /// YAML (or JSON) text.
@@ -64,7 +65,7 @@ pub enum PlanInput {
 
 /// An offload mode as JSON: `"auto"`, `"storage"`, `"compute"`, or a cut
 /// (a number or its digits).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum OffloadArg {
     /// A cut index.

@@ -11,7 +11,7 @@ use sluice_udfs::env::BadSample;
 use super::JobSpec;
 
 /// The life of a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Submitted; its samples are being listed.
@@ -34,7 +34,7 @@ impl JobState {
 }
 
 /// Bytes a job moved, per tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TierBytes {
     /// Arrow values storage fragments sent to the compute side.
     pub link: u64,
@@ -43,7 +43,7 @@ pub struct TierBytes {
 }
 
 /// A job as the REST API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobStatus {
     /// Its id.
     pub id: String,
@@ -76,6 +76,7 @@ pub struct JobStatus {
     /// dataset since the job listed it.
     pub skipped: u64,
     /// The first of them, with the reason.
+    #[schema(value_type = Vec<Object>)]
     pub bad_samples: Vec<BadSample>,
 }
 

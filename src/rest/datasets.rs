@@ -1,0 +1,206 @@
+//! `/v1/datasets`: the datasets the storage side holds, and ingest of a
+//! directory or manifest under an allowed root (embedded mode).
+
+use std::path::{Path as FsPath, PathBuf};
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sluice_storage::{IngestOptions, IngestSource, OnError};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// A column of a dataset.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Column {
+    /// Its name.
+    pub name: String,
+    /// Its Arrow type.
+    #[serde(rename = "type")]
+    pub data_type: String,
+    /// Whether it may be null.
+    pub nullable: bool,
+}
+
+/// A dataset (merged over the storage nodes holding it).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Dataset {
+    /// Its name.
+    pub name: String,
+    /// Samples in its latest version.
+    pub samples: u64,
+    /// Bytes of its samples.
+    pub bytes: u64,
+    /// Its columns.
+    pub columns: Vec<Column>,
+}
+
+/// An ingest request: a directory (ImageFolder: class dirs become `label`)
+/// or a manifest, read on the server, under one of its `--ingest-root`s.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IngestRequest {
+    /// The dataset (a new version if it exists).
+    pub name: String,
+    /// The source directory or manifest file.
+    pub path: String,
+    /// A manifest (CSV/Parquet with a `path` column) relative to `path`.
+    #[serde(default)]
+    pub manifest: Option<String>,
+    /// Unreadable files: `skip` (default) or `fail`.
+    #[serde(default)]
+    pub on_error: Option<String>,
+}
+
+async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
+    let session = s.jobs.session();
+    session.refresh().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    })?;
+    Ok(session
+        .datasets()
+        .await
+        .into_iter()
+        .map(|(name, schema, stats)| Dataset {
+            name,
+            samples: stats.samples,
+            bytes: stats.bytes,
+            columns: schema
+                .fields()
+                .iter()
+                .map(|f| Column {
+                    name: f.name().clone(),
+                    data_type: f.data_type().to_string(),
+                    nullable: f.is_nullable(),
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// List datasets.
+#[utoipa::path(get, path = "/v1/datasets", tag = "datasets",
+    responses((status = 200, body = Vec<Dataset>), (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<Dataset>>, ApiError> {
+    Ok(Json(all(&s).await?))
+}
+
+/// One dataset.
+#[utoipa::path(get, path = "/v1/datasets/{name}", tag = "datasets",
+    params(("name" = String, Path, description = "Dataset name")),
+    responses((status = 200, body = Dataset), (status = 404, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Dataset>, ApiError> {
+    all(&s)
+        .await?
+        .into_iter()
+        .find(|d| d.name == name)
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "dataset_not_found",
+                format!("unknown dataset {name:?}"),
+            )
+        })
+}
+
+/// `path` resolved, if it lies under one of `roots`.
+fn allowed(path: &FsPath, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
+    let forbidden = |why: String| ApiError::new(StatusCode::FORBIDDEN, "forbidden_path", why);
+    let real = path.canonicalize().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "ingest_failed",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    if roots
+        .iter()
+        .filter_map(|r| r.canonicalize().ok())
+        .any(|r| real.starts_with(r))
+    {
+        Ok(real)
+    } else {
+        Err(forbidden(format!(
+            "{} is outside the ingest roots ({})",
+            path.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+}
+
+/// Ingest a directory or manifest on the server into a new dataset version
+/// (only under the server's `--ingest-root`s).
+#[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = IngestRequest,
+    responses(
+        (status = 201, description = "The ingest report", body = Object),
+        (status = 400, body = ApiError), (status = 403, body = ApiError),
+        (status = 401, body = ApiError),
+    ),
+    security(("bearer" = [])))]
+pub async fn ingest(
+    State(s): State<AppState>,
+    body: Result<Json<IngestRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let Json(req) = body?;
+    let Some(store) = &s.ingest_store else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "ingest_disabled",
+            "ingest over REST is off: start `sluice serve` with --ingest-root DIR",
+        ));
+    };
+    if s.ingest_roots.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "ingest_disabled",
+            "ingest over REST is off: start `sluice serve` with --ingest-root DIR",
+        ));
+    }
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", m);
+    sluice_storage::ingest::validate_dataset_name(&req.name).map_err(|e| bad(e.to_string()))?;
+    let on_error: OnError = match req.on_error.as_deref() {
+        None => OnError::Skip,
+        Some(p) => p.parse().map_err(|e: String| bad(e))?,
+    };
+    let path = allowed(FsPath::new(&req.path), &s.ingest_roots)?;
+    let manifest = match &req.manifest {
+        Some(m) => Some(allowed(&path.join(m), &s.ingest_roots)?),
+        None => None,
+    };
+    let source = IngestSource::from_cli(&path, manifest.as_deref());
+    let report = sluice_storage::ingest(
+        store,
+        &req.name,
+        source,
+        IngestOptions::with_policy(on_error),
+    )
+    .await
+    .map_err(|e| bad(format!("ingest of {} into {}: {e}", req.path, req.name)))?;
+    tracing::info!(
+        "ingested {} version {} ({} samples)",
+        report.dataset,
+        report.version,
+        report.samples
+    );
+    let json = serde_json::to_value(&report)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    Ok((StatusCode::CREATED, Json(json)))
+}

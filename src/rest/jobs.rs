@@ -1,0 +1,107 @@
+//! `/v1/jobs`: submit, list, look at, explain and cancel jobs.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use sluice_compute::JobSpec;
+use sluice_compute::job::JobStatus;
+
+use super::AppState;
+use super::error::ApiError;
+
+/// A job's placement: the text `sluice explain` prints and its JSON.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct JobExplain {
+    /// The job id.
+    pub id: String,
+    /// The placement as text.
+    pub text: String,
+    /// The placement as data (fragments, cut, candidate cuts).
+    #[schema(value_type = Object)]
+    pub placement: serde_json::Value,
+}
+
+/// Submit a job: a pipeline (`sql`, or `plan` as an object or YAML text)
+/// and its options. The pipeline is planned before the answer, so bad SQL,
+/// unknown datasets and bad options are refused here.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = JobSpec,
+    responses(
+        (status = 201, description = "Submitted (state pending, then running)", body = JobStatus),
+        (status = 400, description = "Bad JSON, SQL, plan or options", body = ApiError),
+        (status = 404, description = "Unknown dataset", body = ApiError),
+        (status = 401, description = "No valid bearer token", body = ApiError),
+    ),
+    security(("bearer" = [])))]
+pub async fn submit(
+    State(s): State<AppState>,
+    body: Result<Json<JobSpec>, JsonRejection>,
+) -> Result<(StatusCode, Json<JobStatus>), ApiError> {
+    let Json(spec) = body?;
+    let job = s.jobs.submit(spec).await?;
+    tracing::info!("job {} submitted", job.id());
+    Ok((StatusCode::CREATED, Json(job.status())))
+}
+
+/// List jobs, oldest first.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
+    responses((status = 200, body = Vec<JobStatus>), (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
+    Json(s.jobs.list().iter().map(|j| j.status()).collect())
+}
+
+/// A job's state, progress, samples/s, bytes per tier and skipped samples.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, body = JobStatus), (status = 404, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    Ok(Json(s.jobs.get(&id)?.status()))
+}
+
+/// Cancel a job: streams in flight end, its resources are freed; it stays
+/// listed as cancelled.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, body = JobStatus), (status = 404, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn cancel(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let job = s.jobs.cancel(&id)?;
+    tracing::info!("job {id} cancelled");
+    Ok(Json(job.status()))
+}
+
+/// Where the job's stages run and why.
+#[utoipa::path(get, path = "/v1/jobs/{id}/explain", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, body = JobExplain), (status = 404, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn explain(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobExplain>, ApiError> {
+    let job = s.jobs.get(&id)?;
+    let e = job.explanation();
+    let placement = serde_json::from_str(&e.to_json()).map_err(|err| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            err.to_string(),
+        )
+    })?;
+    Ok(Json(JobExplain {
+        id,
+        text: e.to_text(),
+        placement,
+    }))
+}

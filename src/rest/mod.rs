@@ -1,0 +1,188 @@
+//! The REST API (axum), documented by the OpenAPI document it serves at
+//! `/openapi.json`, generated from the handlers themselves (utoipa), so the
+//! document and the routes cannot drift apart.
+//!
+//! ```text
+//!  POST   /v1/jobs               submit {sql | plan, batch_size, epochs, shuffle, world_size, drop_last, on_error, offload}
+//!  GET    /v1/jobs               list
+//!  GET    /v1/jobs/{id}          state, progress, samples/s, bytes per tier, skipped samples
+//!  DELETE /v1/jobs/{id}          cancel
+//!  GET    /v1/jobs/{id}/explain  placement
+//!  GET    /v1/datasets[/{name}]  datasets
+//!  POST   /v1/datasets           ingest a directory under an --ingest-root
+//!  GET    /healthz  /metrics  /openapi.json
+//! ```
+//!
+//! With bearer tokens configured, every route but `/healthz` needs
+//! `authorization: Bearer TOKEN` (401 otherwise).
+
+pub mod datasets;
+pub mod error;
+pub mod jobs;
+pub mod ops;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use sluice_compute::Jobs;
+use sluice_flight::BearerAuth;
+use sluice_storage::Store;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use error::ApiError;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The jobs (and, through them, the compute session).
+    pub jobs: Arc<Jobs>,
+    /// Accepted tokens.
+    pub auth: BearerAuth,
+    /// The store REST ingest writes to (embedded mode).
+    pub ingest_store: Option<Arc<Store>>,
+    /// Directories REST ingest may read.
+    pub ingest_roots: Vec<PathBuf>,
+    /// When the server started.
+    pub started: Instant,
+}
+
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        let components = api.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "sluice",
+        description = "Jobs that feed ML trainers: submit a pipeline, read it over Arrow Flight."
+    ),
+    modifiers(&BearerScheme),
+    components(schemas(ApiError)),
+    tags(
+        (name = "jobs", description = "Pipelines delivered to trainers"),
+        (name = "datasets", description = "Datasets on the storage side"),
+        (name = "ops", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+/// The routes and the OpenAPI document describing exactly them.
+pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::get, jobs::cancel))
+        .routes(routes!(jobs::explain))
+        .routes(routes!(datasets::list, datasets::ingest))
+        .routes(routes!(datasets::get))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::metrics))
+        .split_for_parts()
+}
+
+async fn authorize(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if s.auth.allows(header) {
+        next.run(req).await
+    } else {
+        let mut r = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required (authorization: Bearer TOKEN)",
+        )
+        .into_response();
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+        r
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no route {} {} (see /openapi.json)",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+/// The REST app over `state`.
+pub fn app(state: AppState) -> Router {
+    let (router, api) = routes();
+    let api = Arc::new(api);
+    router
+        .route(
+            "/openapi.json",
+            get(move || {
+                let api = Arc::clone(&api);
+                async move { axum::Json(api.as_ref().clone()) }
+            }),
+        )
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The document names every route the router serves, with the methods
+    /// the handlers answer.
+    #[test]
+    fn openapi_lists_the_routes() {
+        let (_, api) = routes();
+        let json = serde_json::to_value(&api).unwrap();
+        let paths = json["paths"].as_object().unwrap();
+        let expect = [
+            ("/v1/jobs", vec!["get", "post"]),
+            ("/v1/jobs/{id}", vec!["delete", "get"]),
+            ("/v1/jobs/{id}/explain", vec!["get"]),
+            ("/v1/datasets", vec!["get", "post"]),
+            ("/v1/datasets/{name}", vec!["get"]),
+            ("/healthz", vec!["get"]),
+            ("/metrics", vec!["get"]),
+        ];
+        assert_eq!(paths.len(), expect.len(), "{:?}", paths.keys());
+        for (path, methods) in expect {
+            let mut got: Vec<&str> = paths[path]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            got.sort_unstable();
+            assert_eq!(got, methods, "{path}");
+        }
+        assert!(json["components"]["schemas"]["JobSpec"].is_object());
+        assert!(json["components"]["securitySchemes"]["bearer"].is_object());
+    }
+}

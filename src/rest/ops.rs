@@ -1,0 +1,108 @@
+//! Operations endpoints: `/healthz` (never needs a token) and `/metrics`
+//! (Prometheus text exposition).
+
+use std::fmt::Write;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::AppState;
+
+/// Liveness: `ok` while the server answers.
+#[utoipa::path(get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "The server is up", body = String, content_type = "text/plain")))]
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Jobs by state and, per job, samples delivered, bytes per tier, skipped
+/// samples and progress.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String,
+        content_type = "text/plain")),
+    security(("bearer" = [])))]
+pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP sluice_up_seconds Seconds since the server started."
+    );
+    let _ = writeln!(out, "# TYPE sluice_up_seconds gauge");
+    let _ = writeln!(
+        out,
+        "sluice_up_seconds {:.3}",
+        s.started.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(out, "# HELP sluice_jobs Jobs by state.");
+    let _ = writeln!(out, "# TYPE sluice_jobs gauge");
+    for (state, n) in s.jobs.counts() {
+        let _ = writeln!(out, "sluice_jobs{{state=\"{state}\"}} {n}");
+    }
+    let statuses: Vec<_> = s.jobs.list().iter().map(|j| j.status()).collect();
+    let families: [(&str, &str, &str); 4] = [
+        (
+            "sluice_job_delivered_samples_total",
+            "counter",
+            "Samples delivered to trainers.",
+        ),
+        (
+            "sluice_job_skipped_samples_total",
+            "counter",
+            "Samples skipped or nulled.",
+        ),
+        (
+            "sluice_job_bytes_total",
+            "counter",
+            "Bytes moved, by tier (link: storage to compute; trainer: Flight to trainers).",
+        ),
+        (
+            "sluice_job_progress_ratio",
+            "gauge",
+            "Fraction of the job's positions delivered.",
+        ),
+    ];
+    for (name, kind, help) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for st in &statuses {
+            let job = label(&st.id);
+            match name {
+                "sluice_job_delivered_samples_total" => {
+                    let _ = writeln!(out, "{name}{{job=\"{job}\"}} {}", st.delivered);
+                }
+                "sluice_job_skipped_samples_total" => {
+                    let _ = writeln!(out, "{name}{{job=\"{job}\"}} {}", st.skipped);
+                }
+                "sluice_job_bytes_total" => {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{job=\"{job}\",tier=\"link\"}} {}",
+                        st.bytes.link
+                    );
+                    let _ = writeln!(
+                        out,
+                        "{name}{{job=\"{job}\",tier=\"trainer\"}} {}",
+                        st.bytes.trainer
+                    );
+                }
+                _ => {
+                    let _ = writeln!(out, "{name}{{job=\"{job}\"}} {}", st.progress);
+                }
+            }
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+}
