@@ -144,6 +144,7 @@ pub async fn serve(
         ingest_store: Some(store),
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
+        flight: flight_addr,
     });
     println!(
         "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)",

@@ -86,7 +86,7 @@ async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
 }
 
 /// List datasets.
-#[utoipa::path(get, path = "/v1/datasets", tag = "datasets",
+#[utoipa::path(get, path = "/v1/datasets", operation_id = "list_datasets", tag = "datasets",
     responses((status = 200, body = Vec<Dataset>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<Dataset>>, ApiError> {
@@ -94,7 +94,7 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<Dataset>>, ApiEr
 }
 
 /// One dataset.
-#[utoipa::path(get, path = "/v1/datasets/{name}", tag = "datasets",
+#[utoipa::path(get, path = "/v1/datasets/{name}", operation_id = "get_dataset", tag = "datasets",
     params(("name" = String, Path, description = "Dataset name")),
     responses((status = 200, body = Dataset), (status = 404, body = ApiError),
         (status = 401, body = ApiError)),
@@ -148,7 +148,7 @@ fn allowed(path: &FsPath, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
 
 /// Ingest a directory or manifest on the server into a new dataset version
 /// (only under the server's `--ingest-root`s).
-#[utoipa::path(post, path = "/v1/datasets", tag = "datasets", request_body = IngestRequest,
+#[utoipa::path(post, path = "/v1/datasets", operation_id = "ingest_dataset", tag = "datasets", request_body = IngestRequest,
     responses(
         (status = 201, description = "The ingest report", body = Object),
         (status = 400, body = ApiError), (status = 403, body = ApiError),

@@ -25,7 +25,7 @@ pub struct JobExplain {
 /// Submit a job: a pipeline (`sql`, or `plan` as an object or YAML text)
 /// and its options. The pipeline is planned before the answer, so bad SQL,
 /// unknown datasets and bad options are refused here.
-#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = JobSpec,
+#[utoipa::path(post, path = "/v1/jobs", operation_id = "submit_job", tag = "jobs", request_body = JobSpec,
     responses(
         (status = 201, description = "Submitted (state pending, then running)", body = JobStatus),
         (status = 400, description = "Bad JSON, SQL, plan or options", body = ApiError),
@@ -44,7 +44,7 @@ pub async fn submit(
 }
 
 /// List jobs, oldest first.
-#[utoipa::path(get, path = "/v1/jobs", tag = "jobs",
+#[utoipa::path(get, path = "/v1/jobs", operation_id = "list_jobs", tag = "jobs",
     responses((status = 200, body = Vec<JobStatus>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
@@ -52,7 +52,7 @@ pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
 }
 
 /// A job's state, progress, samples/s, bytes per tier and skipped samples.
-#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+#[utoipa::path(get, path = "/v1/jobs/{id}", operation_id = "get_job", tag = "jobs",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, body = JobStatus), (status = 404, body = ApiError),
         (status = 401, body = ApiError)),
@@ -66,7 +66,7 @@ pub async fn get(
 
 /// Cancel a job: streams in flight end, its resources are freed; it stays
 /// listed as cancelled.
-#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+#[utoipa::path(delete, path = "/v1/jobs/{id}", operation_id = "cancel_job", tag = "jobs",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, body = JobStatus), (status = 404, body = ApiError),
         (status = 401, body = ApiError)),
@@ -81,7 +81,7 @@ pub async fn cancel(
 }
 
 /// Where the job's stages run and why.
-#[utoipa::path(get, path = "/v1/jobs/{id}/explain", tag = "jobs",
+#[utoipa::path(get, path = "/v1/jobs/{id}/explain", operation_id = "explain_job", tag = "jobs",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, body = JobExplain), (status = 404, body = ApiError),
         (status = 401, body = ApiError)),

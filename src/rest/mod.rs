@@ -10,6 +10,7 @@
 //!  GET    /v1/jobs/{id}/explain  placement
 //!  GET    /v1/datasets[/{name}]  datasets
 //!  POST   /v1/datasets           ingest a directory under an --ingest-root
+//!  GET    /v1/info               version, the Flight address
 //!  GET    /healthz  /metrics  /openapi.json
 //! ```
 //!
@@ -54,6 +55,8 @@ pub struct AppState {
     pub ingest_roots: Vec<PathBuf>,
     /// When the server started.
     pub started: Instant,
+    /// The Flight address.
+    pub flight: std::net::SocketAddr,
 }
 
 struct BearerScheme;
@@ -92,6 +95,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::explain))
         .routes(routes!(datasets::list, datasets::ingest))
         .routes(routes!(datasets::get))
+        .routes(routes!(ops::info))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
@@ -168,6 +172,7 @@ mod tests {
             ("/v1/jobs/{id}/explain", vec!["get"]),
             ("/v1/datasets", vec!["get", "post"]),
             ("/v1/datasets/{name}", vec!["get"]),
+            ("/v1/info", vec!["get"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),
         ];

@@ -20,7 +20,9 @@ use arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{Column, TableReference};
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScanBuilder, col, lit};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScanBuilder, col, lit,
+};
 use datafusion::physical_plan::collect;
 use futures::Stream;
 use sluice_planner::pipeline::Pipeline;
@@ -129,7 +131,18 @@ fn job_plan(pipeline: &Pipeline, keys: Option<&[&str]>) -> datafusion::common::R
 
 /// The pipeline of a prepared job query.
 fn pipeline_of(prepared: &Prepared) -> Result<Pipeline, JobError> {
-    let p = Pipeline::find(&prepared.plan).ok_or_else(|| {
+    // A query of plain columns optimizes to a bare (filtered) scan: it is
+    // the pipeline projecting those columns.
+    let plan = match &prepared.plan {
+        p @ (LogicalPlan::TableScan(_) | LogicalPlan::Filter(_)) => {
+            let columns = p.schema().columns().into_iter().map(Expr::Column).collect();
+            Projection::try_new(columns, Arc::new(p.clone()))
+                .map(LogicalPlan::Projection)
+                .map_err(|e| JobError::Internal(e.to_string()))?
+        }
+        p => p.clone(),
+    };
+    let p = Pipeline::find(&plan).ok_or_else(|| {
         JobError::NotAPipeline(
             "a job reads one dataset through a projection (UDFs, columns) and filters; \
              joins, aggregates, sorts and limits are not pipelines"
@@ -231,7 +244,12 @@ impl Job {
     }
 
     async fn list_keys(&self) -> Result<Vec<String>, JobError> {
-        let udfs = UdfEnv::new(udf_options(&self.spec, 0));
+        // Listed under the `null` policy: under `skip` the plan filters on
+        // the UDFs' results, which would decode every sample to list it.
+        // Bad samples are skipped (and counted) when delivered instead.
+        let mut options = udf_options(&self.spec, 0);
+        options.on_error = sluice_udfs::OnError::Null;
+        let udfs = UdfEnv::new(options);
         let prepared = self
             .session
             .prepare(&self.sql, &udfs)

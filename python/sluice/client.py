@@ -1,0 +1,248 @@
+"""The REST client (:class:`Client`, :class:`Job`) and the Flight reader
+(:class:`Reader`). Only the standard library, pyarrow and numpy."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Iterator, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+
+class SluiceError(Exception):
+    """An error the service answered: ``status`` (HTTP), ``code`` (stable)
+    and ``message`` (naming the culprit)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _is_sql(text: str) -> bool:
+    head = text.lstrip().split(None, 1)[0].lower() if text.strip() else ""
+    return head in ("select", "with", "explain")
+
+
+class Client:
+    """A client of a ``sluice serve`` REST API at ``url``; ``token`` is
+    sent as a bearer token on REST and Flight."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
+                 timeout: float = 60.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._flight: Optional[flight.FlightClient] = None
+
+    # -- REST ---------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("content-type", "application/json")
+        if self.token:
+            req.add_header("authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                text = r.read().decode()
+                ctype = r.headers.get("content-type", "")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode()
+            try:
+                err = json.loads(text)
+                raise SluiceError(e.code, err.get("code", "error"), err.get("message", text)) from None
+            except ValueError:
+                raise SluiceError(e.code, "error", text) from None
+        return json.loads(text) if "json" in ctype else text
+
+    def info(self) -> Dict[str, Any]:
+        """The service's version and Flight address."""
+        return self._request("GET", "/v1/info")
+
+    def datasets(self) -> list:
+        """The datasets: name, samples, bytes, columns."""
+        return self._request("GET", "/v1/datasets")
+
+    def dataset(self, name: str) -> Dict[str, Any]:
+        """One dataset."""
+        return self._request("GET", f"/v1/datasets/{urllib.parse.quote(name)}")
+
+    def ingest(self, name: str, path: str, manifest: Optional[str] = None,
+               on_error: str = "skip") -> Dict[str, Any]:
+        """Ingests a directory on the server (under one of its ingest roots)."""
+        body = {"name": name, "path": path, "on_error": on_error}
+        if manifest:
+            body["manifest"] = manifest
+        return self._request("POST", "/v1/datasets", body)
+
+    def submit(self, pipeline: Union[str, Dict[str, Any]], **options: Any) -> "Job":
+        """Submits a pipeline — SQL text, a plan dict, or a plan's YAML text —
+        with the job options (``batch_size``, ``epochs``, ``shuffle``,
+        ``world_size``, ``drop_last``, ``on_error``, ``offload``)."""
+        body: Dict[str, Any] = dict(options)
+        if isinstance(pipeline, str) and _is_sql(pipeline):
+            body["sql"] = pipeline
+        else:
+            body["plan"] = pipeline
+        status = self._request("POST", "/v1/jobs", body)
+        return Job(self, status["id"], status)
+
+    def job(self, job_id: str) -> "Job":
+        """An existing job."""
+        return Job(self, job_id, self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def jobs(self) -> list:
+        """Every job's status."""
+        return self._request("GET", "/v1/jobs")
+
+    # -- Flight -------------------------------------------------------------
+    def flight(self) -> flight.FlightClient:
+        """The Flight client of the service (made once)."""
+        if self._flight is None:
+            loc = self.info()["flight"]
+            parsed = urllib.parse.urlparse(loc)
+            host = parsed.hostname
+            if host in ("0.0.0.0", "::", None):
+                host = urllib.parse.urlparse(self.url).hostname
+            self._flight = flight.FlightClient(
+                f"grpc://{host}:{parsed.port}",
+                generic_options=[("grpc.max_receive_message_length", -1)],
+            )
+        return self._flight
+
+    def call_options(self) -> flight.FlightCallOptions:
+        headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
+        return flight.FlightCallOptions(headers=headers)
+
+
+class Job:
+    """A submitted job."""
+
+    def __init__(self, client: Client, job_id: str, status: Optional[Dict[str, Any]] = None):
+        self.client = client
+        self.id = job_id
+        self._status = status or {}
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, state={self._status.get('state')!r})"
+
+    def status(self) -> Dict[str, Any]:
+        """State, progress, samples/s, bytes per tier, skipped samples."""
+        self._status = self.client._request("GET", f"/v1/jobs/{self.id}")
+        return self._status
+
+    def wait(self, timeout: float = 120.0) -> Dict[str, Any]:
+        """Waits until the job is no longer pending."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if st["state"] != "pending":
+                return st
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still pending after {timeout} s")
+            time.sleep(0.05)
+
+    @property
+    def spec(self) -> Dict[str, Any]:
+        if "spec" not in self._status:
+            self.status()
+        return self._status["spec"]
+
+    def explain(self) -> Dict[str, Any]:
+        """Where its stages run and why: ``text`` and ``placement``."""
+        return self.client._request("GET", f"/v1/jobs/{self.id}/explain")
+
+    def cancel(self) -> Dict[str, Any]:
+        """Cancels it."""
+        self._status = self.client._request("DELETE", f"/v1/jobs/{self.id}")
+        return self._status
+
+    def flight_info(self) -> flight.FlightInfo:
+        """Its Flight info: schema and one endpoint per rank."""
+        c = self.client
+        return c.flight().get_flight_info(
+            flight.FlightDescriptor.for_command(self.id), c.call_options())
+
+    def reader(self, rank: int = 0, epoch: int = 0, offset: int = 0,
+               limit: Optional[int] = None, numpy: bool = False) -> "Reader":
+        """Rank ``rank``'s share of ``epoch`` from ``offset`` (at most
+        ``limit`` positions)."""
+        return Reader(self, rank, epoch, offset, limit, numpy)
+
+
+def to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
+    """A batch as a dict of numpy arrays: fixed-shape tensor columns as
+    ``[rows, *shape]`` views of the Arrow buffers (no copy), primitive
+    columns as views, others (strings, structs) converted."""
+    out: Dict[str, Any] = {}
+    for name, col in zip(batch.schema.names, batch.columns):
+        if isinstance(col.type, pa.FixedShapeTensorType):
+            out[name] = col.to_numpy_ndarray()
+        elif pa.types.is_primitive(col.type) and col.null_count == 0:
+            out[name] = col.to_numpy(zero_copy_only=True)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+class Reader:
+    """Iterates over one rank's batches; :attr:`offset` is the offset to
+    resume at after the batches seen so far."""
+
+    def __init__(self, job: Job, rank: int, epoch: int, offset: int,
+                 limit: Optional[int], numpy: bool):
+        self.job = job
+        self.rank = rank
+        self.epoch = epoch
+        self.offset = offset
+        self.limit = limit
+        self.numpy = numpy
+        self.schema: Optional[pa.Schema] = None
+
+    def _ticket(self) -> flight.Ticket:
+        t: Dict[str, Any] = {"job": self.job.id, "rank": self.rank, "epoch": self.epoch,
+                             "offset": self.offset}
+        if self.limit is not None:
+            t["limit"] = self.limit
+        return flight.Ticket(json.dumps(t).encode())
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The batches as pyarrow record batches."""
+        c = self.job.client
+        stream = c.flight().do_get(self._ticket(), c.call_options())
+        self.schema = stream.schema
+        pieces = []
+        start = self.offset
+        while True:
+            try:
+                chunk = stream.read_chunk()
+            except StopIteration:
+                break
+            if chunk.data is not None:
+                pieces.append(chunk.data)
+            if chunk.app_metadata is None:
+                continue
+            meta = json.loads(chunk.app_metadata.to_pybytes())
+            if len(pieces) == 1:
+                batch = pieces[0]
+            else:
+                batch = pa.Table.from_batches(pieces, schema=self.schema).combine_chunks().to_batches()
+                batch = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=self.schema)
+            pieces = []
+            self.offset = meta["next_offset"]
+            if self.limit is not None:
+                self.limit -= self.offset - start
+                start = self.offset
+            yield batch
+
+    def __iter__(self) -> Iterator[Any]:
+        for b in self.batches():
+            yield to_numpy(b) if self.numpy else b

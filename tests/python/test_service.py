@@ -1,0 +1,290 @@
+"""The trainer-facing service end to end: a real `sluice serve` on free
+ports, the real REST API and Flight, the Python client package.
+
+Submit/read/cancel, ranks covering an epoch exactly once, resume, shuffle
+determinism, the plan form, auth refusal, bad requests answered with 4xx
+and a clear message while the server keeps serving, and the OpenAPI
+document (valid, and listing exactly the routes)."""
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import sluice
+from sluice.torch import worker_range
+
+SLUICE = os.environ["SLUICE_BIN"]
+TOKEN = "test-token"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SQL = "SELECT key, label, to_tensor(decode_resize(data, 16, 16)) AS image FROM pets"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
+                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB", SLUICE_TOKEN=TOKEN)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "9"],
+                       env=env, check=True, capture_output=True)
+        # A corrupt JPEG, for the error policy.
+        jpegs = sorted(n for n in os.listdir(os.path.join(src, "class_0")) if n.endswith(".jpg"))
+        with open(os.path.join(src, "class_0", jpegs[0]), "rb") as f:
+            whole = f.read()
+        with open(os.path.join(src, "class_0", "zz_cut.jpg"), "wb") as f:
+            f.write(whole[: len(whole) * 6 // 10])
+        proc = subprocess.Popen(
+            [SLUICE, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rest = None
+        for _ in range(2):
+            line = proc.stdout.readline()
+            if line.startswith("REST API on "):
+                rest = line.split()[3]
+        assert rest, proc.stderr.read()
+        client = sluice.Client(rest, token=TOKEN)
+        client.ingest("pets", src)
+        yield {"client": client, "rest": rest, "proc": proc, "dir": d, "src": src}
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def keys_of(reader):
+    out = []
+    for b in reader:
+        out.extend(b.column("key").to_pylist())
+    return out
+
+
+def test_submit_read_and_cancel(server):
+    c = server["client"]
+    assert [d["name"] for d in c.datasets()] == ["pets"]
+    assert c.dataset("pets")["samples"] == 28
+    job = c.submit(SQL, batch_size=8, on_error="skip")
+    st = job.wait()
+    assert st["state"] == "running" and st["samples"] == 28
+    n = 0
+    for b in job.reader(0, numpy=True):
+        img = b["image"]
+        assert img.dtype == np.uint8 and img.shape[1:] == (16, 16, 3)
+        assert len(b["key"]) == len(img) <= 8
+        n += len(img)
+    # The corrupt JPEG is skipped and named.
+    assert n == 27
+    st = job.status()
+    assert st["state"] == "done" and st["progress"] == 1.0
+    assert st["skipped"] == 1 and "zz_cut.jpg" in st["bad_samples"][0]["key"]
+    assert st["bytes"]["trainer"] > 16 * 16 * 3 * 27 and st["samples_per_s"] > 0
+    assert "cut" in job.explain()["text"].lower()
+    # Cancel: the job stays listed, its streams are refused.
+    job2 = c.submit(SQL, batch_size=4, on_error="skip")
+    job2.wait()
+    assert job2.cancel()["state"] == "cancelled"
+    with pytest.raises(flight.FlightCancelledError, match="cancelled"):
+        list(job2.reader(0))
+    assert {j["id"]: j["state"] for j in c.jobs()}[job2.id] == "cancelled"
+
+
+def test_ranks_cover_each_epoch_exactly_once(server):
+    c = server["client"]
+    all_keys = None
+    for world, drop_last in [(3, False), (4, False), (4, True)]:
+        job = c.submit(SQL, batch_size=3, epochs=2, world_size=world, drop_last=drop_last,
+                       shuffle={"seed": 5}, on_error="null")
+        st = job.wait()
+        info = job.flight_info()
+        assert len(info.endpoints) == world
+        per_rank = st["samples_per_rank"]
+        for epoch in range(2):
+            seen = []
+            for rank in range(world):
+                k = keys_of(job.reader(rank, epoch))
+                assert len(k) == per_rank
+                seen.extend(k)
+            if all_keys is None:
+                all_keys = set(seen)
+                assert len(all_keys) == 28
+            if drop_last:
+                assert len(seen) == len(set(seen)) == (28 // (world * 3)) * world * 3
+            else:
+                assert set(seen) == all_keys and len(seen) - 28 < world
+        assert job.status()["state"] == "done"
+
+
+def test_resume_gives_exactly_the_rest(server):
+    c = server["client"]
+    job = c.submit(SQL, batch_size=5, world_size=2, shuffle={"seed": 9, "mode": "block",
+                   "block_size": 4, "window": 8}, on_error="null")
+    job.wait()
+    full = keys_of(job.reader(1, 0))
+    r = job.reader(1, 0)
+    it = iter(r)
+    first = next(it).column("key").to_pylist() + next(it).column("key").to_pylist()
+    assert r.offset == 10
+    del it
+    rest = keys_of(job.reader(1, 0, offset=r.offset))
+    assert first + rest == full
+    for offset in (0, 3, 7, len(full)):
+        assert keys_of(job.reader(1, 0, offset=offset)) == full[offset:]
+    # DataLoader workers: disjoint ranges covering the rank's share.
+    parts = []
+    for w in range(3):
+        lo, hi = worker_range(len(full), 5, w, 3)
+        parts += keys_of(job.reader(1, 0, offset=lo, limit=hi - lo))
+    assert parts == full
+
+
+def test_shuffle_is_deterministic(server):
+    c = server["client"]
+
+    def order(seed, epoch, mode="full"):
+        job = c.submit(SQL, batch_size=4, epochs=2, shuffle={"seed": seed, "mode": mode},
+                       on_error="null")
+        job.wait()
+        return keys_of(job.reader(0, epoch))
+
+    a = order(3, 0)
+    assert order(3, 0) == a
+    assert order(3, 1) != a
+    assert order(4, 0) != a
+    assert sorted(a) == sorted(order(3, 0, "block"))
+    unshuffled = c.submit(SQL, batch_size=4, on_error="null")
+    unshuffled.wait()
+    plain = keys_of(unshuffled.reader(0))
+    assert plain == sorted(plain)
+
+
+def test_plan_form_gives_the_sql_result(server):
+    c = server["client"]
+    with open(os.path.join(ROOT, "examples", "pipelines", "pets.yaml")) as f:
+        yaml_text = f.read()
+    with open(os.path.join(ROOT, "examples", "pipelines", "pets.sql")) as f:
+        sql = "\n".join(l for l in f.read().splitlines() if not l.startswith("--"))
+    opts = dict(batch_size=6, shuffle={"seed": 1}, on_error="skip")
+    a = c.submit(yaml_text, **opts)
+    b = c.submit(sql, **opts)
+    plan = c.submit({"source": "pets", "stages": [
+        {"name": "small", "udf": "decode_resize", "args": ["data", 64, 64]},
+        {"name": "image", "udf": "to_tensor", "args": ["small"]}],
+        "outputs": ["key", "label", "image"]}, **opts)
+    tables = []
+    for job in (a, b, plan):
+        job.wait()
+        tables.append(pa.Table.from_batches(list(job.reader(0))))
+    assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
+    assert tables[0].num_rows == 27
+
+
+def test_auth_is_required(server):
+    anon = sluice.Client(server["rest"])
+    with pytest.raises(sluice.SluiceError) as e:
+        anon.datasets()
+    assert e.value.status == 401 and e.value.code == "unauthorized"
+    with urllib.request.urlopen(server["rest"] + "/healthz") as r:
+        assert r.read() == b"ok\n"
+    wrong = sluice.Client(server["rest"], token="nope")
+    with pytest.raises(sluice.SluiceError) as e:
+        wrong.submit(SQL)
+    assert e.value.status == 401
+    # Flight refuses a ticket without the token.
+    job = server["client"].submit(SQL, on_error="null")
+    job.wait()
+    f = server["client"].flight()
+    ticket = flight.Ticket(json.dumps({"job": job.id}).encode())
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        f.do_get(ticket).read_all()
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        f.do_get(ticket, flight.FlightCallOptions(headers=[(b"authorization", b"Bearer nope")])).read_all()
+
+
+@pytest.mark.parametrize("body,status,code,needle", [
+    ({"sql": "SELEC key FROM pets"}, 400, "invalid_sql", "SELEC"),
+    ({"sql": "SELECT key FROM nosuch"}, 404, "dataset_not_found", "nosuch"),
+    ({"sql": "SELECT label, count(*) FROM pets GROUP BY label"}, 400, "not_a_pipeline", "aggregate"),
+    ({"sql": "SELECT key FROM pets", "batch_size": 0}, 400, "invalid_options", "batch_size"),
+    ({"sql": "SELECT key FROM pets", "batchsize": 4}, 400, "invalid_json", "batchsize"),
+    ({"sql": "SELECT key FROM pets", "world_size": "two"}, 400, "invalid_json", "world_size"),
+    ({"sql": "SELECT key FROM pets", "offload": "sideways"}, 400, "invalid_options", "sideways"),
+    ({"sql": "SELECT key FROM pets", "offload": 7}, 400, "invalid_options", "cut"),
+    ({"plan": "source: pets\noutputs: []"}, 400, "invalid_plan", "outputs"),
+    ({"plan": {"source": "pets", "stages": [{"name": "x", "udf": "nosuchudf", "args": ["data"]}],
+               "outputs": ["x"]}}, 400, "invalid_sql", "nosuchudf"),
+    ({}, 400, "invalid_options", "sql"),
+])
+def test_bad_jobs_get_4xx_and_the_server_keeps_serving(server, body, status, code, needle):
+    c = server["client"]
+    with pytest.raises(sluice.SluiceError) as e:
+        c._request("POST", "/v1/jobs", body)
+    assert (e.value.status, e.value.code) == (status, code), e.value.message
+    assert needle.lower() in e.value.message.lower(), e.value.message
+    assert c._request("GET", "/healthz") == "ok\n"
+    assert c.dataset("pets")["samples"] == 28
+
+
+def test_bad_lookups_and_ingests(server):
+    c = server["client"]
+    for call, status, code in [
+        (lambda: c.job("job-999-0"), 404, "job_not_found"),
+        (lambda: c.dataset("nosuch"), 404, "dataset_not_found"),
+        (lambda: c.ingest("etc", "/etc"), 403, "forbidden_path"),
+        (lambda: c.ingest("bad name!", server["src"]), 400, "ingest_failed"),
+        (lambda: c.ingest("gone", os.path.join(server["dir"], "missing")), 400, "ingest_failed"),
+        (lambda: c._request("GET", "/v1/nothing"), 404, "not_found"),
+    ]:
+        with pytest.raises(sluice.SluiceError) as e:
+            call()
+        assert (e.value.status, e.value.code) == (status, code), e.value.message
+    job = c.submit(SQL, world_size=2, on_error="null")
+    job.wait()
+    with pytest.raises(pa.ArrowInvalid, match="rank 2"):
+        list(job.reader(2))
+    with pytest.raises(pa.ArrowInvalid, match="offset"):
+        list(job.reader(0, offset=10_000))
+    assert c.datasets()[0]["name"] == "pets"
+
+
+def test_openapi_is_valid_and_matches_the_routes(server):
+    from openapi_spec_validator import validate
+
+    doc = server["client"]._request("GET", "/openapi.json")
+    validate(doc)
+    assert doc["openapi"].startswith("3.")
+    routes = {p: sorted(ops) for p, ops in doc["paths"].items()}
+    assert routes == {
+        "/v1/jobs": ["get", "post"],
+        "/v1/jobs/{id}": ["delete", "get"],
+        "/v1/jobs/{id}/explain": ["get"],
+        "/v1/datasets": ["get", "post"],
+        "/v1/datasets/{name}": ["get"],
+        "/v1/info": ["get"],
+        "/healthz": ["get"],
+        "/metrics": ["get"],
+    }
+    # Every documented route answers (not the fallback 404).
+    c = server["client"]
+    job = c.submit(SQL, on_error="null")
+    for path in routes:
+        p = path.replace("{id}", job.id).replace("{name}", "pets")
+        c._request("GET", p)
+    metrics = c._request("GET", "/metrics")
+    assert f'sluice_job_delivered_samples_total{{job="{job.id}"}}' in metrics
+    assert 'sluice_jobs{state="running"}' in metrics or 'sluice_jobs{state="pending"}' in metrics
+
+
+def test_worker_ranges_split_whole_batches():
+    for per_rank in range(0, 40):
+        for workers in range(1, 6):
+            got = []
+            for w in range(workers):
+                lo, hi = worker_range(per_rank, 4, w, workers)
+                assert lo % 4 == 0 and lo <= hi
+                got.extend(range(lo, hi))
+            assert got == list(range(per_rank))
