@@ -470,6 +470,7 @@ impl Job {
             )));
         }
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
+        self.lock().progress.start();
         let batch = self.spec.batch_size;
         let window = WINDOW.div_ceil(batch) * batch;
         let (tx, rx) = mpsc::channel((window / batch + 1) as usize);

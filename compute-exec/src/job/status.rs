@@ -68,7 +68,8 @@ pub struct JobStatus {
     pub progress: f64,
     /// Samples delivered to trainers (re-reads included).
     pub delivered: u64,
-    /// Delivered samples per second, from the first delivery to the last.
+    /// Delivered samples per second, from the first read to the last
+    /// delivery.
     pub samples_per_s: f64,
     /// Bytes per tier.
     pub bytes: TierBytes,
@@ -114,7 +115,13 @@ impl Progress {
         self.last = Some(now);
     }
 
-    /// Delivered samples per second.
+    /// Records that a reader started (the rate counts from the first).
+    pub fn start(&mut self) {
+        self.first.get_or_insert_with(Instant::now);
+    }
+
+    /// Delivered samples per second, from the first reader's start to the
+    /// last delivery.
     pub fn rate(&self) -> f64 {
         match (self.first, self.last) {
             (Some(a), Some(b)) if b > a => self.delivered as f64 / (b - a).as_secs_f64(),

@@ -1,0 +1,18 @@
+# Sourced by test.sh and demo.sh: installs the Debian packages sluice builds
+# against when they are missing.
+#
+# FFmpeg's libraries and libclang (ffmpeg-next's bindgen) for the video
+# UDFs, libjpeg-turbo for JPEG decoding, fio for the storage benchmarks'
+# baseline.
+DEBS=(pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev fio)
+missing=()
+for p in "${DEBS[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
