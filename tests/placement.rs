@@ -292,8 +292,21 @@ fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
             &storage,
         ],
     );
-    let serve = Node::start(&all, &["serve", "--flight", "127.0.0.1:0", "--rest", "127.0.0.1:0"]);
-    let looped = Node::start(&all2, &["serve", "--flight", "127.0.0.1:0", "--rest", "127.0.0.1:0", "--loopback"]);
+    let serve = Node::start(
+        &all,
+        &["serve", "--flight", "127.0.0.1:0", "--rest", "127.0.0.1:0"],
+    );
+    let looped = Node::start(
+        &all2,
+        &[
+            "serve",
+            "--flight",
+            "127.0.0.1:0",
+            "--rest",
+            "127.0.0.1:0",
+            "--loopback",
+        ],
+    );
 
     for ((name, q), embedded) in PIPELINES.iter().zip(&embedded) {
         for (how, extra) in [

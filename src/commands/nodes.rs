@@ -32,6 +32,20 @@ async fn shutdown() {
     }
 }
 
+/// A Flight server builder with HTTP/2 windows sized for bulk tensors
+/// (h2's default 64 KiB stream window stalls a stream of multi-MiB
+/// messages on every round trip).
+fn flight_builder() -> Server {
+    Server::builder()
+        .initial_stream_window_size(Some(FLIGHT_WINDOW))
+        .initial_connection_window_size(Some(2 * FLIGHT_WINDOW))
+        .http2_adaptive_window(Some(true))
+        .tcp_nodelay(true)
+}
+
+/// The HTTP/2 flow-control window of a Flight stream.
+const FLIGHT_WINDOW: u32 = 8 << 20;
+
 async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
@@ -162,7 +176,7 @@ pub async fn serve(
         TrainerService::new(jobs).server(),
         auth,
     );
-    let flight_server = Server::builder()
+    let flight_server = flight_builder()
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
     let rest_server = axum::serve(rest, app).with_graceful_shutdown(shutdown());

@@ -7,11 +7,13 @@
 //! - [`order`]: the job maths — every epoch's order and each rank's share;
 //! - [`run`]: [`Job`] — planning, listing the samples, delivering a rank's
 //!   share of an epoch from any offset;
+//! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
 //! - [`registry`]: [`Jobs`], the jobs of a node.
 
 pub mod order;
 pub mod plan;
+pub mod rebatch;
 pub mod registry;
 pub mod run;
 pub mod spec;

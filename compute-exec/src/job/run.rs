@@ -16,8 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{Column, TableReference};
 use datafusion::logical_expr::{
@@ -32,6 +31,7 @@ use sluice_udfs::{ErrorLog, UdfEnv, UdfOptions};
 use tokio::sync::{mpsc, watch};
 
 use super::order::Layout;
+use super::rebatch::{Cut, Rebatcher};
 use super::spec::{JobError, JobSpec};
 use super::status::{JobState, JobStatus, Progress};
 use crate::session::{ComputeSession, Prepared};
@@ -524,11 +524,9 @@ impl Job {
         let order = ready.order(epoch);
         let batch = self.spec.batch_size;
         let window = WINDOW.div_ceil(batch) * batch;
-        let mut pending: Option<RecordBatch> = None;
-        let mut positions: Vec<u64> = Vec::new();
-        let mut start = from;
-        let mut next_from = from;
+        let mut rebatch = Rebatcher::new(Arc::clone(&self.schema), batch as usize, from);
         let mut reported = 0;
+        let mut start = from;
         while start < to {
             let stop = (start + window).min(to);
             let samples = ready.layout.rank_samples(&order, rank, start, stop);
@@ -548,57 +546,38 @@ impl Job {
                 .bytes
                 .swap(0, std::sync::atomic::Ordering::Relaxed);
             self.lock().progress.bytes.link += link;
-            // Rows back in the order of the positions.
-            let (ordered, got) = self.order_rows(&rows, &keys, start)?;
-            positions.extend(got);
-            pending = Some(match pending.take() {
-                Some(p) => concat_batches(&self.schema, [&p, &ordered])
-                    .map_err(|e| JobError::Internal(e.to_string()))?,
-                None => ordered,
-            });
+            let missing = rebatch.add(&rows, JOB_KEY, &keys, start)?;
+            if self.spec.on_error != sluice_udfs::OnError::Skip {
+                // Under `skip` the UDFs counted them; otherwise the sample
+                // left the dataset after the job listed it.
+                for k in missing {
+                    self.bad.record(BadSample {
+                        udf: "job".into(),
+                        key: k.to_string(),
+                        reason: "not in the dataset any more".into(),
+                    });
+                }
+            }
             start = stop;
-            let mut rest = pending
-                .take()
-                .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(&self.schema)));
-            while rest.num_rows() as u64 >= batch
-                && !(rest.num_rows() as u64 == batch && start >= to)
-            {
-                let b = batch as usize;
-                let next = positions[b - 1] + 1;
-                let d = Delivery {
-                    batch: rest.slice(0, b),
-                    from: next_from,
-                    next_offset: next,
-                };
-                next_from = next;
-                positions.drain(..b);
-                rest = rest.slice(b, rest.num_rows() - b);
-                if tx.send(Ok(d)).await.is_err() {
+            while let Some(cut) = rebatch.next(start >= to)? {
+                if tx.send(Ok(delivery(cut))).await.is_err() {
                     return Ok(());
                 }
             }
-            pending = Some(rest);
         }
-        if let Some(rest) = pending
-            && (rest.num_rows() > 0 || next_from < to)
-        {
-            let d = Delivery {
-                batch: rest,
-                from: next_from,
-                next_offset: to,
-            };
-            let _closed = tx.send(Ok(d)).await;
+        if let Some(cut) = rebatch.finish(to)? {
+            let _closed = tx.send(Ok(delivery(cut))).await;
         }
         Ok(())
     }
 
-    /// The pipeline's rows for `keys`.
+    /// The pipeline's rows for `keys` (with [`JOB_KEY`]), in any order.
     async fn window(
         &self,
         prepared: &Prepared,
         pipeline: &Pipeline,
         keys: &[&str],
-    ) -> Result<RecordBatch, JobError> {
+    ) -> Result<Vec<RecordBatch>, JobError> {
         let mut distinct = keys.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
@@ -609,65 +588,17 @@ impl Job {
             .place(plan, self.offload)
             .await
             .map_err(|e| JobError::running(&e))?;
-        let schema = q.plan.schema();
-        let batches = collect(q.plan, q.ctx.task_ctx())
+        collect(q.plan, q.ctx.task_ctx())
             .await
-            .map_err(|e| JobError::running(&e))?;
-        concat_batches(&schema, &batches).map_err(|e| JobError::Internal(e.to_string()))
+            .map_err(|e| JobError::running(&e))
     }
+}
 
-    /// `rows` (with [`JOB_KEY`]) in the order of `keys` (positions from
-    /// `start`), and the positions found; a key without a row is counted
-    /// as skipped.
-    fn order_rows(
-        &self,
-        rows: &RecordBatch,
-        keys: &[&str],
-        start: u64,
-    ) -> Result<(RecordBatch, Vec<u64>), JobError> {
-        let key_col = rows
-            .column_by_name(JOB_KEY)
-            .ok_or_else(|| JobError::Internal("window without its key column".into()))?;
-        let key_col = arrow::compute::cast(key_col, &arrow::datatypes::DataType::Utf8)
-            .map_err(|e| JobError::Internal(e.to_string()))?;
-        let key_col = key_col.as_string::<i32>();
-        let mut at: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
-        for i in 0..key_col.len() {
-            if key_col.is_valid(i) {
-                at.entry(key_col.value(i)).or_insert(i as u32);
-            }
-        }
-        let mut take = Vec::with_capacity(keys.len());
-        let mut found = Vec::with_capacity(keys.len());
-        for (i, k) in keys.iter().enumerate() {
-            match at.get(k) {
-                Some(&row) => {
-                    take.push(row);
-                    found.push(start + i as u64);
-                }
-                None if self.spec.on_error == sluice_udfs::OnError::Skip => {}
-                None => self.bad.record(BadSample {
-                    udf: "job".into(),
-                    key: (*k).to_string(),
-                    reason: "not in the dataset any more".into(),
-                }),
-            }
-        }
-        let taken = take_record_batch(rows, &UInt32Array::from(take))
-            .map_err(|e| JobError::Internal(e.to_string()))?;
-        let columns = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| {
-                taken.column_by_name(f.name()).cloned().ok_or_else(|| {
-                    JobError::Internal(format!("window without column {}", f.name()))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)
-            .map_err(|e| JobError::Internal(e.to_string()))?;
-        Ok((batch, found))
+fn delivery(cut: Cut) -> Delivery {
+    Delivery {
+        batch: cut.batch,
+        from: cut.from,
+        next_offset: cut.next_offset,
     }
 }
 

@@ -1,0 +1,43 @@
+"""A `sluice serve` process for the benchmarks: started on free loopback
+ports over a fresh data dir, stopped with SIGTERM."""
+
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import sluice  # noqa: E402
+
+
+class Server:
+    """`with Server(binary, work_dir, ingest_root) as client:` — a
+    `sluice.Client` of a running server."""
+
+    def __init__(self, binary, work, ingest_root, extra=()):
+        self.binary = binary
+        self.work = work
+        self.root = ingest_root
+        self.extra = list(extra)
+        self.proc = None
+
+    def __enter__(self):
+        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(self.work, "data"),
+                   SLUICE_DEVICE_SIZE="4GiB")
+        self.proc = subprocess.Popen(
+            [self.binary, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0",
+             "--ingest-root", self.root, *self.extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        rest = None
+        for _ in range(2):
+            line = self.proc.stdout.readline()
+            if line.startswith("REST API on "):
+                rest = line.split()[3]
+        if rest is None:
+            self.proc.kill()
+            sys.exit("sluice serve did not start")
+        return sluice.Client(rest)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        return False
