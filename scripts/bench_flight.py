@@ -8,8 +8,10 @@ them (`npy`), copies them into a fixed-shape tensor column and streams a
 job's epoch in batches of `--batch`; pyarrow's server streams the very
 batches the client received from sluice, from memory. The same client code
 reads both (read_chunk until the end). sluice therefore does more work per
-byte than the baseline. Figures: MB/s and batches/s, median of `--runs`
-epochs (one warm-up epoch first), and sluice's ratio to pyarrow.
+byte than the baseline. A second job streams the raw objects (the `data`
+column, no decoding) to separate the Flight path from the decoding.
+Figures: MB/s and batches/s, median of `--runs` epochs (one warm-up epoch
+first), and sluice's ratio to pyarrow.
 """
 
 import argparse
@@ -74,43 +76,54 @@ def main():
         np.save(os.path.join(src, "c0", f"a{i:05d}.npy"), rng.standard_normal(shape, dtype=np.float32))
 
     d, h, w = shape
-    sql = (f"SELECT key, to_tensor(crop3d(npy(data), 0, 0, 0, {d}, {h}, {w}), 'float32') AS x "
-           f"FROM arrays")
+    pipelines = [
+        ("tensors", "device read + npy + tensor + Flight",
+         f"SELECT key, to_tensor(crop3d(npy(data), 0, 0, 0, {d}, {h}, {w}), 'float32') AS x FROM arrays"),
+        ("raw objects", "device read + Flight",
+         "SELECT key, data FROM arrays"),
+    ]
+    results = []
     with Server(args.sluice, work, os.path.join(work, "src")) as client:
         client.ingest("arrays", src)
-        job = client.submit(sql, batch_size=args.batch, epochs=args.runs + 1, offload="storage")
-        job.wait()
         fl = client.flight()
-        ours, batches = [], None
+        for name, what, sql in pipelines:
+            job = client.submit(sql, batch_size=args.batch, epochs=args.runs + 1, offload="storage")
+            job.wait()
+            ours, batches = [], None
+            for epoch in range(args.runs + 1):
+                t = flight.Ticket(json.dumps({"job": job.id, "rank": 0, "epoch": epoch}).encode())
+                secs, nbytes, n, got = drain(fl, t)
+                if epoch > 0:
+                    ours.append((secs, nbytes, n))
+                batches = got
+            results.append((name, what, ours, batches))
+    rows = []
+    for name, what, ours, batches in results:
+        base = []
+        server = MemoryServer(batches)
+        threading.Thread(target=server.serve, daemon=True).start()
+        client = flight.FlightClient(f"grpc://127.0.0.1:{server.port}")
         for epoch in range(args.runs + 1):
-            t = flight.Ticket(json.dumps({"job": job.id, "rank": 0, "epoch": epoch}).encode())
-            secs, nbytes, n, got = drain(fl, t)
+            secs, nbytes, n, _ = drain(client, flight.Ticket(b"x"))
             if epoch > 0:
-                ours.append((secs, nbytes, n))
-            batches = got
-    base = []
-    server = MemoryServer(batches)
-    threading.Thread(target=server.serve, daemon=True).start()
-    client = flight.FlightClient(f"grpc://127.0.0.1:{server.port}")
-    for epoch in range(args.runs + 1):
-        secs, nbytes, n, _ = drain(client, flight.Ticket(b"x"))
-        if epoch > 0:
-            base.append((secs, nbytes, n))
-    server.shutdown()
+                base.append((secs, nbytes, n))
+        server.shutdown()
+        rows.append((name, what, ours, base))
 
     def summary(rows):
         mbps = statistics.median(b / s / 1e6 for s, b, _ in rows)
         bps = statistics.median(n / s for s, _, n in rows)
         return mbps, bps
 
-    o_mb, o_b = summary(ours)
-    b_mb, b_b = summary(base)
-    mb = ours[0][1] / 1e6
-    print(f"flight throughput: {args.samples} float32 tensors {list(shape)}, batches of {args.batch}, "
-          f"{mb:.1f} MB per epoch, median of {args.runs}")
-    print(f"  sluice (device read + npy + tensor + Flight)  {o_mb:9.1f} MB/s  {o_b:8.1f} batches/s")
-    print(f"  pyarrow FlightServerBase (memory + Flight)    {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
-    print(f"  ratio sluice / pyarrow: {o_mb / b_mb:.2f}x")
+    print(f"flight throughput: {args.samples} float32 arrays {list(shape)}, batches of {args.batch}, "
+          f"median of {args.runs} epochs after a warm-up, same client code")
+    for name, what, ours, base in rows:
+        o_mb, o_b = summary(ours)
+        b_mb, b_b = summary(base)
+        print(f"  {name}: {ours[0][1] / 1e6:.1f} MB per epoch")
+        print(f"    sluice ({what}){'':<{40 - len(what)}} {o_mb:9.1f} MB/s  {o_b:8.1f} batches/s")
+        print(f"    pyarrow FlightServerBase (memory + Flight){'':<6} {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
+        print(f"    ratio sluice / pyarrow: {o_mb / b_mb:.2f}x")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,17 @@ impl Function for ToTensor {
                 DataFusionError::Execution(format!("to_tensor: unknown dtype '{}'", a.dtype))
             })?;
             match dtype {
+                // Same element type: a straight copy (the values are
+                // little-endian in both).
+                DType::U8 if src == DType::U8 => u8s.append_with(|d| {
+                    let n = d.len().min(a.data.len());
+                    d[..n].copy_from_slice(&a.data[..n]);
+                }),
+                DType::F32 if src == DType::F32 => f32s.append_with(|d| {
+                    for (v, b) in d.iter_mut().zip(a.data.chunks_exact(4)) {
+                        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }),
                 DType::U8 => u8s.append_with(|d| {
                     for (i, v) in d.iter_mut().enumerate() {
                         *v = src.get_f32(a.data, i).round().clamp(0.0, 255.0) as u8;
