@@ -160,18 +160,22 @@ pub async fn serve(
         started: std::time::Instant::now(),
         flight: flight_addr,
     });
-    println!(
-        "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)",
-        session.datasets().await.len()
-    );
-    println!(
-        "REST API on http://{rest_addr} (OpenAPI at /openapi.json){}",
+    // One write, and no panic if whoever started us stopped reading.
+    let announce = format!(
+        "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)\n\
+         REST API on http://{rest_addr} (OpenAPI at /openapi.json){}\n",
+        session.datasets().await.len(),
         if auth.enabled() {
             "; bearer tokens required"
         } else {
             ""
         }
     );
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
+    }
     let service = tonic::service::interceptor::InterceptedService::new(
         TrainerService::new(jobs).server(),
         auth,
