@@ -174,7 +174,9 @@ pub async fn serve(
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        let _ = out.write_all(announce.as_bytes()).and_then(|()| out.flush());
+        let _ = out
+            .write_all(announce.as_bytes())
+            .and_then(|()| out.flush());
     }
     let service = tonic::service::interceptor::InterceptedService::new(
         TrainerService::new(jobs).server(),
