@@ -286,6 +286,10 @@ pub enum Command {
         /// Directories `POST /v1/datasets` may ingest from (repeatable; none: REST ingest is off).
         #[arg(long)]
         ingest_root: Vec<PathBuf>,
+        /// Remote storage nodes (comma-separated URLs) instead of the data dir:
+        /// this process is then the compute side, with jobs and REST.
+        #[arg(long, value_delimiter = ',', conflicts_with_all = ["loopback", "ingest_root"])]
+        storage: Vec<String>,
         /// Join the two sides over loopback Flight (serialising fragments
         /// and batches) instead of in-process.
         #[arg(long)]

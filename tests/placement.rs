@@ -307,6 +307,18 @@ fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
             "--loopback",
         ],
     );
+    let remote_serve = Node::start(
+        &env.path("serve-remote"),
+        &[
+            "serve",
+            "--flight",
+            "127.0.0.1:0",
+            "--rest",
+            "127.0.0.1:0",
+            "--storage",
+            &storage,
+        ],
+    );
 
     for ((name, q), embedded) in PIPELINES.iter().zip(&embedded) {
         for (how, extra) in [
@@ -318,6 +330,10 @@ fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
             ("compute-node", vec!["--connect", compute.url.as_str()]),
             ("serve", vec!["--connect", serve.url.as_str()]),
             ("serve --loopback", vec!["--connect", looped.url.as_str()]),
+            (
+                "serve --storage",
+                vec!["--connect", remote_serve.url.as_str()],
+            ),
         ] {
             assert!(
                 rows(&env.path("client"), q, &extra) == *embedded,

@@ -95,6 +95,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             flight,
             rest,
             ingest_root,
+            storage,
             loopback,
             storage_cores,
             compute_cores,
@@ -105,6 +106,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 flight,
                 rest,
                 ingest_roots: ingest_root,
+                storage,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
         }

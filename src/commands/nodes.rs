@@ -108,6 +108,8 @@ pub struct ServeAddrs<'a> {
     pub rest: &'a str,
     /// Directories REST ingest may read.
     pub ingest_roots: &'a [std::path::PathBuf],
+    /// Remote storage nodes instead of the data dir.
+    pub storage: &'a [String],
 }
 
 pub async fn serve(
@@ -118,31 +120,32 @@ pub async fn serve(
     link_limit: Option<RateArg>,
     hints: ResourceHints,
 ) -> anyhow::Result<()> {
-    let storage = place::local_node(cli, storage_cores, link_limit)?;
-    let store = Arc::clone(storage.store());
-    let endpoint: Arc<dyn StorageEndpoint> = if loopback {
-        let listener = bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let service = StorageFlightService::new(storage).server();
-        tokio::spawn(async move {
-            let served = Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
-                .await;
-            if let Err(e) = served {
-                eprintln!("error: loopback storage service: {e}");
-            }
-        });
-        eprintln!("storage side on loopback Flight at {addr}");
-        Arc::new(StorageClient::new(&format!("http://{addr}"))?)
+    let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if !addrs.storage.is_empty() {
+        (place::remote_nodes(addrs.storage)?, None)
     } else {
-        storage
+        let storage = place::local_node(cli, storage_cores, link_limit)?;
+        let store = Arc::clone(storage.store());
+        let endpoint: Arc<dyn StorageEndpoint> = if loopback {
+            let listener = bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let service = StorageFlightService::new(storage).server();
+            tokio::spawn(async move {
+                let served = Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+                    .await;
+                if let Err(e) = served {
+                    eprintln!("error: loopback storage service: {e}");
+                }
+            });
+            eprintln!("storage side on loopback Flight at {addr}");
+            Arc::new(StorageClient::new(&format!("http://{addr}"))?)
+        } else {
+            storage
+        };
+        (vec![endpoint], Some(store))
     };
-    let session = Arc::new(ComputeSession::new(
-        vec![endpoint],
-        place::profiles(cli)?,
-        hints,
-    ));
+    let session = Arc::new(ComputeSession::new(endpoints, place::profiles(cli)?, hints));
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
     }
@@ -155,7 +158,7 @@ pub async fn serve(
     let app = crate::rest::app(crate::rest::AppState {
         jobs: Arc::clone(&jobs),
         auth: auth.clone(),
-        ingest_store: Some(store),
+        ingest_store: store,
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
         flight: flight_addr,

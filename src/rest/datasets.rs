@@ -164,7 +164,7 @@ pub async fn ingest(
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "ingest_disabled",
-            "ingest over REST is off: start `sluice serve` with --ingest-root DIR",
+            "this server has no data dir (its storage nodes are remote): ingest on a storage node",
         ));
     };
     if s.ingest_roots.is_empty() {
