@@ -165,6 +165,21 @@ fn pipeline_of(prepared: &Prepared) -> Result<Pipeline, JobError> {
     Ok(p)
 }
 
+/// `sql` prepared on `session` under `options`, with its pipeline.
+async fn prepare_pipeline(
+    session: &ComputeSession,
+    sql: &str,
+    options: UdfOptions,
+) -> Result<(Arc<UdfEnv>, Prepared, Pipeline), JobError> {
+    let udfs = UdfEnv::new(options);
+    let prepared = session
+        .prepare(sql, &udfs)
+        .await
+        .map_err(|e| JobError::planning(&e))?;
+    let pipeline = pipeline_of(&prepared)?;
+    Ok((udfs, prepared, pipeline))
+}
+
 impl Job {
     /// Plans `spec` on `session` (every error of the SQL or the options
     /// comes back here), as job `id` in state pending.
@@ -175,12 +190,8 @@ impl Job {
     ) -> Result<Self, JobError> {
         let sql = spec.validate()?;
         let offload = spec.offload.offload()?;
-        let udfs = UdfEnv::new(udf_options(&spec, 0));
-        let prepared = session
-            .prepare(&sql, &udfs)
-            .await
-            .map_err(|e| JobError::planning(&e))?;
-        let pipeline = pipeline_of(&prepared)?;
+        let (_, prepared, pipeline) =
+            prepare_pipeline(&session, &sql, udf_options(&spec, 0)).await?;
         let plan = job_plan(&pipeline, None)
             .and_then(|p| prepared.optimize(p))
             .map_err(|e| JobError::InvalidSql(e.to_string()))?;
@@ -249,13 +260,7 @@ impl Job {
         // Bad samples are skipped (and counted) when delivered instead.
         let mut options = udf_options(&self.spec, 0);
         options.on_error = sluice_udfs::OnError::Null;
-        let udfs = UdfEnv::new(options);
-        let prepared = self
-            .session
-            .prepare(&self.sql, &udfs)
-            .await
-            .map_err(|e| JobError::planning(&e))?;
-        let pipeline = pipeline_of(&prepared)?;
+        let (_, prepared, pipeline) = prepare_pipeline(&self.session, &self.sql, options).await?;
         let plan = job_plan(&pipeline, None)
             .and_then(|p| {
                 LogicalPlanBuilder::from(p)
@@ -514,13 +519,8 @@ impl Job {
         to: u64,
         tx: &mpsc::Sender<Result<Delivery, JobError>>,
     ) -> Result<(), JobError> {
-        let udfs = UdfEnv::new(udf_options(&self.spec, epoch));
-        let prepared = self
-            .session
-            .prepare(&self.sql, &udfs)
-            .await
-            .map_err(|e| JobError::planning(&e))?;
-        let pipeline = pipeline_of(&prepared)?;
+        let (udfs, prepared, pipeline) =
+            prepare_pipeline(&self.session, &self.sql, udf_options(&self.spec, epoch)).await?;
         let order = ready.order(epoch);
         let batch = self.spec.batch_size;
         let window = WINDOW.div_ceil(batch) * batch;
