@@ -14,6 +14,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::interleave_record_batch;
 use arrow::datatypes::{DataType, SchemaRef};
 
+use super::run::Delivery;
 use super::spec::JobError;
 
 fn internal(e: impl std::fmt::Display) -> JobError {
@@ -29,17 +30,6 @@ pub struct Rebatcher {
     rows: Vec<(usize, usize)>,
     positions: Vec<u64>,
     next_from: u64,
-}
-
-/// A batch cut from the windows, with the positions it covers.
-#[derive(Debug)]
-pub struct Cut {
-    /// The rows, in the epoch's order.
-    pub batch: RecordBatch,
-    /// The first position it covers.
-    pub from: u64,
-    /// The position after its last row.
-    pub next_offset: u64,
 }
 
 impl Rebatcher {
@@ -106,7 +96,7 @@ impl Rebatcher {
 
     /// The next full batch, if there are enough rows; `last` holds back a
     /// final full batch so that [`Rebatcher::finish`] can end the range.
-    pub fn next(&mut self, last: bool) -> Result<Option<Cut>, JobError> {
+    pub fn next(&mut self, last: bool) -> Result<Option<Delivery>, JobError> {
         let n = self.batch_size;
         if self.rows.len() < n || (last && self.rows.len() == n) {
             return Ok(None);
@@ -118,14 +108,14 @@ impl Rebatcher {
 
     /// The rows left, as the range's last batch ending at `to` (none when
     /// nothing is left to say).
-    pub fn finish(&mut self, to: u64) -> Result<Option<Cut>, JobError> {
+    pub fn finish(&mut self, to: u64) -> Result<Option<Delivery>, JobError> {
         if self.rows.is_empty() && self.next_from >= to {
             return Ok(None);
         }
         self.cut(self.rows.len(), to).map(Some)
     }
 
-    fn cut(&mut self, n: usize, next_offset: u64) -> Result<Cut, JobError> {
+    fn cut(&mut self, n: usize, next_offset: u64) -> Result<Delivery, JobError> {
         let batch = if n == 0 {
             RecordBatch::new_empty(Arc::clone(&self.schema))
         } else {
@@ -139,7 +129,7 @@ impl Rebatcher {
         let from = self.next_from;
         self.next_from = next_offset;
         self.compact();
-        Ok(Cut {
+        Ok(Delivery {
             batch,
             from,
             next_offset,

@@ -31,7 +31,7 @@ use sluice_udfs::{ErrorLog, UdfEnv, UdfOptions};
 use tokio::sync::{mpsc, watch};
 
 use super::order::Layout;
-use super::rebatch::{Cut, Rebatcher};
+use super::rebatch::Rebatcher;
 use super::spec::{JobError, JobSpec};
 use super::status::{JobState, JobStatus, Progress};
 use crate::session::{ComputeSession, Prepared};
@@ -560,13 +560,13 @@ impl Job {
             }
             start = stop;
             while let Some(cut) = rebatch.next(start >= to)? {
-                if tx.send(Ok(delivery(cut))).await.is_err() {
+                if tx.send(Ok(cut)).await.is_err() {
                     return Ok(());
                 }
             }
         }
         if let Some(cut) = rebatch.finish(to)? {
-            let _closed = tx.send(Ok(delivery(cut))).await;
+            let _closed = tx.send(Ok(cut)).await;
         }
         Ok(())
     }
@@ -591,14 +591,6 @@ impl Job {
         collect(q.plan, q.ctx.task_ctx())
             .await
             .map_err(|e| JobError::running(&e))
-    }
-}
-
-fn delivery(cut: Cut) -> Delivery {
-    Delivery {
-        batch: cut.batch,
-        from: cut.from,
-        next_offset: cut.next_offset,
     }
 }
 
