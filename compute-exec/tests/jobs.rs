@@ -273,3 +273,40 @@ async fn bad_jobs_are_refused_and_cancel_ends_streams() {
     assert_eq!(e.code(), "job_cancelled");
     assert_eq!(jobs.counts()["cancelled"], 1);
 }
+
+/// Under `skip`, the check that drops bad rows runs on the outputs: each
+/// stage is computed once, on the side the placement gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_checks_do_not_run_stages_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = node(dir.path(), "all", (0..SAMPLES).collect()).await;
+    let jobs = jobs(vec![all]);
+    let udfs = sluice_udfs::UdfEnv::new(sluice_udfs::UdfOptions {
+        on_error: sluice_udfs::OnError::Skip,
+        ..Default::default()
+    });
+    let sql = "SELECT key, npy(data) AS x FROM vecs";
+    for (offload, storage_calls, compute_calls) in [
+        (sluice_planner::Offload::Compute, 0, 1),
+        (sluice_planner::Offload::Storage, 1, 0),
+    ] {
+        let q = jobs.session().plan(sql, offload, &udfs).await.unwrap();
+        let e = &q.explanation;
+        let storage: usize = e
+            .storage_fragments
+            .iter()
+            .map(|f| f.matches("npy(").count())
+            .sum();
+        let compute = e.compute_fragment.matches("npy(").count();
+        assert_eq!(
+            (storage, compute),
+            (storage_calls, compute_calls),
+            "{offload}: {e:?}"
+        );
+        assert!(
+            e.compute_fragment.contains("x IS NOT NULL"),
+            "{}",
+            e.compute_fragment
+        );
+    }
+}

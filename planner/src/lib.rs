@@ -221,6 +221,11 @@ impl Planner {
                     .build()?
             }
         };
+        // The skip policy's checks, on the outputs, once.
+        let plan = match p.checks_filter() {
+            Some(pred) => LogicalPlanBuilder::from(plan).filter(pred)?.build()?,
+            None => plan,
+        };
         let why = PipelineExplanation {
             dataset,
             samples: stats.samples,

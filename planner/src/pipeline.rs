@@ -15,7 +15,10 @@ use std::collections::BTreeSet;
 
 use datafusion::common::Column;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Expr, LogicalPlan, Projection, TableScan};
+use std::sync::Arc;
+
+use datafusion::logical_expr::utils::split_conjunction;
+use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection, TableScan};
 
 /// The column of a dataset table holding the objects' bytes.
 pub const DATA_COLUMN: &str = "data";
@@ -34,6 +37,12 @@ pub struct Pipeline {
     pub scan: TableScan,
     /// The UDFs of each stage: `stages[k - 1]` holds those of height `k`.
     pub stages: Vec<Vec<String>>,
+    /// Outputs (indices into the projection) whose rows are kept only when
+    /// not NULL: the `skip` error policy's checks. DataFusion pushes them
+    /// below the projection, where they would run every stage a second
+    /// time; they are taken out of [`Pipeline::filter`] and applied to the
+    /// outputs instead (see [`Pipeline::checks_filter`]).
+    pub checks: Vec<usize>,
 }
 
 impl Pipeline {
@@ -57,6 +66,20 @@ impl Pipeline {
         for e in &p.expr {
             collect_stages(e, &mut stages);
         }
+        let (filter, checks) = match filter {
+            Some(LogicalPlan::Filter(f)) => {
+                let (rest, checks) = take_checks(&f.predicate, &p.expr);
+                let filter = match rest {
+                    Some(_) if checks.is_empty() => Some(LogicalPlan::Filter(f)),
+                    Some(pred) => Some(LogicalPlan::Filter(
+                        Filter::try_new(pred, Arc::clone(&f.input)).ok()?,
+                    )),
+                    None => None,
+                };
+                (filter, checks)
+            }
+            other => (other, Vec::new()),
+        };
         Some(Self {
             projection: p.clone(),
             filter,
@@ -65,7 +88,19 @@ impl Pipeline {
                 .into_iter()
                 .map(|s| s.into_iter().collect())
                 .collect(),
+            checks,
         })
+    }
+
+    /// The predicate of [`Pipeline::checks`] over the outputs, if any.
+    pub fn checks_filter(&self) -> Option<Expr> {
+        self.checks
+            .iter()
+            .map(|&i| {
+                let (_, f) = self.projection.schema.qualified_field(i);
+                Expr::Column(Column::new_unqualified(f.name())).is_not_null()
+            })
+            .reduce(Expr::and)
     }
 
     /// The dataset's name as the catalog knows it.
@@ -89,6 +124,32 @@ impl Pipeline {
             .collect();
         Cut { shipped, compute }
     }
+}
+
+/// Splits `predicate` into the conjuncts that are `e IS NOT NULL` for a
+/// stage-bearing output `e` of `outputs` (their indices) and the rest.
+fn take_checks(predicate: &Expr, outputs: &[Expr]) -> (Option<Expr>, Vec<usize>) {
+    let mut checks = Vec::new();
+    let mut rest = Vec::new();
+    for c in split_conjunction(predicate) {
+        let found = match c {
+            Expr::IsNotNull(inner) => outputs.iter().position(|o| {
+                let o = match o {
+                    Expr::Alias(a) => a.expr.as_ref(),
+                    other => other,
+                };
+                o == inner.as_ref() && height(o) > 0
+            }),
+            _ => None,
+        };
+        match found {
+            Some(i) if !checks.contains(&i) => checks.push(i),
+            Some(_) => {}
+            None => rest.push(c.clone()),
+        }
+    }
+    checks.sort_unstable();
+    (rest.into_iter().reduce(Expr::and), checks)
 }
 
 /// A projection divided at a cut.

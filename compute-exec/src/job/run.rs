@@ -126,7 +126,11 @@ fn job_plan(pipeline: &Pipeline, keys: Option<&[&str]>) -> datafusion::common::R
     }
     let mut exprs = pipeline.projection.expr.clone();
     exprs.push(key.alias(JOB_KEY));
-    b.project(exprs)?.build()
+    b = b.project(exprs)?;
+    if let Some(checks) = pipeline.checks_filter() {
+        b = b.filter(checks)?;
+    }
+    b.build()
 }
 
 /// The pipeline of a prepared job query.
