@@ -41,20 +41,23 @@ def server():
             whole = f.read()
         with open(os.path.join(src, "class_0", "zz_cut.jpg"), "wb") as f:
             f.write(whole[: len(whole) * 6 // 10])
+        # stderr goes to a file: a pipe nobody reads could fill and stall the server.
+        log = open(os.path.join(d, "serve.log"), "w")
         proc = subprocess.Popen(
             [SLUICE, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         rest = None
         for _ in range(2):
             line = proc.stdout.readline()
             if line.startswith("REST API on "):
                 rest = line.split()[3]
-        assert rest, proc.stderr.read()
+        assert rest, open(os.path.join(d, "serve.log")).read()
         client = sluice.Client(rest, token=TOKEN)
         client.ingest("pets", src)
         yield {"client": client, "rest": rest, "proc": proc, "dir": d, "src": src}
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0
+        log.close()
 
 
 def keys_of(reader):
