@@ -14,12 +14,12 @@
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
-//! - [`service`] and [`client`]: a compute node as a Flight service that
-//!   answers queries, and its typed client;
+//! - [`service`] and [`client`]: a compute node's Flight service (queries
+//!   and job streams on one port), and its typed query client;
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
 //!   by epoch, shuffled, resumable;
-//! - [`trainer`]: [`TrainerService`], the Flight service trainers read
-//!   jobs from (and that answers queries too).
+//! - [`trainer`]: job streams to trainers (ticket, Flight info, batches
+//!   with resume offsets).
 
 pub mod catalog;
 pub mod client;
@@ -34,4 +34,4 @@ pub use client::{QueryClient, QueryError, QueryResult};
 pub use job::{Job, JobError, JobSpec, Jobs};
 pub use service::{QueryService, QueryTicket};
 pub use session::{ComputeSession, PlannedQuery, Prepared, ResourceHints, read_only};
-pub use trainer::{JobTicket, TrainerService};
+pub use trainer::JobTicket;

@@ -1,9 +1,13 @@
-//! [`QueryService`]: a compute node's Arrow Flight service. A client sends
-//! a [`QueryTicket`] (SQL, offload mode, UDF options) to `DoGet` and reads
-//! the result; the `explain` action answers the placement as JSON;
-//! `ListFlights` lists the datasets the node can reach. A stream ends with
-//! a message whose app metadata is a [`FragmentReport`] of the bad samples
-//! met.
+//! [`QueryService`]: a compute node's Arrow Flight service, for SQL
+//! clients and trainers on one port.
+//!
+//! - `DoGet(QueryTicket)` (SQL, offload mode, UDF options) streams the
+//!   result, ending with a message whose app metadata is a
+//!   [`FragmentReport`] of the bad samples met;
+//! - `DoGet(JobTicket)`, `GetFlightInfo(job id)` and `GetSchema(job id)`
+//!   are a job's streams to trainers ([`crate::trainer`]);
+//! - the `explain` action answers a query's placement as JSON;
+//! - `ListFlights` lists the datasets the node can reach.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,7 +28,9 @@ use sluice_planner::Offload;
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::job::Jobs;
 use crate::session::ComputeSession;
+use crate::trainer;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -48,6 +54,7 @@ pub struct QueryTicket {
 #[derive(Debug, Clone)]
 pub struct QueryService {
     session: Arc<ComputeSession>,
+    jobs: Arc<Jobs>,
 }
 
 /// The status for an error of a query: a storage node's error keeps its
@@ -68,9 +75,12 @@ pub fn query_status(e: &DataFusionError, planning: bool) -> Status {
 }
 
 impl QueryService {
-    /// The service of `session`.
-    pub fn new(session: Arc<ComputeSession>) -> Self {
-        Self { session }
+    /// The service of `jobs` and, for queries, of their session.
+    pub fn new(jobs: Arc<Jobs>) -> Self {
+        Self {
+            session: Arc::clone(jobs.session()),
+            jobs,
+        }
     }
 
     /// The tonic server of this service.
@@ -100,7 +110,9 @@ impl FlightService for QueryService {
         &self,
         _request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented("no handshake is needed"))
+        Err(Status::unimplemented(
+            "no handshake: send the bearer token in the authorization header",
+        ))
     }
 
     async fn list_flights(
@@ -123,30 +135,40 @@ impl FlightService for QueryService {
 
     async fn get_flight_info(
         &self,
-        _request: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Err(Status::unimplemented("send the query ticket to DoGet"))
+        let info = trainer::flight_info(&self.jobs, request.into_inner()).await?;
+        Ok(Response::new(info))
     }
 
     async fn poll_flight_info(
         &self,
         _request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented("send the query ticket to DoGet"))
+        Err(Status::unimplemented(
+            "send a query ticket to DoGet, or a job id to GetFlightInfo",
+        ))
     }
 
     async fn get_schema(
         &self,
-        _request: Request<FlightDescriptor>,
+        request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        Err(Status::unimplemented("use ListFlights"))
+        Ok(Response::new(trainer::schema(
+            &self.jobs,
+            request.get_ref(),
+        )?))
     }
 
     async fn do_get(
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        let t = parse_ticket(&request.into_inner().ticket)?;
+        let ticket = request.into_inner().ticket;
+        if trainer::is_job_ticket(&ticket) {
+            return Ok(Response::new(trainer::stream(&self.jobs, &ticket).await?));
+        }
+        let t = parse_ticket(&ticket)?;
         let udfs = UdfEnv::new(t.udf);
         let batches = self
             .session

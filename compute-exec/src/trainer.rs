@@ -1,38 +1,29 @@
-//! [`TrainerService`]: the Flight service trainers read jobs from.
+//! Job streams to trainers, as the compute node's Flight service
+//! ([`QueryService`](crate::QueryService)) answers them:
 //!
-//! - `GetFlightInfo(descriptor = job id)`: the job's schema, samples per
-//!   epoch and one endpoint per rank, whose ticket is a [`JobTicket`] for
-//!   epoch 0 at offset 0;
-//! - `DoGet(JobTicket {job, rank, epoch, offset[, limit]})`: that rank's
-//!   batches of `batch_size` rows, in the epoch's order, from `offset`.
-//!   Each batch's app metadata is `{"from": F, "next_offset": N}`: a
-//!   trainer that stops after it resumes with `offset = N` and receives
-//!   exactly the samples it had not. A batch larger than a gRPC message
-//!   is sent as several messages; only the last carries the metadata.
-//!
-//! Any other ticket, `ListFlights` and the `explain` action are the
-//! [`QueryService`]'s: one port answers trainers and SQL clients.
-
-use std::pin::Pin;
-use std::sync::Arc;
+//! - [`flight_info`] for `GetFlightInfo(descriptor = job id)`: the job's
+//!   schema, samples per epoch and one endpoint per rank, whose ticket is a
+//!   [`JobTicket`] for epoch 0 at offset 0;
+//! - [`stream`] for `DoGet(JobTicket {job, rank, epoch, offset[, limit]})`:
+//!   that rank's batches of `batch_size` rows, in the epoch's order, from
+//!   `offset`. Each batch's app metadata is `{"from": F, "next_offset": N}`:
+//!   a trainer that stops after it resumes with `offset = N` and receives
+//!   exactly the samples it had not. A batch larger than a gRPC message is
+//!   sent as several messages; only the last carries the metadata.
 
 use arrow::array::RecordBatch;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
-use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
-    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
-    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+    FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
 };
 use bytes::Bytes;
-use futures::{Stream, StreamExt, stream};
+use futures::{StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
-use tonic::{Request, Response, Status, Streaming};
+use sluice_flight::stream::FlightStream;
+use tonic::Status;
 
 use crate::job::{Delivery, JobError, Jobs};
-use crate::service::QueryService;
-
-type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
@@ -85,28 +76,6 @@ pub fn job_status(e: &JobError) -> Status {
     }
 }
 
-/// See the module docs.
-#[derive(Debug, Clone)]
-pub struct TrainerService {
-    jobs: Arc<Jobs>,
-    queries: QueryService,
-}
-
-impl TrainerService {
-    /// The service of `jobs` (and of queries on their session).
-    pub fn new(jobs: Arc<Jobs>) -> Self {
-        let queries = QueryService::new(Arc::clone(jobs.session()));
-        Self { jobs, queries }
-    }
-
-    /// The tonic server of this service.
-    pub fn server(self) -> FlightServiceServer<Self> {
-        FlightServiceServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE)
-    }
-}
-
 fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
     let id = if !d.cmd.is_empty() {
         String::from_utf8(d.cmd.to_vec())
@@ -155,151 +124,77 @@ fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<FlightData>, Stat
     Ok(out)
 }
 
-#[tonic::async_trait]
-impl FlightService for TrainerService {
-    type HandshakeStream = Boxed<HandshakeResponse>;
-    type ListFlightsStream = Boxed<FlightInfo>;
-    type DoGetStream = Boxed<FlightData>;
-    type DoPutStream = Boxed<PutResult>;
-    type DoExchangeStream = Boxed<FlightData>;
-    type DoActionStream = Boxed<arrow_flight::Result>;
-    type ListActionsStream = Boxed<ActionType>;
+/// Whether a ticket is a [`JobTicket`] (it names a job).
+pub fn is_job_ticket(ticket: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(ticket).is_ok_and(|v| v.get("job").is_some())
+}
 
-    async fn handshake(
-        &self,
-        _request: Request<Streaming<HandshakeRequest>>,
-    ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented(
-            "no handshake: send the bearer token in the authorization header",
-        ))
+/// The Flight info of the job `descriptor` names.
+pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
+    let job = jobs
+        .get(&job_id(&descriptor)?)
+        .map_err(|e| job_status(&e))?;
+    let layout = job.layout().await.map_err(|e| job_status(&e))?;
+    let mut info = FlightInfo::new()
+        .try_with_schema(job.schema())
+        .map_err(|e| Status::internal(e.to_string()))?
+        .with_descriptor(descriptor)
+        .with_ordered(true)
+        .with_total_records((layout.per_rank() * layout.world_size) as i64);
+    for rank in 0..layout.world_size {
+        let t = JobTicket {
+            job: job.id().to_string(),
+            rank,
+            epoch: 0,
+            offset: 0,
+            limit: None,
+        };
+        let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
+        info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
     }
+    Ok(info)
+}
 
-    async fn list_flights(
-        &self,
-        request: Request<Criteria>,
-    ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        self.queries.list_flights(request).await
-    }
+/// The schema of the job `descriptor` names.
+pub fn schema(jobs: &Jobs, descriptor: &FlightDescriptor) -> Result<SchemaResult, Status> {
+    let job = jobs.get(&job_id(descriptor)?).map_err(|e| job_status(&e))?;
+    let opts = IpcWriteOptions::default();
+    SchemaAsIpc::new(job.schema(), &opts)
+        .try_into()
+        .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
+}
 
-    async fn get_flight_info(
-        &self,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<FlightInfo>, Status> {
-        let descriptor = request.into_inner();
-        let job = self
-            .jobs
-            .get(&job_id(&descriptor)?)
-            .map_err(|e| job_status(&e))?;
-        let layout = job.layout().await.map_err(|e| job_status(&e))?;
-        let mut info = FlightInfo::new()
-            .try_with_schema(job.schema())
-            .map_err(|e| Status::internal(e.to_string()))?
-            .with_descriptor(descriptor)
-            .with_ordered(true)
-            .with_total_records((layout.per_rank() * layout.world_size) as i64);
-        for rank in 0..layout.world_size {
-            let t = JobTicket {
-                job: job.id().to_string(),
-                rank,
-                epoch: 0,
-                offset: 0,
-                limit: None,
+/// The Flight messages of a [`JobTicket`]'s read.
+pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> {
+    let t: JobTicket = serde_json::from_slice(ticket)
+        .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
+    let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
+    let deliveries = job
+        .deliver(t.rank, t.epoch, t.offset, t.limit)
+        .await
+        .map_err(|e| job_status(&e))?;
+    let opts = IpcWriteOptions::default();
+    let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
+    let messages = deliveries.flat_map(move |d: Result<Delivery, JobError>| {
+        let out = d.map_err(|e| job_status(&e)).and_then(|d| {
+            let meta = BatchMeta {
+                from: d.from,
+                next_offset: d.next_offset,
             };
-            let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
-            info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
-        }
-        Ok(Response::new(info))
-    }
-
-    async fn poll_flight_info(
-        &self,
-        _request: Request<FlightDescriptor>,
-    ) -> Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented("use GetFlightInfo"))
-    }
-
-    async fn get_schema(
-        &self,
-        request: Request<FlightDescriptor>,
-    ) -> Result<Response<SchemaResult>, Status> {
-        let job = self
-            .jobs
-            .get(&job_id(request.get_ref())?)
-            .map_err(|e| job_status(&e))?;
-        let opts = IpcWriteOptions::default();
-        let result = SchemaAsIpc::new(job.schema(), &opts)
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
-        Ok(Response::new(result))
-    }
-
-    async fn do_get(
-        &self,
-        request: Request<Ticket>,
-    ) -> Result<Response<Self::DoGetStream>, Status> {
-        let is_job = serde_json::from_slice::<serde_json::Value>(&request.get_ref().ticket)
-            .is_ok_and(|v| v.get("job").is_some());
-        if !is_job {
-            return self.queries.do_get(request).await;
-        }
-        let t: JobTicket = serde_json::from_slice(&request.get_ref().ticket)
-            .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
-        let job = self.jobs.get(&t.job).map_err(|e| job_status(&e))?;
-        let deliveries = job
-            .deliver(t.rank, t.epoch, t.offset, t.limit)
-            .await
-            .map_err(|e| job_status(&e))?;
-        let opts = IpcWriteOptions::default();
-        let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
-        let messages = deliveries.flat_map(move |d: Result<Delivery, JobError>| {
-            let out = d.map_err(|e| job_status(&e)).and_then(|d| {
-                let meta = BatchMeta {
-                    from: d.from,
-                    next_offset: d.next_offset,
-                };
-                let msgs = encode(&d.batch, &meta)?;
-                let bytes = msgs
-                    .iter()
-                    .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
-                    .sum();
-                job.sent(bytes);
-                Ok(msgs)
-            });
-            match out {
-                Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
-                Err(s) => stream::iter(vec![Err(s)]),
-            }
+            let msgs = encode(&d.batch, &meta)?;
+            let bytes = msgs
+                .iter()
+                .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
+                .sum();
+            job.sent(bytes);
+            Ok(msgs)
         });
-        Ok(Response::new(Box::pin(
-            stream::once(async move { Ok(schema) }).chain(messages),
-        )))
-    }
-
-    async fn do_put(
-        &self,
-        request: Request<Streaming<FlightData>>,
-    ) -> Result<Response<Self::DoPutStream>, Status> {
-        self.queries.do_put(request).await
-    }
-
-    async fn do_exchange(
-        &self,
-        request: Request<Streaming<FlightData>>,
-    ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        self.queries.do_exchange(request).await
-    }
-
-    async fn do_action(
-        &self,
-        request: Request<Action>,
-    ) -> Result<Response<Self::DoActionStream>, Status> {
-        self.queries.do_action(request).await
-    }
-
-    async fn list_actions(
-        &self,
-        request: Request<Empty>,
-    ) -> Result<Response<Self::ListActionsStream>, Status> {
-        self.queries.list_actions(request).await
-    }
+        match out {
+            Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
+            Err(s) => stream::iter(vec![Err(s)]),
+        }
+    });
+    Ok(Box::pin(
+        stream::once(async move { Ok(schema) }).chain(messages),
+    ))
 }

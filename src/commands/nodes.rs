@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints, TrainerService};
+use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
 use sluice_flight::{BearerAuth, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use tokio::net::TcpListener;
@@ -70,25 +70,6 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve_queries(listen: &str, session: ComputeSession, what: &str) -> anyhow::Result<()> {
-    let listener = bind(listen).await?;
-    let addr = listener.local_addr()?;
-    if let Err(e) = session.refresh().await {
-        eprintln!("warning: {e}");
-    }
-    println!(
-        "{what} listening on {addr} ({} dataset(s) over {} storage node(s))",
-        session.datasets().await.len(),
-        session.endpoints().len()
-    );
-    Server::builder()
-        .add_service(QueryService::new(Arc::new(session)).server())
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
-        .await?;
-    eprintln!("{what} stopped");
-    Ok(())
-}
-
 pub async fn compute_node(
     cli: &Cli,
     listen: &str,
@@ -96,7 +77,23 @@ pub async fn compute_node(
     hints: ResourceHints,
 ) -> anyhow::Result<()> {
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints);
-    serve_queries(listen, session, "compute node").await
+    let listener = bind(listen).await?;
+    let addr = listener.local_addr()?;
+    if let Err(e) = session.refresh().await {
+        eprintln!("warning: {e}");
+    }
+    println!(
+        "compute node listening on {addr} ({} dataset(s) over {} storage node(s))",
+        session.datasets().await.len(),
+        session.endpoints().len()
+    );
+    let jobs = Arc::new(Jobs::new(Arc::new(session)));
+    flight_builder()
+        .add_service(QueryService::new(jobs).server())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+        .await?;
+    eprintln!("compute node stopped");
+    Ok(())
 }
 
 /// Where `sluice serve` listens and what REST may ingest.
@@ -182,7 +179,7 @@ pub async fn serve(
             .and_then(|()| out.flush());
     }
     let service = tonic::service::interceptor::InterceptedService::new(
-        TrainerService::new(jobs).server(),
+        QueryService::new(jobs).server(),
         auth,
     );
     let flight_server = flight_builder()

@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::compute::interleave_record_batch;
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::SchemaRef;
 
 use super::run::Delivery;
 use super::spec::JobError;
@@ -56,16 +56,15 @@ impl Rebatcher {
         start: u64,
     ) -> Result<Vec<&'k str>, JobError> {
         let base = self.sources.len();
-        let mut at: HashMap<String, (usize, usize)> = HashMap::new();
+        let mut at: HashMap<&str, (usize, usize)> = HashMap::new();
         for (b, batch) in batches.iter().enumerate() {
             let col = batch
                 .column_by_name(key_column)
-                .ok_or_else(|| internal("a window without its key column"))?;
-            let col = arrow::compute::cast(col, &DataType::Utf8).map_err(internal)?;
-            let col = col.as_string::<i32>();
-            for r in 0..col.len() {
-                if col.is_valid(r) {
-                    at.entry(col.value(r).to_string()).or_insert((base + b, r));
+                .and_then(|c| c.as_string_opt::<i32>())
+                .ok_or_else(|| internal("a window without its (Utf8) key column"))?;
+            for (r, k) in col.iter().enumerate() {
+                if let Some(k) = k {
+                    at.entry(k).or_insert((base + b, r));
                 }
             }
             let columns =
@@ -83,7 +82,7 @@ impl Rebatcher {
         }
         let mut missing = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            match at.get(*k) {
+            match at.get(k) {
                 Some(&row) => {
                     self.rows.push(row);
                     self.positions.push(start + i as u64);
@@ -168,7 +167,7 @@ impl Rebatcher {
 mod tests {
     use super::*;
     use arrow::array::{Int32Array, StringArray};
-    use arrow::datatypes::{Field, Schema};
+    use arrow::datatypes::{DataType, Field, Schema};
 
     fn window(keys: &[&str], values: &[i32]) -> RecordBatch {
         RecordBatch::try_from_iter([
