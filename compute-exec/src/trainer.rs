@@ -169,31 +169,33 @@ pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> 
     let t: JobTicket = serde_json::from_slice(ticket)
         .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
     let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
+    // Batches are encoded where they are made, on the jobs' runtime.
     let deliveries = job
-        .deliver(t.rank, t.epoch, t.offset, t.limit)
-        .await
-        .map_err(|e| job_status(&e))?;
-    let opts = IpcWriteOptions::default();
-    let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
-    let messages = deliveries.flat_map(move |d: Result<Delivery, JobError>| {
-        let out = d.map_err(|e| job_status(&e)).and_then(|d| {
+        .deliver_with(t.rank, t.epoch, t.offset, t.limit, |d| {
             let meta = BatchMeta {
                 from: d.from,
                 next_offset: d.next_offset,
             };
-            let msgs = encode(&d.batch, &meta)?;
-            let bytes = msgs
-                .iter()
-                .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
-                .sum();
-            job.sent(bytes);
-            Ok(msgs)
-        });
-        match out {
-            Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
-            Err(s) => stream::iter(vec![Err(s)]),
-        }
-    });
+            encode(&d.batch, &meta).map_err(|s| JobError::Internal(s.message().to_string()))
+        })
+        .await
+        .map_err(|e| job_status(&e))?;
+    let opts = IpcWriteOptions::default();
+    let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
+    let messages =
+        deliveries.flat_map(
+            move |d: Result<(Delivery, Vec<FlightData>), JobError>| match d {
+                Ok((_, msgs)) => {
+                    let bytes = msgs
+                        .iter()
+                        .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
+                        .sum();
+                    job.sent(bytes);
+                    stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>())
+                }
+                Err(e) => stream::iter(vec![Err(job_status(&e))]),
+            },
+        );
     Ok(Box::pin(
         stream::once(async move { Ok(schema) }).chain(messages),
     ))

@@ -73,7 +73,7 @@ fn jobs(endpoints: Vec<Arc<dyn StorageEndpoint>>) -> Jobs {
         sluice_udfs::cost::default_profiles(),
         ResourceHints::default(),
     );
-    Jobs::new(Arc::new(session))
+    Jobs::new(Arc::new(session)).unwrap()
 }
 
 const SQL: &str = "SELECT key, label, npy(data) AS x FROM vecs";

@@ -87,7 +87,7 @@ pub async fn compute_node(
         session.datasets().await.len(),
         session.endpoints().len()
     );
-    let jobs = Arc::new(Jobs::new(Arc::new(session)));
+    let jobs = Arc::new(Jobs::new(Arc::new(session))?);
     flight_builder()
         .add_service(QueryService::new(jobs).server())
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
@@ -147,7 +147,7 @@ pub async fn serve(
         eprintln!("warning: {e}");
     }
     let auth = BearerAuth::new(cli.token.iter().cloned());
-    let jobs = Arc::new(Jobs::new(Arc::clone(&session)));
+    let jobs = Arc::new(Jobs::new(Arc::clone(&session))?);
     let flight = bind(addrs.flight).await?;
     let flight_addr = flight.local_addr()?;
     let rest = bind(addrs.rest).await?;

@@ -1,11 +1,15 @@
 //! [`Jobs`]: the jobs of a compute node — submit, list, look up, cancel.
 //! Jobs live in memory; they do not survive a restart of the node (their
 //! ids carry a per-process random part, so an old id is never mistaken for
-//! a new job).
+//! a new job). Their CPU work — listing samples, running windows, encoding
+//! batches — runs on a runtime of their own, so the runtime answering REST
+//! and Flight requests never waits behind decoding.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::runtime::{Handle, Runtime};
 
 use super::run::Job;
 use super::spec::{JobError, JobSpec};
@@ -19,18 +23,37 @@ pub struct Jobs {
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
     instance: u32,
+    runtime: Option<Runtime>,
+    handle: Handle,
+}
+
+impl Drop for Jobs {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which is not allowed inside another
+        // runtime's task; its work is tied to jobs that are gone anyway.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Jobs {
-    /// The jobs of `session`.
-    pub fn new(session: Arc<ComputeSession>) -> Self {
+    /// The jobs of `session`, with a runtime of one thread per core.
+    pub fn new(session: Arc<ComputeSession>) -> std::io::Result<Self> {
         let instance = getrandom::u32().unwrap_or_else(|_| std::process::id());
-        Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(sluice_planner::resources::machine_cores())
+            .thread_name("sluice-jobs")
+            .enable_all()
+            .build()?;
+        Ok(Self {
             session,
             jobs: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             instance,
-        }
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
     }
 
     /// The session jobs run in.
@@ -47,10 +70,11 @@ impl Jobs {
     pub async fn submit(&self, spec: JobSpec) -> Result<Arc<Job>, JobError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("job-{n}-{:08x}", self.instance);
-        let job = Arc::new(Job::plan(id, spec, Arc::clone(&self.session)).await?);
+        let job =
+            Arc::new(Job::plan(id, spec, Arc::clone(&self.session), self.handle.clone()).await?);
         self.lock().insert(n, Arc::clone(&job));
         let starting = Arc::clone(&job);
-        tokio::spawn(async move { starting.start().await });
+        self.handle.spawn(async move { starting.start().await });
         Ok(job)
     }
 

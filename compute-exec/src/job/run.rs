@@ -23,11 +23,12 @@ use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScanBuilder, col, lit,
 };
 use datafusion::physical_plan::collect;
-use futures::Stream;
+use futures::{Stream, TryStreamExt};
 use sluice_planner::pipeline::Pipeline;
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::env::BadSample;
 use sluice_udfs::{ErrorLog, UdfEnv, UdfOptions};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::order::Layout;
@@ -53,6 +54,15 @@ pub struct Delivery {
     pub from: u64,
     /// The offset after it: ask for this one to resume.
     pub next_offset: u64,
+}
+
+/// The positions `from..to` of rank `rank`'s share of `epoch`.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    rank: u64,
+    epoch: u64,
+    from: u64,
+    to: u64,
 }
 
 /// What a running job holds: its samples' keys and its layout.
@@ -100,6 +110,8 @@ pub struct Job {
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
     bad: ErrorLog,
+    /// Where its CPU work runs (off the runtime serving requests).
+    runtime: Handle,
 }
 
 /// The plan of `pipeline` with its scan reading every column, `keys` (if
@@ -186,11 +198,13 @@ async fn prepare_pipeline(
 
 impl Job {
     /// Plans `spec` on `session` (every error of the SQL or the options
-    /// comes back here), as job `id` in state pending.
+    /// comes back here), as job `id` in state pending, whose listing and
+    /// windows will run on `runtime`.
     pub async fn plan(
         id: String,
         spec: JobSpec,
         session: Arc<ComputeSession>,
+        runtime: Handle,
     ) -> Result<Self, JobError> {
         let sql = spec.validate()?;
         let offload = spec.offload.offload()?;
@@ -226,6 +240,7 @@ impl Job {
                 progress: Progress::default(),
             }),
             bad: ErrorLog::default(),
+            runtime,
         })
     }
 
@@ -459,6 +474,26 @@ impl Job {
         offset: u64,
         limit: Option<u64>,
     ) -> Result<impl Stream<Item = Result<Delivery, JobError>> + Send + 'static, JobError> {
+        let s = self
+            .deliver_with(rank, epoch, offset, limit, |_| Ok(()))
+            .await?;
+        Ok(s.map_ok(|(d, ())| d))
+    }
+
+    /// [`Job::deliver`], with `finish` applied to each batch where the
+    /// batches are made (on the jobs' runtime): a reader's encoding, say.
+    pub async fn deliver_with<T, F>(
+        self: &Arc<Self>,
+        rank: u64,
+        epoch: u64,
+        offset: u64,
+        limit: Option<u64>,
+        finish: F,
+    ) -> Result<impl Stream<Item = Result<(Delivery, T), JobError>> + Send + 'static, JobError>
+    where
+        T: Send + 'static,
+        F: Fn(&Delivery) -> Result<T, JobError> + Send + Sync + 'static,
+    {
         if rank >= self.spec.world_size {
             return Err(JobError::OutOfRange(format!(
                 "rank {rank} of a job of world_size {}",
@@ -484,9 +519,15 @@ impl Job {
         let window = WINDOW.div_ceil(batch) * batch;
         let (tx, rx) = mpsc::channel((window / batch + 1) as usize);
         let job = Arc::clone(self);
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();
-            let work = job.produce(&ready, rank, epoch, offset, end, &tx);
+            let span = Span {
+                rank,
+                epoch,
+                from: offset,
+                to: end,
+            };
+            let work = job.produce(&ready, span, &finish, &tx);
             let outcome = tokio::select! {
                 r = work => r,
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
@@ -505,7 +546,7 @@ impl Job {
             let job = Arc::clone(&job);
             async move {
                 let item = rx.recv().await?;
-                if let Ok(d) = &item {
+                if let Ok((d, _)) = &item {
                     job.delivered(rank, epoch, d);
                 }
                 Some((item, rx))
@@ -513,16 +554,21 @@ impl Job {
         }))
     }
 
-    /// Runs the windows of positions `from..to` and sends their batches.
-    async fn produce(
+    /// Runs the windows of positions `from..to` and sends their batches,
+    /// each with what `finish` makes of it.
+    async fn produce<T>(
         &self,
         ready: &Ready,
-        rank: u64,
-        epoch: u64,
-        from: u64,
-        to: u64,
-        tx: &mpsc::Sender<Result<Delivery, JobError>>,
+        span: Span,
+        finish: &(dyn Fn(&Delivery) -> Result<T, JobError> + Send + Sync),
+        tx: &mpsc::Sender<Result<(Delivery, T), JobError>>,
     ) -> Result<(), JobError> {
+        let Span {
+            rank,
+            epoch,
+            from,
+            to,
+        } = span;
         let (udfs, prepared, pipeline) =
             prepare_pipeline(&self.session, &self.sql, udf_options(&self.spec, epoch)).await?;
         let order = ready.order(epoch);
@@ -564,13 +610,15 @@ impl Job {
             }
             start = stop;
             while let Some(cut) = rebatch.next(start >= to)? {
-                if tx.send(Ok(cut)).await.is_err() {
+                let done = finish(&cut)?;
+                if tx.send(Ok((cut, done))).await.is_err() {
                     return Ok(());
                 }
             }
         }
         if let Some(cut) = rebatch.finish(to)? {
-            let _closed = tx.send(Ok(cut)).await;
+            let done = finish(&cut)?;
+            let _closed = tx.send(Ok((cut, done))).await;
         }
         Ok(())
     }
