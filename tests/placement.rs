@@ -152,6 +152,15 @@ impl Node {
     }
 }
 
+impl Node {
+    /// `sluice serve` on free loopback ports, with `extra` flags.
+    fn serve(data_dir: &Path, extra: &[&str]) -> Self {
+        let mut args = vec!["serve", "--flight", "127.0.0.1:0", "--rest", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Self::start(data_dir, &args)
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -292,33 +301,9 @@ fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
             &storage,
         ],
     );
-    let serve = Node::start(
-        &all,
-        &["serve", "--flight", "127.0.0.1:0", "--rest", "127.0.0.1:0"],
-    );
-    let looped = Node::start(
-        &all2,
-        &[
-            "serve",
-            "--flight",
-            "127.0.0.1:0",
-            "--rest",
-            "127.0.0.1:0",
-            "--loopback",
-        ],
-    );
-    let remote_serve = Node::start(
-        &env.path("serve-remote"),
-        &[
-            "serve",
-            "--flight",
-            "127.0.0.1:0",
-            "--rest",
-            "127.0.0.1:0",
-            "--storage",
-            &storage,
-        ],
-    );
+    let serve = Node::serve(&all, &[]);
+    let looped = Node::serve(&all2, &["--loopback"]);
+    let remote_serve = Node::serve(&env.path("serve-remote"), &["--storage", &storage]);
 
     for ((name, q), embedded) in PIPELINES.iter().zip(&embedded) {
         for (how, extra) in [

@@ -14,26 +14,14 @@ use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
 use sluice_flight::StorageEndpoint;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{IngestOptions, IngestSource, OnError, StorageNode, Store, StoreOptions};
+use sluice_udfs::kernels::npy::DType;
 
 const SAMPLES: usize = 37;
 
 /// A float32 `.npy` of `values`.
 fn npy(values: &[f32]) -> Vec<u8> {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-        values.len()
-    );
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    sluice_udfs::kernels::npy::write(DType::F32, &[values.len() as u32], &data)
 }
 
 /// Sample `i`'s relative path.
