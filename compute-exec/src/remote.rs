@@ -3,6 +3,7 @@
 //! [`RemoteFragmentExec`], which runs a storage fragment on every storage
 //! node holding its dataset — one partition per node.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, exec_err};
 use datafusion::datasource::TableType;
 use datafusion::execution::{
@@ -29,7 +30,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::scan::filter_pushdown;
 use sluice_flight::stream::link_bytes;
-use sluice_flight::{DatasetScanExec, StorageEndpoint};
+use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
 
@@ -188,16 +189,44 @@ impl TableProvider for FragmentTable {
     }
 }
 
+/// The rows each storage node reads for one window of a job, by node
+/// ([`endpoint_id`]).
+pub type Takes = Arc<HashMap<usize, Take>>;
+
+/// A storage node's identity within a session: its endpoint's address in
+/// memory (names need not be unique: every in-process node has the same).
+pub fn endpoint_id(endpoint: &Arc<dyn StorageEndpoint>) -> usize {
+    Arc::as_ptr(endpoint).cast::<()>() as usize
+}
+
 /// Runs a storage fragment on each storage node holding its dataset; its
-/// partition `i` is node `i`'s stream.
-#[derive(Debug)]
+/// partition `i` is node `i`'s stream. With [`Takes`] (a job's window), each
+/// node's scans read the rows named for it, and a node named in none
+/// sends nothing.
+#[derive(Debug, Clone)]
 pub struct RemoteFragmentExec {
     dataset: String,
     fragment: Arc<dyn ExecutionPlan>,
     endpoints: Vec<Arc<dyn StorageEndpoint>>,
     udfs: Arc<UdfEnv>,
     tally: Arc<Tally>,
+    takes: Option<Takes>,
     properties: Arc<PlanProperties>,
+}
+
+/// `plan` (a placed compute fragment) with every [`RemoteFragmentExec`]
+/// reading `takes`: one window of a job. The nodes above them are rebuilt,
+/// so the plan runs afresh.
+pub fn with_takes(plan: Arc<dyn ExecutionPlan>, takes: &Takes) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|p| {
+        let Some(remote) = p.downcast_ref::<RemoteFragmentExec>() else {
+            return Ok(Transformed::no(p));
+        };
+        let mut r = remote.clone();
+        r.takes = Some(Arc::clone(takes));
+        Ok(Transformed::yes(Arc::new(r) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
 }
 
 impl RemoteFragmentExec {
@@ -222,6 +251,7 @@ impl RemoteFragmentExec {
             endpoints,
             udfs,
             tally,
+            takes: None,
             properties,
         }
     }
@@ -285,7 +315,26 @@ impl ExecutionPlan for RemoteFragmentExec {
             }
             return exec_err!("RemoteFragmentExec has no partition {partition}");
         };
-        let fragment = Arc::clone(&self.fragment);
+        let fragment = match &self.takes {
+            None => Arc::clone(&self.fragment),
+            Some(takes) => match takes.get(&endpoint_id(&endpoint)) {
+                None => {
+                    let empty = stream::empty();
+                    return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, empty)));
+                }
+                Some(take) => {
+                    Arc::clone(&self.fragment)
+                        .transform_up(|p| match p.downcast_ref::<DatasetScanExec>() {
+                            Some(scan) => {
+                                let scan = scan.clone().with_take(Some(take.clone()));
+                                Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
+                            }
+                            None => Ok(Transformed::no(p)),
+                        })?
+                        .data
+                }
+            },
+        };
         let udfs = Arc::clone(&self.udfs);
         let tally = Arc::clone(&self.tally);
         let batches = stream::once(async move {

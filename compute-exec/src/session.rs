@@ -54,7 +54,15 @@ struct Snapshot {
 #[derive(Debug, Clone)]
 struct Holding {
     schema: SchemaRef,
-    parts: Vec<(usize, DatasetStats)>,
+    parts: Vec<Part>,
+}
+
+/// A node's part of a dataset: its latest version there and statistics.
+#[derive(Debug, Clone)]
+struct Part {
+    node: usize,
+    version: u64,
+    stats: DatasetStats,
 }
 
 #[derive(Debug, Default)]
@@ -148,7 +156,7 @@ impl ComputeSession {
                 Err(err) => {
                     tracing::warn!("{err}");
                     for (name, h) in &known.datasets {
-                        if let Some(p) = h.parts.iter().find(|(n, _)| *n == i) {
+                        if let Some(p) = h.parts.iter().find(|p| p.node == i) {
                             listed
                                 .entry(name.clone())
                                 .or_insert_with(|| Holding {
@@ -177,7 +185,11 @@ impl ComputeSession {
                     );
                     continue;
                 }
-                h.parts.push((i, d.stats));
+                h.parts.push(Part {
+                    node: i,
+                    version: d.version,
+                    stats: d.stats,
+                });
             }
         }
         known.datasets = listed;
@@ -185,6 +197,30 @@ impl ComputeSession {
             Some(e) if reached == 0 && !self.endpoints.is_empty() => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// The nodes holding `table` (`dataset`, or `dataset@N`) as last
+    /// listed, each with the version a job reading it now pins: the
+    /// node's latest, or N.
+    pub async fn pins(&self, table: &str) -> Vec<(Arc<dyn StorageEndpoint>, u64)> {
+        let known = self.known.lock().await;
+        let (base, named) = match table.rsplit_once('@') {
+            Some((d, v)) => (d, v.parse().ok()),
+            None => (table, None),
+        };
+        known
+            .datasets
+            .get(base)
+            .map(|h| {
+                h.parts
+                    .iter()
+                    .map(|p| {
+                        let version = named.unwrap_or(p.version);
+                        (Arc::clone(&self.endpoints[p.node]), version)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The datasets known, with their merged statistics.
@@ -207,14 +243,14 @@ impl ComputeSession {
             ..Snapshot::default()
         };
         for (name, h) in &known.datasets {
-            let parts: Vec<DatasetStats> = h.parts.iter().map(|(_, s)| s.clone()).collect();
+            let parts: Vec<DatasetStats> = h.parts.iter().map(|p| p.stats.clone()).collect();
             snap.latest.insert(name.clone(), Arc::clone(&h.schema));
             snap.stats.insert(name.clone(), DatasetStats::merge(&parts));
             snap.holders.insert(
                 name.clone(),
                 h.parts
                     .iter()
-                    .map(|(i, _)| Arc::clone(&self.endpoints[*i]))
+                    .map(|p| Arc::clone(&self.endpoints[p.node]))
                     .collect(),
             );
             snap.nodes = snap.nodes.max(h.parts.len());

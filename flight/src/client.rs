@@ -112,11 +112,15 @@ impl StorageEndpoint for StorageClient {
             let bad = |what: &str| {
                 LinkError::Protocol(format!("{} listed a dataset with {what}", self.node))
             };
-            let name = info
+            let path = info
                 .flight_descriptor
                 .as_ref()
-                .and_then(|d| d.path.first().cloned())
-                .ok_or_else(|| bad("no name"))?;
+                .map(|d| d.path.clone())
+                .unwrap_or_default();
+            let [name, version] = path.as_slice() else {
+                return Err(bad("no name and version"));
+            };
+            let version = version.parse().map_err(|_| bad("a bad version"))?;
             let schema = info
                 .clone()
                 .try_decode_schema()
@@ -124,7 +128,8 @@ impl StorageEndpoint for StorageClient {
             let stats = serde_json::from_slice(&info.app_metadata)
                 .map_err(|e| bad(&format!("bad statistics ({e})")))?;
             out.push(RemoteDataset {
-                name,
+                name: name.clone(),
+                version,
                 schema: Arc::new(schema),
                 stats,
             });

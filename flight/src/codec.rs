@@ -27,7 +27,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use crate::scan::DatasetScanExec;
+use crate::scan::{DatasetScanExec, Take};
 
 /// The codec of sluice's physical nodes.
 #[derive(Debug, Default, Clone, Copy)]
@@ -48,6 +48,21 @@ struct DatasetScanNode {
     limit: Option<u64>,
     #[prost(message, optional, tag = "6")]
     schema: Option<protobuf::Schema>,
+    #[prost(message, optional, tag = "7")]
+    take: Option<TakeNode>,
+}
+
+/// A [`Take`] on the wire: row ids and slots packed.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TakeNode {
+    #[prost(uint64, tag = "1")]
+    version: u64,
+    #[prost(bool, tag = "2")]
+    all: bool,
+    #[prost(uint32, repeated, tag = "3")]
+    rows: Vec<u32>,
+    #[prost(uint32, repeated, tag = "4")]
+    slots: Vec<u32>,
 }
 
 impl PhysicalExtensionCodec for SluiceCodec {
@@ -71,14 +86,35 @@ impl PhysicalExtensionCodec for SluiceCodec {
             Some(list) => parse_exprs(&list.expr, ctx, &DefaultLogicalExtensionCodec {})?,
             None => vec![],
         };
-        Ok(Arc::new(DatasetScanExec::new(
-            node.dataset,
-            node.projected
-                .then(|| node.projection.iter().map(|&i| i as usize).collect()),
-            filters,
-            node.limit.map(|l| l as usize),
-            Arc::new(schema),
-        )))
+        let take = match node.take {
+            Some(t) if t.all => Some(Take::index(t.version)),
+            Some(t) => {
+                if t.rows.len() != t.slots.len() {
+                    return internal_err!(
+                        "a take of {} rows with {} slots",
+                        t.rows.len(),
+                        t.slots.len()
+                    );
+                }
+                Some(Take {
+                    version: t.version,
+                    rows: Some(Arc::from(t.rows)),
+                    slots: Arc::from(t.slots),
+                })
+            }
+            None => None,
+        };
+        Ok(Arc::new(
+            DatasetScanExec::new(
+                node.dataset,
+                node.projected
+                    .then(|| node.projection.iter().map(|&i| i as usize).collect()),
+                filters,
+                node.limit.map(|l| l as usize),
+                Arc::new(schema),
+            )
+            .with_take(take),
+        ))
     }
 
     fn try_encode(
@@ -107,6 +143,12 @@ impl PhysicalExtensionCodec for SluiceCodec {
             }),
             limit: scan.limit.map(|l| l as u64),
             schema: Some(scan.schema().as_ref().try_into()?),
+            take: scan.take.as_ref().map(|t| TakeNode {
+                version: t.version,
+                all: t.rows.is_none(),
+                rows: t.rows.as_deref().map(<[u32]>::to_vec).unwrap_or_default(),
+                slots: t.slots.to_vec(),
+            }),
         };
         msg.encode(buf)
             .map_err(|e| datafusion::error::DataFusionError::Internal(e.to_string()))

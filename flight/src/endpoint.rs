@@ -20,6 +20,8 @@ use crate::error::LinkError;
 pub struct RemoteDataset {
     /// Its name.
     pub name: String,
+    /// Its latest version on that node (what a job pins).
+    pub version: u64,
     /// Its table schema.
     pub schema: SchemaRef,
     /// Its statistics on that node.

@@ -32,7 +32,7 @@ pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
-pub use scan::DatasetScanExec;
+pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;
 
 /// Largest Flight message body the storage side sends; batches are sliced

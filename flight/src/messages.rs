@@ -4,8 +4,9 @@
 //!   run — its datafusion-proto bytes and the job's UDF options — or a
 //!   probe asking for a number of bytes, which the compute side times to
 //!   measure the link.
-//! - `ListFlights` answers one `FlightInfo` per dataset: its name as the
-//!   descriptor path, its schema, sample and byte counts, and its
+//! - `ListFlights` answers one `FlightInfo` per dataset: its name and
+//!   latest version as the descriptor path, its schema, sample and byte
+//!   counts, and its
 //!   [`DatasetStats`](sluice_planner::DatasetStats) as JSON app metadata.
 //! - The `node_info` action answers [`NodeInfo`](crate::NodeInfo) as JSON.
 //! - A fragment's stream ends with a message whose app metadata is a

@@ -7,11 +7,17 @@
 //! read) and what limit. The storage node that receives the fragment binds
 //! each `DatasetScanExec` to a scan of its own copy of the dataset; the
 //! node itself never runs — executing it is an error that says so.
+//!
+//! A job's scans carry a [`Take`]: the rows of a pinned version to read,
+//! by row id, in the order wanted, each with a *slot* that comes back in
+//! the virtual column [`SLOT`] — the index past the table's own columns —
+//! so that the job can put every row back at its position, whichever node
+//! and partition produced it.
 
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Result, exec_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -38,6 +44,37 @@ pub fn filter_pushdown(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
         .collect()
 }
 
+/// The virtual column of a job's scans: a row's slot ([`Take`]).
+pub const SLOT: &str = "__slot";
+
+/// The field of [`SLOT`].
+pub fn slot_field() -> Field {
+    Field::new(SLOT, DataType::UInt32, false)
+}
+
+/// Rows of one pinned dataset version that a job's scan reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Take {
+    /// The version pinned.
+    pub version: u64,
+    /// Row ids of the version's metadata, in the order wanted; `None`:
+    /// every row, in order, its slot being its row id (a job's index).
+    pub rows: Option<Arc<[u32]>>,
+    /// The slot of each row in `rows` (ignored when `rows` is `None`).
+    pub slots: Arc<[u32]>,
+}
+
+impl Take {
+    /// Every row of `version`, each slotted at its row id.
+    pub fn index(version: u64) -> Self {
+        Self {
+            version,
+            rows: None,
+            slots: Arc::from(Vec::new()),
+        }
+    }
+}
+
 /// A dataset scan to be bound on a storage node.
 #[derive(Debug, Clone)]
 pub struct DatasetScanExec {
@@ -49,6 +86,8 @@ pub struct DatasetScanExec {
     pub filters: Vec<Expr>,
     /// Rows to stop after.
     pub limit: Option<usize>,
+    /// A job's rows (filters still apply), or `None`: a query's scan.
+    pub take: Option<Take>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
 }
@@ -73,9 +112,16 @@ impl DatasetScanExec {
             projection,
             filters,
             limit,
+            take: None,
             schema,
             properties,
         }
+    }
+
+    /// The same scan reading `take`.
+    pub fn with_take(mut self, take: Option<Take>) -> Self {
+        self.take = take;
+        self
     }
 }
 
@@ -95,6 +141,12 @@ impl DisplayAs for DatasetScanExec {
         }
         if let Some(l) = self.limit {
             write!(f, ", limit={l}")?;
+        }
+        if let Some(t) = &self.take {
+            match &t.rows {
+                Some(rows) => write!(f, ", take={} rows of v{}", rows.len(), t.version)?,
+                None => write!(f, ", index of v{}", t.version)?,
+            }
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
 use sluice_flight::{BearerAuth, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
@@ -147,7 +148,14 @@ pub async fn serve(
         eprintln!("warning: {e}");
     }
     let auth = BearerAuth::new(cli.token.iter().cloned());
-    let jobs = Arc::new(Jobs::new(Arc::clone(&session))?);
+    // Jobs survive a restart: their records live beside the data.
+    let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
+    let jobs = Arc::new(Jobs::with_store(Arc::clone(&session), Some(job_store))?);
+    match jobs.restore().await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("{n} job(s) restored"),
+        Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
+    }
     let flight = bind(addrs.flight).await?;
     let flight_addr = flight.local_addr()?;
     let rest = bind(addrs.rest).await?;

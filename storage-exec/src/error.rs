@@ -111,6 +111,18 @@ pub enum StorageError {
         /// What redb reported.
         message: String,
     },
+    /// A job asked for a row a dataset version does not have.
+    #[error("dataset '{dataset}' version {version} has {rows} rows; row {row} was asked for")]
+    RowOutOfRange {
+        /// Dataset name.
+        dataset: String,
+        /// Dataset version.
+        version: u64,
+        /// The row asked for.
+        row: u32,
+        /// Rows in the version.
+        rows: usize,
+    },
     /// A dataset that does not exist.
     #[error("unknown dataset '{0}'")]
     UnknownDataset(String),

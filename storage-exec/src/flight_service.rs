@@ -1,6 +1,7 @@
 //! [`StorageFlightService`]: a [`StorageNode`] as an Arrow Flight service.
 //!
-//! - `ListFlights`: one `FlightInfo` per dataset (schema, counts, and the
+//! - `ListFlights`: one `FlightInfo` per dataset (its name and latest
+//!   version as the descriptor path, schema, counts, and the
 //!   planner's statistics as JSON app metadata);
 //! - `DoAction("node_info")`: the node's cores and link limit;
 //! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
@@ -131,7 +132,10 @@ impl FlightService for StorageFlightService {
             let info = FlightInfo::new()
                 .try_with_schema(&d.schema)
                 .map_err(|e| Status::internal(e.to_string()))?
-                .with_descriptor(FlightDescriptor::new_path(vec![d.name.clone()]))
+                .with_descriptor(FlightDescriptor::new_path(vec![
+                    d.name.clone(),
+                    d.version.to_string(),
+                ]))
                 .with_total_records(d.stats.samples as i64)
                 .with_total_bytes(d.stats.bytes as i64)
                 .with_app_metadata(stats);

@@ -4,7 +4,9 @@
 //! [`DatasetScanExec`]s (see `sluice-flight`). The node binds each to a
 //! scan of its own dataset, spreads the work over its cores, and drives
 //! the plan on its own runtime of `cores` threads — the storage CPU limit
-//! the planner reasons about. The same node serves the Flight service
+//! the planner reasons about. A job's scans carry a take (rows of a pinned
+//! version): they are bound to the take scan over the version's metadata,
+//! which the node loads once and keeps for the next windows. The same node serves the Flight service
 //! ([`crate::flight_service`]) and, in `sluice serve`, the compute side of
 //! the same process directly ([`StorageEndpoint`]).
 
@@ -24,13 +26,13 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_flight::{
-    DatasetScanExec, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, TokenBucket,
+    DatasetScanExec, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, Take, TokenBucket,
 };
 use sluice_udfs::UdfEnv;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
-use crate::scan::{DatasetVersion, ScanOptions, parse_table};
+use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
 
@@ -51,6 +53,7 @@ pub struct StorageNode {
     runtime: Option<Runtime>,
     handle: Handle,
     listed: Mutex<HashMap<(String, u64), RemoteDataset>>,
+    indexes: Arc<IndexCache>,
 }
 
 impl StorageNode {
@@ -76,6 +79,7 @@ impl StorageNode {
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
             listed: Mutex::new(HashMap::new()),
+            indexes: Arc::new(IndexCache::default()),
         }))
     }
 
@@ -121,6 +125,7 @@ impl StorageNode {
                         .map_err(execution)?;
                     let d = RemoteDataset {
                         name,
+                        version,
                         schema: Arc::clone(&v.table_schema),
                         stats: dataset_stats(&v, SAMPLE).map_err(execution)?,
                     };
@@ -193,11 +198,16 @@ impl StorageNode {
                 node: IN_PROCESS.into(),
                 message: e.to_string(),
             };
-            let table = ctx.table_provider(s.dataset.as_str()).await.map_err(bad)?;
-            let mut plan = table
-                .scan(&state, s.projection.as_ref(), &s.filters, s.limit)
-                .await
-                .map_err(bad)?;
+            let mut plan = match &s.take {
+                None => {
+                    let table = ctx.table_provider(s.dataset.as_str()).await.map_err(bad)?;
+                    table
+                        .scan(&state, s.projection.as_ref(), &s.filters, s.limit)
+                        .await
+                        .map_err(bad)?
+                }
+                Some(take) => self.take_scan(ctx, s, take).await?,
+            };
             if plan.output_partitioning().partition_count() < self.cores {
                 plan = Arc::new(
                     RepartitionExec::try_new(plan, Partitioning::RoundRobinBatch(self.cores))
@@ -222,6 +232,73 @@ impl StorageNode {
                 node: IN_PROCESS.into(),
                 message: e.to_string(),
             })
+    }
+
+    /// Binds a job's scan: `take` over the version it pinned, whose
+    /// metadata the node keeps in memory once loaded.
+    async fn take_scan(
+        &self,
+        ctx: &SessionContext,
+        scan: &DatasetScanExec,
+        take: &Take,
+    ) -> Result<Arc<dyn ExecutionPlan>, LinkError> {
+        let (dataset, _) =
+            parse_table(&scan.dataset).map_err(|message| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message,
+            })?;
+        let pinned = format!("{dataset}@{}", take.version);
+        let bad = |e: DataFusionError| LinkError::BadFragment {
+            node: IN_PROCESS.into(),
+            message: e.to_string(),
+        };
+        let provider = match ctx.table_provider(pinned.as_str()).await {
+            Ok(p) => p,
+            Err(_) => {
+                return Err(LinkError::DatasetNotFound {
+                    dataset: pinned,
+                    node: IN_PROCESS.into(),
+                });
+            }
+        };
+        let Some(table) = provider.downcast_ref::<DatasetTable>() else {
+            return Err(LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: format!("{pinned} is not a dataset table"),
+            });
+        };
+        let version = Arc::clone(table.version());
+        let indexes = Arc::clone(&self.indexes);
+        let index = tokio::task::spawn_blocking(move || indexes.get(&version))
+            .await
+            .map_err(|e| LinkError::Execution {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            })?
+            .map_err(execution)?;
+        let plan = table
+            .take_scan(
+                &ctx.state(),
+                index,
+                take,
+                scan.projection.as_ref(),
+                &scan.filters,
+            )
+            .map_err(bad)?;
+        let names = |s: &SchemaRef| -> Vec<String> {
+            s.fields().iter().map(|f| f.name().clone()).collect()
+        };
+        if names(&plan.schema()) != names(&scan.schema()) {
+            return Err(LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: format!(
+                    "{pinned} has other columns than the job was planned with ({:?}, not {:?})",
+                    names(&plan.schema()),
+                    names(&scan.schema())
+                ),
+            });
+        }
+        Ok(plan)
     }
 
     /// Runs a bound fragment on the node's runtime, all partitions merged,

@@ -5,19 +5,30 @@
 //! - [`spec`]: [`JobSpec`] as submitted and [`JobError`] with stable codes;
 //! - [`plan`]: the YAML/JSON plan form of a pipeline, compiled to SQL;
 //! - [`order`]: the job maths — every epoch's order and each rank's share;
-//! - [`run`]: [`Job`] — planning, listing the samples, delivering a rank's
-//!   share of an epoch from any offset;
+//! - [`query`]: the plan of a job — its SQL as a pipeline, and the plan
+//!   every window runs (with each row's slot);
+//! - [`index`]: the samples resolved once, at submit, to row ids of the
+//!   versions the job pins;
+//! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
+//!   any offset;
+//! - [`stream`]: the stream of an epoch — windows in flight, in order,
+//!   bounded;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
+//! - [`store`]: the job records that survive a restart;
 //! - [`registry`]: [`Jobs`], the jobs of a node.
 
+pub mod index;
 pub mod order;
 pub mod plan;
+pub mod query;
 pub mod rebatch;
 pub mod registry;
 pub mod run;
 pub mod spec;
 pub mod status;
+pub mod store;
+pub mod stream;
 
 pub use order::{Layout, Shuffle, ShuffleMode};
 pub use plan::PlanSpec;
@@ -25,3 +36,4 @@ pub use registry::Jobs;
 pub use run::{Delivery, Job};
 pub use spec::{JobError, JobSpec, OffloadArg, PlanInput};
 pub use status::{JobState, JobStatus, TierBytes};
+pub use store::{JobRecord, JobStore};

@@ -3,16 +3,17 @@
 //! once (an interleave straight from the windows' batches).
 //!
 //! A window's rows arrive in whatever order the storage nodes and
-//! partitions produce them; each is matched to its position by the
-//! sample key. A position whose key has no row (a sample skipped by the
-//! error policy) is passed over; the batch after it still resumes right.
+//! partitions produce them; each carries its slot (its position in the
+//! window) in a `UInt32` column. A slot with no row (a sample skipped by
+//! the error policy) is passed over; the batch after it still resumes
+//! right.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::compute::interleave_record_batch;
 use arrow::datatypes::SchemaRef;
+use arrow::datatypes::UInt32Type;
 
 use super::run::Delivery;
 use super::spec::JobError;
@@ -45,27 +46,36 @@ impl Rebatcher {
         }
     }
 
-    /// Adds a window: `batches` (with the key in `key_column`) holding the
-    /// rows of `keys`, the samples at positions `start..`. Returns the keys
-    /// that had no row.
-    pub fn add<'k>(
+    /// Adds a window: `batches` (with each row's slot in `slot_column`)
+    /// holding the samples at positions `start..start + count`, slot `i`
+    /// at `start + i`. Returns the slots that had no row.
+    pub fn add(
         &mut self,
         batches: &[RecordBatch],
-        key_column: &str,
-        keys: &[&'k str],
+        slot_column: &str,
         start: u64,
-    ) -> Result<Vec<&'k str>, JobError> {
+        count: usize,
+    ) -> Result<Vec<u32>, JobError> {
         let base = self.sources.len();
-        let mut at: HashMap<&str, (usize, usize)> = HashMap::new();
+        let mut at: Vec<Option<(usize, usize)>> = vec![None; count];
         for (b, batch) in batches.iter().enumerate() {
             let col = batch
-                .column_by_name(key_column)
-                .and_then(|c| c.as_string_opt::<i32>())
-                .ok_or_else(|| internal("a window without its (Utf8) key column"))?;
-            for (r, k) in col.iter().enumerate() {
-                if let Some(k) = k {
-                    at.entry(k).or_insert((base + b, r));
+                .column_by_name(slot_column)
+                .and_then(|c| c.as_primitive_opt::<UInt32Type>())
+                .ok_or_else(|| internal("a window without its (UInt32) slot column"))?;
+            for (r, slot) in col.iter().enumerate() {
+                let Some(slot) = slot else { continue };
+                let Some(cell) = at.get_mut(slot as usize) else {
+                    return Err(internal(format!(
+                        "a row with slot {slot} in a window of {count}"
+                    )));
+                };
+                if cell.is_some() {
+                    return Err(internal(format!(
+                        "two rows for slot {slot}: the sample was read twice"
+                    )));
                 }
+                *cell = Some((base + b, r));
             }
             let columns =
                 self.schema
@@ -81,13 +91,13 @@ impl Rebatcher {
                 .push(RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(internal)?);
         }
         let mut missing = Vec::new();
-        for (i, k) in keys.iter().enumerate() {
-            match at.get(k) {
-                Some(&row) => {
+        for (i, cell) in at.into_iter().enumerate() {
+            match cell {
+                Some(row) => {
                     self.rows.push(row);
                     self.positions.push(start + i as u64);
                 }
-                None => missing.push(*k),
+                None => missing.push(i as u32),
             }
         }
         Ok(missing)
@@ -166,32 +176,27 @@ impl Rebatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int32Array, StringArray};
+    use arrow::array::{Int32Array, UInt32Array};
     use arrow::datatypes::{DataType, Field, Schema};
 
-    fn window(keys: &[&str], values: &[i32]) -> RecordBatch {
+    fn window(slots: &[u32], values: &[i32]) -> RecordBatch {
         RecordBatch::try_from_iter([
             ("v", Arc::new(Int32Array::from(values.to_vec())) as _),
-            ("k", Arc::new(StringArray::from(keys.to_vec())) as _),
+            ("s", Arc::new(UInt32Array::from(slots.to_vec())) as _),
         ])
         .unwrap()
     }
 
     #[test]
-    fn rows_come_back_in_key_order_in_full_batches() {
+    fn rows_come_back_in_slot_order_in_full_batches() {
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
         let mut r = Rebatcher::new(schema, 2, 10);
-        // Positions 10..13 want keys c, a, b; the window sends them shuffled
-        // over two batches, and b is missing (skipped).
+        // Positions 10..13 are slots 0, 1, 2; the window sends them
+        // shuffled over two batches, and slot 2 is missing (skipped).
         let missing = r
-            .add(
-                &[window(&["a"], &[1]), window(&["c"], &[3])],
-                "k",
-                &["c", "a", "b"],
-                10,
-            )
+            .add(&[window(&[1], &[1]), window(&[0], &[3])], "s", 10, 3)
             .unwrap();
-        assert_eq!(missing, vec!["b"]);
+        assert_eq!(missing, vec![2]);
         let cut = r.next(false).unwrap().unwrap();
         assert_eq!(
             cut.batch
@@ -201,8 +206,7 @@ mod tests {
             &[3, 1]
         );
         assert_eq!((cut.from, cut.next_offset), (10, 12));
-        r.add(&[window(&["d", "e"], &[4, 5])], "k", &["e", "d"], 13)
-            .unwrap();
+        r.add(&[window(&[1, 0], &[4, 5])], "s", 13, 2).unwrap();
         // The last full batch is held back for finish, which ends the range.
         assert!(r.next(true).unwrap().is_none());
         let end = r.finish(16).unwrap().unwrap();
@@ -215,5 +219,14 @@ mod tests {
         );
         assert_eq!((end.from, end.next_offset), (12, 16));
         assert!(r.finish(16).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_slot_twice_or_out_of_the_window_is_an_error() {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let mut r = Rebatcher::new(Arc::clone(&schema), 2, 0);
+        assert!(r.add(&[window(&[0, 0], &[1, 2])], "s", 0, 2).is_err());
+        let mut r = Rebatcher::new(schema, 2, 0);
+        assert!(r.add(&[window(&[5], &[1])], "s", 0, 2).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! [`Jobs`]: the jobs of a compute node — submit, list, look up, cancel.
-//! Jobs live in memory; they do not survive a restart of the node (their
-//! ids carry a per-process random part, so an old id is never mistaken for
-//! a new job). Their CPU work — listing samples, running windows, encoding
+//! With a [`JobStore`], jobs survive a restart: their records are loaded
+//! and each is planned again over the versions it pinned (ids carry a
+//! random part, so an old id is never mistaken for a new job); a
+//! cancelled job's record is removed. Their CPU work — listing samples, running windows, encoding
 //! batches — runs on a runtime of their own, so the runtime answering REST
 //! and Flight requests never waits behind decoding.
 
@@ -14,12 +15,14 @@ use tokio::runtime::{Handle, Runtime};
 use super::run::Job;
 use super::spec::{JobError, JobSpec};
 use super::status::JobState;
+use super::store::JobStore;
 use crate::session::ComputeSession;
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Jobs {
     session: Arc<ComputeSession>,
+    store: Option<Arc<JobStore>>,
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
     instance: u32,
@@ -38,8 +41,18 @@ impl Drop for Jobs {
 }
 
 impl Jobs {
-    /// The jobs of `session`, with a runtime of one thread per core.
+    /// The jobs of `session`, with a runtime of one thread per core, kept
+    /// in memory only.
     pub fn new(session: Arc<ComputeSession>) -> std::io::Result<Self> {
+        Self::with_store(session, None)
+    }
+
+    /// The jobs of `session`, saved in `store` if given; call
+    /// [`Jobs::restore`] to bring back those an earlier run saved.
+    pub fn with_store(
+        session: Arc<ComputeSession>,
+        store: Option<JobStore>,
+    ) -> std::io::Result<Self> {
         let instance = getrandom::u32().unwrap_or_else(|_| std::process::id());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(sluice_planner::resources::machine_cores())
@@ -48,6 +61,7 @@ impl Jobs {
             .build()?;
         Ok(Self {
             session,
+            store: store.map(Arc::new),
             jobs: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             instance,
@@ -70,12 +84,57 @@ impl Jobs {
     pub async fn submit(&self, spec: JobSpec) -> Result<Arc<Job>, JobError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("job-{n}-{:08x}", self.instance);
-        let job =
-            Arc::new(Job::plan(id, spec, Arc::clone(&self.session), self.handle.clone()).await?);
+        let job = Arc::new(
+            Job::plan(
+                id,
+                spec,
+                Arc::clone(&self.session),
+                self.handle.clone(),
+                self.store.clone(),
+            )
+            .await?,
+        );
+        job.save();
         self.lock().insert(n, Arc::clone(&job));
         let starting = Arc::clone(&job);
         self.handle.spawn(async move { starting.start().await });
         Ok(job)
+    }
+
+    /// Brings back the jobs saved by an earlier run: each is planned again
+    /// over the versions it pinned and indexed anew. A job that cannot be
+    /// (its dataset version or node gone) is logged and left in the store.
+    /// Returns how many came back.
+    pub async fn restore(&self) -> std::io::Result<usize> {
+        let Some(store) = &self.store else {
+            return Ok(0);
+        };
+        let mut restored = 0;
+        for record in store.load()? {
+            let id = record.id.clone();
+            let job = match Job::restore(
+                record,
+                Arc::clone(&self.session),
+                self.handle.clone(),
+                self.store.clone(),
+            )
+            .await
+            {
+                Ok(j) => Arc::new(j),
+                Err(e) => {
+                    tracing::warn!("job {id} cannot be restored: {e}");
+                    continue;
+                }
+            };
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            self.lock().insert(n, Arc::clone(&job));
+            if !job.state().is_final() {
+                let starting = Arc::clone(&job);
+                self.handle.spawn(async move { starting.start().await });
+            }
+            restored += 1;
+        }
+        Ok(restored)
     }
 
     /// The jobs, oldest first.

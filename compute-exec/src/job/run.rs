@@ -1,48 +1,38 @@
-//! [`Job`]: a submitted pipeline with its options, and the delivery of a
-//! rank's share of an epoch ([`Job::deliver`]).
+//! [`Job`]: a submitted pipeline with its options — its states, and the
+//! delivery of a rank's share of an epoch ([`Job::deliver`]).
 //!
 //! ```text
-//!  submit ─► plan the SQL (errors → 4xx) ─► Pending ─► list the samples' keys ─► Running
-//!  deliver(rank, epoch, offset):
-//!    positions offset.. ─► windows of samples ─► pipeline WHERE key IN (window)
-//!      (placed by the planner; storage fragments filter the catalog first)
-//!    ─► rows put back in the epoch's order ─► batches of batch_size
+//!  submit ─► plan the SQL (errors → 4xx), pin each node's version ─► Pending
+//!         ─► index: the samples' row ids, sorted by key (once) ─► Running
+//!  deliver(rank, epoch, offset) ─► the epoch's stream (see `stream`) ─► Done
+//!                                    when every position has been read
 //! ```
 //!
-//! The rows of a window come back in whatever order the storage nodes and
-//! partitions produce them; they are matched to positions by key, so the
-//! order a rank sees depends on (seed, epoch) only.
+//! A job's record (spec, pins, state, progress) is saved in the job store
+//! at each change of state and as it progresses, so that a restarted
+//! server serves the same job: same versions, same order, same bytes.
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
-use datafusion::common::{Column, TableReference};
-use datafusion::logical_expr::{
-    Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScanBuilder, col, lit,
-};
-use datafusion::physical_plan::collect;
 use futures::{Stream, TryStreamExt};
-use sluice_planner::pipeline::Pipeline;
+use sluice_flight::{SLOT, StorageEndpoint};
 use sluice_planner::{Explanation, Offload};
+use sluice_udfs::ErrorLog;
 use sluice_udfs::env::BadSample;
-use sluice_udfs::{ErrorLog, UdfEnv, UdfOptions};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
+use super::index::{Pin, SampleIndex};
 use super::order::Layout;
-use super::rebatch::Rebatcher;
+use super::query::{JobQuery, udf_options};
 use super::spec::{JobError, JobSpec};
 use super::status::{JobState, JobStatus, Progress};
-use crate::session::{ComputeSession, Prepared};
-
-/// The dataset column holding each sample's key.
-pub const KEY: &str = "key";
-/// The column a job adds to its pipeline to match rows to positions.
-pub const JOB_KEY: &str = "__job_key";
-/// Samples fetched per query, at least (rounded up to whole batches).
-pub const WINDOW: u64 = 256;
+use super::store::{JobRecord, JobStore};
+use super::stream::{IN_FLIGHT, Span, window_len};
+use crate::session::ComputeSession;
 
 /// A batch of a rank's stream: the positions it covers and the offset to
 /// resume after it.
@@ -56,26 +46,19 @@ pub struct Delivery {
     pub next_offset: u64,
 }
 
-/// The positions `from..to` of rank `rank`'s share of `epoch`.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    rank: u64,
-    epoch: u64,
-    from: u64,
-    to: u64,
-}
-
-/// What a running job holds: its samples' keys and its layout.
+/// What a running job holds: its samples' row ids and its layout.
 #[derive(Debug)]
-struct Ready {
-    keys: Vec<String>,
-    layout: Layout,
+pub struct Ready {
+    /// Where each sample is.
+    pub index: SampleIndex,
+    /// Samples per epoch and rank.
+    pub layout: Layout,
     orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
 }
 
 impl Ready {
     /// The order of `epoch` (the last few are kept).
-    fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
+    pub fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
         let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, o)) = orders.iter().find(|(e, _)| *e == epoch) {
             return Arc::clone(o);
@@ -112,108 +95,94 @@ pub struct Job {
     bad: ErrorLog,
     /// Where its CPU work runs (off the runtime serving requests).
     runtime: Handle,
-}
-
-/// The plan of `pipeline` with its scan reading every column, `keys` (if
-/// any) as a filter on the sample key, and the key added as [`JOB_KEY`].
-fn job_plan(pipeline: &Pipeline, keys: Option<&[&str]>) -> datafusion::common::Result<LogicalPlan> {
-    let scan = &pipeline.scan;
-    let full = TableScanBuilder::from(scan.clone())
-        .with_projection(None)
-        .with_fetch(None)
-        .build()?;
-    let mut b = LogicalPlanBuilder::from(LogicalPlan::TableScan(full));
-    if let Some(LogicalPlan::Filter(f)) = &pipeline.filter {
-        b = b.filter(f.predicate.clone())?;
-    }
-    let key = Expr::Column(Column::new(
-        Some::<TableReference>(scan.table_name.clone()),
-        KEY,
-    ));
-    if let Some(keys) = keys {
-        b = b.filter(
-            key.clone()
-                .in_list(keys.iter().map(|k| lit(*k)).collect(), false),
-        )?;
-    }
-    let mut exprs = pipeline.projection.expr.clone();
-    exprs.push(key.alias(JOB_KEY));
-    b = b.project(exprs)?;
-    if let Some(checks) = pipeline.checks_filter() {
-        b = b.filter(checks)?;
-    }
-    b.build()
-}
-
-/// The pipeline of a prepared job query.
-fn pipeline_of(prepared: &Prepared) -> Result<Pipeline, JobError> {
-    // A query of plain columns optimizes to a bare (filtered) scan: it is
-    // the pipeline projecting those columns.
-    let plan = match &prepared.plan {
-        p @ (LogicalPlan::TableScan(_) | LogicalPlan::Filter(_)) => {
-            let columns = p.schema().columns().into_iter().map(Expr::Column).collect();
-            Projection::try_new(columns, Arc::new(p.clone()))
-                .map(LogicalPlan::Projection)
-                .map_err(|e| JobError::Internal(e.to_string()))?
-        }
-        p => p.clone(),
-    };
-    let p = Pipeline::find(&plan).ok_or_else(|| {
-        JobError::NotAPipeline(
-            "a job reads one dataset through a projection (UDFs, columns) and filters; \
-             joins, aggregates, sorts and limits are not pipelines"
-                .into(),
-        )
-    })?;
-    if !p
-        .scan
-        .source
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| f.name() == KEY)
-    {
-        return Err(JobError::NotAPipeline(format!(
-            "dataset {} has no {KEY} column",
-            p.dataset()
-        )));
-    }
-    Ok(p)
-}
-
-/// `sql` prepared on `session` under `options`, with its pipeline.
-async fn prepare_pipeline(
-    session: &ComputeSession,
-    sql: &str,
-    options: UdfOptions,
-) -> Result<(Arc<UdfEnv>, Prepared, Pipeline), JobError> {
-    let udfs = UdfEnv::new(options);
-    let prepared = session
-        .prepare(sql, &udfs)
-        .await
-        .map_err(|e| JobError::planning(&e))?;
-    let pipeline = pipeline_of(&prepared)?;
-    Ok((udfs, prepared, pipeline))
+    /// The table it reads and the versions it pinned on each node.
+    table: String,
+    pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    store: Option<Arc<JobStore>>,
 }
 
 impl Job {
     /// Plans `spec` on `session` (every error of the SQL or the options
-    /// comes back here), as job `id` in state pending, whose listing and
-    /// windows will run on `runtime`.
+    /// comes back here) and pins the version each node holds now, as job
+    /// `id` in state pending, whose index and windows will run on
+    /// `runtime`; its record goes to `store`.
     pub async fn plan(
         id: String,
         spec: JobSpec,
         session: Arc<ComputeSession>,
         runtime: Handle,
+        store: Option<Arc<JobStore>>,
+    ) -> Result<Self, JobError> {
+        Self::plan_pinned(id, spec, session, runtime, store, None, SystemTime::now()).await
+    }
+
+    /// A job saved by an earlier run of the server, planned again over the
+    /// versions it pinned then.
+    pub async fn restore(
+        record: JobRecord,
+        session: Arc<ComputeSession>,
+        runtime: Handle,
+        store: Option<Arc<JobStore>>,
+    ) -> Result<Self, JobError> {
+        let created = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(record.created);
+        let job = Self::plan_pinned(
+            record.id.clone(),
+            record.spec.clone(),
+            session,
+            runtime,
+            store,
+            Some(&record.pins),
+            created,
+        )
+        .await?;
+        {
+            let mut inner = job.lock();
+            inner.progress = Progress::restore(&record.progress);
+            inner.error = record.error.clone();
+        }
+        job.bad.merge(record.skipped, record.bad_samples.clone());
+        if record.state.is_final() {
+            job.state.send_replace(record.state);
+        }
+        Ok(job)
+    }
+
+    async fn plan_pinned(
+        id: String,
+        spec: JobSpec,
+        session: Arc<ComputeSession>,
+        runtime: Handle,
+        store: Option<Arc<JobStore>>,
+        pinned: Option<&[Pin]>,
+        created: SystemTime,
     ) -> Result<Self, JobError> {
         let sql = spec.validate()?;
         let offload = spec.offload.offload()?;
-        let (_, prepared, pipeline) =
-            prepare_pipeline(&session, &sql, udf_options(&spec, 0)).await?;
-        let plan = job_plan(&pipeline, None)
-            .and_then(|p| prepared.optimize(p))
-            .map_err(|e| JobError::InvalidSql(e.to_string()))?;
-        let placed = prepared
+        let query = JobQuery::prepare(&session, &sql, udf_options(&spec, 0)).await?;
+        let table = query.table();
+        let held = session.pins(&table).await;
+        let pins = match pinned {
+            None => held,
+            Some(pins) => {
+                // Nodes are matched by name, each once.
+                let mut free = held;
+                let mut out = Vec::with_capacity(pins.len());
+                for p in pins {
+                    let Some(i) = free.iter().position(|(e, _)| e.name() == p.node) else {
+                        return Err(JobError::Unavailable(format!(
+                            "storage node {} (version {} of {table}) is not reachable",
+                            p.node, p.version
+                        )));
+                    };
+                    let (e, _) = free.swap_remove(i);
+                    out.push((e, p.version));
+                }
+                out
+            }
+        };
+        let plan = query.window_plan()?;
+        let placed = query
+            .prepared
             .place(plan, offload)
             .await
             .map_err(|e| JobError::InvalidOptions(e.to_string()))?;
@@ -221,7 +190,7 @@ impl Job {
         let fields: Vec<_> = full
             .fields()
             .iter()
-            .filter(|f| f.name() != JOB_KEY)
+            .filter(|f| f.name() != SLOT)
             .cloned()
             .collect();
         Ok(Self {
@@ -229,7 +198,7 @@ impl Job {
             spec,
             sql,
             offload,
-            created: SystemTime::now(),
+            created,
             session,
             explanation: placed.explanation,
             schema: Arc::new(Schema::new(fields)),
@@ -241,24 +210,39 @@ impl Job {
             }),
             bad: ErrorLog::default(),
             runtime,
+            table,
+            pins,
+            store,
         })
     }
 
-    /// Lists the samples (their keys, sorted) and makes the job readable.
+    /// Resolves the samples to row ids of the pinned versions and makes
+    /// the job readable.
     pub async fn start(&self) {
-        match self.list_keys().await {
-            Ok(keys) => {
-                let layout = self.spec.layout(keys.len() as u64);
+        match self.index().await {
+            Ok(index) => {
+                if index.duplicates() > 0 {
+                    tracing::warn!(
+                        "job {}: {} key(s) are on more than one storage node; each is read once",
+                        self.id,
+                        index.duplicates()
+                    );
+                }
+                let layout = self.spec.layout(index.len() as u64);
                 let ready = Arc::new(Ready {
-                    keys,
+                    index,
                     layout,
                     orders: Mutex::new(Vec::new()),
                 });
                 let empty = layout.per_rank() == 0;
-                self.lock().ready = Some(ready);
+                let done = {
+                    let mut inner = self.lock();
+                    inner.ready = Some(ready);
+                    empty || inner.progress.positions >= self.total(&layout)
+                };
                 self.state.send_if_modified(|s| {
                     if *s == JobState::Pending {
-                        *s = if empty {
+                        *s = if done {
                             JobState::Done
                         } else {
                             JobState::Running
@@ -268,50 +252,59 @@ impl Job {
                         false
                     }
                 });
+                self.save();
             }
             Err(e) => self.fail(&e.to_string()),
         }
     }
 
-    async fn list_keys(&self) -> Result<Vec<String>, JobError> {
-        // Listed under the `null` policy: under `skip` the plan filters on
-        // the UDFs' results, which would decode every sample to list it.
-        // Bad samples are skipped (and counted) when delivered instead.
-        let mut options = udf_options(&self.spec, 0);
-        options.on_error = sluice_udfs::OnError::Null;
-        let (_, prepared, pipeline) = prepare_pipeline(&self.session, &self.sql, options).await?;
-        let plan = job_plan(&pipeline, None)
-            .and_then(|p| {
-                LogicalPlanBuilder::from(p)
-                    .project(vec![col(JOB_KEY)])?
-                    .build()
-            })
-            .and_then(|p| prepared.optimize(p))
-            .map_err(|e| JobError::Internal(e.to_string()))?;
-        let q = prepared
-            .place(plan, Offload::Compute)
-            .await
-            .map_err(|e| JobError::running(&e))?;
-        let batches = collect(q.plan, q.ctx.task_ctx())
-            .await
-            .map_err(|e| JobError::running(&e))?;
-        let mut keys = Vec::new();
-        for b in &batches {
-            let c = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)
-                .map_err(|e| JobError::Internal(e.to_string()))?;
-            keys.extend(c.as_string::<i32>().iter().flatten().map(str::to_owned));
+    async fn index(&self) -> Result<SampleIndex, JobError> {
+        let query = JobQuery::prepare(&self.session, &self.sql, udf_options(&self.spec, 0)).await?;
+        let schema = query.pipeline.scan.source.schema();
+        SampleIndex::build(&self.table, &schema, query.filters(), &self.pins).await
+    }
+
+    /// Positions every rank reads over all epochs.
+    fn total(&self, layout: &Layout) -> u64 {
+        layout.per_rank() * layout.world_size * self.spec.epochs
+    }
+
+    /// The record the job store keeps.
+    pub fn record(&self) -> JobRecord {
+        let inner = self.lock();
+        let (skipped, bad_samples) = self.bad.snapshot();
+        JobRecord {
+            id: self.id.clone(),
+            spec: self.spec.clone(),
+            created: self
+                .created
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            pins: self
+                .pins
+                .iter()
+                .map(|(e, v)| Pin {
+                    node: e.name().to_string(),
+                    version: *v,
+                })
+                .collect(),
+            state: self.state(),
+            error: inner.error.clone(),
+            progress: inner.progress.record(),
+            skipped,
+            bad_samples,
         }
-        keys.sort_unstable();
-        let before = keys.len();
-        keys.dedup();
-        if keys.len() < before {
-            tracing::warn!(
-                "job {}: {} key(s) are on more than one storage node; each is read once",
-                self.id,
-                before - keys.len()
-            );
+    }
+
+    /// Saves its record (a failure to is logged: the job goes on). A
+    /// cancelled job has none.
+    pub fn save(&self) {
+        if self.state() == JobState::Cancelled {
+            return;
         }
-        Ok(keys)
+        if let Some(Err(e)) = self.store.as_ref().map(|s| s.save(&self.record())) {
+            tracing::warn!("job {}: cannot save its record: {e}", self.id);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -343,6 +336,42 @@ impl Job {
         &self.explanation
     }
 
+    /// Its SQL (the plan form compiled).
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// Where its stages may run.
+    pub fn offload(&self) -> Offload {
+        self.offload
+    }
+
+    /// The session it plans in.
+    pub fn session(&self) -> &Arc<ComputeSession> {
+        &self.session
+    }
+
+    /// The runtime of its CPU work.
+    pub fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// Where sample `s` (in key order) is: node, version and row id.
+    pub fn locate(&self, s: u64) -> Option<(String, u64, u32)> {
+        let ready = self.lock().ready.clone()?;
+        ready.index.locate(s).map(|(n, v, r)| (n.to_string(), v, r))
+    }
+
+    /// Adds `count` bad samples (the first of them in `fresh`) to its log.
+    pub(super) fn record_bad(&self, count: u64, fresh: Vec<BadSample>) {
+        self.bad.merge(count, fresh);
+    }
+
+    /// Adds bytes storage nodes sent to the compute side.
+    pub(super) fn record_link(&self, bytes: u64) {
+        self.lock().progress.bytes.link += bytes;
+    }
+
     /// Marks it failed.
     fn fail(&self, why: &str) {
         let changed = self.state.send_if_modified(|s| {
@@ -356,6 +385,7 @@ impl Job {
         if changed {
             tracing::warn!("job {} failed: {why}", self.id);
             self.lock().error = Some(why.to_string());
+            self.save();
         }
     }
 
@@ -369,9 +399,14 @@ impl Job {
                 true
             }
         });
-        let mut inner = self.lock();
-        inner.ready = None;
-        inner.progress.release();
+        {
+            let mut inner = self.lock();
+            inner.ready = None;
+            inner.progress.release();
+        }
+        if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
+            tracing::warn!("job {}: cannot remove its record: {e}", self.id);
+        }
     }
 
     /// Waits until the job is readable.
@@ -414,6 +449,7 @@ impl Job {
             .ready
             .as_ref()
             .map(|r| r.layout.per_rank() * r.layout.world_size * self.spec.epochs);
+        let due = inner.progress.save_due();
         if total.is_some_and(|t| inner.progress.positions >= t) {
             drop(inner);
             self.state.send_if_modified(|s| {
@@ -424,6 +460,10 @@ impl Job {
                     false
                 }
             });
+            self.save();
+        } else if due {
+            drop(inner);
+            self.save();
         }
     }
 
@@ -516,8 +556,8 @@ impl Job {
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
         let batch = self.spec.batch_size;
-        let window = WINDOW.div_ceil(batch) * batch;
-        let (tx, rx) = mpsc::channel((window / batch + 1) as usize);
+        let window = window_len(batch);
+        let (tx, rx) = mpsc::channel(((window / batch) as usize * IN_FLIGHT).max(2));
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();
@@ -552,105 +592,5 @@ impl Job {
                 Some((item, rx))
             }
         }))
-    }
-
-    /// Runs the windows of positions `from..to` and sends their batches,
-    /// each with what `finish` makes of it.
-    async fn produce<T>(
-        &self,
-        ready: &Ready,
-        span: Span,
-        finish: &(dyn Fn(&Delivery) -> Result<T, JobError> + Send + Sync),
-        tx: &mpsc::Sender<Result<(Delivery, T), JobError>>,
-    ) -> Result<(), JobError> {
-        let Span {
-            rank,
-            epoch,
-            from,
-            to,
-        } = span;
-        let (udfs, prepared, pipeline) =
-            prepare_pipeline(&self.session, &self.sql, udf_options(&self.spec, epoch)).await?;
-        let order = ready.order(epoch);
-        let batch = self.spec.batch_size;
-        let window = WINDOW.div_ceil(batch) * batch;
-        let mut rebatch = Rebatcher::new(Arc::clone(&self.schema), batch as usize, from);
-        let mut reported = 0;
-        let mut start = from;
-        while start < to {
-            let stop = (start + window).min(to);
-            let samples = ready.layout.rank_samples(&order, rank, start, stop);
-            let keys: Vec<&str> = samples
-                .iter()
-                .map(|&s| ready.keys[s as usize].as_str())
-                .collect();
-            let rows = self.window(&prepared, &pipeline, &keys).await?;
-            let (total, bad) = udfs.errors.snapshot();
-            if total > reported {
-                let fresh = bad.into_iter().skip(reported as usize).collect();
-                self.bad.merge(total - reported, fresh);
-                reported = total;
-            }
-            let link = prepared
-                .tally()
-                .bytes
-                .swap(0, std::sync::atomic::Ordering::Relaxed);
-            self.lock().progress.bytes.link += link;
-            let missing = rebatch.add(&rows, JOB_KEY, &keys, start)?;
-            if self.spec.on_error != sluice_udfs::OnError::Skip {
-                // Under `skip` the UDFs counted them; otherwise the sample
-                // left the dataset after the job listed it.
-                for k in missing {
-                    self.bad.record(BadSample {
-                        udf: "job".into(),
-                        key: k.to_string(),
-                        reason: "not in the dataset any more".into(),
-                    });
-                }
-            }
-            start = stop;
-            while let Some(cut) = rebatch.next(start >= to)? {
-                let done = finish(&cut)?;
-                if tx.send(Ok((cut, done))).await.is_err() {
-                    return Ok(());
-                }
-            }
-        }
-        if let Some(cut) = rebatch.finish(to)? {
-            let done = finish(&cut)?;
-            let _closed = tx.send(Ok((cut, done))).await;
-        }
-        Ok(())
-    }
-
-    /// The pipeline's rows for `keys` (with [`JOB_KEY`]), in any order.
-    async fn window(
-        &self,
-        prepared: &Prepared,
-        pipeline: &Pipeline,
-        keys: &[&str],
-    ) -> Result<Vec<RecordBatch>, JobError> {
-        let mut distinct = keys.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let plan = job_plan(pipeline, Some(&distinct))
-            .and_then(|p| prepared.optimize(p))
-            .map_err(|e| JobError::Internal(e.to_string()))?;
-        let q = prepared
-            .place(plan, self.offload)
-            .await
-            .map_err(|e| JobError::running(&e))?;
-        collect(q.plan, q.ctx.task_ctx())
-            .await
-            .map_err(|e| JobError::running(&e))
-    }
-}
-
-fn udf_options(spec: &JobSpec, epoch: u64) -> UdfOptions {
-    UdfOptions {
-        on_error: spec.on_error,
-        seed: spec.shuffle.map_or(0, |s| s.seed),
-        epoch,
-        limits: sluice_udfs::Limits::default(),
     }
 }

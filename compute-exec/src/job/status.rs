@@ -93,7 +93,22 @@ pub struct Progress {
     pub bytes: TierBytes,
     first: Option<Instant>,
     last: Option<Instant>,
+    saved: Option<Instant>,
 }
+
+/// [`Progress`] as the job store keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgressRecord {
+    /// Positions delivered, per (rank, epoch), as bitmaps.
+    pub covered: Vec<((u64, u64), Vec<u64>)>,
+    /// Bytes per tier.
+    pub bytes: TierBytes,
+    /// Rows handed to readers.
+    pub delivered: u64,
+}
+
+/// How often a running job's progress is saved, at most.
+pub const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Progress {
     /// Records positions `from..to` of (`rank`, `epoch`): `rows` samples.
@@ -130,6 +145,47 @@ impl Progress {
     }
 
     /// Forgets the positions (a cancelled job's).
+    /// Whether the progress should be saved now (at most every
+    /// [`SAVE_EVERY`]); if so, the clock restarts.
+    pub fn save_due(&mut self) -> bool {
+        let now = Instant::now();
+        match self.saved {
+            Some(t) if now - t < SAVE_EVERY => false,
+            _ => {
+                self.saved = Some(now);
+                true
+            }
+        }
+    }
+
+    /// What the job store keeps.
+    pub fn record(&self) -> ProgressRecord {
+        let mut covered: Vec<_> = self.covered.iter().map(|(k, v)| (*k, v.clone())).collect();
+        covered.sort_unstable_by_key(|(k, _)| *k);
+        ProgressRecord {
+            covered,
+            bytes: self.bytes,
+            delivered: self.delivered,
+        }
+    }
+
+    /// The progress a job store kept.
+    pub fn restore(r: &ProgressRecord) -> Self {
+        let covered: HashMap<(u64, u64), Vec<u64>> = r.covered.iter().cloned().collect();
+        let positions = covered
+            .values()
+            .flatten()
+            .map(|w| u64::from(w.count_ones()))
+            .sum();
+        Self {
+            covered,
+            positions,
+            delivered: r.delivered,
+            bytes: r.bytes,
+            ..Self::default()
+        }
+    }
+
     pub fn release(&mut self) {
         self.covered = HashMap::new();
     }
@@ -147,5 +203,16 @@ mod tests {
         p.deliver(1, 0, 0, 10, 10);
         assert_eq!(p.positions, 140);
         assert_eq!(p.delivered, 190);
+    }
+
+    #[test]
+    fn progress_survives_its_record() {
+        let mut p = Progress::default();
+        p.deliver(0, 1, 3, 70, 67);
+        p.bytes.link = 9;
+        let q = Progress::restore(&p.record());
+        assert_eq!(q.positions, 67);
+        assert_eq!(q.delivered, 67);
+        assert_eq!(q.record(), p.record());
     }
 }

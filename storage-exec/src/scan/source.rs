@@ -2,7 +2,10 @@
 //! DataFusion [`DataSource`] behind `DataSourceExec`.
 //!
 //! Each output partition reads a contiguous range of the metadata file's row
-//! groups. For every metadata batch it applies the pushed-down filters
+//! groups — or, for a job's take ([`super::take`]), a contiguous part of
+//! the rows the job asked for, sliced from the version's metadata in memory
+//! in the order asked, with each row's slot as one more column. For every
+//! metadata batch it applies the pushed-down filters
 //! (exactly: DataFusion drops its own filter above the scan), then the limit,
 //! then — only if `data` is projected — plans device reads
 //! ([`plan_reads`](super::plan_reads)) and issues them with at most
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, RecordBatchOptions};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{SchemaRef, UInt32Type, UInt64Type};
+use arrow::datatypes::{Schema, SchemaRef, UInt32Type, UInt64Type};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Statistics, exec_err};
@@ -35,9 +38,11 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt, stream};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sluice_flight::Take;
 
 use super::reads::{ReadPlan, plan_reads};
 use super::table::DatasetVersion;
+use super::take::{TakePart, VersionIndex, take_parts, with_slot};
 use crate::device::DeviceExt;
 use crate::error::StorageError;
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
@@ -66,10 +71,32 @@ impl Default for ScanOptions {
 /// Where an output column comes from.
 #[derive(Debug, Clone, Copy)]
 enum OutCol {
-    /// Position in the metadata batch read.
+    /// Position in the metadata batch read (the slot of a take is the
+    /// last one).
     Meta(usize),
     /// The `data` column.
     Data,
+}
+
+/// What the partitions read.
+#[derive(Debug, Clone)]
+enum Parts {
+    /// Ranges of the metadata file's row groups.
+    RowGroups(Vec<Vec<usize>>),
+    /// Parts of a job's take, over the version's metadata in memory.
+    Take {
+        index: Arc<VersionIndex>,
+        parts: Vec<TakePart>,
+    },
+}
+
+impl Parts {
+    fn len(&self) -> usize {
+        match self {
+            Parts::RowGroups(p) => p.len(),
+            Parts::Take { parts, .. } => parts.len(),
+        }
+    }
 }
 
 /// The scan of one dataset version.
@@ -82,7 +109,7 @@ pub struct ExtentSource {
     projected_schema: SchemaRef,
     filter: Option<Arc<dyn PhysicalExpr>>,
     fetch: Option<usize>,
-    partitions: Vec<Vec<usize>>,
+    parts: Parts,
     options: ScanOptions,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -103,11 +130,76 @@ impl ExtentSource {
         target_partitions: usize,
         options: ScanOptions,
     ) -> DFResult<Self> {
+        let groups = version.parquet.metadata().num_row_groups();
+        let n = target_partitions.clamp(1, groups.max(1));
+        let parts = Parts::RowGroups(
+            (0..n)
+                .map(|p| (groups * p / n..groups * (p + 1) / n).collect())
+                .collect(),
+        );
+        Self::with_parts(
+            version,
+            projection,
+            read,
+            read_schema,
+            filter,
+            fetch,
+            parts,
+            options,
+        )
+    }
+
+    /// A job's scan of `take` over `index` (the metadata of `version`),
+    /// split into at most `target_partitions` partitions; `projection` may
+    /// name the slot column (the index past the table's columns).
+    #[allow(clippy::too_many_arguments)]
+    pub fn take(
+        version: Arc<DatasetVersion>,
+        index: Arc<VersionIndex>,
+        take: &Take,
+        projection: Vec<usize>,
+        read: Vec<usize>,
+        read_schema: SchemaRef,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        target_partitions: usize,
+        options: ScanOptions,
+    ) -> DFResult<Self> {
+        let parts = take_parts(take, &index, &version.record.dataset, target_partitions)?;
+        let read_schema = with_slot(&read_schema);
+        Self::with_parts(
+            version,
+            projection,
+            read,
+            read_schema,
+            filter,
+            None,
+            Parts::Take { index, parts },
+            options,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn with_parts(
+        version: Arc<DatasetVersion>,
+        projection: Vec<usize>,
+        read: Vec<usize>,
+        read_schema: SchemaRef,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        fetch: Option<usize>,
+        parts: Parts,
+        options: ScanOptions,
+    ) -> DFResult<Self> {
         let data_index = version.data_index();
+        let slot_index = data_index + 1;
         let mut out = Vec::with_capacity(projection.len());
         for &c in &projection {
             if c == data_index {
                 out.push(OutCol::Data);
+            } else if c == slot_index {
+                if !matches!(parts, Parts::Take { .. }) {
+                    return exec_err!("the slot column is only read by a job's take");
+                }
+                out.push(OutCol::Meta(read.len()));
             } else {
                 let Some(pos) = read.iter().position(|&r| r == c) else {
                     return exec_err!("column {c} is projected but not read");
@@ -115,12 +207,9 @@ impl ExtentSource {
                 out.push(OutCol::Meta(pos));
             }
         }
-        let projected_schema = Arc::new(version.table_schema.project(&projection)?);
-        let groups = version.parquet.metadata().num_row_groups();
-        let n = target_partitions.clamp(1, groups.max(1));
-        let partitions = (0..n)
-            .map(|p| (groups * p / n..groups * (p + 1) / n).collect())
-            .collect();
+        let mut fields: Vec<_> = version.table_schema.fields().iter().cloned().collect();
+        fields.push(Arc::new(sluice_flight::scan::slot_field()));
+        let projected_schema = Arc::new(Schema::new(fields).project(&projection)?);
         Ok(Self {
             version,
             read,
@@ -129,7 +218,7 @@ impl ExtentSource {
             projected_schema,
             filter,
             fetch,
-            partitions,
+            parts,
             options,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -354,9 +443,9 @@ impl DataSource for ExtentSource {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> DFResult<SendableRecordBatchStream> {
-        let Some(row_groups) = self.partitions.get(partition).cloned() else {
+        if partition >= self.parts.len() {
             return exec_err!("partition {partition} out of range");
-        };
+        }
         let batch_size = context.session_config().batch_size();
         let scan = Arc::new(PartitionScan {
             version: Arc::clone(&self.version),
@@ -370,26 +459,48 @@ impl DataSource for ExtentSource {
         });
 
         // Metadata batches, filtered, then limited.
-        let (version, read, read_schema) = (
-            Arc::clone(&self.version),
-            self.read.clone(),
-            Arc::clone(&self.read_schema),
-        );
         let filter = self.filter.clone();
-        let meta = stream::iter(row_groups)
-            .then(move |rg| {
-                let (version, read, read_schema) =
-                    (Arc::clone(&version), read.clone(), Arc::clone(&read_schema));
-                async move {
-                    tokio::task::spawn_blocking(move || {
-                        read_row_group(&version, rg, &read, &read_schema, batch_size)
+        let batches = match &self.parts {
+            Parts::RowGroups(parts) => {
+                let (version, read, read_schema) = (
+                    Arc::clone(&self.version),
+                    self.read.clone(),
+                    Arc::clone(&self.read_schema),
+                );
+                stream::iter(parts[partition].clone())
+                    .then(move |rg| {
+                        let (version, read, read_schema) =
+                            (Arc::clone(&version), read.clone(), Arc::clone(&read_schema));
+                        async move {
+                            tokio::task::spawn_blocking(move || {
+                                read_row_group(&version, rg, &read, &read_schema, batch_size)
+                            })
+                            .await
+                            .map_err(|e| DataFusionError::External(Box::new(e)))?
+                        }
                     })
-                    .await
-                    .map_err(|e| DataFusionError::External(Box::new(e)))?
-                }
-            })
-            .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
-            .try_flatten()
+                    .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
+                    .try_flatten()
+                    .boxed()
+            }
+            Parts::Take { index, parts } => {
+                let (index, part) = (Arc::clone(index), parts[partition].clone());
+                let (read, read_schema) = (self.read.clone(), Arc::clone(&self.read_schema));
+                let starts = (0..part.rows.len()).step_by(batch_size.max(1));
+                stream::iter(starts)
+                    .map(move |at| {
+                        let end = (at + batch_size).min(part.rows.len());
+                        index.take(
+                            &read,
+                            &part.rows[at..end],
+                            &part.slots[at..end],
+                            &read_schema,
+                        )
+                    })
+                    .boxed()
+            }
+        };
+        let meta = batches
             .map(move |b| b.and_then(|b| apply_filter(&filter, b)))
             .scan(self.fetch, |remaining, b| {
                 let item = match (b, remaining.as_mut()) {
@@ -464,9 +575,13 @@ impl DataSource for ExtentSource {
                     "ExtentSource: dataset={}@{}, partitions={}, projection=[{}]",
                     r.dataset,
                     r.version,
-                    self.partitions.len(),
+                    self.parts.len(),
                     cols.join(", ")
                 )?;
+                if let Parts::Take { parts, .. } = &self.parts {
+                    let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
+                    write!(f, ", take={rows}")?;
+                }
                 if let Some(filter) = &self.filter {
                     write!(f, ", filter={filter}")?;
                 }
@@ -479,7 +594,7 @@ impl DataSource for ExtentSource {
     }
 
     fn output_partitioning(&self) -> Partitioning {
-        Partitioning::UnknownPartitioning(self.partitions.len())
+        Partitioning::UnknownPartitioning(self.parts.len())
     }
 
     fn eq_properties(&self) -> EquivalenceProperties {
@@ -488,14 +603,13 @@ impl DataSource for ExtentSource {
 
     fn partition_statistics(&self, partition: Option<usize>) -> DFResult<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.projected_schema);
+        let Parts::RowGroups(partitions) = &self.parts else {
+            return Ok(Arc::new(stats));
+        };
         if self.filter.is_none() {
             let rows = match partition {
-                Some(p) => self
-                    .partitions
-                    .get(p)
-                    .map(|rg| self.rows_in(rg))
-                    .unwrap_or(0),
-                None => self.partitions.iter().map(|rg| self.rows_in(rg)).sum(),
+                Some(p) => partitions.get(p).map(|rg| self.rows_in(rg)).unwrap_or(0),
+                None => partitions.iter().map(|rg| self.rows_in(rg)).sum(),
             };
             let rows = self.fetch.map_or(rows, |f| rows.min(f));
             stats.num_rows = Precision::Exact(rows);

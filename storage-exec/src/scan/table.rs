@@ -12,11 +12,14 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::Result as DFResult;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use sluice_flight::Take;
 use sluice_flight::scan::filter_pushdown;
 
 use super::source::{ExtentSource, ScanOptions};
+use super::take::VersionIndex;
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET, table_schema};
@@ -95,6 +98,82 @@ impl DatasetTable {
     pub fn version(&self) -> &Arc<DatasetVersion> {
         &self.version
     }
+
+    /// A job's scan of `take` over this version, whose metadata is
+    /// `index`; `projection` may name the slot column (the index past the
+    /// table's columns). `filters` still apply: they route rows between
+    /// the groups of a plan that places groups of samples apart.
+    pub fn take_scan(
+        &self,
+        state: &dyn Session,
+        index: Arc<VersionIndex>,
+        take: &Take,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let (projection, read, read_schema, filter) = self.columns(state, projection, filters)?;
+        let source = ExtentSource::take(
+            Arc::clone(&self.version),
+            index,
+            take,
+            projection,
+            read,
+            read_schema,
+            filter,
+            state.config().target_partitions(),
+            self.options.clone(),
+        )?;
+        Ok(DataSourceExec::from_data_source(source))
+    }
+
+    /// The table columns to produce, the metadata columns to read (the
+    /// projected ones, those the filters use, and the extent columns when
+    /// `data` is wanted), their schema and the filters over it.
+    #[allow(clippy::type_complexity)]
+    fn columns(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+    ) -> DFResult<(
+        Vec<usize>,
+        Vec<usize>,
+        SchemaRef,
+        Option<Arc<dyn PhysicalExpr>>,
+    )> {
+        let v = &self.version;
+        let projection: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..v.table_schema.fields().len()).collect(),
+        };
+        let wants_data = projection.contains(&v.data_index());
+        let mut read: Vec<usize> = projection
+            .iter()
+            .copied()
+            .filter(|&i| i < v.data_index())
+            .collect();
+        for f in filters {
+            for c in f.column_refs() {
+                if let Ok(i) = v.metadata_schema.index_of(&c.name) {
+                    read.push(i);
+                }
+            }
+        }
+        if wants_data {
+            read.extend(v.extent_columns());
+        }
+        read.sort_unstable();
+        read.dedup();
+        let read_schema = Arc::new(v.metadata_schema.project(&read)?);
+        let filter = match conjunction(filters.iter().cloned()) {
+            Some(expr) => {
+                let df_schema = DFSchema::try_from(read_schema.as_ref().clone())?;
+                Some(state.create_physical_expr(expr, &df_schema)?)
+            }
+            None => None,
+        };
+        Ok((projection, read, read_schema, filter))
+    }
 }
 
 #[async_trait]
@@ -123,44 +202,10 @@ impl TableProvider for DatasetTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let v = &self.version;
-        let projection: Vec<usize> = match projection {
-            Some(p) => p.clone(),
-            None => (0..v.table_schema.fields().len()).collect(),
-        };
-        let wants_data = projection.contains(&v.data_index());
-
-        // Metadata columns to read: projected ones, those the filters use,
-        // and the extent columns when `data` is wanted.
-        let mut read: Vec<usize> = projection
-            .iter()
-            .copied()
-            .filter(|&i| i != v.data_index())
-            .collect();
-        for f in filters {
-            for c in f.column_refs() {
-                if let Ok(i) = v.metadata_schema.index_of(&c.name) {
-                    read.push(i);
-                }
-            }
-        }
-        if wants_data {
-            read.extend(v.extent_columns());
-        }
-        read.sort_unstable();
-        read.dedup();
-        let read_schema = Arc::new(v.metadata_schema.project(&read)?);
-
-        let filter = match conjunction(filters.iter().cloned()) {
-            Some(expr) => {
-                let df_schema = DFSchema::try_from(read_schema.as_ref().clone())?;
-                Some(state.create_physical_expr(expr, &df_schema)?)
-            }
-            None => None,
-        };
+        let (projection, read, read_schema, filter) = self.columns(state, projection, filters)?;
         let partitions = state.config().target_partitions();
         let source = ExtentSource::try_new(
-            Arc::clone(v),
+            Arc::clone(&self.version),
             projection,
             read,
             read_schema,

@@ -1,0 +1,179 @@
+//! [`SampleIndex`]: a job's samples, resolved once, at submit, into row ids
+//! of the dataset versions it pins.
+//!
+//! Each storage node holding the dataset is asked once for the rows of
+//! its pinned version that pass the job's filters (a take of every row,
+//! [`Take::index`], answering each row's key and row id). The rows of all
+//! nodes are sorted by key — so the order of an epoch depends on the seed
+//! and the epoch only, not on how the dataset is spread — and a key held by
+//! more than one node is read once. Then the keys are dropped: the job
+//! keeps, per sample, the node holding it (one byte) and its row id there
+//! (four), i.e. 5 bytes per sample, and every window names its rows by id.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Schema, SchemaRef, UInt32Type};
+use datafusion::logical_expr::Expr;
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+use sluice_flight::scan::slot_field;
+use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
+use sluice_udfs::UdfEnv;
+
+use super::query::KEY;
+use super::spec::JobError;
+use crate::remote::{Takes, endpoint_id};
+
+/// A dataset version a job reads on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    /// The node's name (its URL, or the in-process node's name).
+    pub node: String,
+    /// The version.
+    pub version: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct SampleIndex {
+    pins: Vec<Pin>,
+    endpoints: Vec<usize>,
+    nodes: Vec<u8>,
+    rows: Vec<u32>,
+    duplicates: usize,
+}
+
+/// The most nodes a job's dataset may be spread over.
+pub const MAX_NODES: usize = u8::MAX as usize + 1;
+
+impl SampleIndex {
+    /// Lists the rows of `table` (whose schema is `schema`) passing
+    /// `filters` on each node of `pins`, at its pinned version.
+    pub async fn build(
+        table: &str,
+        schema: &SchemaRef,
+        filters: &[Expr],
+        pins: &[(Arc<dyn StorageEndpoint>, u64)],
+    ) -> Result<Self, JobError> {
+        if pins.len() > MAX_NODES {
+            return Err(JobError::InvalidOptions(format!(
+                "dataset {table} is spread over {} nodes; a job reads at most {MAX_NODES}",
+                pins.len()
+            )));
+        }
+        let key = schema
+            .index_of(KEY)
+            .map_err(|_| JobError::NotAPipeline(format!("dataset {table} has no {KEY} column")))?;
+        let out = Arc::new(Schema::new(vec![schema.field(key).clone(), slot_field()]));
+        let mut listed: Vec<(u8, Vec<RecordBatch>)> = Vec::with_capacity(pins.len());
+        for (n, (endpoint, version)) in pins.iter().enumerate() {
+            let scan = DatasetScanExec::new(
+                table.to_string(),
+                Some(vec![key, schema.fields().len()]),
+                filters.to_vec(),
+                None,
+                Arc::clone(&out),
+            )
+            .with_take(Some(Take::index(*version)));
+            let udfs = UdfEnv::new(Default::default());
+            let batches: Vec<RecordBatch> = endpoint
+                .execute(Arc::new(scan), udfs)
+                .await
+                .map_err(|e| JobError::Unavailable(e.to_string()))?
+                .try_collect()
+                .await
+                .map_err(|e| JobError::running(&e))?;
+            listed.push((n as u8, batches));
+        }
+        let mut all: Vec<(&str, u8, u32)> = Vec::new();
+        for (node, batches) in &listed {
+            for b in batches {
+                let keys = b.column(0);
+                if keys.data_type() != &DataType::Utf8 {
+                    return Err(JobError::Internal(format!(
+                        "the keys of {table} are {}, not Utf8",
+                        keys.data_type()
+                    )));
+                }
+                let keys = keys.as_string::<i32>();
+                let rows = b.column(1).as_primitive::<UInt32Type>();
+                for i in 0..b.num_rows() {
+                    all.push((keys.value(i), *node, rows.value(i)));
+                }
+            }
+        }
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+        let before = all.len();
+        all.dedup_by(|a, b| a.0 == b.0);
+        Ok(Self {
+            pins: pins
+                .iter()
+                .map(|(e, v)| Pin {
+                    node: e.name().to_string(),
+                    version: *v,
+                })
+                .collect(),
+            endpoints: pins.iter().map(|(e, _)| endpoint_id(e)).collect(),
+            nodes: all.iter().map(|s| s.1).collect(),
+            rows: all.iter().map(|s| s.2).collect(),
+            duplicates: before - all.len(),
+        })
+    }
+
+    /// Samples in the job's dataset.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The versions pinned.
+    pub fn pins(&self) -> &[Pin] {
+        &self.pins
+    }
+
+    /// Keys held by more than one node (each is read from the first).
+    pub fn duplicates(&self) -> usize {
+        self.duplicates
+    }
+
+    /// Bytes it holds per sample.
+    pub const BYTES_PER_SAMPLE: usize = size_of::<u8>() + size_of::<u32>();
+
+    /// Where sample `s` is: its node's name, version and row id.
+    pub fn locate(&self, s: u64) -> Option<(&str, u64, u32)> {
+        let i = usize::try_from(s).ok()?;
+        let pin = &self.pins[*self.nodes.get(i)? as usize];
+        Some((&pin.node, pin.version, self.rows[i]))
+    }
+
+    /// The rows each node reads for `samples` (indices into the sorted
+    /// samples), slot `i` being `samples[i]`'s.
+    pub fn takes(&self, samples: &[u64]) -> Takes {
+        let mut per: HashMap<u8, (Vec<u32>, Vec<u32>)> = HashMap::new();
+        for (slot, &s) in samples.iter().enumerate() {
+            let node = self.nodes[s as usize];
+            let e = per.entry(node).or_default();
+            e.0.push(self.rows[s as usize]);
+            e.1.push(slot as u32);
+        }
+        Arc::new(
+            per.into_iter()
+                .map(|(node, (rows, slots))| {
+                    let pin = &self.pins[node as usize];
+                    let take = Take {
+                        version: pin.version,
+                        rows: Some(Arc::from(rows)),
+                        slots: Arc::from(slots),
+                    };
+                    (self.endpoints[node as usize], take)
+                })
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,180 @@
+//! The stream of an epoch: a rank's positions `from..to`, delivered in
+//! batches of `batch_size`, in the epoch's order.
+//!
+//! ```text
+//!  plan + place the job's window plan once for the epoch
+//!  positions from..to ─► windows of ≥ WINDOW_MIN samples
+//!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
+//!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
+//!        theirs over their cores: no barrier at a window's end)
+//!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
+//!    ─► the reader's channel (full: the windows stop, then the reads)
+//! ```
+//!
+//! Memory per reader is bounded by `IN_FLIGHT + 1` windows and the
+//! channel's batches; a slow reader stops the windows, which stops the
+//! reads at the devices. Nothing per window depends on the size of the
+//! dataset: the rows are named by id, the plan is the epoch's.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use datafusion::physical_plan::collect;
+use futures::StreamExt;
+use sluice_flight::SLOT;
+use sluice_udfs::OnError;
+use tokio::sync::mpsc;
+
+use super::Job;
+use super::query::{JobQuery, udf_options};
+use super::rebatch::Rebatcher;
+use super::run::{Delivery, Ready};
+use super::spec::JobError;
+use crate::remote::with_takes;
+
+/// Samples a window holds at least (rounded up to whole batches).
+pub const WINDOW_MIN: u64 = 128;
+/// Windows running at once per reader.
+pub const IN_FLIGHT: usize = 3;
+
+/// The positions `from..to` of rank `rank`'s share of `epoch`.
+#[derive(Debug, Clone, Copy)]
+pub struct Span {
+    /// The rank.
+    pub rank: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// The first position.
+    pub from: u64,
+    /// The position after the last.
+    pub to: u64,
+}
+
+/// A window's task, aborted when the stream no longer wants it (the
+/// reader left, the job was cancelled, an earlier window failed).
+struct Abort<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Abort<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Samples per window for batches of `batch`.
+pub fn window_len(batch: u64) -> u64 {
+    WINDOW_MIN.div_ceil(batch.max(1)) * batch.max(1)
+}
+
+impl Job {
+    /// Runs the windows of `span` and sends their batches, each with what
+    /// `finish` makes of it, until the span ends or the reader leaves.
+    pub(super) async fn produce<T: Send + 'static>(
+        self: &Arc<Self>,
+        ready: &Arc<Ready>,
+        span: Span,
+        finish: &(dyn Fn(&Delivery) -> Result<T, JobError> + Send + Sync),
+        tx: &mpsc::Sender<Result<(Delivery, T), JobError>>,
+    ) -> Result<(), JobError> {
+        let Span {
+            rank,
+            epoch,
+            from,
+            to,
+        } = span;
+        let query =
+            JobQuery::prepare(self.session(), self.sql(), udf_options(self.spec(), epoch)).await?;
+        let plan = query.window_plan()?;
+        let placed = query
+            .prepared
+            .place(plan, self.offload())
+            .await
+            .map_err(|e| JobError::running(&e))?;
+        let task = placed.ctx.task_ctx();
+        let order = ready.order(epoch);
+        let batch = self.spec().batch_size;
+        let window = window_len(batch);
+        let starts = (from..to).step_by(window as usize);
+        let runtime = self.runtime().clone();
+        let (plan, ready2) = (Arc::clone(&placed.plan), Arc::clone(ready));
+        let mut windows = futures::stream::iter(starts)
+            .map(move |start| {
+                let stop = (start + window).min(to);
+                let samples = ready2.layout.rank_samples(&order, rank, start, stop);
+                let takes = ready2.index.takes(&samples);
+                let (plan, task) = (Arc::clone(&plan), Arc::clone(&task));
+                let mut run = Abort(runtime.spawn(async move {
+                    let plan = with_takes(plan, &takes)?;
+                    collect(plan, task).await
+                }));
+                async move {
+                    let rows = (&mut run.0)
+                        .await
+                        .map_err(|e| JobError::Internal(e.to_string()))?
+                        .map_err(|e| JobError::running(&e))?;
+                    Ok::<_, JobError>((start, samples, rows))
+                }
+            })
+            .buffered(IN_FLIGHT);
+        let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
+        let mut reported = 0;
+        let mut missing_total = 0u64;
+        while let Some(w) = windows.next().await {
+            let (start, samples, rows) = w?;
+            let (total, bad) = query.udfs.errors.snapshot();
+            if total > reported {
+                let fresh = bad.into_iter().skip(reported as usize).collect();
+                self.record_bad(total - reported, fresh);
+                reported = total;
+            }
+            let link = query.prepared.tally().bytes.swap(0, Ordering::Relaxed);
+            self.record_link(link);
+            let missing = rebatch.add(&rows, SLOT, start, samples.len())?;
+            missing_total += missing.len() as u64;
+            self.check_missing(&missing, &samples, start, missing_total, total)?;
+            let stop = start + samples.len() as u64;
+            while let Some(cut) = rebatch.next(stop >= to)? {
+                let done = finish(&cut)?;
+                if tx.send(Ok((cut, done))).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(cut) = rebatch.finish(to)? {
+            let done = finish(&cut)?;
+            let _closed = tx.send(Ok((cut, done))).await;
+        }
+        Ok(())
+    }
+
+    /// A sample with no row is one the error policy skipped, and named;
+    /// any other is lost, and the stream fails naming it rather than end
+    /// short. Under `skip`, no more rows may be missing than samples were
+    /// skipped.
+    fn check_missing(
+        &self,
+        missing: &[u32],
+        samples: &[u64],
+        start: u64,
+        missing_total: u64,
+        skipped_total: u64,
+    ) -> Result<(), JobError> {
+        let Some(&first) = missing.first() else {
+            return Ok(());
+        };
+        let skipping = self.spec().on_error == OnError::Skip;
+        if skipping && missing_total <= skipped_total {
+            return Ok(());
+        }
+        let position = start + u64::from(first);
+        let at = self
+            .locate(samples[first as usize])
+            .map_or_else(String::new, |(node, version, row)| {
+                format!(" (row {row} of version {version} on {node})")
+            });
+        Err(JobError::Internal(format!(
+            "{} sample(s) of this window came back from no storage node, the first at \
+             position {position}{at}",
+            missing.len()
+        )))
+    }
+}
