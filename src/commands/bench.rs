@@ -83,6 +83,20 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// A job's epoch at scale: for each size, ingest that many tiny PNGs,
+    /// submit a trivial job (decode + 16x16 resize) on an in-process node,
+    /// and time submit → first batch and one epoch of one rank.
+    Epoch {
+        /// Dataset sizes, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000,1280000")]
+        samples: Vec<usize>,
+        /// Samples per batch.
+        #[arg(long, default_value_t = 256)]
+        batch: u64,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Metadata path at scale: ingest many small objects, count, filter.
     Catalog {
         /// Number of objects.
@@ -94,7 +108,19 @@ pub enum BenchCommand {
     },
 }
 
+/// Says, on stderr, when a benchmark runs on a build without optimisation
+/// of sluice's own crates: its figures are not what a deployment gets.
+pub(super) fn warn_if_debug(what: &str) {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: {what} on a debug build: the figures are not a deployment's; \
+             build with `cargo build --release` (see the README) to measure"
+        );
+    }
+}
+
 pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
+    warn_if_debug("sluice bench");
     // Benchmarks use their own data dir beside the configured one, so they
     // never touch real datasets; it is removed afterwards.
     let dir = cli.data_dir.with_file_name(format!(
@@ -138,6 +164,14 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
             .await
         }
         BenchCommand::Catalog { samples, json } => catalog(&opts, *samples, json.as_deref()).await,
+        BenchCommand::Epoch {
+            samples,
+            batch,
+            json,
+        } => {
+            super::bench_epoch::epoch(&opts, samples, *batch, json.as_deref()).await?;
+            Ok(())
+        }
         BenchCommand::Udf {
             dir,
             sql,
@@ -190,7 +224,7 @@ fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
 /// Ingests `n` objects keyed `obj_00000000…`, cycling through `templates`;
 /// returns the report and the ingest's wall time (building the objects in
 /// memory is not timed).
-async fn ingest_objects(
+pub(super) async fn ingest_objects(
     store: &Store,
     name: &str,
     templates: &[Vec<u8>],
@@ -300,7 +334,7 @@ fn fio(
     Ok((bw, iops))
 }
 
-fn write_json(path: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
+pub(super) fn write_json(path: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
     if let Some(p) = path {
         std::fs::write(p, serde_json::to_string_pretty(doc)?)
             .with_context(|| format!("write {}", p.display()))?;
@@ -505,7 +539,7 @@ async fn random(
     write_json(json, &doc)
 }
 
-fn peak_rss_bytes() -> u64 {
+pub(super) fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

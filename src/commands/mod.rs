@@ -1,6 +1,7 @@
 //! One file per command; [`run`] dispatches.
 
 pub mod bench;
+mod bench_epoch;
 mod bench_udf;
 mod datasets;
 mod explain;

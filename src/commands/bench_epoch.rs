@@ -1,0 +1,128 @@
+//! `sluice bench epoch`: a job's epoch at scale.
+//!
+//! For each dataset size N: ingest N tiny PNGs (8×8), start an in-process
+//! storage node and a compute session over it, submit a trivial job
+//! (`resize(decode_image(data), 16, 16)`, shuffled), and time submit →
+//! first batch (the job's planning and its one O(N) index) and one epoch
+//! of its one rank. What is measured is the job machinery per sample —
+//! windows, takes, reads, the reorder, the batches — which must not grow
+//! with N; the decode of an 8×8 PNG costs next to nothing. The resident
+//! memory the job and the node's in-memory metadata add is reported too.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::TryStreamExt;
+use sluice_compute::job::{OffloadArg, Shuffle, ShuffleMode};
+use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
+use sluice_storage::scan::ScanOptions;
+use sluice_storage::{StorageNode, Store, StoreOptions};
+
+use super::bench::{ingest_objects, write_json};
+
+/// One size's figures.
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    samples: usize,
+    ingest_s: f64,
+    first_batch_s: f64,
+    epoch_s: f64,
+    samples_per_s: f64,
+    rss_added_bytes: u64,
+}
+
+/// Resident bytes now.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+pub async fn epoch(
+    opts: &StoreOptions,
+    sizes: &[usize],
+    batch: u64,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
+    let png = {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::RgbImage::from_fn(8, 8, |x, y| image::Rgb([x as u8 * 30, y as u8 * 30, 7]))
+            .write_to(&mut out, image::ImageFormat::Png)?;
+        out.into_inner()
+    };
+    let mut rows = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let dir = opts.data_dir.join(format!("epoch-{i}"));
+        let store = Store::open(&StoreOptions {
+            data_dir: dir,
+            ..opts.clone()
+        })?;
+        let name = format!("tiny{i}");
+        let (_, ingest_s) = ingest_objects(&store, &name, std::slice::from_ref(&png), n).await?;
+        let cores = sluice_planner::resources::machine_cores();
+        let node = StorageNode::new(store, ScanOptions::default(), cores, None)?;
+        let session = ComputeSession::new(
+            vec![node],
+            sluice_udfs::cost::default_profiles(),
+            ResourceHints::default(),
+        );
+        let jobs = Jobs::new(Arc::new(session))?;
+        let mut spec = JobSpec::sql(&format!(
+            "SELECT key, resize(decode_image(data), 16, 16) AS x FROM {name}"
+        ));
+        spec.batch_size = batch;
+        spec.offload = OffloadArg::Name("auto".into());
+        spec.shuffle = Some(Shuffle {
+            seed: 1,
+            mode: ShuffleMode::Full,
+            block_size: 64,
+            window: 1024,
+        });
+        let rss0 = rss_bytes();
+        let t = Instant::now();
+        let job = jobs.submit(spec).await?;
+        let mut stream = Box::pin(job.deliver(0, 0, 0, None).await?);
+        let first = stream.try_next().await?;
+        let first_batch_s = t.elapsed().as_secs_f64();
+        let rss_added_bytes = rss_bytes().saturating_sub(rss0);
+        let mut got = first.map_or(0, |d| d.batch.num_rows());
+        let t = Instant::now();
+        while let Some(d) = stream.try_next().await? {
+            got += d.batch.num_rows();
+        }
+        let epoch_s = first_batch_s + t.elapsed().as_secs_f64();
+        anyhow::ensure!(got == n, "epoch delivered {got} of {n} samples");
+        rows.push(Row {
+            samples: n,
+            ingest_s,
+            first_batch_s,
+            epoch_s,
+            samples_per_s: n as f64 / epoch_s,
+            rss_added_bytes,
+        });
+    }
+    let base = rows.first().map_or(1.0, |r| r.samples_per_s);
+    println!();
+    println!("job epoch at scale (decode + resize 16x16 of 8x8 PNGs, batch {batch}, one rank)");
+    println!(
+        "{:>10} {:>12} {:>16} {:>14} {:>10} {:>16}",
+        "samples", "ingest s", "submit→batch s", "samples/s", "vs first", "RSS added B/sample"
+    );
+    for r in &rows {
+        println!(
+            "{:>10} {:>12.1} {:>16.3} {:>14.0} {:>10.2} {:>16.1}",
+            r.samples,
+            r.ingest_s,
+            r.first_batch_s,
+            r.samples_per_s,
+            r.samples_per_s / base,
+            r.rss_added_bytes as f64 / r.samples as f64
+        );
+    }
+    write_json(
+        json,
+        &serde_json::json!({"bench": "epoch", "batch": batch, "sizes": rows}),
+    )
+}
