@@ -393,3 +393,56 @@ async fn jobs_survive_a_restart() {
     assert_eq!(read(&second, &id, 1, 1, 6).await, before_from(&whole, 6));
     assert!(second.get(cancelled.id()).is_err());
 }
+
+/// An epoch over 200k samples runs at the rate of one over 10k: nothing a
+/// window does grows with the dataset (the speed itself is the epoch
+/// benchmark's business; this catches per-window work linear in N).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epoch_rate_does_not_fall_with_the_dataset_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rates = Vec::new();
+    for n in [10_000usize, 200_000] {
+        let mut opts = StoreOptions::new(dir.path().join(format!("n{n}")));
+        opts.device_size = 1 << 30;
+        let store = Store::open(&opts).unwrap();
+        let object = npy(&[1.0, 2.0]);
+        let samples = (0..n)
+            .map(|i| (format!("s{i:07}"), object.clone()))
+            .collect();
+        sluice_storage::ingest(
+            &store,
+            "vecs",
+            IngestSource::Memory(samples),
+            IngestOptions::with_policy(OnError::Fail),
+        )
+        .await
+        .unwrap();
+        let node = StorageNode::new(store, ScanOptions::default(), 2, None).unwrap();
+        let jobs = jobs(vec![node]);
+        let mut s = JobSpec::sql("SELECT key, npy(data) AS x FROM vecs");
+        s.batch_size = 256;
+        s.shuffle = Some(Shuffle {
+            seed: 3,
+            mode: ShuffleMode::Full,
+            block_size: 64,
+            window: 1024,
+        });
+        let job = jobs.submit(s).await.unwrap();
+        job.layout().await.unwrap();
+        let t = std::time::Instant::now();
+        let rows: usize = job
+            .deliver(0, 0, 0, None)
+            .await
+            .unwrap()
+            .map_ok(|d| d.batch.num_rows())
+            .try_fold(0, |a, n| async move { Ok(a + n) })
+            .await
+            .unwrap();
+        assert_eq!(rows, n);
+        rates.push(n as f64 / t.elapsed().as_secs_f64());
+    }
+    assert!(
+        rates[1] >= 0.5 * rates[0],
+        "samples/s over 10k vs 200k samples: {rates:?}"
+    );
+}
