@@ -22,9 +22,10 @@ mod to_tensor;
 use std::any::Any;
 use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use arrow::array::ArrayRef;
+use arrow::array::{ArrayRef, new_null_array};
 use arrow::datatypes::{DataType, FieldRef};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
@@ -132,8 +133,64 @@ impl<F: Function> ScalarUDFImpl for Udf<F> {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let call = Call::new(F::SPEC, &args, &self.env)?;
-        self.function.invoke(&call).map(ColumnarValue::Array)
+        // Third-party decoders can panic on odd files. A panic costs the
+        // batch nothing: its rows are evaluated again one by one, and the
+        // row that panics is one bad sample, under the policy.
+        match catch_unwind(AssertUnwindSafe(|| self.function.invoke(&call))) {
+            Ok(result) => result.map(ColumnarValue::Array),
+            Err(_) => self.row_by_row(&args, &call).map(ColumnarValue::Array),
+        }
     }
+}
+
+impl<F: Function> Udf<F> {
+    /// Evaluates each row of `args` alone; a row whose evaluation panics is
+    /// a bad sample named by its key (an error under `fail`), NULL
+    /// otherwise.
+    fn row_by_row(&self, args: &ScalarFunctionArgs, call: &Call<'_>) -> Result<ArrayRef> {
+        let mut parts: Vec<ArrayRef> = Vec::with_capacity(args.number_rows);
+        for row in 0..args.number_rows {
+            let one = ScalarFunctionArgs {
+                args: args
+                    .args
+                    .iter()
+                    .map(|a| match a {
+                        ColumnarValue::Array(a) => ColumnarValue::Array(a.slice(row, 1)),
+                        s => s.clone(),
+                    })
+                    .collect(),
+                arg_fields: args.arg_fields.clone(),
+                number_rows: 1,
+                return_field: Arc::clone(&args.return_field),
+                config_options: Arc::clone(&args.config_options),
+            };
+            let one_call = Call::new(F::SPEC, &one, &self.env)?;
+            match catch_unwind(AssertUnwindSafe(|| self.function.invoke(&one_call))) {
+                Ok(result) => parts.push(result?),
+                Err(panic) => {
+                    call.bad(
+                        row,
+                        format!("the decoder panicked: {}", panic_message(&panic)),
+                    )?;
+                    parts.push(new_null_array(args.return_field.data_type(), 1));
+                }
+            }
+        }
+        let refs: Vec<&dyn arrow::array::Array> = parts.iter().map(|a| a.as_ref()).collect();
+        if refs.is_empty() {
+            return Ok(new_null_array(args.return_field.data_type(), 0));
+        }
+        Ok(arrow::compute::concat(&refs)?)
+    }
+}
+
+/// The message a panic carried, if it was a string.
+fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The spec of the sluice UDF called `name`.
@@ -204,4 +261,98 @@ pub(crate) fn map_images(
         }
     }
     Ok(out.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Kind, req};
+    use crate::env::{OnError, UdfOptions};
+    use arrow::array::{Array, AsArray, BinaryArray, StringArray};
+    use arrow::datatypes::Field;
+    use datafusion::config::ConfigOptions;
+
+    /// Byte lengths, panicking on an object that starts with `boom`: a
+    /// decoder with a bug.
+    #[derive(Debug, Default)]
+    struct Fragile;
+
+    impl Function for Fragile {
+        const SPEC: ArgSpec = ArgSpec {
+            name: "fragile",
+            params: &[req("data", Kind::Value)],
+            random: false,
+            keyed: true,
+        };
+
+        fn return_field(&self, _consts: &Consts, _fields: &[FieldRef]) -> Result<FieldRef> {
+            Ok(Arc::new(Field::new("fragile", DataType::UInt64, true)))
+        }
+
+        fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
+            let data = call.array(0)?;
+            let data = data.as_binary::<i32>();
+            let lens: arrow::array::UInt64Array = data
+                .iter()
+                .map(|b| {
+                    let b = b?;
+                    assert!(!b.starts_with(b"boom"), "a decoder bug");
+                    Some(b.len() as u64)
+                })
+                .collect();
+            Ok(Arc::new(lens))
+        }
+
+        fn cost(&self, _consts: &Consts, input: &SampleStats) -> Result<Estimate> {
+            Ok(Estimate {
+                work: 0.0,
+                out: *input,
+            })
+        }
+    }
+
+    fn run(on_error: OnError) -> (Result<ColumnarValue>, Arc<UdfEnv>) {
+        let env = UdfEnv::new(UdfOptions {
+            on_error,
+            ..Default::default()
+        });
+        let udf = Udf::<Fragile>::new(Arc::clone(&env));
+        let data: ArrayRef = Arc::new(BinaryArray::from_iter_values([
+            b"ok".as_slice(),
+            b"boom!",
+            b"fine.",
+        ]));
+        let keys: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c"]));
+        let args = ScalarFunctionArgs {
+            args: vec![ColumnarValue::Array(data), ColumnarValue::Array(keys)],
+            arg_fields: vec![
+                Arc::new(Field::new("data", DataType::Binary, true)),
+                Arc::new(Field::new("key", DataType::Utf8, true)),
+            ],
+            number_rows: 3,
+            return_field: Arc::new(Field::new("fragile", DataType::UInt64, true)),
+            config_options: Arc::new(ConfigOptions::default()),
+        };
+        (udf.invoke_with_args(args), env)
+    }
+
+    #[test]
+    fn a_panicking_decoder_is_one_bad_sample() {
+        let (out, env) = run(OnError::Null);
+        let out = out.unwrap().to_array(3).unwrap();
+        let lens = out.as_primitive::<arrow::datatypes::UInt64Type>();
+        assert_eq!(lens.len(), 3);
+        assert_eq!(
+            (lens.value(0), lens.is_null(1), lens.value(2)),
+            (2, true, 5)
+        );
+        let (n, bad) = env.errors.snapshot();
+        assert_eq!(n, 1);
+        assert_eq!(bad[0].key, "b");
+        assert!(bad[0].reason.contains("panicked: a decoder bug"), "{bad:?}");
+
+        let (out, _) = run(OnError::Fail);
+        let e = out.unwrap_err().to_string();
+        assert!(e.contains("sample 'b'") && e.contains("panicked"), "{e}");
+    }
 }
