@@ -1,7 +1,10 @@
 //! Bearer tokens: [`BearerAuth`] checks the `authorization: Bearer TOKEN`
 //! header of a request (REST or Flight) against the tokens a server was
-//! configured with. With no tokens configured every request passes. As a
-//! tonic interceptor it refuses a call with `Unauthenticated`.
+//! configured with. With no tokens configured every request passes; a
+//! token that is given but empty (`--token ""`, `" "`, `","`) is refused
+//! rather than read as "no auth". The scheme is matched case-insensitively
+//! (RFC 7235). As a tonic interceptor it refuses a call with
+//! `Unauthenticated`.
 
 use std::sync::Arc;
 
@@ -22,16 +25,20 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl BearerAuth {
-    /// Accepts `tokens` (empty ones are ignored; none: no auth).
-    pub fn new(tokens: impl IntoIterator<Item = String>) -> Self {
-        let tokens: Vec<String> = tokens
-            .into_iter()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-            .collect();
-        Self {
-            tokens: tokens.into(),
+    /// Accepts `tokens` (none: no auth). A token that is empty once
+    /// trimmed is an error: it would silently turn auth off.
+    pub fn new(tokens: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let tokens: Vec<String> = tokens.into_iter().map(|t| t.trim().to_string()).collect();
+        if tokens.iter().any(String::is_empty) {
+            return Err(
+                "an empty bearer token was given (--token / SLUICE_TOKEN): give real tokens, \
+                 or leave the option out to serve without auth"
+                    .into(),
+            );
         }
+        Ok(Self {
+            tokens: tokens.into(),
+        })
     }
 
     /// Whether any token is required.
@@ -45,8 +52,8 @@ impl BearerAuth {
             return true;
         }
         let Some(token) = header.and_then(|h| {
-            h.strip_prefix("Bearer ")
-                .or_else(|| h.strip_prefix("bearer "))
+            let (scheme, token) = h.trim().split_once(char::is_whitespace)?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
         }) else {
             return false;
         };
@@ -79,11 +86,21 @@ mod tests {
 
     #[test]
     fn tokens_are_checked() {
-        let open = BearerAuth::new(Vec::<String>::new());
+        let open = BearerAuth::new(Vec::<String>::new()).unwrap();
         assert!(open.allows(None));
-        let auth = BearerAuth::new(["s3cret".to_string(), " other ".to_string(), String::new()]);
+        for empty in [
+            vec![String::new()],
+            vec![" ".into()],
+            vec!["a".into(), "".into()],
+        ] {
+            assert!(BearerAuth::new(empty).is_err());
+        }
+        let auth = BearerAuth::new(["s3cret".to_string(), " other ".to_string()]).unwrap();
         assert!(auth.enabled());
         assert!(auth.allows(Some("Bearer s3cret")));
+        assert!(auth.allows(Some("BEARER s3cret")));
+        assert!(auth.allows(Some("bEaReR  s3cret")));
+        assert!(!auth.allows(Some("Basic s3cret")));
         assert!(auth.allows(Some("Bearer other")));
         assert!(!auth.allows(Some("Bearer s3cre")));
         assert!(!auth.allows(Some("s3cret")));

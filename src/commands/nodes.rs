@@ -147,7 +147,7 @@ pub async fn serve(
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
     }
-    let auth = BearerAuth::new(cli.token.iter().cloned());
+    let auth = BearerAuth::new(cli.token.iter().cloned()).map_err(anyhow::Error::msg)?;
     // Jobs survive a restart: their records live beside the data.
     let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
     let jobs = Arc::new(Jobs::with_store(Arc::clone(&session), Some(job_store))?);

@@ -53,6 +53,14 @@ impl From<JobError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
+        // A body over the limit is refused as such, not as bad JSON.
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the request body is over the 2 MiB limit".to_string(),
+            );
+        }
         Self::new(StatusCode::BAD_REQUEST, "invalid_json", r.body_text())
     }
 }

@@ -135,7 +135,9 @@ pub enum StorageError {
         version: u64,
     },
     /// A dataset name that cannot be used as a table name or path.
-    #[error("invalid dataset name '{0}': use letters, digits, '_' and '-', starting with a letter")]
+    #[error(
+        "invalid dataset name '{0}': use lowercase letters, digits, '_' and '-', starting with a letter"
+    )]
     InvalidDatasetName(String),
     /// A source object that cannot be ingested (unreadable, unknown format, bad header).
     #[error("dataset '{dataset}': sample '{key}' refused: {reason}; nothing was committed")]

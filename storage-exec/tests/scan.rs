@@ -357,15 +357,18 @@ async fn bad_objects_follow_the_policy() {
     );
     assert_eq!(store.space().free_chunks, free);
 
-    let err = ingest(
-        &store,
-        "no/slashes",
-        IngestSource::Memory(samples(1)),
-        IngestOptions::default(),
-    )
-    .await
-    .unwrap_err();
-    assert!(matches!(err, StorageError::InvalidDatasetName(_)), "{err}");
+    for name in ["no/slashes", "Capitals", "x".repeat(4096).as_str()] {
+        let err = ingest(
+            &store,
+            name,
+            IngestSource::Memory(samples(1)),
+            IngestOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, StorageError::InvalidDatasetName(_)), "{err}");
+        assert!(err.to_string().len() < 200, "the name is not echoed whole");
+    }
 }
 
 #[tokio::test]

@@ -522,3 +522,36 @@ async fn fused_crop_windows_stay_inside_dct_scaled_images() {
         assert_eq!(n, 400, "{sql}");
     }
 }
+
+/// A result whose size the query fixes and that is over the limits is
+/// refused when the query is planned, naming the UDF and the limit —
+/// before anything is allocated.
+#[tokio::test]
+async fn huge_results_are_refused_when_planned() {
+    let ctx = datafusion::prelude::SessionContext::new();
+    sluice_udfs::register(&ctx, &sluice_udfs::UdfEnv::new(Default::default()));
+    let png = {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::RgbImage::new(2, 2)
+            .write_to(&mut out, image::ImageFormat::Png)
+            .unwrap();
+        out.into_inner()
+    };
+    let hex: String = png.iter().map(|b| format!("{b:02x}")).collect();
+    for (call, limit) in [
+        ("center_crop(decode_image(d), 100000, 100000)", "max_pixels"),
+        ("resize(decode_image(d), 46341, 46341)", "max_pixels"),
+        ("resize(decode_image(d), 65536, 65537)", "max_pixels"),
+    ] {
+        let sql = format!("SELECT {call} FROM (SELECT X'{hex}' AS d)");
+        let e = match ctx.sql(&sql).await {
+            Ok(df) => df.collect().await.unwrap_err(),
+            Err(e) => e,
+        }
+        .to_string();
+        assert!(
+            e.contains(limit) && e.contains("over the limit"),
+            "{call}: {e}"
+        );
+    }
+}

@@ -125,17 +125,22 @@ pub struct IngestReport {
     pub seconds: f64,
 }
 
-/// Checks that a dataset name is usable as a table name and a directory name.
+/// Checks that a dataset name is usable as a table name and a directory
+/// name. Capitals are refused: SQL folds unquoted names to lowercase, so
+/// `Pets` could be ingested and never queried as written.
 pub fn validate_dataset_name(name: &str) -> Result<()> {
     let ok = name.len() <= 128
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
     if ok {
         Ok(())
     } else {
-        Err(StorageError::InvalidDatasetName(name.to_owned()))
+        // The name is echoed, but never more than a line of it.
+        let shown: String = name.chars().take(64).collect();
+        let more = if name.chars().count() > 64 { "…" } else { "" };
+        Err(StorageError::InvalidDatasetName(format!("{shown}{more}")))
     }
 }
 

@@ -128,7 +128,9 @@ impl<F: Function> ScalarUDFImpl for Udf<F> {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs<'_>) -> Result<FieldRef> {
         let consts = Consts::from_plan(F::SPEC, &args);
-        self.function.return_field(&consts, args.arg_fields)
+        let field = self.function.return_field(&consts, args.arg_fields)?;
+        self.check_size(&field)?;
+        Ok(field)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -144,6 +146,40 @@ impl<F: Function> ScalarUDFImpl for Udf<F> {
 }
 
 impl<F: Function> Udf<F> {
+    /// Refuses, when the query is planned, a result whose size is known
+    /// then and over the session's limits (`resize(…, 100000, 100000)`):
+    /// the query fails with a clear error before anything is allocated.
+    fn check_size(&self, field: &FieldRef) -> Result<()> {
+        // Images are bytes; tensors are counted at 4 bytes an element.
+        let element: u64 = if crate::tensor::is_image(field) { 1 } else { 4 };
+        let dims: Option<Vec<u64>> = if crate::tensor::is_image(field) {
+            match crate::tensor::image_dims(field) {
+                [Some(h), Some(w), c] => {
+                    Some(vec![u64::from(h), u64::from(w), u64::from(c.unwrap_or(4))])
+                }
+                _ => None,
+            }
+        } else {
+            crate::tensor::tensor_shape(field).map(|s| s.into_iter().map(u64::from).collect())
+        };
+        let Some(dims) = dims else {
+            return Ok(());
+        };
+        let pixels = dims.iter().take(2).fold(1u64, |a, &d| a.saturating_mul(d));
+        let bytes = dims.iter().fold(element, |a, &d| a.saturating_mul(d));
+        let shape: Vec<String> = dims.iter().map(u64::to_string).collect();
+        self.env
+            .options
+            .limits
+            .check(
+                &format!("its result ({})", shape.join("x")),
+                pixels,
+                0,
+                bytes,
+            )
+            .map_err(|reason| DataFusionError::Plan(format!("{}: {reason}", F::SPEC.name)))
+    }
+
     /// Evaluates each row of `args` alone; a row whose evaluation panics is
     /// a bad sample named by its key (an error under `fail`), NULL
     /// otherwise.
