@@ -69,7 +69,7 @@ pub async fn epoch(
             ResourceHints::default(),
         );
         let jobs = Jobs::new(Arc::new(session))?;
-        let mut spec = JobSpec::sql(&format!(
+        let mut spec = JobSpec::sql(format!(
             "SELECT key, resize(decode_image(data), 16, 16) AS x FROM {name}"
         ));
         spec.batch_size = batch;
