@@ -52,7 +52,10 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // Planning recurses over expressions (`1+1+…+1` with hundreds of
+    // terms): every thread gets a stack deep ones fit in.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(sluice_compute::job::registry::STACK_BYTES)
         .enable_all()
         .build()
     {

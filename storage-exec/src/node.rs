@@ -69,6 +69,8 @@ impl StorageNode {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(cores)
             .thread_name("sluice-storage")
+            // Fragments are decoded recursively: deep expressions need room.
+            .thread_stack_size(16 << 20)
             .enable_all()
             .build()?;
         Ok(Arc::new(Self {

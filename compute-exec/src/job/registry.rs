@@ -18,6 +18,9 @@ use super::status::JobState;
 use super::store::JobStore;
 use crate::session::ComputeSession;
 
+/// Stack of each thread of the jobs' runtime.
+pub const STACK_BYTES: usize = 16 << 20;
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Jobs {
@@ -57,6 +60,8 @@ impl Jobs {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(sluice_planner::resources::machine_cores())
             .thread_name("sluice-jobs")
+            // Planning recurses over expressions: deep ones need room.
+            .thread_stack_size(STACK_BYTES)
             .enable_all()
             .build()?;
         Ok(Self {

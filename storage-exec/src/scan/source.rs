@@ -47,6 +47,9 @@ use crate::device::DeviceExt;
 use crate::error::StorageError;
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
 
+/// Rows per batch of a take that reads no object (a job's index).
+const INDEX_BATCH_ROWS: usize = 64 * 1024;
+
 /// Tuning of the read path.
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
@@ -486,10 +489,17 @@ impl DataSource for ExtentSource {
             Parts::Take { index, parts } => {
                 let (index, part) = (Arc::clone(index), parts[partition].clone());
                 let (read, read_schema) = (self.read.clone(), Arc::clone(&self.read_schema));
-                let starts = (0..part.rows.len()).step_by(batch_size.max(1));
+                // Without `data` (a job's index) nothing is read per row:
+                // large batches.
+                let rows = if self.wants_data() {
+                    batch_size.max(1)
+                } else {
+                    batch_size.max(INDEX_BATCH_ROWS)
+                };
+                let starts = (0..part.rows.len()).step_by(rows);
                 stream::iter(starts)
                     .map(move |at| {
-                        let end = (at + batch_size).min(part.rows.len());
+                        let end = (at + rows).min(part.rows.len());
                         index.take(
                             &read,
                             &part.rows[at..end],

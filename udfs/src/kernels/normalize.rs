@@ -33,12 +33,24 @@ pub fn check_stats(mean: &[f64], std: &[f64], channels: u8) -> Result<(), String
     if std.contains(&0.0) {
         return Err("std must not be zero".into());
     }
+    if mean.iter().chain(std).any(|v| !v.is_finite()) {
+        return Err("mean and std must be finite numbers (no NaN or infinity)".into());
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statistics_must_be_finite_and_fit_the_channels() {
+        assert!(check_stats(&[0.5], &[0.2], 3).is_ok());
+        assert!(check_stats(&[f64::NAN], &[0.2], 3).is_err());
+        assert!(check_stats(&[0.5], &[f64::INFINITY], 3).is_err());
+        assert!(check_stats(&[0.5, 0.5], &[0.2], 3).is_err());
+        assert!(check_stats(&[0.5], &[0.0], 3).is_err());
+    }
 
     #[test]
     fn writes_planes_with_each_channels_statistics() {

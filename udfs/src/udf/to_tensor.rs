@@ -23,6 +23,13 @@ fn plan(consts: &Consts, field: &arrow::datatypes::Field) -> Result<(DType, Vec<
     let name = ToTensor::SPEC.name;
     if is_image(field) {
         let [h, w, c] = fixed_dims(name, field)?;
+        let requested = consts.str(1)?;
+        if !matches!(requested.as_str(), "" | "uint8") {
+            return Err(DataFusionError::Plan(format!(
+                "{name}: an image becomes a uint8 tensor, not '{requested}' \
+                 (normalize makes float32)"
+            )));
+        }
         return Ok((DType::U8, vec![h, w, c]));
     }
     crate::tensor::expect_array(name, field).map_err(|_| {
