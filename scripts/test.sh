@@ -27,6 +27,7 @@ bench_dir="$demo_dir/bench"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench scan --bytes 64MiB --runs 1
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench random --bytes 64MiB --reads 500 --runs 1
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench catalog --samples 20000
+"$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench epoch --samples 2000,20000
 "$VENV/bin/python" scripts/bench_udfs.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --small 20 --large 2 --clips 2 --runs 1
 "$VENV/bin/python" scripts/bench_placement.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
