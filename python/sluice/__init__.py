@@ -8,6 +8,7 @@ Arrow Flight.
 - :mod:`sluice.torch` — a torch ``IterableDataset`` over a job.
 """
 
+from . import torch  # noqa: F401 (imports torch itself only when used)
 from .client import Client, Job, Reader, SluiceError, to_numpy
 
 __all__ = ["Client", "Job", "Reader", "SluiceError", "to_numpy"]
