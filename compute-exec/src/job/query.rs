@@ -13,6 +13,7 @@ use std::sync::Arc;
 use arrow::datatypes::Schema;
 use datafusion::common::{Column, TableReference};
 use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScan, TableScanBuilder,
 };
@@ -111,9 +112,10 @@ impl JobQuery {
         self.pipeline.dataset()
     }
 
-    /// The filters that select the job's samples (metadata only).
-    pub fn filters(&self) -> &[Expr] {
-        &self.pipeline.scan.filters
+    /// The filters that select the job's samples (metadata only), with
+    /// unqualified columns, as a scan takes them.
+    pub fn filters(&self) -> Vec<Expr> {
+        unnormalize_cols(self.pipeline.scan.filters.iter().cloned())
     }
 
     /// The scan of the pipeline over the dataset with the [`SLOT`] column.

@@ -261,7 +261,7 @@ impl Job {
     async fn index(&self) -> Result<SampleIndex, JobError> {
         let query = JobQuery::prepare(&self.session, &self.sql, udf_options(&self.spec, 0)).await?;
         let schema = query.pipeline.scan.source.schema();
-        SampleIndex::build(&self.table, &schema, query.filters(), &self.pins).await
+        SampleIndex::build(&self.table, &schema, &query.filters(), &self.pins).await
     }
 
     /// Positions every rank reads over all epochs.
