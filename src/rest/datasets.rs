@@ -117,9 +117,29 @@ pub async fn get(
         })
 }
 
-/// `path` resolved, if it lies under one of `roots`.
+/// `path` resolved, if it lies under one of `roots`. A path outside them
+/// is refused the same way whether or not it exists on the host (nothing
+/// is learnt about the host's files); inside, a missing one is a 400.
 fn allowed(path: &FsPath, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
     let forbidden = |why: String| ApiError::new(StatusCode::FORBIDDEN, "forbidden_path", why);
+    let outside = || {
+        forbidden(format!(
+            "{} is outside the ingest roots ({})",
+            path.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    let lexical = lexically_normal(path);
+    if !roots
+        .iter()
+        .any(|r| lexical.starts_with(lexically_normal(r)) || lexical.starts_with(r))
+    {
+        return Err(outside());
+    }
     let real = path.canonicalize().map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -134,16 +154,30 @@ fn allowed(path: &FsPath, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
     {
         Ok(real)
     } else {
-        Err(forbidden(format!(
-            "{} is outside the ingest roots ({})",
-            path.display(),
-            roots
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )))
+        Err(outside())
     }
+}
+
+/// `path` made absolute and rid of `.` and `..` without asking the
+/// filesystem.
+fn lexically_normal(path: &FsPath) -> PathBuf {
+    use std::path::Component;
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 /// Ingest a directory or manifest on the server into a new dataset version

@@ -278,6 +278,9 @@ def test_bad_lookups_and_ingests(server):
         (lambda: c.ingest("etc", "/etc"), 403, "forbidden_path"),
         (lambda: c.ingest("bad name!", server["src"]), 400, "ingest_failed"),
         (lambda: c.ingest("Capitals", server["src"]), 400, "ingest_failed"),
+        # Outside the roots: the same answer whether the host path exists or not.
+        (lambda: c.ingest("x", "/no/such/dir"), 403, "forbidden_path"),
+        (lambda: c.ingest("x", server["dir"] + "/../../etc"), 403, "forbidden_path"),
         (lambda: c.ingest("gone", os.path.join(server["dir"], "missing")), 400, "ingest_failed"),
         (lambda: c._request("GET", "/v1/nothing"), 404, "not_found"),
     ]:
@@ -291,6 +294,22 @@ def test_bad_lookups_and_ingests(server):
     with pytest.raises(pa.ArrowInvalid, match="offset"):
         list(job.reader(0, offset=10_000))
     assert c.datasets()[0]["name"] == "pets"
+
+
+def test_symlinks_in_an_ingest_root_are_not_followed(server):
+    c = server["client"]
+    d = os.path.join(server["dir"], "linked")
+    os.makedirs(d, exist_ok=True)
+    good = sorted(n for n in os.listdir(os.path.join(server["src"], "class_1")))[0]
+    with open(os.path.join(server["src"], "class_1", good), "rb") as f, \
+            open(os.path.join(d, "good" + os.path.splitext(good)[1]), "wb") as g:
+        g.write(f.read())
+    os.symlink("/etc/passwd", os.path.join(d, "passwd.png"))
+    report = c.ingest("linked", d)
+    assert report["samples"] == 1, report
+    [skipped] = report["skipped"]
+    assert skipped["key"] == "passwd.png" and "symbolic link" in skipped["reason"], skipped
+    assert "root" not in skipped["reason"]
 
 
 def test_openapi_is_valid_and_matches_the_routes(server):

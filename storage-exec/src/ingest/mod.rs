@@ -18,6 +18,7 @@
 mod source;
 mod writer;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -150,12 +151,32 @@ struct Loaded {
     crc: u32,
 }
 
+/// Reads a source file, refusing a symbolic link: a link inside an ingest
+/// root may point anywhere on the host (`/etc/passwd`), and is never
+/// followed.
+fn read_no_follow(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symbolic link (links are not followed)".to_string(),
+            _ => format!("cannot read {}: {e}", path.display()),
+        })?;
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(out)
+}
+
 fn load(entry: Entry) -> (String, std::result::Result<Loaded, String>) {
     let bytes = match entry.origin {
         Origin::Inline(b) => b,
-        Origin::Path(p) => match std::fs::read(&p) {
+        Origin::Path(p) => match read_no_follow(&p) {
             Ok(b) => b,
-            Err(e) => return (entry.key, Err(format!("cannot read {}: {e}", p.display()))),
+            Err(reason) => return (entry.key, Err(reason)),
         },
     };
     let result = probe(&bytes).map(|probed| Loaded {
