@@ -26,6 +26,7 @@ use super::bench::{ingest_objects, write_json};
 struct Row {
     samples: usize,
     ingest_s: f64,
+    index_s: f64,
     first_batch_s: f64,
     epoch_s: f64,
     samples_per_s: f64,
@@ -83,6 +84,8 @@ pub async fn epoch(
         let rss0 = rss_bytes();
         let t = Instant::now();
         let job = jobs.submit(spec).await?;
+        job.layout().await?;
+        let index_s = t.elapsed().as_secs_f64();
         let mut stream = Box::pin(job.deliver(0, 0, 0, None).await?);
         let first = stream.try_next().await?;
         let first_batch_s = t.elapsed().as_secs_f64();
@@ -97,6 +100,7 @@ pub async fn epoch(
         rows.push(Row {
             samples: n,
             ingest_s,
+            index_s,
             first_batch_s,
             epoch_s,
             samples_per_s: n as f64 / epoch_s,
@@ -107,14 +111,21 @@ pub async fn epoch(
     println!();
     println!("job epoch at scale (decode + resize 16x16 of 8x8 PNGs, batch {batch}, one rank)");
     println!(
-        "{:>10} {:>12} {:>16} {:>14} {:>10} {:>16}",
-        "samples", "ingest s", "submit→batch s", "samples/s", "vs first", "RSS added B/sample"
+        "{:>10} {:>10} {:>14} {:>16} {:>12} {:>10} {:>20}",
+        "samples",
+        "ingest s",
+        "submit→index s",
+        "submit→batch s",
+        "samples/s",
+        "vs first",
+        "RSS added B/sample"
     );
     for r in &rows {
         println!(
-            "{:>10} {:>12.1} {:>16.3} {:>14.0} {:>10.2} {:>16.1}",
+            "{:>10} {:>10.1} {:>14.3} {:>16.3} {:>12.0} {:>10.2} {:>20.1}",
             r.samples,
             r.ingest_s,
+            r.index_s,
             r.first_batch_s,
             r.samples_per_s,
             r.samples_per_s / base,
