@@ -184,6 +184,11 @@ def test_plan_form_gives_the_sql_result(server):
         tables.append(pa.Table.from_batches(list(job.reader(0))))
     assert tables[0].equals(tables[1]) and tables[0].equals(tables[2])
     assert tables[0].num_rows == 27
+    # A job's SQL is said once: the plan form's compiled SQL beside its
+    # plan, a SQL job's only in its spec.
+    listed = {j["id"]: j for j in c.jobs()}
+    assert "SELECT" in listed[a.id]["sql"] and "sql" not in listed[a.id]["spec"]
+    assert "sql" not in listed[b.id] and listed[b.id]["spec"]["sql"]
 
 
 def test_auth_is_required(server):

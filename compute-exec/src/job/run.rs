@@ -493,7 +493,7 @@ impl Job {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             spec: self.spec.clone(),
-            sql: self.sql.clone(),
+            sql: self.spec.sql.is_none().then(|| self.sql.clone()),
             samples: layout.map(|l| l.samples),
             samples_per_rank: layout.map(|l| l.per_rank()),
             progress,

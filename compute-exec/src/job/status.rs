@@ -56,8 +56,10 @@ pub struct JobStatus {
     pub created: f64,
     /// What was submitted.
     pub spec: JobSpec,
-    /// The SQL it runs.
-    pub sql: String,
+    /// The SQL its plan form compiled to (absent when it was submitted as
+    /// SQL: `spec.sql` is that).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sql: Option<String>,
     /// Samples per epoch (known once running).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples: Option<u64>,
