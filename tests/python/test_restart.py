@@ -7,6 +7,7 @@ job reads."""
 import os
 import signal
 import subprocess
+import time
 import tempfile
 
 import pyarrow as pa
@@ -76,6 +77,49 @@ def test_kill_9_mid_epoch_then_resume():
             # A job submitted now reads the newer version.
             newer = c.submit(SQL, batch_size=4, on_error="null")
             assert newer.wait()["samples"] == 60
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_slow_reader_does_not_grow_the_server():
+    """A reader that stops after one batch holds the server to its windows
+    in flight: it does not decode the whole epoch ahead into memory."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
+                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
+        env.pop("SLUICE_TOKEN", None)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "4", "--per-class", "300"],
+                       env=env, check=True, capture_output=True)
+        proc, c = start(d, env)
+        try:
+            c.ingest("pets", src)
+            # 1,200 samples of 256x256x3 float32 (786 KB each): 940 MB an epoch.
+            job = c.submit("SELECT key, normalize(decode_resize(data, 256, 256), [0.5], [0.2]) "
+                           "AS image FROM pets", batch_size=16, on_error="null")
+            job.wait()
+            before = rss(proc.pid)
+            r = job.reader(0)
+            it = iter(r.batches())
+            assert next(it).num_rows == 16
+            time.sleep(4)
+            grown = rss(proc.pid) - before
+            # In flight: 3 windows of ~32 MiB running, one being cut, two
+            # batches (and their Flight encoding) in the channel, the HTTP/2
+            # window: ~200 MB, not the epoch's 0.94 GB.
+            print(f"server RSS grew {grown >> 20} MiB for a stalled reader")
+            assert grown < 400 << 20, f"the server grew {grown >> 20} MiB for a stalled reader"
+            rows = 16 + sum(b.num_rows for b in it)
+            assert rows == 1200
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0

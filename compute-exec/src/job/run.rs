@@ -31,7 +31,7 @@ use super::query::{JobQuery, udf_options};
 use super::spec::{JobError, JobSpec};
 use super::status::{JobState, JobStatus, Progress};
 use super::store::{JobRecord, JobStore};
-use super::stream::{IN_FLIGHT, Span, window_len};
+use super::stream::{CHANNEL_BATCHES, Span};
 use crate::session::ComputeSession;
 
 /// A batch of a rank's stream: the positions it covers and the offset to
@@ -555,9 +555,7 @@ impl Job {
         }
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
-        let batch = self.spec.batch_size;
-        let window = window_len(batch);
-        let (tx, rx) = mpsc::channel(((window / batch) as usize * IN_FLIGHT).max(2));
+        let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();

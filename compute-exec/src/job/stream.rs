@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!  plan + place the job's window plan once for the epoch
-//!  positions from..to ─► windows of ≥ WINDOW_MIN samples
+//!  positions from..to ─► windows of whole batches, sized by bytes (the first one
+//!    batch; then about WINDOW_BYTES of output each, at most WINDOW_MAX samples)
 //!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
@@ -11,14 +12,18 @@
 //!    ─► the reader's channel (full: the windows stop, then the reads)
 //! ```
 //!
-//! Memory per reader is bounded by `IN_FLIGHT + 1` windows and the
-//! channel's batches; a slow reader stops the windows, which stops the
-//! reads at the devices. Nothing per window depends on the size of the
-//! dataset: the rows are named by id, the plan is the epoch's.
+//! Memory per reader is bounded by `IN_FLIGHT + 1` windows of about
+//! `WINDOW_BYTES` each and the channel's `CHANNEL_BATCHES` batches,
+//! whatever the size of a sample: a window's length follows the output
+//! bytes per sample of the windows before it. A slow reader stops the
+//! windows, which stops the reads at the devices. Nothing per window
+//! depends on the size of the dataset: the rows are named by id, the plan
+//! is the epoch's.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use arrow::array::RecordBatch;
 use datafusion::physical_plan::collect;
 use futures::StreamExt;
 use sluice_flight::SLOT;
@@ -32,10 +37,14 @@ use super::run::{Delivery, Ready};
 use super::spec::JobError;
 use crate::remote::with_takes;
 
-/// Samples a window holds at least (rounded up to whole batches).
-pub const WINDOW_MIN: u64 = 128;
+/// Output bytes a window aims at.
+pub const WINDOW_BYTES: u64 = 32 << 20;
+/// Samples a window holds at most (unless a batch is larger).
+pub const WINDOW_MAX: u64 = 512;
 /// Windows running at once per reader.
 pub const IN_FLIGHT: usize = 3;
+/// Batches made ahead of the reader.
+pub const CHANNEL_BATCHES: usize = 2;
 
 /// The positions `from..to` of rank `rank`'s share of `epoch`.
 #[derive(Debug, Clone, Copy)]
@@ -60,9 +69,13 @@ impl<T> Drop for Abort<T> {
     }
 }
 
-/// Samples per window for batches of `batch`.
-pub fn window_len(batch: u64) -> u64 {
-    WINDOW_MIN.div_ceil(batch.max(1)) * batch.max(1)
+/// Samples the next window holds, for batches of `batch`, when a sample's
+/// output takes `bytes_per_sample`: about [`WINDOW_BYTES`], at most
+/// [`WINDOW_MAX`] samples, in whole batches, at least one.
+pub fn window_len(batch: u64, bytes_per_sample: u64) -> u64 {
+    let batch = batch.max(1);
+    let fits = WINDOW_BYTES / bytes_per_sample.max(1);
+    (fits.min(WINDOW_MAX) / batch).max(1) * batch
 }
 
 impl Job {
@@ -92,13 +105,21 @@ impl Job {
         let task = placed.ctx.task_ctx();
         let order = ready.order(epoch);
         let batch = self.spec().batch_size;
-        let window = window_len(batch);
-        let starts = (from..to).step_by(window as usize);
+        // The first window is one batch; each one done sets the next's
+        // length from its output bytes per sample.
+        let next_len = Arc::new(AtomicU64::new(batch.max(1)));
+        let starts = futures::stream::unfold(from, {
+            let next_len = Arc::clone(&next_len);
+            move |start| {
+                let len = next_len.load(Ordering::Relaxed);
+                futures::future::ready((start < to).then(|| ((start, len), start + len)))
+            }
+        });
         let runtime = self.runtime().clone();
         let (plan, ready2) = (Arc::clone(&placed.plan), Arc::clone(ready));
-        let mut windows = futures::stream::iter(starts)
-            .map(move |start| {
-                let stop = (start + window).min(to);
+        let mut windows = starts
+            .map(move |(start, len)| {
+                let stop = (start + len).min(to);
                 let samples = ready2.layout.rank_samples(&order, rank, start, stop);
                 let takes = ready2.index.takes(&samples);
                 let (plan, task) = (Arc::clone(&plan), Arc::clone(&task));
@@ -120,6 +141,9 @@ impl Job {
         let mut missing_total = 0u64;
         while let Some(w) = windows.next().await {
             let (start, samples, rows) = w?;
+            let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
+            let made = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
+            next_len.store(window_len(batch, (bytes / made) as u64), Ordering::Relaxed);
             let (total, bad) = query.udfs.errors.snapshot();
             if total > reported {
                 let fresh = bad.into_iter().skip(reported as usize).collect();
@@ -176,5 +200,22 @@ impl Job {
              position {position}{at}",
             missing.len()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_hold_whole_batches_of_about_window_bytes() {
+        // Tiny samples: the most samples a window holds.
+        assert_eq!(window_len(64, 100), WINDOW_MAX);
+        assert_eq!(window_len(100, 100), 500);
+        // 786 KB tensors: 42 fit, in batches of 16.
+        assert_eq!(window_len(16, 786_432), 32);
+        // A batch over the budget is still one batch.
+        assert_eq!(window_len(256, 1 << 20), 256);
+        assert_eq!(window_len(0, 0), WINDOW_MAX);
     }
 }
