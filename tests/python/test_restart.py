@@ -13,23 +13,13 @@ import tempfile
 import pyarrow as pa
 
 import sluice
-
-SLUICE = os.environ["SLUICE_BIN"]
+from serve import SLUICE, serve_env, start_serve
 SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 24, 24)) AS image "
        "FROM pets")
 
 
 def start(d, env):
-    log = open(os.path.join(d, "serve.log"), "a")
-    proc = subprocess.Popen(
-        [SLUICE, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d],
-        env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-    rest = None
-    for _ in range(2):
-        line = proc.stdout.readline()
-        if line.startswith("REST API on "):
-            rest = line.split()[3]
-    assert rest, open(os.path.join(d, "serve.log")).read()
+    proc, rest = start_serve(d, env)
     return proc, sluice.Client(rest)
 
 
@@ -39,9 +29,7 @@ def table(batches):
 
 def test_kill_9_mid_epoch_then_resume():
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
-                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
-        env.pop("SLUICE_TOKEN", None)
+        env = serve_env(d)
         src = os.path.join(d, "pets")
         subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "12"],
                        env=env, check=True, capture_output=True)
@@ -94,9 +82,7 @@ def test_a_slow_reader_does_not_grow_the_server():
     """A reader that stops after one batch holds the server to its windows
     in flight: it does not decode the whole epoch ahead into memory."""
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
-                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
-        env.pop("SLUICE_TOKEN", None)
+        env = serve_env(d)
         src = os.path.join(d, "pets")
         subprocess.run([SLUICE, "gen-sample", src, "--classes", "4", "--per-class", "300"],
                        env=env, check=True, capture_output=True)

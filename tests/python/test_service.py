@@ -21,7 +21,8 @@ import pytest
 import sluice
 from sluice.torch import worker_range
 
-SLUICE = os.environ["SLUICE_BIN"]
+from serve import SLUICE, serve_env, start_serve
+
 TOKEN = "test-token"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SQL = "SELECT key, label, to_tensor(decode_resize(data, 16, 16)) AS image FROM pets"
@@ -30,8 +31,7 @@ SQL = "SELECT key, label, to_tensor(decode_resize(data, 16, 16)) AS image FROM p
 @pytest.fixture(scope="module")
 def server():
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
-                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB", SLUICE_TOKEN=TOKEN)
+        env = serve_env(d, SLUICE_TOKEN=TOKEN)
         src = os.path.join(d, "pets")
         subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "9"],
                        env=env, check=True, capture_output=True)
@@ -41,23 +41,12 @@ def server():
             whole = f.read()
         with open(os.path.join(src, "class_0", "zz_cut.jpg"), "wb") as f:
             f.write(whole[: len(whole) * 6 // 10])
-        # stderr goes to a file: a pipe nobody reads could fill and stall the server.
-        log = open(os.path.join(d, "serve.log"), "w")
-        proc = subprocess.Popen(
-            [SLUICE, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d],
-            env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        rest = None
-        for _ in range(2):
-            line = proc.stdout.readline()
-            if line.startswith("REST API on "):
-                rest = line.split()[3]
-        assert rest, open(os.path.join(d, "serve.log")).read()
+        proc, rest = start_serve(d, env)
         client = sluice.Client(rest, token=TOKEN)
         client.ingest("pets", src)
         yield {"client": client, "rest": rest, "proc": proc, "dir": d, "src": src}
         proc.terminate()
         assert proc.wait(timeout=30) == 0
-        log.close()
 
 
 def keys_of(reader):
