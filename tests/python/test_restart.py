@@ -23,6 +23,14 @@ def start(d, env):
     return proc, sluice.Client(rest)
 
 
+def generate(d, env, name, classes, per_class):
+    """An ImageFolder of generated images under `d`; returns its path."""
+    src = os.path.join(d, name)
+    subprocess.run([SLUICE, "gen-sample", src, "--classes", str(classes),
+                    "--per-class", str(per_class)], env=env, check=True, capture_output=True)
+    return src
+
+
 def table(batches):
     return pa.Table.from_batches(list(batches))
 
@@ -30,9 +38,7 @@ def table(batches):
 def test_kill_9_mid_epoch_then_resume():
     with tempfile.TemporaryDirectory() as d:
         env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "12"],
-                       env=env, check=True, capture_output=True)
+        src = generate(d, env, "pets", 3, 12)
         proc, c = start(d, env)
         c.ingest("pets", src)
         job = c.submit(SQL, batch_size=4, epochs=2, world_size=2,
@@ -48,9 +54,7 @@ def test_kill_9_mid_epoch_then_resume():
         proc.wait(timeout=30)
 
         # Another version lands while the server is down... then it is back.
-        more = os.path.join(d, "more")
-        subprocess.run([SLUICE, "gen-sample", more, "--classes", "3", "--per-class", "20"],
-                       env=env, check=True, capture_output=True)
+        more = generate(d, env, "more", 3, 20)
         proc, c = start(d, env)
         try:
             c.ingest("pets", more)
@@ -83,9 +87,7 @@ def test_a_slow_reader_does_not_grow_the_server():
     in flight: it does not decode the whole epoch ahead into memory."""
     with tempfile.TemporaryDirectory() as d:
         env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "4", "--per-class", "300"],
-                       env=env, check=True, capture_output=True)
+        src = generate(d, env, "pets", 4, 300)
         proc, c = start(d, env)
         try:
             c.ingest("pets", src)
