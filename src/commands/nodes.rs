@@ -18,6 +18,9 @@ use super::place;
 use crate::cli::{Cli, NodeFlags, RateArg};
 
 /// Resolves on Ctrl-C or SIGTERM.
+/// How long `serve` waits for open streams to end once told to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn shutdown() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -194,9 +197,25 @@ pub async fn serve(
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
     let rest_server = axum::serve(rest, app).with_graceful_shutdown(shutdown());
-    let (f, r) = tokio::join!(flight_server, rest_server);
-    f?;
-    r?;
+    let servers = async {
+        let (f, r) = tokio::join!(flight_server, rest_server);
+        f?;
+        r?;
+        anyhow::Ok(())
+    };
+    // A client that keeps a stream open (a trainer that stopped reading)
+    // must not keep the server from stopping: after a grace period the
+    // connections left are closed.
+    tokio::select! {
+        r = servers => r?,
+        () = async {
+            shutdown().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => eprintln!(
+            "sluice serve: connections still open {} s after the signal; closing them",
+            SHUTDOWN_GRACE.as_secs()
+        ),
+    }
     eprintln!("sluice serve stopped");
     Ok(())
 }

@@ -7,6 +7,7 @@ job reads."""
 import os
 import signal
 import subprocess
+import threading
 import time
 import tempfile
 
@@ -108,6 +109,62 @@ def test_a_slow_reader_does_not_grow_the_server():
             assert grown < 400 << 20, f"the server grew {grown >> 20} MiB for a stalled reader"
             rows = 16 + sum(b.num_rows for b in it)
             assert rows == 1200
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid`, all threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_cancel_stops_the_decodes():
+    """Cancelling a job stops its work in flight: within a second the server
+    burns (next to) no CPU, and it answers the next request at once."""
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = generate(d, env, "pets", 4, 300)
+        proc, c = start(d, env)
+        try:
+            c.ingest("pets", src)
+            job = c.submit("SELECT key, normalize(decode_resize(data, 256, 256), [0.5], [0.2]) "
+                           "AS image FROM pets", batch_size=16, on_error="null")
+            job.wait()
+            # A reader that keeps reading: without the cancel, the epoch's
+            # decodes would keep both cores busy for many seconds.
+            read = []
+
+            def consume():
+                try:
+                    for b in job.reader(0).batches():
+                        read.append(b.num_rows)
+                except pa.ArrowException:
+                    read.append(-1)
+
+            reader = threading.Thread(target=consume)
+            reader.start()
+            while len(read) < 4:
+                time.sleep(0.05)
+            busy = cpu_seconds(proc.pid)
+            time.sleep(1.0)
+            busy = cpu_seconds(proc.pid) - busy
+            assert busy > 0.5, f"the job was not decoding ({busy:.2f} s of CPU in 1 s)"
+            assert job.cancel()["state"] == "cancelled"
+            reader.join(timeout=30)
+            assert read[-1] == -1, "the stream ends with the cancel, as an error"
+            assert sum(read[:-1]) < 1200
+            t = time.monotonic()
+            time.sleep(1.0)
+            before = cpu_seconds(proc.pid)
+            time.sleep(2.0)
+            burnt = cpu_seconds(proc.pid) - before
+            print(f"CPU after cancel: {burnt:.2f} s over 2 s")
+            assert burnt < 0.3, f"{burnt:.2f} s of CPU in the 2 s after a cancel"
+            assert c._request("GET", "/healthz") == "ok\n"
+            assert time.monotonic() - t < 10
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
