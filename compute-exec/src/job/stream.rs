@@ -116,12 +116,12 @@ impl Job {
             }
         });
         let runtime = self.runtime().clone();
-        let (plan, ready2) = (Arc::clone(&placed.plan), Arc::clone(ready));
+        let (plan, held) = (Arc::clone(&placed.plan), Arc::clone(ready));
         let mut windows = starts
             .map(move |(start, len)| {
                 let stop = (start + len).min(to);
-                let samples = ready2.layout.rank_samples(&order, rank, start, stop);
-                let takes = ready2.index.takes(&samples);
+                let samples = held.layout.rank_samples(&order, rank, start, stop);
+                let takes = held.index.takes(&samples);
                 let (plan, task) = (Arc::clone(&plan), Arc::clone(&task));
                 let mut run = Abort(runtime.spawn(async move {
                     let plan = with_takes(plan, &takes)?;
