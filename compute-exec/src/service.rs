@@ -176,6 +176,7 @@ impl FlightService for QueryService {
             .await
             .map_err(|e| query_status(&e, true))?;
         let stream = send_reported(
+            batches.schema(),
             batches,
             |e| query_status(e, false),
             None,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use arrow_flight::FlightData;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
@@ -36,9 +37,12 @@ pub fn link_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
-/// Encodes `batches` (errors mapped by `status`), paces them by `link`, and
-/// ends with the report `report(rows, bytes)` builds once they are sent.
+/// Encodes `batches` of `schema` (errors mapped by `status`), paces them
+/// by `link`, and ends with the report `report(rows, bytes)` builds once
+/// they are sent. The schema goes first, so an empty result is a valid
+/// stream of no rows.
 pub fn send_reported<S>(
+    schema: SchemaRef,
     batches: S,
     status: fn(&DataFusionError) -> Status,
     link: Option<Arc<TokenBucket>>,
@@ -57,6 +61,7 @@ where
         .map_err(move |e| FlightError::Tonic(Box::new(status(&e))));
     let data = FlightDataEncoderBuilder::new()
         .with_max_flight_data_size(MAX_FLIGHT_DATA)
+        .with_schema(schema)
         .build(batches)
         .map_err(|e| match e {
             FlightError::Tonic(s) => *s,

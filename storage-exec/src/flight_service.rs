@@ -67,6 +67,7 @@ impl StorageFlightService {
         let batches = self.node.run(plan, &ctx);
         let link = self.node.link().cloned();
         Ok(send_reported(
+            batches.schema(),
             batches,
             |e| status_of(e, false),
             link,

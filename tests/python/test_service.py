@@ -207,6 +207,15 @@ def test_auth_is_required(server):
         assert r.status == 200
 
 
+def test_flight_sql_with_no_rows_is_an_empty_table(server):
+    c = server["client"]
+    for sql in ["SELECT key, label FROM pets WHERE label = 'nosuch'",
+                "SELECT key, label FROM pets WHERE width > 100000"]:
+        ticket = flight.Ticket(json.dumps({"sql": sql}).encode())
+        t = c.flight().do_get(ticket, c.call_options()).read_all()
+        assert t.num_rows == 0 and t.column_names == ["key", "label"], t
+
+
 def test_oversized_bodies_get_413(server):
     c = server["client"]
     with pytest.raises(sluice.SluiceError) as e:
