@@ -446,3 +446,32 @@ async fn epoch_rate_does_not_fall_with_the_dataset_size() {
         "samples/s over 10k vs 200k samples: {rates:?}"
     );
 }
+
+/// Finished jobs are not kept forever: past the number kept, the oldest
+/// are forgotten as new ones arrive; running ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_finished_jobs_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = node(dir.path(), "all", (0..SAMPLES).collect()).await;
+    let jobs = jobs(vec![all]).with_finished_kept(2);
+    let running = jobs.submit(spec(1, false, "auto")).await.unwrap();
+    running.layout().await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let j = jobs.submit(spec(1, false, "auto")).await.unwrap();
+        j.layout().await.unwrap();
+        jobs.cancel(j.id()).unwrap();
+        ids.push(j.id().to_string());
+    }
+    jobs.submit(spec(1, false, "auto")).await.unwrap();
+    let listed: Vec<String> = jobs.list().iter().map(|j| j.id().to_string()).collect();
+    assert!(listed.contains(&running.id().to_string()), "{listed:?}");
+    assert!(
+        jobs.get(&ids[0]).is_err() && jobs.get(&ids[1]).is_err(),
+        "{listed:?}"
+    );
+    assert!(
+        jobs.get(&ids[2]).is_ok() && jobs.get(&ids[3]).is_ok(),
+        "{listed:?}"
+    );
+}

@@ -18,6 +18,10 @@ use super::status::JobState;
 use super::store::JobStore;
 use crate::session::ComputeSession;
 
+/// Finished jobs (done, failed, cancelled) kept, newest first: older ones
+/// are forgotten, with their records, as new jobs arrive.
+pub const FINISHED_KEPT: usize = 256;
+
 /// Stack of each thread of the jobs' runtime.
 pub const STACK_BYTES: usize = 16 << 20;
 
@@ -29,6 +33,7 @@ pub struct Jobs {
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
     instance: u32,
+    finished_kept: usize,
     runtime: Option<Runtime>,
     handle: Handle,
 }
@@ -70,6 +75,7 @@ impl Jobs {
             jobs: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             instance,
+            finished_kept: FINISHED_KEPT,
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
         })
@@ -103,7 +109,37 @@ impl Jobs {
         self.lock().insert(n, Arc::clone(&job));
         let starting = Arc::clone(&job);
         self.handle.spawn(async move { starting.start().await });
+        self.forget_old();
         Ok(job)
+    }
+
+    /// The same registry keeping at most `n` finished jobs.
+    pub fn with_finished_kept(mut self, n: usize) -> Self {
+        self.finished_kept = n;
+        self
+    }
+
+    /// Forgets the oldest finished jobs past the number kept: jobs are
+    /// not a log that grows forever.
+    fn forget_old(&self) {
+        let gone: Vec<Arc<Job>> = {
+            let mut jobs = self.lock();
+            let finished: Vec<u64> = jobs
+                .iter()
+                .filter(|(_, j)| matches!(j.state(), JobState::Done) || j.state().is_final())
+                .map(|(n, _)| *n)
+                .collect();
+            let extra = finished.len().saturating_sub(self.finished_kept);
+            finished[..extra]
+                .iter()
+                .filter_map(|n| jobs.remove(n))
+                .collect()
+        };
+        for job in gone {
+            if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(job.id())) {
+                tracing::warn!("job {}: cannot remove its record: {e}", job.id());
+            }
+        }
     }
 
     /// Brings back the jobs saved by an earlier run: each is planned again
