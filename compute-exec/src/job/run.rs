@@ -97,6 +97,9 @@ pub struct Job {
     runtime: Handle,
     /// The table it reads and the versions it pinned on each node.
     table: String,
+    /// The table's schema and the filters choosing the samples, as planned.
+    table_schema: SchemaRef,
+    filters: Vec<datafusion::logical_expr::Expr>,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
     store: Option<Arc<JobStore>>,
 }
@@ -211,6 +214,8 @@ impl Job {
             bad: ErrorLog::default(),
             runtime,
             table,
+            table_schema: query.pipeline.scan.source.schema(),
+            filters: query.filters(),
             pins,
             store,
         })
@@ -259,9 +264,7 @@ impl Job {
     }
 
     async fn index(&self) -> Result<SampleIndex, JobError> {
-        let query = JobQuery::prepare(&self.session, &self.sql, udf_options(&self.spec, 0)).await?;
-        let schema = query.pipeline.scan.source.schema();
-        SampleIndex::build(&self.table, &schema, &query.filters(), &self.pins).await
+        SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
     }
 
     /// Positions every rank reads over all epochs.
