@@ -117,18 +117,27 @@ pub struct ExtentSource {
     metrics: ExecutionPlanMetricsSet,
 }
 
+/// What a scan of a version reads and produces.
+#[derive(Debug, Clone)]
+pub struct ScanColumns {
+    /// Table columns to produce (the index past the table's own is the
+    /// slot of a job's take).
+    pub projection: Vec<usize>,
+    /// Metadata columns to read.
+    pub read: Vec<usize>,
+    /// Their schema.
+    pub read_schema: SchemaRef,
+    /// Exact filters over `read_schema`.
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+}
+
 impl ExtentSource {
-    /// A scan of `version` producing the table columns `projection`,
-    /// reading metadata columns `read` (with schema `read_schema`), applying
-    /// `filter` (over `read_schema`) and `fetch`, split into at most
-    /// `target_partitions` partitions.
-    #[allow(clippy::too_many_arguments)]
+    /// A scan of `version` producing and reading `columns`, stopping after
+    /// `fetch` rows, split into at most `target_partitions` partitions of
+    /// the metadata file's row groups.
     pub fn try_new(
         version: Arc<DatasetVersion>,
-        projection: Vec<usize>,
-        read: Vec<usize>,
-        read_schema: SchemaRef,
-        filter: Option<Arc<dyn PhysicalExpr>>,
+        columns: ScanColumns,
         fetch: Option<usize>,
         target_partitions: usize,
         options: ScanOptions,
@@ -140,58 +149,44 @@ impl ExtentSource {
                 .map(|p| (groups * p / n..groups * (p + 1) / n).collect())
                 .collect(),
         );
-        Self::with_parts(
-            version,
-            projection,
-            read,
-            read_schema,
-            filter,
-            fetch,
-            parts,
-            options,
-        )
+        Self::with_parts(version, columns, fetch, parts, options)
     }
 
     /// A job's scan of `take` over `index` (the metadata of `version`),
-    /// split into at most `target_partitions` partitions; `projection` may
-    /// name the slot column (the index past the table's columns).
-    #[allow(clippy::too_many_arguments)]
+    /// split into at most `target_partitions` partitions; its metadata
+    /// batches carry each row's slot as one more column.
     pub fn take(
         version: Arc<DatasetVersion>,
         index: Arc<VersionIndex>,
         take: &Take,
-        projection: Vec<usize>,
-        read: Vec<usize>,
-        read_schema: SchemaRef,
-        filter: Option<Arc<dyn PhysicalExpr>>,
+        mut columns: ScanColumns,
         target_partitions: usize,
         options: ScanOptions,
     ) -> DFResult<Self> {
         let parts = take_parts(take, &index, &version.record.dataset, target_partitions)?;
-        let read_schema = with_slot(&read_schema);
+        columns.read_schema = with_slot(&columns.read_schema);
         Self::with_parts(
             version,
-            projection,
-            read,
-            read_schema,
-            filter,
+            columns,
             None,
             Parts::Take { index, parts },
             options,
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn with_parts(
         version: Arc<DatasetVersion>,
-        projection: Vec<usize>,
-        read: Vec<usize>,
-        read_schema: SchemaRef,
-        filter: Option<Arc<dyn PhysicalExpr>>,
+        columns: ScanColumns,
         fetch: Option<usize>,
         parts: Parts,
         options: ScanOptions,
     ) -> DFResult<Self> {
+        let ScanColumns {
+            projection,
+            read,
+            read_schema,
+            filter,
+        } = columns;
         let data_index = version.data_index();
         let slot_index = data_index + 1;
         let mut out = Vec::with_capacity(projection.len());

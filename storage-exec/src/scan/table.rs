@@ -12,13 +12,12 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::Result as DFResult;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use sluice_flight::Take;
 use sluice_flight::scan::filter_pushdown;
 
-use super::source::{ExtentSource, ScanOptions};
+use super::source::{ExtentSource, ScanColumns, ScanOptions};
 use super::take::VersionIndex;
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
@@ -111,15 +110,12 @@ impl DatasetTable {
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let (projection, read, read_schema, filter) = self.columns(state, projection, filters)?;
+        let columns = self.columns(state, projection, filters)?;
         let source = ExtentSource::take(
             Arc::clone(&self.version),
             index,
             take,
-            projection,
-            read,
-            read_schema,
-            filter,
+            columns,
             state.config().target_partitions(),
             self.options.clone(),
         )?;
@@ -129,18 +125,12 @@ impl DatasetTable {
     /// The table columns to produce, the metadata columns to read (the
     /// projected ones, those the filters use, and the extent columns when
     /// `data` is wanted), their schema and the filters over it.
-    #[allow(clippy::type_complexity)]
     fn columns(
         &self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
-    ) -> DFResult<(
-        Vec<usize>,
-        Vec<usize>,
-        SchemaRef,
-        Option<Arc<dyn PhysicalExpr>>,
-    )> {
+    ) -> DFResult<ScanColumns> {
         let v = &self.version;
         let projection: Vec<usize> = match projection {
             Some(p) => p.clone(),
@@ -172,7 +162,12 @@ impl DatasetTable {
             }
             None => None,
         };
-        Ok((projection, read, read_schema, filter))
+        Ok(ScanColumns {
+            projection,
+            read,
+            read_schema,
+            filter,
+        })
     }
 }
 
@@ -202,16 +197,12 @@ impl TableProvider for DatasetTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        let (projection, read, read_schema, filter) = self.columns(state, projection, filters)?;
-        let partitions = state.config().target_partitions();
+        let columns = self.columns(state, projection, filters)?;
         let source = ExtentSource::try_new(
             Arc::clone(&self.version),
-            projection,
-            read,
-            read_schema,
-            filter,
+            columns,
             limit,
-            partitions,
+            state.config().target_partitions(),
             self.options.clone(),
         )?;
         Ok(DataSourceExec::from_data_source(source))
