@@ -12,6 +12,7 @@ import time
 import tempfile
 
 import pyarrow as pa
+import pytest
 
 import sluice
 from serve import SLUICE, serve_env, start_serve
@@ -83,35 +84,46 @@ def rss(pid):
     raise AssertionError("no VmRSS")
 
 
-def test_a_slow_reader_does_not_grow_the_server():
-    """A reader that stops after one batch holds the server to its windows
-    in flight: it does not decode the whole epoch ahead into memory."""
+@pytest.fixture(scope="module")
+def heavy():
+    """A server holding 1,200 generated images, and a job over them: each
+    a 256x256x3 float32 tensor (786 KB), 940 MB an epoch."""
     with tempfile.TemporaryDirectory() as d:
         env = serve_env(d)
         src = generate(d, env, "pets", 4, 300)
         proc, c = start(d, env)
         try:
             c.ingest("pets", src)
-            # 1,200 samples of 256x256x3 float32 (786 KB each): 940 MB an epoch.
-            job = c.submit("SELECT key, normalize(decode_resize(data, 256, 256), [0.5], [0.2]) "
-                           "AS image FROM pets", batch_size=16, on_error="null")
-            job.wait()
-            before = rss(proc.pid)
-            r = job.reader(0)
-            it = iter(r.batches())
-            assert next(it).num_rows == 16
-            time.sleep(4)
-            grown = rss(proc.pid) - before
-            # In flight: 3 windows of ~32 MiB running, one being cut, two
-            # batches (and their Flight encoding) in the channel, the HTTP/2
-            # window: ~200 MB, not the epoch's 0.94 GB.
-            print(f"server RSS grew {grown >> 20} MiB for a stalled reader")
-            assert grown < 400 << 20, f"the server grew {grown >> 20} MiB for a stalled reader"
-            rows = 16 + sum(b.num_rows for b in it)
-            assert rows == 1200
+
+            def submit():
+                job = c.submit("SELECT key, normalize(decode_resize(data, 256, 256), [0.5], "
+                               "[0.2]) AS image FROM pets", batch_size=16, on_error="null")
+                job.wait()
+                return job
+
+            yield proc, c, submit
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
+
+
+def test_a_slow_reader_does_not_grow_the_server(heavy):
+    """A reader that stops after one batch holds the server to its windows
+    in flight: it does not decode the whole epoch ahead into memory."""
+    proc, _, submit = heavy
+    job = submit()
+    before = rss(proc.pid)
+    it = iter(job.reader(0).batches())
+    assert next(it).num_rows == 16
+    time.sleep(4)
+    grown = rss(proc.pid) - before
+    # In flight: 3 windows of ~32 MiB running, one being cut, two batches
+    # (and their Flight encoding) in the channel, the HTTP/2 window:
+    # ~200 MB, not the epoch's 0.94 GB.
+    print(f"server RSS grew {grown >> 20} MiB for a stalled reader")
+    assert grown < 400 << 20, f"the server grew {grown >> 20} MiB for a stalled reader"
+    rows = 16 + sum(b.num_rows for b in it)
+    assert rows == 1200
 
 
 def cpu_seconds(pid):
@@ -121,50 +133,40 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_cancel_stops_the_decodes():
+def test_cancel_stops_the_decodes(heavy):
     """Cancelling a job stops its work in flight: within a second the server
     burns (next to) no CPU, and it answers the next request at once."""
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = generate(d, env, "pets", 4, 300)
-        proc, c = start(d, env)
+    proc, c, submit = heavy
+    job = submit()
+    # A reader that keeps reading: without the cancel, the epoch's
+    # decodes would keep both cores busy for many seconds.
+    read = []
+
+    def consume():
         try:
-            c.ingest("pets", src)
-            job = c.submit("SELECT key, normalize(decode_resize(data, 256, 256), [0.5], [0.2]) "
-                           "AS image FROM pets", batch_size=16, on_error="null")
-            job.wait()
-            # A reader that keeps reading: without the cancel, the epoch's
-            # decodes would keep both cores busy for many seconds.
-            read = []
+            for b in job.reader(0).batches():
+                read.append(b.num_rows)
+        except pa.ArrowException:
+            read.append(-1)
 
-            def consume():
-                try:
-                    for b in job.reader(0).batches():
-                        read.append(b.num_rows)
-                except pa.ArrowException:
-                    read.append(-1)
-
-            reader = threading.Thread(target=consume)
-            reader.start()
-            while len(read) < 4:
-                time.sleep(0.05)
-            busy = cpu_seconds(proc.pid)
-            time.sleep(1.0)
-            busy = cpu_seconds(proc.pid) - busy
-            assert busy > 0.5, f"the job was not decoding ({busy:.2f} s of CPU in 1 s)"
-            assert job.cancel()["state"] == "cancelled"
-            reader.join(timeout=30)
-            assert read[-1] == -1, "the stream ends with the cancel, as an error"
-            assert sum(read[:-1]) < 1200
-            t = time.monotonic()
-            time.sleep(1.0)
-            before = cpu_seconds(proc.pid)
-            time.sleep(2.0)
-            burnt = cpu_seconds(proc.pid) - before
-            print(f"CPU after cancel: {burnt:.2f} s over 2 s")
-            assert burnt < 0.3, f"{burnt:.2f} s of CPU in the 2 s after a cancel"
-            assert c._request("GET", "/healthz") == "ok\n"
-            assert time.monotonic() - t < 10
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    reader = threading.Thread(target=consume)
+    reader.start()
+    while len(read) < 4:
+        time.sleep(0.05)
+    busy = cpu_seconds(proc.pid)
+    time.sleep(1.0)
+    busy = cpu_seconds(proc.pid) - busy
+    assert busy > 0.5, f"the job was not decoding ({busy:.2f} s of CPU in 1 s)"
+    assert job.cancel()["state"] == "cancelled"
+    reader.join(timeout=30)
+    assert read[-1] == -1, "the stream ends with the cancel, as an error"
+    assert sum(read[:-1]) < 1200
+    t = time.monotonic()
+    time.sleep(1.0)
+    before = cpu_seconds(proc.pid)
+    time.sleep(2.0)
+    burnt = cpu_seconds(proc.pid) - before
+    print(f"CPU after cancel: {burnt:.2f} s over 2 s")
+    assert burnt < 0.3, f"{burnt:.2f} s of CPU in the 2 s after a cancel"
+    assert c._request("GET", "/healthz") == "ok\n"
+    assert time.monotonic() - t < 10
