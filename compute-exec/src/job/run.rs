@@ -102,6 +102,22 @@ pub struct Job {
     filters: Vec<datafusion::logical_expr::Expr>,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
     store: Option<Arc<JobStore>>,
+    /// Records are numbered as made; the newest written is kept here, so
+    /// that a record written late never replaces a newer one.
+    next_save: std::sync::atomic::AtomicU64,
+    saved: Mutex<u64>,
+}
+
+/// Writes `record` (number `seq`) unless a newer one was written.
+fn write_record(store: &JobStore, saved: &Mutex<u64>, seq: u64, record: &JobRecord) {
+    let mut newest = saved.lock().unwrap_or_else(|e| e.into_inner());
+    if seq < *newest {
+        return;
+    }
+    match store.save(record) {
+        Ok(()) => *newest = seq,
+        Err(e) => tracing::warn!("job {}: cannot save its record: {e}", record.id),
+    }
 }
 
 impl Job {
@@ -218,6 +234,8 @@ impl Job {
             filters: query.filters(),
             pins,
             store,
+            next_save: std::sync::atomic::AtomicU64::new(0),
+            saved: Mutex::new(0),
         })
     }
 
@@ -302,12 +320,32 @@ impl Job {
     /// Saves its record (a failure to is logged: the job goes on). A
     /// cancelled job has none.
     pub fn save(&self) {
+        if let Some((store, seq, record)) = self.to_save() {
+            write_record(&store, &self.saved, seq, &record);
+        }
+    }
+
+    /// [`Job::save`] on the jobs' blocking pool: progress saved while a
+    /// reader's stream is polled, off the runtime serving requests.
+    fn save_in_background(self: &Arc<Self>) {
+        if let Some((store, seq, record)) = self.to_save() {
+            let job = Arc::clone(self);
+            self.runtime
+                .spawn_blocking(move || write_record(&store, &job.saved, seq, &record));
+        }
+    }
+
+    /// The store, the record's sequence number and the record, unless
+    /// there is nothing to save.
+    fn to_save(&self) -> Option<(Arc<JobStore>, u64, JobRecord)> {
         if self.state() == JobState::Cancelled {
-            return;
+            return None;
         }
-        if let Some(Err(e)) = self.store.as_ref().map(|s| s.save(&self.record())) {
-            tracing::warn!("job {}: cannot save its record: {e}", self.id);
-        }
+        let store = Arc::clone(self.store.as_ref()?);
+        let seq = self
+            .next_save
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some((store, seq, self.record()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -439,7 +477,7 @@ impl Job {
     }
 
     /// Records a batch handed to a reader.
-    fn delivered(&self, rank: u64, epoch: u64, d: &Delivery) {
+    fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &Delivery) {
         let mut inner = self.lock();
         inner.progress.deliver(
             rank,
@@ -466,7 +504,7 @@ impl Job {
             self.save();
         } else if due {
             drop(inner);
-            self.save();
+            self.save_in_background();
         }
     }
 
