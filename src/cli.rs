@@ -192,6 +192,38 @@ pub enum BinaryFormat {
     Base64,
 }
 
+/// What `sluice checkpoints` does.
+#[derive(Debug, Subcommand)]
+pub enum CheckpointAction {
+    /// Every version of the checkpoints whose names start with a prefix.
+    List {
+        /// Name prefix (empty: all).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
+    },
+    /// Delete a checkpoint (every version, or one) and free its space.
+    Delete {
+        /// Its name.
+        name: String,
+        /// Only this version.
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Copy a checkpoint version (the newest by default) to a file, checking every extent.
+    Get {
+        /// Its name.
+        name: String,
+        /// The file to write.
+        out: PathBuf,
+        /// Which version.
+        #[arg(long)]
+        version: Option<u64>,
+    },
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -303,6 +335,19 @@ pub enum Command {
         /// Experiment knob: limit the storage→compute link (token bucket), e.g. 1Gbit.
         #[arg(long, value_parser = parse_rate)]
         link_limit: Option<RateArg>,
+        /// Checkpoints: versions kept per name (the newest).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_keep: u64,
+        /// Checkpoints: seconds an upload may sit idle before it is aborted
+        /// and its space freed (a writer that died).
+        #[arg(long, default_value_t = 120.0)]
+        checkpoint_idle_timeout: f64,
+    },
+    /// Checkpoints in the data dir: list, delete, or copy one out to a file.
+    Checkpoints {
+        /// What to do.
+        #[command(subcommand)]
+        action: CheckpointAction,
     },
     /// List the UDFs with their cost profiles; --calibrate measures the profiles here.
     Udfs {

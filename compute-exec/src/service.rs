@@ -7,7 +7,10 @@
 //! - `DoGet(JobTicket)`, `GetFlightInfo(job id)` and `GetSchema(job id)`
 //!   are a job's streams to trainers ([`crate::trainer`]);
 //! - the `explain` action answers a query's placement as JSON;
-//! - `ListFlights` lists the datasets the node can reach.
+//! - `ListFlights` lists the datasets the node can reach;
+//! - with a checkpoint store (`serve` over its own data dir), `DoPut`,
+//!   `DoGet` and the `checkpoint.*` actions are the checkpoint protocol of
+//!   [`sluice_flight::checkpoint`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,12 +21,13 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult,
 };
 use datafusion::error::DataFusionError;
-use futures::{Stream, stream};
+use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
+use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, GetTicket, PutCommand};
 use sluice_flight::error::status_of;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::send_reported;
-use sluice_flight::{LinkError, MAX_MESSAGE};
+use sluice_flight::{CheckpointEndpoint, LinkError, MAX_MESSAGE};
 use sluice_planner::Offload;
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
@@ -55,6 +59,7 @@ pub struct QueryTicket {
 pub struct QueryService {
     session: Arc<ComputeSession>,
     jobs: Arc<Jobs>,
+    checkpoints: Option<Arc<dyn CheckpointEndpoint>>,
 }
 
 /// The status for an error of a query: a storage node's error keeps its
@@ -80,7 +85,23 @@ impl QueryService {
         Self {
             session: Arc::clone(jobs.session()),
             jobs,
+            checkpoints: None,
         }
+    }
+
+    /// Serves checkpoints from `store` too.
+    pub fn with_checkpoints(mut self, store: Arc<dyn CheckpointEndpoint>) -> Self {
+        self.checkpoints = Some(store);
+        self
+    }
+
+    fn checkpoints(&self) -> Result<&Arc<dyn CheckpointEndpoint>, Status> {
+        self.checkpoints.as_ref().ok_or_else(|| {
+            Status::unimplemented(
+                "this server keeps no checkpoints: they live in the data dir of a `sluice serve` \
+                 without --storage",
+            )
+        })
     }
 
     /// The tonic server of this service.
@@ -168,6 +189,9 @@ impl FlightService for QueryService {
         if trainer::is_job_ticket(&ticket) {
             return Ok(Response::new(trainer::stream(&self.jobs, &ticket).await?));
         }
+        if let Some(t) = GetTicket::parse(&ticket) {
+            return Ok(Response::new(self.checkpoints()?.get(t).await?));
+        }
         let t = parse_ticket(&ticket)?;
         let udfs = UdfEnv::new(t.udf);
         let batches = self
@@ -195,9 +219,32 @@ impl FlightService for QueryService {
 
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(Status::unimplemented("ingest on a storage node"))
+        let checkpoints = Arc::clone(self.checkpoints()?);
+        let mut data = request.into_inner();
+        let first = data
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
+        let command = first
+            .flight_descriptor
+            .as_ref()
+            .and_then(|d| PutCommand::parse(&d.cmd))
+            .ok_or_else(|| {
+                Status::invalid_argument(
+                    "DoPut takes checkpoint parts: a descriptor command \
+                     {\"checkpoint_upload\", \"offset\"}",
+                )
+            })?;
+        let rest = stream::once(async { Ok(first) }).chain(data).boxed();
+        let bytes = checkpoints.put(command, rest).await?;
+        let reply = PutResult {
+            app_metadata: serde_json::to_vec(&serde_json::json!({ "bytes": bytes }))
+                .map_err(|e| Status::internal(e.to_string()))?
+                .into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
     }
 
     async fn do_exchange(
@@ -212,6 +259,14 @@ impl FlightService for QueryService {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
+        if action.r#type.starts_with(ACTION_PREFIX) {
+            let body = self
+                .checkpoints()?
+                .action(&action.r#type, &action.body)
+                .await?;
+            let reply = arrow_flight::Result { body };
+            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
+        }
         if action.r#type != EXPLAIN {
             return Err(Status::invalid_argument(format!(
                 "unknown action {:?} (known: {EXPLAIN})",
@@ -237,10 +292,18 @@ impl FlightService for QueryService {
         &self,
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let t = ActionType {
+        let mut types = vec![ActionType {
             r#type: EXPLAIN.into(),
             description: "the placement of a query ticket, as JSON".into(),
-        };
-        Ok(Response::new(Box::pin(stream::iter([Ok(t)]))))
+        }];
+        if self.checkpoints.is_some() {
+            types.extend(ACTIONS.iter().map(|(t, d)| ActionType {
+                r#type: (*t).into(),
+                description: (*d).into(),
+            }));
+        }
+        Ok(Response::new(Box::pin(stream::iter(
+            types.into_iter().map(Ok),
+        ))))
     }
 }

@@ -15,9 +15,12 @@
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
-//! - [`auth`]: bearer tokens for the services users reach.
+//! - [`auth`]: bearer tokens for the services users reach;
+//! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
+//!   service, and [`CheckpointEndpoint`], what serves it.
 
 pub mod auth;
+pub mod checkpoint;
 pub mod client;
 pub mod codec;
 pub mod endpoint;
@@ -28,6 +31,7 @@ pub mod stream;
 pub mod throttle;
 
 pub use auth::BearerAuth;
+pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};

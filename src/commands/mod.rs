@@ -3,6 +3,7 @@
 pub mod bench;
 mod bench_epoch;
 mod bench_udf;
+mod checkpoints;
 mod datasets;
 mod explain;
 mod gen_sample;
@@ -101,6 +102,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             storage_cores,
             compute_cores,
             link_limit,
+            checkpoint_keep,
+            checkpoint_idle_timeout,
         } => {
             let hints = place::hints(None, *compute_cores, None);
             let addrs = nodes::ServeAddrs {
@@ -108,9 +111,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 rest,
                 ingest_roots: ingest_root,
                 storage,
+                checkpoints: sluice_storage::checkpoint::CheckpointOptions {
+                    keep: *checkpoint_keep as usize,
+                    idle_timeout: std::time::Duration::from_secs_f64(
+                        checkpoint_idle_timeout.clamp(0.1, 86_400.0),
+                    ),
+                    max_size: u64::MAX,
+                },
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
         }
+        Command::Checkpoints { action } => checkpoints::run(&cli, action).await,
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),
         Command::GenSample {

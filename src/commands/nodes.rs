@@ -10,6 +10,7 @@ use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
 use sluice_flight::{BearerAuth, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
+use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -111,6 +112,8 @@ pub struct ServeAddrs<'a> {
     pub ingest_roots: &'a [std::path::PathBuf],
     /// Remote storage nodes instead of the data dir.
     pub storage: &'a [String],
+    /// How checkpoints in the data dir are kept.
+    pub checkpoints: CheckpointOptions,
 }
 
 pub async fn serve(
@@ -159,6 +162,12 @@ pub async fn serve(
         Ok(n) => eprintln!("{n} job(s) restored"),
         Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
     }
+    // Checkpoints live beside the datasets, in serve's own data dir.
+    let checkpoints = store.as_ref().map(|s| {
+        let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
+        Checkpoints::spawn_reaper(&c);
+        c
+    });
     let flight = bind(addrs.flight).await?;
     let flight_addr = flight.local_addr()?;
     let rest = bind(addrs.rest).await?;
@@ -167,6 +176,7 @@ pub async fn serve(
         jobs: Arc::clone(&jobs),
         auth: auth.clone(),
         ingest_store: store,
+        checkpoints: checkpoints.clone(),
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
         flight: flight_addr,
@@ -189,10 +199,11 @@ pub async fn serve(
             .write_all(announce.as_bytes())
             .and_then(|()| out.flush());
     }
-    let service = tonic::service::interceptor::InterceptedService::new(
-        QueryService::new(jobs).server(),
-        auth,
-    );
+    let mut query = QueryService::new(jobs);
+    if let Some(c) = checkpoints {
+        query = query.with_checkpoints(c);
+    }
+    let service = tonic::service::interceptor::InterceptedService::new(query.server(), auth);
     let flight_server = flight_builder()
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());

@@ -10,6 +10,8 @@
 //!  GET    /v1/jobs/{id}/explain  placement
 //!  GET    /v1/datasets[/{name}]  datasets
 //!  POST   /v1/datasets           ingest a directory under an --ingest-root
+//!  GET    /v1/checkpoints        checkpoint versions (?prefix=)
+//!  DELETE /v1/checkpoints        delete one (?name=, &version=)
 //!  GET    /v1/info               version, the Flight address
 //!  GET    /healthz  /metrics  /openapi.json
 //! ```
@@ -17,6 +19,7 @@
 //! With bearer tokens configured, every route but `/healthz` needs
 //! `authorization: Bearer TOKEN` (401 otherwise).
 
+pub mod checkpoints;
 pub mod datasets;
 pub mod error;
 pub mod jobs;
@@ -35,6 +38,7 @@ use axum::routing::get;
 use sluice_compute::Jobs;
 use sluice_flight::BearerAuth;
 use sluice_storage::Store;
+use sluice_storage::checkpoint::Checkpoints;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
@@ -51,6 +55,8 @@ pub struct AppState {
     pub auth: BearerAuth,
     /// The store REST ingest writes to (embedded mode).
     pub ingest_store: Option<Arc<Store>>,
+    /// The checkpoints of the data dir (embedded mode).
+    pub checkpoints: Option<Arc<Checkpoints>>,
     /// Directories REST ingest may read.
     pub ingest_roots: Vec<PathBuf>,
     /// When the server started.
@@ -82,6 +88,7 @@ impl utoipa::Modify for BearerScheme {
     tags(
         (name = "jobs", description = "Pipelines delivered to trainers"),
         (name = "datasets", description = "Datasets on the storage side"),
+        (name = "checkpoints", description = "Checkpoints trainers wrote over Flight"),
         (name = "ops", description = "Health and metrics"),
     )
 )]
@@ -95,6 +102,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::explain))
         .routes(routes!(datasets::list, datasets::ingest))
         .routes(routes!(datasets::get))
+        .routes(routes!(checkpoints::list, checkpoints::delete))
         .routes(routes!(ops::info))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
@@ -172,6 +180,7 @@ mod tests {
             ("/v1/jobs/{id}/explain", vec!["get"]),
             ("/v1/datasets", vec!["get", "post"]),
             ("/v1/datasets/{name}", vec!["get"]),
+            ("/v1/checkpoints", vec!["delete", "get"]),
             ("/v1/info", vec!["get"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),

@@ -8,6 +8,9 @@
 //! | `datasets` | dataset | latest version |
 //! | `chunks` | first chunk of a run | (count, version) + dataset, as JSON |
 //!
+//! Checkpoints keep their versions and chunks in two tables of their own
+//! (see `checkpoint::catalog`); the chunk map at open is the union of both.
+//!
 //! A version becomes visible in one write transaction that inserts all
 //! three; before that commit nothing refers to its chunks or its metadata
 //! file, so a crash leaves no partial version and the store's open-time
@@ -82,18 +85,23 @@ impl Catalog {
         txn.open_table(VERSIONS).map_err(|e| cat.err(e))?;
         txn.open_table(DATASETS).map_err(|e| cat.err(e))?;
         txn.open_table(CHUNKS).map_err(|e| cat.err(e))?;
+        crate::checkpoint::catalog::create_tables(&txn).map_err(|e| cat.err(e))?;
         txn.commit().map_err(|e| cat.err(e))?;
         Ok(cat)
     }
 
-    fn err(&self, e: impl std::fmt::Display) -> StorageError {
+    pub(crate) fn db(&self) -> &Database {
+        &self.db
+    }
+
+    pub(crate) fn err(&self, e: impl std::fmt::Display) -> StorageError {
         StorageError::Catalog {
             path: self.path.clone(),
             message: e.to_string(),
         }
     }
 
-    fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T> {
+    pub(crate) fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T> {
         serde_json::from_slice(bytes).map_err(|e| self.err(format!("corrupt record: {e}")))
     }
 
@@ -157,11 +165,12 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Every committed chunk run (to rebuild the allocator at open).
+    /// Every committed chunk run, of datasets and of checkpoints (to
+    /// rebuild the allocator at open).
     pub fn chunk_runs(&self) -> Result<Vec<ChunkRun>> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
+        let mut out = crate::checkpoint::catalog::chunk_runs(&txn).map_err(|e| self.err(e))?;
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (k, v) = entry.map_err(|e| self.err(e))?;
             let owner: ChunkOwner = self.decode(v.value())?;

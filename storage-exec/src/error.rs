@@ -172,6 +172,62 @@ pub enum StorageError {
     /// An Arrow error while building metadata.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
+    /// A checkpoint name that cannot be used.
+    #[error("invalid checkpoint name '{name}': {reason}")]
+    InvalidCheckpointName {
+        /// The name as given (at most 64 characters of it).
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A checkpoint (or one version of it) that does not exist.
+    #[error("unknown checkpoint '{name}'{}", version.map(|v| format!(" version {v}")).unwrap_or_default())]
+    UnknownCheckpoint {
+        /// Its name.
+        name: String,
+        /// The version asked for, if one was.
+        version: Option<u64>,
+    },
+    /// A checkpoint upload that does not exist (never begun, committed,
+    /// aborted, or expired after a writer went silent).
+    #[error("unknown checkpoint upload '{0}' (committed, aborted, or expired)")]
+    UnknownUpload(String),
+    /// A checkpoint upload that cannot be committed or written as asked.
+    #[error("checkpoint '{name}': {reason}")]
+    BadUpload {
+        /// The checkpoint name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Bytes of a checkpoint read back do not match their checksum.
+    #[error(
+        "checkpoint '{name}' version {version} is corrupt at bytes {offset}..{end}: stored crc32c {expected:08x}, read {actual:08x}"
+    )]
+    CheckpointCorrupt {
+        /// The checkpoint name.
+        name: String,
+        /// Its version.
+        version: u64,
+        /// First byte of the damaged extent.
+        offset: u64,
+        /// End of the damaged extent.
+        end: u64,
+        /// crc32c recorded at write.
+        expected: u32,
+        /// crc32c of the bytes read.
+        actual: u32,
+    },
+    /// No room on the device for a write other than an ingest.
+    #[error("device full writing {what}: {needed} bytes needed, {free} bytes free in whole chunks")]
+    NoSpace {
+        /// What was being written.
+        what: String,
+        /// Bytes needed.
+        needed: u64,
+        /// Free bytes left.
+        free: u64,
+    },
     /// A DataFusion error while reading a manifest.
     #[error("{0}")]
     DataFusion(#[from] datafusion::error::DataFusionError),

@@ -16,7 +16,10 @@
 //!   backends and their conformance suite;
 //! - [`buffer`]: aligned pooled buffers that become Arrow buffers without a copy;
 //! - [`alloc`], [`catalog`], [`metadata`], [`layout`], [`store`]: the extent store;
+//! - [`space`]: the free chunks every writer allocates from;
 //! - [`ingest`]: atomic ingest of directories and manifests;
+//! - [`checkpoint`]: named, versioned checkpoints on the same device, and
+//!   the Flight protocol trainers write and read them with;
 //! - [`scan`]: the table provider and the zero-copy `ExtentSource`.
 //!
 //! - [`stats`]: a dataset's statistics for the planner;
@@ -42,6 +45,7 @@
 pub mod alloc;
 pub mod buffer;
 pub mod catalog;
+pub mod checkpoint;
 pub mod device;
 mod error;
 pub mod flight_service;
@@ -51,6 +55,7 @@ pub mod metadata;
 pub mod node;
 pub mod scan;
 mod session;
+pub mod space;
 pub mod stats;
 pub mod store;
 

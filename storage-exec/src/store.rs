@@ -7,13 +7,14 @@
 //! and metadata files that no committed version names are deleted.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::alloc::ChunkAllocator;
 use crate::catalog::{Catalog, VersionRecord};
 use crate::device::{Backend, Device, DeviceOptions, create_device_file, open_device};
 use crate::error::{Result, StorageError};
 use crate::layout::{CATALOG_FILE, DEVICE_FILE, DataDirFormat, META_DIR};
+use crate::space::{Reservation, Space};
 
 /// How to open (or create) a data directory.
 #[derive(Debug, Clone)]
@@ -75,7 +76,7 @@ pub struct Store {
     format: DataDirFormat,
     device: Arc<dyn Device>,
     catalog: Catalog,
-    alloc: Mutex<ChunkAllocator>,
+    space: Space,
     ingest_lock: tokio::sync::Mutex<()>,
     reclaimed: ReclaimReport,
 }
@@ -130,7 +131,7 @@ impl Store {
             format,
             device,
             catalog,
-            alloc: Mutex::new(alloc),
+            space: Space::new(alloc),
             ingest_lock: tokio::sync::Mutex::new(()),
             reclaimed,
         }))
@@ -200,11 +201,10 @@ impl Store {
 
     /// Free space now.
     pub fn space(&self) -> SpaceInfo {
-        let alloc = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         SpaceInfo {
             chunk_size: self.format.chunk_size,
-            total_chunks: alloc.total(),
-            free_chunks: alloc.free(),
+            total_chunks: self.space.total_chunks(),
+            free_chunks: self.space.free_chunks(),
         }
     }
 
@@ -213,21 +213,19 @@ impl Store {
         self.dir.join(rel)
     }
 
-    pub(crate) fn alloc_snapshot(&self) -> ChunkAllocator {
-        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The free chunks every writer allocates from.
+    pub fn space_map(&self) -> &Space {
+        &self.space
     }
 
     pub(crate) async fn lock_ingest(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.ingest_lock.lock().await
     }
 
-    /// Commits a version and claims its runs in the shared allocator.
-    pub(crate) fn commit(&self, record: &VersionRecord) -> Result<()> {
+    /// Commits a version; its reserved runs become owned by it.
+    pub(crate) fn commit(&self, record: &VersionRecord, reserved: Reservation) -> Result<()> {
         self.catalog.commit_version(record)?;
-        let mut alloc = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        for run in &record.runs {
-            alloc.mark_used(*run);
-        }
+        reserved.keep();
         Ok(())
     }
 }

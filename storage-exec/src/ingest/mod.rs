@@ -208,7 +208,7 @@ pub async fn ingest(
 
     let mut writer = ExtentWriter::new(
         Arc::clone(store.device()),
-        store.alloc_snapshot(),
+        store.space_map().reserve(),
         store.chunk_size(),
         dataset,
     );
@@ -281,7 +281,7 @@ pub async fn ingest(
     if accepted.is_empty() {
         return Err(StorageError::EmptyIngest(dataset.to_owned()));
     }
-    let runs = writer.finish().await?;
+    let (runs, reservation) = writer.finish().await?;
 
     // Metadata: key, user columns (rows of accepted objects), system columns.
     let schema = metadata_schema(&enumerated.user_fields);
@@ -329,7 +329,7 @@ pub async fn ingest(
         runs,
         source: source_desc,
     };
-    store.commit(&record)?;
+    store.commit(&record, reservation)?;
     Ok(IngestReport {
         dataset: dataset.to_owned(),
         version,

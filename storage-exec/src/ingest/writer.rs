@@ -18,10 +18,11 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 
-use crate::alloc::{ChunkAllocator, ChunkRun};
+use crate::alloc::ChunkRun;
 use crate::buffer::AlignedBuf;
 use crate::device::{Device, DeviceExt};
 use crate::error::{Result, StorageError};
+use crate::space::Reservation;
 
 /// Where an object landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,10 +35,10 @@ pub struct Extent {
     pub length: u64,
 }
 
-/// Appends objects to a device, allocating chunks from a private allocator.
+/// Appends objects to a device, allocating chunks into a [`Reservation`].
 pub struct ExtentWriter {
     device: Arc<dyn Device>,
-    alloc: ChunkAllocator,
+    alloc: Reservation,
     dataset: String,
     chunk_size: u64,
     runs: Vec<ChunkRun>,
@@ -62,10 +63,10 @@ impl std::fmt::Debug for ExtentWriter {
 }
 
 impl ExtentWriter {
-    /// A writer for `dataset` allocating from `alloc` (a copy of the store's).
+    /// A writer for `dataset` allocating into `alloc`.
     pub fn new(
         device: Arc<dyn Device>,
-        alloc: ChunkAllocator,
+        alloc: Reservation,
         chunk_size: u64,
         dataset: &str,
     ) -> Self {
@@ -88,7 +89,7 @@ impl ExtentWriter {
         StorageError::DeviceFull {
             dataset: self.dataset.clone(),
             needed,
-            free: self.alloc.free() * self.chunk_size,
+            free: self.alloc.free_chunks() * self.chunk_size,
         }
     }
 
@@ -180,21 +181,28 @@ impl ExtentWriter {
     }
 
     /// Writes what is staged, waits for every write, flushes the device and
-    /// returns the chunk runs used.
-    pub async fn finish(mut self) -> Result<Vec<ChunkRun>> {
+    /// returns the chunk runs used, still reserved until the commit that
+    /// owns them.
+    pub async fn finish(mut self) -> Result<(Vec<ChunkRun>, Reservation)> {
         self.flush_staging().await?;
         while let Some(res) = self.writes.next().await {
             res?;
         }
         self.device.flush().await?;
-        Ok(self.runs)
+        Ok((self.runs, self.alloc))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::ChunkAllocator;
     use crate::device::{DeviceExt, DeviceOptions, create_device_file, file::FileDevice};
+    use crate::space::Space;
+
+    fn space(chunks: u64) -> Reservation {
+        Space::new(ChunkAllocator::new(chunks)).reserve()
+    }
 
     async fn device(size: u64) -> (tempfile::TempDir, Arc<dyn Device>) {
         let dir = tempfile::tempdir().unwrap();
@@ -210,7 +218,7 @@ mod tests {
     async fn packs_objects_tightly_and_spans_chunks() {
         let (_d, dev) = device(1 << 20).await;
         let chunk = 64 * 1024;
-        let mut w = ExtentWriter::new(Arc::clone(&dev), ChunkAllocator::new(16), chunk, "t");
+        let mut w = ExtentWriter::new(Arc::clone(&dev), space(16), chunk, "t");
         let a = vec![1u8; 1000];
         let b = vec![2u8; 150_000]; // spans three chunks
         let c = vec![3u8; 10];
@@ -220,7 +228,7 @@ mod tests {
         assert_eq!((ea.chunk, ea.offset), (0, 0));
         assert_eq!((eb.chunk, eb.offset), (0, 1000));
         assert_eq!(ec.chunk * chunk + ec.offset, 151_000);
-        let runs = w.finish().await.unwrap();
+        let (runs, _held) = w.finish().await.unwrap();
         assert_eq!(runs, vec![ChunkRun { start: 0, count: 3 }]);
         for (e, want) in [(ea, &a), (eb, &b), (ec, &c)] {
             let (buf, at) = dev
@@ -234,7 +242,7 @@ mod tests {
     #[tokio::test]
     async fn device_full_is_an_error_naming_the_dataset() {
         let (_d, dev) = device(1 << 20).await;
-        let mut w = ExtentWriter::new(dev, ChunkAllocator::new(2), 64 * 1024, "big");
+        let mut w = ExtentWriter::new(dev, space(2), 64 * 1024, "big");
         w.append(&vec![0u8; 100_000]).await.unwrap();
         let err = w.append(&vec![0u8; 100_000]).await.unwrap_err();
         assert!(matches!(err, StorageError::DeviceFull { .. }), "{err}");

@@ -1,0 +1,126 @@
+//! The checkpoint protocol of the Flight service trainers reach, and
+//! [`CheckpointEndpoint`], what serves it (the storage crate's checkpoint
+//! store).
+//!
+//! ```text
+//!  DoAction checkpoint.begin  {"name"}                  → {"upload"}
+//!  DoPut    descriptor cmd    {"checkpoint_upload", "offset"}
+//!           batches of one LargeBinary column "data": the part's bytes, in order
+//!                                                       → PutResult {"bytes"}
+//!  DoAction checkpoint.commit {"upload", "size"}        → {"name", "version", "size", …}
+//!  DoAction checkpoint.abort  {"upload"}
+//!  DoAction checkpoint.stat   {"name", "version"?}      → {"name", "version", "size", …}
+//!  DoAction checkpoint.list   {"prefix"}                → [{"name", "version", "size", …}]
+//!  DoAction checkpoint.delete {"name", "version"?}      → the versions removed
+//!  DoGet    ticket            {"checkpoint", "version", "offset", "length"}
+//!           → batches of one LargeBinary column "data": the range's bytes, in order
+//! ```
+//!
+//! A writer sends the parts of one upload on several DoPut streams at
+//! once; a reader fetches several ranges of one version on several DoGet
+//! streams at once. Both are authenticated like every other call.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_flight::FlightData;
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use tonic::Status;
+
+use crate::stream::FlightStream;
+
+/// Prefix of every checkpoint action.
+pub const ACTION_PREFIX: &str = "checkpoint.";
+
+/// The actions, with their descriptions (for `ListActions`).
+pub const ACTIONS: [(&str, &str); 6] = [
+    (
+        "checkpoint.begin",
+        "start writing a checkpoint version: {name} → {upload}",
+    ),
+    (
+        "checkpoint.commit",
+        "make an upload's parts the next version: {upload, size}",
+    ),
+    ("checkpoint.abort", "abandon an upload: {upload}"),
+    (
+        "checkpoint.stat",
+        "one version (newest by default): {name, version?}",
+    ),
+    (
+        "checkpoint.list",
+        "every version of the checkpoints under a prefix: {prefix}",
+    ),
+    (
+        "checkpoint.delete",
+        "delete a version, or all of a name: {name, version?}",
+    ),
+];
+
+/// The column checkpoint bytes travel in.
+pub fn data_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "data",
+        DataType::LargeBinary,
+        false,
+    )]))
+}
+
+/// The command of a DoPut descriptor: which upload, and where the part
+/// starts in the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutCommand {
+    /// The upload id `checkpoint.begin` answered.
+    pub checkpoint_upload: String,
+    /// Position of the part's first byte.
+    pub offset: u64,
+}
+
+/// A DoGet ticket for a range of one checkpoint version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetTicket {
+    /// The checkpoint name.
+    pub checkpoint: String,
+    /// Its version (from `checkpoint.stat`, so every range reads the same one).
+    pub version: u64,
+    /// First byte.
+    #[serde(default)]
+    pub offset: u64,
+    /// Bytes wanted (clipped to the size).
+    pub length: u64,
+}
+
+impl GetTicket {
+    /// The ticket in `bytes`, if they are one.
+    pub fn parse(bytes: &[u8]) -> Option<Self> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+impl PutCommand {
+    /// The command in `bytes`, if they are one.
+    pub fn parse(bytes: &[u8]) -> Option<Self> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// What serves checkpoints behind a Flight service.
+#[async_trait]
+pub trait CheckpointEndpoint: Send + Sync + fmt::Debug {
+    /// Writes one part (the rest of a DoPut stream) and returns its length.
+    async fn put(
+        &self,
+        command: PutCommand,
+        data: BoxStream<'static, Result<FlightData, Status>>,
+    ) -> Result<u64, Status>;
+
+    /// Streams a range of a version.
+    async fn get(&self, ticket: GetTicket) -> Result<FlightStream, Status>;
+
+    /// Answers a `checkpoint.*` action with a JSON body.
+    async fn action(&self, kind: &str, body: &[u8]) -> Result<Bytes, Status>;
+}

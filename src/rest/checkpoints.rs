@@ -1,0 +1,112 @@
+//! `/v1/checkpoints`: the checkpoints trainers wrote over Flight, listed
+//! and deleted. Names hold `/`, so they travel as query parameters.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use sluice_storage::StorageError;
+use sluice_storage::checkpoint::{CheckpointInfo, Checkpoints};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// A checkpoint version.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Checkpoint {
+    /// Its name (`prefix/file`).
+    pub name: String,
+    /// Its version: each commit of a name adds one.
+    pub version: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+impl From<CheckpointInfo> for Checkpoint {
+    fn from(c: CheckpointInfo) -> Self {
+        Self {
+            name: c.name,
+            version: c.version,
+            size: c.size,
+            created_unix_ms: c.created_unix_ms,
+        }
+    }
+}
+
+/// Which checkpoints to list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ListQuery {
+    /// Only names starting with this.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+/// Which checkpoint to delete.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct DeleteQuery {
+    /// Its name.
+    pub name: String,
+    /// Only this version (default: all of them).
+    #[serde(default)]
+    pub version: Option<u64>,
+}
+
+fn store(s: &AppState) -> Result<&Arc<Checkpoints>, ApiError> {
+    s.checkpoints.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "checkpoints_disabled",
+            "this server keeps no checkpoints: they live in the data dir of a \
+             `sluice serve` without --storage",
+        )
+    })
+}
+
+fn api_error(e: StorageError) -> ApiError {
+    match e {
+        StorageError::UnknownCheckpoint { .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "checkpoint_not_found", e.to_string())
+        }
+        StorageError::InvalidCheckpointName { .. } => {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", e.to_string())
+        }
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            other.to_string(),
+        ),
+    }
+}
+
+/// Every version of the checkpoints under a prefix, by name then version.
+#[utoipa::path(get, path = "/v1/checkpoints", operation_id = "list_checkpoints", tag = "checkpoints",
+    params(ListQuery),
+    responses((status = 200, body = Vec<Checkpoint>), (status = 401, body = ApiError),
+        (status = 501, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(s): State<AppState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<Checkpoint>>, ApiError> {
+    let list = store(&s)?.list(&q.prefix).map_err(api_error)?;
+    Ok(Json(list.into_iter().map(Checkpoint::from).collect()))
+}
+
+/// Deletes a checkpoint (every version, or one); its space is free at once.
+#[utoipa::path(delete, path = "/v1/checkpoints", operation_id = "delete_checkpoint", tag = "checkpoints",
+    params(DeleteQuery),
+    responses((status = 200, description = "The versions deleted", body = Vec<Checkpoint>),
+        (status = 404, body = ApiError), (status = 401, body = ApiError),
+        (status = 501, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn delete(
+    State(s): State<AppState>,
+    Query(q): Query<DeleteQuery>,
+) -> Result<Json<Vec<Checkpoint>>, ApiError> {
+    let gone = store(&s)?.delete(&q.name, q.version).map_err(api_error)?;
+    Ok(Json(gone.into_iter().map(Checkpoint::from).collect()))
+}

@@ -1,0 +1,236 @@
+//! The checkpoints' part of the catalog: two redb tables beside the
+//! datasets' ones.
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `checkpoints` | (name, version) | [`CheckpointRecord`] as JSON |
+//! | `checkpoint_chunks` | first chunk of a run | chunk count |
+//!
+//! A commit inserts the new version and its chunks, and removes the
+//! versions past the retention count with their chunks, in one durable
+//! write transaction: after a crash either the new version is there and the
+//! old ones it replaced are gone, or nothing changed. redb serialises write
+//! transactions, so two writers of one name get consecutive versions.
+
+use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+
+use super::record::{CheckpointInfo, CheckpointRecord};
+use crate::alloc::ChunkRun;
+use crate::catalog::Catalog;
+use crate::error::{Result, StorageError};
+
+const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("checkpoints");
+const CHECKPOINT_CHUNKS: TableDefinition<'_, u64, u64> = TableDefinition::new("checkpoint_chunks");
+
+/// Creates the tables (at catalog open).
+pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<(), redb::Error> {
+    txn.open_table(CHECKPOINTS)?;
+    txn.open_table(CHECKPOINT_CHUNKS)?;
+    Ok(())
+}
+
+/// The chunk runs checkpoints own.
+pub(crate) fn chunk_runs(txn: &ReadTransaction) -> Result<Vec<ChunkRun>, redb::Error> {
+    let table = txn.open_table(CHECKPOINT_CHUNKS)?;
+    let mut out = Vec::new();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        out.push(ChunkRun {
+            start: k.value(),
+            count: v.value(),
+        });
+    }
+    Ok(out)
+}
+
+/// What a commit or a delete changed.
+#[derive(Debug, Default)]
+pub struct Removed {
+    /// Versions removed.
+    pub versions: Vec<CheckpointInfo>,
+    /// Chunks they owned, free once the transaction is durable.
+    pub runs: Vec<ChunkRun>,
+}
+
+impl Catalog {
+    fn versions_of<T: ReadableTable<(&'static str, u64), &'static [u8]>>(
+        &self,
+        table: &T,
+        name: &str,
+    ) -> Result<Vec<CheckpointRecord>> {
+        let mut out = Vec::new();
+        for entry in table
+            .range((name, 0)..=(name, u64::MAX))
+            .map_err(|e| self.err(e))?
+        {
+            let (_, v) = entry.map_err(|e| self.err(e))?;
+            out.push(self.decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Commits `record` as the next version of its name (its `version` is
+    /// set here) and removes the versions past the newest `keep`.
+    pub fn commit_checkpoint(&self, record: &mut CheckpointRecord, keep: usize) -> Result<Removed> {
+        let txn = self.db().begin_write().map_err(|e| self.err(e))?;
+        let mut removed = Removed::default();
+        {
+            let mut table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
+            let mut chunks = txn.open_table(CHECKPOINT_CHUNKS).map_err(|e| self.err(e))?;
+            let existing = self.versions_of(&table, &record.name)?;
+            record.version = existing.last().map_or(1, |r| r.version + 1);
+            let bytes = serde_json::to_vec(record).map_err(|e| self.err(e))?;
+            table
+                .insert((record.name.as_str(), record.version), bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+            for run in &record.runs {
+                chunks
+                    .insert(run.start, run.count)
+                    .map_err(|e| self.err(e))?;
+            }
+            let drop_n = (existing.len() + 1).saturating_sub(keep.max(1));
+            for old in existing.iter().take(drop_n) {
+                self.remove_version(&mut table, &mut chunks, old, &mut removed)?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(removed)
+    }
+
+    fn remove_version(
+        &self,
+        table: &mut redb::Table<'_, (&'static str, u64), &'static [u8]>,
+        chunks: &mut redb::Table<'_, u64, u64>,
+        old: &CheckpointRecord,
+        removed: &mut Removed,
+    ) -> Result<()> {
+        table
+            .remove((old.name.as_str(), old.version))
+            .map_err(|e| self.err(e))?;
+        for run in &old.runs {
+            chunks.remove(run.start).map_err(|e| self.err(e))?;
+        }
+        removed.versions.push(old.into());
+        removed.runs.extend_from_slice(&old.runs);
+        Ok(())
+    }
+
+    /// One version of a checkpoint: the newest when `version` is `None`.
+    pub fn checkpoint(&self, name: &str, version: Option<u64>) -> Result<CheckpointRecord> {
+        let txn = self.db().begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
+        let found = match version {
+            Some(v) => table
+                .get((name, v))
+                .map_err(|e| self.err(e))?
+                .map(|b| self.decode(b.value()))
+                .transpose()?,
+            None => self.versions_of(&table, name)?.pop(),
+        };
+        found.ok_or_else(|| StorageError::UnknownCheckpoint {
+            name: name.chars().take(64).collect(),
+            version,
+        })
+    }
+
+    /// Every version of every checkpoint whose name starts with `prefix`,
+    /// by name then version.
+    pub fn checkpoints(&self, prefix: &str) -> Result<Vec<CheckpointInfo>> {
+        let txn = self.db().begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for entry in table.range((prefix, 0)..).map_err(|e| self.err(e))? {
+            let (k, v) = entry.map_err(|e| self.err(e))?;
+            if !k.value().0.starts_with(prefix) {
+                break;
+            }
+            let rec: CheckpointRecord = self.decode(v.value())?;
+            out.push(CheckpointInfo::from(&rec));
+        }
+        Ok(out)
+    }
+
+    /// Removes one version of `name`, or all of them.
+    pub fn delete_checkpoint(&self, name: &str, version: Option<u64>) -> Result<Removed> {
+        let txn = self.db().begin_write().map_err(|e| self.err(e))?;
+        let mut removed = Removed::default();
+        {
+            let mut table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
+            let mut chunks = txn.open_table(CHECKPOINT_CHUNKS).map_err(|e| self.err(e))?;
+            let doomed: Vec<_> = self
+                .versions_of(&table, name)?
+                .into_iter()
+                .filter(|r| version.is_none_or(|v| v == r.version))
+                .collect();
+            if doomed.is_empty() {
+                return Err(StorageError::UnknownCheckpoint {
+                    name: name.chars().take(64).collect(),
+                    version,
+                });
+            }
+            for old in &doomed {
+                self.remove_version(&mut table, &mut chunks, old, &mut removed)?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, start: u64) -> CheckpointRecord {
+        CheckpointRecord {
+            name: name.into(),
+            version: 0,
+            size: 5,
+            created_unix_ms: 1,
+            extents: vec![],
+            runs: vec![ChunkRun { start, count: 1 }],
+        }
+    }
+
+    #[test]
+    fn versions_count_up_old_ones_retire_and_chunks_are_tracked() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        let mut a1 = record("run/a.pt", 0);
+        assert!(cat.commit_checkpoint(&mut a1, 2).unwrap().runs.is_empty());
+        let mut a2 = record("run/a.pt", 1);
+        cat.commit_checkpoint(&mut a2, 2).unwrap();
+        let mut b = record("run/b.pt", 2);
+        cat.commit_checkpoint(&mut b, 2).unwrap();
+        let mut a3 = record("run/a.pt", 3);
+        let removed = cat.commit_checkpoint(&mut a3, 2).unwrap();
+        assert_eq!((a1.version, a2.version, a3.version), (1, 2, 3));
+        assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
+        assert_eq!(cat.checkpoint("run/a.pt", None).unwrap().version, 3);
+        assert!(cat.checkpoint("run/a.pt", Some(1)).is_err());
+        let listed: Vec<_> = cat
+            .checkpoints("run/")
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.name, i.version))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("run/a.pt".into(), 2),
+                ("run/a.pt".into(), 3),
+                ("run/b.pt".into(), 1)
+            ]
+        );
+        assert!(cat.checkpoints("zzz").unwrap().is_empty());
+        assert_eq!(cat.chunk_runs().unwrap().len(), 3);
+        let gone = cat.delete_checkpoint("run/a.pt", None).unwrap();
+        assert_eq!(gone.versions.len(), 2);
+        assert_eq!(
+            cat.chunk_runs().unwrap(),
+            vec![ChunkRun { start: 2, count: 1 }]
+        );
+        let err = cat.delete_checkpoint("run/a.pt", None).unwrap_err();
+        assert!(err.to_string().contains("run/a.pt"), "{err}");
+    }
+}

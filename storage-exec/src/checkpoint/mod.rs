@@ -1,0 +1,277 @@
+//! Checkpoints: named, versioned blobs on the store's device, beside the
+//! datasets — what a trainer saves with `torch.save` and loads back.
+//!
+//! ```text
+//!  begin(name) ─► upload id
+//!  write(id, offset, pieces)   ×N, on several streams at once ─► chunks + crc32c per extent
+//!  commit(id, size) ─► flush device ─► one catalog transaction ─► version v
+//!  read(name, v, offset, len) ─► crc-checked extents, several reads in flight
+//! ```
+//!
+//! - A version is visible only once its commit is durable: a writer that
+//!   dies mid-stream leaves the previous version readable and nothing
+//!   partial listed; its chunks go back to the free space when the upload
+//!   is aborted, goes idle past [`CheckpointOptions::idle_timeout`], or the
+//!   server restarts (the allocator is rebuilt from committed chunks only).
+//! - Each commit of a name adds a version; the newest
+//!   [`CheckpointOptions::keep`] are kept, older ones are removed in the same
+//!   transaction and their chunks freed.
+//! - Every extent (at most one chunk) carries the crc32c of its bytes; a
+//!   read checks it and names the checkpoint, version and byte range of a
+//!   mismatch.
+//! - A version deleted (or retired) while someone reads it can have its
+//!   chunks reused under the reader: the checksum turns that into a named
+//!   error, never wrong bytes.
+
+pub(crate) mod catalog;
+mod flight;
+pub mod record;
+mod upload;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arrow::buffer::Buffer;
+use futures::{Stream, StreamExt};
+
+pub use catalog::Removed;
+pub use flight::status;
+pub use record::{CheckpointExtent, CheckpointInfo, CheckpointRecord, validate_name};
+use upload::Upload;
+
+use crate::device::DeviceExt;
+use crate::error::{Result, StorageError};
+use crate::store::Store;
+
+/// How checkpoints are kept.
+#[derive(Debug, Clone)]
+pub struct CheckpointOptions {
+    /// Versions kept per name (the newest), at least 1.
+    pub keep: usize,
+    /// An upload with no part in flight for this long is aborted.
+    pub idle_timeout: Duration,
+    /// Largest checkpoint accepted, in bytes.
+    pub max_size: u64,
+}
+
+impl Default for CheckpointOptions {
+    fn default() -> Self {
+        Self {
+            keep: 2,
+            idle_timeout: Duration::from_secs(120),
+            max_size: u64::MAX,
+        }
+    }
+}
+
+/// The checkpoints of one store (see the module docs).
+#[derive(Debug)]
+pub struct Checkpoints {
+    store: Arc<Store>,
+    opts: CheckpointOptions,
+    uploads: Mutex<HashMap<String, Arc<Upload>>>,
+}
+
+impl Checkpoints {
+    /// The checkpoints of `store`.
+    pub fn new(store: Arc<Store>, opts: CheckpointOptions) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            opts,
+            uploads: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn uploads(&self) -> MutexGuard<'_, HashMap<String, Arc<Upload>>> {
+        self.uploads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store they live in.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Starts writing a new version of `name`; returns the upload id.
+    pub fn begin(&self, name: &str) -> Result<String> {
+        validate_name(name)?;
+        self.expire_idle();
+        let id = format!(
+            "{:016x}{:016x}",
+            getrandom::u64().unwrap_or_default(),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or_default()
+        );
+        let upload = Upload::new(
+            name.to_owned(),
+            Arc::clone(self.store.device()),
+            self.store.chunk_size(),
+            self.opts.max_size,
+            self.store.space_map().reserve(),
+        );
+        self.uploads().insert(id.clone(), Arc::new(upload));
+        Ok(id)
+    }
+
+    fn upload(&self, id: &str) -> Result<Arc<Upload>> {
+        self.uploads()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| StorageError::UnknownUpload(id.chars().take(64).collect()))
+    }
+
+    /// Writes the part of upload `id` that starts at `offset`; returns its
+    /// length.
+    pub async fn write<S, B>(&self, id: &str, offset: u64, pieces: S) -> Result<u64>
+    where
+        S: Stream<Item = Result<B>> + Send,
+        B: std::ops::Deref<Target = [u8]> + Send,
+    {
+        let upload = self.upload(id)?;
+        upload.write_part(offset, pieces).await
+    }
+
+    /// Commits upload `id` as the next version of its name, `size` bytes.
+    pub async fn commit(&self, id: &str, size: u64) -> Result<CheckpointInfo> {
+        let upload = self.upload(id)?;
+        let (extents, runs, reservation) = upload.seal(size).await?;
+        self.uploads().remove(id);
+        let mut record = CheckpointRecord {
+            name: upload.name.clone(),
+            version: 0,
+            size,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default(),
+            extents,
+            runs,
+        };
+        let removed = self
+            .store
+            .catalog()
+            .commit_checkpoint(&mut record, self.opts.keep)?;
+        reservation.keep();
+        self.store.space_map().release(&removed.runs);
+        tracing::info!(
+            "checkpoint '{}' version {} committed ({} bytes){}",
+            record.name,
+            record.version,
+            size,
+            if removed.versions.is_empty() {
+                String::new()
+            } else {
+                format!("; {} older version(s) retired", removed.versions.len())
+            }
+        );
+        Ok(CheckpointInfo::from(&record))
+    }
+
+    /// Abandons upload `id`: its chunks are free once no part of it is
+    /// still being written.
+    pub fn abort(&self, id: &str) -> Result<()> {
+        self.uploads()
+            .remove(id)
+            .map(drop)
+            .ok_or_else(|| StorageError::UnknownUpload(id.chars().take(64).collect()))
+    }
+
+    /// Aborts the uploads idle past the timeout; returns how many.
+    pub fn expire_idle(&self) -> usize {
+        let idle = self.opts.idle_timeout;
+        let mut uploads = self.uploads();
+        let before = uploads.len();
+        uploads.retain(|id, u| {
+            let keep = !u.idle_for(idle);
+            if !keep {
+                tracing::warn!(
+                    "checkpoint '{}': upload {id} idle for {} s, aborted",
+                    u.name,
+                    idle.as_secs()
+                );
+            }
+            keep
+        });
+        before - uploads.len()
+    }
+
+    /// Uploads in progress.
+    pub fn pending_uploads(&self) -> usize {
+        self.uploads().len()
+    }
+
+    /// Expires idle uploads every quarter of the timeout, for as long as
+    /// `this` lives (call from within a tokio runtime).
+    pub fn spawn_reaper(this: &Arc<Self>) {
+        let weak = Arc::downgrade(this);
+        let period = (this.opts.idle_timeout / 4).max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tick.tick().await;
+                let Some(this) = weak.upgrade() else { break };
+                this.expire_idle();
+            }
+        });
+    }
+
+    /// Every version of the checkpoints whose names start with `prefix`.
+    pub fn list(&self, prefix: &str) -> Result<Vec<CheckpointInfo>> {
+        self.store.catalog().checkpoints(prefix)
+    }
+
+    /// One version (the newest when `version` is `None`).
+    pub fn get(&self, name: &str, version: Option<u64>) -> Result<CheckpointRecord> {
+        self.store.catalog().checkpoint(name, version)
+    }
+
+    /// Deletes one version of `name`, or all; their space is free at once.
+    pub fn delete(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>> {
+        let removed = self.store.catalog().delete_checkpoint(name, version)?;
+        self.store.space_map().release(&removed.runs);
+        Ok(removed.versions)
+    }
+
+    /// The bytes `[offset, offset + len)` of `record` (clipped to its
+    /// size), as buffers in order, each checked against its extent's crc32c;
+    /// up to the device's parallelism reads are in flight.
+    pub fn read(
+        &self,
+        record: Arc<CheckpointRecord>,
+        offset: u64,
+        len: u64,
+    ) -> impl Stream<Item = Result<Buffer>> + Send + 'static {
+        let device = Arc::clone(self.store.device());
+        let depth = device.parallelism().clamp(1, 8);
+        let end = offset.saturating_add(len).min(record.size);
+        let extents = record.extents_in(offset, len).to_vec();
+        futures::stream::iter(extents)
+            .map(move |e| {
+                let device = Arc::clone(&device);
+                let record = Arc::clone(&record);
+                async move {
+                    let (buf, at) = device.read_covering(e.device, e.len).await?;
+                    let bytes = &buf.as_slice()[at..at + e.len as usize];
+                    let actual = crc32c::crc32c(bytes);
+                    if actual != e.crc {
+                        return Err(StorageError::CheckpointCorrupt {
+                            name: record.name.clone(),
+                            version: record.version,
+                            offset: e.offset,
+                            end: e.end(),
+                            expected: e.crc,
+                            actual,
+                        });
+                    }
+                    let lo = offset.max(e.offset) - e.offset;
+                    let hi = end.min(e.end()) - e.offset;
+                    Ok(buf
+                        .into_arrow()
+                        .slice_with_length(at + lo as usize, (hi - lo) as usize))
+                }
+            })
+            .buffered(depth)
+    }
+}

@@ -1,0 +1,266 @@
+//! [`Upload`]: a checkpoint being written — parts arriving on several
+//! streams at once, each written straight to freshly allocated chunks.
+//!
+//! A part is a byte range `[offset, offset + len)` of the checkpoint that
+//! arrives as a stream of pieces. Its bytes are staged in chunk-sized
+//! aligned buffers; each full buffer is checksummed (crc32c) and written to
+//! one chunk of the upload's [`Reservation`] while the next one fills, with
+//! a bounded number of writes in flight — so a part never sits whole in
+//! memory, and memory per stream is a few chunks. A part's extents join the
+//! upload only when all of them are written; the commit checks that the
+//! parts cover `[0, size)` exactly once.
+//!
+//! The chunks stay reserved, not owned, until the catalog commit; an upload
+//! that is aborted, expires, or dies with the process gives them back.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
+
+use super::record::CheckpointExtent;
+use crate::alloc::ChunkRun;
+use crate::buffer::AlignedBuf;
+use crate::device::{Device, DeviceExt};
+use crate::error::{Result, StorageError};
+use crate::space::Reservation;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Upload {
+    /// The checkpoint name.
+    pub name: String,
+    device: Arc<dyn Device>,
+    chunk_size: u64,
+    max_size: u64,
+    reservation: Mutex<Option<Reservation>>,
+    /// The last chunk allocated (the next one is tried first, to keep runs long).
+    last_chunk: Mutex<Option<u64>>,
+    extents: Mutex<Vec<CheckpointExtent>>,
+    active: AtomicUsize,
+    touched: Mutex<Instant>,
+}
+
+/// Counts a part stream as active while it lives.
+struct Active<'a>(&'a Upload);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Upload {
+    /// An upload of `name` allocating into `reservation`.
+    pub fn new(
+        name: String,
+        device: Arc<dyn Device>,
+        chunk_size: u64,
+        max_size: u64,
+        reservation: Reservation,
+    ) -> Self {
+        Self {
+            name,
+            device,
+            chunk_size,
+            max_size,
+            reservation: Mutex::new(Some(reservation)),
+            last_chunk: Mutex::new(None),
+            extents: Mutex::new(Vec::new()),
+            active: AtomicUsize::new(0),
+            touched: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn touch(&self) {
+        *lock(&self.touched) = Instant::now();
+    }
+
+    /// Whether no part is being written and nothing happened for `idle`.
+    pub fn idle_for(&self, idle: std::time::Duration) -> bool {
+        self.active.load(Ordering::Acquire) == 0 && lock(&self.touched).elapsed() >= idle
+    }
+
+    fn bad(&self, reason: String) -> StorageError {
+        StorageError::BadUpload {
+            name: self.name.clone(),
+            reason,
+        }
+    }
+
+    /// One more chunk, next to the last one when it is free.
+    fn chunk(&self) -> Result<u64> {
+        let mut guard = lock(&self.reservation);
+        let res = guard
+            .as_mut()
+            .ok_or_else(|| self.bad("the upload is already committed".into()))?;
+        let mut last = lock(&self.last_chunk);
+        if let Some(next) = last.map(|c| c + 1)
+            && res.allocate_at(next, 1)
+        {
+            *last = Some(next);
+            return Ok(next);
+        }
+        let run = res.allocate(1).ok_or_else(|| StorageError::NoSpace {
+            what: format!("checkpoint '{}'", self.name),
+            needed: self.chunk_size,
+            free: res.free_chunks() * self.chunk_size,
+        })?;
+        *last = Some(run.start);
+        Ok(run.start)
+    }
+
+    /// Writes the part at `offset` from `pieces`; returns its length.
+    pub async fn write_part<S, B>(&self, offset: u64, pieces: S) -> Result<u64>
+    where
+        S: Stream<Item = Result<B>> + Send,
+        B: Deref<Target = [u8]> + Send,
+    {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = Active(self);
+        let max_in_flight = self.device.parallelism().clamp(1, 8);
+        let chunk = self.chunk_size as usize;
+        let mut writes = FuturesUnordered::new();
+        let mut extents = Vec::new();
+        let mut staged: Option<(AlignedBuf, usize)> = None;
+        let mut pos = offset;
+        let mut pieces = std::pin::pin!(pieces);
+        loop {
+            let piece = pieces.next().await.transpose()?;
+            self.touch();
+            let last = piece.is_none();
+            let mut bytes: &[u8] = piece.as_deref().unwrap_or_default();
+            while !bytes.is_empty() || (last && staged.is_some()) {
+                let (buf, filled) = match &mut staged {
+                    Some(s) => s,
+                    slot => slot.insert((self.device.buffer(chunk)?, 0)),
+                };
+                let n = bytes.len().min(chunk - *filled);
+                buf.as_mut_slice()[*filled..*filled + n].copy_from_slice(&bytes[..n]);
+                *filled += n;
+                bytes = &bytes[n..];
+                if *filled == chunk || (last && bytes.is_empty()) {
+                    let Some((buf, filled)) = staged.take() else {
+                        break;
+                    };
+                    let start = pos;
+                    pos += filled as u64;
+                    if pos > self.max_size {
+                        return Err(self.bad(format!(
+                            "bytes past {} (the largest checkpoint this server takes)",
+                            self.max_size
+                        )));
+                    }
+                    while writes.len() >= max_in_flight {
+                        if let Some(done) = writes.next().await {
+                            extents.push(done?);
+                        }
+                    }
+                    writes.push(self.write_extent(start, buf, filled));
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        while let Some(done) = writes.next().await {
+            extents.push(done?);
+        }
+        lock(&self.extents).extend(extents);
+        Ok(pos - offset)
+    }
+
+    /// Checksums `filled` bytes of `buf` and writes them to a new chunk.
+    async fn write_extent(
+        &self,
+        offset: u64,
+        mut buf: AlignedBuf,
+        filled: usize,
+    ) -> Result<CheckpointExtent> {
+        let crc = crc32c::crc32c(&buf.as_slice()[..filled]);
+        let bs = self.device.block_size();
+        let padded = filled.div_ceil(bs) * bs;
+        buf.as_mut_slice()[filled..padded].fill(0);
+        buf.set_len(padded);
+        let device = self.chunk()? * self.chunk_size;
+        self.device.write_at(device, buf).await?;
+        Ok(CheckpointExtent {
+            offset,
+            device,
+            len: filled as u64,
+            crc,
+        })
+    }
+
+    /// Checks that the parts cover `[0, size)` exactly once, makes their
+    /// writes durable, and hands over the extents (in order), the chunk
+    /// runs and the reservation holding them.
+    pub async fn seal(
+        &self,
+        size: u64,
+    ) -> Result<(Vec<CheckpointExtent>, Vec<ChunkRun>, Reservation)> {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return Err(self.bad("parts are still being written; commit after they end".into()));
+        }
+        let mut extents = lock(&self.extents).clone();
+        extents.sort_by_key(|e| e.offset);
+        let mut end = 0;
+        for e in &extents {
+            if e.offset != end {
+                return Err(self.bad(if e.offset > end {
+                    format!("bytes {end}..{} were never written", e.offset)
+                } else {
+                    format!("bytes {}..{end} were written twice", e.offset)
+                }));
+            }
+            end = e.end();
+        }
+        if end != size {
+            return Err(self.bad(format!(
+                "{end} bytes were written but the commit says {size}"
+            )));
+        }
+        self.device.flush().await?;
+        let reservation = lock(&self.reservation)
+            .take()
+            .ok_or_else(|| self.bad("the upload is already committed".into()))?;
+        let runs = merge_runs(reservation.runs());
+        Ok((extents, runs, reservation))
+    }
+}
+
+/// Runs sorted, with neighbours merged.
+fn merge_runs(runs: &[ChunkRun]) -> Vec<ChunkRun> {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by_key(|r| r.start);
+    let mut out: Vec<ChunkRun> = Vec::with_capacity(sorted.len());
+    for r in sorted {
+        match out.last_mut() {
+            Some(l) if l.start + l.count == r.start => l.count += r.count,
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn neighbouring_runs_merge() {
+        let r = |start, count| ChunkRun { start, count };
+        assert_eq!(
+            merge_runs(&[r(5, 1), r(1, 2), r(3, 1), r(9, 1)]),
+            vec![r(1, 3), r(5, 1), r(9, 1)]
+        );
+    }
+}

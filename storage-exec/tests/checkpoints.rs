@@ -1,0 +1,256 @@
+//! Checkpoints on a real file-backed device: round trips of many sizes,
+//! parts written concurrently, versions and retention, uploads that never
+//! commit (space returned, nothing listed, the previous version intact),
+//! a flipped byte on the device, and ingest running beside checkpoint
+//! writers without sharing a chunk.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
+use sluice_storage::device::Backend;
+use sluice_storage::{IngestOptions, IngestSource, StorageError, Store, StoreOptions, ingest};
+
+const CHUNK: u64 = 64 * 1024;
+
+fn open(dir: &std::path::Path) -> Arc<Store> {
+    Store::open(&StoreOptions {
+        backend: Backend::File,
+        device_size: 64 << 20,
+        chunk_size: CHUNK,
+        ..StoreOptions::new(dir)
+    })
+    .unwrap()
+}
+
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A one-dimensional uint8 `.npy` file of `len` random bytes.
+fn npy(len: usize, seed: u64) -> Vec<u8> {
+    let mut header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({len},), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend(bytes(len, seed));
+    out
+}
+
+/// Writes `data` as parts of `part` bytes, in pieces of 10 000 bytes.
+async fn write(c: &Checkpoints, name: &str, data: &[u8], part: usize) -> u64 {
+    let id = c.begin(name).unwrap();
+    let parts: Vec<_> = data.chunks(part.max(1)).enumerate().collect();
+    futures::future::try_join_all(parts.into_iter().map(|(i, p)| {
+        let pieces: Vec<Result<Vec<u8>, StorageError>> =
+            p.chunks(10_000).map(|s| Ok(s.to_vec())).collect();
+        let id = id.clone();
+        async move {
+            c.write(&id, (i * part) as u64, futures::stream::iter(pieces))
+                .await
+        }
+    }))
+    .await
+    .unwrap();
+    c.commit(&id, data.len() as u64).await.unwrap().version
+}
+
+async fn read(c: &Checkpoints, name: &str, offset: u64, len: u64) -> Vec<u8> {
+    let rec = Arc::new(c.get(name, None).unwrap());
+    let bufs: Vec<_> = c.read(rec, offset, len).try_collect().await.unwrap();
+    bufs.iter().flat_map(|b| b.as_slice().to_vec()).collect()
+}
+
+#[tokio::test]
+async fn round_trips_of_every_shape_of_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let free = store.space().free_chunks;
+    for (i, len) in [0, 1, 4095, CHUNK as usize, CHUNK as usize + 1, 1_000_003]
+        .into_iter()
+        .enumerate()
+    {
+        let data = bytes(len, i as u64);
+        let name = format!("sizes/{len}.pt");
+        for part in [CHUNK as usize, 3 * CHUNK as usize + 5, 1 << 30] {
+            write(&c, &name, &data, part).await;
+            assert_eq!(
+                read(&c, &name, 0, len as u64).await,
+                data,
+                "{len} by {part}"
+            );
+        }
+        // Ranges, clipped to the size.
+        if len > 10 {
+            let mid = read(&c, &name, 7, len as u64 / 2).await;
+            assert_eq!(mid, data[7..7 + len / 2]);
+            let tail = read(&c, &name, len as u64 - 3, 100).await;
+            assert_eq!(tail, data[len - 3..]);
+        }
+    }
+    // Two versions per name are kept; deleting frees everything.
+    let listed = c.list("sizes/").unwrap();
+    assert_eq!(listed.len(), 12, "{listed:?}");
+    assert!(listed.iter().all(|v| v.version >= 2));
+    for name in ["0", "1", "4095", "65536", "65537", "1000003"] {
+        c.delete(&format!("sizes/{name}.pt"), None).unwrap();
+    }
+    assert!(c.list("").unwrap().is_empty());
+    assert_eq!(store.space().free_chunks, free, "every chunk back");
+}
+
+#[tokio::test]
+async fn an_upload_that_never_commits_leaves_the_last_version_and_its_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = bytes(300_000, 1);
+    {
+        let store = open(dir.path());
+        let c = Checkpoints::new(
+            Arc::clone(&store),
+            CheckpointOptions {
+                idle_timeout: Duration::from_millis(200),
+                ..Default::default()
+            },
+        );
+        write(&c, "run/model.pt", &good, 100_000).await;
+        let before = store.space().free_chunks;
+
+        // A writer that sends some parts, then dies: the upload expires.
+        let id = c.begin("run/model.pt").unwrap();
+        let part = vec![Ok::<_, StorageError>(bytes(200_000, 2))];
+        c.write(&id, 0, futures::stream::iter(part)).await.unwrap();
+        assert!(store.space().free_chunks < before, "the part holds chunks");
+        assert_eq!(c.list("run/").unwrap().len(), 1, "nothing partial listed");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(c.expire_idle(), 1);
+        assert_eq!(store.space().free_chunks, before, "space returned");
+        let err = c.commit(&id, 200_000).await.unwrap_err();
+        assert!(matches!(err, StorageError::UnknownUpload(_)), "{err}");
+
+        // A commit that does not match what was written is refused, named.
+        let id = c.begin("run/model.pt").unwrap();
+        let part = vec![Ok::<_, StorageError>(bytes(1000, 3))];
+        c.write(&id, 5000, futures::stream::iter(part))
+            .await
+            .unwrap();
+        let err = c.commit(&id, 6000).await.unwrap_err().to_string();
+        assert!(
+            err.contains("run/model.pt") && err.contains("0..5000"),
+            "{err}"
+        );
+
+        // A process that dies mid-upload: the chunks are reserved, not owned.
+        let id = c.begin("run/model.pt").unwrap();
+        let part = vec![Ok::<_, StorageError>(bytes(400_000, 4))];
+        c.write(&id, 0, futures::stream::iter(part)).await.unwrap();
+        drop(c);
+        drop(store);
+    }
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    assert_eq!(read(&c, "run/model.pt", 0, 1 << 20).await, good);
+    let owned = c.get("run/model.pt", None).unwrap().runs;
+    let used: u64 = owned.iter().map(|r| r.count).sum();
+    assert_eq!(
+        store.space().free_chunks,
+        store.space().total_chunks - used,
+        "only the committed version holds chunks after a restart"
+    );
+}
+
+#[tokio::test]
+async fn a_flipped_byte_on_the_device_is_a_named_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let data = bytes(3 * CHUNK as usize, 9);
+    write(&c, "ckpt/rank0.pt", &data, CHUNK as usize).await;
+    let rec = c.get("ckpt/rank0.pt", None).unwrap();
+    let victim = rec.extents[1];
+    let device = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("device.img"))
+        .unwrap();
+    let mut b = [0u8; 1];
+    device.read_at(&mut b, victim.device + 17).unwrap();
+    device.write_at(&[b[0] ^ 0x40], victim.device + 17).unwrap();
+    drop(device);
+    let err = c
+        .read(Arc::new(rec), 0, data.len() as u64)
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, StorageError::CheckpointCorrupt { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("ckpt/rank0.pt") && text.contains(&format!("{}..", victim.offset)),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn checkpoint_writers_and_an_ingest_never_share_a_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..200 {
+        std::fs::write(src.path().join(format!("f{i:03}.npy")), npy(20_000, i)).unwrap();
+    }
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let writers = futures::future::join_all((0..4).map(|r| {
+        let c = Arc::clone(&c);
+        async move {
+            let data = bytes(700_000, 100 + r);
+            write(&c, &format!("par/rank{r}.pt"), &data, 150_000).await;
+            data
+        }
+    }));
+    let ingest = ingest(
+        &store,
+        "blobs",
+        IngestSource::Directory(src.path().to_owned()),
+        IngestOptions::default(),
+    );
+    let (written, report) = tokio::join!(writers, ingest);
+    assert_eq!(report.unwrap().samples, 200);
+    for (r, data) in written.iter().enumerate() {
+        let name = format!("par/rank{r}.pt");
+        assert_eq!(&read(&c, &name, 0, 1 << 30).await, data, "{name}");
+    }
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let batches = ctx
+        .sql("SELECT key, data FROM blobs")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut n = 0;
+    for b in &batches {
+        let data = arrow::array::AsArray::as_binary::<i32>(b.column(1));
+        for v in data.iter() {
+            assert_eq!(v.unwrap().len(), 20_128);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 200, "every sample reads back with a good crc");
+}
