@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -13,6 +16,21 @@ from typing import Any, Dict, Iterator, Optional, Union
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
+
+
+# Whether this process made a gRPC channel, and whether it was forked from
+# one that had: gRPC's threads do not survive a fork, and a channel made in
+# such a child waits forever, so readers there go through `sluice._relay`.
+_grpc_used = False
+_forked_after_grpc = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_grpc
+    _forked_after_grpc = _forked_after_grpc or _grpc_used
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SluiceError(Exception):
@@ -41,6 +59,8 @@ class Client:
         self.token = token
         self.timeout = timeout
         self._flight: Optional[flight.FlightClient] = None
+        self._flight_pid = 0
+        self._flight_address: Optional[str] = None
 
     # -- REST ---------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None) -> Any:
@@ -105,18 +125,42 @@ class Client:
 
     # -- Flight -------------------------------------------------------------
     def flight(self) -> flight.FlightClient:
-        """The Flight client of the service (made once)."""
-        if self._flight is None:
+        """The Flight client of the service, made once per process: a
+        gRPC channel must not cross a fork, so a forked child (a DataLoader
+        worker) makes its own."""
+        global _grpc_used
+        if self._flight is None or self._flight_pid != os.getpid():
+            if _forked_after_grpc:
+                raise SluiceError(
+                    500, "forked_after_grpc",
+                    "this process was forked from one that used gRPC, which cannot work "
+                    "here; job readers relay through a new process, other calls need a "
+                    "'spawn' or 'forkserver' multiprocessing context")
+            self._flight_pid = os.getpid()
+            self._flight = flight.FlightClient(
+                self.flight_address(),
+                generic_options=[("grpc.max_receive_message_length", -1)],
+            )
+            _grpc_used = True
+        return self._flight
+
+    def flight_address(self) -> str:
+        """The ``grpc://host:port`` of the service's Flight endpoint."""
+        if self._flight_address is None:
             loc = self.info()["flight"]
             parsed = urllib.parse.urlparse(loc)
             host = parsed.hostname
             if host in ("0.0.0.0", "::", None):
                 host = urllib.parse.urlparse(self.url).hostname
-            self._flight = flight.FlightClient(
-                f"grpc://{host}:{parsed.port}",
-                generic_options=[("grpc.max_receive_message_length", -1)],
-            )
-        return self._flight
+            self._flight_address = f"grpc://{host}:{parsed.port}"
+        return self._flight_address
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # A Flight client cannot be pickled (to 'spawn' DataLoader workers).
+        state = dict(self.__dict__)
+        state["_flight"] = None
+        state["_flight_pid"] = 0
+        return state
 
     def call_options(self) -> flight.FlightCallOptions:
         headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
@@ -206,6 +250,7 @@ class Reader:
         self.limit = limit
         self.numpy = numpy
         self.schema: Optional[pa.Schema] = None
+        self.last_from = offset
 
     def _ticket(self) -> flight.Ticket:
         t: Dict[str, Any] = {"job": self.job.id, "rank": self.rank, "epoch": self.epoch,
@@ -216,6 +261,9 @@ class Reader:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The batches as pyarrow record batches."""
+        if _forked_after_grpc:
+            yield from self._relayed()
+            return
         c = self.job.client
         stream = c.flight().do_get(self._ticket(), c.call_options())
         self.schema = stream.schema
@@ -237,11 +285,51 @@ class Reader:
                 batch = pa.Table.from_batches(pieces, schema=self.schema).combine_chunks().to_batches()
                 batch = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=self.schema)
             pieces = []
+            self.last_from = meta["from"]
             self.offset = meta["next_offset"]
             if self.limit is not None:
                 self.limit -= self.offset - start
                 start = self.offset
             yield batch
+
+    def _relayed(self) -> Iterator[pa.RecordBatch]:
+        """The batches through ``python -m sluice._relay`` (see there)."""
+        c = self.job.client
+        req = {"url": c.url, "token": c.token, "flight": c.flight_address(), "job": self.job.id,
+               "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
+               "limit": self.limit}
+        proc = subprocess.Popen([sys.executable, "-m", "sluice._relay"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write((json.dumps(req) + "\n").encode())
+            proc.stdin.close()
+            try:
+                stream = pa.ipc.open_stream(proc.stdout)
+            except pa.ArrowInvalid:
+                stream = None
+            if stream is not None:
+                self.schema = stream.schema
+                start = self.offset
+                while True:
+                    try:
+                        batch, meta = stream.read_next_batch_with_custom_metadata()
+                    except StopIteration:
+                        break
+                    self.last_from = int(meta[b"from"])
+                    self.offset = int(meta[b"next_offset"])
+                    if self.limit is not None:
+                        self.limit -= self.offset - start
+                        start = self.offset
+                    yield batch
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            if proc.wait() != 0:
+                last = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+                raise SluiceError(500, "relay_failed", f"job {self.job.id}: {last}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def __iter__(self) -> Iterator[Any]:
         for b in self.batches():

@@ -1,19 +1,40 @@
 """A torch ``IterableDataset`` over a sluice job.
 
-Each rank reads its share of an epoch (rank from ``torch.distributed`` when
-initialised, else the ``RANK`` environment variable, else 0); within a rank
-the share is split into contiguous runs of whole batches, one per
-DataLoader worker, so no two workers read the same sample. Batches come out
-whole: use ``DataLoader(dataset, batch_size=None, num_workers=N)``.
-Tensor columns become torch tensors sharing the Arrow buffers.
+``Dataset(job)`` yields this rank's batches of one epoch, whole (use
+``DataLoader(dataset, batch_size=None, num_workers=N)``):
+
+- the rank and world size come from ``torch.distributed`` when it is
+  initialised (else ``RANK``/``WORLD_SIZE``, else 0 and the job's);
+- DataLoader workers split the rank's share into contiguous runs of whole
+  batches, so no two read the same sample and every sample is read once;
+- ``set_epoch(e)`` picks the epoch (the job's shuffle is a function of the
+  seed and the epoch);
+- ``state_dict()`` / ``load_state_dict()`` save and restore the position
+  reached, in the shape torchdata's ``StatefulDataLoader`` expects (it
+  calls them in each worker); with ``num_workers=0`` they work on a plain
+  DataLoader too;
+- tensor columns become tensors sharing the received Arrow buffers (no
+  copy); other columns are lists or numpy arrays.
+
+Safe across fork: a worker forked from a process that already read over
+Flight relays its reads through a fresh process (see ``sluice._relay``).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
 from .client import Job
+
+# Tensors share the received Arrow buffers, which numpy marks read-only;
+# torch warns about that on every batch otherwise.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                        category=UserWarning, module=__name__)
 
 
 def worker_range(per_rank: int, batch_size: int, worker: int, workers: int) -> Tuple[int, int]:
@@ -31,50 +52,68 @@ def worker_range(per_rank: int, batch_size: int, worker: int, workers: int) -> T
 def rank_and_world() -> Tuple[int, Optional[int]]:
     """This process's rank and world size: ``torch.distributed`` when
     initialised, else ``RANK``/``WORLD_SIZE``."""
-    try:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     world = os.environ.get("WORLD_SIZE")
     return int(os.environ.get("RANK", "0")), int(world) if world else None
 
 
-try:
-    import torch
-    from torch.utils.data import IterableDataset, get_worker_info
-except ImportError:  # torch is optional
-    torch = None
+def to_torch(batch: Dict[str, Any]) -> Dict[str, Any]:
+    """A reader's numpy batch with numeric arrays as tensors (no copy)."""
+    return {k: torch.from_numpy(v) if v.dtype != object else list(v) for k, v in batch.items()}
 
-if torch is not None:
 
-    class Dataset(IterableDataset):
-        """Batches of ``job`` for this rank and ``epoch`` (see the module docs)."""
+class Dataset(IterableDataset):
+    """Batches of ``job`` for this rank and ``epoch`` (see the module docs)."""
 
-        def __init__(self, job: Job, epoch: int = 0, rank: Optional[int] = None):
-            super().__init__()
-            self.job = job
-            self.epoch = epoch
-            self.rank = rank
+    def __init__(self, job: Job, epoch: int = 0, rank: Optional[int] = None):
+        super().__init__()
+        self.job = job
+        self.epoch = epoch
+        self.rank = rank
+        # Where this process's reader resumes: (epoch, offset), set by
+        # load_state_dict and advanced while iterating.
+        self._position: Optional[Tuple[int, int]] = None
 
-        def set_epoch(self, epoch: int) -> None:
-            self.epoch = epoch
+    def set_epoch(self, epoch: int) -> None:
+        """Reads ``epoch`` next."""
+        self.epoch = epoch
 
-        def __iter__(self) -> Iterator[Dict[str, Any]]:
-            st = self.job.wait()
-            rank, world = rank_and_world()
-            if self.rank is not None:
-                rank = self.rank
-            spec = st["spec"]
-            if world is not None and world != spec["world_size"]:
-                raise ValueError(
-                    f"job {self.job.id} has world_size {spec['world_size']}, this trainer {world}")
-            info = get_worker_info()
-            worker, workers = (info.id, info.num_workers) if info else (0, 1)
-            lo, hi = worker_range(st["samples_per_rank"], spec["batch_size"], worker, workers)
-            reader = self.job.reader(rank, self.epoch, offset=lo, limit=hi - lo, numpy=True)
-            for batch in reader:
-                yield {k: torch.from_numpy(v) if v.dtype != object else list(v)
-                       for k, v in batch.items()}
+    def state_dict(self) -> Dict[str, Any]:
+        """The position reached: ``{"epoch", "offset"}`` (offset in the
+        rank's share; in a worker, in that worker's run)."""
+        epoch, offset = self._position if self._position else (self.epoch, None)
+        return {"epoch": epoch, "offset": offset}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at a position :meth:`state_dict` saved."""
+        self.epoch = int(state["epoch"])
+        offset = state.get("offset")
+        self._position = (self.epoch, int(offset)) if offset is not None else None
+
+    def _share(self) -> Tuple[int, int, int]:
+        st = self.job.wait()
+        rank, world = rank_and_world()
+        if self.rank is not None:
+            rank = self.rank
+        spec = st["spec"]
+        if world is not None and world != spec["world_size"]:
+            raise ValueError(
+                f"job {self.job.id} has world_size {spec['world_size']}, this trainer {world}")
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        lo, hi = worker_range(st["samples_per_rank"], spec["batch_size"], worker, workers)
+        return rank, lo, hi
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        rank, lo, hi = self._share()
+        start = lo
+        if self._position and self._position[0] == self.epoch and lo <= self._position[1] <= hi:
+            start = self._position[1]
+        self._position = (self.epoch, start)
+        reader = self.job.reader(rank, self.epoch, offset=start, limit=hi - start, numpy=True)
+        for batch in reader:
+            self._position = (self.epoch, reader.offset)
+            yield to_torch(batch)
