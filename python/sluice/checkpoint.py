@@ -81,7 +81,7 @@ class Checkpoint:
         try:
             results = list(c.flight().do_action(
                 flight.Action(kind, json.dumps(body).encode()), c.call_options()))
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise _error(e, name) from None
         return json.loads(results[0].body.to_pybytes()) if results else None
 
@@ -184,7 +184,7 @@ class CheckpointWriter(io.RawIOBase):
             writer.done_writing()
             reader.read()
             writer.close()
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise _error(e, self.name) from None
 
     def _wait(self) -> None:
@@ -274,7 +274,7 @@ class CheckpointReader(io.RawIOBase):
                 values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
                 self._view[pos:pos + len(values)] = values
                 pos += len(values)
-        except flight.FlightError as e:
+        except (flight.FlightError, pa.ArrowException) as e:
             raise _error(e, self.name) from None
         if pos != offset + length:
             raise SluiceError(500, "checkpoint_failed",

@@ -64,6 +64,27 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         "sluice_up_seconds {:.3}",
         s.started.elapsed().as_secs_f64()
     );
+    if let Some(store) = &s.ingest_store {
+        let space = store.space();
+        let _ = writeln!(
+            out,
+            "# HELP sluice_device_free_bytes Device bytes in chunks no dataset, checkpoint or upload holds."
+        );
+        let _ = writeln!(out, "# TYPE sluice_device_free_bytes gauge");
+        let _ = writeln!(
+            out,
+            "sluice_device_free_bytes {}",
+            space.free_chunks * space.chunk_size
+        );
+    }
+    if let Some(c) = &s.checkpoints {
+        let _ = writeln!(
+            out,
+            "# HELP sluice_checkpoint_uploads Checkpoint uploads begun and not yet committed or aborted."
+        );
+        let _ = writeln!(out, "# TYPE sluice_checkpoint_uploads gauge");
+        let _ = writeln!(out, "sluice_checkpoint_uploads {}", c.pending_uploads());
+    }
     let _ = writeln!(out, "# HELP sluice_jobs Jobs by state.");
     let _ = writeln!(out, "# TYPE sluice_jobs gauge");
     for (state, n) in s.jobs.counts() {
