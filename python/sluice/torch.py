@@ -22,6 +22,7 @@ Flight relays its reads through a fresh process (see ``sluice._relay``).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import warnings
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -71,14 +72,26 @@ class Dataset(IterableDataset):
     def __init__(self, job: Job, epoch: int = 0, rank: Optional[int] = None):
         super().__init__()
         self.job = job
-        self.epoch = epoch
+        # In shared memory: persistent DataLoader workers hold copies of
+        # this dataset made once, and must still see set_epoch.
+        self._epoch = multiprocessing.Value("q", epoch, lock=False)
         self.rank = rank
-        # Where this process's reader resumes: (epoch, offset), set by
-        # load_state_dict and advanced while iterating.
+        # Where this process's reader is (epoch, offset), and where the next
+        # iteration resumes if load_state_dict said so.
         self._position: Optional[Tuple[int, int]] = None
+        self._resume: Optional[Tuple[int, int]] = None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch read next."""
+        return int(self._epoch.value)
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._epoch.value = int(epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Reads ``epoch`` next."""
+        """Reads ``epoch`` next (also in persistent DataLoader workers)."""
         self.epoch = epoch
 
     def state_dict(self) -> Dict[str, Any]:
@@ -91,7 +104,7 @@ class Dataset(IterableDataset):
         """Resumes at a position :meth:`state_dict` saved."""
         self.epoch = int(state["epoch"])
         offset = state.get("offset")
-        self._position = (self.epoch, int(offset)) if offset is not None else None
+        self._resume = (self.epoch, int(offset)) if offset is not None else None
 
     def _share(self) -> Tuple[int, int, int]:
         st = self.job.wait()
@@ -109,11 +122,12 @@ class Dataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         rank, lo, hi = self._share()
-        start = lo
-        if self._position and self._position[0] == self.epoch and lo <= self._position[1] <= hi:
-            start = self._position[1]
-        self._position = (self.epoch, start)
-        reader = self.job.reader(rank, self.epoch, offset=start, limit=hi - start, numpy=True)
+        epoch, start = self.epoch, lo
+        if self._resume and self._resume[0] == epoch and lo <= self._resume[1] <= hi:
+            start = self._resume[1]
+        self._resume = None  # a restored position is used once
+        self._position = (epoch, start)
+        reader = self.job.reader(rank, epoch, offset=start, limit=hi - start, numpy=True)
         for batch in reader:
-            self._position = (self.epoch, reader.offset)
+            self._position = (epoch, reader.offset)
             yield to_torch(batch)

@@ -74,6 +74,14 @@ def test_set_epoch_changes_the_order_not_the_samples(job_server):
     ds.set_epoch(1)
     e1 = keys(DataLoader(ds, batch_size=None))
     assert sorted(e0) == sorted(e1) and e0 != e1
+    # Persistent workers keep their copy of the dataset: they still see it.
+    ds = sluice.torch.Dataset(job)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120)
+    p0 = keys(loader)
+    ds.set_epoch(1)
+    p1 = keys(loader)
+    assert sorted(p0) == sorted(e0) and sorted(p1) == sorted(e1)
+    assert p0 != p1
 
 
 def test_state_dict_resumes_where_it_stopped(job_server):
