@@ -21,7 +21,8 @@ def main() -> None:
     client = Client(req["url"], req.get("token"))
     client._flight_address = req["flight"]
     job = Job(client, req["job"])
-    reader = Reader(job, req["rank"], req["epoch"], req["offset"], req.get("limit"), False)
+    reader = Reader(job, req["rank"], req["epoch"], req["offset"], req.get("limit"), False,
+                    prefetch=0)
     out = sys.stdout.buffer
     writer = None
     for batch in reader.batches():

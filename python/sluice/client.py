@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -216,10 +218,53 @@ class Job:
             flight.FlightDescriptor.for_command(self.id), c.call_options())
 
     def reader(self, rank: int = 0, epoch: int = 0, offset: int = 0,
-               limit: Optional[int] = None, numpy: bool = False) -> "Reader":
+               limit: Optional[int] = None, numpy: bool = False,
+               prefetch: int = 2) -> "Reader":
         """Rank ``rank``'s share of ``epoch`` from ``offset`` (at most
-        ``limit`` positions)."""
-        return Reader(self, rank, epoch, offset, limit, numpy)
+        ``limit`` positions), ``prefetch`` batches read ahead."""
+        return Reader(self, rank, epoch, offset, limit, numpy, prefetch)
+
+
+def _read_ahead(source: Iterator[Any], depth: int) -> Iterator[Any]:
+    """The items of ``source``, read up to ``depth`` ahead on a thread;
+    its errors are raised here, and leaving early stops it."""
+    q: "queue.Queue[Tuple[str, Any]]" = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: Tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in source:
+                if not put(("item", item)):
+                    return
+            put(("end", None))
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer)
+            put(("error", e))
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name="sluice-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
@@ -239,16 +284,22 @@ def to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
 
 class Reader:
     """Iterates over one rank's batches; :attr:`offset` is the offset to
-    resume at after the batches seen so far."""
+    resume at after the batches seen so far.
+
+    Up to ``prefetch`` batches are read ahead on a background thread, so
+    the stream keeps flowing while the trainer computes (gRPC's flow
+    control would otherwise stop it once its window fills); 0 reads on the
+    caller's thread."""
 
     def __init__(self, job: Job, rank: int, epoch: int, offset: int,
-                 limit: Optional[int], numpy: bool):
+                 limit: Optional[int], numpy: bool, prefetch: int = 2):
         self.job = job
         self.rank = rank
         self.epoch = epoch
         self.offset = offset
         self.limit = limit
         self.numpy = numpy
+        self.prefetch = prefetch
         self.schema: Optional[pa.Schema] = None
         self.last_from = offset
 
@@ -261,14 +312,24 @@ class Reader:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The batches as pyarrow record batches."""
-        if _forked_after_grpc:
-            yield from self._relayed()
-            return
+        source = self._relayed() if _forked_after_grpc else self._flight()
+        if self.prefetch > 0:
+            source = _read_ahead(source, self.prefetch)
+        start = self.offset
+        for batch, first, next_offset in source:
+            self.last_from = first
+            self.offset = next_offset
+            if self.limit is not None:
+                self.limit -= self.offset - start
+                start = self.offset
+            yield batch
+
+    def _flight(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
+        """(batch, first position, next offset) over Flight."""
         c = self.job.client
         stream = c.flight().do_get(self._ticket(), c.call_options())
         self.schema = stream.schema
         pieces = []
-        start = self.offset
         while True:
             try:
                 chunk = stream.read_chunk()
@@ -285,15 +346,10 @@ class Reader:
                 batch = pa.Table.from_batches(pieces, schema=self.schema).combine_chunks().to_batches()
                 batch = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=self.schema)
             pieces = []
-            self.last_from = meta["from"]
-            self.offset = meta["next_offset"]
-            if self.limit is not None:
-                self.limit -= self.offset - start
-                start = self.offset
-            yield batch
+            yield batch, int(meta["from"]), int(meta["next_offset"])
 
-    def _relayed(self) -> Iterator[pa.RecordBatch]:
-        """The batches through ``python -m sluice._relay`` (see there)."""
+    def _relayed(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
+        """The same through ``python -m sluice._relay`` (see there)."""
         c = self.job.client
         req = {"url": c.url, "token": c.token, "flight": c.flight_address(), "job": self.job.id,
                "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
@@ -310,18 +366,12 @@ class Reader:
                 stream = None
             if stream is not None:
                 self.schema = stream.schema
-                start = self.offset
                 while True:
                     try:
                         batch, meta = stream.read_next_batch_with_custom_metadata()
                     except StopIteration:
                         break
-                    self.last_from = int(meta[b"from"])
-                    self.offset = int(meta[b"next_offset"])
-                    if self.limit is not None:
-                        self.limit -= self.offset - start
-                        start = self.offset
-                    yield batch
+                    yield batch, int(meta[b"from"]), int(meta[b"next_offset"])
             err = proc.stderr.read().decode() if proc.stderr else ""
             if proc.wait() != 0:
                 last = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
