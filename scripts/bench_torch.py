@@ -147,12 +147,14 @@ def main():
     p.add_argument("--crop", type=int, default=224)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--work", default=None, help="a directory on the disk to measure")
+    p.add_argument("--skip-loader", action="store_true", help="checkpoints only")
     a = p.parse_args()
     if "/debug/" in a.sluice:
         print("warning: a debug build of sluice; these figures mean little", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=a.work) as work:
         with Server(a.sluice, work, work) as client:
-            bench_loader(a.sluice, client, work, a.per_class, a.runs, a.crop)
+            if not a.skip_loader:
+                bench_loader(a.sluice, client, work, a.per_class, a.runs, a.crop)
             bench_checkpoints(client, [int(s) << 20 for s in a.sizes.split(",")], a.runs, work)
 
 

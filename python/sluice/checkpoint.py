@@ -25,11 +25,12 @@ the server; a mismatch is an error naming the checkpoint and byte range.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -173,7 +174,8 @@ class CheckpointWriter(io.RawIOBase):
         cmd = json.dumps({"checkpoint_upload": self._upload, "offset": offset}).encode()
         schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
         try:
-            writer, reader = c.flight().do_put(
+            lane = offset // self._ckpt.chunk_size % self._ckpt.workers
+            writer, reader = c.flight(lane).do_put(
                 flight.FlightDescriptor.for_command(cmd), schema, c.call_options())
             for lo in range(0, len(data), _PIECE):
                 piece = data[lo:lo + _PIECE]
@@ -232,7 +234,11 @@ class CheckpointWriter(io.RawIOBase):
 
 
 class CheckpointReader(io.RawIOBase):
-    """See the module docs; ``info`` is the version read."""
+    """See the module docs; ``info`` is the version read.
+
+    The ranges arrive as Arrow buffers and are kept as they are (no copy
+    into one big buffer); reads copy straight from them into the caller's
+    memory."""
 
     def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None):
         super().__init__()
@@ -243,24 +249,29 @@ class CheckpointReader(io.RawIOBase):
         self.name = name
         self.size = int(self.info["size"])
         self._ckpt = ckpt
-        self._buf = bytearray(self.size)
-        self._view = memoryview(self._buf)
         self._pos = 0
         ranges = [(lo, min(self.size - lo, ckpt.chunk_size))
                   for lo in range(0, self.size, ckpt.chunk_size)]
+        parts: List[List[Tuple[int, memoryview]]] = [[] for _ in ranges]
         if ranges:
             with ThreadPoolExecutor(min(ckpt.workers, len(ranges)),
                                     thread_name_prefix="sluice-ckpt-get") as pool:
-                for f in [pool.submit(self._get, lo, n) for lo, n in ranges]:
+                futures = [pool.submit(self._get, lo, n, parts[i])
+                           for i, (lo, n) in enumerate(ranges)]
+                for f in futures:
                     f.result()
+        # (start, view) of every piece, in order, and their starts to bisect.
+        self._pieces = [p for part in parts for p in part]
+        self._starts = [start for start, _ in self._pieces]
 
-    def _get(self, offset: int, length: int) -> None:
+    def _get(self, offset: int, length: int, out: List[Tuple[int, memoryview]]) -> None:
         c = self._ckpt.client
         ticket = json.dumps({"checkpoint": self.name, "version": self.info["version"],
                              "offset": offset, "length": length}).encode()
         pos = offset
         try:
-            stream = c.flight().do_get(flight.Ticket(ticket), c.call_options())
+            lane = offset // self._ckpt.chunk_size % self._ckpt.workers
+            stream = c.flight(lane).do_get(flight.Ticket(ticket), c.call_options())
             while True:
                 try:
                     chunk = stream.read_chunk()
@@ -272,8 +283,9 @@ class CheckpointReader(io.RawIOBase):
                 offs = np.frombuffer(col.buffers()[1], dtype=np.int64)
                 offs = offs[col.offset:col.offset + len(col) + 1]
                 values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
-                self._view[pos:pos + len(values)] = values
-                pos += len(values)
+                if len(values):
+                    out.append((pos, values))
+                    pos += len(values)
         except (flight.FlightError, pa.ArrowException) as e:
             raise _error(e, self.name) from None
         if pos != offset + length:
@@ -298,20 +310,26 @@ class CheckpointReader(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         out = memoryview(b).cast("B")
-        n = max(0, min(len(out), self.size - self._pos))
-        out[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
+        want = max(0, min(len(out), self.size - self._pos))
+        done = 0
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        while done < want:
+            start, view = self._pieces[i]
+            lo = self._pos + done - start
+            n = min(len(view) - lo, want - done)
+            out[done:done + n] = view[lo:lo + n]
+            done += n
+            i += 1
+        self._pos += done
+        return done
 
     def read(self, size: int = -1) -> bytes:
         end = self.size if size is None or size < 0 else min(self.size, self._pos + size)
-        data = bytes(self._view[self._pos:end])
-        self._pos = max(self._pos, end)
-        return data
-
-    def getbuffer(self) -> memoryview:
-        """The whole checkpoint, without a copy."""
-        return self._view
+        buf = bytearray(max(0, end - self._pos))
+        self.readinto(buf)
+        return bytes(buf) if len(buf) < 1 << 16 else buf  # type: ignore[return-value]
 
     def close(self) -> None:
+        self._pieces = []
+        self._starts = []
         super().close()

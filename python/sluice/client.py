@@ -60,7 +60,7 @@ class Client:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
-        self._flight: Optional[flight.FlightClient] = None
+        self._flight: Dict[int, flight.FlightClient] = {}
         self._flight_pid = 0
         self._flight_address: Optional[str] = None
 
@@ -126,12 +126,15 @@ class Client:
         return self._request("GET", "/v1/jobs")
 
     # -- Flight -------------------------------------------------------------
-    def flight(self) -> flight.FlightClient:
-        """The Flight client of the service, made once per process: a
-        gRPC channel must not cross a fork, so a forked child (a DataLoader
-        worker) makes its own."""
+    def flight(self, lane: int = 0) -> flight.FlightClient:
+        """A Flight client of the service, made once per process and lane.
+
+        Each lane is its own connection: streams that share one HTTP/2
+        connection are served one frame at a time, so parallel transfers
+        (a checkpoint's parts) use several lanes. A gRPC channel must not
+        cross a fork, so a forked child (a DataLoader worker) makes its own."""
         global _grpc_used
-        if self._flight is None or self._flight_pid != os.getpid():
+        if self._flight_pid != os.getpid():
             if _forked_after_grpc:
                 raise SluiceError(
                     500, "forked_after_grpc",
@@ -139,12 +142,17 @@ class Client:
                     "here; job readers relay through a new process, other calls need a "
                     "'spawn' or 'forkserver' multiprocessing context")
             self._flight_pid = os.getpid()
-            self._flight = flight.FlightClient(
-                self.flight_address(),
-                generic_options=[("grpc.max_receive_message_length", -1)],
-            )
+            self._flight = {}
+        client = self._flight.get(lane)
+        if client is None:
+            options = [("grpc.max_receive_message_length", -1)]
+            if lane:
+                # Its own subchannel, hence its own TCP connection.
+                options.append(("grpc.use_local_subchannel_pool", 1))
+            client = flight.FlightClient(self.flight_address(), generic_options=options)
+            self._flight[lane] = client
             _grpc_used = True
-        return self._flight
+        return client
 
     def flight_address(self) -> str:
         """The ``grpc://host:port`` of the service's Flight endpoint."""
@@ -160,7 +168,7 @@ class Client:
     def __getstate__(self) -> Dict[str, Any]:
         # A Flight client cannot be pickled (to 'spawn' DataLoader workers).
         state = dict(self.__dict__)
-        state["_flight"] = None
+        state["_flight"] = {}
         state["_flight_pid"] = 0
         return state
 

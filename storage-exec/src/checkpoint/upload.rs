@@ -118,8 +118,10 @@ impl Upload {
         Ok(run.start)
     }
 
-    /// Writes the part at `offset` from `pieces`; returns its length.
-    pub async fn write_part<S, B>(&self, offset: u64, pieces: S) -> Result<u64>
+    /// Writes the part at `offset` from `pieces`; returns its length. Each
+    /// full chunk's checksum and write run as a task of their own while
+    /// the next chunk fills.
+    pub async fn write_part<S, B>(self: &Arc<Self>, offset: u64, pieces: S) -> Result<u64>
     where
         S: Stream<Item = Result<B>> + Send,
         B: Deref<Target = [u8]> + Send,
@@ -161,10 +163,13 @@ impl Upload {
                     }
                     while writes.len() >= max_in_flight {
                         if let Some(done) = writes.next().await {
-                            extents.push(done?);
+                            extents.push(joined(done)?);
                         }
                     }
-                    writes.push(self.write_extent(start, buf, filled));
+                    let this = Arc::clone(self);
+                    writes.push(tokio::spawn(async move {
+                        this.write_extent(start, buf, filled).await
+                    }));
                 }
             }
             if last {
@@ -172,7 +177,7 @@ impl Upload {
             }
         }
         while let Some(done) = writes.next().await {
-            extents.push(done?);
+            extents.push(joined(done)?);
         }
         lock(&self.extents).extend(extents);
         Ok(pos - offset)
@@ -235,6 +240,11 @@ impl Upload {
         let runs = merge_runs(reservation.runs());
         Ok((extents, runs, reservation))
     }
+}
+
+/// The result of a spawned write (a panic in one is an I/O error).
+fn joined<T>(done: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
+    done.map_err(|e| StorageError::io("write a checkpoint extent", "(task)", std::io::Error::other(e)))?
 }
 
 /// Runs sorted, with neighbours merged.
