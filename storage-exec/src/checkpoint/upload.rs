@@ -244,7 +244,13 @@ impl Upload {
 
 /// The result of a spawned write (a panic in one is an I/O error).
 fn joined<T>(done: std::result::Result<Result<T>, tokio::task::JoinError>) -> Result<T> {
-    done.map_err(|e| StorageError::io("write a checkpoint extent", "(task)", std::io::Error::other(e)))?
+    done.map_err(|e| {
+        StorageError::io(
+            "write a checkpoint extent",
+            "(task)",
+            std::io::Error::other(e),
+        )
+    })?
 }
 
 /// Runs sorted, with neighbours merged.
