@@ -39,6 +39,7 @@ impl From<CheckpointInfo> for Checkpoint {
 
 /// Which checkpoints to list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only names starting with this.
     #[serde(default)]
@@ -47,6 +48,7 @@ pub struct ListQuery {
 
 /// Which checkpoint to delete.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteQuery {
     /// Its name.
     pub name: String,

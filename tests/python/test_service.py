@@ -328,6 +328,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/jobs/{id}/explain": ["get"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
+        "/v1/checkpoints": ["delete", "get"],
         "/v1/info": ["get"],
         "/healthz": ["get"],
         "/metrics": ["get"],
@@ -338,6 +339,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
     for path in routes:
         p = path.replace("{id}", job.id).replace("{name}", "pets")
         c._request("GET", p)
+    assert 'sluice_device_free_bytes ' in c._request("GET", "/metrics")
     metrics = c._request("GET", "/metrics")
     assert f'sluice_job_delivered_samples_total{{job="{job.id}"}}' in metrics
     assert 'sluice_jobs{state="running"}' in metrics or 'sluice_jobs{state="pending"}' in metrics
