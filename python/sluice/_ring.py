@@ -17,6 +17,7 @@ not forked from the ring's maker ('spawn') falls back to torch's own way.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import mmap
 import os
@@ -106,13 +107,17 @@ def _unpack(ring_id: int, slot: int, layout: List[Tuple[str, int, str, Tuple[int
     freed once they (and every view of them) are gone."""
     ring = _rings[ring_id]
     out: Dict[str, Any] = {}
-    anchor = ring.view(slot, 0, np.dtype(np.uint8), (ring.slot_bytes,))
-    weakref.finalize(anchor, _release, ring, slot)
+    # The slot's bytes as a ctypes object: every array made from it (and
+    # every tensor and view of those) keeps it alive through its buffer
+    # export — numpy does not collapse a chain of bases past a non-array —
+    # so the slot is freed only when the last of them is gone.
+    holder = (ctypes.c_char * ring.slot_bytes).from_buffer(
+        ring.map, HEADER + slot * ring.slot_bytes)
+    weakref.finalize(holder, _release, ring, slot)
     for k, offset, dtype, shape in layout:
         dt = np.dtype(dtype)
         count = int(np.prod(shape)) if shape else 1
-        # Views of the anchor keep it alive as long as any tensor of them lives.
-        arr = anchor[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+        arr = np.frombuffer(holder, dtype=dt, count=count, offset=offset).reshape(shape)
         out[k] = torch.from_numpy(arr)
     out.update(rest)
     return out

@@ -14,7 +14,11 @@
   calls them in each worker); with ``num_workers=0`` they work on a plain
   DataLoader too;
 - tensor columns become tensors sharing the received Arrow buffers (no
-  copy); other columns are lists or numpy arrays.
+  copy); other columns are lists or numpy arrays;
+- a DataLoader worker forked from the process that made the dataset hands
+  its batches over in a shared-memory ring (see ``sluice._ring``): one
+  copy into a slot, instead of a new shared-memory segment per batch that
+  both processes fault in page by page.
 
 Safe across fork: a worker forked from a process that already read over
 Flight relays its reads through a fresh process (see ``sluice._relay``).
@@ -30,6 +34,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._ring import Ring
 from .client import Job
 
 # Tensors share the received Arrow buffers, which numpy marks read-only;
@@ -69,9 +74,12 @@ def to_torch(batch: Dict[str, Any]) -> Dict[str, Any]:
 class Dataset(IterableDataset):
     """Batches of ``job`` for this rank and ``epoch`` (see the module docs)."""
 
-    def __init__(self, job: Job, epoch: int = 0, rank: Optional[int] = None):
+    def __init__(self, job: Job, epoch: int = 0, rank: Optional[int] = None,
+                 shm_slots: int = 16, shm_slot_bytes: int = 64 << 20):
         super().__init__()
         self.job = job
+        # Virtual until touched: workers only use the slots they fill.
+        self._ring = Ring(shm_slots, shm_slot_bytes) if shm_slots else None
         # In shared memory: persistent DataLoader workers hold copies of
         # this dataset made once, and must still see set_epoch.
         self._epoch = multiprocessing.Value("q", epoch, lock=False)
@@ -128,6 +136,9 @@ class Dataset(IterableDataset):
         self._resume = None  # a restored position is used once
         self._position = (epoch, start)
         reader = self.job.reader(rank, epoch, offset=start, limit=hi - start, numpy=True)
+        info = get_worker_info()
+        ring = self._ring if info is not None and self._ring and self._ring.usable() else None
         for batch in reader:
             self._position = (epoch, reader.offset)
-            yield to_torch(batch)
+            packed = ring.pack(batch, info.id, info.num_workers) if ring else None
+            yield packed if packed is not None else to_torch(batch)

@@ -67,6 +67,31 @@ def test_workers_read_every_sample_once_even_after_the_parent_used_flight(job_se
             assert got == whole, "one reader keeps the epoch's order"
 
 
+def test_worker_batches_are_the_same_bytes_whether_held_or_dropped(job_server):
+    """Workers hand batches over in a shared-memory ring of 4 slots here:
+    a trainer that keeps every batch (more than the slots) and one that
+    drops each at once see the same tensors as a plain reader."""
+    job = job_server.submit(SQL, batch_size=4, shuffle={"seed": 5})
+    job.wait()
+    want = {}
+    for b in job.reader(0, 0, numpy=True):
+        for k, img in zip(b["key"], b["image"]):
+            want[k] = img.copy()
+    ds = sluice.torch.Dataset(job, shm_slots=4)
+    held = list(DataLoader(ds, batch_size=None, num_workers=2, timeout=120))
+    for b in held:
+        for k, img in zip(b["key"], b["image"]):
+            assert (img.numpy() == want[k]).all(), k
+    assert sum(len(b["key"]) for b in held) == len(want)
+    seen = 0
+    for b in DataLoader(ds, batch_size=None, num_workers=2, timeout=120):
+        for k, img in zip(b["key"], b["image"]):
+            assert (img.numpy() == want[k]).all(), k
+            seen += 1
+        del b
+    assert seen == len(want)
+
+
 def test_set_epoch_changes_the_order_not_the_samples(job_server):
     job = job_server.submit(SQL, batch_size=8, epochs=2, shuffle={"seed": 3})
     ds = sluice.torch.Dataset(job)
