@@ -11,8 +11,9 @@
    median of `--runs`, and the ratios.
 2. DataLoader: samples/s of one epoch of a job read through
    `sluice.torch.Dataset` under `torch.utils.data.DataLoader` with
-   `num_workers` 0 and 2, beside the plain reader, median of `--runs`
-   epochs after a warm-up.
+   `num_workers` 0 and 2 (workers started per epoch, DataLoader's default,
+   and persistent), beside the plain reader, median of `--runs` epochs
+   after a warm-up.
 
 Run it on the optimized build (`cargo build --release`); a debug build is
 slower at everything and its figures mean little.
@@ -113,7 +114,7 @@ def bench_loader(binary, client, root, per_class, runs, size):
     client.ingest("imgs", os.path.join(root, "imgs"))
     sql = (f"SELECT key, label, to_tensor(random_resized_crop(decode_image(data), {size}, "
            f"{size})) AS image FROM imgs")
-    job = client.submit(sql, batch_size=32, epochs=3 * (runs + 1), shuffle={"seed": 1})
+    job = client.submit(sql, batch_size=32, epochs=4 * (runs + 1), shuffle={"seed": 1})
     samples = job.wait()["samples_per_rank"]
     ds = sluice.torch.Dataset(job)
     epoch = iter(range(100))
@@ -121,10 +122,13 @@ def bench_loader(binary, client, root, per_class, runs, size):
     def plain():
         return job.reader(0, next(epoch), numpy=True)
 
-    def loader(workers):
+    def loader(workers, persistent=False):
+        dl = DataLoader(ds, batch_size=None, num_workers=workers,
+                        persistent_workers=persistent)
+
         def make():
             ds.set_epoch(next(epoch))
-            return DataLoader(ds, batch_size=None, num_workers=workers)
+            return dl
         return make
 
     print(f"DataLoader over a job ({samples} samples/epoch, {size}x{size} crops; samples/s, "
@@ -132,11 +136,12 @@ def bench_loader(binary, client, root, per_class, runs, size):
     # Workers first: forked before this process used Flight, they read
     # over Flight themselves (forked after, they would relay through a new
     # process each, see sluice._relay).
-    for label, make in [("num_workers=2", loader(2)), ("num_workers=0", loader(0)),
+    for label, make in [("num_workers=2, persistent", loader(2, True)),
+                        ("num_workers=2", loader(2)), ("num_workers=0", loader(0)),
                         ("plain reader", plain)]:
         epoch_rate(make, samples)
         rates = [epoch_rate(make, samples) for _ in range(runs)]
-        print(f"  {label:<14} {statistics.median(rates):>8.0f}", flush=True)
+        print(f"  {label:<26} {statistics.median(rates):>8.0f}", flush=True)
 
 
 def main():

@@ -236,9 +236,12 @@ class CheckpointWriter(io.RawIOBase):
 class CheckpointReader(io.RawIOBase):
     """See the module docs; ``info`` is the version read.
 
-    The ranges arrive as Arrow buffers and are kept as they are (no copy
-    into one big buffer); reads copy straight from them into the caller's
-    memory."""
+    The ranges are fetched in the background from the moment it is made
+    (the last one first: a zip archive's directory, which ``torch.load``
+    reads first, is at the end), and a read waits only for the ranges it
+    needs — so ``torch.load`` parses while the rest arrives. They arrive as
+    Arrow buffers and are kept as they are; reads copy straight from them
+    into the caller's memory."""
 
     def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None):
         super().__init__()
@@ -250,19 +253,34 @@ class CheckpointReader(io.RawIOBase):
         self.size = int(self.info["size"])
         self._ckpt = ckpt
         self._pos = 0
-        ranges = [(lo, min(self.size - lo, ckpt.chunk_size))
-                  for lo in range(0, self.size, ckpt.chunk_size)]
-        parts: List[List[Tuple[int, memoryview]]] = [[] for _ in ranges]
-        if ranges:
-            with ThreadPoolExecutor(min(ckpt.workers, len(ranges)),
-                                    thread_name_prefix="sluice-ckpt-get") as pool:
-                futures = [pool.submit(self._get, lo, n, parts[i])
-                           for i, (lo, n) in enumerate(ranges)]
-                for f in futures:
-                    f.result()
-        # (start, view) of every piece, in order, and their starts to bisect.
-        self._pieces = [p for part in parts for p in part]
-        self._starts = [start for start, _ in self._pieces]
+        self._range = ckpt.chunk_size
+        ranges = [(lo, min(self.size - lo, self._range))
+                  for lo in range(0, self.size, self._range)]
+        self._parts: List[List[Tuple[int, memoryview]]] = [[] for _ in ranges]
+        self._starts: List[List[int]] = [[] for _ in ranges]
+        self._futures: List[Future] = [None] * len(ranges)  # type: ignore[list-item]
+        self._pool = ThreadPoolExecutor(max(1, min(ckpt.workers, len(ranges))),
+                                        thread_name_prefix="sluice-ckpt-get")
+        order = list(range(len(ranges)))
+        if order:
+            order = order[-1:] + order[:-1]
+        for i in order:
+            lo, n = ranges[i]
+            self._futures[i] = self._pool.submit(self._get, lo, n, self._parts[i])
+        self._pool.shutdown(wait=False)
+
+    def _ready(self, i: int) -> List[Tuple[int, memoryview]]:
+        """Range ``i``'s pieces, once fetched (its error, if it failed)."""
+        self._futures[i].result()
+        if not self._starts[i] and self._parts[i]:
+            self._starts[i] = [start for start, _ in self._parts[i]]
+        return self._parts[i]
+
+    def wait(self) -> "CheckpointReader":
+        """Waits until every range has arrived."""
+        for i in range(len(self._futures)):
+            self._ready(i)
+        return self
 
     def _get(self, offset: int, length: int, out: List[Tuple[int, memoryview]]) -> None:
         c = self._ckpt.client
@@ -312,14 +330,16 @@ class CheckpointReader(io.RawIOBase):
         out = memoryview(b).cast("B")
         want = max(0, min(len(out), self.size - self._pos))
         done = 0
-        i = bisect.bisect_right(self._starts, self._pos) - 1
         while done < want:
-            start, view = self._pieces[i]
-            lo = self._pos + done - start
+            pos = self._pos + done
+            r = pos // self._range
+            pieces = self._ready(r)
+            j = bisect.bisect_right(self._starts[r], pos) - 1
+            start, view = pieces[j]
+            lo = pos - start
             n = min(len(view) - lo, want - done)
             out[done:done + n] = view[lo:lo + n]
             done += n
-            i += 1
         self._pos += done
         return done
 
@@ -330,6 +350,8 @@ class CheckpointReader(io.RawIOBase):
         return bytes(buf) if len(buf) < 1 << 16 else buf  # type: ignore[return-value]
 
     def close(self) -> None:
-        self._pieces = []
+        for f in self._futures:
+            f.cancel()
+        self._parts = []
         self._starts = []
         super().close()

@@ -244,7 +244,7 @@ def test_a_flipped_byte_on_the_device_is_named_on_read():
         try:
             ck = sluice.Checkpoint(sluice.Client(rest), "flip", chunk_size=CHUNK)
             with pytest.raises(sluice.SluiceError) as e:
-                ck.reader("m.pt")
+                ck.reader("m.pt").read()
             assert "flip/m.pt" in e.value.message and "corrupt" in e.value.message
         finally:
             proc.terminate()
