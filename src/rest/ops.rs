@@ -54,36 +54,28 @@ fn label(s: &str) -> String {
     security(("bearer" = [])))]
 pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP sluice_up_seconds Seconds since the server started."
-    );
-    let _ = writeln!(out, "# TYPE sluice_up_seconds gauge");
-    let _ = writeln!(
-        out,
-        "sluice_up_seconds {:.3}",
-        s.started.elapsed().as_secs_f64()
+    gauge(
+        &mut out,
+        "sluice_up_seconds",
+        "Seconds since the server started.",
+        format!("{:.3}", s.started.elapsed().as_secs_f64()),
     );
     if let Some(store) = &s.ingest_store {
         let space = store.space();
-        let _ = writeln!(
-            out,
-            "# HELP sluice_device_free_bytes Device bytes in chunks no dataset, checkpoint or upload holds."
-        );
-        let _ = writeln!(out, "# TYPE sluice_device_free_bytes gauge");
-        let _ = writeln!(
-            out,
-            "sluice_device_free_bytes {}",
-            space.free_chunks * space.chunk_size
+        gauge(
+            &mut out,
+            "sluice_device_free_bytes",
+            "Device bytes in chunks no dataset, checkpoint or upload holds.",
+            space.free_chunks * space.chunk_size,
         );
     }
     if let Some(c) = &s.checkpoints {
-        let _ = writeln!(
-            out,
-            "# HELP sluice_checkpoint_uploads Checkpoint uploads begun and not yet committed or aborted."
+        gauge(
+            &mut out,
+            "sluice_checkpoint_uploads",
+            "Checkpoint uploads begun and not yet committed or aborted.",
+            c.pending_uploads(),
         );
-        let _ = writeln!(out, "# TYPE sluice_checkpoint_uploads gauge");
-        let _ = writeln!(out, "sluice_checkpoint_uploads {}", c.pending_uploads());
     }
     let _ = writeln!(out, "# HELP sluice_jobs Jobs by state.");
     let _ = writeln!(out, "# TYPE sluice_jobs gauge");
@@ -150,4 +142,11 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         )],
         out,
     )
+}
+
+/// One unlabelled gauge: its help, type and value lines.
+fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "{name} {value}");
 }

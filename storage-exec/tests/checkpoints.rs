@@ -11,7 +11,9 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use sluice_storage::device::Backend;
+use sluice_storage::device::conformance::pattern;
 use sluice_storage::{IngestOptions, IngestSource, StorageError, Store, StoreOptions, ingest};
+use sluice_udfs::kernels::npy::DType;
 
 const CHUNK: u64 = 64 * 1024;
 
@@ -26,29 +28,12 @@ fn open(dir: &std::path::Path) -> Arc<Store> {
 }
 
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    pattern(seed, len)
 }
 
 /// A one-dimensional uint8 `.npy` file of `len` random bytes.
 fn npy(len: usize, seed: u64) -> Vec<u8> {
-    let mut header = format!("{{'descr': '|u1', 'fortran_order': False, 'shape': ({len},), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend(bytes(len, seed));
-    out
+    sluice_udfs::kernels::npy::write(DType::U8, &[len as u32], &bytes(len, seed))
 }
 
 /// Writes `data` as parts of `part` bytes, in pieces of 10 000 bytes.

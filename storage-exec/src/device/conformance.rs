@@ -24,7 +24,9 @@ pub async fn run_all(dev: Arc<dyn Device>) {
     read_buffer_becomes_arrow_without_copy(&dev).await;
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+/// `len` pseudo-random bytes from `seed` (xorshift): data that differs at
+/// every position, for tests that must catch a misplaced byte.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|_| {
