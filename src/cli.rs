@@ -172,6 +172,28 @@ pub struct NodeFlags {
     pub link_limit: Option<RateArg>,
 }
 
+/// Limits on each SQL query a compute node (or `serve`) runs.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct QueryLimitFlags {
+    /// Memory one query's operators (sorts, joins, aggregations) may hold;
+    /// past it a sort spills to disk and other operators fail the query
+    /// with `ResourcesExhausted`.
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    pub query_memory: u64,
+    /// Seconds a SQL query may run before it is stopped with an error
+    /// (0: no limit). Job streams are not queries and have none.
+    #[arg(long, default_value_t = 3600.0)]
+    pub query_timeout: f64,
+}
+
+impl QueryLimitFlags {
+    /// The time limit, if there is one.
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        (self.query_timeout > 0.0)
+            .then(|| std::time::Duration::from_secs_f64(self.query_timeout.min(1e9)))
+    }
+}
+
 /// Output format of `explain`.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum ExplainFormat {
@@ -304,6 +326,9 @@ pub enum Command {
         /// Resources: the link the planner assumes (default: measured).
         #[arg(long, value_parser = parse_rate)]
         link_bandwidth: Option<RateArg>,
+        /// Query limits.
+        #[command(flatten)]
+        limits: QueryLimitFlags,
     },
     /// The embedded default: a storage node over the data dir and a compute
     /// node in one process, with the REST API (jobs, datasets) and Arrow
@@ -342,6 +367,9 @@ pub enum Command {
         /// and its space freed (a writer that died).
         #[arg(long, default_value_t = 120.0)]
         checkpoint_idle_timeout: f64,
+        /// Query limits.
+        #[command(flatten)]
+        limits: QueryLimitFlags,
     },
     /// Checkpoints in the data dir: list, delete, or copy one out to a file.
     Checkpoints {

@@ -14,6 +14,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
@@ -21,6 +22,8 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult,
 };
 use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, GetTicket, PutCommand};
@@ -60,6 +63,7 @@ pub struct QueryService {
     session: Arc<ComputeSession>,
     jobs: Arc<Jobs>,
     checkpoints: Option<Arc<dyn CheckpointEndpoint>>,
+    query_timeout: Option<Duration>,
 }
 
 /// The status for an error of a query: a storage node's error keeps its
@@ -86,7 +90,15 @@ impl QueryService {
             session: Arc::clone(jobs.session()),
             jobs,
             checkpoints: None,
+            query_timeout: None,
         }
+    }
+
+    /// Stops a SQL query that runs past `limit` with an error (job
+    /// streams are not queries and have no limit).
+    pub fn with_query_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.query_timeout = limit;
+        self
     }
 
     /// Serves checkpoints from `store` too.
@@ -110,6 +122,28 @@ impl QueryService {
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
+}
+
+/// `batches`, ending with an error once `limit` has passed since now;
+/// dropping the stream then stops the query's tasks.
+fn with_deadline(batches: SendableRecordBatchStream, limit: Duration) -> SendableRecordBatchStream {
+    let schema = batches.schema();
+    let deadline = tokio::time::Instant::now() + limit;
+    let limited = stream::unfold(Some(batches), move |state| async move {
+        let mut batches = state?;
+        match tokio::time::timeout_at(deadline, batches.next()).await {
+            Ok(Some(item)) => Some((item, Some(batches))),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(DataFusionError::ResourcesExhausted(format!(
+                    "the query ran past its time limit of {:.0} s (--query-timeout) and was stopped",
+                    limit.as_secs_f64()
+                ))),
+                None,
+            )),
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, limited))
 }
 
 fn parse_ticket(bytes: &[u8]) -> Result<QueryTicket, Status> {
@@ -194,11 +228,14 @@ impl FlightService for QueryService {
         }
         let t = parse_ticket(&ticket)?;
         let udfs = UdfEnv::new(t.udf);
-        let batches = self
+        let mut batches = self
             .session
             .execute(&t.sql, t.offload, &udfs)
             .await
             .map_err(|e| query_status(&e, true))?;
+        if let Some(limit) = self.query_timeout {
+            batches = with_deadline(batches, limit);
+        }
         let stream = send_reported(
             batches.schema(),
             batches,

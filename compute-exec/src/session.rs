@@ -11,6 +11,7 @@ use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
@@ -88,7 +89,11 @@ pub struct ComputeSession {
     profiles: Profiles,
     hints: ResourceHints,
     known: Mutex<Known>,
+    query_memory: usize,
 }
+
+/// Memory one query's operators may hold unless told otherwise.
+pub const DEFAULT_QUERY_MEMORY: usize = 4 << 30;
 
 /// A planned query.
 pub struct PlannedQuery {
@@ -121,7 +126,17 @@ impl ComputeSession {
             profiles,
             hints,
             known: Mutex::new(Known::default()),
+            query_memory: DEFAULT_QUERY_MEMORY,
         }
+    }
+
+    /// Each query's own memory pool holds at most `bytes`: its sorts
+    /// spill to disk past it and its other operators (joins,
+    /// aggregations) fail with `ResourcesExhausted` instead of growing the
+    /// process until the allocator aborts.
+    pub fn with_query_memory(mut self, bytes: usize) -> Self {
+        self.query_memory = bytes.max(1 << 20);
+        self
     }
 
     /// The storage nodes.
@@ -328,7 +343,10 @@ impl ComputeSession {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_target_partitions(compute_cores);
-        let ctx = SessionContext::new_with_config(config);
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(self.query_memory, 1.0)
+            .build_arc()?;
+        let ctx = SessionContext::new_with_config_rt(config, runtime);
         sluice_udfs::register(&ctx, udfs);
         let schema = Arc::new(ComputeSchema::new(latest, holders.clone()));
         if let Some(catalog) = ctx.catalog("datafusion") {

@@ -89,9 +89,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             storage_cores,
             compute_cores,
             link_bandwidth,
+            limits,
         } => {
             let hints = place::hints(*storage_cores, *compute_cores, *link_bandwidth);
-            nodes::compute_node(&cli, listen, storage, hints).await
+            nodes::compute_node(&cli, listen, storage, hints, *limits).await
         }
         Command::Serve {
             flight,
@@ -104,6 +105,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             link_limit,
             checkpoint_keep,
             checkpoint_idle_timeout,
+            limits,
         } => {
             let hints = place::hints(None, *compute_cores, None);
             let addrs = nodes::ServeAddrs {
@@ -118,6 +120,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     ),
                     max_size: u64::MAX,
                 },
+                limits: *limits,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
         }

@@ -16,7 +16,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use super::place;
-use crate::cli::{Cli, NodeFlags, RateArg};
+use crate::cli::{Cli, NodeFlags, QueryLimitFlags, RateArg};
 
 /// Resolves on Ctrl-C or SIGTERM.
 /// How long `serve` waits for open streams to end once told to stop.
@@ -80,8 +80,10 @@ pub async fn compute_node(
     listen: &str,
     storage: &[String],
     hints: ResourceHints,
+    limits: QueryLimitFlags,
 ) -> anyhow::Result<()> {
-    let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints);
+    let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
+        .with_query_memory(limits.query_memory as usize);
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     if let Err(e) = session.refresh().await {
@@ -94,7 +96,11 @@ pub async fn compute_node(
     );
     let jobs = Arc::new(Jobs::new(Arc::new(session))?);
     flight_builder()
-        .add_service(QueryService::new(jobs).server())
+        .add_service(
+            QueryService::new(jobs)
+                .with_query_timeout(limits.timeout())
+                .server(),
+        )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("compute node stopped");
@@ -114,6 +120,8 @@ pub struct ServeAddrs<'a> {
     pub storage: &'a [String],
     /// How checkpoints in the data dir are kept.
     pub checkpoints: CheckpointOptions,
+    /// Limits on each SQL query.
+    pub limits: QueryLimitFlags,
 }
 
 pub async fn serve(
@@ -149,7 +157,10 @@ pub async fn serve(
         };
         (vec![endpoint], Some(store))
     };
-    let session = Arc::new(ComputeSession::new(endpoints, place::profiles(cli)?, hints));
+    let session = Arc::new(
+        ComputeSession::new(endpoints, place::profiles(cli)?, hints)
+            .with_query_memory(addrs.limits.query_memory as usize),
+    );
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
     }
@@ -199,7 +210,7 @@ pub async fn serve(
             .write_all(announce.as_bytes())
             .and_then(|()| out.flush());
     }
-    let mut query = QueryService::new(jobs);
+    let mut query = QueryService::new(jobs).with_query_timeout(addrs.limits.timeout());
     if let Some(c) = checkpoints {
         query = query.with_checkpoints(c);
     }

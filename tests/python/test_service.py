@@ -354,3 +354,38 @@ def test_worker_ranges_split_whole_batches():
                 assert lo % 4 == 0 and lo <= hi
                 got.extend(range(lo, hi))
             assert got == list(range(per_rank))
+
+
+def test_queries_have_memory_and_time_limits():
+    """A query whose join outgrows --query-memory, and one that runs past
+    --query-timeout, each end with an error saying so; the server goes on
+    answering."""
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "20"],
+                       env=env, check=True, capture_output=True)
+        proc, rest = start_serve(d, env, ["--query-memory", "16MiB", "--query-timeout", "1"])
+        try:
+            c = sluice.Client(rest)
+            c.ingest("pets", src)
+
+            def run(sql):
+                ticket = flight.Ticket(json.dumps({"sql": sql}).encode())
+                return c.flight().do_get(ticket, c.call_options()).read_all()
+
+            with pytest.raises(pa.ArrowException) as e:
+                run("SELECT a.key, b.key AS k2, c.key AS k3, d.key AS k4 "
+                    "FROM pets a, pets b, pets c, pets d, pets e")
+            assert "Resources exhausted" in str(e.value), e.value
+            t0 = time.monotonic()
+            with pytest.raises(pa.ArrowException) as e:
+                run("SELECT sum(resize(decode_image(b.data), 512, 512)['width']) "
+                    "AS n FROM (SELECT key FROM pets) a, pets b")
+            assert "time limit of 1 s" in str(e.value), e.value
+            elapsed = time.monotonic() - t0
+            assert elapsed < 10, elapsed
+            assert run("SELECT count(*) AS n FROM pets").column("n")[0].as_py() == 60
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
