@@ -303,6 +303,13 @@ pub fn decode_clip(
             .and_then(|c| frame.timestamp().map(|t| c.index(t)))
             .unwrap_or(next)
     };
+    // Work budget: reading every frame once, plus what seeks that land
+    // before where they started can cost, is bounded; past it the sample
+    // is refused rather than decoded forever.
+    let budget = 2 * (last + 1) + 4 * SEEK_GAP * wanted.len() as u64;
+    // Where the decoder was when it last sought, until the first frame
+    // after the seek shows where it landed.
+    let mut sought_from: Option<u64> = None;
     loop {
         let mut seek_to = None;
         'packets: for (s, packet) in input.packets() {
@@ -316,6 +323,21 @@ pub fn decode_clip(
             while dec.receive_frame(&mut frame).is_ok() {
                 let i = number(&frame, clock, index);
                 decoded += 1;
+                if decoded > budget {
+                    return Err(format!(
+                        "decoded {decoded} frames of a {} stream to sample {} up to frame {last}: \
+                         over the budget of {budget}",
+                        info.codec,
+                        wanted.len()
+                    ));
+                }
+                // A seek that did not land past where the decoder was (key
+                // frames too sparse for seeking to help): read on instead.
+                if let Some(from) = sought_from.take()
+                    && i <= from
+                {
+                    can_seek = false;
+                }
                 index = i + 1;
                 take(&frame, i, &mut taken)?;
                 if taken == wanted.len() {
@@ -333,6 +355,7 @@ pub fn decode_clip(
         let ts = c.seek_ts(target);
         if input.seek(ts, ..ts).is_ok() {
             dec.flush();
+            sought_from = Some(index);
         } else {
             // Not seekable: read on from here, without trying again.
             can_seek = false;
@@ -377,6 +400,18 @@ pub fn encode_test_clip(
     w: u32,
     h: u32,
 ) -> Result<(), String> {
+    encode_test_clip_with_gop(path, codec, frames, w, h, 12)
+}
+
+/// [`encode_test_clip`] with a key frame every `gop` frames.
+pub fn encode_test_clip_with_gop(
+    path: &std::path::Path,
+    codec: &str,
+    frames: u32,
+    w: u32,
+    h: u32,
+    gop: u32,
+) -> Result<(), String> {
     init();
     let e = |what: &'static str| move |err: ff::Error| format!("{what}: {err}");
     let mut octx = ff::format::output(path).map_err(e("cannot create the output"))?;
@@ -399,12 +434,19 @@ pub fn encode_test_clip(
     enc.set_format(ff::format::Pixel::YUV420P);
     enc.set_time_base(ff::Rational::new(1, fps));
     enc.set_frame_rate(Some(ff::Rational::new(fps, 1)));
-    enc.set_gop(12);
+    enc.set_gop(gop);
     if global {
         enc.set_flags(ff::codec::Flags::GLOBAL_HEADER);
     }
+    // Key frames exactly every `gop` frames: no extra ones at scene cuts
+    // (every frame here changes its level).
+    let mut opts = ff::Dictionary::new();
+    opts.set("sc_threshold", "1000000000");
+    if codec == "libx264" {
+        opts.set("x264-params", "scenecut=0");
+    }
     let mut enc = enc
-        .open_as(enc_codec)
+        .open_as_with(enc_codec, opts)
         .map_err(e("cannot open the encoder"))?;
     ost.set_parameters(&enc);
     ost.set_time_base(ff::Rational::new(1, fps));
@@ -455,9 +497,13 @@ mod tests {
     use super::*;
 
     fn clip(codec: &str, ext: &str, frames: u32) -> Buffer {
+        clip_with_gop(codec, ext, frames, 12)
+    }
+
+    fn clip_with_gop(codec: &str, ext: &str, frames: u32, gop: u32) -> Buffer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(format!("c.{ext}"));
-        encode_test_clip(&path, codec, frames, 64, 48).unwrap();
+        encode_test_clip_with_gop(&path, codec, frames, 64, 48, gop).unwrap();
         Buffer::from_vec(std::fs::read(&path).unwrap())
     }
 
@@ -565,6 +611,56 @@ mod tests {
                 assert_eq!(
                     &seeking[k * plane..(k + 1) * plane],
                     &one[plane..],
+                    "{enc}: frame {f}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn uniform_sampling_of_a_clip_with_sparse_key_frames_ends_with_the_right_frames() {
+        // One key frame in 1,200 frames (the MS-MPEG4 clip of the
+        // hostile-input report had 4 in 795), sampled 75 frames apart: every
+        // seek lands back at the start, which used to send the decoder back
+        // there for ever.
+        for (enc, ext) in [("mpeg4", "avi"), ("libx264", "mp4")] {
+            let data = clip_with_gop(enc, ext, 1200, 2000);
+            let wanted = Sampling::Uniform.indices(16, Some(1200));
+            assert!(wanted.windows(2).all(|w| w[1] - w[0] > SEEK_GAP));
+            let mut out = vec![0; 16 * 16 * 16 * 3];
+            let started = std::time::Instant::now();
+            decode_clip(
+                data.clone(),
+                16,
+                16,
+                16,
+                Sampling::Uniform,
+                &Limits::default(),
+                &mut out,
+            )
+            .unwrap();
+            assert!(
+                started.elapsed().as_secs() < 60,
+                "{enc}: {:?}",
+                started.elapsed()
+            );
+            let mut all = vec![0; 1200 * 16 * 16 * 3];
+            decode_clip(
+                data,
+                1200,
+                16,
+                16,
+                Sampling::Stride(1),
+                &Limits::default(),
+                &mut all,
+            )
+            .unwrap();
+            let plane = 16 * 16 * 3;
+            for (k, &f) in wanted.iter().enumerate() {
+                let f = f as usize;
+                assert_eq!(
+                    &out[k * plane..(k + 1) * plane],
+                    &all[f * plane..(f + 1) * plane],
                     "{enc}: frame {f}"
                 );
             }
