@@ -179,6 +179,23 @@ fn with_turbo<T>(
     })
 }
 
+/// Whether a TurboJPEG message is one of libjpeg's warnings (JWRN_*) after
+/// which the whole image was still decoded: stray bytes between segments,
+/// a bad Huffman or arithmetic code, a restart marker out of place, an
+/// unknown JFIF revision. A file that ends early ("Premature end of JPEG
+/// file") is not one: its missing rows would be grey, and Pillow refuses it
+/// as truncated.
+fn tolerable_warning(msg: &str) -> bool {
+    const WARNINGS: [&str; 5] = [
+        "Corrupt JPEG data:",
+        "Warning: unknown JFIF revision",
+        "Warning: thumbnail image size does not match",
+        "Inconsistent progression sequence",
+        "Unknown Adobe color transform code",
+    ];
+    WARNINGS.iter().any(|w| msg.starts_with(w)) && !msg.contains("premature end of data segment")
+}
+
 /// Sides of a `w`×`h` JPEG decoded at `m`/8 scale (TurboJPEG's TJSCALED).
 pub fn scaled(w: u32, h: u32, m: u32) -> (u32, u32) {
     ((w * m).div_ceil(8), (h * m).div_ceil(8))
@@ -200,9 +217,12 @@ fn decode_jpeg(bytes: &[u8], mode: Mode, w: u32, h: u32, m: u32) -> Result<Image
         height: sh as usize,
         format,
     };
-    with_turbo(|d| {
-        d.decompress(bytes, image)
-            .map_err(|e| format!("cannot decode JPEG: {e}"))
+    with_turbo(|d| match d.decompress(bytes, image) {
+        Ok(()) => Ok(()),
+        // libjpeg decoded every scanline and only warned: Pillow (and so
+        // every PyTorch recipe) takes such a file, so do we.
+        Err(turbojpeg::Error::TurboJpegError(msg)) if tolerable_warning(&msg) => Ok(()),
+        Err(e) => Err(format!("cannot decode JPEG: {e}")),
     })?;
     Ok(Image {
         height: sh,
@@ -299,6 +319,30 @@ mod tests {
         let mut out = Cursor::new(Vec::new());
         img.write_to(&mut out, ImageFormat::Jpeg).unwrap();
         out.into_inner()
+    }
+
+    #[test]
+    fn stray_bytes_between_segments_are_a_warning_not_a_bad_sample() {
+        // "Corrupt JPEG data: 3 extraneous bytes before marker 0xd9": libjpeg
+        // warns and decodes everything; Pillow takes the file too.
+        let good = jpeg(64, 48);
+        assert_eq!(&good[good.len() - 2..], &[0xff, 0xd9]);
+        let mut stray = good[..good.len() - 2].to_vec();
+        stray.extend_from_slice(&[0x12, 0x34, 0x56, 0xff, 0xd9]);
+        let want = decode(&good, Mode::Rgb, &Limits::default()).unwrap();
+        let got = decode(&stray, Mode::Rgb, &Limits::default()).unwrap();
+        assert_eq!(got.pixels, want.pixels);
+        let hd = header(&stray, Mode::Rgb, &Limits::default()).unwrap();
+        let small = decode_at_least(&stray, Mode::Rgb, &hd, 16.0, 12.0, &Limits::default());
+        assert!(small.is_ok(), "{small:?}");
+        // A file cut short is still refused.
+        let cut = &good[..good.len() * 2 / 3];
+        let err = decode(cut, Mode::Rgb, &Limits::default()).unwrap_err();
+        assert!(err.contains("JPEG"), "{err}");
+        assert!(!tolerable_warning("Premature end of JPEG file"));
+        assert!(tolerable_warning(
+            "Corrupt JPEG data: 3 extraneous bytes before marker 0xd9"
+        ));
     }
 
     #[test]
