@@ -101,6 +101,9 @@ pub struct UdfFlags {
     /// Largest decoded result of one sample, e.g. 1GiB.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub max_decoded_bytes: u64,
+    /// Longest a video sample's decode loop may run, in milliseconds.
+    #[arg(long, default_value_t = sluice_udfs::Limits::default().max_sample_ms)]
+    pub max_sample_ms: u64,
 }
 
 impl UdfFlags {
@@ -114,6 +117,7 @@ impl UdfFlags {
                 max_pixels: self.max_pixels,
                 max_frames: self.max_frames,
                 max_decoded_bytes: self.max_decoded_bytes,
+                max_sample_ms: self.max_sample_ms,
             },
         }
     }

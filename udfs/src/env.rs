@@ -50,21 +50,43 @@ pub struct Limits {
     pub max_frames: u64,
     /// Largest decoded result of one sample, in bytes.
     pub max_decoded_bytes: u64,
+    /// Longest a decode loop (video frames) may run on one sample, in
+    /// milliseconds, checked between frames.
+    #[serde(default = "default_sample_ms")]
+    pub max_sample_ms: u64,
+}
+
+fn default_sample_ms() -> u64 {
+    Limits::default().max_sample_ms
 }
 
 impl Default for Limits {
-    /// 64 Mpx, 4096 frames, 1 GiB: above any real training sample, far
-    /// below what a crafted header can ask for.
+    /// 64 Mpx, 4096 frames, 1 GiB, 60 s: above any real training sample,
+    /// far below what a crafted header can ask for.
     fn default() -> Self {
         Self {
             max_pixels: 64 << 20,
             max_frames: 4096,
             max_decoded_bytes: 1 << 30,
+            max_sample_ms: 60_000,
         }
     }
 }
 
 impl Limits {
+    /// An error naming the time budget when `started` is longer ago than
+    /// it allows.
+    pub fn check_time(&self, what: &str, started: std::time::Instant) -> Result<(), String> {
+        let ms = started.elapsed().as_millis();
+        if ms >= u128::from(self.max_sample_ms) {
+            return Err(format!(
+                "{what} took {} ms or more, the limit (max_sample_ms)",
+                self.max_sample_ms
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a decoded size of `pixels` × `channels` bytes per frame, `frames` frames.
     pub fn check(&self, what: &str, pixels: u64, frames: u64, bytes: u64) -> Result<(), String> {
         if pixels > self.max_pixels {

@@ -310,6 +310,7 @@ pub fn decode_clip(
     // Where the decoder was when it last sought, until the first frame
     // after the seek shows where it landed.
     let mut sought_from: Option<u64> = None;
+    let started = std::time::Instant::now();
     loop {
         let mut seek_to = None;
         'packets: for (s, packet) in input.packets() {
@@ -323,6 +324,10 @@ pub fn decode_clip(
             while dec.receive_frame(&mut frame).is_ok() {
                 let i = number(&frame, clock, index);
                 decoded += 1;
+                limits.check_time(
+                    &format!("decoding {decoded} frames of a {} stream", info.codec),
+                    started,
+                )?;
                 if decoded > budget {
                     return Err(format!(
                         "decoded {decoded} frames of a {} stream to sample {} up to frame {last}: \
@@ -719,6 +724,22 @@ mod tests {
             &mut out,
         );
         let tight = Limits { max_frames: 4, ..l };
+        let hasty = Limits {
+            max_sample_ms: 0,
+            ..l
+        };
+        let mut out = vec![0; 2 * 8 * 8 * 3];
+        let e = decode_clip(
+            clip("mpeg4", "avi", 40),
+            2,
+            8,
+            8,
+            Sampling::Stride(30),
+            &hasty,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(e.contains("max_sample_ms"), "{e}");
         let e = decode_clip(
             data,
             6,
