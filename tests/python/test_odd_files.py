@@ -1,0 +1,99 @@
+"""Odd but valid images, the kind a generator of clean test data never
+makes: progressive, CMYK, grayscale, 4:4:4 and EXIF-tagged JPEGs; 16-bit,
+gray+alpha, palette-with-transparency, 1-bit, 1x1 and 1x4000 PNGs; LZW,
+deflate and 16-bit TIFFs; 32-bit BMP; animated GIF; lossless, lossy and
+alpha WebP; PPM; ICO. Each is ingested and decoded by `sluice`; every
+file is either decoded with the pixels Pillow gives (16-bit ones scaled by
+1/257 where Pillow clips to 255), or refused by name: at ingest (a float32
+TIFF, which the `image` crate cannot read) or as a bad sample at decode (an
+ICO holding an RGB PNG, which it refuses). None is lost without a word."""
+
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+
+from serve import SLUICE
+
+
+def corpus(d):
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 255, (37, 53, 3), dtype=np.uint8))
+    p = lambda name: os.path.join(d, name)  # noqa: E731
+    rgb.save(p("progressive.jpg"), progressive=True, quality=85)
+    rgb.convert("CMYK").save(p("cmyk.jpg"))
+    rgb.convert("L").save(p("gray.jpg"))
+    rgb.save(p("sub444.jpg"), subsampling=0)
+    rgb.save(p("optimized.jpg"), optimize=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rgb.save(p("exif_rotated.jpg"), exif=exif)
+    Image.fromarray(rng.integers(0, 65535, (29, 31)).astype(np.uint16)).save(p("gray16.png"))
+    rgb.convert("LA").save(p("gray_alpha.png"))
+    rgb.convert("P").save(p("palette.png"), transparency=0)
+    rgb.convert("RGBA").save(p("rgba.png"))
+    rgb.convert("1").save(p("bilevel.png"))
+    Image.fromarray(rng.integers(0, 255, (1, 1, 3), dtype=np.uint8)).save(p("one_pixel.png"))
+    Image.fromarray(rng.integers(0, 255, (1, 4000, 3), dtype=np.uint8)).save(p("thin.png"))
+    rgb.save(p("lzw.tif"), compression="tiff_lzw")
+    rgb.save(p("deflate.tif"), compression="tiff_adobe_deflate")
+    Image.fromarray(rng.integers(0, 65535, (21, 22)).astype(np.uint16)).save(p("gray16.tif"))
+    Image.fromarray(rng.random((20, 20), dtype=np.float32)).save(p("float32.tif"))
+    rgb.convert("RGBA").save(p("bgra32.bmp"))
+    frames = [rgb.convert("P"), rgb.rotate(90).convert("P")]
+    frames[0].save(p("animated.gif"), save_all=True, append_images=frames[1:])
+    rgb.save(p("lossless.webp"), lossless=True)
+    rgb.save(p("lossy.webp"), quality=70)
+    rgb.convert("RGBA").save(p("alpha.webp"))
+    rgb.save(p("rgb.ppm"))
+    rgb.save(p("icon.ico"))
+
+
+# Files sluice refuses although Pillow reads them: at ingest, and at decode.
+REFUSED = {"float32.tif": "tiff"}
+BAD_AT_DECODE = {"icon.ico": "ico"}
+
+
+def test_odd_but_valid_images_decode_like_pillow_or_are_refused_by_name():
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "src")
+        os.makedirs(src)
+        corpus(src)
+        names = sorted(os.listdir(src))
+        data = os.path.join(d, "data")
+        env = dict(os.environ, SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
+        ingest = subprocess.run([SLUICE, "--data-dir", data, "ingest", "odd", src],
+                                env=env, capture_output=True, text=True)
+        assert ingest.returncode == 0, ingest.stderr
+        report = ingest.stdout + ingest.stderr
+        for name, needle in REFUSED.items():
+            line = next((ln for ln in report.splitlines() if name in ln), "")
+            assert needle in line.lower(), (name, report)
+        run = subprocess.run(
+            [SLUICE, "--data-dir", data, "sql",
+             "SELECT key, decode_image(data)['height'] AS h, decode_image(data)['width'] AS w, "
+             "decode_image(data)['pixels'] AS p FROM odd ORDER BY key",
+             "--format", "arrow", "--on-error", "null"],
+            env=env, capture_output=True, check=True)
+        t = pa.ipc.open_stream(run.stdout).read_all()
+        rows = list(zip(*(t.column(c).to_pylist() for c in ["key", "h", "w", "p"])))
+        assert sorted([r[0] for r in rows] + list(REFUSED)) == names
+        stderr = run.stderr.decode()
+        for name, needle in BAD_AT_DECODE.items():
+            line = next((ln for ln in stderr.splitlines() if name in ln), "")
+            assert needle in line.lower(), (name, stderr)
+        decoded = [r for r in rows if r[0] not in BAD_AT_DECODE]
+        assert all(r[3] is not None for r in decoded), stderr
+        for key, h, w, p in decoded:
+            mine = np.frombuffer(p, np.uint8).reshape(h, w, 3).astype(int)
+            with Image.open(os.path.join(src, key)) as im:
+                if im.mode in ("I;16", "I"):
+                    ref = np.round(np.asarray(im).astype(float) / 257).astype(int)
+                    ref = np.repeat(ref[..., None], 3, axis=2)
+                else:
+                    ref = np.asarray(im.convert("RGB")).astype(int)
+            assert mine.shape == ref.shape, key
+            assert np.abs(mine - ref).max() <= 2, key
