@@ -40,6 +40,8 @@ bench_dir="$demo_dir/bench"
   --sizes 8 --per-class 4 --crop 64 --runs 1 --work "$demo_dir"
 "$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --ranks 1 --files 8 --epochs 2 --record 262144 --model-size 1048576 --work "$demo_dir"
+"$VENV/bin/python" scripts/bench_load.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+  --streams 8 --per-class 8 --size 32 --work "$demo_dir"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" udfs --calibrate
 echo "== cargo test"
 cargo test --workspace
