@@ -30,6 +30,27 @@ pub fn member(bytes: &[u8], name: &str, limits: &Limits) -> Result<Parsed, Strin
             names.join(", ")
         ));
     };
+    // A stored (uncompressed) member — what `np.savez` writes — is parsed
+    // straight from the archive's bytes: no copy out of the zip, and no
+    // second checksum pass (the whole object's crc32c was checked when it
+    // was read from the device; the .npy header is checked against the
+    // bytes present).
+    {
+        let raw = zip
+            .by_index_raw(index)
+            .map_err(|e| format!("cannot read '{file_name}': {e}"))?;
+        if raw.compression() == zip::CompressionMethod::Stored && !raw.encrypted() {
+            let len = raw.compressed_size();
+            limits.check(&format!("npz member '{name}'"), 0, 0, len)?;
+            let span = raw.data_start().and_then(|start| {
+                let start = usize::try_from(start).ok()?;
+                bytes.get(start..start.checked_add(usize::try_from(len).ok()?)?)
+            });
+            if let Some(data) = span {
+                return npy::parse(data, limits).map_err(|e| format!("member '{name}': {e}"));
+            }
+        }
+    }
     let mut entry = zip
         .by_index(index)
         .map_err(|e| format!("cannot read '{file_name}': {e}"))?;
@@ -94,6 +115,24 @@ mod tests {
                 .unwrap_err()
                 .contains("not a .npz")
         );
+    }
+
+    #[test]
+    fn stored_members_are_bounded_and_checked_too() {
+        let big = npy::write(DType::U8, &[1 << 16], &vec![7; 1 << 16]);
+        let z = write(&[("x", big)], false);
+        let tight = Limits {
+            max_decoded_bytes: 1 << 10,
+            ..Limits::default()
+        };
+        let e = member(&z, "x", &tight).unwrap_err();
+        assert!(e.contains("max_decoded_bytes"), "{e}");
+        // A header promising more elements than the member holds.
+        let mut lying = npy::write(DType::U8, &[1 << 16], &vec![7; 1 << 16]);
+        lying.truncate(lying.len() - 100);
+        let z = write(&[("x", lying)], false);
+        let e = member(&z, "x", &Limits::default()).unwrap_err();
+        assert!(e.contains("member 'x'") && e.contains("truncated"), "{e}");
     }
 
     #[test]
