@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 source scripts/deps.sh
-source scripts/venv.sh
+SLUICE_VENV_MINIMAL=1 source scripts/venv.sh
 cargo build --quiet --bin sluice
 sluice() { "$CARGO_TARGET_DIR/debug/sluice" "$@"; }
 py() { "$VENV/bin/python" "$@"; }
