@@ -118,7 +118,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     idle_timeout: std::time::Duration::from_secs_f64(
                         checkpoint_idle_timeout.clamp(0.1, 86_400.0),
                     ),
-                    max_size: u64::MAX,
                 },
                 limits: *limits,
             };

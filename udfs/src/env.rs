@@ -75,12 +75,16 @@ impl Default for Limits {
 
 impl Limits {
     /// An error naming the time budget when `started` is longer ago than
-    /// it allows.
-    pub fn check_time(&self, what: &str, started: std::time::Instant) -> Result<(), String> {
-        let ms = started.elapsed().as_millis();
-        if ms >= u128::from(self.max_sample_ms) {
+    /// it allows; `what` is only called to word it.
+    pub fn check_time(
+        &self,
+        started: std::time::Instant,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), String> {
+        if started.elapsed().as_millis() >= u128::from(self.max_sample_ms) {
             return Err(format!(
-                "{what} took {} ms or more, the limit (max_sample_ms)",
+                "{} took {} ms or more, the limit (max_sample_ms)",
+                what(),
                 self.max_sample_ms
             ));
         }

@@ -51,8 +51,6 @@ pub struct CheckpointOptions {
     pub keep: usize,
     /// An upload with no part in flight for this long is aborted.
     pub idle_timeout: Duration,
-    /// Largest checkpoint accepted, in bytes.
-    pub max_size: u64,
 }
 
 impl Default for CheckpointOptions {
@@ -60,7 +58,6 @@ impl Default for CheckpointOptions {
         Self {
             keep: 2,
             idle_timeout: Duration::from_secs(120),
-            max_size: u64::MAX,
         }
     }
 }
@@ -108,7 +105,6 @@ impl Checkpoints {
             name.to_owned(),
             Arc::clone(self.store.device()),
             self.store.chunk_size(),
-            self.opts.max_size,
             self.store.space_map().reserve(),
         );
         self.uploads().insert(id.clone(), Arc::new(upload));

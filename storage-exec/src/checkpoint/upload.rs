@@ -39,10 +39,7 @@ pub struct Upload {
     pub name: String,
     device: Arc<dyn Device>,
     chunk_size: u64,
-    max_size: u64,
     reservation: Mutex<Option<Reservation>>,
-    /// The last chunk allocated (the next one is tried first, to keep runs long).
-    last_chunk: Mutex<Option<u64>>,
     extents: Mutex<Vec<CheckpointExtent>>,
     active: AtomicUsize,
     touched: Mutex<Instant>,
@@ -64,16 +61,13 @@ impl Upload {
         name: String,
         device: Arc<dyn Device>,
         chunk_size: u64,
-        max_size: u64,
         reservation: Reservation,
     ) -> Self {
         Self {
             name,
             device,
             chunk_size,
-            max_size,
             reservation: Mutex::new(Some(reservation)),
-            last_chunk: Mutex::new(None),
             extents: Mutex::new(Vec::new()),
             active: AtomicUsize::new(0),
             touched: Mutex::new(Instant::now()),
@@ -96,17 +90,16 @@ impl Upload {
         }
     }
 
-    /// One more chunk, next to the last one when it is free.
+    /// One more chunk: the one after the last allocated when it is free
+    /// (runs stay long), else any.
     fn chunk(&self) -> Result<u64> {
         let mut guard = lock(&self.reservation);
         let res = guard
             .as_mut()
             .ok_or_else(|| self.bad("the upload is already committed".into()))?;
-        let mut last = lock(&self.last_chunk);
-        if let Some(next) = last.map(|c| c + 1)
+        if let Some(next) = res.runs().last().map(|r| r.start + r.count)
             && res.allocate_at(next, 1)
         {
-            *last = Some(next);
             return Ok(next);
         }
         let run = res.allocate(1).ok_or_else(|| StorageError::NoSpace {
@@ -114,7 +107,6 @@ impl Upload {
             needed: self.chunk_size,
             free: res.free_chunks() * self.chunk_size,
         })?;
-        *last = Some(run.start);
         Ok(run.start)
     }
 
@@ -155,12 +147,6 @@ impl Upload {
                     };
                     let start = pos;
                     pos += filled as u64;
-                    if pos > self.max_size {
-                        return Err(self.bad(format!(
-                            "bytes past {} (the largest checkpoint this server takes)",
-                            self.max_size
-                        )));
-                    }
                     while writes.len() >= max_in_flight {
                         if let Some(done) = writes.next().await {
                             extents.push(joined(done)?);

@@ -324,10 +324,9 @@ pub fn decode_clip(
             while dec.receive_frame(&mut frame).is_ok() {
                 let i = number(&frame, clock, index);
                 decoded += 1;
-                limits.check_time(
-                    &format!("decoding {decoded} frames of a {} stream", info.codec),
-                    started,
-                )?;
+                limits.check_time(started, || {
+                    format!("decoding {decoded} frames of a {} stream", info.codec)
+                })?;
                 if decoded > budget {
                     return Err(format!(
                         "decoded {decoded} frames of a {} stream to sample {} up to frame {last}: \
