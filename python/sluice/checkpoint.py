@@ -45,18 +45,20 @@ _PIECE = 8 << 20
 
 
 def _error(e: Exception, name: str) -> SluiceError:
-    """A Flight error as a :class:`SluiceError` naming the checkpoint."""
-    codes = {
-        flight.FlightUnauthenticatedError: (401, "unauthorized"),
-        flight.FlightUnavailableError: (503, "unavailable"),
-    }
-    for cls, (status, code) in codes.items():
-        if isinstance(e, cls):
-            return SluiceError(status, code, f"checkpoint '{name}': {e}")
+    """A Flight error as a :class:`SluiceError`, by its gRPC status (as
+    pyarrow raises it): the server's message names the checkpoint."""
     text = str(e)
-    if "unknown checkpoint" in text:
+    if isinstance(e, flight.FlightUnauthenticatedError):
+        return SluiceError(401, "unauthorized", f"checkpoint '{name}': {text}")
+    if isinstance(e, flight.FlightUnavailableError):
+        return SluiceError(503, "unavailable", f"checkpoint '{name}': {text}")
+    if isinstance(e, pa.ArrowKeyError):  # NOT_FOUND
         return SluiceError(404, "checkpoint_not_found", text)
-    if "corrupt" in text:
+    if isinstance(e, pa.ArrowInvalid):  # INVALID_ARGUMENT
+        return SluiceError(400, "invalid_request", text)
+    if "device full" in text:  # RESOURCE_EXHAUSTED
+        return SluiceError(507, "device_full", text)
+    if "is corrupt" in text:  # DATA_LOSS
         return SluiceError(500, "checkpoint_corrupt", text)
     return SluiceError(500, "checkpoint_failed", text)
 

@@ -185,6 +185,10 @@ def test_rest_lists_and_deletes(server):
     with pytest.raises(sluice.SluiceError) as e:
         ck.reader("nope.pt")
     assert e.value.code == "checkpoint_not_found" and "rest/nope.pt" in e.value.message
+    for bad in ["my run.pt", "../up.pt"]:
+        with pytest.raises(sluice.SluiceError) as e:
+            ck.writer(bad)
+        assert e.value.status == 400 and "invalid checkpoint name" in e.value.message, e.value
 
 
 def test_torch_save_and_load_of_a_real_model_are_bit_identical(server):
