@@ -2,10 +2,11 @@
 # against when they are missing.
 #
 # FFmpeg's libraries and libclang (ffmpeg-next's bindgen) for the video
-# UDFs, libjpeg-turbo for JPEG decoding, fio for the storage benchmarks'
+# UDFs, libjpeg-turbo for JPEG decoding (its TurboJPEG API, and the libjpeg
+# API for windowed decodes), fio for the storage benchmarks'
 # baseline.
 DEBS=(pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev fio)
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev fio)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -185,7 +185,7 @@ fn with_turbo<T>(
 /// unknown JFIF revision. A file that ends early ("Premature end of JPEG
 /// file") is not one: its missing rows would be grey, and Pillow refuses it
 /// as truncated.
-fn tolerable_warning(msg: &str) -> bool {
+pub(crate) fn tolerable_warning(msg: &str) -> bool {
     const WARNINGS: [&str; 5] = [
         "Corrupt JPEG data:",
         "Warning: unknown JFIF revision",
@@ -263,6 +263,17 @@ pub fn is_jpeg(bytes: &[u8]) -> bool {
     bytes.starts_with(&[0xff, 0xd8, 0xff])
 }
 
+/// The smallest M (1…8) whose M/8 scale keeps a `w`×`h` JPEG at least
+/// `min_w`×`min_h`.
+pub fn dct_scale(w: u32, h: u32, min_w: f64, min_h: f64) -> u32 {
+    (1..8)
+        .find(|&m| {
+            let (sw, sh) = scaled(w, h, m);
+            f64::from(sw) >= min_w && f64::from(sh) >= min_h
+        })
+        .unwrap_or(8)
+}
+
 /// A decoded image and the factor its sides were divided by.
 #[derive(Debug)]
 pub struct Scaled {
@@ -287,12 +298,7 @@ pub fn decode_at_least(
     limits: &Limits,
 ) -> Result<Scaled, String> {
     let (w, h) = (hd.width, hd.height);
-    let m = (1..8)
-        .find(|&m| {
-            let (sw, sh) = scaled(w, h, m);
-            f64::from(sw) >= min_w && f64::from(sh) >= min_h
-        })
-        .unwrap_or(8);
+    let m = dct_scale(w, h, min_w, min_h);
     if m < 8 && hd.turbo {
         let image = decode_jpeg(bytes, mode, w, h, m)?;
         return Ok(Scaled {

@@ -7,6 +7,7 @@
 pub mod crop;
 pub mod decode;
 pub mod flip;
+pub mod jpeg_window;
 pub mod normalize;
 pub mod npy;
 pub mod npz;

@@ -19,7 +19,8 @@ use super::random_resized_crop::{RRC_PARAMS, rrc_params};
 use super::{Function, RandomResizedCrop};
 use crate::args::{ArgSpec, Call, Consts, Kind, Lit, Param, opt, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::decode::{Header, Mode, decode_at_least, header};
+use crate::kernels::decode::{Header, Mode, dct_scale, decode_at_least, header, scaled};
+use crate::kernels::jpeg_window::decode_window as decode_jpeg_window;
 use crate::kernels::resize::{Filter, Rect, resize_into};
 use crate::tensor::{ImageBuilder, binary_value, expect_binary, image_field};
 
@@ -65,6 +66,33 @@ fn decode_window(
     let s = (win.width / f64::from(w))
         .min(win.height / f64::from(h))
         .max(1.0);
+    if hd.turbo {
+        let m = dct_scale(fw, fh, f64::from(fw) / s, f64::from(fh) / s);
+        let (sw, sh) = scaled(fw, fh, m);
+        let rect = inside(
+            win,
+            f64::from(fw) / f64::from(sw),
+            f64::from(fh) / f64::from(sh),
+            sw,
+            sh,
+        );
+        // The resampling filter reads up to two source pixels beyond the
+        // rectangle (bilinear support times a scale below 2), and libjpeg's
+        // upsampling blends the window's outermost pixels: decode a margin.
+        let x0 = (rect.left.floor() - WINDOW_MARGIN).max(0.0) as u32;
+        let y0 = (rect.top.floor() - WINDOW_MARGIN).max(0.0) as u32;
+        let x1 = ((rect.left + rect.width).ceil() + WINDOW_MARGIN).min(f64::from(sw)) as u32;
+        let y1 = ((rect.top + rect.height).ceil() + WINDOW_MARGIN).min(f64::from(sh)) as u32;
+        if (x1 - x0) * (y1 - y0) < sw * sh {
+            let part = decode_jpeg_window(bytes, mode, m, sw, (x0, y0, x1 - x0, y1 - y0))?;
+            let local = Rect {
+                left: rect.left - f64::from(part.left),
+                top: rect.top - f64::from(part.top),
+                ..rect
+            };
+            return resize_into(part.image.view(), Some(local), h, w, t.filter, out);
+        }
+    }
     let scaled = decode_at_least(
         bytes,
         mode,
@@ -73,25 +101,32 @@ fn decode_window(
         f64::from(fh) / s,
         limits,
     )?;
-    let (fx, fy) = (scaled.factor_x, scaled.factor_y);
     let img = &scaled.image;
-    // The scaled image's size is rounded up by libjpeg-turbo, so the
-    // window mapped into it can overhang by a fraction of a pixel: keep it
-    // inside.
-    let (iw, ih) = (f64::from(img.width), f64::from(img.height));
-    let width = (win.width / fx).min(iw);
-    let height = (win.height / fy).min(ih);
-    let rect = Rect {
-        left: (win.left / fx).min(iw - width).max(0.0),
-        top: (win.top / fy).min(ih - height).max(0.0),
-        width,
-        height,
-    };
+    let rect = inside(win, scaled.factor_x, scaled.factor_y, img.width, img.height);
     let full = rect.left == 0.0
         && rect.top == 0.0
         && rect.width == f64::from(img.width)
         && rect.height == f64::from(img.height);
     resize_into(img.view(), (!full).then_some(rect), h, w, t.filter, out)
+}
+
+/// Pixels decoded around a JPEG window beyond what it covers.
+const WINDOW_MARGIN: f64 = 4.0;
+
+/// `win` (full-size coordinates) in an `iw`×`ih` image decoded with its
+/// sides divided by `fx` and `fy`. The scaled size is rounded up by
+/// libjpeg-turbo, so the window mapped into it can overhang by a fraction
+/// of a pixel: it is kept inside.
+fn inside(win: Rect, fx: f64, fy: f64, iw: u32, ih: u32) -> Rect {
+    let (iw, ih) = (f64::from(iw), f64::from(ih));
+    let width = (win.width / fx).min(iw);
+    let height = (win.height / fy).min(ih);
+    Rect {
+        left: (win.left / fx).min(iw - width).max(0.0),
+        top: (win.top / fy).min(ih - height).max(0.0),
+        width,
+        height,
+    }
 }
 
 /// Decodes each row and writes an `h`×`w` image resampled from the window
@@ -141,13 +176,14 @@ fn decode_windows(
 /// `src_px` image. DCT scaling picks the smallest M/8 that keeps the window
 /// at least as large as the output; entropy decoding (about half of a full
 /// decode with libjpeg-turbo) still reads every coefficient, while the IDCT,
-/// upsampling and colour conversion shrink with the square of the scale.
+/// upsampling and colour conversion run only on the window (a windowed
+/// decode) and shrink with the square of the scale.
 fn decoded_pixels(src_px: f64, window_px: f64, out_px: f64) -> f64 {
     let scale = (1..=8)
         .map(|m| f64::from(m) / 8.0)
         .find(|s| window_px * s * s >= out_px)
         .unwrap_or(1.0);
-    src_px * (0.5 + 0.5 * scale * scale)
+    0.5 * src_px + 0.5 * window_px * scale * scale
 }
 
 impl Function for DecodeResize {
@@ -245,7 +281,62 @@ impl Function for DecodeRandomResizedCrop {
 
 #[cfg(test)]
 mod tests {
-    use super::decoded_pixels;
+    use super::*;
+    use crate::env::Limits;
+    use crate::kernels::jpeg_window::tests::jpeg;
+
+    #[test]
+    fn a_windowed_decode_gives_the_pixels_of_a_whole_decode() {
+        let bytes = jpeg(500, 375, turbojpeg::Subsamp::Sub2x2, false);
+        let hd = header(&bytes, Mode::Rgb, &Limits::default()).unwrap();
+        let t = Target {
+            h: 224,
+            w: 224,
+            mode: Mode::Rgb,
+            filter: Filter::Bilinear,
+            limits: Limits::default(),
+        };
+        let windows = [
+            (0.0, 0.0, 500.0, 375.0),
+            (17.3, 40.9, 300.2, 200.7),
+            (250.0, 100.0, 250.0, 275.0),
+            (0.0, 200.5, 120.0, 174.5),
+            (410.2, 3.0, 60.0, 80.0),
+        ];
+        for (left, top, width, height) in windows {
+            let win = Rect {
+                left,
+                top,
+                width,
+                height,
+            };
+            let mut got = vec![0u8; 224 * 224 * 3];
+            decode_window(&bytes, &hd, win, &t, &mut got).unwrap();
+            // The reference: the whole image at the same DCT scale, then
+            // the window resampled from it.
+            let s = (width / 224.0).min(height / 224.0).max(1.0);
+            let whole =
+                decode_at_least(&bytes, Mode::Rgb, &hd, 500.0 / s, 375.0 / s, &t.limits).unwrap();
+            let rect = inside(
+                win,
+                whole.factor_x,
+                whole.factor_y,
+                whole.image.width,
+                whole.image.height,
+            );
+            let mut want = vec![0u8; 224 * 224 * 3];
+            resize_into(
+                whole.image.view(),
+                Some(rect),
+                224,
+                224,
+                t.filter,
+                &mut want,
+            )
+            .unwrap();
+            assert!(got == want, "window {win:?}");
+        }
+    }
 
     #[test]
     fn dct_scaling_shrinks_the_decode_only_when_the_output_allows() {
@@ -259,6 +350,8 @@ mod tests {
             decoded_pixels(small, small, 224.0 * 224.0),
             small * (0.5 + 0.5 * 25.0 / 64.0)
         );
-        assert_eq!(decoded_pixels(small, small * 0.1, 224.0 * 224.0), small);
+        // A window of a tenth of the image: its IDCT only.
+        let tenth = decoded_pixels(small, small * 0.1, 224.0 * 224.0);
+        assert!((tenth - small * 0.55).abs() < 1e-6, "{tenth}");
     }
 }
