@@ -23,6 +23,7 @@
 
 pub mod catalog;
 pub mod client;
+pub mod direct;
 pub mod explain;
 pub mod job;
 pub mod remote;

@@ -26,6 +26,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
+use sluice_flight::BearerAuth;
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, GetTicket, PutCommand};
 use sluice_flight::error::status_of;
 use sluice_flight::messages::FragmentReport;
@@ -33,8 +34,10 @@ use sluice_flight::stream::send_reported;
 use sluice_flight::{CheckpointEndpoint, LinkError, MAX_MESSAGE};
 use sluice_planner::Offload;
 use sluice_udfs::{UdfEnv, UdfOptions};
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::direct::DirectJobStreams;
 use crate::job::Jobs;
 use crate::session::ComputeSession;
 use crate::trainer;
@@ -121,6 +124,20 @@ impl QueryService {
         FlightServiceServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// The service as nodes serve it: behind `auth`, with trainers' job
+    /// streams answered by [`DirectJobStreams`] in front of tonic.
+    pub fn serve(
+        self,
+        auth: BearerAuth,
+    ) -> DirectJobStreams<InterceptedService<FlightServiceServer<Self>, BearerAuth>> {
+        let jobs = Arc::clone(&self.jobs);
+        DirectJobStreams::new(
+            InterceptedService::new(self.server(), auth.clone()),
+            jobs,
+            auth,
+        )
     }
 }
 

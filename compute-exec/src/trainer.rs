@@ -9,17 +9,22 @@
 //!   `offset`. Each batch's app metadata is `{"from": F, "next_offset": N}`:
 //!   a trainer that stops after it resumes with `offset = N` and receives
 //!   exactly the samples it had not. A batch larger than a gRPC message is
-//!   sent as several messages; only the last carries the metadata.
+//!   sent as several messages; only the last carries the metadata. The
+//!   messages' bodies are the batch's own buffers ([`encode_batch`]);
+//!   [`crate::direct`] frames them for gRPC without copying them.
+
+use std::pin::Pin;
 
 use arrow::array::RecordBatch;
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
 };
 use bytes::Bytes;
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
+use sluice_flight::slices::{SlicedMessage, encode_batch};
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
@@ -90,10 +95,8 @@ fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
 }
 
 /// The Flight messages of one batch: slices under the message limit, the
-/// last with `meta`.
-fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<FlightData>, Status> {
-    let ipc = IpcDataGenerator::default();
-    let opts = IpcWriteOptions::default();
+/// last with `meta`. Their bodies share the batch's buffers.
+fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
     let size = sluice_flight::stream::link_bytes(batch).max(1);
     let rows = batch.num_rows().max(1);
     let pieces = size.div_ceil(MAX_TRAINER_MESSAGE).clamp(1, rows);
@@ -102,16 +105,10 @@ fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<FlightData>, Stat
     let mut start = 0;
     loop {
         let len = per.min(batch.num_rows() - start);
-        let mut tracker = DictionaryTracker::new(false);
-        let (_dicts, data) = ipc
-            .encode(
-                &batch.slice(start, len),
-                &mut tracker,
-                &opts,
-                &mut IpcWriteContext::default(),
-            )
-            .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?;
-        out.push(FlightData::from(data));
+        out.push(
+            encode_batch(&batch.slice(start, len))
+                .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?,
+        );
         start += len;
         if start >= batch.num_rows() {
             break;
@@ -164,8 +161,12 @@ pub fn schema(jobs: &Jobs, descriptor: &FlightDescriptor) -> Result<SchemaResult
         .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
 }
 
-/// The Flight messages of a [`JobTicket`]'s read.
-pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> {
+/// A job stream's messages.
+pub type Messages = Pin<Box<dyn Stream<Item = Result<SlicedMessage, Status>> + Send>>;
+
+/// The Flight messages of a [`JobTicket`]'s read: the schema, then the
+/// batches as [`SlicedMessage`]s.
+pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
     let t: JobTicket = serde_json::from_slice(ticket)
         .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
     let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
@@ -181,22 +182,28 @@ pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> 
         .await
         .map_err(|e| job_status(&e))?;
     let opts = IpcWriteOptions::default();
-    let schema = FlightData::from(SchemaAsIpc::new(job.schema(), &opts));
-    let messages =
-        deliveries.flat_map(
-            move |d: Result<(Delivery, Vec<FlightData>), JobError>| match d {
-                Ok((_, msgs)) => {
-                    let bytes = msgs
-                        .iter()
-                        .map(|m| (m.data_body.len() + m.data_header.len()) as u64)
-                        .sum();
-                    job.sent(bytes);
-                    stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>())
-                }
-                Err(e) => stream::iter(vec![Err(job_status(&e))]),
-            },
-        );
+    let schema = SlicedMessage::from(FlightData::from(SchemaAsIpc::new(job.schema(), &opts)));
+    let messages = deliveries.flat_map(
+        move |d: Result<(Delivery, Vec<SlicedMessage>), JobError>| match d {
+            Ok((_, msgs)) => {
+                let bytes = msgs
+                    .iter()
+                    .map(|m| (m.body_len() + m.header.len()) as u64)
+                    .sum();
+                job.sent(bytes);
+                stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>())
+            }
+            Err(e) => stream::iter(vec![Err(job_status(&e))]),
+        },
+    );
     Ok(Box::pin(
         stream::once(async move { Ok(schema) }).chain(messages),
     ))
+}
+
+/// [`messages`] for tonic's encoder (the body of each message copied into
+/// one buffer): the path of clients that [`crate::direct`] does not serve.
+pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> {
+    let m = messages(jobs, ticket).await?;
+    Ok(Box::pin(m.map(|m| m.map(|m| m.to_flight_data()))))
 }

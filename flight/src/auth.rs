@@ -64,6 +64,11 @@ impl BearerAuth {
     }
 }
 
+/// The status of a request without a valid token.
+pub fn unauthenticated() -> Status {
+    Status::unauthenticated("a valid bearer token is required (authorization: Bearer TOKEN)")
+}
+
 impl tonic::service::Interceptor for BearerAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let header = request
@@ -73,9 +78,7 @@ impl tonic::service::Interceptor for BearerAuth {
         if self.allows(header) {
             Ok(request)
         } else {
-            Err(Status::unauthenticated(
-                "a valid bearer token is required (authorization: Bearer TOKEN)",
-            ))
+            Err(unauthenticated())
         }
     }
 }

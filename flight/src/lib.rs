@@ -25,8 +25,10 @@ pub mod client;
 pub mod codec;
 pub mod endpoint;
 pub mod error;
+pub mod frames;
 pub mod messages;
 pub mod scan;
+pub mod slices;
 pub mod stream;
 pub mod throttle;
 

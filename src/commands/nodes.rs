@@ -99,7 +99,7 @@ pub async fn compute_node(
         .add_service(
             QueryService::new(jobs)
                 .with_query_timeout(limits.timeout())
-                .server(),
+                .serve(BearerAuth::default()),
         )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
@@ -214,9 +214,8 @@ pub async fn serve(
     if let Some(c) = checkpoints {
         query = query.with_checkpoints(c);
     }
-    let service = tonic::service::interceptor::InterceptedService::new(query.server(), auth);
     let flight_server = flight_builder()
-        .add_service(service)
+        .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
     let rest_server = axum::serve(rest, app).with_graceful_shutdown(shutdown());
     let servers = async {

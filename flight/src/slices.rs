@@ -1,0 +1,412 @@
+//! Arrow IPC record-batch messages whose body is the batch's own buffers.
+//!
+//! arrow-rs's IPC writer copies every buffer of a batch into one `Vec`
+//! (the message body), and tonic's protobuf encoder copies that again into
+//! the gRPC frame. Arrow's C++ Flight server does neither: it hands gRPC
+//! the buffers as slices. [`encode_batch`] does the same here: it writes
+//! the flatbuffer header (field nodes and buffer offsets, as the IPC format
+//! lays them out) and returns the body as a list of [`Bytes`] that borrow
+//! the arrays' memory — no byte of a tensor or an image is copied. Only
+//! what the format forces is made anew: a validity bitmap or a boolean
+//! array that starts mid-byte, and an offsets buffer that must be rebased
+//! to start at 0 because the batch is a slice. Types outside what this
+//! writes (dictionaries, unions, run-end and view types, maps) go through
+//! arrow's own encoder, one copy, with the same result on the wire.
+
+use arrow::array::{Array, ArrayData, RecordBatch};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType, Field};
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow::ipc::{self, MetadataVersion};
+use arrow_flight::FlightData;
+use bytes::Bytes;
+use flatbuffers::FlatBufferBuilder;
+
+/// One Flight message: an IPC flatbuffer header, its body in pieces (each
+/// buffer followed by its padding to 8 bytes), and app metadata.
+#[derive(Debug, Clone, Default)]
+pub struct SlicedMessage {
+    /// The IPC `Message` flatbuffer (FlightData's `data_header`).
+    pub header: Bytes,
+    /// The body (FlightData's `data_body`) as consecutive pieces.
+    pub body: Vec<Bytes>,
+    /// FlightData's `app_metadata`.
+    pub app_metadata: Bytes,
+}
+
+impl SlicedMessage {
+    /// Bytes of the body.
+    pub fn body_len(&self) -> usize {
+        self.body.iter().map(Bytes::len).sum()
+    }
+
+    /// The message as a [`FlightData`] for tonic's encoder (the body is
+    /// copied into one buffer: the path for clients the direct one does
+    /// not serve).
+    pub fn to_flight_data(&self) -> FlightData {
+        let body = match self.body.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => Bytes::from(many.concat()),
+        };
+        FlightData::new()
+            .with_data_header(self.header.clone())
+            .with_data_body(body)
+            .with_app_metadata(self.app_metadata.clone())
+    }
+}
+
+impl From<FlightData> for SlicedMessage {
+    fn from(d: FlightData) -> Self {
+        Self {
+            header: d.data_header,
+            body: if d.data_body.is_empty() {
+                Vec::new()
+            } else {
+                vec![d.data_body]
+            },
+            app_metadata: d.app_metadata,
+        }
+    }
+}
+
+const ALIGN: usize = 8;
+static PADDING: [u8; ALIGN] = [0; ALIGN];
+
+/// The body being laid out: pieces, and the buffers' places in it.
+#[derive(Default)]
+struct Body {
+    pieces: Vec<Bytes>,
+    buffers: Vec<ipc::Buffer>,
+    nodes: Vec<ipc::FieldNode>,
+    len: usize,
+}
+
+impl Body {
+    fn push(&mut self, bytes: Bytes) {
+        let n = bytes.len();
+        self.buffers
+            .push(ipc::Buffer::new(self.len as i64, n as i64));
+        if n > 0 {
+            self.pieces.push(bytes);
+        }
+        let pad = n.next_multiple_of(ALIGN) - n;
+        if pad > 0 {
+            self.pieces.push(Bytes::from_static(&PADDING[..pad]));
+        }
+        self.len += n + pad;
+    }
+
+    fn push_buffer(&mut self, b: &Buffer) {
+        self.push(bytes_of(b.clone()));
+    }
+
+    fn empty(&mut self) {
+        self.push(Bytes::new());
+    }
+}
+
+/// An Arrow buffer as the owner of a [`Bytes`].
+struct Owned(Buffer);
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// The bytes of an Arrow buffer, sharing its memory.
+fn bytes_of(b: Buffer) -> Bytes {
+    Bytes::from_owner(Owned(b))
+}
+
+/// Whether this module writes arrays of `t` itself.
+fn supported(t: &DataType) -> bool {
+    match t {
+        DataType::Null
+        | DataType::Boolean
+        | DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::FixedSizeBinary(_) => true,
+        t if t.is_primitive() => true,
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            supported(f.data_type())
+        }
+        DataType::Struct(fields) => fields.iter().all(|f| supported(f.data_type())),
+        _ => false,
+    }
+}
+
+/// The validity bitmap of `d` as the format wants it (starting at bit 0),
+/// or an empty buffer when it has no nulls.
+fn validity(d: &ArrayData, body: &mut Body) {
+    match d.nulls() {
+        Some(n) if n.null_count() > 0 => {
+            let bits = n.inner();
+            if bits.offset() % 8 == 0 {
+                let start = bits.offset() / 8;
+                let bytes = bits.len().div_ceil(8);
+                body.push(bytes_of(bits.inner().slice_with_length(start, bytes)));
+            } else {
+                // A slice starting mid-byte: the bitmap is shifted (its
+                // size is a bit per row).
+                body.push_buffer(&bits.sliced());
+            }
+        }
+        _ => body.empty(),
+    }
+}
+
+/// Offsets `[offset, offset + len]` of `buf` (of `W`-byte integers)
+/// starting at 0, and the range of values they cover.
+fn rebased<W: arrow::datatypes::ArrowNativeType + std::ops::Sub<Output = W>>(
+    buf: &Buffer,
+    offset: usize,
+    len: usize,
+) -> (Bytes, usize, usize) {
+    let all: &[W] = buf.typed_data();
+    let window = &all[offset..=offset + len];
+    let (first, last) = (window[0], window[len]);
+    let (start, end) = (first.as_usize(), last.as_usize());
+    if start == 0 {
+        let w = std::mem::size_of::<W>();
+        return (
+            bytes_of(buf.slice_with_length(offset * w, (len + 1) * w)),
+            start,
+            end,
+        );
+    }
+    let shifted: Buffer = window.iter().map(|&o| o - first).collect();
+    (bytes_of(shifted), start, end)
+}
+
+/// Lays out `d` (and its children) as the IPC format orders them.
+fn write_array(d: &ArrayData, body: &mut Body) {
+    let (offset, len) = (d.offset(), d.len());
+    body.nodes
+        .push(ipc::FieldNode::new(len as i64, d.null_count() as i64));
+    match d.data_type() {
+        DataType::Null => {}
+        DataType::Boolean => {
+            validity(d, body);
+            let values = arrow::buffer::BooleanBuffer::new(d.buffers()[0].clone(), offset, len);
+            if offset % 8 == 0 {
+                body.push(bytes_of(
+                    d.buffers()[0].slice_with_length(offset / 8, len.div_ceil(8)),
+                ));
+            } else {
+                body.push_buffer(&values.sliced());
+            }
+        }
+        DataType::Utf8 | DataType::Binary => {
+            validity(d, body);
+            let (offsets, start, end) = rebased::<i32>(&d.buffers()[0], offset, len);
+            body.push(offsets);
+            body.push(bytes_of(
+                d.buffers()[1].slice_with_length(start, end - start),
+            ));
+        }
+        DataType::LargeUtf8 | DataType::LargeBinary => {
+            validity(d, body);
+            let (offsets, start, end) = rebased::<i64>(&d.buffers()[0], offset, len);
+            body.push(offsets);
+            body.push(bytes_of(
+                d.buffers()[1].slice_with_length(start, end - start),
+            ));
+        }
+        DataType::FixedSizeBinary(w) => {
+            validity(d, body);
+            let w = *w as usize;
+            body.push(bytes_of(
+                d.buffers()[0].slice_with_length(offset * w, len * w),
+            ));
+        }
+        DataType::List(_) => {
+            validity(d, body);
+            let (offsets, start, end) = rebased::<i32>(&d.buffers()[0], offset, len);
+            body.push(offsets);
+            write_array(&d.child_data()[0].slice(start, end - start), body);
+        }
+        DataType::LargeList(_) => {
+            validity(d, body);
+            let (offsets, start, end) = rebased::<i64>(&d.buffers()[0], offset, len);
+            body.push(offsets);
+            write_array(&d.child_data()[0].slice(start, end - start), body);
+        }
+        DataType::FixedSizeList(_, n) => {
+            validity(d, body);
+            let n = *n as usize;
+            write_array(&d.child_data()[0].slice(offset * n, len * n), body);
+        }
+        DataType::Struct(_) => {
+            validity(d, body);
+            for c in d.child_data() {
+                write_array(&c.slice(offset, len), body);
+            }
+        }
+        t => {
+            // Primitive (checked by `supported`).
+            let w = t.primitive_width().unwrap_or(0);
+            validity(d, body);
+            body.push(bytes_of(
+                d.buffers()[0].slice_with_length(offset * w, len * w),
+            ));
+        }
+    }
+}
+
+/// The record-batch message of `batch`. See the module docs.
+pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
+    let fields = batch.schema_ref().fields();
+    if !fields
+        .iter()
+        .all(|f: &std::sync::Arc<Field>| supported(f.data_type()))
+    {
+        return encode_copied(batch);
+    }
+    let mut body = Body::default();
+    for c in batch.columns() {
+        write_array(&c.to_data(), &mut body);
+    }
+    let mut fbb = FlatBufferBuilder::new();
+    let nodes = fbb.create_vector(&body.nodes);
+    let buffers = fbb.create_vector(&body.buffers);
+    let mut rb = ipc::RecordBatchBuilder::new(&mut fbb);
+    rb.add_length(batch.num_rows() as i64);
+    rb.add_nodes(nodes);
+    rb.add_buffers(buffers);
+    let rb = rb.finish();
+    let mut m = ipc::MessageBuilder::new(&mut fbb);
+    m.add_version(MetadataVersion::V5);
+    m.add_header_type(ipc::MessageHeader::RecordBatch);
+    m.add_bodyLength(body.len as i64);
+    m.add_header(rb.as_union_value());
+    let m = m.finish();
+    fbb.finish(m, None);
+    Ok(SlicedMessage {
+        header: Bytes::copy_from_slice(fbb.finished_data()),
+        body: body.pieces,
+        app_metadata: Bytes::new(),
+    })
+}
+
+/// arrow's own encoder, for the types [`encode_batch`] does not write.
+fn encode_copied(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
+    let mut tracker = DictionaryTracker::new(false);
+    let (dicts, data) = IpcDataGenerator::default().encode(
+        batch,
+        &mut tracker,
+        &IpcWriteOptions::default(),
+        &mut IpcWriteContext::default(),
+    )?;
+    if !dicts.is_empty() {
+        return Err(arrow::error::ArrowError::NotYetImplemented(
+            "dictionary-encoded columns in a sliced Flight stream".into(),
+        ));
+    }
+    Ok(SlicedMessage {
+        header: Bytes::from(data.ipc_message),
+        body: vec![Bytes::from(data.arrow_data)],
+        app_metadata: Bytes::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, LargeBinaryArray,
+        ListArray, StringArray, StructArray,
+    };
+    use arrow::datatypes::{Fields, Int32Type, Schema};
+    use arrow::ipc::reader::read_record_batch;
+    use arrow::ipc::root_as_message;
+
+    use super::*;
+
+    fn batch() -> RecordBatch {
+        let n = 37;
+        let floats = Float32Array::from_iter_values((0..n * 6).map(|i| i as f32 * 0.5));
+        let tensor = FixedSizeListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, false)),
+            6,
+            Arc::new(floats),
+            None,
+        );
+        let keys = StringArray::from_iter((0..n).map(|i| (i % 5 != 3).then(|| format!("k{i}"))));
+        let blobs = LargeBinaryArray::from_iter_values((0..n).map(|i| vec![i as u8; i % 7]));
+        let flags = BooleanArray::from_iter((0..n).map(|i| (i % 4 != 0).then_some(i % 3 == 0)));
+        let ids = Int64Array::from_iter((0..n).map(|i| (i % 6 != 1).then_some(i as i64 * 3)));
+        let lists = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            (0..n).map(|i| (i % 9 != 2).then(|| (0..i % 4).map(|j| Some(j as i32)))),
+        );
+        let pair = StructArray::new(
+            Fields::from(vec![
+                Field::new("a", DataType::Int64, true),
+                Field::new("b", DataType::Utf8, true),
+            ]),
+            vec![
+                Arc::new(ids.clone()) as ArrayRef,
+                Arc::new(keys.clone()) as ArrayRef,
+            ],
+            None,
+        );
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(keys),
+            Arc::new(tensor),
+            Arc::new(blobs),
+            Arc::new(flags),
+            Arc::new(ids),
+            Arc::new(lists),
+            Arc::new(pair),
+        ];
+        let schema = Schema::new(
+            cols.iter()
+                .enumerate()
+                .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), true))
+                .collect::<Vec<_>>(),
+        );
+        RecordBatch::try_new(Arc::new(schema), cols).unwrap()
+    }
+
+    fn decode(m: &SlicedMessage, schema: &Arc<Schema>) -> RecordBatch {
+        let body: Vec<u8> = m.body.iter().flat_map(|b| b.iter().copied()).collect();
+        let msg = root_as_message(&m.header).unwrap();
+        assert_eq!(msg.bodyLength() as usize, body.len());
+        let rb = msg.header_as_record_batch().unwrap();
+        read_record_batch(
+            &Buffer::from(body),
+            rb,
+            schema.clone(),
+            &Default::default(),
+            None,
+            &msg.version(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn every_slice_of_a_batch_reads_back_as_itself() {
+        let b = batch();
+        for (start, len) in [(0, 37), (0, 10), (3, 11), (9, 20), (36, 1), (5, 0)] {
+            let s = b.slice(start, len);
+            let m = encode_batch(&s).unwrap();
+            assert_eq!(decode(&m, b.schema_ref()), s, "slice {start}+{len}");
+        }
+    }
+
+    #[test]
+    fn the_tensor_bytes_are_shared_not_copied() {
+        let b = batch();
+        let values = b.column(1).to_data().child_data()[0].buffers()[0].clone();
+        let m = encode_batch(&b.slice(8, 16)).unwrap();
+        let want = values.as_ptr() as usize + 8 * 6 * 4;
+        assert!(
+            m.body.iter().any(|p| p.as_ptr() as usize == want),
+            "no body piece points into the tensor's buffer"
+        );
+    }
+}
