@@ -10,7 +10,7 @@
 //!   a trainer that stops after it resumes with `offset = N` and receives
 //!   exactly the samples it had not. A batch larger than a gRPC message is
 //!   sent as several messages; only the last carries the metadata. The
-//!   messages' bodies are the batch's own buffers ([`encode_batch`]);
+//!   messages' bodies are the batch's own buffers ([`encode_split`]);
 //!   [`crate::direct`] frames them for gRPC without copying them.
 
 use std::pin::Pin;
@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
-use sluice_flight::slices::{SlicedMessage, encode_batch};
+use sluice_flight::slices::{SlicedMessage, encode_split};
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
@@ -97,23 +97,8 @@ fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
 /// The Flight messages of one batch: slices under the message limit, the
 /// last with `meta`. Their bodies share the batch's buffers.
 fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
-    let size = sluice_flight::stream::link_bytes(batch).max(1);
-    let rows = batch.num_rows().max(1);
-    let pieces = size.div_ceil(MAX_TRAINER_MESSAGE).clamp(1, rows);
-    let per = rows.div_ceil(pieces);
-    let mut out = Vec::with_capacity(pieces);
-    let mut start = 0;
-    loop {
-        let len = per.min(batch.num_rows() - start);
-        out.push(
-            encode_batch(&batch.slice(start, len))
-                .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?,
-        );
-        start += len;
-        if start >= batch.num_rows() {
-            break;
-        }
-    }
+    let mut out = encode_split(batch, MAX_TRAINER_MESSAGE)
+        .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?;
     let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
     if let Some(last) = out.last_mut() {
         last.app_metadata = Bytes::from(json);

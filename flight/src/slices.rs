@@ -292,6 +292,30 @@ pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::
     })
 }
 
+/// The messages of `batch`, sliced by rows so that each body stays under
+/// `max_body` bytes where rows allow (a single row larger than that is a
+/// message of its own).
+pub fn encode_split(
+    batch: &RecordBatch,
+    max_body: usize,
+) -> Result<Vec<SlicedMessage>, arrow::error::ArrowError> {
+    let size = crate::stream::link_bytes(batch).max(1);
+    let rows = batch.num_rows().max(1);
+    let pieces = size.div_ceil(max_body.max(1)).clamp(1, rows);
+    let per = rows.div_ceil(pieces);
+    let mut out = Vec::with_capacity(pieces);
+    let mut start = 0;
+    loop {
+        let len = per.min(batch.num_rows() - start);
+        out.push(encode_batch(&batch.slice(start, len))?);
+        start += len;
+        if start >= batch.num_rows() {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// arrow's own encoder, for the types [`encode_batch`] does not write.
 fn encode_copied(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
     let mut tracker = DictionaryTracker::new(false);
