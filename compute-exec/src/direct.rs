@@ -33,8 +33,9 @@ use crate::trainer;
 
 /// The path of Flight's `DoGet`.
 const DO_GET: &str = "/arrow.flight.protocol.FlightService/DoGet";
-/// Largest `DoGet` request read here (a ticket is a small JSON document).
-const MAX_TICKET: usize = 64 << 10;
+/// Largest `DoGet` request read here: what tonic would take (a SQL ticket
+/// passed on to it can be long).
+const MAX_TICKET: usize = sluice_flight::MAX_MESSAGE;
 
 /// See the module docs.
 #[derive(Debug, Clone)]

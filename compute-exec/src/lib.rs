@@ -19,7 +19,9 @@
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
 //!   by epoch, shuffled, resumable;
 //! - [`trainer`]: job streams to trainers (ticket, Flight info, batches
-//!   with resume offsets).
+//!   with resume offsets);
+//! - [`direct`]: `DoGet` of job tickets answered in gRPC frames in front of
+//!   tonic, so tensor bytes are not copied on their way out.
 
 pub mod catalog;
 pub mod client;

@@ -14,6 +14,9 @@
 //!   in-process by the storage crate;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
+//! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
+//!   batch's own buffers, and their gRPC frames written without copying
+//!   them (the trainer streams);
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`auth`]: bearer tokens for the services users reach;
 //! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
