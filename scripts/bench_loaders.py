@@ -28,7 +28,10 @@ by the test command): `python/requirements-bench.txt` in
 `<cache>/bench-venv`, and Pillow-SIMD in `<cache>/bench-venv-simd`, which
 sees the first venv's packages through a .pth file and shadows its PIL.
 Use the optimized build of sluice (`cargo build --release`): a debug
-binary is refused.
+binary is refused. Any Python 3 runs it (the driver needs only the
+standard library; the loaders run in the venvs):
+
+    python3 scripts/bench_loaders.py --sluice $CARGO_TARGET_DIR/release/sluice
 """
 
 import argparse

@@ -63,8 +63,11 @@ fn ticket_of(body: &[u8]) -> Option<Bytes> {
         return None;
     }
     let len = u32::from_be_bytes(rest[..4].try_into().ok()?) as usize;
-    let msg = rest.get(4..)?;
-    (msg.len() == len).then(|| Ticket::decode(msg).ok().map(|t| t.ticket))?
+    let msg = &rest[4..];
+    if msg.len() != len {
+        return None;
+    }
+    Ticket::decode(msg).ok().map(|t| t.ticket)
 }
 
 impl<S, B> Service<http::Request<Body>> for DirectJobStreams<S>

@@ -42,40 +42,48 @@ fn field_len(tag: u64, len: usize) -> usize {
     varint_len(tag) + varint_len(len as u64) + len
 }
 
+/// Body pieces shorter than this (offsets, bitmaps, padding) are copied
+/// next to their neighbours instead of going out as HTTP/2 DATA frames of
+/// their own; longer ones (the values) are sent as they are.
+const COPY_BELOW: usize = 4096;
+
 /// The gRPC frame of `m`: a prefix with the protobuf fields before the
-/// body, then the body's pieces as they are.
+/// body, then the body's pieces (see [`COPY_BELOW`]).
 pub fn frame(m: &SlicedMessage) -> Vec<Bytes> {
     let body = m.body_len();
-    let mut proto = 0;
-    if !m.header.is_empty() {
-        proto += field_len(DATA_HEADER, m.header.len());
-    }
-    if !m.app_metadata.is_empty() {
-        proto += field_len(APP_METADATA, m.app_metadata.len());
-    }
+    let fields = [(DATA_HEADER, &m.header), (APP_METADATA, &m.app_metadata)];
+    let mut proto: usize = fields
+        .iter()
+        .filter(|(_, b)| !b.is_empty())
+        .map(|(tag, b)| field_len(*tag, b.len()))
+        .sum();
     if body > 0 {
         proto += field_len(DATA_BODY, body);
     }
     let mut head = BytesMut::with_capacity(5 + proto - body);
     head.put_u8(0); // not compressed
     head.put_u32(proto as u32);
-    if !m.header.is_empty() {
-        varint(&mut head, DATA_HEADER);
-        varint(&mut head, m.header.len() as u64);
-        head.put_slice(&m.header);
+    for (tag, bytes) in fields.into_iter().filter(|(_, b)| !b.is_empty()) {
+        varint(&mut head, tag);
+        varint(&mut head, bytes.len() as u64);
+        head.put_slice(bytes);
     }
-    if !m.app_metadata.is_empty() {
-        varint(&mut head, APP_METADATA);
-        varint(&mut head, m.app_metadata.len() as u64);
-        head.put_slice(&m.app_metadata);
-    }
-    let mut out = Vec::with_capacity(1 + m.body.len());
     if body > 0 {
         varint(&mut head, DATA_BODY);
         varint(&mut head, body as u64);
-        out.push(head.freeze());
-        out.extend(m.body.iter().cloned());
-    } else {
+    }
+    let mut out = Vec::new();
+    for piece in &m.body {
+        if piece.len() < COPY_BELOW {
+            head.put_slice(piece);
+        } else {
+            if !head.is_empty() {
+                out.push(head.split().freeze());
+            }
+            out.push(piece.clone());
+        }
+    }
+    if !head.is_empty() {
         out.push(head.freeze());
     }
     out
@@ -148,7 +156,16 @@ mod tests {
                 body,
                 app_metadata: meta,
             };
-            let wire: Vec<u8> = frame(&m).concat();
+            let pieces = frame(&m);
+            // The values go out as they are; the small pieces travel with
+            // the prefix.
+            for big in m.body.iter().filter(|b| b.len() >= COPY_BELOW) {
+                assert!(pieces.iter().any(|p| p.as_ptr() == big.as_ptr()));
+            }
+            assert!(
+                pieces.len() <= 1 + 2 * m.body.iter().filter(|b| b.len() >= COPY_BELOW).count()
+            );
+            let wire: Vec<u8> = pieces.concat();
             assert_eq!(wire[0], 0);
             let len = u32::from_be_bytes(wire[1..5].try_into().unwrap()) as usize;
             assert_eq!(len, wire.len() - 5);

@@ -14,8 +14,8 @@
 //! arrow's own encoder, one copy, with the same result on the wire.
 
 use arrow::array::{Array, ArrayData, RecordBatch};
-use arrow::buffer::Buffer;
-use arrow::datatypes::{DataType, Field};
+use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::datatypes::DataType;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow::ipc::{self, MetadataVersion};
 use arrow_flight::FlightData;
@@ -96,14 +96,6 @@ impl Body {
         }
         self.len += n + pad;
     }
-
-    fn push_buffer(&mut self, b: &Buffer) {
-        self.push(bytes_of(b.clone()));
-    }
-
-    fn empty(&mut self) {
-        self.push(Bytes::new());
-    }
 }
 
 /// An Arrow buffer as the owner of a [`Bytes`].
@@ -139,23 +131,24 @@ fn supported(t: &DataType) -> bool {
     }
 }
 
-/// The validity bitmap of `d` as the format wants it (starting at bit 0),
-/// or an empty buffer when it has no nulls.
-fn validity(d: &ArrayData, body: &mut Body) {
+/// A bitmap's bytes starting at its first bit: shared when it starts on a
+/// byte, shifted into a new buffer (a bit per row) when it starts mid-byte.
+fn bits(b: &BooleanBuffer) -> Bytes {
+    if b.offset().is_multiple_of(8) {
+        bytes_of(
+            b.inner()
+                .slice_with_length(b.offset() / 8, b.len().div_ceil(8)),
+        )
+    } else {
+        bytes_of(b.sliced())
+    }
+}
+
+/// The validity bitmap of `d`, or an empty buffer when it has no nulls.
+fn validity(d: &ArrayData) -> Bytes {
     match d.nulls() {
-        Some(n) if n.null_count() > 0 => {
-            let bits = n.inner();
-            if bits.offset() % 8 == 0 {
-                let start = bits.offset() / 8;
-                let bytes = bits.len().div_ceil(8);
-                body.push(bytes_of(bits.inner().slice_with_length(start, bytes)));
-            } else {
-                // A slice starting mid-byte: the bitmap is shifted (its
-                // size is a bit per row).
-                body.push_buffer(&bits.sliced());
-            }
-        }
-        _ => body.empty(),
+        Some(n) if n.null_count() > 0 => bits(n.inner()),
+        _ => Bytes::new(),
     }
 }
 
@@ -182,74 +175,68 @@ fn rebased<W: arrow::datatypes::ArrowNativeType + std::ops::Sub<Output = W>>(
     (bytes_of(shifted), start, end)
 }
 
+/// Lays out the offsets of a variable-size array (strings, binaries,
+/// lists; 32- or 64-bit) and returns the range of values or child rows
+/// they cover.
+fn offsets(d: &ArrayData, body: &mut Body) -> (usize, usize) {
+    let (offset, len) = (d.offset(), d.len());
+    let (bytes, start, end) = match d.data_type() {
+        DataType::LargeUtf8 | DataType::LargeBinary | DataType::LargeList(_) => {
+            rebased::<i64>(&d.buffers()[0], offset, len)
+        }
+        _ => rebased::<i32>(&d.buffers()[0], offset, len),
+    };
+    body.push(bytes);
+    (start, end)
+}
+
 /// Lays out `d` (and its children) as the IPC format orders them.
 fn write_array(d: &ArrayData, body: &mut Body) {
     let (offset, len) = (d.offset(), d.len());
     body.nodes
         .push(ipc::FieldNode::new(len as i64, d.null_count() as i64));
+    if *d.data_type() == DataType::Null {
+        return;
+    }
+    body.push(validity(d));
     match d.data_type() {
-        DataType::Null => {}
         DataType::Boolean => {
-            validity(d, body);
-            let values = arrow::buffer::BooleanBuffer::new(d.buffers()[0].clone(), offset, len);
-            if offset % 8 == 0 {
-                body.push(bytes_of(
-                    d.buffers()[0].slice_with_length(offset / 8, len.div_ceil(8)),
-                ));
-            } else {
-                body.push_buffer(&values.sliced());
-            }
+            body.push(bits(&BooleanBuffer::new(
+                d.buffers()[0].clone(),
+                offset,
+                len,
+            )));
         }
-        DataType::Utf8 | DataType::Binary => {
-            validity(d, body);
-            let (offsets, start, end) = rebased::<i32>(&d.buffers()[0], offset, len);
-            body.push(offsets);
-            body.push(bytes_of(
-                d.buffers()[1].slice_with_length(start, end - start),
-            ));
-        }
-        DataType::LargeUtf8 | DataType::LargeBinary => {
-            validity(d, body);
-            let (offsets, start, end) = rebased::<i64>(&d.buffers()[0], offset, len);
-            body.push(offsets);
+        DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
+            let (start, end) = offsets(d, body);
             body.push(bytes_of(
                 d.buffers()[1].slice_with_length(start, end - start),
             ));
         }
         DataType::FixedSizeBinary(w) => {
-            validity(d, body);
             let w = *w as usize;
             body.push(bytes_of(
                 d.buffers()[0].slice_with_length(offset * w, len * w),
             ));
         }
-        DataType::List(_) => {
-            validity(d, body);
-            let (offsets, start, end) = rebased::<i32>(&d.buffers()[0], offset, len);
-            body.push(offsets);
-            write_array(&d.child_data()[0].slice(start, end - start), body);
-        }
-        DataType::LargeList(_) => {
-            validity(d, body);
-            let (offsets, start, end) = rebased::<i64>(&d.buffers()[0], offset, len);
-            body.push(offsets);
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (start, end) = offsets(d, body);
             write_array(&d.child_data()[0].slice(start, end - start), body);
         }
         DataType::FixedSizeList(_, n) => {
-            validity(d, body);
             let n = *n as usize;
             write_array(&d.child_data()[0].slice(offset * n, len * n), body);
         }
         DataType::Struct(_) => {
-            validity(d, body);
+            // A struct's children are already aligned with its view
+            // (arrow slices them with it), as arrow's IPC writer assumes.
             for c in d.child_data() {
-                write_array(&c.slice(offset, len), body);
+                write_array(c, body);
             }
         }
         t => {
             // Primitive (checked by `supported`).
             let w = t.primitive_width().unwrap_or(0);
-            validity(d, body);
             body.push(bytes_of(
                 d.buffers()[0].slice_with_length(offset * w, len * w),
             ));
@@ -260,10 +247,7 @@ fn write_array(d: &ArrayData, body: &mut Body) {
 /// The record-batch message of `batch`. See the module docs.
 pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
     let fields = batch.schema_ref().fields();
-    if !fields
-        .iter()
-        .all(|f: &std::sync::Arc<Field>| supported(f.data_type()))
-    {
+    if !fields.iter().all(|f| supported(f.data_type())) {
         return encode_copied(batch);
     }
     let mut body = Body::default();
@@ -345,7 +329,8 @@ mod tests {
         ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, LargeBinaryArray,
         ListArray, StringArray, StructArray,
     };
-    use arrow::datatypes::{Fields, Int32Type, Schema};
+    use arrow::buffer::OffsetBuffer;
+    use arrow::datatypes::{Field, Fields, Int32Type, Schema};
     use arrow::ipc::reader::read_record_batch;
     use arrow::ipc::root_as_message;
 
@@ -378,7 +363,24 @@ mod tests {
             ],
             None,
         );
+        // Structs inside a list, which a slice of the batch reaches at an
+        // offset: arrow slices a struct's children with it.
+        let lengths: Vec<usize> = (0..n).map(|i| i % 3).collect();
+        let inner = StructArray::new(
+            Fields::from(vec![Field::new("x", DataType::Int64, true)]),
+            vec![Arc::new(Int64Array::from_iter(
+                (0..lengths.iter().sum::<usize>()).map(|i| (i % 5 != 4).then_some(i as i64)),
+            )) as ArrayRef],
+            None,
+        );
+        let pairs = ListArray::new(
+            Arc::new(Field::new("item", inner.data_type().clone(), true)),
+            OffsetBuffer::from_lengths(lengths),
+            Arc::new(inner),
+            None,
+        );
         let cols: Vec<ArrayRef> = vec![
+            Arc::new(pairs),
             Arc::new(keys),
             Arc::new(tensor),
             Arc::new(blobs),
@@ -425,7 +427,7 @@ mod tests {
     #[test]
     fn the_tensor_bytes_are_shared_not_copied() {
         let b = batch();
-        let values = b.column(1).to_data().child_data()[0].buffers()[0].clone();
+        let values = b.column(2).to_data().child_data()[0].buffers()[0].clone();
         let m = encode_batch(&b.slice(8, 16)).unwrap();
         let want = values.as_ptr() as usize + 8 * 6 * 4;
         assert!(

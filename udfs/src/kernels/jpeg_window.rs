@@ -59,13 +59,15 @@ pub fn decode_window(
     (left, top, width, height): (u32, u32, u32, u32),
 ) -> Result<Window, String> {
     let c = usize::from(mode.channels());
-    // The iMCU-widened window is never wider than the scaled image.
-    let mut pixels = vec![0u8; scaled_width as usize * height as usize * c];
+    // The iMCU-widened window is never wider than the scaled image. Not
+    // zeroed: libjpeg writes every byte that is kept.
+    let mut pixels: Vec<u8> = Vec::with_capacity(scaled_width as usize * height as usize * c);
     let mut message = [0 as c_char; 256];
     let (mut out_left, mut out_width) = (0, 0);
-    // SAFETY: `bytes` and `pixels` are live slices whose exact lengths are
-    // passed with them; the C side writes at most `pixels.len()` bytes
-    // (it checks the widened window against `out_size` before writing),
+    // SAFETY: `bytes` is a live slice passed with its length, and
+    // `pixels` a live allocation of `capacity()` bytes passed with that
+    // size; the C side writes at most that many (it checks the widened
+    // window against `out_size` before writing),
     // NUL-terminates within `message.len()` bytes (snprintf), and keeps no
     // pointer after it returns. libjpeg's longjmp never leaves the C
     // function, so no Rust frame is skipped.
@@ -80,7 +82,7 @@ pub fn decode_window(
             width,
             height,
             pixels.as_mut_ptr(),
-            pixels.len() as c_ulong,
+            pixels.capacity() as c_ulong,
             &mut out_left,
             &mut out_width,
             message.as_mut_ptr(),
@@ -97,7 +99,16 @@ pub fn decode_window(
         1 if tolerable_warning(&text) => {}
         _ => return Err(format!("cannot decode JPEG: {text}")),
     }
-    pixels.truncate(out_width as usize * height as usize * c);
+    let len = out_width as usize * height as usize * c;
+    assert!(
+        len <= pixels.capacity(),
+        "libjpeg widened the window past the buffer"
+    );
+    // SAFETY: on success the C side has read `height` scanlines of
+    // `out_width` pixels of `c` bytes into the buffer, one after the
+    // other: its first `len` bytes are initialised, and `len` is within
+    // the capacity (checked above).
+    unsafe { pixels.set_len(len) };
     Ok(Window {
         image: Image {
             height,
