@@ -207,6 +207,20 @@ def test_auth_is_required(server):
         assert r.status == 200
 
 
+def test_an_unknown_job_id_is_not_echoed_whole(server):
+    c = server["client"]
+    long_id = "x" * 3_000_000
+    ticket = flight.Ticket(json.dumps({"job": long_id}).encode())
+    # pyarrow raises NOT_FOUND as a KeyError.
+    with pytest.raises(KeyError) as e:
+        c.flight().do_get(ticket, c.call_options()).read_all()
+    assert "job_not_found" in str(e.value) and "(3000000 bytes)" in str(e.value), str(e.value)[:300]
+    with pytest.raises(sluice.SluiceError) as e:
+        c._request("GET", "/v1/jobs/" + "y" * 10_000)
+    assert e.value.status == 404 and len(e.value.message) < 300, e.value.message[:300]
+    assert c._request("GET", "/healthz") == "ok\n"
+
+
 def test_flight_sql_with_no_rows_is_an_empty_table(server):
     c = server["client"]
     for sql in ["SELECT key, label FROM pets WHERE label = 'nosuch'",

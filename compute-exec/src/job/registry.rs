@@ -189,7 +189,7 @@ impl Jobs {
             .values()
             .find(|j| j.id() == id)
             .cloned()
-            .ok_or_else(|| JobError::JobNotFound(format!("{id:?}")))
+            .ok_or_else(|| JobError::JobNotFound(quoted(id)))
     }
 
     /// Cancels the job `id`.
@@ -219,5 +219,16 @@ impl Jobs {
             *counts.entry(key).or_default() += 1;
         }
         counts
+    }
+}
+
+/// `id` quoted for a message, cut after 64 characters: an id comes from
+/// the request, and an error must not echo megabytes of it (a gRPC status
+/// travels in a header).
+fn quoted(id: &str) -> String {
+    const MAX: usize = 64;
+    match id.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &id[..cut], id.len()),
+        None => format!("{id:?}"),
     }
 }
