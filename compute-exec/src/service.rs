@@ -33,6 +33,7 @@ use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::send_reported;
 use sluice_flight::{CheckpointEndpoint, LinkError, MAX_MESSAGE};
 use sluice_planner::Offload;
+use sluice_udfs::env::Cancel;
 use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
@@ -142,22 +143,32 @@ impl QueryService {
 }
 
 /// `batches`, ending with an error once `limit` has passed since now;
-/// dropping the stream then stops the query's tasks.
-fn with_deadline(batches: SendableRecordBatchStream, limit: Duration) -> SendableRecordBatchStream {
+/// `cancel` then stops the UDF batch being evaluated at its next row, and
+/// dropping the stream stops the query's tasks.
+fn with_deadline(
+    batches: SendableRecordBatchStream,
+    limit: Duration,
+    cancel: Cancel,
+) -> SendableRecordBatchStream {
     let schema = batches.schema();
     let deadline = tokio::time::Instant::now() + limit;
-    let limited = stream::unfold(Some(batches), move |state| async move {
-        let mut batches = state?;
-        match tokio::time::timeout_at(deadline, batches.next()).await {
-            Ok(Some(item)) => Some((item, Some(batches))),
-            Ok(None) => None,
-            Err(_) => Some((
-                Err(DataFusionError::ResourcesExhausted(format!(
-                    "the query ran past its time limit of {:.0} s (--query-timeout) and was stopped",
-                    limit.as_secs_f64()
-                ))),
-                None,
-            )),
+    let limited = stream::unfold(Some(batches), move |state| {
+        let cancel = cancel.clone();
+        async move {
+            let mut batches = state?;
+            match tokio::time::timeout_at(deadline, batches.next()).await {
+                Ok(Some(item)) => Some((item, Some(batches))),
+                Ok(None) => None,
+                Err(_) => {
+                    cancel.cancel();
+                    let e = DataFusionError::ResourcesExhausted(format!(
+                        "the query ran past its time limit of {:.0} s (--query-timeout) \
+                         and was stopped",
+                        limit.as_secs_f64()
+                    ));
+                    Some((Err(e), None))
+                }
+            }
         }
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, limited))
@@ -251,14 +262,17 @@ impl FlightService for QueryService {
             .await
             .map_err(|e| query_status(&e, true))?;
         if let Some(limit) = self.query_timeout {
-            batches = with_deadline(batches, limit);
+            batches = with_deadline(batches, limit, udfs.cancel.clone());
         }
+        // Dropping the stream (the client left) stops the UDFs at their next row.
+        let stop = udfs.cancel.on_drop();
         let stream = send_reported(
             batches.schema(),
             batches,
             |e| query_status(e, false),
             None,
             move |rows, bytes| {
+                let _ = &stop;
                 let (bad_total, bad) = udfs.errors.snapshot();
                 FragmentReport {
                     bad,

@@ -66,12 +66,15 @@ impl StorageFlightService {
         let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
         let batches = self.node.run(plan, &ctx);
         let link = self.node.link().cloned();
+        // Dropping the stream (the client left) stops the UDFs at their next row.
+        let stop = udfs.cancel.on_drop();
         Ok(send_reported(
             batches.schema(),
             batches,
             |e| status_of(e, false),
             link,
             move |rows, bytes| {
+                let _ = &stop;
                 let (bad_total, bad) = udfs.errors.snapshot();
                 FragmentReport {
                     bad,

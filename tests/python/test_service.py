@@ -397,8 +397,8 @@ def test_queries_have_memory_and_time_limits():
                 run("SELECT sum(resize(decode_image(b.data), 512, 512)['width']) "
                     "AS n FROM (SELECT key FROM pets) a, pets b")
             assert "time limit of 1 s" in str(e.value), e.value
-            # The UDF batch being evaluated when the limit passes finishes
-            # first (docs/architecture.md): the error comes after it.
+            # The UDF batch being evaluated when the limit passes stops at
+            # its next row (docs/architecture.md).
             elapsed = time.monotonic() - t0
             assert elapsed < 60, elapsed
             assert run("SELECT count(*) AS n FROM pets").column("n")[0].as_py() == 60

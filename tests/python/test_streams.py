@@ -170,3 +170,109 @@ def test_cancel_stops_the_decodes(heavy):
     assert burnt < 0.3, f"{burnt:.2f} s of CPU in the 2 s after a cancel"
     assert c._request("GET", "/healthz") == "ok\n"
     assert time.monotonic() - t < 10
+
+
+@pytest.fixture(scope="module")
+def slow():
+    """A server holding 120 copies of a 3000x3000 PNG: each decode is about
+    0.2 s of CPU, so one UDF batch of them runs for many seconds."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as d:
+        # Large chunks: the scan hands the UDFs big batches.
+        env = serve_env(d, SLUICE_CHUNK_SIZE="32MiB")
+        src = os.path.join(d, "big")
+        os.makedirs(src)
+        y, x = np.mgrid[0:3000, 0:3000]
+        pixels = np.stack([(x * 7 + y) % 256, (y * 3) % 256, (x ^ y) % 256], -1)
+        first = os.path.join(src, "i000.png")
+        Image.fromarray(pixels.astype(np.uint8)).save(first)
+        for i in range(1, 120):
+            shutil.copy(first, os.path.join(src, f"i{i:03d}.png"))
+        proc, c = start(d, env)
+        try:
+            c.ingest("big", src)
+            yield proc, c
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
+SLOW_SQL = "SELECT key, resize(decode_image(data), 32, 32) AS image FROM big"
+
+
+def busy(pid):
+    """Waits until the server decodes (over half a core for 0.5 s)."""
+    for _ in range(100):
+        before = cpu_seconds(pid)
+        time.sleep(0.5)
+        if cpu_seconds(pid) - before > 0.25:
+            return
+    raise AssertionError("the server never got busy")
+
+
+def time_to_idle(pid, since, limit=60.0):
+    """Seconds from `since` until the server uses under a tenth of a core
+    over 0.2 s."""
+    while time.monotonic() - since < limit:
+        before = cpu_seconds(pid)
+        time.sleep(0.2)
+        if cpu_seconds(pid) - before < 0.02:
+            return time.monotonic() - 0.2 - since
+    return float("inf")
+
+
+def test_a_cancel_stops_a_udf_batch_mid_decode(slow):
+    """A job whose first window is one UDF batch of 120 slow decodes (over
+    10 s of work): cancelled a second into it, the server is idle within
+    about one decode, not when the batch would have ended."""
+    proc, c = slow
+    job = c.submit(SLOW_SQL, batch_size=120, on_error="null")
+    job.wait()
+    errors = []
+
+    def consume():
+        try:
+            for _ in job.reader(0).batches():
+                pass
+        except pa.ArrowException as e:
+            errors.append(e)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    busy(proc.pid)
+    t = time.monotonic()
+    assert job.cancel()["state"] == "cancelled"
+    idle = time_to_idle(proc.pid, t)
+    reader.join(timeout=60)
+    print(f"idle {idle:.2f} s after the cancel")
+    assert errors and "cancelled" in str(errors[0]), errors
+    assert idle < 1.0, f"the decodes ran on {idle:.2f} s after the cancel"
+    assert c._request("GET", "/healthz") == "ok\n"
+
+
+def test_a_dropped_query_stops_its_udf_batch(slow):
+    """A Flight SQL query over the same rows whose client dies a second in
+    (killed: its connection drops): the decodes stop, as for a job."""
+    import json
+    import sys
+
+    proc, c = slow
+    ticket = json.dumps({"sql": SLOW_SQL})
+    client = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from pyarrow import flight; "
+        "flight.connect(sys.argv[1]).do_get(flight.Ticket(sys.argv[2].encode())).read_all()"),
+        c.flight_address(), ticket])
+    try:
+        busy(proc.pid)
+    finally:
+        client.kill()
+        client.wait()
+    t = time.monotonic()
+    idle = time_to_idle(proc.pid, t)
+    print(f"idle {idle:.2f} s after the client died")
+    assert idle < 1.0, f"the decodes ran on {idle:.2f} s after the client died"
+    assert c._request("GET", "/healthz") == "ok\n"

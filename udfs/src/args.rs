@@ -451,7 +451,12 @@ impl<'a> Call<'a> {
 
     /// Applies the policy to a bad sample: an error under `fail`, else logs it
     /// (the caller appends NULL).
+    ///
+    /// Once the query is cancelled, a failing row is no bad sample (the
+    /// kernel may have stopped on the cancel): the batch ends with the
+    /// cancel's error and nothing is logged.
     pub fn bad(&self, row: usize, reason: String) -> Result<()> {
+        self.live()?;
         let key = self.key(row);
         match self.env.options.on_error {
             OnError::Fail => Err(DataFusionError::Execution(format!(
@@ -472,5 +477,19 @@ impl<'a> Call<'a> {
     /// The session's decoding limits.
     pub fn limits(&self) -> crate::env::Limits {
         self.env.options.limits
+    }
+
+    /// The session's cancel flag, for decode loops to check.
+    pub fn cancel(&self) -> &crate::env::Cancel {
+        &self.env.cancel
+    }
+
+    /// An error once the query is cancelled: the UDFs call it before each
+    /// row, so a cancelled batch stops within one row's work.
+    pub fn live(&self) -> Result<()> {
+        self.env
+            .cancel
+            .check()
+            .map_err(|e| DataFusionError::Execution(format!("{}: {e}", self.spec.name)))
     }
 }

@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// What to do with a sample that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -181,6 +182,57 @@ impl ErrorLog {
     }
 }
 
+/// The words of the error a cancelled UDF batch ends with.
+pub const CANCELLED: &str = "the query was cancelled (its reader left or its job was cancelled)";
+
+/// Whether the work of a session's UDFs is still wanted.
+///
+/// DataFusion stops a query by dropping its streams and aborting its
+/// tasks, but a UDF evaluating a batch is one synchronous call that no
+/// abort reaches: a batch of clips can decode for minutes after its reader
+/// left. The UDFs check this flag before each row and the decode loops
+/// between frames, so the CPU stops within one row's (or one frame's)
+/// work of a cancel. Set by whoever owns the query's output stream, through
+/// [`Cancel::on_drop`].
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    /// Stops the work.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`Cancel::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// An error naming the cancel, once it happened.
+    pub fn check(&self) -> Result<(), String> {
+        if self.is_cancelled() {
+            return Err(CANCELLED.to_owned());
+        }
+        Ok(())
+    }
+
+    /// A guard that cancels when dropped: kept by the output stream, it
+    /// stops the UDFs when the stream is dropped however that happens.
+    pub fn on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(self.clone())
+    }
+}
+
+/// See [`Cancel::on_drop`].
+#[derive(Debug)]
+pub struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
 /// Shared by the UDFs of one session.
 #[derive(Debug, Default)]
 pub struct UdfEnv {
@@ -188,14 +240,17 @@ pub struct UdfEnv {
     pub options: UdfOptions,
     /// Bad samples met so far.
     pub errors: ErrorLog,
+    /// Whether the work is still wanted.
+    pub cancel: Cancel,
 }
 
 impl UdfEnv {
     /// An environment with `options`.
-    pub fn new(options: UdfOptions) -> std::sync::Arc<Self> {
-        std::sync::Arc::new(Self {
+    pub fn new(options: UdfOptions) -> Arc<Self> {
+        Arc::new(Self {
             options,
             errors: ErrorLog::default(),
+            cancel: Cancel::default(),
         })
     }
 }

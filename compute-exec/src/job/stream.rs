@@ -96,6 +96,9 @@ impl Job {
         } = span;
         let query =
             JobQuery::prepare(self.session(), self.sql(), udf_options(self.spec(), epoch)).await?;
+        // However this stream ends (the reader left, the job was cancelled,
+        // a window failed), the UDFs of its windows stop at their next row.
+        let _stop = query.udfs.cancel.on_drop();
         let plan = query.window_plan()?;
         let placed = query
             .prepared

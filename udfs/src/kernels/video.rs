@@ -17,7 +17,7 @@ use std::sync::Once;
 use arrow::buffer::Buffer;
 use ffmpeg_next as ff;
 
-use crate::env::Limits;
+use crate::env::{Cancel, Limits};
 
 /// Initialises FFmpeg once (and silences its logging).
 pub(crate) fn init() {
@@ -229,6 +229,7 @@ pub fn decode_clip(
     w: u32,
     sampling: Sampling,
     limits: &Limits,
+    cancel: &Cancel,
     out: &mut [u8],
 ) -> Result<(), String> {
     let Opened {
@@ -317,6 +318,7 @@ pub fn decode_clip(
             if s.index() != stream {
                 continue;
             }
+            cancel.check()?;
             if dec.send_packet(&packet).is_err() {
                 bad_packets += 1;
                 continue;
@@ -532,6 +534,7 @@ mod tests {
             16,
             Sampling::Stride(3),
             &Limits::default(),
+            &Cancel::default(),
             &mut out,
         )
         .unwrap();
@@ -568,6 +571,7 @@ mod tests {
                 8,
                 Sampling::Stride(4),
                 &Limits::default(),
+                &Cancel::default(),
                 &mut out,
             )
             .unwrap();
@@ -594,6 +598,7 @@ mod tests {
                 16,
                 Sampling::Uniform,
                 &Limits::default(),
+                &Cancel::default(),
                 &mut seeking,
             )
             .unwrap();
@@ -608,6 +613,7 @@ mod tests {
                     16,
                     Sampling::Stride(stride),
                     &Limits::default(),
+                    &Cancel::default(),
                     &mut one,
                 )
                 .unwrap();
@@ -640,6 +646,7 @@ mod tests {
                 16,
                 Sampling::Uniform,
                 &Limits::default(),
+                &Cancel::default(),
                 &mut out,
             )
             .unwrap();
@@ -656,6 +663,7 @@ mod tests {
                 16,
                 Sampling::Stride(1),
                 &Limits::default(),
+                &Cancel::default(),
                 &mut all,
             )
             .unwrap();
@@ -685,6 +693,7 @@ mod tests {
             8,
             Sampling::Stride(1),
             &Limits::default(),
+            &Cancel::default(),
             &mut out,
         )
         .unwrap();
@@ -703,6 +712,7 @@ mod tests {
             8,
             Sampling::Stride(1),
             &l,
+            &Cancel::default(),
             &mut out,
         );
         assert!(e.is_err());
@@ -720,6 +730,7 @@ mod tests {
             8,
             Sampling::Stride(1),
             &l,
+            &Cancel::default(),
             &mut out,
         );
         let tight = Limits { max_frames: 4, ..l };
@@ -735,6 +746,7 @@ mod tests {
             8,
             Sampling::Stride(30),
             &hasty,
+            &Cancel::default(),
             &mut out,
         )
         .unwrap_err();
@@ -746,9 +758,28 @@ mod tests {
             8,
             Sampling::Stride(1),
             &tight,
+            &Cancel::default(),
             &mut vec![0; 6 * 192],
         )
         .unwrap_err();
         assert!(e.contains("max_frames"), "{e}");
+    }
+
+    #[test]
+    fn a_cancel_stops_the_frame_loop() {
+        let cancel = Cancel::default();
+        cancel.cancel();
+        let e = decode_clip(
+            clip("mpeg4", "avi", 40),
+            4,
+            8,
+            8,
+            Sampling::Uniform,
+            &Limits::default(),
+            &cancel,
+            &mut vec![0; 4 * 192],
+        )
+        .unwrap_err();
+        assert_eq!(e, crate::env::CANCELLED);
     }
 }

@@ -66,6 +66,7 @@ pub(crate) fn map_volumes(
     let arrays = ArrayColumn::new(&input, call.spec.name)?;
     let mut out = ArrayBuilder::new(call.rows);
     for row in 0..call.rows {
+        call.live()?;
         let Some(a) = arrays.get(row) else {
             out.append_null();
             continue;

@@ -40,6 +40,7 @@ impl Function for DecodeImage {
         let limits = call.limits();
         let mut out = ImageBuilder::with_capacity(call.rows, 0);
         for i in 0..call.rows {
+            call.live()?;
             match binary_value(&data, i).map(|b| decode(b, mode, &limits)) {
                 None => out.append_null(),
                 Some(Ok(img)) => out.append(img.view()),

@@ -150,6 +150,7 @@ fn decode_windows(
     };
     let mut out = ImageBuilder::with_capacity(call.rows, (h * w) as usize * usize::from(c));
     for row in 0..call.rows {
+        call.live()?;
         let Some(bytes) = binary_value(&data, row) else {
             out.append_null();
             continue;

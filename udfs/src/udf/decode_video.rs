@@ -51,13 +51,15 @@ impl Function for DecodeVideo {
         let size = n as usize * h as usize * w as usize * 3;
         let mut out = TensorBuilder::<UInt8Type>::new(call.rows, size);
         for row in 0..call.rows {
+            call.live()?;
             let Some(bytes) = binary_buffer(&data, row) else {
                 out.append_null();
                 continue;
             };
             // Frames are converted straight into the tensor column.
-            let decoded =
-                out.try_append_with(|dst| decode_clip(bytes, n, h, w, sampling, &limits, dst));
+            let decoded = out.try_append_with(|dst| {
+                decode_clip(bytes, n, h, w, sampling, &limits, call.cancel(), dst)
+            });
             if let Err(reason) = decoded {
                 call.bad(row, reason)?;
                 out.append_null();

@@ -286,6 +286,7 @@ pub(crate) fn map_images(
     let images = crate::tensor::ImageColumn::new(&input, call.spec.name)?;
     let mut out = crate::tensor::ImageBuilder::with_capacity(call.rows, 0);
     for row in 0..call.rows {
+        call.live()?;
         let Some(img) = images.get(row) else {
             out.append_null();
             continue;

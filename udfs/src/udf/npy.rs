@@ -23,6 +23,7 @@ pub(crate) fn build_arrays(
     let data = call.array(0)?;
     let mut out = ArrayBuilder::new(call.rows);
     for row in 0..call.rows {
+        call.live()?;
         match binary_value(&data, row).map(&mut parse_row) {
             None => out.append_null(),
             Some(Ok(p)) => out.append(p.dtype.name(), &p.shape, &p.data),
