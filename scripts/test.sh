@@ -2,8 +2,9 @@
 # Installs what is missing (Debian packages, the Python venv with the
 # client package, Rust components) and runs every test of sluice:
 # formatting, clippy, unit and end-to-end tests, the Python tests against
-# the real server, the README's demo, and a small run of each benchmark
-# (to prove they work; their figures are not judged here).
+# the real server, the README's demo, a small run of each benchmark (to
+# prove they work; their figures are not judged here) and a seconds-long
+# run of each fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -14,6 +15,7 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path tests/fuzz/Cargo.toml -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build"
@@ -45,5 +47,7 @@ bench_dir="$demo_dir/bench"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" udfs --calibrate
 echo "== cargo test"
 cargo test --workspace
+echo "== fuzz targets, a few seconds each"
+bash scripts/fuzz.sh 5
 echo "== python tests"
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" "$VENV/bin/python" -m pytest -q tests/python

@@ -188,6 +188,10 @@ pub struct QueryLimitFlags {
     /// (0: no limit). Job streams are not queries and have none.
     #[arg(long, default_value_t = 3600.0)]
     pub query_timeout: f64,
+    /// Output bytes all job streams may have in flight together (windows
+    /// being decoded or cut into batches); past it, windows wait for room.
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    pub stream_memory: u64,
 }
 
 impl QueryLimitFlags {

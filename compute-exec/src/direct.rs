@@ -56,8 +56,9 @@ impl<S> NamedService for DirectJobStreams<S> {
     const NAME: &'static str = <FlightServiceServer<crate::QueryService> as NamedService>::NAME;
 }
 
-/// The ticket of an uncompressed, single-message gRPC request body.
-fn ticket_of(body: &[u8]) -> Option<Bytes> {
+/// The ticket of an uncompressed, single-message gRPC request body (a
+/// `DoGet` request as it arrives; public for the fuzz targets).
+pub fn ticket_of(body: &[u8]) -> Option<Bytes> {
     let (&flag, rest) = body.split_first()?;
     if flag != 0 || rest.len() < 4 {
         return None;

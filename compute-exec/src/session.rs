@@ -25,6 +25,7 @@ use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
 use crate::catalog::{ComputeSchema, base_name};
+use crate::job::WindowBudget;
 use crate::remote::{FragmentTable, Tally};
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
@@ -90,6 +91,7 @@ pub struct ComputeSession {
     hints: ResourceHints,
     known: Mutex<Known>,
     query_memory: usize,
+    windows: WindowBudget,
 }
 
 /// Memory one query's operators may hold unless told otherwise.
@@ -127,7 +129,21 @@ impl ComputeSession {
             hints,
             known: Mutex::new(Known::default()),
             query_memory: DEFAULT_QUERY_MEMORY,
+            windows: WindowBudget::default(),
         }
+    }
+
+    /// The job streams of this session hold at most `bytes` of output in
+    /// flight together (windows decoding, or waiting to be cut into
+    /// batches); past it their windows wait for room.
+    pub fn with_stream_memory(mut self, bytes: u64) -> Self {
+        self.windows = WindowBudget::new(bytes);
+        self
+    }
+
+    /// The budget the job streams' windows reserve from.
+    pub fn window_budget(&self) -> &WindowBudget {
+        &self.windows
     }
 
     /// Each query's own memory pool holds at most `bytes`: its sorts

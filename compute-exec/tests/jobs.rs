@@ -475,3 +475,66 @@ async fn old_finished_jobs_are_forgotten() {
         "{listed:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_share_the_window_budget_and_lose_nothing() {
+    // A budget of one 64 KiB unit: every window takes all of it, so the
+    // windows of eight concurrent readers run one at a time. Each reader
+    // still gets its whole share, the same rows as with the default.
+    let dir = tempfile::tempdir().unwrap();
+    let all = node(dir.path(), "all", (0..SAMPLES).collect()).await;
+    let tight = Arc::new(
+        ComputeSession::new(
+            vec![Arc::clone(&all)],
+            sluice_udfs::cost::default_profiles(),
+            ResourceHints::default(),
+        )
+        .with_stream_memory(1),
+    );
+    let budget = tight.window_budget().clone();
+    assert_eq!(budget.bytes(), 64 << 10);
+    let tight = Jobs::new(tight).unwrap();
+    let roomy = jobs(vec![all]);
+    let job = tight.submit(spec(4, false, "auto")).await.unwrap();
+    let reference = roomy.submit(spec(4, false, "auto")).await.unwrap();
+    let watch = {
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            let mut least = budget.available();
+            for _ in 0..2000 {
+                least = least.min(budget.available());
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+            least
+        })
+    };
+    let readers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let job = tight.get(job.id()).unwrap();
+            tokio::spawn(async move {
+                job.deliver(i % 4, i / 4, 0, None)
+                    .await
+                    .unwrap()
+                    .map_ok(|d| d.batch)
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (i, r) in readers.into_iter().enumerate() {
+        let got = r.await.unwrap();
+        let want = read(&roomy, reference.id(), i as u64 % 4, i as u64 / 4, 0).await;
+        assert_eq!(got, want, "reader {i}");
+    }
+    assert_eq!(
+        watch.await.unwrap(),
+        0,
+        "the windows reserved from the budget"
+    );
+    assert_eq!(
+        budget.available(),
+        budget.bytes(),
+        "every window gave its room back"
+    );
+}

@@ -83,7 +83,8 @@ pub async fn compute_node(
     limits: QueryLimitFlags,
 ) -> anyhow::Result<()> {
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
-        .with_query_memory(limits.query_memory as usize);
+        .with_query_memory(limits.query_memory as usize)
+        .with_stream_memory(limits.stream_memory);
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     if let Err(e) = session.refresh().await {
@@ -159,7 +160,8 @@ pub async fn serve(
     };
     let session = Arc::new(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
-            .with_query_memory(addrs.limits.query_memory as usize),
+            .with_query_memory(addrs.limits.query_memory as usize)
+            .with_stream_memory(addrs.limits.stream_memory),
     );
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");

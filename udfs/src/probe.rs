@@ -56,7 +56,21 @@ const VIDEO_CONTAINERS: &[&str] = &[
 ];
 
 /// Reads the header of `bytes`. Errors say why the object is not usable.
+///
+/// A third-party header parser that panics on an odd file refuses that
+/// file with an error saying so; it does not fail the ingest.
 pub fn probe(bytes: &[u8]) -> Result<Probe, String> {
+    std::panic::catch_unwind(|| probe_header(bytes)).unwrap_or_else(|panic| {
+        let what = crate::udf::panic_message(&panic);
+        Err(format!(
+            "the header parser panicked on this file ({}; first bytes: {})",
+            what.chars().take(200).collect::<String>(),
+            first_bytes(bytes)
+        ))
+    })
+}
+
+fn probe_header(bytes: &[u8]) -> Result<Probe, String> {
     if bytes.is_empty() {
         return Err("empty file".into());
     }

@@ -13,11 +13,14 @@
 //!   any offset;
 //! - [`stream`]: the stream of an epoch — windows in flight, in order,
 //!   bounded;
+//! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
+//!   may have in flight together;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
 //! - [`store`]: the job records that survive a restart;
 //! - [`registry`]: [`Jobs`], the jobs of a node.
 
+pub mod budget;
 pub mod index;
 pub mod order;
 pub mod plan;
@@ -30,6 +33,7 @@ pub mod status;
 pub mod store;
 pub mod stream;
 
+pub use budget::WindowBudget;
 pub use order::{Layout, Shuffle, ShuffleMode};
 pub use plan::PlanSpec;
 pub use registry::Jobs;

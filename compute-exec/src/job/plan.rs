@@ -23,6 +23,9 @@
 
 use std::collections::HashMap;
 
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
 use serde::{Deserialize, Serialize};
 
 use super::JobError;
@@ -114,12 +117,38 @@ impl PlanSpec {
         }
         let mut sql = format!("SELECT {} FROM {source}", select.join(", "));
         if !self.filters.is_empty() {
-            let preds: Vec<String> = self.filters.iter().map(|f| format!("({f})")).collect();
+            let preds = self
+                .filters
+                .iter()
+                .enumerate()
+                .map(|(i, f)| predicate(i, f).map(|p| format!("({p})")))
+                .collect::<Result<Vec<String>, JobError>>()?;
             sql.push_str(" WHERE ");
             sql.push_str(&preds.join(" AND "));
         }
         Ok(sql)
     }
+}
+
+/// Filter `i`, checked to be one SQL expression and written back from its
+/// syntax tree: a filter that does not parse is refused by number, and
+/// none can close its parentheses and add SQL of its own
+/// (`"x) OR (1=1"`).
+fn predicate(i: usize, text: &str) -> Result<String, JobError> {
+    let bad = |e: String| JobError::InvalidPlan(format!("filter {} ({text:?}): {e}", i + 1));
+    let dialect = GenericDialect {};
+    let mut parser = Parser::new(&dialect)
+        .try_with_sql(text)
+        .map_err(|e| bad(e.to_string()))?;
+    let expr = parser.parse_expr().map_err(|e| bad(e.to_string()))?;
+    let rest = parser.peek_token();
+    if rest.token != Token::EOF {
+        return Err(bad(format!(
+            "one SQL expression was expected; text follows it at {}",
+            rest.span.start
+        )));
+    }
+    Ok(expr.to_string())
 }
 
 fn argument(a: &serde_json::Value, stages: &HashMap<&str, String>) -> Result<String, String> {
@@ -190,5 +219,12 @@ outputs: [key, pixels, mode]
         assert!(e.contains("stage 1 (a)") && e.contains("null"), "{e}");
         let e = err("source: pets\nstages: [{name: a, udf: npy, args: [\"x y\"]}]\noutputs: [a]");
         assert!(e.contains("\"x y\""), "{e}");
+        // Found by the `plan` fuzz target: a filter that is no expression
+        // made SQL that does not parse; one that closes its parentheses
+        // added SQL of its own.
+        let e = err("source: pets\nfilters: [\"width /= 64\"]\noutputs: [key]");
+        assert!(e.contains("filter 1") && e.contains("width /= 64"), "{e}");
+        let e = err("source: pets\nfilters: [\"1=1) OR (1=1\"]\noutputs: [key]");
+        assert!(e.contains("filter 1") && e.contains("text follows"), "{e}");
     }
 }

@@ -14,7 +14,9 @@
 //!
 //! Memory per reader is bounded by `IN_FLIGHT + 1` windows of about
 //! `WINDOW_BYTES` each and the channel's `CHANNEL_BATCHES` batches,
-//! whatever the size of a sample: a window's length follows the output
+//! whatever the size of a sample, and the windows of all readers together
+//! by the node's [`super::WindowBudget`] (each reserves its expected
+//! output bytes before it runs): a window's length follows the output
 //! bytes per sample of the windows before it. A slow reader stops the
 //! windows, which stops the reads at the devices. Nothing per window
 //! depends on the size of the dataset: the rows are named by id, the plan
@@ -111,6 +113,9 @@ impl Job {
         // The first window is one batch; each one done sets the next's
         // length from its output bytes per sample.
         let next_len = Arc::new(AtomicU64::new(batch.max(1)));
+        // Output bytes per sample of the windows so far (none yet: the first
+        // window reserves a whole window's bytes).
+        let per_sample = Arc::new(AtomicU64::new(0));
         let starts = futures::stream::unfold(from, {
             let next_len = Arc::clone(&next_len);
             move |start| {
@@ -119,23 +124,32 @@ impl Job {
             }
         });
         let runtime = self.runtime().clone();
+        let budget = self.session().window_budget().clone();
         let (plan, held) = (Arc::clone(&placed.plan), Arc::clone(ready));
+        let estimate = Arc::clone(&per_sample);
         let mut windows = starts
             .map(move |(start, len)| {
                 let stop = (start + len).min(to);
                 let samples = held.layout.rank_samples(&order, rank, start, stop);
                 let takes = held.index.takes(&samples);
                 let (plan, task) = (Arc::clone(&plan), Arc::clone(&task));
-                let mut run = Abort(runtime.spawn(async move {
-                    let plan = with_takes(plan, &takes)?;
-                    collect(plan, task).await
-                }));
+                let (runtime, budget) = (runtime.clone(), budget.clone());
+                let bytes = match estimate.load(Ordering::Relaxed) {
+                    0 => WINDOW_BYTES,
+                    b => b.saturating_mul(stop - start),
+                };
                 async move {
+                    // Room among all streams' windows first, then the work.
+                    let room = budget.reserve(bytes).await;
+                    let mut run = Abort(runtime.spawn(async move {
+                        let plan = with_takes(plan, &takes)?;
+                        collect(plan, task).await
+                    }));
                     let rows = (&mut run.0)
                         .await
                         .map_err(|e| JobError::Internal(e.to_string()))?
                         .map_err(|e| JobError::running(&e))?;
-                    Ok::<_, JobError>((start, samples, rows))
+                    Ok::<_, JobError>((start, samples, rows, room))
                 }
             })
             .buffered(IN_FLIGHT);
@@ -143,10 +157,13 @@ impl Job {
         let mut reported = 0;
         let mut missing_total = 0u64;
         while let Some(w) = windows.next().await {
-            let (start, samples, rows) = w?;
+            // `_room` is given back once this window's batches are sent.
+            let (start, samples, rows, _room) = w?;
             let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
             let made = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
-            next_len.store(window_len(batch, (bytes / made) as u64), Ordering::Relaxed);
+            let each = (bytes / made) as u64;
+            per_sample.store(each.max(1), Ordering::Relaxed);
+            next_len.store(window_len(batch, each), Ordering::Relaxed);
             let (total, bad) = query.udfs.errors.snapshot();
             if total > reported {
                 let fresh = bad.into_iter().skip(reported as usize).collect();

@@ -221,12 +221,11 @@ pub fn probe(data: Buffer) -> Result<ClipInfo, String> {
 }
 
 /// Decodes `n` frames chosen by `sampling`, each resized to `w`×`h` RGB,
-/// into `out` (`n * h * w * 3` bytes).
+/// into `out` (`n * h * w * 3` bytes); stops with an error once `cancel`
+/// is set.
 pub fn decode_clip(
     data: Buffer,
-    n: u32,
-    h: u32,
-    w: u32,
+    (n, h, w): (u32, u32, u32),
     sampling: Sampling,
     limits: &Limits,
     cancel: &Cancel,
@@ -529,9 +528,7 @@ mod tests {
         let mut out = vec![0; 4 * 16 * 16 * 3];
         decode_clip(
             data,
-            4,
-            16,
-            16,
+            (4, 16, 16),
             Sampling::Stride(3),
             &Limits::default(),
             &Cancel::default(),
@@ -566,9 +563,7 @@ mod tests {
             let mut out = vec![0; 3 * 8 * 8 * 3];
             decode_clip(
                 data,
-                3,
-                8,
-                8,
+                (3, 8, 8),
                 Sampling::Stride(4),
                 &Limits::default(),
                 &Cancel::default(),
@@ -593,9 +588,7 @@ mod tests {
             let mut seeking = vec![0; 4 * 16 * 16 * 3];
             decode_clip(
                 data.clone(),
-                4,
-                16,
-                16,
+                (4, 16, 16),
                 Sampling::Uniform,
                 &Limits::default(),
                 &Cancel::default(),
@@ -608,9 +601,7 @@ mod tests {
                 let stride = u32::try_from(f).unwrap().max(1);
                 decode_clip(
                     data.clone(),
-                    2,
-                    16,
-                    16,
+                    (2, 16, 16),
                     Sampling::Stride(stride),
                     &Limits::default(),
                     &Cancel::default(),
@@ -641,9 +632,7 @@ mod tests {
             let started = std::time::Instant::now();
             decode_clip(
                 data.clone(),
-                16,
-                16,
-                16,
+                (16, 16, 16),
                 Sampling::Uniform,
                 &Limits::default(),
                 &Cancel::default(),
@@ -658,9 +647,7 @@ mod tests {
             let mut all = vec![0; 1200 * 16 * 16 * 3];
             decode_clip(
                 data,
-                1200,
-                16,
-                16,
+                (1200, 16, 16),
                 Sampling::Stride(1),
                 &Limits::default(),
                 &Cancel::default(),
@@ -688,9 +675,7 @@ mod tests {
         let mut out = vec![0; 5 * 8 * 8 * 3];
         decode_clip(
             data,
-            5,
-            8,
-            8,
+            (5, 8, 8),
             Sampling::Stride(1),
             &Limits::default(),
             &Cancel::default(),
@@ -707,9 +692,7 @@ mod tests {
         let mut out = vec![0; 8 * 8 * 3];
         let e = decode_clip(
             Buffer::from_vec(b"definitely not a video".to_vec()),
-            1,
-            8,
-            8,
+            (1, 8, 8),
             Sampling::Stride(1),
             &l,
             &Cancel::default(),
@@ -725,9 +708,7 @@ mod tests {
         // Corrupt payload: an error or some frames, never a crash.
         let _ = decode_clip(
             Buffer::from_vec(bytes),
-            1,
-            8,
-            8,
+            (1, 8, 8),
             Sampling::Stride(1),
             &l,
             &Cancel::default(),
@@ -741,9 +722,7 @@ mod tests {
         let mut out = vec![0; 2 * 8 * 8 * 3];
         let e = decode_clip(
             clip("mpeg4", "avi", 40),
-            2,
-            8,
-            8,
+            (2, 8, 8),
             Sampling::Stride(30),
             &hasty,
             &Cancel::default(),
@@ -753,9 +732,7 @@ mod tests {
         assert!(e.contains("max_sample_ms"), "{e}");
         let e = decode_clip(
             data,
-            6,
-            8,
-            8,
+            (6, 8, 8),
             Sampling::Stride(1),
             &tight,
             &Cancel::default(),
@@ -771,9 +748,7 @@ mod tests {
         cancel.cancel();
         let e = decode_clip(
             clip("mpeg4", "avi", 40),
-            4,
-            8,
-            8,
+            (4, 8, 8),
             Sampling::Uniform,
             &Limits::default(),
             &cancel,

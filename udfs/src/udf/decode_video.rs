@@ -58,7 +58,7 @@ impl Function for DecodeVideo {
             };
             // Frames are converted straight into the tensor column.
             let decoded = out.try_append_with(|dst| {
-                decode_clip(bytes, n, h, w, sampling, &limits, call.cancel(), dst)
+                decode_clip(bytes, (n, h, w), sampling, &limits, call.cancel(), dst)
             });
             if let Err(reason) = decoded {
                 call.bad(row, reason)?;
