@@ -392,6 +392,18 @@ def test_queries_have_memory_and_time_limits():
                 run("SELECT a.key, b.key AS k2, c.key AS k3, d.key AS k4 "
                     "FROM pets a, pets b, pets c, pets d, pets e")
             assert "Resources exhausted" in str(e.value), e.value
+            # A short literal that asks for gigabytes is refused before it
+            # allocates (it grew the server to 8 GB before).
+            with pytest.raises(pa.ArrowException) as e:
+                run("SELECT length(repeat('x', 2000000000)) AS n")
+            assert "repeat" in str(e.value) and "max_decoded_bytes" in str(e.value), e.value
+            # In a job, the stream fails naming it.
+            job = c.submit("SELECT key, repeat(key, 200000000) AS x FROM pets")
+            job.wait()
+            with pytest.raises(pa.ArrowException) as e:
+                for _ in job.reader(0).batches():
+                    pass
+            assert "repeat" in str(e.value) and "max_decoded_bytes" in str(e.value), e.value
             t0 = time.monotonic()
             with pytest.raises(pa.ArrowException) as e:
                 run("SELECT sum(resize(decode_image(b.data), 512, 512)['width']) "

@@ -58,6 +58,7 @@
 //! before any decoding, so a 100k×100k JPEG header costs nothing.
 
 pub mod args;
+pub mod bounded;
 pub mod calibrate;
 pub mod cost;
 pub mod env;
@@ -86,5 +87,6 @@ pub fn register(ctx: &SessionContext, env: &Arc<UdfEnv>) {
     for f in all(env) {
         ctx.register_udf(f);
     }
+    bounded::register(ctx, env);
     ctx.add_analyzer_rule(Arc::new(SluiceRewrite::new(Arc::clone(env))));
 }

@@ -1,0 +1,277 @@
+//! DataFusion's built-in functions whose output is not bounded by their
+//! input, under a size limit.
+//!
+//! `repeat('x', 2000000000)`, `lpad(s, 2000000000)`, `array_repeat(x, n)`
+//! or `range(0, 10000000000)` allocate what one short literal asks for,
+//! outside any memory pool: one query could grow the server until the
+//! allocator aborts. Each is wrapped here so that a batch whose results
+//! would exceed the session's `max_decoded_bytes` fails with an error
+//! naming the function and the limit *before* the inner function
+//! allocates; everything else is the inner function's.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::{DataType, FieldRef, Int64Type};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::FunctionRegistry;
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
+use datafusion::logical_expr::{
+    ColumnarValue, Documentation, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature,
+};
+
+use crate::env::UdfEnv;
+
+/// How a wrapped function's output size follows from its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Growth {
+    /// `repeat(text, n)`: the text's bytes times n.
+    Repeat,
+    /// `lpad/rpad(text, n, …)`: n characters of up to 4 bytes.
+    Pad,
+    /// `array_repeat(element, n)`: n elements of the element's size.
+    ArrayRepeat,
+    /// `range/generate_series(start, stop[, step])`: one 8-byte value
+    /// per step.
+    Range,
+}
+
+/// The functions wrapped, and how each grows.
+const BOUNDED: &[(&str, Growth)] = &[
+    ("repeat", Growth::Repeat),
+    ("lpad", Growth::Pad),
+    ("rpad", Growth::Pad),
+    ("array_repeat", Growth::ArrayRepeat),
+    ("range", Growth::Range),
+    ("generate_series", Growth::Range),
+];
+
+/// Replaces the functions of [`BOUNDED`] registered in `ctx` with
+/// wrappers that refuse a batch whose results exceed `env`'s
+/// `max_decoded_bytes`.
+pub fn register(ctx: &SessionContext, env: &Arc<UdfEnv>) {
+    for &(name, growth) in BOUNDED {
+        let Ok(inner) = ctx.udf(name) else {
+            continue;
+        };
+        ctx.register_udf(ScalarUDF::new_from_impl(Bounded {
+            inner: (*inner).clone(),
+            growth,
+            limit: env.options.limits.max_decoded_bytes,
+        }));
+    }
+}
+
+/// A function under a limit on its batch's output bytes.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Bounded {
+    inner: ScalarUDF,
+    growth: Growth,
+    limit: u64,
+}
+
+/// Argument `i` as integers, one per row (NULL and missing as 0).
+fn ints(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<i64>> {
+    let Some(a) = args.get(i) else {
+        return Ok(vec![0; rows]);
+    };
+    let a = a.to_array(rows)?;
+    let a = arrow::compute::cast(&a, &DataType::Int64)?;
+    let a = a.as_primitive::<Int64Type>();
+    Ok((0..rows)
+        .map(|r| if a.is_null(r) { 0 } else { a.value(r) })
+        .collect())
+}
+
+/// Bytes of argument `i`'s value in each row (its memory share for
+/// non-strings).
+fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> {
+    let a: ArrayRef = args[i].to_array(rows)?;
+    match a.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let a = arrow::compute::cast(&a, &DataType::LargeUtf8)?;
+            let s = a.as_string::<i64>();
+            Ok((0..rows).map(|r| s.value(r).len() as u64).collect())
+        }
+        t => {
+            let each = t
+                .primitive_width()
+                .unwrap_or_else(|| a.get_array_memory_size() / rows.max(1))
+                .max(1) as u64;
+            Ok(vec![each; rows])
+        }
+    }
+}
+
+impl Bounded {
+    /// The batch's output bytes, saturating.
+    fn output_bytes(&self, args: &[ColumnarValue], rows: usize) -> Result<u64> {
+        let rows = rows.max(1);
+        let times = |n: i64| u64::try_from(n).unwrap_or(0);
+        let total = match self.growth {
+            Growth::Repeat => {
+                let (lens, counts) = (byte_lens(args, 0, rows)?, ints(args, 1, rows)?);
+                lens.iter().zip(counts).fold(0u64, |t, (&l, n)| {
+                    t.saturating_add(l.saturating_mul(times(n)))
+                })
+            }
+            Growth::Pad => ints(args, 1, rows)?
+                .into_iter()
+                .fold(0u64, |t, n| t.saturating_add(times(n).saturating_mul(4))),
+            Growth::ArrayRepeat => {
+                let (lens, counts) = (byte_lens(args, 0, rows)?, ints(args, 1, rows)?);
+                lens.iter().zip(counts).fold(0u64, |t, (&l, n)| {
+                    t.saturating_add(l.saturating_mul(times(n)))
+                })
+            }
+            Growth::Range => {
+                let types: Vec<DataType> = args.iter().map(ColumnarValue::data_type).collect();
+                if !types.iter().all(DataType::is_integer) {
+                    // Date and timestamp ranges step by intervals: their
+                    // length is not a subtraction; the inner function
+                    // checks them.
+                    return Ok(0);
+                }
+                let (start, stop, step) = match args.len() {
+                    1 => (vec![0; rows], ints(args, 0, rows)?, vec![1; rows]),
+                    _ => (ints(args, 0, rows)?, ints(args, 1, rows)?, {
+                        let s = ints(args, 2, rows)?;
+                        if args.len() > 2 { s } else { vec![1; rows] }
+                    }),
+                };
+                (0..rows).fold(0u64, |t, r| {
+                    let span = i128::from(stop[r]) - i128::from(start[r]);
+                    let step = i128::from(step[r]);
+                    let n = if step == 0 || (span > 0) != (step > 0) {
+                        0
+                    } else {
+                        (span / step).unsigned_abs() + 1
+                    };
+                    t.saturating_add(u64::try_from(n).unwrap_or(u64::MAX).saturating_mul(8))
+                })
+            }
+        };
+        Ok(total)
+    }
+}
+
+impl ScalarUDFImpl for Bounded {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs<'_>) -> Result<FieldRef> {
+        self.inner.return_field_from_args(args)
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
+        // A simplification that evaluates the call (constant folding)
+        // goes through `invoke_with_args` below, so it is checked too.
+        self.inner.simplify(args, info)
+    }
+
+    fn short_circuits(&self) -> bool {
+        self.inner.short_circuits()
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.inner.documentation()
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let bytes = self.output_bytes(&args.args, args.number_rows)?;
+        if bytes > self.limit {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "{}: its results would take {bytes} bytes, over the limit of {} \
+                 (max_decoded_bytes)",
+                self.inner.name(),
+                self.limit
+            )));
+        }
+        self.inner.invoke_with_args(args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::SessionContext;
+
+    async fn run(ctx: &SessionContext, sql: &str) -> Result<usize> {
+        let batches = ctx.sql(sql).await?.collect().await?;
+        Ok(batches.iter().map(|b| b.num_rows()).sum())
+    }
+
+    #[tokio::test]
+    async fn growth_past_the_limit_is_refused_by_name_before_it_allocates() {
+        let ctx = SessionContext::new();
+        crate::register(&ctx, &UdfEnv::new(Default::default()));
+        for (sql, name) in [
+            ("SELECT length(repeat('x', 2000000000))", "repeat"),
+            ("SELECT lpad('a', 2000000000)", "lpad"),
+            ("SELECT rpad('a', 2000000000, 'b')", "rpad"),
+            ("SELECT cardinality(range(0, 10000000000))", "range"),
+            (
+                "SELECT cardinality(generate_series(1, 10000000000, 1))",
+                "generate_series",
+            ),
+            (
+                "SELECT cardinality(array_repeat(1, 1000000000))",
+                "array_repeat",
+            ),
+            // Not literals: the counts come from a column at run time.
+            (
+                "SELECT length(repeat(s, n)) FROM (VALUES ('ab', 1), ('cd', 600000000)) t(s, n)",
+                "repeat",
+            ),
+        ] {
+            let e = run(&ctx, sql).await.unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{name}: its results would take"))
+                    && e.contains("max_decoded_bytes"),
+                "{sql}: {e}"
+            );
+        }
+        // Within the limit, the functions are DataFusion's own.
+        let ok = ctx
+            .sql(
+                "SELECT repeat('ab', 3) AS r, lpad('ab', 5, '*') AS l, \
+                 cardinality(range(1, 10, 2)) AS n, cardinality(array_repeat(7, 4)) AS a, \
+                 cardinality(range(10, 1, -3)) AS d",
+            )
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&ok)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("ababab") && text.contains("***ab"), "{text}");
+        assert!(text.contains("| 5 | 4 | 3 |"), "{text}");
+        assert_eq!(
+            run(&ctx, "SELECT count(*) FROM generate_series(1, 1000)")
+                .await
+                .unwrap(),
+            1
+        );
+    }
+}
