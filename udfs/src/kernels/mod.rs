@@ -12,5 +12,6 @@ pub mod normalize;
 pub mod npy;
 pub mod npz;
 pub mod resize;
+pub mod tiff_planar;
 pub mod video;
 pub mod volume;

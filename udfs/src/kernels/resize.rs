@@ -102,11 +102,37 @@ pub fn resize_into(
         .resize_alg(filter.alg())
         .use_alpha(false);
     if let Some(r) = crop {
-        options = options.crop(r.left, r.top, r.width, r.height);
+        let (left, width) = fit(r.left, r.width, src.width)?;
+        let (top, height) = fit(r.top, r.height, src.height)?;
+        options = options.crop(left, top, width, height);
     }
     RESIZER
         .with(|r| r.borrow_mut().resize(&src_img, &mut dst, &options))
         .map_err(|e| e.to_string())
+}
+
+/// The span `left..left + width` of a crop, kept inside a side of `side`
+/// pixels as fast_image_resize checks it (`left + width <= side` in f64).
+/// Windows computed in another image's coordinates and shifted
+/// (`rect.left - part.left`) can overhang by a rounding error: one in 25
+/// right-edge windows did, which failed a sample under `fail` one epoch in
+/// a few hundred. An overhang beyond rounding is a bug, and an error.
+fn fit(left: f64, width: f64, side: u32) -> Result<(f64, f64), String> {
+    let side = f64::from(side);
+    if !(left > -1e-6 && width > 0.0 && left + width <= side + 1e-6 * side.max(1.0)) {
+        return Err(format!(
+            "crop {width} px from {left} does not lie in a side of {side} px"
+        ));
+    }
+    let left = left.clamp(0.0, side);
+    let mut width = width.min(side - left);
+    while left + width > side {
+        width = f64::from_bits(width.to_bits() - 1);
+    }
+    if width <= 0.0 {
+        return Err(format!("empty crop at {left} of a side of {side} px"));
+    }
+    Ok((left, width))
 }
 
 #[cfg(test)]
@@ -123,6 +149,33 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn a_crop_overhanging_by_a_rounding_error_is_kept_inside() {
+        // Found by a 10-minute load run: a right-edge window shifted into a
+        // decoded part's coordinates ended at 194.00000000000003 of 194.
+        let (left, width) = (320.80807287709945 - 277.0, 150.19192712290058);
+        assert!(left + width > 194.0);
+        let (l, w) = fit(left, width, 194).unwrap();
+        assert!(l + w <= 194.0 && (w - width).abs() < 1e-9);
+        let src = img(194, 3, 3, |x, y, k| (x + y) as u8 ^ k);
+        let mut out = vec![0; 8 * 2 * 3];
+        let crop = Rect {
+            left,
+            top: 0.0,
+            width,
+            height: 3.0,
+        };
+        let view = ImageRef {
+            height: 3,
+            width: 194,
+            channels: 3,
+            pixels: &src,
+        };
+        resize_into(view, Some(crop), 2, 8, Filter::Bilinear, &mut out).unwrap();
+        assert!(fit(190.0, 8.0, 194).unwrap_err().contains("does not lie"));
+        assert!(fit(-3.0, 8.0, 194).is_err());
     }
 
     #[test]
