@@ -82,11 +82,19 @@ impl DType {
 
     /// Parses a descr such as `<f4`; returns the type and whether it is big-endian.
     fn from_descr(descr: &str) -> Result<(Self, bool), String> {
-        let (order, code) = descr.split_at(descr.len().min(1));
+        let unsupported = || {
+            let shown: String = descr.chars().take(64).collect();
+            format!("unsupported dtype '{shown}'")
+        };
+        // By character: the header is text and its first one may be
+        // multi-byte (found by the `arrays` and `probe` fuzz targets).
+        let mut chars = descr.chars();
+        let order = chars.next();
+        let code = chars.as_str();
         let big = match order {
-            "<" | "|" | "=" => false,
-            ">" => true,
-            _ => return Err(format!("unsupported dtype '{descr}'")),
+            Some('<' | '|' | '=') => false,
+            Some('>') => true,
+            _ => return Err(unsupported()),
         };
         let t = match code {
             "b1" => Self::Bool,
@@ -101,7 +109,7 @@ impl DType {
             "f2" => Self::F16,
             "f4" => Self::F32,
             "f8" => Self::F64,
-            _ => return Err(format!("unsupported dtype '{descr}'")),
+            _ => return Err(unsupported()),
         };
         Ok((t, big))
     }
@@ -335,6 +343,21 @@ pub fn write(dtype: DType, shape: &[u32], data: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_descr_starting_with_a_multibyte_character_is_an_error() {
+        // Found by the `arrays` and `probe` fuzz targets: slicing the
+        // descr's first byte panicked inside a two-byte character.
+        for descr in ["\u{67a}f4", "\u{743}u1"] {
+            let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': (1,), }}");
+            let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+            bytes.extend((header.len() as u16).to_le_bytes());
+            bytes.extend(header.as_bytes());
+            let e = parse(&bytes, &Limits::default()).unwrap_err();
+            assert!(e.contains("unsupported dtype") && e.contains(descr), "{e}");
+        }
+        assert!(DType::from_descr("").is_err());
+    }
 
     #[test]
     fn round_trips_and_reads_numpy_spellings() {
