@@ -146,6 +146,39 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
+/// Largest request body (axum's default limit for JSON bodies).
+const MAX_BODY: u64 = 2 << 20;
+/// Largest oversized body read to its end before the 413 is sent.
+const MAX_DRAINED: u64 = 64 << 20;
+
+/// Refuses a body whose `content-length` is over [`MAX_BODY`] with 413,
+/// after reading it to its end when it is at most [`MAX_DRAINED`]: a
+/// server that answers while the client is still sending, and closes,
+/// resets the connection, and the client sees a broken pipe instead of
+/// the 413 (found by `scripts/bench_load.py`'s 3 MiB bodies). Larger
+/// bodies are refused at once; a body without a length meets the JSON
+/// extractor's limit as before.
+async fn refuse_oversized(req: Request, next: Next) -> Response {
+    let length = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let Some(length) = length.filter(|&n| n > MAX_BODY) else {
+        return next.run(req).await;
+    };
+    if length <= MAX_DRAINED {
+        let mut body = req.into_body().into_data_stream();
+        while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
+    }
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("the request body of {length} bytes is over the 2 MiB limit"),
+    )
+    .into_response()
+}
+
 /// The REST app over `state`.
 pub fn app(state: AppState) -> Router {
     let (router, api) = routes();
@@ -160,6 +193,7 @@ pub fn app(state: AppState) -> Router {
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn(refuse_oversized))
         .with_state(state)
 }
 
