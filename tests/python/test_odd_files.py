@@ -3,7 +3,8 @@ makes: progressive, CMYK, grayscale, 4:4:4 and EXIF-tagged JPEGs; 16-bit,
 gray+alpha, palette-with-transparency, 1-bit, 1x1 and 1x4000 PNGs; LZW,
 deflate and 16-bit TIFFs, and tiled TIFFs with separate planes (8- and
 16-bit, RGB and RGBA, raw and deflate: the `image` crate asserts on them,
-sluice reads them tile by tile); 32-bit BMP; animated GIF; lossless, lossy and
+sluice reads them tile by tile); Adam7-interlaced PNGs; RLE8, 5-6-5
+bitfield and 32-bit BMPs; animated GIF; lossless, lossy and
 alpha WebP; PPM; ICO. Each is ingested and decoded by `sluice`; every
 file is either decoded with the pixels Pillow gives (16-bit ones scaled by
 1/257 where Pillow clips to 255), or refused by name: at ingest (a float32
@@ -11,8 +12,10 @@ TIFF, which the `image` crate cannot read) or as a bad sample at decode (an
 ICO holding an RGB PNG, which it refuses). None is lost without a word."""
 
 import os
+import struct
 import subprocess
 import tempfile
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +23,66 @@ import tifffile
 from PIL import Image
 
 from serve import SLUICE
+
+
+# Writers for what Pillow cannot write but reads: Adam7-interlaced PNGs,
+# RLE8 and 5-6-5 bitfield BMPs.
+def png_chunk(kind, data):
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def png_interlaced(a, path):
+    """An 8-bit PNG of `a` (h x w x 1, 3 or 4) with Adam7 interlacing."""
+    h, w, c = a.shape
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+              (1, 0, 2, 2), (0, 1, 1, 2)]
+    raw = b""
+    for x0, y0, dx, dy in passes:
+        sub = a[y0::dy, x0::dx]
+        if sub.size:
+            raw += b"".join(b"\0" + row.tobytes() for row in sub)
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, {1: 0, 3: 2, 4: 6}[c], 0, 0, 1)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+                + png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b""))
+
+
+def bmp(path, bits, compression, extra, pixels, colours=0):
+    header = struct.pack("<IiiHHIIiiII", 40, pixels[0], pixels[1], 1, bits, compression,
+                         len(pixels[2]), 2835, 2835, colours, 0)
+    offset = 14 + 40 + len(extra)
+    with open(path, "wb") as f:
+        f.write(b"BM" + struct.pack("<IHHI", offset + len(pixels[2]), 0, 0, offset)
+                + header + extra + pixels[2])
+
+
+def bmp_rle8(idx, palette, path):
+    """An RLE8-compressed palette BMP of indices `idx` (bottom-up runs)."""
+    h, w = idx.shape
+    data = b""
+    for row in idx[::-1]:
+        x = 0
+        while x < w:
+            n = 1
+            while x + n < w and row[x + n] == row[x] and n < 255:
+                n += 1
+            data += bytes([n, row[x]])
+            x += n
+        data += b"\0\0"
+    data += b"\0\1"
+    pal = b"".join(bytes([b, g, r, 0]) for r, g, b in palette)
+    bmp(path, 8, 1, pal, (w, h, data), colours=len(palette))
+
+
+def bmp_bitfields565(a, path):
+    """A 16-bit BI_BITFIELDS BMP of RGB `a` with 5-6-5 masks."""
+    h, w, _ = a.shape
+    a = a.astype(np.uint16)
+    px = ((a[..., 0] >> 3) << 11 | (a[..., 1] >> 2) << 5 | a[..., 2] >> 3).astype("<u2")
+    stride = (w * 2 + 3) // 4 * 4
+    data = b"".join(row.tobytes().ljust(stride, b"\0") for row in px[::-1])
+    bmp(path, 16, 3, struct.pack("<III", 0xF800, 0x07E0, 0x001F), (w, h, data))
 
 
 def corpus(d):
@@ -59,6 +122,13 @@ def corpus(d):
     tifffile.imwrite(p("tiled_planar8_rgb.tif"), planes(a8), **tiled)
     tifffile.imwrite(p("strips_planar16_rgb.tif"), planes(a16[..., :3]),
                      planarconfig="separate", photometric="rgb", rowsperstrip=16)
+    png_interlaced(rng.integers(0, 255, (37, 53, 3), dtype=np.uint8), p("interlaced_rgb.png"))
+    png_interlaced(rng.integers(0, 255, (13, 9, 4), dtype=np.uint8), p("interlaced_rgba.png"))
+    png_interlaced(rng.integers(0, 255, (21, 30, 1), dtype=np.uint8), p("interlaced_gray.png"))
+    idx = (np.arange(40 * 30).reshape(30, 40) // 7 % 5).astype(np.uint8)
+    bmp_rle8(idx, [(255, 0, 0), (0, 255, 0), (0, 0, 255), (10, 20, 30), (200, 100, 50)],
+             p("rle8.bmp"))
+    bmp_bitfields565(rng.integers(0, 255, (11, 13, 3), dtype=np.uint8), p("bitfields565.bmp"))
     rgb.convert("RGBA").save(p("bgra32.bmp"))
     frames = [rgb.convert("P"), rgb.rotate(90).convert("P")]
     frames[0].save(p("animated.gif"), save_all=True, append_images=frames[1:])
