@@ -51,15 +51,22 @@ impl From<JobError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// 413 for `what` (a body) over the 2 MiB limit on request bodies.
+    pub fn payload_too_large(what: &str) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("{what} is over the 2 MiB limit"),
+        )
+    }
+}
+
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
         // A body over the limit is refused as such, not as bad JSON.
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return Self::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "the request body is over the 2 MiB limit".to_string(),
-            );
+            return Self::payload_too_large("the request body");
         }
         Self::new(StatusCode::BAD_REQUEST, "invalid_json", r.body_text())
     }

@@ -171,12 +171,7 @@ async fn refuse_oversized(req: Request, next: Next) -> Response {
         let mut body = req.into_body().into_data_stream();
         while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
     }
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "payload_too_large",
-        format!("the request body of {length} bytes is over the 2 MiB limit"),
-    )
-    .into_response()
+    ApiError::payload_too_large(&format!("the request body of {length} bytes")).into_response()
 }
 
 /// The REST app over `state`.

@@ -27,12 +27,11 @@ use crate::env::UdfEnv;
 /// How a wrapped function's output size follows from its arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Growth {
-    /// `repeat(text, n)`: the text's bytes times n.
+    /// `repeat(text, n)`, `array_repeat(element, n)`: argument 0's bytes
+    /// (a string's length, an element's size) times n.
     Repeat,
     /// `lpad/rpad(text, n, …)`: n characters of up to 4 bytes.
     Pad,
-    /// `array_repeat(element, n)`: n elements of the element's size.
-    ArrayRepeat,
     /// `range/generate_series(start, stop[, step])`: one 8-byte value
     /// per step.
     Range,
@@ -43,7 +42,7 @@ const BOUNDED: &[(&str, Growth)] = &[
     ("repeat", Growth::Repeat),
     ("lpad", Growth::Pad),
     ("rpad", Growth::Pad),
-    ("array_repeat", Growth::ArrayRepeat),
+    ("array_repeat", Growth::Repeat),
     ("range", Growth::Range),
     ("generate_series", Growth::Range),
 ];
@@ -120,15 +119,8 @@ impl Bounded {
             Growth::Pad => ints(args, 1, rows)?
                 .into_iter()
                 .fold(0u64, |t, n| t.saturating_add(times(n).saturating_mul(4))),
-            Growth::ArrayRepeat => {
-                let (lens, counts) = (byte_lens(args, 0, rows)?, ints(args, 1, rows)?);
-                lens.iter().zip(counts).fold(0u64, |t, (&l, n)| {
-                    t.saturating_add(l.saturating_mul(times(n)))
-                })
-            }
             Growth::Range => {
-                let types: Vec<DataType> = args.iter().map(ColumnarValue::data_type).collect();
-                if !types.iter().all(DataType::is_integer) {
+                if !args.iter().all(|a| a.data_type().is_integer()) {
                     // Date and timestamp ranges step by intervals: their
                     // length is not a subtraction; the inner function
                     // checks them.
@@ -136,10 +128,12 @@ impl Bounded {
                 }
                 let (start, stop, step) = match args.len() {
                     1 => (vec![0; rows], ints(args, 0, rows)?, vec![1; rows]),
-                    _ => (ints(args, 0, rows)?, ints(args, 1, rows)?, {
-                        let s = ints(args, 2, rows)?;
-                        if args.len() > 2 { s } else { vec![1; rows] }
-                    }),
+                    2 => (ints(args, 0, rows)?, ints(args, 1, rows)?, vec![1; rows]),
+                    _ => (
+                        ints(args, 0, rows)?,
+                        ints(args, 1, rows)?,
+                        ints(args, 2, rows)?,
+                    ),
                 };
                 (0..rows).fold(0u64, |t, r| {
                     let span = i128::from(stop[r]) - i128::from(start[r]);

@@ -32,9 +32,10 @@ pub struct Reservation {
 impl WindowBudget {
     /// A budget of `bytes` (at least one unit of 64 KiB).
     pub fn new(bytes: u64) -> Self {
+        // u32::MAX permits are far below the semaphore's maximum.
         let units = u32::try_from(bytes.div_ceil(UNIT))
             .unwrap_or(u32::MAX)
-            .clamp(1, u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX));
+            .max(1);
         Self {
             permits: Arc::new(Semaphore::new(units as usize)),
             units,

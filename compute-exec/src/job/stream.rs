@@ -110,16 +110,17 @@ impl Job {
         let task = placed.ctx.task_ctx();
         let order = ready.order(epoch);
         let batch = self.spec().batch_size;
-        // The first window is one batch; each one done sets the next's
-        // length from its output bytes per sample.
-        let next_len = Arc::new(AtomicU64::new(batch.max(1)));
-        // Output bytes per sample of the windows so far (none yet: the first
-        // window reserves a whole window's bytes).
+        // Output bytes per sample of the last window done (0: none yet).
+        // The first window is one batch and reserves a whole window's
+        // bytes; each later one's length and reservation follow from it.
         let per_sample = Arc::new(AtomicU64::new(0));
         let starts = futures::stream::unfold(from, {
-            let next_len = Arc::clone(&next_len);
+            let per_sample = Arc::clone(&per_sample);
             move |start| {
-                let len = next_len.load(Ordering::Relaxed);
+                let len = match per_sample.load(Ordering::Relaxed) {
+                    0 => batch.max(1),
+                    each => window_len(batch, each),
+                };
                 futures::future::ready((start < to).then(|| ((start, len), start + len)))
             }
         });
@@ -161,9 +162,7 @@ impl Job {
             let (start, samples, rows, _room) = w?;
             let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
             let made = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
-            let each = (bytes / made) as u64;
-            per_sample.store(each.max(1), Ordering::Relaxed);
-            next_len.store(window_len(batch, each), Ordering::Relaxed);
+            per_sample.store(((bytes / made) as u64).max(1), Ordering::Relaxed);
             let (total, bad) = query.udfs.errors.snapshot();
             if total > reported {
                 let fresh = bad.into_iter().skip(reported as usize).collect();

@@ -243,12 +243,12 @@ fn decode_full(bytes: &[u8], mode: Mode, hd: &Header, limits: &Limits) -> Result
     if hd.turbo {
         return decode_jpeg(bytes, mode, hd.width, hd.height, 8);
     }
-    let (format, mut decoder) = image_decoder(bytes)?;
-    if format == ImageFormat::Tiff
+    if hd.format == ImageFormat::Tiff
         && let Some(img) = super::tiff_planar::decode(bytes)?
     {
         return Ok(mode.convert(img));
     }
+    let (format, mut decoder) = image_decoder(bytes)?;
     let mut il = image::Limits::default();
     il.max_alloc = Some(
         limits
