@@ -46,6 +46,9 @@ pub enum StorageError {
         /// Device capacity in bytes.
         capacity: u64,
     },
+    /// The SPDK backend could not start, load its bdev config or open a bdev.
+    #[error("SPDK: {0}")]
+    Spdk(String),
     /// The filesystem holding a device file refuses O_DIRECT.
     #[error(
         "device {}: O_DIRECT is not supported here ({source}); use --device-backend file",

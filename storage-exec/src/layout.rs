@@ -114,9 +114,11 @@ impl DataDirFormat {
         write_atomically(&dir.join(FORMAT_FILE), text.as_bytes())
     }
 
-    /// The device path, resolved against the data dir.
+    /// The device path, resolved against the data dir; an SPDK bdev
+    /// (`bdev:NAME`) is a name, not a path, and stays as it is.
     pub fn device_path(&self, dir: &Path) -> PathBuf {
-        if self.device.is_absolute() {
+        let is_bdev = self.device.to_str().is_some_and(|d| d.starts_with("bdev:"));
+        if self.device.is_absolute() || is_bdev {
             self.device.clone()
         } else {
             dir.join(&self.device)

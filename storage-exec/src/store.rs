@@ -34,6 +34,9 @@ pub struct StoreOptions {
     pub queue_depth: usize,
     /// io_uring fixed buffers to register.
     pub fixed_buffers: usize,
+    /// How to start SPDK, for the `spdk` backend.
+    #[cfg(feature = "spdk")]
+    pub spdk: Option<crate::device::spdk::SpdkOptions>,
 }
 
 impl StoreOptions {
@@ -47,6 +50,8 @@ impl StoreOptions {
             chunk_size: 4 << 20,
             queue_depth: 32,
             fixed_buffers: 8,
+            #[cfg(feature = "spdk")]
+            spdk: None,
         }
     }
 }
@@ -100,8 +105,10 @@ impl Store {
                 fixed_size: format.chunk_size as usize,
                 ..Default::default()
             },
+            #[cfg(feature = "spdk")]
+            spdk: opts.spdk.clone(),
         };
-        let device = open_device(&format.device_path(dir), &device_opts)?;
+        let device = open_device(&Self::device_path(opts, &format), &device_opts)?;
         let catalog = Catalog::open(&dir.join(CATALOG_FILE))?;
 
         let total = device.capacity() / format.chunk_size;
@@ -135,6 +142,23 @@ impl Store {
             ingest_lock: tokio::sync::Mutex::new(()),
             reclaimed,
         }))
+    }
+
+    /// The device to open: the one FORMAT names, except that the `spdk`
+    /// backend may be told which bdev holds it (`--device bdev:NAME` on an
+    /// existing data dir: an AIO bdev over its device file, or the NVMe
+    /// namespace a kernel backend used before).
+    fn device_path(opts: &StoreOptions, format: &DataDirFormat) -> PathBuf {
+        #[cfg(feature = "spdk")]
+        if opts.backend == Backend::Spdk
+            && let Some(bdev) = opts
+                .device_path
+                .as_ref()
+                .filter(|p| crate::device::spdk::bdev_name(p).is_some())
+        {
+            return bdev.clone();
+        }
+        format.device_path(&opts.data_dir)
     }
 
     fn initialise(opts: &StoreOptions) -> Result<DataDirFormat> {

@@ -136,6 +136,11 @@ impl BufferPool {
         }))
     }
 
+    /// The allocator's short name ("pages", "spdk-dma").
+    pub fn allocator_name(&self) -> &'static str {
+        self.allocator.name()
+    }
+
     /// Alignment of every buffer.
     pub fn align(&self) -> usize {
         self.opts.align

@@ -19,12 +19,15 @@
 //! - [`file`]: `pread`/`pwrite` on a blocking pool, for filesystems that
 //!   refuse O_DIRECT (tmpfs, some overlay and network filesystems).
 //!
-//! An SPDK backend plugs in the same way: its pool uses SPDK's DMA
-//! allocator and its completions arrive on an SPDK thread and are sent back
-//! through a oneshot channel, exactly as the io_uring thread does.
+//! - [`spdk`] (cargo feature `spdk`): an SPDK bdev, polled in user space by
+//!   a thread of its own; its pool uses SPDK's DMA allocator and its
+//!   completions are sent back through a oneshot channel, exactly as the
+//!   io_uring thread does.
 
 pub mod conformance;
 pub mod file;
+#[cfg(feature = "spdk")]
+pub mod spdk;
 mod stats;
 pub mod uring;
 
@@ -50,6 +53,9 @@ pub enum Backend {
     Uring,
     /// pread/pwrite through the page cache.
     File,
+    /// An SPDK bdev (built with the `spdk` feature).
+    #[cfg(feature = "spdk")]
+    Spdk,
 }
 
 impl std::str::FromStr for Backend {
@@ -59,8 +65,16 @@ impl std::str::FromStr for Backend {
             "auto" => Ok(Self::Auto),
             "uring" => Ok(Self::Uring),
             "file" => Ok(Self::File),
+            #[cfg(feature = "spdk")]
+            "spdk" => Ok(Self::Spdk),
+            #[cfg(not(feature = "spdk"))]
+            "spdk" => Err(
+                "this sluice was built without SPDK: build it with `--features spdk` \
+                 and SPDK_DIR pointing at an SPDK build"
+                    .into(),
+            ),
             other => Err(format!(
-                "unknown device backend '{other}' (expected auto, uring or file)"
+                "unknown device backend '{other}' (expected auto, uring, file or spdk)"
             )),
         }
     }
@@ -72,6 +86,8 @@ impl std::fmt::Display for Backend {
             Self::Auto => "auto",
             Self::Uring => "uring",
             Self::File => "file",
+            #[cfg(feature = "spdk")]
+            Self::Spdk => "spdk",
         })
     }
 }
@@ -88,6 +104,9 @@ pub struct DeviceOptions {
     pub queue_depth: usize,
     /// The buffer pool's shape.
     pub pool: PoolOptions,
+    /// How to start SPDK, for the `spdk` backend.
+    #[cfg(feature = "spdk")]
+    pub spdk: Option<spdk::SpdkOptions>,
 }
 
 impl Default for DeviceOptions {
@@ -97,6 +116,8 @@ impl Default for DeviceOptions {
             block_size: 4096,
             queue_depth: 32,
             pool: PoolOptions::default(),
+            #[cfg(feature = "spdk")]
+            spdk: None,
         }
     }
 }
@@ -296,8 +317,25 @@ fn device_size(file: &std::fs::File, path: &Path) -> Result<u64> {
 /// `Backend::Auto` tries io_uring with O_DIRECT and falls back to the file
 /// backend, with a warning, where the kernel or filesystem refuses either.
 pub fn open_device(path: &Path, opts: &DeviceOptions) -> Result<Arc<dyn Device>> {
+    #[cfg(feature = "spdk")]
+    let is_spdk = opts.backend == Backend::Spdk;
+    #[cfg(not(feature = "spdk"))]
+    let is_spdk = false;
+    if !is_spdk && path.to_str().is_some_and(|p| p.starts_with("bdev:")) {
+        return Err(StorageError::Spdk(format!(
+            "device {} is an SPDK bdev: open it with --device-backend spdk{}",
+            path.display(),
+            if cfg!(feature = "spdk") {
+                ""
+            } else {
+                " (this sluice was built without the `spdk` feature)"
+            }
+        )));
+    }
     match opts.backend {
         Backend::Uring => Ok(Arc::new(uring::UringDevice::open(path, opts)?)),
+        #[cfg(feature = "spdk")]
+        Backend::Spdk => open_spdk(path, opts),
         Backend::File => Ok(Arc::new(file::FileDevice::open(path, opts)?)),
         Backend::Auto => match uring::UringDevice::open(path, opts) {
             Ok(dev) => Ok(Arc::new(dev)),
@@ -310,4 +348,22 @@ pub fn open_device(path: &Path, opts: &DeviceOptions) -> Result<Arc<dyn Device>>
             Err(e) => Err(e),
         },
     }
+}
+
+/// Opens the SPDK bdev a `bdev:NAME` path names.
+#[cfg(feature = "spdk")]
+fn open_spdk(path: &Path, opts: &DeviceOptions) -> Result<Arc<dyn Device>> {
+    let name = spdk::bdev_name(path).ok_or_else(|| {
+        StorageError::Spdk(format!(
+            "the spdk backend opens SPDK bdevs, named bdev:NAME, not {}; create the \
+             data dir with --device bdev:NAME",
+            path.display()
+        ))
+    })?;
+    let spdk_opts = opts.spdk.as_ref().ok_or_else(|| {
+        StorageError::Spdk(format!(
+            "bdev {name}: no SPDK bdev config given (--spdk-config FILE)"
+        ))
+    })?;
+    Ok(Arc::new(spdk::SpdkDevice::open(name, spdk_opts, opts)?))
 }
