@@ -19,7 +19,8 @@ pub struct Cli {
         default_value = "./sluice-data"
     )]
     pub data_dir: PathBuf,
-    /// Device backend: auto (io_uring, else file), uring or file.
+    /// Device backend: auto (io_uring, else file), uring, file, or spdk
+    /// (an SPDK bdev named by --device bdev:NAME; built with `--features spdk`).
     #[arg(
         long,
         global = true,
@@ -52,9 +53,51 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub token: Vec<String>,
+    /// How to start SPDK for `--device-backend spdk`.
+    #[cfg(feature = "spdk")]
+    #[command(flatten)]
+    pub spdk: SpdkFlags,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// SPDK's start-up options (built with the `spdk` feature).
+#[cfg(feature = "spdk")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpdkFlags {
+    /// SPDK bdev config in SPDK's JSON format (as `spdk_tgt --json` reads):
+    /// NVMe over PCIe, AIO, io_uring or malloc bdevs.
+    #[arg(long, global = true, env = "SLUICE_SPDK_CONFIG")]
+    pub spdk_config: Option<PathBuf>,
+    /// Memory for SPDK's DMA buffers and pools, e.g. 2GiB (hugepages unless
+    /// --spdk-no-huge).
+    #[arg(long, global = true, env = "SLUICE_SPDK_MEM", default_value = "1GiB", value_parser = parse_size)]
+    pub spdk_mem: u64,
+    /// Run SPDK without hugepages (file-backed and malloc bdevs only).
+    #[arg(long, global = true, env = "SLUICE_SPDK_NO_HUGE")]
+    pub spdk_no_huge: bool,
+    /// CPU mask of the core the SPDK thread polls on, e.g. 0x4.
+    #[arg(long, global = true, env = "SLUICE_SPDK_CORE_MASK")]
+    pub spdk_core_mask: Option<String>,
+    /// A hugetlbfs mount other than the default.
+    #[arg(long, global = true, env = "SLUICE_SPDK_HUGEDIR")]
+    pub spdk_hugedir: Option<PathBuf>,
+}
+
+#[cfg(feature = "spdk")]
+impl SpdkFlags {
+    /// SPDK's options, when a config is given.
+    pub fn options(&self) -> Option<sluice_storage::device::spdk::SpdkOptions> {
+        let config = self.spdk_config.clone()?;
+        Some(sluice_storage::device::spdk::SpdkOptions {
+            mem_size_mb: u32::try_from(self.spdk_mem >> 20).unwrap_or(u32::MAX),
+            no_huge: self.spdk_no_huge,
+            core_mask: self.spdk_core_mask.clone(),
+            hugedir: self.spdk_hugedir.clone(),
+            ..sluice_storage::device::spdk::SpdkOptions::new(config)
+        })
+    }
 }
 
 /// Output format of `datasets` and `info`.

@@ -65,7 +65,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let result = runtime.block_on(commands::run(cli));
+    // The command's stores are closed by now: stop SPDK cleanly if it ran.
+    // Something still holding a DMA buffer makes it refuse, and the exit
+    // hook parks the SPDK thread instead.
+    #[cfg(feature = "spdk")]
+    if let Err(e) = sluice_storage::device::spdk::shutdown() {
+        tracing::debug!("{e}");
+    }
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));

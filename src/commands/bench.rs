@@ -97,6 +97,28 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Raw reads through the device backend (`--device`, read only): IOPS
+    /// and MiB/s, to compare backends and SPDK's bdevperf on one device.
+    Device {
+        /// Random or sequential reads.
+        #[arg(long, value_enum, default_value = "randread")]
+        pattern: super::bench_device::Pattern,
+        /// Size of each read.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        io_size: u64,
+        /// Reads in flight.
+        #[arg(long, default_value_t = 32)]
+        depth: usize,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Write results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Metadata path at scale: ingest many small objects, count, filter.
     Catalog {
         /// Number of objects.
@@ -121,6 +143,27 @@ pub(super) fn warn_if_debug(what: &str) {
 
 pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
     warn_if_debug("sluice bench");
+    if let BenchCommand::Device {
+        pattern,
+        io_size,
+        depth,
+        seconds,
+        runs,
+        json,
+    } = which
+    {
+        // No data dir: the device itself, read only.
+        return super::bench_device::run(
+            cli,
+            *pattern,
+            *io_size,
+            *depth,
+            *seconds,
+            *runs,
+            json.as_deref(),
+        )
+        .await;
+    }
     // Benchmarks use their own data dir beside the configured one, so they
     // never touch real datasets; it is removed afterwards.
     let dir = cli.data_dir.with_file_name(format!(
@@ -178,6 +221,7 @@ pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
             runs,
             json,
         } => super::bench_udf::run(dir, sql, *runs, json.as_deref()).await,
+        BenchCommand::Device { .. } => unreachable!("run before the bench data dir is made"),
     }
 }
 

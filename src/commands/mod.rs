@@ -1,6 +1,7 @@
 //! One file per command; [`run`] dispatches.
 
 pub mod bench;
+mod bench_device;
 mod bench_epoch;
 mod bench_udf;
 mod checkpoints;
@@ -29,6 +30,8 @@ pub fn store_options(cli: &Cli) -> StoreOptions {
         device_path: cli.device.clone(),
         device_size: cli.device_size,
         chunk_size: cli.chunk_size,
+        #[cfg(feature = "spdk")]
+        spdk: cli.spdk.options(),
         ..StoreOptions::new(&cli.data_dir)
     }
 }
