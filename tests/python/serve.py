@@ -18,12 +18,12 @@ def serve_env(d, **extra):
     return env
 
 
-def start_serve(d, env, args=()):
-    """`sluice serve` with `d` as its ingest root (and `args`): (process,
-    REST URL)."""
+def start_serve(d, env, args=(), bin=SLUICE):
+    """`sluice serve` (the binary `bin`) with `d` as its ingest root (and
+    `args`): (process, REST URL)."""
     log = open(os.path.join(d, "serve.log"), "a")
     proc = subprocess.Popen(
-        [SLUICE, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d,
+        [bin, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0", "--ingest-root", d,
          *args],
         env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     log.close()
