@@ -230,15 +230,13 @@ pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
             ),
         }
     };
+    if rc == 0 {
+        open.in_flight.set(open.in_flight.get() + 1);
+        io_started();
+        return;
+    }
     // SAFETY: SPDK did not take `raw` (rc != 0), so it is still ours.
-    let ctx = match rc {
-        0 => {
-            open.in_flight.set(open.in_flight.get() + 1);
-            io_started();
-            return;
-        }
-        _ => unsafe { Box::from_raw(raw) },
-    };
+    let ctx = unsafe { Box::from_raw(raw) };
     if rc == -libc::ENOMEM {
         reactor.retry_later(Box::new(move |reactor| submit(ctx, reactor)));
     } else {
