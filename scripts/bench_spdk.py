@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def run_bdevperf(args, config, bdev, workload, seconds, runs, no_huge):
     rates = []
     for _ in range(runs):
         cmd = [exe, "--json", config, "-T", bdev, "-m", "0x1", "-s", str(args.mem_mib),
-               "-q", str(depth), "-o", str(io_size), "-w", pattern, "-t", str(seconds)]
+               "-q", str(depth), "-o", str(io_size), "-w", pattern, "-t", str(round(seconds))]
         if no_huge:
             cmd.append("--no-huge")
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -97,7 +98,7 @@ def main():
     p.add_argument("--spdk-dir", default=os.environ.get("SPDK_DIR"),
                    help="SPDK build tree (default: $SPDK_DIR)")
     p.add_argument("--size", type=int, default=1024, help="file size in MiB")
-    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--mem-mib", type=int, default=1024, help="SPDK memory (MiB)")
     p.add_argument("--work", default=None, help="directory for the file (default: a temp dir)")
@@ -153,7 +154,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"no_huge": no_huge, "results": results}, f, indent=2)
-    os.remove(data)
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":

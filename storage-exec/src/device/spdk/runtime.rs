@@ -14,6 +14,9 @@
 //! is reaped by polling, not by interrupts); when nothing is in flight it
 //! sleeps on the channel for at most [`IDLE_POLL`], so timed pollers (NVMe
 //! admin queues, hot-plug) still run and an idle server costs no core.
+//! (Spinning on after the last completion, to spare the futex wake of the
+//! next request, was measured: on two cores it took the core tokio's
+//! workers needed and lost 5 to 25%.)
 //!
 //! One environment per process: DPDK cannot be initialised twice. The
 //! first SPDK device opened starts it with its options; later devices must
