@@ -111,6 +111,13 @@ def main():
     data = os.path.join(work, "bdev.img")
     print(f"writing {args.size} MiB to {data} ...", file=sys.stderr)
     write_file(data, args.size << 20)
+    # Let writeback finish before anything is timed (all reads are O_DIRECT).
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    except OSError:
+        pass
     config = os.path.join(work, "bdevs.json")
     bdev_config(config, [
         {"method": "bdev_aio_create",
