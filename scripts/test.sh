@@ -18,9 +18,6 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 cargo fmt --manifest-path tests/fuzz/Cargo.toml -- --check
-# spdk-sys is outside the workspace (it needs SPDK to build); rustfmt alone
-# needs nothing of it.
-rustfmt --edition 2024 --check spdk-sys/build.rs spdk-sys/src/lib.rs
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build"

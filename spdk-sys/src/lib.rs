@@ -14,9 +14,13 @@
 //! Everything here is `unsafe` and follows SPDK's threading rules: most bdev
 //! calls must be made on the SPDK thread that opened the descriptor. The
 //! safe wrapper is `sluice_storage::device::spdk`.
+//!
+//! Without the `link` feature the crate is empty and needs no SPDK: it is a
+//! workspace member, and `cargo build --workspace` builds it so.
 
 /// The generated bindings. SPDK's C names are kept, so the naming lints are
 /// off here and only here.
+#[cfg(feature = "link")]
 #[allow(
     non_camel_case_types,
     non_upper_case_globals,
@@ -31,9 +35,11 @@ mod bindings {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
+#[cfg(feature = "link")]
 pub use bindings::*;
 
 /// The SPDK version the bindings were generated from ("26.05", "26.09-pre").
+#[cfg(feature = "link")]
 pub fn version() -> String {
     let suffix = std::ffi::CStr::from_bytes_until_nul(SPDK_VERSION_SUFFIX)
         .map(|s| s.to_string_lossy().into_owned())
