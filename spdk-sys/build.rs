@@ -79,35 +79,26 @@ mod spdk {
             String::from_utf8_lossy(&out.stdout).trim().to_owned()
         };
 
-        if Command::new("pkg-config")
-            .envs(
-                pkg_config_path
-                    .as_ref()
-                    .map(|p| ("PKG_CONFIG_PATH", join_path(p))),
-            )
-            .args(["--exists", "spdk_bdev"])
-            .status()
-            .map_or(true, |s| !s.success())
-        {
+        let exists = |package: &str| {
+            let mut cmd = Command::new("pkg-config");
+            if let Some(path) = &pkg_config_path {
+                cmd.env("PKG_CONFIG_PATH", join_path(path));
+            }
+            cmd.args(["--exists", package])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !exists("spdk_bdev") {
             fail(
                 "SPDK not found: set SPDK_DIR to an SPDK build tree or install prefix \
-             (one with lib/pkgconfig/spdk_bdev.pc), or add SPDK's pkgconfig \
-             directory to PKG_CONFIG_PATH",
+                 (one with lib/pkgconfig/spdk_bdev.pc), or add SPDK's pkgconfig \
+                 directory to PKG_CONFIG_PATH",
             );
         }
         let mut packages: Vec<&str> = PACKAGES.to_vec();
         // `spdk_syslibs` lists the system libraries of a static build (ssl,
         // uuid, aio, uring, numa, isa-l, ...).
-        let has_syslibs = Command::new("pkg-config")
-            .envs(
-                pkg_config_path
-                    .as_ref()
-                    .map(|p| ("PKG_CONFIG_PATH", join_path(p))),
-            )
-            .args(["--exists", "spdk_syslibs"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if has_syslibs {
+        if exists("spdk_syslibs") {
             packages.push("spdk_syslibs");
         }
 

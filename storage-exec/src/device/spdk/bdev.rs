@@ -196,24 +196,23 @@ pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
             .as_mut()
             .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr().cast::<c_void>());
         match op {
-            Op::Read => spdk_sys::spdk_bdev_read(
-                open.desc,
-                open.channel,
-                buf,
-                offset,
-                len,
-                Some(io_done),
-                raw.cast(),
-            ),
-            Op::Write => spdk_sys::spdk_bdev_write(
-                open.desc,
-                open.channel,
-                buf,
-                offset,
-                len,
-                Some(io_done),
-                raw.cast(),
-            ),
+            Op::Read | Op::Write => {
+                // Same signature: (desc, channel, buf, offset, nbytes, cb, arg).
+                let transfer = if op == Op::Read {
+                    spdk_sys::spdk_bdev_read
+                } else {
+                    spdk_sys::spdk_bdev_write
+                };
+                transfer(
+                    open.desc,
+                    open.channel,
+                    buf,
+                    offset,
+                    len,
+                    Some(io_done),
+                    raw.cast(),
+                )
+            }
             Op::Flush if !open.flush_supported => {
                 // Nothing to make durable (a malloc bdev lives in RAM).
                 let ctx = Box::from_raw(raw);

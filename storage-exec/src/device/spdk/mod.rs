@@ -209,6 +209,24 @@ impl SpdkDevice {
     }
 }
 
+impl SpdkDevice {
+    /// A checked read or write of the whole buffer, counted.
+    async fn transfer(&self, op: Op, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
+        let len = buf.len();
+        self.geometry.check(offset, len)?;
+        let buf = self
+            .request(op, offset, len as u64, Some(buf))
+            .await?
+            .expect("a read or write hands its buffer back");
+        if op == Op::Read {
+            self.stats.record_read(len);
+        } else {
+            self.stats.record_write(len);
+        }
+        Ok(buf)
+    }
+}
+
 impl Drop for SpdkDevice {
     fn drop(&mut self) {
         let bdev = self.bdev;
@@ -227,25 +245,11 @@ impl Drop for SpdkDevice {
 #[async_trait]
 impl Device for SpdkDevice {
     async fn read_at(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
-        let len = buf.len();
-        self.geometry.check(offset, len)?;
-        let buf = self
-            .request(Op::Read, offset, len as u64, Some(buf))
-            .await?
-            .expect("a read hands its buffer back");
-        self.stats.record_read(len);
-        Ok(buf)
+        self.transfer(Op::Read, offset, buf).await
     }
 
     async fn write_at(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf> {
-        let len = buf.len();
-        self.geometry.check(offset, len)?;
-        let buf = self
-            .request(Op::Write, offset, len as u64, Some(buf))
-            .await?
-            .expect("a write hands its buffer back");
-        self.stats.record_write(len);
-        Ok(buf)
+        self.transfer(Op::Write, offset, buf).await
     }
 
     async fn flush(&self) -> Result<()> {
