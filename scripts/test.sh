@@ -31,6 +31,9 @@ bench_dir="$demo_dir/bench"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench scan --bytes 64MiB --runs 1
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench random --bytes 64MiB --reads 500 --runs 1
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench catalog --samples 20000
+truncate -s 64M "$demo_dir/bench-device.img"
+"$CARGO_TARGET_DIR/debug/sluice" --device-backend uring --device "$demo_dir/bench-device.img" \
+  bench device --seconds 1 --runs 1
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" bench epoch --samples 2000,20000
 "$VENV/bin/python" scripts/bench_udfs.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --small 20 --large 2 --clips 2 --runs 1
@@ -61,6 +64,9 @@ if [[ -n "${SPDK_DIR:-}" ]]; then
   cargo build -p sluice --features spdk
   SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" SLUICE_SPDK_BIN="$CARGO_TARGET_DIR/debug/sluice" \
     "$VENV/bin/python" -m pytest -q -rs tests/python/test_spdk.py
+  # The comparison with bdevperf, small (figures on a debug build mean nothing).
+  "$VENV/bin/python" scripts/bench_spdk.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+    --size 64 --seconds 1 --runs 1 --work "$demo_dir"
 else
   echo "SKIP: SPDK backend tests (storage-exec/tests/spdk.rs, tests/python/test_spdk.py):" \
     "SPDK_DIR is not set. They need an SPDK build tree or install prefix;" \
