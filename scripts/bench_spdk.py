@@ -13,8 +13,10 @@ Configurations, each for every workload:
   sluice spdk malloc a malloc bdev (RAM: the software path's own limit)
   bdevperf malloc    the same malloc bdev
 
-Both SPDK programs poll on one core (core 0); sluice's tokio workers use
-the rest. Runs are repeated and medians reported; the ratio column is
+Both SPDK programs poll on one core (core 0); sluice moves its other
+threads (tokio's workers) off that core. The file is read once, untimed, before anything is measured;
+runs of the configurations interleave in a rotating order, and medians are
+reported; the ratio column is
 sluice's SPDK device over bdevperf on the same bdev (the goal: >= 0.90).
 
   python scripts/bench_spdk.py --sluice target-release/release/sluice \\
@@ -56,40 +58,39 @@ def bdev_config(path, bdevs):
         json.dump({"subsystems": [{"subsystem": "bdev", "config": bdevs}]}, f)
 
 
-def run_sluice(args, env_extra, device, backend, workload, seconds, runs):
+def run_sluice(args, env_extra, device, backend, workload, seconds):
+    """One timed run (after the command's own warm-up second): IOPS."""
     io_size, depth, pattern = workload
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [args.sluice, "--device-backend", backend, "--device", device,
                "bench", "device", "--pattern", pattern, "--io-size", str(io_size),
-               "--depth", str(depth), "--seconds", str(seconds), "--runs", str(runs),
+               "--depth", str(depth), "--seconds", str(seconds), "--runs", "1",
                "--json", out.name]
         env = dict(os.environ, **env_extra)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
         report = json.load(open(out.name))
-    return report["iops"], report["runs"]
+    return report["iops"]
 
 
-def run_bdevperf(args, config, bdev, workload, seconds, runs, no_huge):
+def run_bdevperf(args, config, bdev, workload, seconds, no_huge):
+    """One timed run of SPDK's bdevperf: IOPS."""
     io_size, depth, pattern = workload
     exe = os.path.join(args.spdk_dir, "build", "examples", "bdevperf")
     lib_dirs = [os.path.join(args.spdk_dir, "build", "lib"),
                 os.path.join(args.spdk_dir, "isa-l", ".libs")]
     env = dict(os.environ, LD_LIBRARY_PATH=":".join(
         [d for d in lib_dirs if os.path.isdir(d)] + [os.environ.get("LD_LIBRARY_PATH", "")]))
-    rates = []
-    for _ in range(runs):
-        cmd = [exe, "--json", config, "-T", bdev, "-m", "0x1", "-s", str(args.mem_mib),
-               "-q", str(depth), "-o", str(io_size), "-w", pattern, "-t", str(round(seconds))]
-        if no_huge:
-            cmd.append("--no-huge")
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        total = re.search(r"^\s*Total\s*:\s*([\d.]+)\s+([\d.]+)", r.stdout, re.M)
-        if r.returncode != 0 or not total:
-            sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-        rates.append(float(total.group(1)))
-    return statistics.median(rates), rates
+    cmd = [exe, "--json", config, "-T", bdev, "-m", "0x1", "-s", str(args.mem_mib),
+           "-q", str(depth), "-o", str(io_size), "-w", pattern, "-t", str(round(seconds))]
+    if no_huge:
+        cmd.append("--no-huge")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    total = re.search(r"^\s*Total\s*:\s*([\d.]+)\s+([\d.]+)", r.stdout, re.M)
+    if r.returncode != 0 or not total:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return float(total.group(1))
 
 
 def main():
@@ -118,6 +119,10 @@ def main():
             f.write("3")
     except OSError:
         pass
+    # One untimed O_DIRECT pass over the file: whatever caches sit below the
+    # guest (a VM host's) are then equally warm for every configuration.
+    subprocess.run(["dd", f"if={data}", "of=/dev/null", "bs=4M", "iflag=direct"],
+                   check=True, capture_output=True)
     config = os.path.join(work, "bdevs.json")
     bdev_config(config, [
         {"method": "bdev_aio_create",
@@ -139,16 +144,25 @@ def main():
     for wl in workloads:
         io_size, depth, pattern = wl
         name = f"{pattern} {io_size // 1024}KiB qd{depth}"
-        rows = {}
-        rows["sluice uring"] = run_sluice(args, {}, data, "uring", wl, args.seconds, args.runs)
-        rows["sluice spdk aio"] = run_sluice(args, spdk_env, "bdev:aio0", "spdk", wl,
-                                             args.seconds, args.runs)
-        rows["bdevperf aio"] = run_bdevperf(args, config, "aio0", wl, args.seconds, args.runs,
-                                            no_huge)
-        rows["sluice spdk malloc"] = run_sluice(args, spdk_env, "bdev:malloc0", "spdk", wl,
-                                                args.seconds, args.runs)
-        rows["bdevperf malloc"] = run_bdevperf(args, config, "malloc0", wl, args.seconds,
-                                               args.runs, no_huge)
+        confs = {
+            "sluice uring": lambda: run_sluice(args, {}, data, "uring", wl, args.seconds),
+            "sluice spdk aio": lambda: run_sluice(args, spdk_env, "bdev:aio0", "spdk", wl,
+                                                  args.seconds),
+            "bdevperf aio": lambda: run_bdevperf(args, config, "aio0", wl, args.seconds,
+                                                 no_huge),
+            "sluice spdk malloc": lambda: run_sluice(args, spdk_env, "bdev:malloc0", "spdk",
+                                                     wl, args.seconds),
+            "bdevperf malloc": lambda: run_bdevperf(args, config, "malloc0", wl, args.seconds,
+                                                    no_huge),
+        }
+        # Runs interleave, in an order that rotates, so drift in the
+        # machine's state favours no configuration.
+        names = list(confs)
+        samples = {n: [] for n in names}
+        for run in range(args.runs):
+            for n in names[run % len(names):] + names[:run % len(names)]:
+                samples[n].append(confs[n]())
+        rows = {n: (statistics.median(v), v) for n, v in samples.items()}
         for conf, (iops, runs) in rows.items():
             base = {"sluice spdk aio": "bdevperf aio",
                     "sluice spdk malloc": "bdevperf malloc"}.get(conf)
