@@ -331,3 +331,55 @@ fn a_file_path_is_refused_by_the_spdk_backend() {
     let err = sluice_storage::device::open_device(Path::new("/tmp/device.img"), &opts).unwrap_err();
     assert!(err.to_string().contains("bdev:NAME"), "{err}");
 }
+
+/// The CPUs thread `tid` may run on.
+fn affinity_of(tid: libc::pid_t) -> Vec<usize> {
+    // SAFETY: all-zero is the empty set; the kernel fills at most the size
+    // passed; `CPU_ISSET` reads bits below `CPU_SETSIZE`.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new(); // the thread ended
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spdk_thread_polls_on_a_core_no_other_thread_uses() {
+    let _device = device("malloc_conf");
+    let core = sluice_storage::device::spdk::core().expect("SPDK runs in this process");
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if online < 2 {
+        eprintln!("SKIP: one CPU online; the SPDK thread must share it");
+        assert!(!core.dedicated);
+        return;
+    }
+    assert!(core.dedicated, "{core:?}");
+    assert!(!core.spdk_cpus.is_empty());
+    let mut spdk_threads = 0;
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        let entry = entry.unwrap();
+        let tid: libc::pid_t = entry.file_name().to_str().unwrap().parse().unwrap();
+        let name = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let cpus = affinity_of(tid);
+        if name.trim() == "sluice-spdk" {
+            spdk_threads += 1;
+            assert_eq!(cpus, core.spdk_cpus);
+        } else {
+            assert!(
+                cpus.iter().all(|c| !core.spdk_cpus.contains(c)),
+                "thread {tid} ({}) may run on {cpus:?}, SPDK polls on {:?}",
+                name.trim(),
+                core.spdk_cpus
+            );
+        }
+    }
+    assert_eq!(spdk_threads, 1);
+    // Threads made from now on stay off it too (they inherit the mask).
+    let cpus = std::thread::spawn(|| affinity_of(0)).join().unwrap();
+    assert!(cpus.iter().all(|c| !core.spdk_cpus.contains(c)), "{cpus:?}");
+}

@@ -22,9 +22,11 @@
 //! - [`spdk`] (cargo feature `spdk`): an SPDK bdev, polled in user space by
 //!   a thread of its own; its pool uses SPDK's DMA allocator and its
 //!   completions are sent back through a oneshot channel, exactly as the
-//!   io_uring thread does.
+//!   io_uring thread does; [`affinity`] keeps that thread's core for it.
 
+pub mod affinity;
 pub mod conformance;
+mod doorbell;
 pub mod file;
 #[cfg(feature = "spdk")]
 pub mod spdk;

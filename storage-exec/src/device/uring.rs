@@ -7,7 +7,11 @@
 //! sending each buffer back through its oneshot. The thread blocks on the
 //! channel only when nothing is in flight, and on the ring otherwise, so a
 //! burst of requests costs one `io_uring_enter` per batch rather than one
-//! syscall per request.
+//! syscall per request. While it sleeps on the ring, a poll on a
+//! [`Doorbell`] is armed in the ring too: a request sent meanwhile wakes it
+//! at once instead of waiting for the next completion, so the device keeps
+//! the asked-for depth in flight (without it, 1 MiB reads at depth 4 ran at
+//! half the rate of SPDK's AIO bdev on the same file).
 //!
 //! The device file is registered with the ring (`types::Fixed(0)`), and so
 //! are the pool's fixed buffers: a request whose buffer is one of them uses
@@ -30,12 +34,16 @@ use async_trait::async_trait;
 use io_uring::{IoUring, opcode, types};
 use tokio::sync::oneshot;
 
+use super::doorbell::Doorbell;
 use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters, sync_data};
 use crate::buffer::{AlignedBuf, BufferPool, PageAllocator};
 use crate::error::{Result, StorageError};
 
 /// Largest transfer one SQE describes; bigger requests continue in pieces.
 const MAX_SQE_BYTES: usize = 1 << 30;
+
+/// `user_data` of the doorbell's poll (requests carry their slot index).
+const DOORBELL: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -65,6 +73,7 @@ pub struct UringDevice {
     fixed_buffers: bool,
     stats: Arc<DeviceStats>,
     tx: Option<mpsc::Sender<Request>>,
+    doorbell: Arc<Doorbell>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -127,6 +136,9 @@ impl UringDevice {
         };
 
         let (tx, rx) = mpsc::channel();
+        let doorbell =
+            Arc::new(Doorbell::new().map_err(|e| StorageError::io("create eventfd for", path, e))?);
+        let thread_bell = Arc::clone(&doorbell);
         let stats = Arc::new(DeviceStats::default());
         let thread_stats = Arc::clone(&stats);
         let thread_pool = Arc::clone(&pool);
@@ -138,7 +150,7 @@ impl UringDevice {
                     .unwrap_or_default()
             ))
             .spawn(move || {
-                ring_loop(ring, rx, depth, fixed_buffers, &thread_stats);
+                ring_loop(ring, rx, depth, fixed_buffers, &thread_stats, &thread_bell);
                 drop(thread_pool);
             })
             .map_err(|e| StorageError::io("start io_uring thread for", path, e))?;
@@ -151,6 +163,7 @@ impl UringDevice {
             fixed_buffers,
             stats,
             tx: Some(tx),
+            doorbell,
             thread: Some(thread),
         })
     }
@@ -169,6 +182,7 @@ impl UringDevice {
             reply,
         })
         .map_err(|_| closed(&self.geometry.path))?;
+        self.doorbell.ring();
         let (res, buf) = rx.await.map_err(|_| closed(&self.geometry.path))?;
         let op = match kind {
             Kind::Read => "read",
@@ -217,23 +231,82 @@ fn entry_for(slot: usize, f: &mut InFlight, fixed_buffers: bool) -> io_uring::sq
     entry.user_data(slot as u64)
 }
 
+/// The ring thread's requests: a slot per request in flight.
+struct Slots {
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    /// Short transfers whose rest is still to be submitted.
+    resubmit: VecDeque<usize>,
+    in_flight: usize,
+}
+
+impl Slots {
+    fn new(depth: usize) -> Self {
+        Self {
+            slots: (0..depth).map(|_| None).collect(),
+            free: (0..depth).rev().collect(),
+            resubmit: VecDeque::new(),
+            in_flight: 0,
+        }
+    }
+
+    /// Puts `req` in a free slot and queues its entry (the caller checked
+    /// that a slot is free).
+    fn admit(&mut self, ring: &mut IoUring, req: Request, fixed_buffers: bool) {
+        let slot = self.free.pop().unwrap_or_default();
+        let f = self.slots[slot].insert(InFlight { req, done: 0 });
+        let entry = entry_for(slot, f, fixed_buffers);
+        // SAFETY: the buffer is owned by `slots[slot]` until the completion
+        // for `slot` is reaped.
+        if unsafe { ring.submission().push(&entry) }.is_err() {
+            self.resubmit.push_back(slot);
+        }
+        self.in_flight += 1;
+    }
+}
+
+/// Admits requests from `rx` while slots are free: blocking for the first
+/// one when `may_block` and nothing is in flight, else only those already
+/// sent. Returns false once every sender is gone.
+fn take_requests(
+    rx: &mpsc::Receiver<Request>,
+    q: &mut Slots,
+    ring: &mut IoUring,
+    fixed_buffers: bool,
+    may_block: bool,
+) -> bool {
+    while !q.free.is_empty() {
+        let next = if may_block && q.in_flight == 0 && q.resubmit.is_empty() {
+            rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
+        } else {
+            rx.try_recv()
+        };
+        match next {
+            Ok(req) => q.admit(ring, req, fixed_buffers),
+            Err(mpsc::TryRecvError::Empty) => break,
+            Err(mpsc::TryRecvError::Disconnected) => return false,
+        }
+    }
+    true
+}
+
 fn ring_loop(
     mut ring: IoUring,
     rx: mpsc::Receiver<Request>,
     depth: usize,
     fixed_buffers: bool,
     stats: &DeviceStats,
+    bell: &Doorbell,
 ) {
-    let mut slots: Vec<Option<InFlight>> = (0..depth).map(|_| None).collect();
-    let mut free: Vec<usize> = (0..depth).rev().collect();
-    let mut resubmit: VecDeque<usize> = VecDeque::new();
-    let mut in_flight = 0usize;
+    let mut q = Slots::new(depth);
     let mut open = true;
+    // Whether the doorbell's poll is in the ring.
+    let mut armed = false;
 
     loop {
         // Continuations of short transfers first, then new requests.
-        while let Some(slot) = resubmit.pop_front() {
-            let Some(f) = slots[slot].as_mut() else {
+        while let Some(slot) = q.resubmit.pop_front() {
+            let Some(f) = q.slots[slot].as_mut() else {
                 continue;
             };
             let entry = entry_for(slot, f, fixed_buffers);
@@ -241,47 +314,45 @@ fn ring_loop(
             // its completion is reaped below; the queue has room because at
             // most `depth` entries (the ring's size) are ever outstanding.
             if unsafe { ring.submission().push(&entry) }.is_err() {
-                resubmit.push_front(slot);
+                q.resubmit.push_front(slot);
                 break;
             }
         }
-        while open && !free.is_empty() {
-            // Block for work only when nothing is in flight.
-            let next = if in_flight == 0 && resubmit.is_empty() {
-                rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
-            } else {
-                rx.try_recv()
-            };
-            let req = match next {
-                Ok(req) => req,
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    open = false;
-                    break;
-                }
-            };
-            let slot = free.pop().unwrap_or_default();
-            let f = slots[slot].insert(InFlight { req, done: 0 });
-            let entry = entry_for(slot, f, fixed_buffers);
-            // SAFETY: as above — the buffer is owned by `slots[slot]` until
-            // the completion for `slot` is reaped.
-            if unsafe { ring.submission().push(&entry) }.is_err() {
-                resubmit.push_back(slot);
-            }
-            in_flight += 1;
+        if open {
+            open = take_requests(&rx, &mut q, &mut ring, fixed_buffers, true);
         }
-        if in_flight == 0 {
+        if q.in_flight == 0 {
             if open {
                 continue;
             }
             return;
         }
-        if let Err(e) = ring.submit_and_wait(1) {
+        // About to sleep until a completion: if a slot is free, let a new
+        // request wake the thread too.
+        if open && !q.free.is_empty() {
+            if !armed {
+                let poll = opcode::PollAdd::new(types::Fd(bell.fd()), libc::POLLIN as u32)
+                    .build()
+                    .user_data(DOORBELL);
+                // SAFETY: the poll names the doorbell's eventfd, which this
+                // thread holds (through the device's Arc) until the ring is
+                // dropped, cancelling the poll.
+                armed = unsafe { ring.submission().push(&poll) }.is_ok();
+            }
+            if armed {
+                bell.sleeping();
+                // A request sent before that found nobody asleep: take it.
+                open = take_requests(&rx, &mut q, &mut ring, fixed_buffers, false);
+            }
+        }
+        let waited = ring.submit_and_wait(1);
+        bell.awake();
+        if let Err(e) = waited {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
             // The ring itself failed: fail everything in flight and stop.
-            for slot in slots.iter_mut() {
+            for slot in q.slots.iter_mut() {
                 if let Some(f) = slot.take() {
                     let err = std::io::Error::new(e.kind(), format!("io_uring_enter: {e}"));
                     let _ = f.req.reply.send((Err(err), f.req.buf));
@@ -290,8 +361,13 @@ fn ring_loop(
             return;
         }
         for cqe in ring.completion() {
+            if cqe.user_data() == DOORBELL {
+                armed = false;
+                bell.clear();
+                continue;
+            }
             let (slot, res) = (cqe.user_data() as usize, cqe.result());
-            let Some(f) = slots[slot].as_mut() else {
+            let Some(f) = q.slots[slot].as_mut() else {
                 continue;
             };
             let outcome = if res < 0 {
@@ -310,9 +386,9 @@ fn ring_loop(
                 (f.done >= f.req.buf.len()).then_some(Ok(()))
             };
             match outcome {
-                None => resubmit.push_back(slot),
+                None => q.resubmit.push_back(slot),
                 Some(result) => {
-                    if let Some(f) = slots[slot].take() {
+                    if let Some(f) = q.slots[slot].take() {
                         if result.is_ok() {
                             match f.req.kind {
                                 Kind::Read => stats.record_read(f.done),
@@ -321,8 +397,8 @@ fn ring_loop(
                         }
                         let _ = f.req.reply.send((result, f.req.buf));
                     }
-                    free.push(slot);
-                    in_flight -= 1;
+                    q.free.push(slot);
+                    q.in_flight -= 1;
                 }
             }
         }
@@ -405,5 +481,52 @@ mod tests {
             }
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A read sent while the ring thread sleeps waiting for another one's
+    /// completion is submitted at once (the doorbell), not after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_sent_while_the_ring_waits_is_not_held_back() {
+        const BIG: usize = 128 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev.img");
+        // Written for real, so the big read goes to the disk (reads of
+        // unwritten extents are only zero-filled by the kernel).
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&path).unwrap();
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..(BIG >> 20) + 1 {
+                f.write_all(&chunk).unwrap();
+            }
+            f.sync_all().unwrap();
+        }
+        let dev = match UringDevice::open(&path, &DeviceOptions::default()) {
+            Ok(dev) => Arc::new(dev),
+            Err(e @ StorageError::DirectIoUnsupported { .. }) => {
+                eprintln!("SKIPPED: {e} (the temp dir's filesystem refuses O_DIRECT)");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let big_buf = dev.pool.get(BIG).unwrap();
+        let small_buf = dev.pool.get(4096).unwrap();
+        let big = {
+            let dev = Arc::clone(&dev);
+            tokio::spawn(async move { dev.read_at(0, big_buf).await.map(drop) })
+        };
+        // Let the ring thread submit the big read and go to sleep on it.
+        tokio::time::sleep(std::time::Duration::from_micros(500)).await;
+        if big.is_finished() {
+            eprintln!("SKIPPED: a {BIG}-byte read finished in 0.5 ms; nothing to overtake");
+            return;
+        }
+        let small = dev.read_at(BIG as u64, small_buf).await.unwrap();
+        assert_eq!(small.as_slice()[..4], [7, 7, 7, 7]);
+        assert!(
+            !big.is_finished(),
+            "the small read completed only after the big one: it waited in the channel"
+        );
+        big.await.unwrap().unwrap();
     }
 }

@@ -54,7 +54,7 @@ pub(super) struct Opened {
 pub(super) struct BdevPtr(pub *mut OpenBdev);
 
 // SAFETY: the pointer is only dereferenced on the SPDK thread (every use is
-// inside a `Job`); other threads only carry it.
+// in a request or a job that thread runs); other threads only carry it.
 unsafe impl Send for BdevPtr {}
 // SAFETY: as for `Send`: sharing a `&BdevPtr` only lets other threads copy
 // the address, never dereference it.
@@ -237,7 +237,7 @@ pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
     // SAFETY: SPDK did not take `raw` (rc != 0), so it is still ours.
     let ctx = unsafe { Box::from_raw(raw) };
     if rc == -libc::ENOMEM {
-        reactor.retry_later(Box::new(move |reactor| submit(ctx, reactor)));
+        reactor.retry_later(ctx);
     } else {
         let IoCtx { buf, reply, .. } = *ctx;
         let _ = reply.send((Err(-rc), buf));

@@ -3,8 +3,8 @@
 //! arrays. Built only with the `spdk` cargo feature.
 //!
 //! ```text
-//!  tokio task ──Job──► sluice-spdk thread ──spdk_bdev_read──► bdev module
-//!      ▲                (polls SPDK)                          (NVMe/PCIe, AIO,
+//!  tokio task ──Msg::Io──► sluice-spdk thread ──spdk_bdev_read──► bdev module
+//!      ▲                (polls SPDK on a core of its own)      (NVMe/PCIe, AIO,
 //!      └──oneshot(AlignedBuf in DMA memory)◄──io_done─────────  io_uring, malloc)
 //! ```
 //!
@@ -36,7 +36,7 @@ use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters
 use crate::buffer::{AlignedBuf, BufferPool, PoolOptions};
 use crate::error::{Result, StorageError};
 
-pub use runtime::{BdevInfo, bdevs, shutdown};
+pub use runtime::{BdevInfo, bdevs, core, shutdown};
 
 /// The SPDK version sluice was built against ("26.05").
 pub fn version() -> String {
@@ -184,8 +184,7 @@ impl SpdkDevice {
             buf,
             reply: tx,
         });
-        self.runtime
-            .submit(Box::new(move |reactor| bdev::submit(ctx, reactor)))?;
+        self.runtime.submit_io(ctx)?;
         let what = match op {
             Op::Read => "read",
             Op::Write => "write",

@@ -6,17 +6,24 @@
 //! `spdk_thread`, loads the bdev configuration in SPDK's JSON format the way
 //! `spdk_tgt --json` does (startup RPCs, subsystem init, runtime RPCs), and
 //! then polls. Everything that touches a bdev runs on this thread: callers
-//! send it closures ([`Job`]) over a channel, and it answers I/O through
-//! oneshot channels, as the io_uring thread does.
+//! send it [`Msg`]s over a channel — a request ([`IoCtx`], one allocation,
+//! no closure) or a closure ([`Job`]) for set-up and tear-down — and it
+//! answers I/O through oneshot channels, as the io_uring thread does.
+//!
+//! The core: DPDK pins this thread to the core of `--spdk-core-mask`, and
+//! once SPDK is up the thread takes that core out of every other thread's
+//! affinity ([`affinity::isolate`]), as SPDK's own applications dedicate a
+//! core to each reactor.
 //!
 //! Polling: while any I/O is in flight the thread spins on
 //! `spdk_thread_poll` (SPDK's model; an NVMe queue pair or an AIO context
-//! is reaped by polling, not by interrupts); when nothing is in flight it
-//! sleeps on the channel for at most [`IDLE_POLL`], so timed pollers (NVMe
-//! admin queues, hot-plug) still run and an idle server costs no core.
-//! (Spinning on after the last completion, to spare the futex wake of the
-//! next request, was measured: on two cores it took the core tokio's
-//! workers needed and lost 5 to 25%.)
+//! is reaped by polling, not by interrupts). On a dedicated core it goes on
+//! polling for [`LINGER`] after the last completion, so that a steady
+//! stream of requests never pays a futex wake to rouse it; then, and at
+//! once on a shared core (where spinning would take the core from the
+//! threads that submit, measured 5 to 25% slower on two cores), it sleeps
+//! on the channel for at most [`IDLE_POLL`] at a time, so timed pollers
+//! (NVMe admin queues, hot-plug) still run and an idle server costs no core.
 //!
 //! One environment per process: DPDK cannot be initialised twice. The
 //! first SPDK device opened starts it with its options; later devices must
@@ -30,16 +37,32 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::SpdkOptions;
+use super::bdev::{self, IoCtx};
+use crate::device::affinity::{self, Isolation};
 use crate::error::{Result, StorageError};
 
 /// Longest sleep of an idle SPDK thread before it polls again.
 const IDLE_POLL: Duration = Duration::from_millis(1);
 
-/// Work for the SPDK thread.
+/// How long the SPDK thread goes on polling after its last piece of work
+/// before it sleeps, when its core is its own.
+const LINGER: Duration = Duration::from_millis(1);
+
+/// Set-up or tear-down work for the SPDK thread.
 pub(super) type Job = Box<dyn FnOnce(&mut Reactor) + Send>;
+
+/// What other threads send the SPDK thread.
+pub(super) enum Msg {
+    /// A read, write or flush to submit.
+    Io(Box<IoCtx>),
+    /// A closure to run on the thread (opening and closing bdevs).
+    Call(Job),
+    /// Finish SPDK and end the thread (sent by [`shutdown`]).
+    Stop,
+}
 
 /// A bdev as configured, listed when the runtime starts.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -58,9 +81,11 @@ pub struct BdevInfo {
 #[derive(Debug)]
 pub(super) struct Runtime {
     options: SpdkOptions,
-    tx: Mutex<Option<Sender<Job>>>,
+    tx: Sender<Msg>,
     thread: Mutex<Option<JoinHandle<()>>>,
     bdevs: Vec<BdevInfo>,
+    /// The SPDK thread's CPUs, and whether they are its alone.
+    core: Isolation,
     /// Live DMA allocations (see `SpdkDma`).
     pub(super) dma_live: Arc<AtomicUsize>,
     /// Open devices.
@@ -144,6 +169,15 @@ pub fn bdevs() -> Option<Vec<BdevInfo>> {
     }
 }
 
+/// The SPDK thread's CPUs and whether no other thread of the process runs
+/// on them, if SPDK is running in this process.
+pub fn core() -> Option<Isolation> {
+    match &*STATE.lock().unwrap_or_else(|p| p.into_inner()) {
+        State::Running(rt) => Some(rt.core.clone()),
+        _ => None,
+    }
+}
+
 /// Stops SPDK in this process: subsystems (which close the bdevs'
 /// backing files or detach NVMe controllers), the SPDK thread and the
 /// environment. A no-op when SPDK was never started. Refused while a
@@ -164,8 +198,10 @@ pub fn shutdown() -> Result<()> {
     let rt = Arc::clone(rt);
     *state = State::Stopped;
     drop(state);
-    // Closing the channel ends the poll loop, which then finishes SPDK.
-    drop(rt.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+    // The poll loop finishes SPDK and ends; messages sent after this one
+    // fail (the receiver is gone), and any still queued are dropped with it,
+    // so their oneshot replies report a stopped thread rather than hang.
+    let _ = rt.tx.send(Msg::Stop);
     if let Some(thread) = rt.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
         thread
             .join()
@@ -180,7 +216,7 @@ impl Runtime {
         let json = std::fs::read(&options.config)
             .map_err(|e| StorageError::io("read SPDK config", &options.config, e))?;
         let no_pci = !wants_pci(&json);
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Msg>();
         let (started_tx, started_rx) = mpsc::channel();
         let thread_opts = options.clone();
         let thread = std::thread::Builder::new()
@@ -193,9 +229,10 @@ impl Runtime {
             })
             .map_err(|e| StorageError::io("spawn the SPDK thread for", &options.config, e))?;
         match started_rx.recv() {
-            Ok(Ok(bdevs)) => Ok(Self {
+            Ok(Ok((bdevs, core))) => Ok(Self {
                 options,
-                tx: Mutex::new(Some(tx)),
+                tx,
+                core,
                 thread: Mutex::new(Some(thread)),
                 bdevs,
                 dma_live: Arc::new(AtomicUsize::new(0)),
@@ -220,12 +257,17 @@ impl Runtime {
         &self.bdevs
     }
 
-    /// Queues `job` for the SPDK thread.
-    pub(super) fn submit(&self, job: Job) -> Result<()> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.as_ref()
-            .and_then(|tx| tx.send(job).ok())
-            .ok_or_else(|| spdk_error("the SPDK thread has stopped".into()))
+    /// Queues `msg` for the SPDK thread.
+    fn send(&self, msg: Msg) -> Result<()> {
+        self.tx
+            .send(msg)
+            .map_err(|_| spdk_error("the SPDK thread has stopped".into()))
+    }
+
+    /// Queues a request for the SPDK thread; its reply comes on the
+    /// request's oneshot channel.
+    pub(super) fn submit_io(&self, io: Box<IoCtx>) -> Result<()> {
+        self.send(Msg::Io(io))
     }
 
     /// Runs `f` on the SPDK thread and waits for its result (for set-up and
@@ -235,9 +277,9 @@ impl Runtime {
         f: impl FnOnce(&mut Reactor) -> R + Send + 'static,
     ) -> Result<R> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.submit(Box::new(move |reactor| {
+        self.send(Msg::Call(Box::new(move |reactor| {
             let _ = tx.send(f(reactor));
-        }))?;
+        })))?;
         rx.recv()
             .map_err(|_| spdk_error("the SPDK thread dropped a request".into()))
     }
@@ -248,7 +290,7 @@ impl Runtime {
 pub(super) struct Reactor {
     /// Submissions SPDK refused for lack of `spdk_bdev_io`s (`-ENOMEM`),
     /// retried in order after the next poll.
-    retry: VecDeque<Job>,
+    retry: VecDeque<Box<IoCtx>>,
     /// Work to run once nothing is in flight (closing a descriptor).
     when_quiet: Vec<Job>,
 }
@@ -263,9 +305,19 @@ impl std::fmt::Debug for Reactor {
 }
 
 impl Reactor {
-    /// Retries `job` after the next poll (SPDK ran out of `spdk_bdev_io`s).
-    pub(super) fn retry_later(&mut self, job: Job) {
-        self.retry.push_back(job);
+    /// Retries `io` after the next poll (SPDK ran out of `spdk_bdev_io`s).
+    pub(super) fn retry_later(&mut self, io: Box<IoCtx>) {
+        self.retry.push_back(io);
+    }
+
+    /// Handles one message; returns whether it was [`Msg::Stop`].
+    fn handle(&mut self, msg: Msg) -> bool {
+        match msg {
+            Msg::Io(io) => bdev::submit(io, self),
+            Msg::Call(job) => job(self),
+            Msg::Stop => return true,
+        }
+        false
     }
 
     /// Runs `job` once no I/O is in flight.
@@ -377,8 +429,8 @@ unsafe fn thread_main(
     opts: &SpdkOptions,
     mut json: Vec<u8>,
     no_pci: bool,
-    rx: Receiver<Job>,
-    started: Sender<std::result::Result<Vec<BdevInfo>, String>>,
+    rx: Receiver<Msg>,
+    started: Sender<std::result::Result<(Vec<BdevInfo>, Isolation), String>>,
 ) {
     let c = |s: &str| CString::new(s).unwrap_or_default();
     let name = c("sluice");
@@ -472,9 +524,27 @@ unsafe fn thread_main(
     if unsafe { libc::atexit(at_exit) } != 0 {
         tracing::warn!("cannot register SPDK's exit hook; the process may fault at exit");
     }
-    let _ = started.send(Ok(bdevs));
+    let core = affinity::isolate();
+    tracing::info!(
+        "SPDK thread on CPU {:?}: {}",
+        core.spdk_cpus,
+        if core.dedicated {
+            format!("dedicated ({} other threads moved off it)", core.moved)
+        } else {
+            "shared with other threads (the process may use no other CPU)".to_owned()
+        }
+    );
+    let linger = if core.dedicated {
+        LINGER
+    } else {
+        Duration::ZERO
+    };
+    let _ = started.send(Ok((bdevs, core)));
 
     let mut reactor = Reactor::default();
+    // When the thread last ran out of work (None: it has work now).
+    let mut idle_since: Option<Instant> = None;
+    let mut closed = false;
     loop {
         if EXITING.load(Ordering::Acquire) {
             // The process is exiting under us: stop touching SPDK, whose
@@ -485,36 +555,51 @@ unsafe fn thread_main(
             }
         }
         // Drain new work without blocking.
-        let mut closed = false;
-        loop {
+        let mut received = false;
+        while !closed {
             match rx.try_recv() {
-                Ok(job) => job(&mut reactor),
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    closed = true;
-                    break;
+                Ok(msg) => {
+                    received = true;
+                    closed = reactor.handle(msg);
                 }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => closed = true,
             }
         }
         // SAFETY: `thread` is the current SPDK thread.
         unsafe { spdk_sys::spdk_thread_poll(thread, 0, 0) };
         for _ in 0..reactor.retry.len() {
-            if let Some(job) = reactor.retry.pop_front() {
-                job(&mut reactor);
+            if let Some(io) = reactor.retry.pop_front() {
+                bdev::submit(io, &mut reactor);
             }
         }
-        if in_flight() == 0 && reactor.retry.is_empty() {
-            for job in std::mem::take(&mut reactor.when_quiet) {
-                job(&mut reactor);
+        if in_flight() > 0 || !reactor.retry.is_empty() {
+            idle_since = None;
+            continue;
+        }
+        for job in std::mem::take(&mut reactor.when_quiet) {
+            job(&mut reactor);
+        }
+        if closed {
+            break;
+        }
+        // Lingering starts at the last request or completion; SPDK's timed
+        // pollers, which run on every poll, do not restart it.
+        if received {
+            idle_since = None;
+        }
+        let idle = *idle_since.get_or_insert_with(Instant::now);
+        if idle.elapsed() < linger {
+            std::hint::spin_loop();
+            continue;
+        }
+        match rx.recv_timeout(IDLE_POLL) {
+            Ok(msg) => {
+                idle_since = None;
+                closed = reactor.handle(msg);
             }
-            if closed {
-                break;
-            }
-            match rx.recv_timeout(IDLE_POLL) {
-                Ok(job) => job(&mut reactor),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {}
-            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => closed = true,
         }
     }
     // SAFETY: on the SPDK thread; nothing in flight; every device is closed
