@@ -3,7 +3,9 @@
 //! Three kinds of buffer come out of a pool:
 //! - *fixed* buffers, allocated when the pool is built and registered with
 //!   the device (io_uring fixed buffers, so the kernel skips pinning pages
-//!   on every request);
+//!   on every request). They are cut from one allocation, so that with the
+//!   page allocator they lie in huge pages even when each is smaller than
+//!   one (an O_DIRECT read into them is then a few contiguous segments);
 //! - *class* buffers, power-of-two sizes kept on free lists after use, up to
 //!   a cap on retained bytes;
 //! - *oversize* buffers (larger than the largest class), freed on return.
@@ -84,6 +86,8 @@ struct FreeLists {
 pub struct BufferPool {
     allocator: Arc<dyn DmaAllocator>,
     opts: PoolOptions,
+    /// The one allocation the fixed buffers are cut from.
+    fixed_region: Option<NonNull<u8>>,
     fixed: Vec<NonNull<u8>>,
     free: Mutex<FreeLists>,
     allocations: AtomicU64,
@@ -106,19 +110,39 @@ impl BufferPool {
         );
         let fixed_size = round_up(opts.fixed_size.max(opts.align), opts.align);
         let opts = PoolOptions { fixed_size, ..opts };
-        let mut fixed = Vec::with_capacity(opts.fixed_count);
-        for _ in 0..opts.fixed_count.min(u16::MAX as usize) {
-            let ptr = allocator.allocate(fixed_size, opts.align).ok_or_else(|| {
+        let count = opts.fixed_count.min(u16::MAX as usize);
+        let opts = PoolOptions {
+            fixed_count: count,
+            ..opts
+        };
+        let fixed_region = if count == 0 {
+            None
+        } else {
+            let bytes = fixed_size.checked_mul(count).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("{count} fixed buffers of {fixed_size} bytes overflow"),
+                )
+            })?;
+            Some(allocator.allocate(bytes, opts.align).ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::OutOfMemory,
                     format!(
-                        "{} allocator: no memory for a {fixed_size}-byte fixed buffer",
+                        "{} allocator: no memory for {count} fixed buffers of {fixed_size} bytes",
                         allocator.name()
                     ),
                 )
-            })?;
-            fixed.push(ptr);
-        }
+            })?)
+        };
+        let fixed: Vec<NonNull<u8>> = fixed_region
+            .map(|region| {
+                (0..count)
+                    // SAFETY: each offset is inside the region of
+                    // `count * fixed_size` bytes just allocated.
+                    .map(|i| unsafe { region.add(i * fixed_size) })
+                    .collect()
+            })
+            .unwrap_or_default();
         let free = FreeLists {
             fixed: (0..fixed.len() as u16).rev().collect(),
             classes: vec![Vec::new(); (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize],
@@ -128,6 +152,7 @@ impl BufferPool {
         Ok(Arc::new(Self {
             allocator,
             opts,
+            fixed_region,
             fixed,
             free: Mutex::new(free),
             allocations: AtomicU64::new(0),
@@ -258,12 +283,17 @@ impl Drop for BufferPool {
                 unsafe { self.allocator.deallocate(ptr, cap, self.opts.align) };
             }
         }
-        for ptr in self.fixed.drain(..) {
-            // SAFETY: fixed buffers came from `allocate(fixed_size, align)` in
-            // `new`; with the pool dropping no loan of them is outstanding.
+        self.fixed.clear();
+        if let Some(region) = self.fixed_region.take() {
+            // SAFETY: the region came from `allocate(fixed_size *
+            // fixed_count, align)` in `new`; with the pool dropping no loan
+            // of a fixed buffer is outstanding.
             unsafe {
-                self.allocator
-                    .deallocate(ptr, self.opts.fixed_size, self.opts.align)
+                self.allocator.deallocate(
+                    region,
+                    self.opts.fixed_size * self.opts.fixed_count,
+                    self.opts.align,
+                )
             };
         }
     }
