@@ -487,7 +487,7 @@ mod tests {
     /// completion is submitted at once (the doorbell), not after it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_read_sent_while_the_ring_waits_is_not_held_back() {
-        const BIG: usize = 128 << 20;
+        const BIG: usize = 256 << 20;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dev.img");
         // Written for real, so the big read goes to the disk (reads of
