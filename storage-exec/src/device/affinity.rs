@@ -7,13 +7,13 @@
 //! hands the core to one of them, every request in flight waits, and each
 //! time the SPDK thread sleeps, the next request pays a futex wake to rouse
 //! it. So when SPDK starts (DPDK has just pinned the SPDK thread to the core
-//! of `--spdk-core-mask`), it calls [`isolate`], which takes that core out of the affinity
-//! mask of every other thread of the process. Threads created later inherit
-//! their creator's mask, so they stay off it too. A thread whose mask holds
-//! nothing but SPDK's cores (a one-core machine, a `taskset` that allows only
-//! that core) is left alone, and the core is then shared: the SPDK thread
-//! sleeps as soon as it is idle instead of lingering (see
-//! `spdk::runtime`).
+//! of `--spdk-core-mask`), the SPDK thread calls [`isolate`], which takes
+//! that core out of the affinity mask of every other thread of the process.
+//! Threads created later inherit their creator's mask, so they stay off it
+//! too. A thread whose mask holds nothing but SPDK's cores (a one-core
+//! machine, a `taskset` that allows only that core) is left alone, and the
+//! core is then shared: the SPDK thread sleeps as soon as it is idle instead
+//! of lingering (see `spdk::runtime`).
 //!
 //! Linux only (`/proc/self/task`, `sched_setaffinity`), like the rest of the
 //! storage engine.
