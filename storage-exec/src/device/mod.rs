@@ -26,7 +26,6 @@
 
 pub mod affinity;
 pub mod conformance;
-mod doorbell;
 pub mod file;
 #[cfg(feature = "spdk")]
 pub mod spdk;

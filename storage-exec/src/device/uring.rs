@@ -7,12 +7,7 @@
 //! sending each buffer back through its oneshot. The thread blocks on the
 //! channel only when nothing is in flight, and on the ring otherwise, so a
 //! burst of requests costs one `io_uring_enter` per batch rather than one
-//! syscall per request. While it sleeps on the ring, a poll on a
-//! [`Doorbell`] is armed in the ring too: a request sent meanwhile wakes it
-//! at once instead of waiting for the next completion, so the device keeps
-//! the asked-for depth in flight. (It cannot help while the thread is still
-//! inside `io_uring_enter` submitting: a single read of hundreds of MiB can
-//! hold it there, waiting for block-layer tags, for most of its duration.)
+//! syscall per request.
 //!
 //! The device file is registered with the ring (`types::Fixed(0)`), and so
 //! are the pool's fixed buffers: a request whose buffer is one of them uses
@@ -35,16 +30,12 @@ use async_trait::async_trait;
 use io_uring::{IoUring, opcode, types};
 use tokio::sync::oneshot;
 
-use super::doorbell::Doorbell;
 use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters, sync_data};
 use crate::buffer::{AlignedBuf, BufferPool, PageAllocator};
 use crate::error::{Result, StorageError};
 
 /// Largest transfer one SQE describes; bigger requests continue in pieces.
 const MAX_SQE_BYTES: usize = 1 << 30;
-
-/// `user_data` of the doorbell's poll (requests carry their slot index).
-const DOORBELL: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -74,7 +65,6 @@ pub struct UringDevice {
     fixed_buffers: bool,
     stats: Arc<DeviceStats>,
     tx: Option<mpsc::Sender<Request>>,
-    doorbell: Arc<Doorbell>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -137,9 +127,6 @@ impl UringDevice {
         };
 
         let (tx, rx) = mpsc::channel();
-        let doorbell =
-            Arc::new(Doorbell::new().map_err(|e| StorageError::io("create eventfd for", path, e))?);
-        let thread_bell = Arc::clone(&doorbell);
         let stats = Arc::new(DeviceStats::default());
         let thread_stats = Arc::clone(&stats);
         let thread_pool = Arc::clone(&pool);
@@ -151,7 +138,7 @@ impl UringDevice {
                     .unwrap_or_default()
             ))
             .spawn(move || {
-                ring_loop(ring, rx, depth, fixed_buffers, &thread_stats, &thread_bell);
+                ring_loop(ring, rx, depth, fixed_buffers, &thread_stats);
                 drop(thread_pool);
             })
             .map_err(|e| StorageError::io("start io_uring thread for", path, e))?;
@@ -164,7 +151,6 @@ impl UringDevice {
             fixed_buffers,
             stats,
             tx: Some(tx),
-            doorbell,
             thread: Some(thread),
         })
     }
@@ -183,7 +169,6 @@ impl UringDevice {
             reply,
         })
         .map_err(|_| closed(&self.geometry.path))?;
-        self.doorbell.ring();
         let (res, buf) = rx.await.map_err(|_| closed(&self.geometry.path))?;
         let op = match kind {
             Kind::Read => "read",
@@ -232,82 +217,23 @@ fn entry_for(slot: usize, f: &mut InFlight, fixed_buffers: bool) -> io_uring::sq
     entry.user_data(slot as u64)
 }
 
-/// The ring thread's requests: a slot per request in flight.
-struct Slots {
-    slots: Vec<Option<InFlight>>,
-    free: Vec<usize>,
-    /// Short transfers whose rest is still to be submitted.
-    resubmit: VecDeque<usize>,
-    in_flight: usize,
-}
-
-impl Slots {
-    fn new(depth: usize) -> Self {
-        Self {
-            slots: (0..depth).map(|_| None).collect(),
-            free: (0..depth).rev().collect(),
-            resubmit: VecDeque::new(),
-            in_flight: 0,
-        }
-    }
-
-    /// Puts `req` in a free slot and queues its entry (the caller checked
-    /// that a slot is free).
-    fn admit(&mut self, ring: &mut IoUring, req: Request, fixed_buffers: bool) {
-        let slot = self.free.pop().unwrap_or_default();
-        let f = self.slots[slot].insert(InFlight { req, done: 0 });
-        let entry = entry_for(slot, f, fixed_buffers);
-        // SAFETY: the buffer is owned by `slots[slot]` until the completion
-        // for `slot` is reaped.
-        if unsafe { ring.submission().push(&entry) }.is_err() {
-            self.resubmit.push_back(slot);
-        }
-        self.in_flight += 1;
-    }
-}
-
-/// Admits requests from `rx` while slots are free: blocking for the first
-/// one when `may_block` and nothing is in flight, else only those already
-/// sent. Returns false once every sender is gone.
-fn take_requests(
-    rx: &mpsc::Receiver<Request>,
-    q: &mut Slots,
-    ring: &mut IoUring,
-    fixed_buffers: bool,
-    may_block: bool,
-) -> bool {
-    while !q.free.is_empty() {
-        let next = if may_block && q.in_flight == 0 && q.resubmit.is_empty() {
-            rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
-        } else {
-            rx.try_recv()
-        };
-        match next {
-            Ok(req) => q.admit(ring, req, fixed_buffers),
-            Err(mpsc::TryRecvError::Empty) => break,
-            Err(mpsc::TryRecvError::Disconnected) => return false,
-        }
-    }
-    true
-}
-
 fn ring_loop(
     mut ring: IoUring,
     rx: mpsc::Receiver<Request>,
     depth: usize,
     fixed_buffers: bool,
     stats: &DeviceStats,
-    bell: &Doorbell,
 ) {
-    let mut q = Slots::new(depth);
+    let mut slots: Vec<Option<InFlight>> = (0..depth).map(|_| None).collect();
+    let mut free: Vec<usize> = (0..depth).rev().collect();
+    let mut resubmit: VecDeque<usize> = VecDeque::new();
+    let mut in_flight = 0usize;
     let mut open = true;
-    // Whether the doorbell's poll is in the ring.
-    let mut armed = false;
 
     loop {
         // Continuations of short transfers first, then new requests.
-        while let Some(slot) = q.resubmit.pop_front() {
-            let Some(f) = q.slots[slot].as_mut() else {
+        while let Some(slot) = resubmit.pop_front() {
+            let Some(f) = slots[slot].as_mut() else {
                 continue;
             };
             let entry = entry_for(slot, f, fixed_buffers);
@@ -315,45 +241,47 @@ fn ring_loop(
             // its completion is reaped below; the queue has room because at
             // most `depth` entries (the ring's size) are ever outstanding.
             if unsafe { ring.submission().push(&entry) }.is_err() {
-                q.resubmit.push_front(slot);
+                resubmit.push_front(slot);
                 break;
             }
         }
-        if open {
-            open = take_requests(&rx, &mut q, &mut ring, fixed_buffers, true);
+        while open && !free.is_empty() {
+            // Block for work only when nothing is in flight.
+            let next = if in_flight == 0 && resubmit.is_empty() {
+                rx.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
+            };
+            let req = match next {
+                Ok(req) => req,
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            };
+            let slot = free.pop().unwrap_or_default();
+            let f = slots[slot].insert(InFlight { req, done: 0 });
+            let entry = entry_for(slot, f, fixed_buffers);
+            // SAFETY: as above — the buffer is owned by `slots[slot]` until
+            // the completion for `slot` is reaped.
+            if unsafe { ring.submission().push(&entry) }.is_err() {
+                resubmit.push_back(slot);
+            }
+            in_flight += 1;
         }
-        if q.in_flight == 0 {
+        if in_flight == 0 {
             if open {
                 continue;
             }
             return;
         }
-        // About to sleep until a completion: if a slot is free, let a new
-        // request wake the thread too.
-        if open && !q.free.is_empty() {
-            if !armed {
-                let poll = opcode::PollAdd::new(types::Fd(bell.fd()), libc::POLLIN as u32)
-                    .build()
-                    .user_data(DOORBELL);
-                // SAFETY: the poll names the doorbell's eventfd, which this
-                // thread holds (through the device's Arc) until the ring is
-                // dropped, cancelling the poll.
-                armed = unsafe { ring.submission().push(&poll) }.is_ok();
-            }
-            if armed {
-                bell.sleeping();
-                // A request sent before that found nobody asleep: take it.
-                open = take_requests(&rx, &mut q, &mut ring, fixed_buffers, false);
-            }
-        }
-        let waited = ring.submit_and_wait(1);
-        bell.awake();
-        if let Err(e) = waited {
+        if let Err(e) = ring.submit_and_wait(1) {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
             // The ring itself failed: fail everything in flight and stop.
-            for slot in q.slots.iter_mut() {
+            for slot in slots.iter_mut() {
                 if let Some(f) = slot.take() {
                     let err = std::io::Error::new(e.kind(), format!("io_uring_enter: {e}"));
                     let _ = f.req.reply.send((Err(err), f.req.buf));
@@ -362,13 +290,8 @@ fn ring_loop(
             return;
         }
         for cqe in ring.completion() {
-            if cqe.user_data() == DOORBELL {
-                armed = false;
-                bell.clear();
-                continue;
-            }
             let (slot, res) = (cqe.user_data() as usize, cqe.result());
-            let Some(f) = q.slots[slot].as_mut() else {
+            let Some(f) = slots[slot].as_mut() else {
                 continue;
             };
             let outcome = if res < 0 {
@@ -387,9 +310,9 @@ fn ring_loop(
                 (f.done >= f.req.buf.len()).then_some(Ok(()))
             };
             match outcome {
-                None => q.resubmit.push_back(slot),
+                None => resubmit.push_back(slot),
                 Some(result) => {
-                    if let Some(f) = q.slots[slot].take() {
+                    if let Some(f) = slots[slot].take() {
                         if result.is_ok() {
                             match f.req.kind {
                                 Kind::Read => stats.record_read(f.done),
@@ -398,8 +321,8 @@ fn ring_loop(
                         }
                         let _ = f.req.reply.send((result, f.req.buf));
                     }
-                    q.free.push(slot);
-                    q.in_flight -= 1;
+                    free.push(slot);
+                    in_flight -= 1;
                 }
             }
         }
