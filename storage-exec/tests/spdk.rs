@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{AsArray, RecordBatch};
+use sluice_storage::device::affinity::cpus_of;
 use sluice_storage::device::spdk::{SpdkDevice, SpdkOptions};
 use sluice_storage::device::{Backend, Device, DeviceOptions, conformance};
 use sluice_storage::{IngestOptions, IngestSource, OnError, Store, StoreOptions, ingest};
@@ -332,21 +333,6 @@ fn a_file_path_is_refused_by_the_spdk_backend() {
     assert!(err.to_string().contains("bdev:NAME"), "{err}");
 }
 
-/// The CPUs thread `tid` may run on.
-fn affinity_of(tid: libc::pid_t) -> Vec<usize> {
-    // SAFETY: all-zero is the empty set; the kernel fills at most the size
-    // passed; `CPU_ISSET` reads bits below `CPU_SETSIZE`.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new(); // the thread ended
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_spdk_thread_polls_on_a_core_no_other_thread_uses() {
     let _device = device("malloc_conf");
@@ -365,7 +351,8 @@ async fn the_spdk_thread_polls_on_a_core_no_other_thread_uses() {
         let entry = entry.unwrap();
         let tid: libc::pid_t = entry.file_name().to_str().unwrap().parse().unwrap();
         let name = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-        let cpus = affinity_of(tid);
+        // A thread that ended meanwhile has no mask to check.
+        let cpus = cpus_of(tid).unwrap_or_default();
         if name.trim() == "sluice-spdk" {
             spdk_threads += 1;
             assert_eq!(cpus, core.spdk_cpus);
@@ -380,6 +367,6 @@ async fn the_spdk_thread_polls_on_a_core_no_other_thread_uses() {
     }
     assert_eq!(spdk_threads, 1);
     // Threads made from now on stay off it too (they inherit the mask).
-    let cpus = std::thread::spawn(|| affinity_of(0)).join().unwrap();
+    let cpus = std::thread::spawn(|| cpus_of(0).unwrap()).join().unwrap();
     assert!(cpus.iter().all(|c| !core.spdk_cpus.contains(c)), "{cpus:?}");
 }

@@ -86,9 +86,9 @@ struct FreeLists {
 pub struct BufferPool {
     allocator: Arc<dyn DmaAllocator>,
     opts: PoolOptions,
-    /// The one allocation the fixed buffers are cut from.
+    /// The one allocation the fixed buffers are cut from: buffer `i`
+    /// starts `i * fixed_size` bytes in.
     fixed_region: Option<NonNull<u8>>,
-    fixed: Vec<NonNull<u8>>,
     free: Mutex<FreeLists>,
     allocations: AtomicU64,
     reuses: AtomicU64,
@@ -134,17 +134,8 @@ impl BufferPool {
                 )
             })?)
         };
-        let fixed: Vec<NonNull<u8>> = fixed_region
-            .map(|region| {
-                (0..count)
-                    // SAFETY: each offset is inside the region of
-                    // `count * fixed_size` bytes just allocated.
-                    .map(|i| unsafe { region.add(i * fixed_size) })
-                    .collect()
-            })
-            .unwrap_or_default();
         let free = FreeLists {
-            fixed: (0..fixed.len() as u16).rev().collect(),
+            fixed: (0..count as u16).rev().collect(),
             classes: vec![Vec::new(); (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize],
             retained_bytes: 0,
             live: BTreeMap::new(),
@@ -153,7 +144,6 @@ impl BufferPool {
             allocator,
             opts,
             fixed_region,
-            fixed,
             free: Mutex::new(free),
             allocations: AtomicU64::new(0),
             reuses: AtomicU64::new(0),
@@ -173,10 +163,19 @@ impl BufferPool {
 
     /// The fixed buffers as (address, length), for registering with a device.
     pub fn fixed_regions(&self) -> Vec<(*mut u8, usize)> {
-        self.fixed
-            .iter()
-            .map(|p| (p.as_ptr(), self.opts.fixed_size))
+        (0..self.opts.fixed_count as u16)
+            .map(|i| (self.fixed_buffer(i).as_ptr(), self.opts.fixed_size))
             .collect()
+    }
+
+    /// Where fixed buffer `idx` (below `fixed_count`) starts.
+    fn fixed_buffer(&self, idx: u16) -> NonNull<u8> {
+        let region = self
+            .fixed_region
+            .expect("a fixed buffer index implies the fixed region");
+        // SAFETY: `idx < fixed_count`, so the offset lies inside the region
+        // of `fixed_count * fixed_size` bytes allocated in `new`.
+        unsafe { region.add(usize::from(idx) * self.opts.fixed_size) }
     }
 
     /// Lends a buffer of at least `len` bytes (rounded up to the alignment),
@@ -188,7 +187,7 @@ impl BufferPool {
             let idx = free.fixed.pop().unwrap_or_default();
             self.reuses.fetch_add(1, Ordering::Relaxed);
             (
-                self.fixed[idx as usize],
+                self.fixed_buffer(idx),
                 self.opts.fixed_size,
                 Slot::Fixed(idx),
             )
@@ -283,7 +282,6 @@ impl Drop for BufferPool {
                 unsafe { self.allocator.deallocate(ptr, cap, self.opts.align) };
             }
         }
-        self.fixed.clear();
         if let Some(region) = self.fixed_region.take() {
             // SAFETY: the region came from `allocate(fixed_size *
             // fixed_count, align)` in `new`; with the pool dropping no loan

@@ -157,6 +157,11 @@ pub fn isolate() -> Isolation {
     }
 }
 
+/// The CPUs thread `tid` (0: the calling thread) may run on.
+pub fn cpus_of(tid: libc::pid_t) -> std::io::Result<Vec<usize>> {
+    CpuSet::of(tid).map(|set| set.cpus())
+}
+
 /// The calling thread's kernel id.
 fn current_tid() -> libc::pid_t {
     // SAFETY: `gettid` has no preconditions.
