@@ -215,7 +215,9 @@ impl Runtime {
     fn start(options: SpdkOptions) -> Result<Self> {
         let json = std::fs::read(&options.config)
             .map_err(|e| StorageError::io("read SPDK config", &options.config, e))?;
-        let no_pci = !wants_pci(&json);
+        let config = parse_config(&json)
+            .map_err(|msg| spdk_error(format!("{}: {msg}", options.config.display())))?;
+        let no_pci = !wants_pci(&config);
         let (tx, rx) = mpsc::channel::<Msg>();
         let (started_tx, started_rx) = mpsc::channel();
         let thread_opts = options.clone();
@@ -345,13 +347,34 @@ fn in_flight() -> usize {
     IN_FLIGHT.with(Cell::get)
 }
 
+/// The config's JSON, checked for the shape SPDK reads before SPDK sees it:
+/// SPDK reports a file that is not JSON, or one without a `subsystems`
+/// list, only as "Invalid argument".
+fn parse_config(json: &[u8]) -> std::result::Result<serde_json::Value, String> {
+    const SHAPE: &str =
+        r#"{"subsystems": [{"subsystem": "bdev", "config": [{"method": ..., "params": {...}}]}]}"#;
+    let value: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| format!("not a JSON bdev config: {e}"))?;
+    let subsystems = value
+        .get("subsystems")
+        .and_then(|s| s.as_array())
+        .ok_or_else(|| {
+            format!("the bdev config has no \"subsystems\" list; SPDK expects {SHAPE}")
+        })?;
+    for (i, s) in subsystems.iter().enumerate() {
+        if s.get("subsystem").and_then(|n| n.as_str()).is_none() {
+            return Err(format!(
+                "subsystems[{i}] names no \"subsystem\"; SPDK expects {SHAPE}"
+            ));
+        }
+    }
+    Ok(value)
+}
+
 /// Whether the config attaches NVMe controllers over PCIe, so the
 /// environment must scan the PCI bus; file and malloc bdevs need no scan
 /// (and no access to /sys/bus/pci or vfio).
-fn wants_pci(json: &[u8]) -> bool {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
-        return false;
-    };
+fn wants_pci(value: &serde_json::Value) -> bool {
     let subsystems = value.get("subsystems").and_then(|s| s.as_array());
     subsystems.into_iter().flatten().any(|s| {
         s.get("config")
@@ -676,4 +699,46 @@ pub(super) fn errno_text(errno: c_int) -> String {
 /// An error of the SPDK backend.
 pub(super) fn spdk_error(msg: String) -> StorageError {
     StorageError::Spdk(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_that_spdk_would_only_call_invalid_are_named() {
+        let err = parse_config(b"subsystems: [").unwrap_err();
+        assert!(err.starts_with("not a JSON bdev config"), "{err}");
+        let err = parse_config(br#"{"bdev": []}"#).unwrap_err();
+        assert!(err.contains("no \"subsystems\" list"), "{err}");
+        let err = parse_config(br#"{"subsystems": [{"config": []}]}"#).unwrap_err();
+        assert!(err.contains("subsystems[0]"), "{err}");
+        let ok = parse_config(br#"{"subsystems": [{"subsystem": "bdev", "config": []}]}"#);
+        assert!(ok.is_ok());
+    }
+
+    #[test]
+    fn only_a_pcie_controller_asks_for_the_pci_bus() {
+        let config = |method: &str, params: &str| {
+            parse_config(
+                format!(
+                    r#"{{"subsystems": [{{"subsystem": "bdev", "config": [{{"method": "{method}", "params": {params}}}]}}]}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(wants_pci(&config(
+            "bdev_nvme_attach_controller",
+            r#"{"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:5e:00.0"}"#
+        )));
+        assert!(!wants_pci(&config(
+            "bdev_nvme_attach_controller",
+            r#"{"name": "Nvme0", "trtype": "TCP", "traddr": "192.0.2.1"}"#
+        )));
+        assert!(!wants_pci(&config(
+            "bdev_aio_create",
+            r#"{"name": "aio0", "filename": "/x"}"#
+        )));
+    }
 }
