@@ -135,6 +135,27 @@ pub struct UdfFlags {
     /// Epoch of the random UDFs.
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
+    /// Decoding limits (against a server: at most the server's own).
+    #[command(flatten)]
+    pub limits: DecodeLimitFlags,
+}
+
+impl UdfFlags {
+    /// The UDF options these flags describe.
+    pub fn options(&self) -> sluice_udfs::UdfOptions {
+        sluice_udfs::UdfOptions {
+            on_error: self.on_error,
+            seed: self.seed,
+            epoch: self.epoch,
+            limits: self.limits.limits(),
+        }
+    }
+}
+
+/// What one sample may decode to. On a query these are asked for; on a
+/// server they are the ceiling no client can raise.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct DecodeLimitFlags {
     /// Largest image or video frame a sample may decode to, in pixels.
     #[arg(long, default_value_t = sluice_udfs::Limits::default().max_pixels)]
     pub max_pixels: u64,
@@ -149,19 +170,14 @@ pub struct UdfFlags {
     pub max_sample_ms: u64,
 }
 
-impl UdfFlags {
-    /// The UDF options these flags describe.
-    pub fn options(&self) -> sluice_udfs::UdfOptions {
-        sluice_udfs::UdfOptions {
-            on_error: self.on_error,
-            seed: self.seed,
-            epoch: self.epoch,
-            limits: sluice_udfs::Limits {
-                max_pixels: self.max_pixels,
-                max_frames: self.max_frames,
-                max_decoded_bytes: self.max_decoded_bytes,
-                max_sample_ms: self.max_sample_ms,
-            },
+impl DecodeLimitFlags {
+    /// The limits these flags describe.
+    pub fn limits(&self) -> sluice_udfs::Limits {
+        sluice_udfs::Limits {
+            max_pixels: self.max_pixels,
+            max_frames: self.max_frames,
+            max_decoded_bytes: self.max_decoded_bytes,
+            max_sample_ms: self.max_sample_ms,
         }
     }
 }
@@ -217,6 +233,9 @@ pub struct NodeFlags {
     /// Experiment knob: limit the outgoing link to this rate (token bucket), e.g. 1Gbit.
     #[arg(long, value_parser = parse_rate)]
     pub link_limit: Option<RateArg>,
+    /// This node's decoding limits: a fragment may ask for less, never more.
+    #[command(flatten)]
+    pub decode: DecodeLimitFlags,
 }
 
 /// Limits on each SQL query a compute node (or `serve`) runs.
@@ -235,6 +254,9 @@ pub struct QueryLimitFlags {
     /// being decoded or cut into batches); past it, windows wait for room.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
     pub stream_memory: u64,
+    /// The server's decoding limits: a query or job may ask for less, never more.
+    #[command(flatten)]
+    pub decode: DecodeLimitFlags,
 }
 
 impl QueryLimitFlags {
@@ -418,6 +440,10 @@ pub enum Command {
         /// and its space freed (a writer that died).
         #[arg(long, default_value_t = 120.0)]
         checkpoint_idle_timeout: f64,
+        /// Jobs: seconds a job may sit finished, or running with no reader,
+        /// before it is forgotten with its record.
+        #[arg(long, default_value_t = 7.0 * 86_400.0)]
+        job_ttl: f64,
         /// Query limits.
         #[command(flatten)]
         limits: QueryLimitFlags,
@@ -439,6 +465,16 @@ pub enum Command {
     },
     /// Show the data dir: device, backend, free space.
     Info {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
+    },
+    /// Remove metadata files that no committed dataset version names (an
+    /// interrupted ingest leaves them). Nothing else ever deletes them.
+    Gc {
+        /// List what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: DocFormat,

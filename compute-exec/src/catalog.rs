@@ -1,6 +1,10 @@
 //! [`ComputeSchema`]: the datasets the storage nodes listed, as the tables
 //! of a compute session. `dataset@N` (version N) is resolved on demand by
-//! asking a node that holds the dataset for that version's schema.
+//! asking a node that holds the dataset for that version's schema. A
+//! dataset no node listed is asked of every node before it is called
+//! unknown: a node leaves out of its listing a dataset it cannot open (a
+//! damaged metadata file), and the query naming it gets that node's error,
+//! naming the file, while every other dataset stays usable.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -18,18 +22,22 @@ use crate::remote::RemoteDatasetTable;
 pub struct ComputeSchema {
     latest: BTreeMap<String, SchemaRef>,
     holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    nodes: Vec<Arc<dyn StorageEndpoint>>,
     versions: Mutex<BTreeSet<String>>,
 }
 
 impl ComputeSchema {
-    /// The tables of `latest` (dataset → schema), held by `holders`.
+    /// The tables of `latest` (dataset → schema), held by `holders`, of
+    /// the storage `nodes`.
     pub fn new(
         latest: BTreeMap<String, SchemaRef>,
         holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+        nodes: Vec<Arc<dyn StorageEndpoint>>,
     ) -> Self {
         Self {
             latest,
             holders,
+            nodes,
             versions: Mutex::new(BTreeSet::new()),
         }
     }
@@ -62,6 +70,14 @@ impl SchemaProvider for ComputeSchema {
             ))));
         }
         let Some(node) = self.holders.get(base_name(name)).and_then(|h| h.first()) else {
+            // Listed by no node: unknown, unless a node holds it and cannot
+            // open it (its error names the damage).
+            for node in &self.nodes {
+                match node.table_schema(name).await {
+                    Err(sluice_flight::LinkError::DatasetNotFound { .. }) | Ok(_) => {}
+                    Err(e) => return Err(DataFusionError::Plan(e.to_string())),
+                }
+            }
             return Ok(None);
         };
         let schema = node

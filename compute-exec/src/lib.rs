@@ -31,6 +31,7 @@ pub mod job;
 pub mod remote;
 pub mod service;
 pub mod session;
+pub mod statement_limits;
 pub mod trainer;
 
 pub use client::{QueryClient, QueryError, QueryResult};

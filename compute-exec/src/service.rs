@@ -98,6 +98,15 @@ impl QueryService {
         }
     }
 
+    /// A query ticket from a client, its limits capped by the session's
+    /// (the server's own).
+    fn parse_ticket(&self, bytes: &[u8]) -> Result<QueryTicket, Status> {
+        let mut t: QueryTicket = serde_json::from_slice(bytes)
+            .map_err(|e| Status::invalid_argument(format!("bad query ticket: {e}")))?;
+        t.udf.limits = t.udf.limits.capped_by(self.session.limits());
+        Ok(t)
+    }
+
     /// Stops a SQL query that runs past `limit` with an error (job
     /// streams are not queries and have no limit).
     pub fn with_query_timeout(mut self, limit: Option<Duration>) -> Self {
@@ -172,11 +181,6 @@ fn with_deadline(
         }
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, limited))
-}
-
-fn parse_ticket(bytes: &[u8]) -> Result<QueryTicket, Status> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| Status::invalid_argument(format!("bad query ticket: {e}")))
 }
 
 #[tonic::async_trait]
@@ -254,7 +258,7 @@ impl FlightService for QueryService {
         if let Some(t) = GetTicket::parse(&ticket) {
             return Ok(Response::new(self.checkpoints()?.get(t).await?));
         }
-        let t = parse_ticket(&ticket)?;
+        let t = self.parse_ticket(&ticket)?;
         let udfs = UdfEnv::new(t.udf);
         let mut batches = self
             .session
@@ -341,7 +345,7 @@ impl FlightService for QueryService {
                 action.r#type
             )));
         }
-        let t = parse_ticket(&action.body)?;
+        let t = self.parse_ticket(&action.body)?;
         let udfs = UdfEnv::new(t.udf);
         let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
         let q = self

@@ -92,6 +92,7 @@ pub struct ComputeSession {
     known: Mutex<Known>,
     query_memory: usize,
     windows: WindowBudget,
+    limits: sluice_udfs::Limits,
 }
 
 /// Memory one query's operators may hold unless told otherwise.
@@ -130,6 +131,7 @@ impl ComputeSession {
             known: Mutex::new(Known::default()),
             query_memory: DEFAULT_QUERY_MEMORY,
             windows: WindowBudget::default(),
+            limits: sluice_udfs::Limits::default(),
         }
     }
 
@@ -139,6 +141,19 @@ impl ComputeSession {
     pub fn with_stream_memory(mut self, bytes: u64) -> Self {
         self.windows = WindowBudget::new(bytes);
         self
+    }
+
+    /// The server's decoding limits: jobs run under them, and a query's
+    /// own limits are capped by them (a client may lower them, never
+    /// raise them).
+    pub fn with_limits(mut self, limits: sluice_udfs::Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// See [`ComputeSession::with_limits`].
+    pub fn limits(&self) -> &sluice_udfs::Limits {
+        &self.limits
     }
 
     /// The budget the job streams' windows reserve from.
@@ -347,6 +362,7 @@ impl ComputeSession {
     /// with the UDF options of `udfs`; [`Prepared::place`] places it (or a
     /// plan derived from it).
     pub async fn prepare(&self, sql: &str, udfs: &Arc<UdfEnv>) -> Result<Prepared> {
+        crate::statement_limits::check_statement_size(sql)?;
         self.refresh().await.map_err(DataFusionError::from)?;
         let Snapshot {
             latest,
@@ -364,7 +380,11 @@ impl ComputeSession {
             .build_arc()?;
         let ctx = SessionContext::new_with_config_rt(config, runtime);
         sluice_udfs::register(&ctx, udfs);
-        let schema = Arc::new(ComputeSchema::new(latest, holders.clone()));
+        let schema = Arc::new(ComputeSchema::new(
+            latest,
+            holders.clone(),
+            self.endpoints.clone(),
+        ));
         if let Some(catalog) = ctx.catalog("datafusion") {
             let _previous = catalog.register_schema("public", Arc::clone(&schema) as _);
         }

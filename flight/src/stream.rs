@@ -3,6 +3,11 @@
 //! [`TokenBucket`], then one message without Arrow data whose app metadata
 //! is a [`FragmentReport`] (JSON). Storage nodes and compute nodes send
 //! this; their clients read it back with [`read_reported`].
+//!
+//! A panic while a stream's batches are made (a built-in function fed an
+//! input it cannot handle) would end the stream as if it were complete, or
+//! reach the client as CANCELLED: [`guard_panics`] turns it into an error
+//! that names it, so a query fails instead of losing rows.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -37,6 +42,27 @@ pub fn link_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
+/// `batches`, with a panic while polling them turned into one error
+/// (naming `what` and the panic's message) that ends the stream.
+pub fn guard_panics<S>(
+    batches: S,
+    what: &'static str,
+) -> impl Stream<Item = Result<RecordBatch, DataFusionError>> + Send + 'static
+where
+    S: Stream<Item = Result<RecordBatch, DataFusionError>> + Send + 'static,
+{
+    std::panic::AssertUnwindSafe(batches)
+        .catch_unwind()
+        .map(move |item| match item {
+            Ok(item) => item,
+            Err(panic) => Err(DataFusionError::Execution(format!(
+                "{what}: a function panicked ({}); the query was stopped rather than \
+                 returning part of its rows",
+                sluice_udfs::udf::panic_message(&panic)
+            ))),
+        })
+}
+
 /// Encodes `batches` of `schema` (errors mapped by `status`), paces them
 /// by `link`, and ends with the report `report(rows, bytes)` builds once
 /// they are sent. The schema goes first, so an empty result is a valid
@@ -54,7 +80,7 @@ where
     let rows = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
     let (counted_rows, counted_bytes) = (Arc::clone(&rows), Arc::clone(&bytes));
-    let batches = batches
+    let batches = guard_panics(batches, "query")
         .inspect_ok(move |b| {
             counted_rows.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
         })

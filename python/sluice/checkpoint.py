@@ -54,10 +54,10 @@ def _error(e: Exception, name: str) -> SluiceError:
         return SluiceError(503, "unavailable", f"checkpoint '{name}': {text}")
     if isinstance(e, pa.ArrowKeyError):  # NOT_FOUND
         return SluiceError(404, "checkpoint_not_found", text)
+    if "device full" in text:  # RESOURCE_EXHAUSTED (pyarrow may raise it as ArrowInvalid)
+        return SluiceError(507, "device_full", text)
     if isinstance(e, pa.ArrowInvalid):  # INVALID_ARGUMENT
         return SluiceError(400, "invalid_request", text)
-    if "device full" in text:  # RESOURCE_EXHAUSTED
-        return SluiceError(507, "device_full", text)
     if "is corrupt" in text:  # DATA_LOSS
         return SluiceError(500, "checkpoint_corrupt", text)
     return SluiceError(500, "checkpoint_failed", text)

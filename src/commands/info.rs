@@ -13,7 +13,7 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
         "device": device,
         "space": space,
         "free_bytes": space.free_chunks * space.chunk_size,
-        "reclaimed_at_open": store.reclaimed(),
+        "orphaned_metadata": store.orphans(),
     });
     match format {
         DocFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
@@ -32,6 +32,10 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
                 space.total_chunks,
                 human(space.chunk_size)
             );
+            let orphans = store.orphans().metadata_files.len();
+            if orphans > 0 {
+                println!("orphans      {orphans} metadata files named by no version (`sluice gc`)");
+            }
         }
     }
     Ok(())

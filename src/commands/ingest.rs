@@ -42,6 +42,8 @@ pub async fn run(
                 }
             }
         })),
+        // The CLI reads what its user can; a server confines to its roots.
+        confine: None,
     };
     let result = sluice_storage::ingest(&store, dataset, source, opts).await;
     if let Some(bar) = bar {

@@ -7,6 +7,7 @@ mod bench_udf;
 mod checkpoints;
 mod datasets;
 mod explain;
+mod gc;
 mod gen_sample;
 mod info;
 mod ingest;
@@ -108,6 +109,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             link_limit,
             checkpoint_keep,
             checkpoint_idle_timeout,
+            job_ttl,
             limits,
         } => {
             let hints = place::hints(None, *compute_cores, None);
@@ -122,6 +124,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         checkpoint_idle_timeout.clamp(0.1, 86_400.0),
                     ),
                 },
+                job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
                 limits: *limits,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
@@ -129,6 +132,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Checkpoints { action } => checkpoints::run(&cli, action).await,
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),
+        Command::Gc { dry_run, format } => gc::run(&cli, *dry_run, *format).await,
         Command::GenSample {
             dir,
             classes,

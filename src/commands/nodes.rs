@@ -68,7 +68,11 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         storage.info().cores
     );
     Server::builder()
-        .add_service(StorageFlightService::new(storage).server())
+        .add_service(
+            StorageFlightService::new(storage)
+                .with_limits(node.decode.limits())
+                .server(),
+        )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("storage node stopped");
@@ -84,7 +88,8 @@ pub async fn compute_node(
 ) -> anyhow::Result<()> {
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
         .with_query_memory(limits.query_memory as usize)
-        .with_stream_memory(limits.stream_memory);
+        .with_stream_memory(limits.stream_memory)
+        .with_limits(limits.decode.limits());
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     if let Err(e) = session.refresh().await {
@@ -121,6 +126,8 @@ pub struct ServeAddrs<'a> {
     pub storage: &'a [String],
     /// How checkpoints in the data dir are kept.
     pub checkpoints: CheckpointOptions,
+    /// How long a finished or unread job is kept.
+    pub job_ttl: std::time::Duration,
     /// Limits on each SQL query.
     pub limits: QueryLimitFlags,
 }
@@ -141,7 +148,9 @@ pub async fn serve(
         let endpoint: Arc<dyn StorageEndpoint> = if loopback {
             let listener = bind("127.0.0.1:0").await?;
             let addr = listener.local_addr()?;
-            let service = StorageFlightService::new(storage).server();
+            let service = StorageFlightService::new(storage)
+                .with_limits(addrs.limits.decode.limits())
+                .server();
             tokio::spawn(async move {
                 let served = Server::builder()
                     .add_service(service)
@@ -161,7 +170,8 @@ pub async fn serve(
     let session = Arc::new(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
             .with_query_memory(addrs.limits.query_memory as usize)
-            .with_stream_memory(addrs.limits.stream_memory),
+            .with_stream_memory(addrs.limits.stream_memory)
+            .with_limits(addrs.limits.decode.limits()),
     );
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
@@ -175,6 +185,7 @@ pub async fn serve(
         Ok(n) => eprintln!("{n} job(s) restored"),
         Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
     }
+    spawn_job_expiry(Arc::clone(&jobs), addrs.job_ttl);
     // Checkpoints live beside the datasets, in serve's own data dir.
     let checkpoints = store.as_ref().map(|s| {
         let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
@@ -212,7 +223,7 @@ pub async fn serve(
             .write_all(announce.as_bytes())
             .and_then(|()| out.flush());
     }
-    let mut query = QueryService::new(jobs).with_query_timeout(addrs.limits.timeout());
+    let mut query = QueryService::new(Arc::clone(&jobs)).with_query_timeout(addrs.limits.timeout());
     if let Some(c) = checkpoints {
         query = query.with_checkpoints(c);
     }
@@ -239,6 +250,26 @@ pub async fn serve(
             SHUTDOWN_GRACE.as_secs()
         ),
     }
+    // Progress delivered since the last periodic save is kept.
+    jobs.save_all();
     eprintln!("sluice serve stopped");
     Ok(())
+}
+
+/// Forgets expired jobs, checking a tenth of `ttl` apart (at most a minute).
+fn spawn_job_expiry(jobs: Arc<Jobs>, ttl: std::time::Duration) {
+    let every = (ttl / 10).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(60),
+    );
+    let weak = Arc::downgrade(&jobs);
+    drop(jobs);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let Some(jobs) = weak.upgrade() else { return };
+            jobs.expire(ttl);
+        }
+    });
 }

@@ -8,7 +8,8 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use sluice_storage::{IngestOptions, IngestSource, OnError};
+use sluice_storage::ingest::Confinement;
+use sluice_storage::{IngestOptions, IngestSource, OnError, StorageError};
 
 use super::AppState;
 use super::error::ApiError;
@@ -186,7 +187,7 @@ fn lexically_normal(path: &FsPath) -> PathBuf {
     responses(
         (status = 201, description = "The ingest report", body = Object),
         (status = 400, body = ApiError), (status = 403, body = ApiError),
-        (status = 401, body = ApiError),
+        (status = 401, body = ApiError), (status = 507, body = ApiError),
     ),
     security(("bearer" = [])))]
 pub async fn ingest(
@@ -220,14 +221,29 @@ pub async fn ingest(
         None => None,
     };
     let source = IngestSource::from_cli(&path, manifest.as_deref());
-    let report = sluice_storage::ingest(
-        store,
-        &req.name,
-        source,
-        IngestOptions::with_policy(on_error),
-    )
-    .await
-    .map_err(|e| bad(format!("ingest of {} into {}: {e}", req.path, req.name)))?;
+    // Every object, and every row of a manifest, is read beneath the roots.
+    let confine = Confinement::new(&s.ingest_roots).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "ingest_failed",
+            e.to_string(),
+        )
+    })?;
+    let opts = IngestOptions {
+        confine: Some(std::sync::Arc::new(confine)),
+        ..IngestOptions::with_policy(on_error)
+    };
+    let report = sluice_storage::ingest(store, &req.name, source, opts)
+        .await
+        .map_err(|e| {
+            let message = format!("ingest of {} into {}: {e}", req.path, req.name);
+            match e {
+                StorageError::DeviceFull { .. } => {
+                    ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "device_full", message)
+                }
+                _ => bad(message),
+            }
+        })?;
     tracing::info!(
         "ingested {} version {} ({} samples)",
         report.dataset,

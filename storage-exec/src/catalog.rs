@@ -23,6 +23,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::alloc::ChunkRun;
 use crate::error::{Result, StorageError};
+use sluice_udfs::udf::panic_message;
 
 const VERSIONS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("versions");
 const DATASETS: TableDefinition<'_, &str, u64> = TableDefinition::new("datasets");
@@ -66,17 +67,79 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// Opens (or creates) the catalog at `path`.
+    /// Creates the catalog of a new data dir at `path` (an existing
+    /// catalog there is opened instead, as [`Catalog::open`] does).
+    pub fn create(path: &Path) -> Result<Self> {
+        if path.exists() {
+            return Self::open(path);
+        }
+        let db = Database::create(path).map_err(|e| open_error(path, e))?;
+        Self::with_tables(db, path)
+    }
+
+    /// Opens the catalog of an existing data dir. A missing or empty file
+    /// is refused (redb would initialise a fresh, empty database in it),
+    /// and the file's checksums are verified first, so that a damaged
+    /// catalog is an error naming the file, never a panic or a silently
+    /// empty data dir.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = Database::create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StorageError::DataDirLocked {
-                path: path.parent().unwrap_or(path).to_owned(),
-            },
-            other => StorageError::Catalog {
-                path: path.to_owned(),
-                message: other.to_string(),
-            },
+        let damaged = |reason: String| StorageError::CatalogDamaged {
+            path: path.to_owned(),
+            reason,
+        };
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(damaged("the file is missing".into()));
+            }
+            Err(e) => return Err(StorageError::io("stat", path, e)),
+            Ok(m) if !m.is_file() => return Err(damaged("not a regular file".into())),
+            Ok(m) if m.len() == 0 => return Err(damaged("the file is empty (0 bytes)".into())),
+            Ok(_) => {}
+        }
+        // redb documents that an open of a file damaged outside redb may
+        // panic; the check on open reports corruption as an error, and the
+        // panic guard covers what it does not.
+        let opened = std::panic::catch_unwind(|| {
+            redb::Builder::new()
+                .set_check_integrity_on_open(true)
+                .open(path)
+        });
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
+                return Err(StorageError::DataDirLocked {
+                    path: path.parent().unwrap_or(path).to_owned(),
+                });
+            }
+            Ok(Err(e)) => return Err(damaged(format!("unreadable ({e})"))),
+            Err(panic) => {
+                return Err(damaged(format!(
+                    "unreadable (the database engine failed on it: {})",
+                    panic_message(&panic)
+                )));
+            }
+        };
+        let cat = Self::with_tables(db, path).map_err(|e| match e {
+            StorageError::Catalog { message, .. } => damaged(format!("unreadable ({message})")),
+            other => other,
         })?;
+        // Every record must decode: a catalog whose chunk map or version
+        // records are garbage is as damaged as one redb refuses.
+        let verified =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cat.verify_records()));
+        match verified {
+            Ok(Ok(())) => Ok(cat),
+            Ok(Err(e)) => Err(damaged(format!("a record is unreadable ({e})"))),
+            Err(panic) => Err(damaged(format!(
+                "unreadable (the database engine failed on it: {})",
+                panic_message(&panic)
+            ))),
+        }
+    }
+
+    /// Creates the tables this version of sluice uses when missing (a
+    /// catalog from before checkpoints has no checkpoint tables).
+    fn with_tables(db: Database, path: &Path) -> Result<Self> {
         let cat = Self {
             db,
             path: path.to_owned(),
@@ -88,6 +151,16 @@ impl Catalog {
         crate::checkpoint::catalog::create_tables(&txn).map_err(|e| cat.err(e))?;
         txn.commit().map_err(|e| cat.err(e))?;
         Ok(cat)
+    }
+
+    /// Reads every record once: versions, latest pointers, the chunk map.
+    fn verify_records(&self) -> Result<()> {
+        self.chunk_runs()?;
+        self.metadata_files()?;
+        for name in self.dataset_names()? {
+            self.version(&name, None)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn db(&self) -> &Database {
@@ -226,6 +299,18 @@ impl Catalog {
     }
 }
 
+fn open_error(path: &Path, e: redb::DatabaseError) -> StorageError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StorageError::DataDirLocked {
+            path: path.parent().unwrap_or(path).to_owned(),
+        },
+        other => StorageError::Catalog {
+            path: path.to_owned(),
+            message: other.to_string(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,7 +332,7 @@ mod tests {
     #[test]
     fn commits_are_visible_and_versions_are_ordered() {
         let dir = tempfile::tempdir().unwrap();
-        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
         assert!(matches!(
             cat.version("a", None),
             Err(StorageError::UnknownDataset(_))
@@ -271,7 +356,7 @@ mod tests {
     #[test]
     fn a_second_open_is_refused_while_the_first_is_held() {
         let dir = tempfile::tempdir().unwrap();
-        let _cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        let _cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
         let err = Catalog::open(&dir.path().join("c.redb")).unwrap_err();
         assert!(matches!(err, StorageError::DataDirLocked { .. }), "{err}");
     }

@@ -114,6 +114,21 @@ pub enum StorageError {
         /// What redb reported.
         message: String,
     },
+    /// The catalog of an existing data dir is missing, empty or damaged.
+    /// sluice never recreates it over data: a fresh catalog would call
+    /// every dataset and checkpoint free space.
+    #[error(
+        "catalog {}: {reason}. The data dir's datasets and checkpoints are listed only there, \
+         so sluice will not open it (nothing was changed). Restore catalog.redb from a backup \
+         or a copy of the data dir; to start afresh, move the data dir aside",
+        path.display()
+    )]
+    CatalogDamaged {
+        /// The catalog file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A job asked for a row a dataset version does not have.
     #[error("dataset '{dataset}' version {version} has {rows} rows; row {row} was asked for")]
     RowOutOfRange {

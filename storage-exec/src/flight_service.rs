@@ -31,7 +31,7 @@ use sluice_flight::messages::{
 };
 use sluice_flight::stream::{FlightStream, send_reported};
 use sluice_flight::{MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
-use sluice_udfs::{UdfEnv, UdfOptions};
+use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::StorageNode;
@@ -42,12 +42,23 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 #[derive(Debug, Clone)]
 pub struct StorageFlightService {
     node: Arc<StorageNode>,
+    limits: Limits,
 }
 
 impl StorageFlightService {
     /// The service of `node`.
     pub fn new(node: Arc<StorageNode>) -> Self {
-        Self { node }
+        Self {
+            node,
+            limits: Limits::default(),
+        }
+    }
+
+    /// This node's decoding limits: a fragment's options may lower them,
+    /// never raise them (default: [`Limits::default`]).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// The tonic server of this service, with sluice's message limits.
@@ -58,8 +69,9 @@ impl StorageFlightService {
     }
 
     async fn fragment(&self, t: FragmentTicket) -> Result<FlightStream, Status> {
-        let options: UdfOptions = serde_json::from_str(&t.udf_options)
+        let mut options: UdfOptions = serde_json::from_str(&t.udf_options)
             .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+        options.limits = options.limits.capped_by(&self.limits);
         let udfs = UdfEnv::new(options);
         let ctx = self.node.session(&udfs);
         let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;

@@ -64,4 +64,4 @@ pub use flight_service::StorageFlightService;
 pub use ingest::{IngestOptions, IngestReport, IngestSource, OnError, ingest};
 pub use node::StorageNode;
 pub use session::{session_context, session_context_with};
-pub use store::{Store, StoreOptions};
+pub use store::{GcReport, OrphanReport, Store, StoreOptions};

@@ -105,7 +105,10 @@ impl StorageNode {
 
     /// The datasets held here, with their schemas and statistics. A
     /// version's listing is computed once (it reads the metadata file);
-    /// later calls only ask the catalog which version is the latest.
+    /// later calls only ask the catalog which version is the latest. A
+    /// dataset whose metadata cannot be read is left out, with a warning
+    /// naming the file: one damaged dataset hides no other, and a query
+    /// naming it gets the error ([`StorageNode::table_schema`]).
     pub fn list(&self) -> Result<Vec<RemoteDataset>, LinkError> {
         let catalog = self.store.catalog();
         let mut out = Vec::new();
@@ -123,13 +126,23 @@ impl StorageNode {
             let listed = match cached {
                 Some(d) => d,
                 None => {
-                    let v = DatasetVersion::open(Arc::clone(&self.store), &name, Some(version))
-                        .map_err(execution)?;
+                    let opened =
+                        DatasetVersion::open(Arc::clone(&self.store), &name, Some(version))
+                            .and_then(|v| Ok((dataset_stats(&v, SAMPLE)?, v)));
+                    let (stats, v) = match opened {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(
+                                "dataset '{name}' version {version} is unavailable: {e}"
+                            );
+                            continue;
+                        }
+                    };
                     let d = RemoteDataset {
                         name,
                         version,
                         schema: Arc::clone(&v.table_schema),
-                        stats: dataset_stats(&v, SAMPLE).map_err(execution)?,
+                        stats,
                     };
                     self.listed
                         .lock()
@@ -315,13 +328,19 @@ impl StorageNode {
         let (tx, rx) = mpsc::channel::<DFResult<RecordBatch>>(4);
         self.handle.spawn(async move {
             let plan: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(plan));
-            let mut stream = match plan.execute(0, task) {
+            let stream = match plan.execute(0, task) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
             };
+            // A panic in an operator must fail the fragment: dropped, the
+            // sender would end the stream as if every row had been sent.
+            let mut stream = std::pin::pin!(sluice_flight::stream::guard_panics(
+                stream,
+                "storage fragment"
+            ));
             while let Some(item) = stream.next().await {
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {

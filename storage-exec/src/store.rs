@@ -2,9 +2,17 @@
 //!
 //! Opening a store checks the directory's `FORMAT` marker, opens the device
 //! and the catalog (redb's file lock makes the directory single-process),
-//! then *reclaims*: the chunk allocator is rebuilt from the committed chunk
-//! map, so chunks written by an ingest that never committed are free again,
-//! and metadata files that no committed version names are deleted.
+//! then rebuilds the chunk allocator from the committed chunk map, so
+//! chunks written by an ingest that never committed are free again.
+//!
+//! **Opening never deletes anything.** A data dir with a `FORMAT` marker
+//! must have its catalog: a missing, empty or damaged `catalog.redb` is an
+//! error naming the file ([`StorageError::CatalogDamaged`]), never a fresh
+//! catalog that would call every dataset's chunks free. Metadata files that
+//! no committed version names (left by an interrupted ingest) are counted
+//! at open and removed only by [`Store::collect_garbage`] (`sluice gc`), an
+//! explicit, logged operation that refuses to run when the catalog names
+//! no dataset at all while `meta/` holds files.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,11 +75,18 @@ pub struct SpaceInfo {
     pub free_chunks: u64,
 }
 
-/// What the open-time reclaim found.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReclaimReport {
-    /// Orphaned metadata files deleted.
-    pub metadata_files: u64,
+/// Metadata files that no committed version names, found at open.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OrphanReport {
+    /// Their paths, relative to the data dir.
+    pub metadata_files: Vec<PathBuf>,
+}
+
+/// What [`Store::collect_garbage`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GcReport {
+    /// Metadata files removed, relative to the data dir.
+    pub removed: Vec<PathBuf>,
 }
 
 /// An open data directory.
@@ -83,7 +98,7 @@ pub struct Store {
     catalog: Catalog,
     space: Space,
     ingest_lock: tokio::sync::Mutex<()>,
-    reclaimed: ReclaimReport,
+    orphans: OrphanReport,
 }
 
 impl Store {
@@ -91,8 +106,8 @@ impl Store {
     pub fn open(opts: &StoreOptions) -> Result<Arc<Self>> {
         let dir = &opts.data_dir;
         std::fs::create_dir_all(dir).map_err(|e| StorageError::io("create data dir", dir, e))?;
-        let format = match DataDirFormat::load(dir)? {
-            Some(f) => f,
+        let (format, catalog) = match DataDirFormat::load(dir)? {
+            Some(f) => (f, Catalog::open(&dir.join(CATALOG_FILE))?),
             None => Self::initialise(opts)?,
         };
         let device_opts = DeviceOptions {
@@ -109,7 +124,6 @@ impl Store {
             spdk: opts.spdk.clone(),
         };
         let device = open_device(&Self::device_path(opts, &format), &device_opts)?;
-        let catalog = Catalog::open(&dir.join(CATALOG_FILE))?;
 
         let total = device.capacity() / format.chunk_size;
         let mut alloc = ChunkAllocator::new(total);
@@ -125,12 +139,15 @@ impl Store {
                 });
             }
         }
-        let reclaimed = reclaim_metadata(dir, &catalog)?;
-        if reclaimed.metadata_files > 0 {
+        let orphans = OrphanReport {
+            metadata_files: find_orphans(dir, &catalog)?,
+        };
+        if !orphans.metadata_files.is_empty() {
             tracing::info!(
-                "{}: removed {} metadata files left by an interrupted ingest",
+                "{}: {} metadata files are named by no committed version (an interrupted \
+                 ingest leaves them); `sluice gc` removes them",
                 dir.display(),
-                reclaimed.metadata_files
+                orphans.metadata_files.len()
             );
         }
         Ok(Arc::new(Self {
@@ -140,7 +157,7 @@ impl Store {
             catalog,
             space: Space::new(alloc),
             ingest_lock: tokio::sync::Mutex::new(()),
-            reclaimed,
+            orphans,
         }))
     }
 
@@ -161,13 +178,26 @@ impl Store {
         format.device_path(&opts.data_dir)
     }
 
-    fn initialise(opts: &StoreOptions) -> Result<DataDirFormat> {
+    /// Creates a new data dir: device file, `meta/`, catalog, and last the
+    /// `FORMAT` marker, so that a directory with a marker always has its
+    /// catalog.
+    fn initialise(opts: &StoreOptions) -> Result<(DataDirFormat, Catalog)> {
         let dir = &opts.data_dir;
-        let has_catalog = dir.join(CATALOG_FILE).exists();
-        if has_catalog {
+        if dir.join(CATALOG_FILE).exists() {
             return Err(StorageError::IncompatibleDataDir {
                 path: dir.clone(),
                 reason: "has a catalog but no FORMAT file; not written by this sluice".into(),
+            });
+        }
+        let meta = dir.join(META_DIR);
+        if std::fs::read_dir(&meta).is_ok_and(|mut d| d.next().is_some()) {
+            return Err(StorageError::IncompatibleDataDir {
+                path: dir.clone(),
+                reason: format!(
+                    "{} holds dataset metadata but there is no FORMAT file and no catalog; \
+                     restore them from a backup (sluice will not start a new data dir over it)",
+                    meta.display()
+                ),
             });
         }
         let block_size = 4096u64;
@@ -191,11 +221,11 @@ impl Store {
                 PathBuf::from(DEVICE_FILE)
             }
         };
-        std::fs::create_dir_all(dir.join(META_DIR))
-            .map_err(|e| StorageError::io("create", dir.join(META_DIR), e))?;
+        std::fs::create_dir_all(&meta).map_err(|e| StorageError::io("create", &meta, e))?;
+        let catalog = Catalog::create(&dir.join(CATALOG_FILE))?;
         let format = DataDirFormat::new(opts.chunk_size, block_size, device);
         format.store(dir)?;
-        Ok(format)
+        Ok((format, catalog))
     }
 
     /// The data directory.
@@ -218,9 +248,41 @@ impl Store {
         self.format.chunk_size
     }
 
-    /// What the open-time reclaim removed.
-    pub fn reclaimed(&self) -> ReclaimReport {
-        self.reclaimed
+    /// Metadata files no committed version named when the store opened.
+    pub fn orphans(&self) -> &OrphanReport {
+        &self.orphans
+    }
+
+    /// Removes metadata files that no committed version names, logging
+    /// each. Holds the ingest lock, so a running ingest's file (not yet
+    /// committed) is never taken for an orphan. Refuses when the catalog
+    /// names no dataset version while `meta/` holds files: that is a
+    /// catalog from elsewhere or an emptied one, not garbage.
+    pub async fn collect_garbage(&self) -> Result<GcReport> {
+        let _guard = self.lock_ingest().await;
+        let orphans = find_orphans(&self.dir, &self.catalog)?;
+        if self.catalog.metadata_files()?.is_empty() && !orphans.is_empty() {
+            return Err(StorageError::CatalogDamaged {
+                path: self.dir.join(CATALOG_FILE),
+                reason: format!(
+                    "it names no dataset version, yet {} holds {} metadata files; \
+                     garbage collection would delete every dataset's metadata",
+                    self.dir.join(META_DIR).display(),
+                    orphans.len()
+                ),
+            });
+        }
+        let mut report = GcReport::default();
+        for rel in orphans {
+            let path = self.dir.join(&rel);
+            std::fs::remove_file(&path).map_err(|e| StorageError::io("remove orphan", &path, e))?;
+            tracing::info!(
+                "gc: removed {} (named by no committed version)",
+                path.display()
+            );
+            report.removed.push(rel);
+        }
+        Ok(report)
     }
 
     /// Free space now.
@@ -254,12 +316,13 @@ impl Store {
     }
 }
 
-fn reclaim_metadata(dir: &Path, catalog: &Catalog) -> Result<ReclaimReport> {
+/// Files under `meta/` that no committed version names, relative to `dir`.
+fn find_orphans(dir: &Path, catalog: &Catalog) -> Result<Vec<PathBuf>> {
     let live: std::collections::HashSet<PathBuf> = catalog.metadata_files()?.into_iter().collect();
     let meta = dir.join(META_DIR);
-    let mut report = ReclaimReport::default();
+    let mut out = Vec::new();
     let Ok(datasets) = std::fs::read_dir(&meta) else {
-        return Ok(report);
+        return Ok(out);
     };
     for ds in datasets.flatten() {
         let Ok(files) = std::fs::read_dir(ds.path()) else {
@@ -270,11 +333,10 @@ fn reclaim_metadata(dir: &Path, catalog: &Catalog) -> Result<ReclaimReport> {
                 .join(ds.file_name())
                 .join(f.file_name());
             if !live.contains(&rel) {
-                std::fs::remove_file(f.path())
-                    .map_err(|e| StorageError::io("remove orphan", f.path(), e))?;
-                report.metadata_files += 1;
+                out.push(rel);
             }
         }
     }
-    Ok(report)
+    out.sort();
+    Ok(out)
 }

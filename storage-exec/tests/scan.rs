@@ -405,7 +405,7 @@ async fn incompatible_or_foreign_data_dirs_are_refused() {
 }
 
 #[tokio::test]
-async fn orphans_of_an_interrupted_ingest_are_reclaimed_at_open() {
+async fn orphans_of_an_interrupted_ingest_are_counted_at_open_and_removed_by_gc() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), Backend::Auto, 64 << 20);
     ingest_mem(&store, "ds", samples(10)).await;
@@ -415,11 +415,41 @@ async fn orphans_of_an_interrupted_ingest_are_reclaimed_at_open() {
     std::fs::write(dir.path().join("meta/ds/v2.parquet"), b"partial").unwrap();
     std::fs::write(dir.path().join("meta/ds/v2.parquet.tmp"), b"partial").unwrap();
     let store = open(dir.path(), Backend::Auto, 64 << 20);
-    assert_eq!(store.reclaimed().metadata_files, 2);
+    assert_eq!(store.orphans().metadata_files.len(), 2);
     assert_eq!(store.space().free_chunks, free);
+    // Opening deletes nothing.
+    assert!(dir.path().join("meta/ds/v2.parquet").exists());
+    let gc = store.collect_garbage().await.unwrap();
+    assert_eq!(gc.removed.len(), 2);
     assert!(!dir.path().join("meta/ds/v2.parquet").exists());
+    assert!(dir.path().join("meta/ds/v1.parquet").exists());
     let r = ingest_mem(&store, "ds", samples(3)).await;
     assert_eq!(r.version, 2);
+}
+
+#[tokio::test]
+async fn gc_refuses_a_catalog_that_names_no_version_of_the_metadata_it_sees() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Backend::Auto, 64 << 20);
+    ingest_mem(&store, "ds", samples(4)).await;
+    drop(store);
+    // A valid but empty catalog put in place of the real one.
+    let saved = std::fs::read(dir.path().join("catalog.redb")).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    drop(open(other.path(), Backend::Auto, 64 << 20));
+    std::fs::copy(
+        other.path().join("catalog.redb"),
+        dir.path().join("catalog.redb"),
+    )
+    .unwrap();
+    let store = open(dir.path(), Backend::Auto, 64 << 20);
+    let err = store.collect_garbage().await.unwrap_err();
+    assert!(matches!(err, StorageError::CatalogDamaged { .. }), "{err}");
+    assert!(dir.path().join("meta/ds/v1.parquet").exists());
+    drop(store);
+    std::fs::write(dir.path().join("catalog.redb"), saved).unwrap();
+    let store = open(dir.path(), Backend::Auto, 64 << 20);
+    assert_eq!(store.catalog().dataset_names().unwrap(), vec!["ds"]);
 }
 
 #[tokio::test]

@@ -75,6 +75,17 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// These limits, none above `ceiling`'s: what a client asks for may
+    /// lower a server's limits, never raise them.
+    pub fn capped_by(self, ceiling: &Limits) -> Limits {
+        Limits {
+            max_pixels: self.max_pixels.min(ceiling.max_pixels),
+            max_frames: self.max_frames.min(ceiling.max_frames),
+            max_decoded_bytes: self.max_decoded_bytes.min(ceiling.max_decoded_bytes),
+            max_sample_ms: self.max_sample_ms.min(ceiling.max_sample_ms),
+        }
+    }
+
     /// An error naming the time budget when `started` is longer ago than
     /// it allows; `what` is only called to word it.
     pub fn check_time(

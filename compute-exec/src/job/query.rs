@@ -29,13 +29,13 @@ use crate::session::{ComputeSession, Prepared};
 /// The dataset column holding each sample's key.
 pub const KEY: &str = "key";
 
-/// The UDF options of `spec`'s `epoch`.
-pub fn udf_options(spec: &JobSpec, epoch: u64) -> UdfOptions {
+/// The UDF options of `spec`'s `epoch`, under the server's `limits`.
+pub fn udf_options(spec: &JobSpec, epoch: u64, limits: &sluice_udfs::Limits) -> UdfOptions {
     UdfOptions {
         on_error: spec.on_error,
         seed: spec.shuffle.map_or(0, |s| s.seed),
         epoch,
-        limits: sluice_udfs::Limits::default(),
+        limits: *limits,
     }
 }
 

@@ -2,7 +2,9 @@
 //! With a [`JobStore`], jobs survive a restart: their records are loaded
 //! and each is planned again over the versions it pinned (ids carry a
 //! random part, so an old id is never mistaken for a new job); a
-//! cancelled job's record is removed. Their CPU work — listing samples, running windows, encoding
+//! cancelled job's record is removed. Finished jobs, and jobs nobody has
+//! read, expire after the registry's time to live ([`Jobs::expire`]),
+//! records and all. Their CPU work — listing samples, running windows, encoding
 //! batches — runs on a runtime of their own, so the runtime answering REST
 //! and Flight requests never waits behind decoding.
 
@@ -142,10 +144,47 @@ impl Jobs {
         }
     }
 
+    /// Saves every job's record (at shutdown: progress delivered since
+    /// the last save is not lost).
+    pub fn save_all(&self) {
+        for job in self.list() {
+            job.save();
+        }
+    }
+
+    /// Forgets, with their records, jobs idle longer than `ttl`: finished
+    /// ones (done, failed, cancelled) and running ones nobody reads.
+    /// Returns their ids.
+    pub fn expire(&self, ttl: std::time::Duration) -> Vec<String> {
+        let gone: Vec<Arc<Job>> = {
+            let mut jobs = self.lock();
+            let old: Vec<u64> = jobs
+                .iter()
+                .filter(|(_, j)| j.state() != JobState::Pending && j.idle_for() > ttl)
+                .map(|(n, _)| *n)
+                .collect();
+            old.iter().filter_map(|n| jobs.remove(n)).collect()
+        };
+        for job in &gone {
+            tracing::info!(
+                "job {} expired ({:?}, idle for {:.0} s)",
+                job.id(),
+                job.state(),
+                job.idle_for().as_secs_f64()
+            );
+            if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(job.id())) {
+                tracing::warn!("job {}: cannot remove its record: {e}", job.id());
+            }
+        }
+        gone.iter().map(|j| j.id().to_owned()).collect()
+    }
+
     /// Brings back the jobs saved by an earlier run: each is planned again
-    /// over the versions it pinned and indexed anew. A job that cannot be
-    /// (its dataset version or node gone) is logged and left in the store.
-    /// Returns how many came back.
+    /// over the versions it pinned and indexed anew, on the jobs' runtime
+    /// (the stack and limits a submission has). A job that cannot be (its
+    /// dataset version or node gone, a pipeline over today's limits) is
+    /// logged and left in the store: no record stops the server from
+    /// starting. Returns how many came back.
     pub async fn restore(&self) -> std::io::Result<usize> {
         let Some(store) = &self.store else {
             return Ok(0);
@@ -153,17 +192,20 @@ impl Jobs {
         let mut restored = 0;
         for record in store.load()? {
             let id = record.id.clone();
-            let job = match Job::restore(
+            let planned = self.handle.spawn(Job::restore(
                 record,
                 Arc::clone(&self.session),
                 self.handle.clone(),
                 self.store.clone(),
-            )
-            .await
-            {
-                Ok(j) => Arc::new(j),
-                Err(e) => {
+            ));
+            let job = match planned.await {
+                Ok(Ok(j)) => Arc::new(j),
+                Ok(Err(e)) => {
                     tracing::warn!("job {id} cannot be restored: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("job {id} cannot be restored: its planning failed: {e}");
                     continue;
                 }
             };

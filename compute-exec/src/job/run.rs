@@ -9,8 +9,10 @@
 //! ```
 //!
 //! A job's record (spec, pins, state, progress) is saved in the job store
-//! at each change of state and as it progresses, so that a restarted
-//! server serves the same job: same versions, same order, same bytes.
+//! at each change of state, as it progresses (at most once a second), when
+//! a reader's stream ends and when the server stops, so that a restarted
+//! server serves the same job: same versions, same order, same bytes, and
+//! the progress it had.
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -77,6 +79,7 @@ struct Inner {
     error: Option<String>,
     ready: Option<Arc<Ready>>,
     progress: Progress,
+    warnings: Vec<String>,
 }
 
 /// See the module docs.
@@ -106,6 +109,8 @@ pub struct Job {
     /// that a record written late never replaces a newer one.
     next_save: std::sync::atomic::AtomicU64,
     saved: Mutex<u64>,
+    /// When it last did anything (planned, read): an idle job expires.
+    active: Mutex<std::time::Instant>,
 }
 
 /// Writes `record` (number `seq`) unless a newer one was written.
@@ -177,7 +182,8 @@ impl Job {
     ) -> Result<Self, JobError> {
         let sql = spec.validate()?;
         let offload = spec.offload.offload()?;
-        let query = JobQuery::prepare(&session, &sql, udf_options(&spec, 0)).await?;
+        let query =
+            JobQuery::prepare(&session, &sql, udf_options(&spec, 0, session.limits())).await?;
         let table = query.table();
         let held = session.pins(&table).await;
         let pins = match pinned {
@@ -226,6 +232,7 @@ impl Job {
                 error: None,
                 ready: None,
                 progress: Progress::default(),
+                warnings: Vec::new(),
             }),
             bad: ErrorLog::default(),
             runtime,
@@ -236,6 +243,7 @@ impl Job {
             store,
             next_save: std::sync::atomic::AtomicU64::new(0),
             saved: Mutex::new(0),
+            active: Mutex::new(std::time::Instant::now()),
         })
     }
 
@@ -245,11 +253,13 @@ impl Job {
         match self.index().await {
             Ok(index) => {
                 if index.duplicates() > 0 {
-                    tracing::warn!(
-                        "job {}: {} key(s) are on more than one storage node; each is read once",
-                        self.id,
+                    let warning = format!(
+                        "{} row(s) not delivered: their keys are on more than one storage \
+                         node, and each key is read once",
                         index.duplicates()
                     );
+                    tracing::warn!("job {}: {warning}", self.id);
+                    self.lock().warnings.push(warning);
                 }
                 let layout = self.spec.layout(index.len() as u64);
                 let ready = Arc::new(Ready {
@@ -367,6 +377,18 @@ impl Job {
         *self.state.borrow()
     }
 
+    /// How long since it was planned (or restored) or last read.
+    pub fn idle_for(&self) -> std::time::Duration {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+
+    fn touch(&self) {
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
     /// The schema of its batches.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -478,6 +500,7 @@ impl Job {
 
     /// Records a batch handed to a reader.
     fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &Delivery) {
+        self.touch();
         let mut inner = self.lock();
         inner.progress.deliver(
             rank,
@@ -543,6 +566,7 @@ impl Job {
             bytes: inner.progress.bytes,
             skipped,
             bad_samples,
+            warnings: inner.warnings.clone(),
         }
     }
 
@@ -596,6 +620,7 @@ impl Job {
         }
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
+        self.touch();
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
@@ -624,7 +649,12 @@ impl Job {
         Ok(futures::stream::unfold(rx, move |mut rx| {
             let job = Arc::clone(&job);
             async move {
-                let item = rx.recv().await?;
+                let Some(item) = rx.recv().await else {
+                    // The stream ended: what it delivered is saved now,
+                    // not at the next delivery that may never come.
+                    job.save_in_background();
+                    return None;
+                };
                 if let Ok((d, _)) = &item {
                     job.delivered(rank, epoch, d);
                 }

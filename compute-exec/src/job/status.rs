@@ -81,6 +81,11 @@ pub struct JobStatus {
     /// The first of them, with the reason.
     #[schema(value_type = Vec<Object>)]
     pub bad_samples: Vec<BadSample>,
+    /// Rows of the pinned versions the job does not deliver, and why (a
+    /// key held by more than one storage node is read once): every row
+    /// is delivered or counted here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Positions delivered per (rank, epoch), and the counters of a job.

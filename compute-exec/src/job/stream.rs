@@ -96,8 +96,12 @@ impl Job {
             from,
             to,
         } = span;
-        let query =
-            JobQuery::prepare(self.session(), self.sql(), udf_options(self.spec(), epoch)).await?;
+        let query = JobQuery::prepare(
+            self.session(),
+            self.sql(),
+            udf_options(self.spec(), epoch, self.session().limits()),
+        )
+        .await?;
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
         let _stop = query.udfs.cancel.on_drop();

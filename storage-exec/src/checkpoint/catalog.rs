@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn versions_count_up_old_ones_retire_and_chunks_are_tracked() {
         let dir = tempfile::tempdir().unwrap();
-        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
         let mut a1 = record("run/a.pt", 0);
         assert!(cat.commit_checkpoint(&mut a1, 2).unwrap().runs.is_empty());
         let mut a2 = record("run/a.pt", 1);

@@ -15,6 +15,7 @@
 //! by nobody and the metadata file by no version, and the next open
 //! reclaims both. A crash after it leaves a complete version.
 
+mod confine;
 mod source;
 mod writer;
 
@@ -26,6 +27,7 @@ use arrow::array::{ArrayRef, RecordBatch, StringBuilder, UInt32Builder, UInt64Bu
 use arrow::compute::take;
 use futures::StreamExt;
 
+pub use confine::Confinement;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
@@ -78,14 +80,18 @@ pub struct IngestOptions {
     pub on_error: OnError,
     /// Called after each object.
     pub progress: Option<Box<dyn Fn(Progress) + Send + Sync>>,
+    /// When set, every object is read beneath these roots or refused (a
+    /// server ingesting for a client); the CLI reads what its user can.
+    pub confine: Option<Arc<Confinement>>,
 }
 
 impl IngestOptions {
-    /// Options with `on_error` and no progress callback.
+    /// Options with `on_error`, no progress callback and no confinement.
     pub fn with_policy(on_error: OnError) -> Self {
         Self {
             on_error,
             progress: None,
+            confine: None,
         }
     }
 }
@@ -151,30 +157,72 @@ struct Loaded {
     crc: u32,
 }
 
-/// Reads a source file, refusing a symbolic link: a link inside an ingest
+/// The largest object sluice can read back: a sample is one value of an
+/// Arrow `BinaryArray`, whose offsets are `i32`.
+pub const MAX_OBJECT_BYTES: u64 = i32::MAX as u64;
+
+/// Opens a source file, refusing a symbolic link: a link inside an ingest
 /// root may point anywhere on the host (`/etc/passwd`), and is never
 /// followed.
-fn read_no_follow(path: &Path) -> std::result::Result<Vec<u8>, String> {
-    use std::io::Read;
+fn open_no_follow(path: &Path) -> std::result::Result<std::fs::File, String> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => "a symbolic link (links are not followed)".to_string(),
             _ => format!("cannot read {}: {e}", path.display()),
-        })?;
-    let mut out = Vec::new();
+        })
+}
+
+/// Reads a source file (beneath the roots of `confine`, when set),
+/// refusing one over [`MAX_OBJECT_BYTES`] before reading a byte of it.
+fn read_source(path: &Path, confine: Option<&Confinement>) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut f = match confine {
+        Some(c) => c.open(path)?,
+        None => open_no_follow(path)?,
+    };
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    if meta.len() > MAX_OBJECT_BYTES {
+        return Err(format!(
+            "{} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)",
+            meta.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
     f.read_to_end(&mut out)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if out.len() as u64 > MAX_OBJECT_BYTES {
+        return Err(format!(
+            "grew past {MAX_OBJECT_BYTES} bytes while it was read, over the largest object \
+             sluice can read back"
+        ));
+    }
     Ok(out)
 }
 
-fn load(entry: Entry) -> (String, std::result::Result<Loaded, String>) {
+fn load(
+    entry: Entry,
+    confine: Option<&Confinement>,
+) -> (String, std::result::Result<Loaded, String>) {
     let bytes = match entry.origin {
+        Origin::Inline(b) if b.len() as u64 > MAX_OBJECT_BYTES => {
+            let reason = format!(
+                "{} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)",
+                b.len()
+            );
+            return (entry.key, Err(reason));
+        }
         Origin::Inline(b) => b,
-        Origin::Path(p) => match read_no_follow(&p) {
+        Origin::Refused(reason) => return (entry.key, Err(reason)),
+        Origin::Path(p) => match read_source(&p, confine) {
             Ok(b) => b,
             Err(reason) => return (entry.key, Err(reason)),
         },
@@ -190,6 +238,49 @@ fn load(entry: Entry) -> (String, std::result::Result<Loaded, String>) {
 /// Objects loaded per blocking task, and tasks in flight.
 const LOAD_GROUP: usize = 32;
 const LOAD_TASKS: usize = 4;
+/// Bytes of loaded objects held at once, waiting for the writer: a group
+/// takes its size in permits (at most all of them) before it is read and
+/// gives them back once written, so memory stays near this bound plus one
+/// object larger than it, whatever the files' sizes.
+const LOAD_BUDGET: u64 = 256 << 20;
+
+/// Marks every entry whose key an earlier entry already has: keys are
+/// unique within a version by construction, and a duplicate is refused,
+/// named, never silently merged.
+fn refuse_duplicate_keys(entries: &mut [Entry]) {
+    let mut seen: std::collections::HashMap<String, usize> =
+        std::collections::HashMap::with_capacity(entries.len());
+    for (i, e) in entries.iter_mut().enumerate() {
+        match seen.get(&e.key) {
+            Some(first) => {
+                e.origin = Origin::Refused(format!(
+                    "duplicate key: row {} of the source has the same key (keys are unique \
+                     within a version; give one a 'key' in the manifest, or rename it)",
+                    first + 1
+                ));
+            }
+            None => {
+                seen.insert(e.key.clone(), i);
+            }
+        }
+    }
+}
+
+/// Bytes a group will hold once loaded, from the files' sizes (not
+/// following links; a file that cannot be stat'ed counts as empty and is
+/// refused by the loader).
+fn group_bytes(group: &[Entry]) -> u64 {
+    group
+        .iter()
+        .map(|e| match &e.origin {
+            Origin::Inline(b) => b.len() as u64,
+            Origin::Path(p) => std::fs::symlink_metadata(p)
+                .map(|m| m.len().min(MAX_OBJECT_BYTES))
+                .unwrap_or(0),
+            Origin::Refused(_) => 0,
+        })
+        .sum()
+}
 
 /// Ingests `source` as a new version of `dataset`.
 pub async fn ingest(
@@ -202,7 +293,8 @@ pub async fn ingest(
     let started = Instant::now();
     let _guard = store.lock_ingest().await;
     let source_desc = source.describe();
-    let enumerated = enumerate(source).await?;
+    let mut enumerated = enumerate(source).await?;
+    refuse_duplicate_keys(&mut enumerated.entries);
     let total = enumerated.entries.len() as u64;
     let version = store.catalog().latest_version(dataset)?.unwrap_or(0) + 1;
 
@@ -226,20 +318,55 @@ pub async fn ingest(
     let mut done = 0u64;
 
     // Objects are loaded in groups on the blocking pool, a few groups ahead
-    // of the writer, and appended in source order.
+    // of the writer, and appended in source order. Each group first takes
+    // its bytes from the load budget, in order (`then` is sequential), and
+    // gives them back when the writer has taken the group: a later group
+    // never holds permits an earlier one waits for.
+    let budget = Arc::new(tokio::sync::Semaphore::new(LOAD_BUDGET as usize));
     let mut entries = enumerated.entries.into_iter();
     let groups = std::iter::from_fn(|| {
         let group: Vec<Entry> = entries.by_ref().take(LOAD_GROUP).collect();
         (!group.is_empty()).then_some(group)
     });
-    let mut loaded = futures::stream::iter(groups)
-        .map(|group| {
-            tokio::task::spawn_blocking(move || group.into_iter().map(load).collect::<Vec<_>>())
+    let confine = opts.confine.clone();
+    let loaded = futures::stream::iter(groups)
+        .then(|group| {
+            let budget = Arc::clone(&budget);
+            async move {
+                let (group, bytes) = tokio::task::spawn_blocking(move || {
+                    let bytes = group_bytes(&group);
+                    (group, bytes)
+                })
+                .await
+                .map_err(|e| StorageError::io("load", ".", std::io::Error::other(e)))?;
+                let permits = bytes.clamp(1, LOAD_BUDGET) as u32;
+                let permit = budget
+                    .acquire_many_owned(permits)
+                    .await
+                    .map_err(|e| StorageError::io("load", ".", std::io::Error::other(e)))?;
+                Ok::<_, StorageError>((group, permit))
+            }
+        })
+        .map(|ready| {
+            let confine = confine.clone();
+            async move {
+                let (group, permit) = ready?;
+                let results = tokio::task::spawn_blocking(move || {
+                    group
+                        .into_iter()
+                        .map(|e| load(e, confine.as_deref()))
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .map_err(|e| StorageError::io("load", ".", std::io::Error::other(e)))?;
+                Ok::<_, StorageError>((results, permit))
+            }
         })
         .buffered(LOAD_TASKS);
+    let mut loaded = std::pin::pin!(loaded);
 
     while let Some(group) = loaded.next().await {
-        let group = group.map_err(|e| StorageError::io("load", ".", std::io::Error::other(e)))?;
+        let (group, _permit) = group?;
         for (key, result) in group {
             let row = done;
             done += 1;

@@ -74,6 +74,8 @@ impl IngestSource {
 pub(crate) enum Origin {
     Path(PathBuf),
     Inline(Vec<u8>),
+    /// Refused before a byte is read, and why (a duplicate key).
+    Refused(String),
 }
 
 /// One sample to ingest.
@@ -148,9 +150,26 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 fn rel_key(root: &Path, path: &Path) -> String {
     let rel = path.strip_prefix(root).unwrap_or(path);
     rel.components()
-        .map(|c| c.as_os_str().to_string_lossy())
+        .map(|c| key_part(c.as_os_str()))
         .collect::<Vec<_>>()
         .join("/")
+}
+
+/// A file name as key text: UTF-8 as it is; each byte of an invalid
+/// sequence as `%XX`, so that `a\xff.jpg` and `a\xfe.jpg` stay two keys
+/// (a lossy conversion made both `a\u{fffd}.jpg`, and one was lost). A key
+/// that still collides is refused at ingest, named.
+pub(crate) fn key_part(name: &std::ffi::OsStr) -> String {
+    use std::fmt::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.as_bytes().utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 fn enumerate_dir(dir: &Path) -> Result<Enumerated> {

@@ -221,7 +221,7 @@ impl<F: Function> Udf<F> {
 }
 
 /// The message a panic carried, if it was a string.
-pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+pub fn panic_message(panic: &Box<dyn Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_string())
