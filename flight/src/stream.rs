@@ -148,3 +148,33 @@ pub fn connect(url: &str) -> Result<(String, FlightServiceClient<Channel>), Stri
         .max_encoding_message_size(MAX_MESSAGE);
     Ok((url, client))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int32Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn batch(n: i32) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int32Array::from(vec![n]))]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_batches_are_made_is_an_error_not_an_end() {
+        let mut n = 0;
+        let panicking = stream::poll_fn(move |_| {
+            n += 1;
+            if n == 3 {
+                panic!("offsets must be monotonically increasing");
+            }
+            std::task::Poll::Ready(Some(Ok(batch(n))))
+        });
+        let items: Vec<_> = guard_panics(panicking, "storage fragment").collect().await;
+        assert_eq!(items.len(), 3, "two batches, then the error, then the end");
+        assert!(items[0].is_ok() && items[1].is_ok());
+        let err = items[2].as_ref().unwrap_err().to_string();
+        assert!(err.contains("storage fragment"), "{err}");
+        assert!(err.contains("monotonically increasing"), "{err}");
+    }
+}

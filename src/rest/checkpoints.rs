@@ -92,8 +92,9 @@ fn api_error(e: StorageError) -> ApiError {
     security(("bearer" = [])))]
 pub async fn list(
     State(s): State<AppState>,
-    Query(q): Query<ListQuery>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Checkpoint>>, ApiError> {
+    let Query(q) = query?;
     let list = store(&s)?.list(&q.prefix).map_err(api_error)?;
     Ok(Json(list.into_iter().map(Checkpoint::from).collect()))
 }
@@ -102,13 +103,14 @@ pub async fn list(
 #[utoipa::path(delete, path = "/v1/checkpoints", operation_id = "delete_checkpoint", tag = "checkpoints",
     params(DeleteQuery),
     responses((status = 200, description = "The versions deleted", body = Vec<Checkpoint>),
-        (status = 404, body = ApiError), (status = 401, body = ApiError),
-        (status = 501, body = ApiError)),
+        (status = 400, body = ApiError), (status = 404, body = ApiError),
+        (status = 401, body = ApiError), (status = 501, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn delete(
     State(s): State<AppState>,
-    Query(q): Query<DeleteQuery>,
+    query: Result<Query<DeleteQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Checkpoint>>, ApiError> {
+    let Query(q) = query?;
     let gone = store(&s)?.delete(&q.name, q.version).map_err(api_error)?;
     Ok(Json(gone.into_iter().map(Checkpoint::from).collect()))
 }

@@ -5,6 +5,11 @@
 //! |---|---|---|
 //! | `checkpoints` | (name, version) | [`CheckpointRecord`] as JSON |
 //! | `checkpoint_chunks` | first chunk of a run | chunk count |
+//! | `checkpoint_last` | name | the highest version ever committed |
+//!
+//! Version numbers are never reused: `checkpoint_last` outlives deletes, so
+//! a reader holding "version 3" never gets a different checkpoint under
+//! that number after version 3 was deleted and the name written again.
 //!
 //! A commit inserts the new version and its chunks, and removes the
 //! versions past the retention count with their chunks, in one durable
@@ -21,11 +26,13 @@ use crate::error::{Result, StorageError};
 
 const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("checkpoints");
 const CHECKPOINT_CHUNKS: TableDefinition<'_, u64, u64> = TableDefinition::new("checkpoint_chunks");
+const CHECKPOINT_LAST: TableDefinition<'_, &str, u64> = TableDefinition::new("checkpoint_last");
 
 /// Creates the tables (at catalog open).
 pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<(), redb::Error> {
     txn.open_table(CHECKPOINTS)?;
     txn.open_table(CHECKPOINT_CHUNKS)?;
+    txn.open_table(CHECKPOINT_LAST)?;
     Ok(())
 }
 
@@ -77,8 +84,20 @@ impl Catalog {
         {
             let mut table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
             let mut chunks = txn.open_table(CHECKPOINT_CHUNKS).map_err(|e| self.err(e))?;
+            let mut last = txn.open_table(CHECKPOINT_LAST).map_err(|e| self.err(e))?;
             let existing = self.versions_of(&table, &record.name)?;
-            record.version = existing.last().map_or(1, |r| r.version + 1);
+            // A catalog from before `checkpoint_last` has only its records.
+            let highest = last
+                .get(record.name.as_str())
+                .map_err(|e| self.err(e))?
+                .map(|v| v.value())
+                .into_iter()
+                .chain(existing.last().map(|r| r.version))
+                .max()
+                .unwrap_or(0);
+            record.version = highest + 1;
+            last.insert(record.name.as_str(), record.version)
+                .map_err(|e| self.err(e))?;
             let bytes = serde_json::to_vec(record).map_err(|e| self.err(e))?;
             table
                 .insert((record.name.as_str(), record.version), bytes.as_slice())
@@ -232,5 +251,15 @@ mod tests {
         );
         let err = cat.delete_checkpoint("run/a.pt", None).unwrap_err();
         assert!(err.to_string().contains("run/a.pt"), "{err}");
+        // Written again after every version was deleted: a new number.
+        let mut a4 = record("run/a.pt", 4);
+        cat.commit_checkpoint(&mut a4, 2).unwrap();
+        assert_eq!(a4.version, 4);
+        let mut b2 = record("run/b.pt", 5);
+        cat.commit_checkpoint(&mut b2, 2).unwrap();
+        cat.delete_checkpoint("run/b.pt", Some(2)).unwrap();
+        let mut b3 = record("run/b.pt", 6);
+        cat.commit_checkpoint(&mut b3, 2).unwrap();
+        assert_eq!(b3.version, 3, "version 2 was deleted, not free to reuse");
     }
 }

@@ -6,8 +6,8 @@
 //! ones through a directory symlink inside a root that points out of it.
 //! Every object an ingest reads is therefore opened relative to a root's
 //! directory descriptor with `openat2(RESOLVE_BENEATH)`: the kernel walks
-//! the path and refuses (`EXDEV`) any step — `..`, an absolute link, a
-//! relative link — that would leave the root, so no check can be raced by
+//! the path and refuses (`EXDEV`) any step — `..`, a relative link — that
+//! would leave the root, and every absolute link (even one pointing inside), so no check can be raced by
 //! a rename between checking and reading. The last component is opened
 //! with `O_NOFOLLOW`: a file symlink is refused even when it points inside
 //! the root, as the directory walk always did.
@@ -179,12 +179,16 @@ mod tests {
         std::fs::create_dir(r.join("in")).unwrap();
         std::fs::write(r.join("in/a.jpg"), b"a").unwrap();
         std::os::unix::fs::symlink(outside.path(), r.join("out")).unwrap();
-        std::os::unix::fs::symlink(r.join("in"), r.join("alias")).unwrap();
+        std::os::unix::fs::symlink("in", r.join("alias")).unwrap();
+        std::os::unix::fs::symlink(r.join("in"), r.join("absolute")).unwrap();
         let c = Confinement::new(&[root.path().to_owned()]).unwrap();
 
         assert!(c.open(&r.join("in/a.jpg")).is_ok());
-        // A directory link that stays inside is followed.
+        // A relative directory link that stays inside is followed; an
+        // absolute one is refused even when it points inside (the kernel
+        // cannot tell where it would lead without leaving the root).
         assert!(c.open(&r.join("alias/a.jpg")).is_ok());
+        assert!(c.open(&r.join("absolute/a.jpg")).is_err());
         for escape in [
             outside.path().join("secret"),
             r.join("in/../../")
