@@ -12,8 +12,9 @@
 //!    one catalog transaction.
 //!
 //! A crash before step 5 leaves no trace that matters: the chunks are owned
-//! by nobody and the metadata file by no version, and the next open
-//! reclaims both. A crash after it leaves a complete version.
+//! by nobody (free again at the next open) and the metadata file by no
+//! version (an orphan that `sluice gc` removes; opening deletes nothing).
+//! A crash after it leaves a complete version.
 
 mod confine;
 mod source;
@@ -161,6 +162,11 @@ struct Loaded {
 /// Arrow `BinaryArray`, whose offsets are `i32`.
 pub const MAX_OBJECT_BYTES: u64 = i32::MAX as u64;
 
+/// Why an object of `len` bytes is refused.
+fn too_large(len: u64) -> String {
+    format!("{len} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)")
+}
+
 /// Opens a source file, refusing a symbolic link: a link inside an ingest
 /// root may point anywhere on the host (`/etc/passwd`), and is never
 /// followed.
@@ -180,7 +186,7 @@ fn open_no_follow(path: &Path) -> std::result::Result<std::fs::File, String> {
 /// refusing one over [`MAX_OBJECT_BYTES`] before reading a byte of it.
 fn read_source(path: &Path, confine: Option<&Confinement>) -> std::result::Result<Vec<u8>, String> {
     use std::io::Read;
-    let mut f = match confine {
+    let f = match confine {
         Some(c) => c.open(path)?,
         None => open_no_follow(path)?,
     };
@@ -191,13 +197,12 @@ fn read_source(path: &Path, confine: Option<&Confinement>) -> std::result::Resul
         return Err(format!("{} is not a regular file", path.display()));
     }
     if meta.len() > MAX_OBJECT_BYTES {
-        return Err(format!(
-            "{} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)",
-            meta.len()
-        ));
+        return Err(too_large(meta.len()));
     }
     let mut out = Vec::with_capacity(meta.len() as usize);
-    f.read_to_end(&mut out)
+    // A file that grows while it is read is cut one byte past the limit.
+    f.take(MAX_OBJECT_BYTES + 1)
+        .read_to_end(&mut out)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if out.len() as u64 > MAX_OBJECT_BYTES {
         return Err(format!(
@@ -214,11 +219,7 @@ fn load(
 ) -> (String, std::result::Result<Loaded, String>) {
     let bytes = match entry.origin {
         Origin::Inline(b) if b.len() as u64 > MAX_OBJECT_BYTES => {
-            let reason = format!(
-                "{} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)",
-                b.len()
-            );
-            return (entry.key, Err(reason));
+            return (entry.key, Err(too_large(b.len() as u64)));
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
