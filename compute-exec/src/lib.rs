@@ -14,6 +14,11 @@
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
+//! - [`cooperative`]: joins yield between batches, so a query stops
+//!   within a batch of its deadline or of its client leaving;
+//! - [`offthread`]: a query planned and run on the query runtime, its
+//!   batches handed to the service runtime, so REST, Flight control calls
+//!   and `/healthz` never wait on query CPU;
 //! - [`service`] and [`client`]: a compute node's Flight service (queries
 //!   and job streams on one port), and its typed query client;
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
@@ -25,9 +30,11 @@
 
 pub mod catalog;
 pub mod client;
+pub mod cooperative;
 pub mod direct;
 pub mod explain;
 pub mod job;
+pub mod offthread;
 pub mod remote;
 pub mod service;
 pub mod session;

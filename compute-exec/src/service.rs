@@ -40,6 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::direct::DirectJobStreams;
 use crate::job::Jobs;
+use crate::offthread::run_query;
 use crate::session::ComputeSession;
 use crate::trainer;
 
@@ -260,11 +261,14 @@ impl FlightService for QueryService {
         }
         let t = self.parse_ticket(&ticket)?;
         let udfs = UdfEnv::new(t.udf);
-        let mut batches = self
-            .session
-            .execute(&t.sql, t.offload, &udfs)
-            .await
-            .map_err(|e| query_status(&e, true))?;
+        // Planned and run on the query runtime: this one stays free for
+        // REST, Flight control calls and the deadline below.
+        let (session, env) = (Arc::clone(&self.session), Arc::clone(&udfs));
+        let mut batches = run_query(self.jobs.handle(), async move {
+            session.execute(&t.sql, t.offload, &env).await
+        })
+        .await
+        .map_err(|e| query_status(&e, true))?;
         if let Some(limit) = self.query_timeout {
             batches = with_deadline(batches, limit, udfs.cancel.clone());
         }
@@ -347,13 +351,18 @@ impl FlightService for QueryService {
         }
         let t = self.parse_ticket(&action.body)?;
         let udfs = UdfEnv::new(t.udf);
-        let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
-        let q = self
-            .session
-            .plan(sql, t.offload, &udfs)
+        let session = Arc::clone(&self.session);
+        let body = self
+            .jobs
+            .handle()
+            .spawn(async move {
+                let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
+                let q = session.plan(sql, t.offload, &udfs).await?;
+                Ok::<_, DataFusionError>(q.explanation.to_json())
+            })
             .await
+            .map_err(|e| Status::internal(format!("planning the query failed: {e}")))?
             .map_err(|e| query_status(&e, true))?;
-        let body = q.explanation.to_json();
         let reply = arrow_flight::Result {
             body: body.into_bytes().into(),
         };

@@ -9,9 +9,9 @@ use arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::Result;
 use datafusion::error::DataFusionError;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SQLOptions;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
@@ -378,7 +378,13 @@ impl ComputeSession {
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_limit(self.query_memory, 1.0)
             .build_arc()?;
-        let ctx = SessionContext::new_with_config_rt(config, runtime);
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(crate::cooperative::YieldAfterJoins))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         sluice_udfs::register(&ctx, udfs);
         let schema = Arc::new(ComputeSchema::new(
             latest,

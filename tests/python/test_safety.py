@@ -244,3 +244,103 @@ def test_progress_survives_a_restart_and_finished_jobs_expire():
             proc.terminate()
             assert proc.wait(timeout=30) == 0
         assert not os.path.exists(os.path.join(d, "data", "jobs", whole.id + ".json"))
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid`, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_after(pid, settle=1.5, window=2.0):
+    """Cores `pid` keeps busy over `window` seconds, `settle` seconds from now."""
+    time.sleep(settle)
+    before = cpu_seconds(pid)
+    time.sleep(window)
+    return (cpu_seconds(pid) - before) / window
+
+
+def test_slow_queries_never_stall_the_service_and_stop_on_time():
+    """Two queries decoding thousands of images on the compute side, with
+    --query-timeout 3: /healthz answers at once all along, the errors come
+    on time, and the server's CPU goes idle after them. A sort over a 4-way
+    cross join (13 million rows, minutes of work here) whose client leaves
+    stops at once. (Queries ran on the runtime that answers REST: /healthz
+    stalled for seconds, and the sort, a single poll, ran on after its
+    client left and past its deadline.)"""
+    import threading
+    import urllib.request
+
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "20"],
+                       env=env, check=True, capture_output=True)
+        proc, rest = start_serve(d, env, ["--query-timeout", "3"])
+        try:
+            c = sluice.Client(rest)
+            c.ingest("pets", src)
+            slow = ("SELECT a.key FROM pets a, pets b, pets c, pets d "
+                    "ORDER BY md5(concat(a.key, b.key, c.key, d.key)) LIMIT 3")
+            stop = threading.Event()
+            latencies = []
+
+            def poll_health():
+                while not stop.is_set():
+                    t = time.monotonic()
+                    with urllib.request.urlopen(rest + "/healthz", timeout=30) as r:
+                        assert r.read() == b"ok\n"
+                    latencies.append(time.monotonic() - t)
+                    time.sleep(0.05)
+
+            poller = threading.Thread(target=poll_health, daemon=True)
+            poller.start()
+            try:
+                # Past its time limit, with two at once.
+                errors = []
+
+                # Decoding on the compute side, a few thousand images a
+                # batch: the work of a batch is one long poll.
+                decode = ("SELECT sum(resize(decode_image(b.data), 512, 512)['width']) AS n "
+                          "FROM (SELECT key FROM pets) a, pets b")
+
+                def run_slow():
+                    t0 = time.monotonic()
+                    ticket = {"sql": decode, "offload": "compute"}
+                    try:
+                        c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()),
+                                          c.call_options()).read_all()
+                        errors.append(("no error", time.monotonic() - t0))
+                    except Exception as e:  # noqa: BLE001 (any failure is reported)
+                        errors.append((str(e), time.monotonic() - t0))
+
+                runs = [threading.Thread(target=run_slow) for _ in range(2)]
+                for r in runs:
+                    r.start()
+                for r in runs:
+                    r.join(timeout=120)
+                assert len(errors) == 2, errors
+                for message, took in errors:
+                    assert "time limit of 3 s" in message, message
+                    assert took < 15, f"the 3 s limit fired after {took:.1f} s"
+                assert idle_after(proc.pid) < 0.3, "the queries ran on past their limit"
+
+                # The client leaves after a second.
+                reader = c.flight().do_get(
+                    flight.Ticket(json.dumps({"sql": slow}).encode()), c.call_options())
+                threading.Timer(1.0, reader.cancel).start()
+                # pyarrow raises a cancelled read as KeyboardInterrupt.
+                with pytest.raises((pa.ArrowException, KeyboardInterrupt)):
+                    reader.read_all()
+                assert idle_after(proc.pid) < 0.3, "the query ran on after its client left"
+            finally:
+                stop.set()
+                poller.join(timeout=60)
+            assert latencies, "no /healthz answered"
+            worst = max(latencies)
+            assert worst < 2.0, f"/healthz took {worst:.2f} s during the queries"
+            assert query(c, "SELECT count(*) AS n FROM pets").column("n")[0].as_py() == 60
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0

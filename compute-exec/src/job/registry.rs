@@ -88,6 +88,13 @@ impl Jobs {
         &self.session
     }
 
+    /// The query runtime: jobs' windows and SQL queries are planned and
+    /// computed here, never on the runtime that answers REST, Flight
+    /// control calls and `/healthz` ([`crate::offthread`]).
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Job>>> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -97,15 +104,18 @@ impl Jobs {
     pub async fn submit(&self, spec: JobSpec) -> Result<Arc<Job>, JobError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("job-{n}-{:08x}", self.instance);
+        // Planned on the query runtime, like the queries of its windows.
+        let planned = self.handle.spawn(Job::plan(
+            id,
+            spec,
+            Arc::clone(&self.session),
+            self.handle.clone(),
+            self.store.clone(),
+        ));
         let job = Arc::new(
-            Job::plan(
-                id,
-                spec,
-                Arc::clone(&self.session),
-                self.handle.clone(),
-                self.store.clone(),
-            )
-            .await?,
+            planned
+                .await
+                .map_err(|e| JobError::Internal(format!("planning the job failed: {e}")))??,
         );
         job.save();
         self.lock().insert(n, Arc::clone(&job));
