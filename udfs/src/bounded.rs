@@ -1,8 +1,9 @@
 //! DataFusion's built-in functions whose output is not bounded by their
 //! input, under a size limit.
 //!
-//! `repeat('x', 2000000000)`, `lpad(s, 2000000000)`, `array_repeat(x, n)`
-//! or `range(0, 10000000000)` allocate what one short literal asks for,
+//! `repeat('x', 2000000000)`, `lpad(s, 2000000000)`, `array_repeat(x, n)`,
+//! `range(0, 10000000000)` or `replace(repeat('x', 1e9), 'x', 'xxxxxxxx')`
+//! (each step under the limit) allocate what one short literal asks for,
 //! outside any memory pool: one query could grow the server until the
 //! allocator aborts. Each is wrapped here so that a batch whose results
 //! would exceed the session's `max_decoded_bytes` fails with an error
@@ -35,6 +36,18 @@ enum Growth {
     /// `range/generate_series(start, stop[, step])`: one 8-byte value
     /// per step.
     Range,
+    /// `replace(text, from, to)`: every occurrence of `from` (between
+    /// every two characters when it is empty) becomes `to`.
+    Replace,
+    /// `regexp_replace(text, pattern, replacement[, flags])`: a match may
+    /// be empty (one at every position), and each `$n` or `\n` in the
+    /// replacement brings back up to the whole text once over all matches.
+    RegexpReplace,
+    /// `concat(a, b, …)`, `overlay(…)`: the sum of the arguments.
+    Sum,
+    /// `concat_ws(sep, a, b, …)`: the arguments and a separator between
+    /// each two.
+    ConcatWs,
 }
 
 /// The functions wrapped, and how each grows.
@@ -45,6 +58,11 @@ const BOUNDED: &[(&str, Growth)] = &[
     ("array_repeat", Growth::Repeat),
     ("range", Growth::Range),
     ("generate_series", Growth::Range),
+    ("replace", Growth::Replace),
+    ("regexp_replace", Growth::RegexpReplace),
+    ("concat", Growth::Sum),
+    ("overlay", Growth::Sum),
+    ("concat_ws", Growth::ConcatWs),
 ];
 
 /// Replaces the functions of [`BOUNDED`] registered in `ctx` with
@@ -85,23 +103,59 @@ fn ints(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<i64>> {
 }
 
 /// Bytes of argument `i`'s value in each row (its memory share for
-/// non-strings).
+/// non-strings; 0 when missing or NULL). A scalar is measured once, never
+/// repeated into an array.
 fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> {
-    let a: ArrayRef = args[i].to_array(rows)?;
-    match a.data_type() {
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-            let a = arrow::compute::cast(&a, &DataType::LargeUtf8)?;
+    let Some(arg) = args.get(i) else {
+        return Ok(vec![0; rows]);
+    };
+    let a: ArrayRef = match arg {
+        ColumnarValue::Array(a) => Arc::clone(a),
+        ColumnarValue::Scalar(v) => {
+            let one = byte_lens(&[ColumnarValue::Array(v.to_array_of_size(1)?)], 0, 1)?;
+            return Ok(vec![one[0]; rows]);
+        }
+    };
+    let len = |r: usize, n: usize| if a.is_null(r) { 0 } else { n as u64 };
+    Ok(match a.data_type() {
+        DataType::Utf8 => {
+            let s = a.as_string::<i32>();
+            (0..rows).map(|r| len(r, s.value_length(r) as usize)).collect()
+        }
+        DataType::LargeUtf8 => {
             let s = a.as_string::<i64>();
-            Ok((0..rows).map(|r| s.value(r).len() as u64).collect())
+            (0..rows).map(|r| len(r, s.value_length(r) as usize)).collect()
+        }
+        DataType::Utf8View => {
+            let s = a.as_string_view();
+            (0..rows).map(|r| len(r, s.value(r).len())).collect()
         }
         t => {
             let each = t
                 .primitive_width()
                 .unwrap_or_else(|| a.get_array_memory_size() / rows.max(1))
-                .max(1) as u64;
-            Ok(vec![each; rows])
+                .max(1);
+            (0..rows).map(|r| len(r, each)).collect()
         }
+    })
+}
+
+/// Argument `i` as text, one per row (NULL and missing as empty); only
+/// for short arguments such as a replacement.
+fn texts(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<String>> {
+    let Some(arg) = args.get(i) else {
+        return Ok(vec![String::new(); rows]);
+    };
+    if let ColumnarValue::Scalar(v) = arg {
+        let one = texts(&[ColumnarValue::Array(v.to_array_of_size(1)?)], 0, 1)?;
+        return Ok(vec![one[0].clone(); rows]);
     }
+    let a = arg.to_array(rows)?;
+    let a = arrow::compute::cast(&a, &DataType::Utf8)?;
+    let s = a.as_string::<i32>();
+    Ok((0..rows)
+        .map(|r| if s.is_null(r) { String::new() } else { s.value(r).to_owned() })
+        .collect())
 }
 
 impl Bounded {
@@ -119,6 +173,46 @@ impl Bounded {
             Growth::Pad => ints(args, 1, rows)?
                 .into_iter()
                 .fold(0u64, |t, n| t.saturating_add(times(n).saturating_mul(4))),
+            Growth::Replace => {
+                let (text, from, to) = (
+                    byte_lens(args, 0, rows)?,
+                    byte_lens(args, 1, rows)?,
+                    byte_lens(args, 2, rows)?,
+                );
+                (0..rows).fold(0u64, |t, r| {
+                    let grown = match from[r] {
+                        0 => text[r].saturating_add(1).saturating_mul(to[r]),
+                        f => (text[r] / f).saturating_mul(to[r].saturating_sub(f)),
+                    };
+                    t.saturating_add(text[r].saturating_add(grown))
+                })
+            }
+            Growth::RegexpReplace => {
+                let (text, replacement) = (byte_lens(args, 0, rows)?, texts(args, 2, rows)?);
+                (0..rows).fold(0u64, |t, r| {
+                    let refs = replacement[r].matches(['$', '\\']).count() as u64;
+                    let each = replacement[r].len() as u64;
+                    let grown = text[r]
+                        .saturating_add(1)
+                        .saturating_mul(each)
+                        .saturating_add(text[r].saturating_mul(refs));
+                    t.saturating_add(text[r].saturating_add(grown))
+                })
+            }
+            Growth::Sum | Growth::ConcatWs => {
+                let mut per_row = vec![0u64; rows];
+                for i in 0..args.len() {
+                    // concat_ws: the separator comes once between each two.
+                    let times = match (self.growth, i) {
+                        (Growth::ConcatWs, 0) => args.len().saturating_sub(2) as u64,
+                        _ => 1,
+                    };
+                    for (t, l) in per_row.iter_mut().zip(byte_lens(args, i, rows)?) {
+                        *t = t.saturating_add(l.saturating_mul(times));
+                    }
+                }
+                per_row.into_iter().fold(0u64, u64::saturating_add)
+            }
             Growth::Range => {
                 if !args.iter().all(|a| a.data_type().is_integer()) {
                     // Date and timestamp ranges step by intervals: their
@@ -244,6 +338,43 @@ mod tests {
                 "{sql}: {e}"
             );
         }
+        // Each step within the limit, the growth past it (replace over
+        // repeat grew the server to 14 GB); a 1 MiB limit keeps this fast.
+        let mut options = crate::UdfOptions::default();
+        options.limits.max_decoded_bytes = 1 << 20;
+        let small = SessionContext::new();
+        crate::register(&small, &UdfEnv::new(options));
+        for (sql, name) in [
+            (
+                "SELECT length(replace(repeat('x', 200000), 'x', 'xxxxxxxx'))",
+                "replace",
+            ),
+            (
+                "SELECT length(replace(repeat('ab', 100000), '', '-----'))",
+                "replace",
+            ),
+            (
+                "SELECT length(regexp_replace(repeat('x', 300000), 'x', '$0$0$0$0', 'g'))",
+                "regexp_replace",
+            ),
+            (
+                "WITH a AS (SELECT repeat('x', 300000) AS s) \
+                 SELECT length(concat(s, s, s, s)) FROM a",
+                "concat",
+            ),
+            (
+                "WITH a AS (SELECT repeat('x', 300000) AS s) \
+                 SELECT length(concat_ws(s, 'a', 'b', 'c', 'd', 'e')) FROM a",
+                "concat_ws",
+            ),
+        ] {
+            let e = run(&small, sql).await.map(|_| "no error".to_owned());
+            let e = e.unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains(&format!("{name}: its results would take")),
+                "{sql}: {e}"
+            );
+        }
         // Within the limit, the functions are DataFusion's own.
         let ok = ctx
             .sql(
@@ -261,6 +392,24 @@ mod tests {
             .to_string();
         assert!(text.contains("ababab") && text.contains("***ab"), "{text}");
         assert!(text.contains("| 5 | 4 | 3 |"), "{text}");
+        let ok = ctx
+            .sql(
+                "SELECT replace('banana', 'an', 'AN') AS r, \
+                 regexp_replace('banana', '(a)', '<$1>', 'g') AS g, \
+                 concat('a', NULL, 'b') AS c, concat_ws('-', 'a', 'b', 'c') AS w, \
+                 replace('ab', '', '.') AS e",
+            )
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&ok)
+            .unwrap()
+            .to_string();
+        for want in ["bANANa", "b<a>n<a>n<a>", "| ab ", "a-b-c"] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
         assert_eq!(
             run(&ctx, "SELECT count(*) FROM generate_series(1, 1000)")
                 .await

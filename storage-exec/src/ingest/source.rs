@@ -67,6 +67,39 @@ impl IngestSource {
             Self::Memory(s) => format!("{} in-memory objects", s.len()),
         }
     }
+
+    /// What an ingest of this source would list, without reading a
+    /// sample: each sample's key and where its bytes are (`None` for
+    /// objects in memory), and the names of its user columns. A manifest
+    /// is parsed and checked as an ingest checks it.
+    pub async fn list(self) -> Result<Listing> {
+        let enumerated = enumerate(self).await?;
+        Ok(Listing {
+            samples: enumerated
+                .entries
+                .into_iter()
+                .map(|e| match e.origin {
+                    Origin::Path(p) => (e.key, Some(p)),
+                    Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
+                })
+                .collect(),
+            columns: enumerated
+                .user_fields
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+        })
+    }
+}
+
+/// The samples and user columns of a source ([`IngestSource::list`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    /// Each sample's key and, for a file, its path (not yet confined to
+    /// the ingest roots: that happens when it is opened).
+    pub samples: Vec<(String, Option<PathBuf>)>,
+    /// The user columns the manifest carries (`label` for a class folder).
+    pub columns: Vec<String>,
 }
 
 /// Where one sample's bytes are.
@@ -98,7 +131,13 @@ pub(crate) async fn enumerate(source: IngestSource) -> Result<Enumerated> {
         IngestSource::Directory(dir) => tokio::task::spawn_blocking(move || enumerate_dir(&dir))
             .await
             .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
-        IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base).await,
+        IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base)
+            .await
+            .map_err(|e| match e {
+                e @ StorageError::BadSource { .. } => e,
+                // Arrow's errors (a column that does not cast) name no file.
+                e => bad_source(&manifest, format!("cannot read manifest: {e}")),
+            }),
         IngestSource::Memory(samples) => Ok(Enumerated {
             entries: samples
                 .into_iter()
