@@ -120,11 +120,15 @@ fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> 
     Ok(match a.data_type() {
         DataType::Utf8 => {
             let s = a.as_string::<i32>();
-            (0..rows).map(|r| len(r, s.value_length(r) as usize)).collect()
+            (0..rows)
+                .map(|r| len(r, s.value_length(r) as usize))
+                .collect()
         }
         DataType::LargeUtf8 => {
             let s = a.as_string::<i64>();
-            (0..rows).map(|r| len(r, s.value_length(r) as usize)).collect()
+            (0..rows)
+                .map(|r| len(r, s.value_length(r) as usize))
+                .collect()
         }
         DataType::Utf8View => {
             let s = a.as_string_view();
@@ -154,7 +158,13 @@ fn texts(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<String>> {
     let a = arrow::compute::cast(&a, &DataType::Utf8)?;
     let s = a.as_string::<i32>();
     Ok((0..rows)
-        .map(|r| if s.is_null(r) { String::new() } else { s.value(r).to_owned() })
+        .map(|r| {
+            if s.is_null(r) {
+                String::new()
+            } else {
+                s.value(r).to_owned()
+            }
+        })
         .collect())
 }
 
