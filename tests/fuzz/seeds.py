@@ -99,3 +99,28 @@ bodies = {
 }
 for n, b in bodies.items():
     open(os.path.join(jb, n), "w").write(json.dumps(b))
+
+# Ingest manifests: the first byte picks the format (0 CSV, 1 JSON lines,
+# 2 Parquet), as the target reads them.
+import pyarrow as pa, pyarrow.parquet as pq
+mf = d("manifest")
+open(os.path.join(mf, "paths.csv"), "wb").write(b"\x00path,key,label,score\na.jpg,k1,cat,0.5\nsub/b.png,k2,dog,1\n")
+open(os.path.join(mf, "quoted.csv"), "wb").write(b'\x00path,label\n"with,comma.jpg","a ""b"""\n/abs/c.jpg,\n')
+open(os.path.join(mf, "rows.jsonl"), "wb").write(
+    b'\x01{"path": "a.jpg", "label": "cat", "size": [1, 2]}\n{"path": "b.jpg", "key": "k", "label": null}\n')
+table = pa.table({"path": ["a.jpg", "b.jpg"], "label": ["cat", "dog"], "w": pa.array([1, 2], pa.int16())})
+sink = io.BytesIO(); pq.write_table(table, sink)
+open(os.path.join(mf, "rows.parquet"), "wb").write(b"\x02" + sink.getvalue())
+
+# A catalog: a real one, made by the binary (SLUICE_BIN) with two datasets.
+if os.environ.get("SLUICE_BIN"):
+    import subprocess, tempfile
+    with tempfile.TemporaryDirectory() as t:
+        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(t, "data"), SLUICE_DEVICE_SIZE="64MiB",
+                   SLUICE_CHUNK_SIZE="1MiB")
+        run = lambda *a: subprocess.run([os.environ["SLUICE_BIN"], *a], env=env, check=True, capture_output=True)
+        run("gen-sample", os.path.join(t, "src"), "--classes", "2", "--per-class", "3")
+        run("ingest", "pets", os.path.join(t, "src"))
+        run("ingest", "pets", os.path.join(t, "src"))
+        run("ingest", "more", os.path.join(t, "src", "class_0"))
+        shutil.copy(os.path.join(t, "data", "catalog.redb"), os.path.join(d("catalog"), "two_datasets.redb"))

@@ -14,6 +14,7 @@
 //! Keys default to the path relative to the source, with `/` separators;
 //! entries are sorted by key so re-ingesting the same tree is deterministic.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field};
 use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
+use futures::FutureExt;
 
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
@@ -131,13 +133,28 @@ pub(crate) async fn enumerate(source: IngestSource) -> Result<Enumerated> {
         IngestSource::Directory(dir) => tokio::task::spawn_blocking(move || enumerate_dir(&dir))
             .await
             .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
-        IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base)
-            .await
-            .map_err(|e| match e {
-                e @ StorageError::BadSource { .. } => e,
-                // Arrow's errors (a column that does not cast) name no file.
-                e => bad_source(&manifest, format!("cannot read manifest: {e}")),
-            }),
+        // The CSV, JSON and Parquet readers can panic on a malformed file
+        // (a Parquet footer cut short did): that is the manifest's fault,
+        // named as such, never a lost request.
+        IngestSource::Manifest { manifest, base } => {
+            AssertUnwindSafe(enumerate_manifest(&manifest, &base))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Err(bad_source(
+                        &manifest,
+                        format!(
+                            "cannot read manifest: its reader failed on it ({})",
+                            sluice_udfs::udf::panic_message(&panic)
+                        ),
+                    ))
+                })
+                .map_err(|e| match e {
+                    e @ StorageError::BadSource { .. } => e,
+                    // Arrow's errors (a column that does not cast) name no file.
+                    e => bad_source(&manifest, format!("cannot read manifest: {e}")),
+                })
+        }
         IngestSource::Memory(samples) => Ok(Enumerated {
             entries: samples
                 .into_iter()
