@@ -378,6 +378,29 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_manifest_whose_reader_panics_is_named() {
+        // The fuzz target's finding: a Parquet file cut short panicked the
+        // reader (its first byte picks the format there).
+        let found =
+            include_bytes!("../../../tests/fuzz/corpus/manifest/regression-parquet-cut-footer");
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("cut.parquet");
+        std::fs::write(&manifest, &found[1..]).unwrap();
+        let e = IngestSource::Manifest {
+            manifest: manifest.clone(),
+            base: dir.path().to_owned(),
+        }
+        .list()
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("cut.parquet") && e.contains("cannot read manifest"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
     async fn image_folder_layout_gives_labels_and_sorted_keys() {
         let dir = tempfile::tempdir().unwrap();
         for (class, file) in [("dog", "b.jpg"), ("cat", "a.jpg"), ("dog", "sub/a.jpg")] {
