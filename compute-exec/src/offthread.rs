@@ -1,5 +1,6 @@
 //! [`run_query`]: a query planned and executed on the query runtime, its
-//! batches handed to the service runtime through a small channel.
+//! batches handed to the service runtime through a small channel; and
+//! [`plan_on`], planning alone there (a job, a query's placement).
 //!
 //! `sluice serve` answers REST, Flight control calls and `/healthz` on
 //! the process's main runtime. A query's operators (a sort, a join, a
@@ -50,6 +51,28 @@ fn panicked(payload: &Box<dyn std::any::Any + Send>) -> DataFusionError {
         "the query failed: an operator panicked: {}",
         sluice_udfs::udf::panic_message(payload)
     ))
+}
+
+/// Runs `work` (planning a query or a job) on `runtime` and answers its
+/// output; dropping the returned future aborts it. A panic comes back as
+/// an error message naming it.
+pub async fn plan_on<T, F>(runtime: &Handle, work: F) -> std::result::Result<T, String>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let _task = AbortOnDrop(runtime.spawn(async move {
+        let _ = tx.send(AssertUnwindSafe(work).catch_unwind().await);
+    }));
+    match rx.await {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(payload)) => Err(format!(
+            "planning panicked: {}",
+            sluice_udfs::udf::panic_message(&payload)
+        )),
+        Err(_) => Err("the query runtime is shutting down".into()),
+    }
 }
 
 /// Runs `plan` (which plans a query and returns its stream) on `runtime`

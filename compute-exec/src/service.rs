@@ -40,7 +40,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::direct::DirectJobStreams;
 use crate::job::Jobs;
-use crate::offthread::run_query;
+use crate::offthread::{plan_on, run_query};
 use crate::session::ComputeSession;
 use crate::trainer;
 
@@ -352,17 +352,14 @@ impl FlightService for QueryService {
         let t = self.parse_ticket(&action.body)?;
         let udfs = UdfEnv::new(t.udf);
         let session = Arc::clone(&self.session);
-        let body = self
-            .jobs
-            .handle()
-            .spawn(async move {
-                let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
-                let q = session.plan(sql, t.offload, &udfs).await?;
-                Ok::<_, DataFusionError>(q.explanation.to_json())
-            })
-            .await
-            .map_err(|e| Status::internal(format!("planning the query failed: {e}")))?
-            .map_err(|e| query_status(&e, true))?;
+        let body = plan_on(self.jobs.handle(), async move {
+            let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
+            let q = session.plan(sql, t.offload, &udfs).await?;
+            Ok::<_, DataFusionError>(q.explanation.to_json())
+        })
+        .await
+        .map_err(Status::internal)?
+        .map_err(|e| query_status(&e, true))?;
         let reply = arrow_flight::Result {
             body: body.into_bytes().into(),
         };

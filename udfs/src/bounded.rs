@@ -313,6 +313,14 @@ mod tests {
     use super::*;
     use datafusion::prelude::SessionContext;
 
+    /// The result of `sql`, as a printed table.
+    async fn table(ctx: &SessionContext, sql: &str) -> String {
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string()
+    }
+
     async fn run(ctx: &SessionContext, sql: &str) -> Result<usize> {
         let batches = ctx.sql(sql).await?.collect().await?;
         Ok(batches.iter().map(|b| b.num_rows()).sum())
@@ -386,37 +394,23 @@ mod tests {
             );
         }
         // Within the limit, the functions are DataFusion's own.
-        let ok = ctx
-            .sql(
-                "SELECT repeat('ab', 3) AS r, lpad('ab', 5, '*') AS l, \
-                 cardinality(range(1, 10, 2)) AS n, cardinality(array_repeat(7, 4)) AS a, \
-                 cardinality(range(10, 1, -3)) AS d",
-            )
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let text = arrow::util::pretty::pretty_format_batches(&ok)
-            .unwrap()
-            .to_string();
+        let text = table(
+            &ctx,
+            "SELECT repeat('ab', 3) AS r, lpad('ab', 5, '*') AS l, \
+             cardinality(range(1, 10, 2)) AS n, cardinality(array_repeat(7, 4)) AS a, \
+             cardinality(range(10, 1, -3)) AS d",
+        )
+        .await;
         assert!(text.contains("ababab") && text.contains("***ab"), "{text}");
         assert!(text.contains("| 5 | 4 | 3 |"), "{text}");
-        let ok = ctx
-            .sql(
-                "SELECT replace('banana', 'an', 'AN') AS r, \
-                 regexp_replace('banana', '(a)', '<$1>', 'g') AS g, \
-                 concat('a', NULL, 'b') AS c, concat_ws('-', 'a', 'b', 'c') AS w, \
-                 replace('ab', '', '.') AS e",
-            )
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let text = arrow::util::pretty::pretty_format_batches(&ok)
-            .unwrap()
-            .to_string();
+        let text = table(
+            &ctx,
+            "SELECT replace('banana', 'an', 'AN') AS r, \
+             regexp_replace('banana', '(a)', '<$1>', 'g') AS g, \
+             concat('a', NULL, 'b') AS c, concat_ws('-', 'a', 'b', 'c') AS w, \
+             replace('ab', '', '.') AS e",
+        )
+        .await;
         for want in ["bANANa", "b<a>n<a>n<a>", "| ab ", "a-b-c"] {
             assert!(text.contains(want), "{want}: {text}");
         }

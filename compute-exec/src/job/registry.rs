@@ -105,17 +105,17 @@ impl Jobs {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("job-{n}-{:08x}", self.instance);
         // Planned on the query runtime, like the queries of its windows.
-        let planned = self.handle.spawn(Job::plan(
+        let planned = Job::plan(
             id,
             spec,
             Arc::clone(&self.session),
             self.handle.clone(),
             self.store.clone(),
-        ));
+        );
         let job = Arc::new(
-            planned
+            crate::offthread::plan_on(&self.handle, planned)
                 .await
-                .map_err(|e| JobError::Internal(format!("planning the job failed: {e}")))??,
+                .map_err(JobError::Internal)??,
         );
         job.save();
         self.lock().insert(n, Arc::clone(&job));

@@ -29,7 +29,7 @@ use arrow::compute::take;
 use futures::StreamExt;
 
 pub use confine::Confinement;
-pub use source::{IngestSource, Listing};
+pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
 use crate::catalog::VersionRecord;

@@ -71,37 +71,20 @@ impl IngestSource {
     }
 
     /// What an ingest of this source would list, without reading a
-    /// sample: each sample's key and where its bytes are (`None` for
-    /// objects in memory), and the names of its user columns. A manifest
-    /// is parsed and checked as an ingest checks it.
-    pub async fn list(self) -> Result<Listing> {
-        let enumerated = enumerate(self).await?;
-        Ok(Listing {
-            samples: enumerated
-                .entries
-                .into_iter()
-                .map(|e| match e.origin {
-                    Origin::Path(p) => (e.key, Some(p)),
-                    Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
-                })
-                .collect(),
-            columns: enumerated
-                .user_fields
-                .iter()
-                .map(|f| f.name().clone())
-                .collect(),
-        })
+    /// sample: each sample's key and, for a file, its path (not yet
+    /// confined to the ingest roots: that happens when it is opened). A
+    /// manifest is parsed and checked as an ingest checks it.
+    pub async fn list(self) -> Result<Vec<(String, Option<PathBuf>)>> {
+        Ok(enumerate(self)
+            .await?
+            .entries
+            .into_iter()
+            .map(|e| match e.origin {
+                Origin::Path(p) => (e.key, Some(p)),
+                Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
+            })
+            .collect())
     }
-}
-
-/// The samples and user columns of a source ([`IngestSource::list`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listing {
-    /// Each sample's key and, for a file, its path (not yet confined to
-    /// the ingest roots: that happens when it is opened).
-    pub samples: Vec<(String, Option<PathBuf>)>,
-    /// The user columns the manifest carries (`label` for a class folder).
-    pub columns: Vec<String>,
 }
 
 /// Where one sample's bytes are.

@@ -48,7 +48,7 @@ fuzz_target!(
         };
         match s.runtime.block_on(source.list()) {
             Ok(listing) => {
-                for (key, path) in &listing.samples {
+                for (key, path) in &listing {
                     assert!(path.is_some(), "manifest row {key:?} has no path");
                 }
             }
