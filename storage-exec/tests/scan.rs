@@ -500,3 +500,68 @@ async fn manifest_columns_become_filterable_metadata() {
     );
     assert!(!b.column(3).is_null(0));
 }
+
+/// A `.npy` of `len` bytes in all (a float32 vector) whose data is a
+/// pattern, so a misplaced piece would show.
+fn big_npy(len: usize) -> Vec<u8> {
+    let header_len = 118; // 10-byte preamble + header text, 128 in all
+    let n = (len - 128) / 4;
+    let text = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header_len as u16).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.resize(127, b' ');
+    out.push(b'\n');
+    out.extend((0..n * 4).map(|i| (i % 253) as u8));
+    out
+}
+
+#[tokio::test]
+async fn large_files_are_streamed_in_and_read_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    // Over the streaming threshold (16 MiB), and not a multiple of a piece
+    // or a chunk; a small object after it shares the large one's last chunk.
+    let big = big_npy(41 << 20 | 12_345);
+    std::fs::write(src.join("a_big.npy"), &big).unwrap();
+    let small = image(33, 21, 5, image::ImageFormat::Png);
+    std::fs::write(src.join("b_small.png"), &small).unwrap();
+    // A large file that is not media is refused from its header alone.
+    std::fs::write(src.join("c_text.bin"), vec![b'x'; 20 << 20]).unwrap();
+    let store = open(&dir.path().join("data"), Backend::Auto, 256 << 20);
+    let report = ingest(
+        &store,
+        "large",
+        IngestSource::Directory(src),
+        IngestOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.samples, 2, "{report:?}");
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(report.skipped[0].key, "c_text.bin");
+    assert!(
+        report.skipped[0]
+            .reason
+            .contains("not a recognised image, video or array format"),
+        "{:?}",
+        report.skipped
+    );
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let batches = query(
+        &ctx,
+        "SELECT key, format, shape, data FROM large ORDER BY key",
+    )
+    .await;
+    let b = &batches[0];
+    let keys = b.column(0).as_string::<i32>();
+    let data = b.column(3).as_binary::<i32>();
+    assert_eq!((keys.value(0), keys.value(1)), ("a_big.npy", "b_small.png"));
+    assert_eq!(b.column(1).as_string::<i32>().value(0), "npy");
+    assert!(
+        data.value(0) == &big[..],
+        "the streamed object reads back whole"
+    );
+    assert_eq!(data.value(1), &small[..]);
+}

@@ -125,6 +125,52 @@ def test_an_object_too_large_to_read_back_is_refused_at_ingest(server):
     assert big["key"] == "huge.png" and "largest object" in big["reason"], big
 
 
+def vm_hwm_mib(pid):
+    """Peak resident memory of process `pid` so far, in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def big_npy(path, mib):
+    """A float32 `.npy` of about `mib` MiB, sparse on disk (its data is
+    zeros the file system does not store)."""
+    n = (mib << 20) // 4
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": (n,)})
+        f.truncate(f.tell() + n * 4)
+
+
+def test_ingest_of_large_files_holds_little_memory():
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d, SLUICE_DEVICE_SIZE="1GiB", SLUICE_CHUNK_SIZE="4MiB")
+        proc, rest = start_serve(d, env)
+        try:
+            c = sluice.Client(rest)
+            src = os.path.join(d, "large")
+            os.makedirs(src)
+            for i in range(3):
+                big_npy(os.path.join(src, f"{i}.npy"), 300)
+            with open(os.path.join(src, "small.png"), "wb") as f:
+                f.write(png(3))
+            before = vm_hwm_mib(proc.pid)
+            report = c.ingest("large", src)
+            grew = vm_hwm_mib(proc.pid) - before
+            assert report["samples"] == 4 and not report["skipped"], report
+            assert report["bytes"] > 900 << 20, report
+            # Before: each file was read whole (RSS +300 MiB or more).
+            assert grew < 160, f"peak RSS grew by {grew:.0f} MiB over a 900 MiB ingest"
+            t = query(c, "SELECT key, format, shape FROM large ORDER BY key")
+            assert t.column("format").to_pylist() == ["npy"] * 3 + ["png"]
+            assert t.column("shape")[0].as_py() == [(300 << 20) // 4]
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
 def test_client_limits_never_raise_the_servers(server):
     c, root = server["client"], server["dir"]
     src = os.path.join(root, "small")

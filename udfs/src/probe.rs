@@ -7,7 +7,7 @@
 //! columns that the planner uses as statistics and that users filter on
 //! without reading any extent.
 
-use std::io::{Cursor, Read};
+use std::io::{BufRead, BufReader, Cursor, Read, Seek, SeekFrom};
 
 use image::{ImageDecoder, ImageReader};
 
@@ -55,32 +55,69 @@ const VIDEO_CONTAINERS: &[&str] = &[
     "nut",
 ];
 
+/// Bytes read from the start of an object to recognise it (and to hold a
+/// `.npy` header whole).
+const HEAD_BYTES: u64 = 64 * 1024;
+
 /// Reads the header of `bytes`. Errors say why the object is not usable.
 ///
 /// A third-party header parser that panics on an odd file refuses that
 /// file with an error saying so; it does not fail the ingest.
 pub fn probe(bytes: &[u8]) -> Result<Probe, String> {
-    std::panic::catch_unwind(|| probe_header(bytes)).unwrap_or_else(|panic| {
+    let head = &bytes[..bytes.len().min(HEAD_BYTES as usize)];
+    guarded(head, || {
+        probe_header(head, Cursor::new(bytes), |_| {
+            video::probe(arrow::buffer::Buffer::from_slice_ref(bytes))
+        })
+    })
+}
+
+/// [`probe`] on an open file, reading only what the header parsers ask
+/// for (the first bytes, a zip's directory, a container's index), never
+/// the whole object: an ingest of a file of gigabytes holds kilobytes of
+/// it to probe.
+pub fn probe_file(mut file: std::fs::File) -> Result<Probe, String> {
+    let mut head = Vec::with_capacity(HEAD_BYTES as usize);
+    (&mut file)
+        .take(HEAD_BYTES)
+        .read_to_end(&mut head)
+        .and_then(|_| file.seek(SeekFrom::Start(0)))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    guarded(&head, || {
+        let source = BufReader::new(file);
+        probe_header(&head, source, video::probe_reader)
+    })
+}
+
+/// Runs a probe, turning a header parser's panic into this file's error.
+fn guarded(head: &[u8], f: impl FnOnce() -> Result<Probe, String>) -> Result<Probe, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let what = crate::udf::panic_message(&panic);
         Err(format!(
             "the header parser panicked on this file ({}; first bytes: {})",
             what.chars().take(200).collect::<String>(),
-            first_bytes(bytes)
+            first_bytes(head)
         ))
     })
 }
 
-fn probe_header(bytes: &[u8]) -> Result<Probe, String> {
-    if bytes.is_empty() {
+/// Probes an object whose first bytes are `head`, reading the rest through
+/// `source` (positioned at its start); `video` probes a container.
+fn probe_header<R: BufRead + Seek>(
+    head: &[u8],
+    source: R,
+    video: impl FnOnce(R) -> Result<video::ClipInfo, String>,
+) -> Result<Probe, String> {
+    if head.is_empty() {
         return Err("empty file".into());
     }
-    if bytes.starts_with(b"\x93NUMPY") {
-        return array_probe("npy", &npy::header(bytes)?);
+    if head.starts_with(b"\x93NUMPY") {
+        return array_probe("npy", &npy::header(head)?);
     }
-    if bytes.starts_with(b"PK\x03\x04") {
-        return npz_probe(bytes);
+    if head.starts_with(b"PK\x03\x04") {
+        return npz_probe(source);
     }
-    let reader = ImageReader::new(Cursor::new(bytes))
+    let reader = ImageReader::new(source)
         .with_guessed_format()
         .map_err(|e| format!("cannot read header: {e}"))?;
     if let Some(format) = reader.format() {
@@ -102,7 +139,11 @@ fn probe_header(bytes: &[u8]) -> Result<Probe, String> {
             ..Probe::default()
         });
     }
-    match video::probe(arrow::buffer::Buffer::from_slice_ref(bytes)) {
+    let mut source = reader.into_inner();
+    source
+        .seek(SeekFrom::Start(0))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    match video(source) {
         Ok(v) if VIDEO_CONTAINERS.contains(&v.container.as_str()) => Ok(Probe {
             format: v.container,
             codec: Some(v.codec),
@@ -115,7 +156,7 @@ fn probe_header(bytes: &[u8]) -> Result<Probe, String> {
         }),
         _ => Err(format!(
             "not a recognised image, video or array format (first bytes: {})",
-            first_bytes(bytes)
+            first_bytes(head)
         )),
     }
 }
@@ -130,9 +171,8 @@ fn array_probe(format: &str, h: &npy::Header) -> Result<Probe, String> {
 }
 
 /// An `.npz` is described by its largest member's header.
-fn npz_probe(bytes: &[u8]) -> Result<Probe, String> {
-    let mut zip =
-        zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| format!("bad zip archive: {e}"))?;
+fn npz_probe<R: Read + Seek>(source: R) -> Result<Probe, String> {
+    let mut zip = zip::ZipArchive::new(source).map_err(|e| format!("bad zip archive: {e}"))?;
     let largest = (0..zip.len())
         .filter_map(|i| zip.by_index_raw(i).ok().map(|f| (f.size(), i)))
         .max()
@@ -228,5 +268,28 @@ mod tests {
         let png = encode(image::ImageFormat::Png, 8, 8);
         assert!(probe(&png[..12]).unwrap_err().contains("bad png header"));
         assert!(probe(b"\x93NUMPY\x01\x00\xff").is_err());
+    }
+
+    #[test]
+    fn a_file_probes_as_its_bytes_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let clip = dir.path().join("c.avi");
+        video::encode_test_clip(&clip, "mpeg4", 6, 32, 24).unwrap();
+        let a = npy::write(DType::F32, &[4, 5, 6], &[0; 480]);
+        let objects = [
+            encode(image::ImageFormat::Png, 31, 17),
+            encode(image::ImageFormat::Jpeg, 9, 40),
+            npz::write(&[("big", a.clone())], false),
+            a,
+            std::fs::read(&clip).unwrap(),
+            b"hello world, not an image".to_vec(),
+            Vec::new(),
+        ];
+        for (i, bytes) in objects.iter().enumerate() {
+            let path = dir.path().join(format!("o{i}"));
+            std::fs::write(&path, bytes).unwrap();
+            let from_file = probe_file(std::fs::File::open(&path).unwrap());
+            assert_eq!(from_file, probe(bytes), "object {i}");
+        }
     }
 }

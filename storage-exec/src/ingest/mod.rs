@@ -2,8 +2,11 @@
 //!
 //! 1. Enumerate the source ([`IngestSource`]).
 //! 2. Read each object (on the blocking pool, several at a time), probe its
-//!    header (image, video or array: [`sluice_udfs::probe`]) and compute its crc32c; a bad object follows the
-//!    [`OnError`] policy.
+//!    header (image, video or array: [`sluice_udfs::probe`]) and compute its
+//!    crc32c; a bad object follows the [`OnError`] policy. Memory is
+//!    bounded: objects wait for the writer within a byte budget, and a
+//!    large file is probed through its handle and streamed into the device
+//!    a piece at a time, never read whole.
 //! 3. Pack the accepted objects into chunks ([`ExtentWriter`]), then wait
 //!    for every write and flush the device.
 //! 4. Write the version's metadata to `meta/<dataset>/v<N>.parquet` (temp
@@ -37,7 +40,7 @@ use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
 use crate::metadata::{ProbedColumns, metadata_schema, write_metadata};
 use crate::store::Store;
-use sluice_udfs::probe::{Probe, probe};
+use sluice_udfs::probe::{Probe, probe, probe_file};
 use source::{Entry, Origin, enumerate};
 
 /// What to do with an object that cannot be ingested.
@@ -152,15 +155,27 @@ pub fn validate_dataset_name(name: &str) -> Result<()> {
     }
 }
 
+/// An object read and probed, waiting for the writer.
 struct Loaded {
-    bytes: Vec<u8>,
+    body: Body,
     probed: Probe,
-    crc: u32,
+}
+
+/// An object's bytes: in memory, or (a large file) still in the file,
+/// streamed into the device a piece at a time.
+enum Body {
+    Memory { bytes: Vec<u8>, crc: u32 },
+    File { file: std::fs::File, len: u64 },
 }
 
 /// The largest object sluice can read back: a sample is one value of an
 /// Arrow `BinaryArray`, whose offsets are `i32`.
 pub const MAX_OBJECT_BYTES: u64 = i32::MAX as u64;
+
+/// Files larger than this are streamed into the device rather than read
+/// whole, in pieces of [`PIECE_BYTES`].
+const STREAM_ABOVE: u64 = 16 << 20;
+const PIECE_BYTES: usize = 4 << 20;
 
 /// Why an object of `len` bytes is refused.
 fn too_large(len: u64) -> String {
@@ -182,10 +197,13 @@ fn open_no_follow(path: &Path) -> std::result::Result<std::fs::File, String> {
         })
 }
 
-/// Reads a source file (beneath the roots of `confine`, when set),
-/// refusing one over [`MAX_OBJECT_BYTES`] before reading a byte of it.
-fn read_source(path: &Path, confine: Option<&Confinement>) -> std::result::Result<Vec<u8>, String> {
-    use std::io::Read;
+/// Opens a source file (beneath the roots of `confine`, when set) and
+/// returns it with its length, refusing one over [`MAX_OBJECT_BYTES`]
+/// before reading a byte of it.
+fn open_source(
+    path: &Path,
+    confine: Option<&Confinement>,
+) -> std::result::Result<(std::fs::File, u64), String> {
     let f = match confine {
         Some(c) => c.open(path)?,
         None => open_no_follow(path)?,
@@ -199,16 +217,26 @@ fn read_source(path: &Path, confine: Option<&Confinement>) -> std::result::Resul
     if meta.len() > MAX_OBJECT_BYTES {
         return Err(too_large(meta.len()));
     }
-    let mut out = Vec::with_capacity(meta.len() as usize);
-    // A file that grows while it is read is cut one byte past the limit.
-    f.take(MAX_OBJECT_BYTES + 1)
+    Ok((f, meta.len()))
+}
+
+/// Why a file whose length was `len` when opened is refused after `got`
+/// bytes (fewer: it shrank; more: it grew): an object is the file as it
+/// was when opened, or nothing.
+fn changed(len: u64, got: u64) -> String {
+    let how = if got < len { "shrank" } else { "grew" };
+    format!("the file {how} while it was read ({len} bytes when opened)")
+}
+
+/// Reads a whole (small) source file, `len` bytes as opened.
+fn read_whole(f: std::fs::File, len: u64, path: &Path) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(len as usize);
+    f.take(len + 1)
         .read_to_end(&mut out)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if out.len() as u64 > MAX_OBJECT_BYTES {
-        return Err(format!(
-            "grew past {MAX_OBJECT_BYTES} bytes while it was read, over the largest object \
-             sluice can read back"
-        ));
+    if out.len() as u64 != len {
+        return Err(changed(len, out.len() as u64));
     }
     Ok(out)
 }
@@ -223,17 +251,111 @@ fn load(
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
-        Origin::Path(p) => match read_source(&p, confine) {
-            Ok(b) => b,
-            Err(reason) => return (entry.key, Err(reason)),
-        },
+        Origin::Path(p) => {
+            let opened = open_source(&p, confine).and_then(|(f, len)| {
+                if len <= STREAM_ABOVE {
+                    return read_whole(f, len, &p).map(Ok);
+                }
+                let probed = f
+                    .try_clone()
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))
+                    .and_then(probe_file)?;
+                Ok(Err(Loaded {
+                    body: Body::File { file: f, len },
+                    probed,
+                }))
+            });
+            match opened {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(streamed)) => return (entry.key, Ok(streamed)),
+                Err(reason) => return (entry.key, Err(reason)),
+            }
+        }
     };
     let result = probe(&bytes).map(|probed| Loaded {
-        crc: crc32c::crc32c(&bytes),
-        bytes,
+        body: Body::Memory {
+            crc: crc32c::crc32c(&bytes),
+            bytes,
+        },
         probed,
     });
     (entry.key, result)
+}
+
+/// Streams `len` bytes of `file` into the writer as one object and returns
+/// its extent and crc32c. Memory holds one piece at a time. A file that
+/// fails to read, shrinks or grows meanwhile is this object's error (the
+/// inner one): its extent is filled with zeros and left to nobody, so the
+/// writer stays whole; a device error is the ingest's (the outer one).
+async fn stream_file(
+    writer: &mut ExtentWriter,
+    file: std::fs::File,
+    len: u64,
+) -> Result<(Extent, std::result::Result<u32, String>)> {
+    let extent = writer.begin(len).await?;
+    let mut crc = 0u32;
+    let mut file = Some(file);
+    let mut left = len;
+    let mut failed = None;
+    while left > 0 {
+        let want = left.min(PIECE_BYTES as u64) as usize;
+        let piece = match file.take() {
+            Some(f) => tokio::task::spawn_blocking(move || read_piece(f, want))
+                .await
+                .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?,
+            None => Err(String::new()),
+        };
+        let bytes = match piece {
+            Ok((f, bytes)) => {
+                file = Some(f);
+                bytes
+            }
+            Err(reason) => {
+                if failed.is_none() {
+                    failed = Some(if reason.is_empty() {
+                        changed(len, len - left)
+                    } else {
+                        reason
+                    });
+                }
+                vec![0u8; want]
+            }
+        };
+        crc = crc32c::crc32c_append(crc, &bytes);
+        writer.put(&bytes).await?;
+        left -= bytes.len() as u64;
+    }
+    if failed.is_none() {
+        // One byte more than it had when opened: it grew.
+        if let Some(f) = file {
+            let grew = tokio::task::spawn_blocking(move || read_piece(f, 1))
+                .await
+                .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?;
+            if grew.is_ok() {
+                failed = Some(changed(len, len + 1));
+            }
+        }
+    }
+    Ok((extent, failed.map_or(Ok(crc), Err)))
+}
+
+/// Reads exactly `want` bytes (an error, empty when the file ended first).
+fn read_piece(
+    mut f: std::fs::File,
+    want: usize,
+) -> std::result::Result<(std::fs::File, Vec<u8>), String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => return Err(String::new()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("cannot read: {e}")),
+        }
+    }
+    Ok((f, buf))
 }
 
 /// Objects loaded per blocking task, and tasks in flight.
@@ -241,8 +363,9 @@ const LOAD_GROUP: usize = 32;
 const LOAD_TASKS: usize = 4;
 /// Bytes of loaded objects held at once, waiting for the writer: a group
 /// takes its size in permits (at most all of them) before it is read and
-/// gives them back once written, so memory stays near this bound plus one
-/// object larger than it, whatever the files' sizes.
+/// gives them back once written, so memory stays near this bound whatever
+/// the files' sizes (a file over [`STREAM_ABOVE`] is streamed, and counts
+/// as that much).
 const LOAD_BUDGET: u64 = 256 << 20;
 
 /// Marks every entry whose key an earlier entry already has: keys are
@@ -276,7 +399,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
         .map(|e| match &e.origin {
             Origin::Inline(b) => b.len() as u64,
             Origin::Path(p) => std::fs::symlink_metadata(p)
-                .map(|m| m.len().min(MAX_OBJECT_BYTES))
+                .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),
             Origin::Refused(_) => 0,
         })
@@ -366,6 +489,19 @@ pub async fn ingest(
         .buffered(LOAD_TASKS);
     let mut loaded = std::pin::pin!(loaded);
 
+    // A bad object is skipped (named) or ends the ingest, by policy.
+    let mut refuse = |key: String, reason: String| match opts.on_error {
+        OnError::Skip => {
+            tracing::info!("dataset '{dataset}': skipping '{key}': {reason}");
+            skipped.push(Skipped { key, reason });
+            Ok(())
+        }
+        OnError::Fail => Err(StorageError::BadSample {
+            dataset: dataset.to_owned(),
+            key,
+            reason,
+        }),
+    };
     while let Some(group) = loaded.next().await {
         let (group, _permit) = group?;
         for (key, result) in group {
@@ -373,29 +509,25 @@ pub async fn ingest(
             done += 1;
             match result {
                 Ok(obj) => {
-                    let extent = writer.append(&obj.bytes).await?;
-                    keys.append_value(&key);
-                    probed.append(&obj.probed);
-                    chunks.append_value(extent.chunk);
-                    offsets.append_value(extent.offset);
-                    lengths.append_value(extent.length);
-                    crcs.append_value(obj.crc);
-                    accepted.push(row);
-                    bytes_total += extent.length;
+                    let (extent, crc) = match obj.body {
+                        Body::Memory { bytes, crc } => (writer.append(&bytes).await?, Ok(crc)),
+                        Body::File { file, len } => stream_file(&mut writer, file, len).await?,
+                    };
+                    match crc {
+                        Ok(crc) => {
+                            keys.append_value(&key);
+                            probed.append(&obj.probed);
+                            chunks.append_value(extent.chunk);
+                            offsets.append_value(extent.offset);
+                            lengths.append_value(extent.length);
+                            crcs.append_value(crc);
+                            accepted.push(row);
+                            bytes_total += extent.length;
+                        }
+                        Err(reason) => refuse(key, reason)?,
+                    }
                 }
-                Err(reason) => match opts.on_error {
-                    OnError::Skip => {
-                        tracing::info!("dataset '{dataset}': skipping '{key}': {reason}");
-                        skipped.push(Skipped { key, reason });
-                    }
-                    OnError::Fail => {
-                        return Err(StorageError::BadSample {
-                            dataset: dataset.to_owned(),
-                            key,
-                            reason,
-                        });
-                    }
-                },
+                Err(reason) => refuse(key, reason)?,
             }
             if let Some(p) = &opts.progress {
                 p(Progress {
@@ -467,4 +599,47 @@ pub async fn ingest(
         skipped,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::ChunkAllocator;
+    use crate::device::{DeviceOptions, create_device_file, file::FileDevice};
+    use crate::space::Space;
+
+    /// A file that shrinks or grows between its open and its last piece is
+    /// that object's error, and the writer goes on whole.
+    #[tokio::test]
+    async fn a_file_that_changes_while_streamed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev_path = dir.path().join("d.img");
+        create_device_file(&dev_path, 64 << 20).unwrap();
+        let dev: Arc<dyn crate::device::Device> =
+            Arc::new(FileDevice::open(&dev_path, &DeviceOptions::default()).unwrap());
+        let space = Space::new(ChunkAllocator::new(64)).reserve();
+        let mut w = ExtentWriter::new(dev, space, 1 << 20, "t");
+        let len = (PIECE_BYTES * 2 + 100) as u64;
+        let path = dir.path().join("f");
+        for (cut, want) in [(PIECE_BYTES as u64 + 7, "shrank"), (len + 3, "grew")] {
+            std::fs::write(&path, vec![1u8; len as usize]).unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(cut)
+                .unwrap();
+            let (extent, crc) = stream_file(&mut w, f, len).await.unwrap();
+            assert_eq!(extent.length, len);
+            let err = crc.unwrap_err();
+            assert!(err.contains(want), "{err}");
+            assert!(err.contains(&format!("{len} bytes when opened")), "{err}");
+        }
+        std::fs::write(&path, vec![2u8; len as usize]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let (_, crc) = stream_file(&mut w, f, len).await.unwrap();
+        assert_eq!(crc.unwrap(), crc32c::crc32c(&vec![2u8; len as usize]));
+        w.finish().await.unwrap();
+    }
 }

@@ -11,6 +11,8 @@
 //! one write, and up to the device's parallelism writes are in flight while
 //! the next chunk fills. [`ExtentWriter::finish`] writes the last partial
 //! chunk (padded to a block), waits for every write and flushes the device.
+//! An object can also arrive in pieces ([`ExtentWriter::begin`], then
+//! [`ExtentWriter::put`]): ingest streams a large file that way.
 
 use std::sync::Arc;
 
@@ -48,6 +50,8 @@ pub struct ExtentWriter {
     run_end: u64,
     /// Staging buffer for the chunk that contains `cursor`.
     staging: Option<(u64, AlignedBuf)>,
+    /// Bytes still to come of the object begun last.
+    pending: u64,
     writes: FuturesUnordered<BoxFuture<'static, Result<()>>>,
     max_in_flight: usize,
 }
@@ -80,6 +84,7 @@ impl ExtentWriter {
             cursor: 0,
             run_end: 0,
             staging: None,
+            pending: 0,
             writes: FuturesUnordered::new(),
             max_in_flight,
         }
@@ -118,14 +123,50 @@ impl ExtentWriter {
     }
 
     /// Appends one object and returns its extent.
-    pub async fn append(&mut self, mut bytes: &[u8]) -> Result<Extent> {
-        let len = bytes.len() as u64;
+    pub async fn append(&mut self, bytes: &[u8]) -> Result<Extent> {
+        let extent = self.begin(bytes.len() as u64).await?;
+        self.put(bytes).await?;
+        Ok(extent)
+    }
+
+    /// Starts an object of `len` bytes at the cursor and returns its
+    /// extent; its bytes follow through [`ExtentWriter::put`], all `len`
+    /// of them before the next object begins. An object streamed from a
+    /// file this way is never whole in memory.
+    pub async fn begin(&mut self, len: u64) -> Result<Extent> {
+        if self.pending != 0 {
+            return Err(self.unfinished());
+        }
         self.reserve(len).await?;
-        let extent = Extent {
+        self.pending = len;
+        Ok(Extent {
             chunk: self.cursor / self.chunk_size,
             offset: self.cursor % self.chunk_size,
             length: len,
-        };
+        })
+    }
+
+    fn unfinished(&self) -> StorageError {
+        StorageError::io(
+            "pack",
+            &self.dataset,
+            std::io::Error::other(format!(
+                "an object is {} byte(s) short of the length it began with",
+                self.pending
+            )),
+        )
+    }
+
+    /// Appends the next bytes of the object begun last.
+    pub async fn put(&mut self, mut bytes: &[u8]) -> Result<()> {
+        if bytes.len() as u64 > self.pending {
+            return Err(StorageError::io(
+                "pack",
+                &self.dataset,
+                std::io::Error::other("more bytes than the object began with"),
+            ));
+        }
+        self.pending -= bytes.len() as u64;
         while !bytes.is_empty() {
             let chunk_start = self.cursor / self.chunk_size * self.chunk_size;
             if self
@@ -151,7 +192,7 @@ impl ExtentWriter {
                 self.flush_staging().await?;
             }
         }
-        Ok(extent)
+        Ok(())
     }
 
     /// Sends the staged chunk to the device (up to the cursor, block-padded).
@@ -187,6 +228,9 @@ impl ExtentWriter {
     /// returns the chunk runs used, still reserved until the commit that
     /// owns them.
     pub async fn finish(mut self) -> Result<(Vec<ChunkRun>, Reservation)> {
+        if self.pending != 0 {
+            return Err(self.unfinished());
+        }
         self.flush_staging().await?;
         while let Some(res) = self.writes.next().await {
             res?;
@@ -240,6 +284,33 @@ mod tests {
                 .unwrap();
             assert_eq!(&buf.as_slice()[at..at + e.length as usize], &want[..]);
         }
+    }
+
+    #[tokio::test]
+    async fn an_object_in_pieces_lands_as_one() {
+        let (_d, dev) = device(1 << 20).await;
+        let chunk = 64 * 1024;
+        let mut w = ExtentWriter::new(Arc::clone(&dev), space(16), chunk, "t");
+        let whole: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        w.append(&[9; 10]).await.unwrap();
+        let e = w.begin(whole.len() as u64).await.unwrap();
+        assert!(
+            w.begin(1).await.is_err(),
+            "a second object before the first ends"
+        );
+        for piece in whole.chunks(70_001) {
+            w.put(piece).await.unwrap();
+        }
+        assert!(
+            w.put(&[1]).await.is_err(),
+            "a byte past the object's length"
+        );
+        w.finish().await.unwrap();
+        let (buf, at) = dev
+            .read_covering(e.chunk * chunk + e.offset, e.length)
+            .await
+            .unwrap();
+        assert_eq!(&buf.as_slice()[at..at + whole.len()], &whole[..]);
     }
 
     #[tokio::test]

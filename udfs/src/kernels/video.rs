@@ -153,11 +153,19 @@ struct Opened {
 }
 
 fn open(data: Buffer) -> Result<Opened, String> {
-    init();
     if data.is_empty() {
         return Err("empty object".into());
     }
-    let io = ff::format::context::StreamIo::from_read_seek(Cursor::new(Bytes(data)))
+    open_reader(Cursor::new(Bytes(data)))
+}
+
+/// Opens a container read through `source` (a file, or bytes in memory):
+/// FFmpeg reads and seeks only what it needs.
+fn open_reader<R: std::io::Read + std::io::Seek + Send + 'static>(
+    source: R,
+) -> Result<Opened, String> {
+    init();
+    let io = ff::format::context::StreamIo::from_read_seek(source)
         .map_err(|e| format!("cannot set up FFmpeg I/O: {e}"))?;
     let input = ff::format::input_from_stream(io, None, None)
         .map_err(|e| format!("not a video FFmpeg can read: {e}"))?;
@@ -213,7 +221,18 @@ fn open(data: Buffer) -> Result<Opened, String> {
 
 /// Probes a clip's container and video stream without decoding frames.
 pub fn probe(data: Buffer) -> Result<ClipInfo, String> {
-    let info = open(data)?.info;
+    if data.is_empty() {
+        return Err("empty object".into());
+    }
+    probe_reader(Cursor::new(Bytes(data)))
+}
+
+/// [`probe`] on a seekable source (a file at ingest), reading only the
+/// container's header and index rather than the whole object.
+pub fn probe_reader<R: std::io::Read + std::io::Seek + Send + 'static>(
+    source: R,
+) -> Result<ClipInfo, String> {
+    let info = open_reader(source)?.info;
     if info.width == 0 || info.height == 0 {
         return Err(format!("video stream has no frame size ({})", info.codec));
     }
