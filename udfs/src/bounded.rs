@@ -8,7 +8,11 @@
 //! allocator aborts. Each is wrapped here so that a batch whose results
 //! would exceed the session's `max_decoded_bytes` fails with an error
 //! naming the function and the limit *before* the inner function
-//! allocates; everything else is the inner function's.
+//! allocates; everything else is the inner function's. The bound is
+//! computed from the arguments' sizes; where that is only a worst case
+//! (`replace`, `regexp_replace`: every byte a match) and it is past the
+//! limit, the real matches are counted before anything is refused. The
+//! `||` operator is bounded the same way by [`crate::concat_operator`].
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use datafusion::logical_expr::{
     ScalarUDFImpl, Signature,
 };
 
+use crate::concat_operator::{ConcatOperator, ConcatRewrite};
 use crate::env::UdfEnv;
 
 /// How a wrapped function's output size follows from its arguments.
@@ -67,8 +72,17 @@ const BOUNDED: &[(&str, Growth)] = &[
 
 /// Replaces the functions of [`BOUNDED`] registered in `ctx` with
 /// wrappers that refuse a batch whose results exceed `env`'s
-/// `max_decoded_bytes`.
+/// `max_decoded_bytes`, and bounds the `||` operator the same way
+/// ([`crate::concat_operator`]).
 pub fn register(ctx: &SessionContext, env: &Arc<UdfEnv>) {
+    let limit = env.options.limits.max_decoded_bytes;
+    let operator = Arc::new(ScalarUDF::new_from_impl(ConcatOperator::new(limit)));
+    ctx.register_udf((*operator).clone());
+    // Registering a rewrite cannot fail on a session's state.
+    let _ = ctx
+        .state_ref()
+        .write()
+        .register_function_rewrite(Arc::new(ConcatRewrite::new(operator)));
     for &(name, growth) in BOUNDED {
         let Ok(inner) = ctx.udf(name) else {
             continue;
@@ -105,7 +119,7 @@ fn ints(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<i64>> {
 /// Bytes of argument `i`'s value in each row (its memory share for
 /// non-strings; 0 when missing or NULL). A scalar is measured once, never
 /// repeated into an array.
-fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> {
+pub(crate) fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> {
     let Some(arg) = args.get(i) else {
         return Ok(vec![0; rows]);
     };
@@ -134,6 +148,23 @@ fn byte_lens(args: &[ColumnarValue], i: usize, rows: usize) -> Result<Vec<u64>> 
             let s = a.as_string_view();
             (0..rows).map(|r| len(r, s.value(r).len())).collect()
         }
+        DataType::Binary => {
+            let b = a.as_binary::<i32>();
+            (0..rows)
+                .map(|r| len(r, b.value_length(r) as usize))
+                .collect()
+        }
+        DataType::LargeBinary => {
+            let b = a.as_binary::<i64>();
+            (0..rows)
+                .map(|r| len(r, b.value_length(r) as usize))
+                .collect()
+        }
+        DataType::BinaryView => {
+            let b = a.as_binary_view();
+            (0..rows).map(|r| len(r, b.value(r).len())).collect()
+        }
+        DataType::FixedSizeBinary(n) => (0..rows).map(|r| len(r, *n as usize)).collect(),
         t => {
             let each = t
                 .primitive_width()
@@ -255,6 +286,120 @@ impl Bounded {
     }
 }
 
+/// Argument `i`'s string values, a scalar measured once rather than
+/// repeated into an array.
+enum Strs {
+    One(Option<String>),
+    Many(arrow::array::StringViewArray),
+}
+
+impl Strs {
+    fn new(args: &[ColumnarValue], i: usize) -> Result<Self> {
+        let view = |a: &ArrayRef| -> Result<arrow::array::StringViewArray> {
+            Ok(arrow::compute::cast(a, &DataType::Utf8View)?
+                .as_string_view()
+                .clone())
+        };
+        Ok(match args.get(i) {
+            None => Self::One(None),
+            Some(ColumnarValue::Scalar(v)) => {
+                let one = view(&v.to_array_of_size(1)?)?;
+                Self::One((!one.is_null(0)).then(|| one.value(0).to_owned()))
+            }
+            Some(ColumnarValue::Array(a)) => Self::Many(view(a)?),
+        })
+    }
+
+    fn get(&self, row: usize) -> Option<&str> {
+        match self {
+            Self::One(v) => v.as_deref(),
+            Self::Many(a) => (!a.is_null(row)).then(|| a.value(row)),
+        }
+    }
+}
+
+/// `replace(text, from, to)`'s output bytes, from the real matches.
+fn exact_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
+    let (text, from, to) = (
+        Strs::new(args, 0)?,
+        Strs::new(args, 1)?,
+        Strs::new(args, 2)?,
+    );
+    let row_bytes = |r: usize| -> u64 {
+        let (Some(text), Some(from), Some(to)) = (text.get(r), from.get(r), to.get(r)) else {
+            return 0;
+        };
+        let matches = if from.is_empty() {
+            text.chars().count() as u64 + 1
+        } else if to.len() <= from.len() {
+            return text.len() as u64;
+        } else {
+            text.matches(from).count() as u64
+        };
+        let grown = matches.saturating_mul((to.len() - from.len()) as u64);
+        (text.len() as u64).saturating_add(grown)
+    };
+    Ok(
+        if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+            row_bytes(0).saturating_mul(rows.max(1) as u64)
+        } else {
+            (0..rows).fold(0u64, |t, r| t.saturating_add(row_bytes(r)))
+        },
+    )
+}
+
+/// `regexp_replace(text, pattern, replacement[, flags])`'s output bytes
+/// from the real matches: each becomes the replacement with every group
+/// reference brought back at most the whole match. A pattern the regex
+/// engine refuses counts as no match (the function reports it).
+fn exact_regexp_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
+    let (text, pattern, replacement, flags) = (
+        Strs::new(args, 0)?,
+        Strs::new(args, 1)?,
+        Strs::new(args, 2)?,
+        Strs::new(args, 3)?,
+    );
+    let mut compiled: Option<((String, String), Option<regex::Regex>)> = None;
+    let mut row_bytes = |r: usize| -> u64 {
+        let (Some(text), Some(pattern), Some(repl)) =
+            (text.get(r), pattern.get(r), replacement.get(r))
+        else {
+            return 0;
+        };
+        let flags = flags.get(r).unwrap_or("");
+        let key = (pattern.to_owned(), flags.to_owned());
+        if compiled.as_ref().is_none_or(|(k, _)| *k != key) {
+            let inline: String = flags.chars().filter(|&c| c != 'g').collect();
+            let full = if inline.is_empty() {
+                pattern.to_owned()
+            } else {
+                format!("(?{inline}){pattern}")
+            };
+            compiled = Some((key, regex::Regex::new(&full).ok()));
+        }
+        let Some((_, Some(re))) = &compiled else {
+            return text.len() as u64;
+        };
+        let refs = repl.matches(['$', '\\']).count() as u64;
+        let limit = if flags.contains('g') { usize::MAX } else { 1 };
+        re.find_iter(text)
+            .take(limit)
+            .fold(text.len() as u64, |t, m| {
+                let m = m.len() as u64;
+                t.saturating_add(repl.len() as u64)
+                    .saturating_add(refs.saturating_mul(m))
+                    .saturating_sub(m)
+            })
+    };
+    Ok(
+        if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+            row_bytes(0).saturating_mul(rows.max(1) as u64)
+        } else {
+            (0..rows).fold(0u64, |t, r| t.saturating_add(row_bytes(r)))
+        },
+    )
+}
+
 impl ScalarUDFImpl for Bounded {
     fn name(&self) -> &str {
         self.inner.name()
@@ -295,7 +440,16 @@ impl ScalarUDFImpl for Bounded {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let bytes = self.output_bytes(&args.args, args.number_rows)?;
+        let mut bytes = self.output_bytes(&args.args, args.number_rows)?;
+        if bytes > self.limit {
+            // The bound above is the worst case (every byte a match);
+            // counting the real matches costs a scan, paid only here.
+            bytes = match self.growth {
+                Growth::Replace => exact_replace(&args.args, args.number_rows)?,
+                Growth::RegexpReplace => exact_regexp_replace(&args.args, args.number_rows)?,
+                _ => bytes,
+            };
+        }
         if bytes > self.limit {
             return Err(DataFusionError::ResourcesExhausted(format!(
                 "{}: its results would take {bytes} bytes, over the limit of {} \
@@ -384,6 +538,33 @@ mod tests {
                 "WITH a AS (SELECT repeat('x', 300000) AS s) \
                  SELECT length(concat_ws(s, 'a', 'b', 'c', 'd', 'e')) FROM a",
                 "concat_ws",
+            ),
+        ] {
+            let e = run(&small, sql).await.map(|_| "no error".to_owned());
+            let e = e.unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains(&format!("{name}: its results would take")),
+                "{sql}: {e}"
+            );
+        }
+        // The worst case (every byte a match) is past the limit, the real
+        // result within it: counted, not refused.
+        for sql in [
+            "SELECT length(replace(repeat('x.', 300000), 'x', 'xx'))",
+            "SELECT length(replace(s, 'x', 'xx')) FROM (VALUES (repeat('x.', 300000))) t(s)",
+            "SELECT length(regexp_replace(repeat('ab', 200000), 'a', '$0', 'g'))",
+            "SELECT length(regexp_replace(repeat('x', 400000), 'x+', '<$0>'))",
+        ] {
+            assert!(run(&small, sql).await.is_ok(), "{sql}");
+        }
+        for (sql, name) in [
+            (
+                "SELECT length(replace(repeat('x.', 400000), 'x', 'xxxx'))",
+                "replace",
+            ),
+            (
+                "SELECT length(regexp_replace(repeat('xa', 300000), 'x', '$0$0$0', 'g'))",
+                "regexp_replace",
             ),
         ] {
             let e = run(&small, sql).await.map(|_| "no error".to_owned());

@@ -60,6 +60,7 @@
 pub mod args;
 pub mod bounded;
 pub mod calibrate;
+pub mod concat_operator;
 pub mod cost;
 pub mod env;
 pub mod kernels;
