@@ -498,6 +498,9 @@ impl Prepared {
             .query_planner()
             .create_physical_plan(&placement.compute, &state)
             .await?;
+        // A built-in function's panic is a named sample under the
+        // query's policy (storage fragments are guarded where they run).
+        let physical = sluice_udfs::panic_guard::guard_plan(physical, &self.tables.udfs)?;
         Ok(PlannedQuery {
             explanation: placement.explanation,
             plan: physical,

@@ -76,7 +76,7 @@ impl StorageFlightService {
         let ctx = self.node.session(&udfs);
         let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
         let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
-        let batches = self.node.run(plan, &ctx);
+        let batches = self.node.run(plan, &ctx, &udfs);
         let link = self.node.link().cloned();
         // Dropping the stream (the client left) stops the UDFs at their next row.
         let stop = udfs.cancel.on_drop();

@@ -322,11 +322,22 @@ impl StorageNode {
         &self,
         plan: Arc<dyn ExecutionPlan>,
         ctx: &SessionContext,
+        udfs: &Arc<UdfEnv>,
     ) -> SendableRecordBatchStream {
         let schema = plan.schema();
         let task = ctx.task_ctx();
+        // A built-in function's panic is a named sample under the job's
+        // policy, reported back with the UDFs' bad samples.
+        let guarded = sluice_udfs::panic_guard::guard_plan(Arc::clone(&plan), udfs);
         let (tx, rx) = mpsc::channel::<DFResult<RecordBatch>>(4);
         self.handle.spawn(async move {
+            let plan = match guarded {
+                Ok(plan) => plan,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
             let plan: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(plan));
             let stream = match plan.execute(0, task) {
                 Ok(s) => s,
@@ -396,7 +407,7 @@ impl StorageEndpoint for StorageNode {
     ) -> Result<SendableRecordBatchStream, LinkError> {
         let ctx = self.session(&udfs);
         let plan = self.bind(&ctx, fragment).await?;
-        let stream = self.run(plan, &ctx);
+        let stream = self.run(plan, &ctx, &udfs);
         let Some(link) = self.link.clone() else {
             return Ok(stream);
         };

@@ -2,7 +2,8 @@
 //! input, under a size limit.
 //!
 //! `repeat('x', 2000000000)`, `lpad(s, 2000000000)`, `array_repeat(x, n)`,
-//! `range(0, 10000000000)` or `replace(repeat('x', 1e9), 'x', 'xxxxxxxx')`
+//! `range(0, 10000000000)`, `encode(data, 'hex')` of a large sample, or
+//! `replace(repeat('x', 1e9), 'x', 'xxxxxxxx')`
 //! (each step under the limit) allocate what one short literal asks for,
 //! outside any memory pool: one query could grow the server until the
 //! allocator aborts. Each is wrapped here so that a batch whose results
@@ -53,6 +54,9 @@ enum Growth {
     /// `concat_ws(sep, a, b, …)`: the arguments and a separator between
     /// each two.
     ConcatWs,
+    /// `encode(bytes, 'hex' | 'base64' …)`: two characters a byte in hex,
+    /// four per three in base64.
+    Encode,
 }
 
 /// The functions wrapped, and how each grows.
@@ -68,6 +72,7 @@ const BOUNDED: &[(&str, Growth)] = &[
     ("concat", Growth::Sum),
     ("overlay", Growth::Sum),
     ("concat_ws", Growth::ConcatWs),
+    ("encode", Growth::Encode),
 ];
 
 /// Replaces the functions of [`BOUNDED`] registered in `ctx` with
@@ -253,6 +258,17 @@ impl Bounded {
                     }
                 }
                 per_row.into_iter().fold(0u64, u64::saturating_add)
+            }
+            Growth::Encode => {
+                let (data, encoding) = (byte_lens(args, 0, rows)?, texts(args, 1, rows)?);
+                (0..rows).fold(0u64, |t, r| {
+                    let n = data[r];
+                    let out = match encoding[r].to_ascii_lowercase().as_str() {
+                        "base64" | "base64pad" => n.div_ceil(3).saturating_mul(4),
+                        _ => n.saturating_mul(2),
+                    };
+                    t.saturating_add(out)
+                })
             }
             Growth::Range => {
                 if !args.iter().all(|a| a.data_type().is_integer()) {
@@ -539,6 +555,10 @@ mod tests {
                  SELECT length(concat_ws(s, 'a', 'b', 'c', 'd', 'e')) FROM a",
                 "concat_ws",
             ),
+            (
+                "SELECT length(encode(repeat('x', 600000), 'hex'))",
+                "encode",
+            ),
         ] {
             let e = run(&small, sql).await.map(|_| "no error".to_owned());
             let e = e.unwrap_or_else(|e| e.to_string());
@@ -554,6 +574,7 @@ mod tests {
             "SELECT length(replace(s, 'x', 'xx')) FROM (VALUES (repeat('x.', 300000))) t(s)",
             "SELECT length(regexp_replace(repeat('ab', 200000), 'a', '$0', 'g'))",
             "SELECT length(regexp_replace(repeat('x', 400000), 'x+', '<$0>'))",
+            "SELECT length(encode(repeat('x', 600000), 'base64'))",
         ] {
             assert!(run(&small, sql).await.is_ok(), "{sql}");
         }

@@ -64,6 +64,7 @@ pub mod concat_operator;
 pub mod cost;
 pub mod env;
 pub mod kernels;
+pub mod panic_guard;
 pub mod probe;
 pub mod random;
 pub mod rewrite;
