@@ -91,7 +91,7 @@ pub struct JobStatus {
 /// Positions delivered per (rank, epoch), and the counters of a job.
 #[derive(Debug, Default)]
 pub struct Progress {
-    covered: HashMap<(u64, u64), Vec<u64>>,
+    covered: HashMap<(u64, u64), Ranges>,
     /// Distinct positions delivered.
     pub positions: u64,
     /// Samples delivered (re-reads included).
@@ -103,10 +103,63 @@ pub struct Progress {
     saved: Option<Instant>,
 }
 
+/// Positions of one (rank, epoch) as sorted, disjoint, non-adjacent
+/// half-open ranges. Readers deliver in order, so an epoch read whole is
+/// one range and one read in progress is one range plus a few gaps left
+/// by a reader that resumed elsewhere: the job's record grows with the
+/// gaps, not with the samples (a bitmap was a word per 64 samples of
+/// every (rank, epoch) ever read, saved every second).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// Adds `from..to`; returns how many positions were new.
+    fn insert(&mut self, from: u64, to: u64) -> u64 {
+        if from >= to {
+            return 0;
+        }
+        // Ranges that overlap or touch `from..to` merge with it.
+        let first = self.0.partition_point(|&(_, e)| e < from);
+        let last = self.0.partition_point(|&(s, _)| s <= to);
+        let (mut lo, mut hi, mut had) = (from, to, 0);
+        for &(s, e) in &self.0[first..last] {
+            lo = lo.min(s);
+            hi = hi.max(e);
+            had += e.min(to).saturating_sub(s.max(from));
+        }
+        self.0.splice(first..last, [(lo, hi)]);
+        (to - from) - had
+    }
+
+    /// Positions covered.
+    fn len(&self) -> u64 {
+        self.0.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// The ranges of a bitmap (a record written before ranges).
+    fn from_bitmap(words: &[u64]) -> Self {
+        let mut r = Self::default();
+        for (i, &w) in words.iter().enumerate() {
+            for bit in 0..64 {
+                if w & (1 << bit) != 0 {
+                    let p = i as u64 * 64 + bit;
+                    r.insert(p, p + 1);
+                }
+            }
+        }
+        r
+    }
+}
+
 /// [`Progress`] as the job store keeps it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProgressRecord {
-    /// Positions delivered, per (rank, epoch), as bitmaps.
+    /// Positions delivered, per (rank, epoch), as ranges.
+    #[serde(default)]
+    pub ranges: Vec<((u64, u64), Ranges)>,
+    /// Positions as bitmaps, in records written before `ranges`: read,
+    /// never written.
+    #[serde(default, skip_serializing)]
     pub covered: Vec<((u64, u64), Vec<u64>)>,
     /// Bytes per tier.
     pub bytes: TierBytes,
@@ -120,17 +173,11 @@ pub const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 impl Progress {
     /// Records positions `from..to` of (`rank`, `epoch`): `rows` samples.
     pub fn deliver(&mut self, rank: u64, epoch: u64, from: u64, to: u64, rows: u64) {
-        let bits = self.covered.entry((rank, epoch)).or_default();
-        for p in from..to {
-            let (word, bit) = ((p / 64) as usize, p % 64);
-            if bits.len() <= word {
-                bits.resize(word + 1, 0);
-            }
-            if bits[word] & (1 << bit) == 0 {
-                bits[word] |= 1 << bit;
-                self.positions += 1;
-            }
-        }
+        self.positions += self
+            .covered
+            .entry((rank, epoch))
+            .or_default()
+            .insert(from, to);
         self.delivered += rows;
         let now = Instant::now();
         self.first.get_or_insert(now);
@@ -151,7 +198,6 @@ impl Progress {
         }
     }
 
-    /// Forgets the positions (a cancelled job's).
     /// Whether the progress should be saved now (at most every
     /// [`SAVE_EVERY`]); if so, the clock restarts.
     pub fn save_due(&mut self) -> bool {
@@ -167,23 +213,27 @@ impl Progress {
 
     /// What the job store keeps.
     pub fn record(&self) -> ProgressRecord {
-        let mut covered: Vec<_> = self.covered.iter().map(|(k, v)| (*k, v.clone())).collect();
-        covered.sort_unstable_by_key(|(k, _)| *k);
+        let mut ranges: Vec<_> = self.covered.iter().map(|(k, v)| (*k, v.clone())).collect();
+        ranges.sort_unstable_by_key(|(k, _)| *k);
         ProgressRecord {
-            covered,
+            ranges,
+            covered: Vec::new(),
             bytes: self.bytes,
             delivered: self.delivered,
         }
     }
 
-    /// The progress a job store kept.
+    /// The progress a job store kept (in either form).
     pub fn restore(r: &ProgressRecord) -> Self {
-        let covered: HashMap<(u64, u64), Vec<u64>> = r.covered.iter().cloned().collect();
-        let positions = covered
-            .values()
-            .flatten()
-            .map(|w| u64::from(w.count_ones()))
-            .sum();
+        let mut covered: HashMap<(u64, u64), Ranges> = r.ranges.iter().cloned().collect();
+        for (k, words) in &r.covered {
+            let old = Ranges::from_bitmap(words);
+            let ranges = covered.entry(*k).or_default();
+            for &(s, e) in &old.0 {
+                ranges.insert(s, e);
+            }
+        }
+        let positions = covered.values().map(Ranges::len).sum();
         Self {
             covered,
             positions,
@@ -193,6 +243,7 @@ impl Progress {
         }
     }
 
+    /// Forgets the positions (a cancelled job's).
     pub fn release(&mut self) {
         self.covered = HashMap::new();
     }
@@ -221,5 +272,55 @@ mod tests {
         assert_eq!(q.positions, 67);
         assert_eq!(q.delivered, 67);
         assert_eq!(q.record(), p.record());
+    }
+
+    #[test]
+    fn ranges_merge_and_count_new_positions_once() {
+        let mut r = Ranges::default();
+        assert_eq!(r.insert(10, 20), 10);
+        assert_eq!(r.insert(30, 40), 10);
+        assert_eq!(r.insert(15, 35), 10, "only 20..30 is new");
+        assert_eq!(r.0, [(10, 40)]);
+        assert_eq!(r.insert(40, 41), 1, "an adjacent range joins");
+        assert_eq!(r.insert(0, 5), 5);
+        assert_eq!(r.insert(3, 3), 0);
+        assert_eq!(r.0, [(0, 5), (10, 41)]);
+        assert_eq!(r.insert(0, 100), 100 - 5 - 31);
+        assert_eq!(r.0, [(0, 100)]);
+        // Against a bitmap, over many random inserts.
+        let (mut bits, mut ranges, mut x) = (vec![false; 500], Ranges::default(), 7u64);
+        for _ in 0..300 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let from = (x >> 33) % 500;
+            let to = (from + (x >> 20) % 40).min(500);
+            let new = (from..to).filter(|&p| !bits[p as usize]).count() as u64;
+            (from..to).for_each(|p| bits[p as usize] = true);
+            assert_eq!(ranges.insert(from, to), new);
+            assert!(ranges.0.windows(2).all(|w| w[0].1 < w[1].0));
+        }
+        assert_eq!(ranges.len(), bits.iter().filter(|&&b| b).count() as u64);
+    }
+
+    #[test]
+    fn a_whole_epoch_is_one_range_and_old_bitmaps_still_restore() {
+        let mut p = Progress::default();
+        for start in (0..1_000_000).step_by(256) {
+            p.deliver(3, 7, start, start + 256, 256);
+        }
+        let record = p.record();
+        assert_eq!(record.ranges, [((3, 7), Ranges(vec![(0, 1_000_192)]))]);
+        assert!(serde_json::to_vec(&record).unwrap().len() < 200);
+        let old: ProgressRecord = serde_json::from_str(
+            r#"{"covered": [[[0, 1], [7, 1]]], "bytes": {"link": 0, "trainer": 0}, "delivered": 4}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let q = Progress::restore(&old);
+        assert_eq!(q.positions, 4);
+        assert_eq!(
+            q.record().ranges,
+            [((0, 1), Ranges(vec![(0, 3), (64, 65)]))]
+        );
     }
 }
