@@ -349,12 +349,23 @@ impl ComputeSession {
                 },
             )
         };
+        // A configured link or node limit models separate machines on
+        // purpose (the placement benchmarks); otherwise nodes in this
+        // process or on this host share its cores.
+        let modelled = self.hints.link_bytes_per_s.is_some()
+            || self.hints.storage_cores.is_some()
+            || known.limits.values().any(Option::is_some);
+        let colocated = (!modelled
+            && !self.endpoints.is_empty()
+            && self.endpoints.iter().all(|e| e.on_this_host()))
+        .then(|| "every storage node runs on this machine".to_owned());
         Resources {
             storage_nodes: nodes.max(1),
             storage_cores,
             compute_cores: self.hints.compute_cores.unwrap_or(cores),
             link_bytes_per_s: link,
             link_source: source.into(),
+            colocated,
         }
     }
 

@@ -43,6 +43,13 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// Its name in messages: a URL, or `in-process`.
     fn name(&self) -> &str;
 
+    /// Whether it runs on this machine (in this process, or at a loopback
+    /// address), sharing this machine's cores: the planner then costs both
+    /// sides as one pool.
+    fn on_this_host(&self) -> bool {
+        is_loopback(self.name())
+    }
+
     /// Its cores and link limit.
     async fn node_info(&self) -> Result<NodeInfo, LinkError>;
 
@@ -64,4 +71,40 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// Measures the link by fetching `bytes`: bytes per second, or `None`
     /// when the node is in this process.
     async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError>;
+}
+
+/// Whether a node address (`http://127.0.0.1:7000`, `[::1]:7000`,
+/// `localhost:7000`) is on this host's loopback.
+pub fn is_loopback(address: &str) -> bool {
+    let rest = address.split_once("://").map_or(address, |(_, r)| r);
+    let host_port = rest.split('/').next().unwrap_or(rest);
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn loopback_addresses_are_this_host() {
+        for a in [
+            "http://127.0.0.1:7000",
+            "127.0.0.2:9",
+            "http://[::1]:7000",
+            "localhost:80",
+            "grpc://LOCALHOST:1/x",
+        ] {
+            assert!(is_loopback(a), "{a}");
+        }
+        for a in ["http://10.0.0.2:7000", "storage-1:7000", "[fe80::1]:7"] {
+            assert!(!is_loopback(a), "{a}");
+        }
+    }
 }

@@ -4,7 +4,13 @@
 //!
 //! A candidate's throughput is the slowest of three rates: storage CPU
 //! (nodes × cores / storage ns per sample), the link (bytes per second /
-//! bytes per sample) and compute CPU (cores / compute ns per sample). The
+//! bytes per sample) and compute CPU (cores / compute ns per sample).
+//! When the two sides share a machine ([`Resources::colocated`]) there is
+//! one rate: the machine's cores / all the CPU a sample takes, on either
+//! side (the link is memory). Cuts then differ only by the work each adds
+//! (a `to_tensor` that runs once instead of twice), so the one with the
+//! least CPU wins and ties go to fewer bytes handed over, and no split
+//! "between sides" can look faster than the cores it has. The
 //! best candidate wins; candidates within [`TIE`] of each other are ties,
 //! broken towards fewer bytes over the link. A per-sample split — samples
 //! above a metadata threshold at one cut, the rest at another — is chosen
@@ -39,11 +45,27 @@ pub struct Rates {
     pub storage_ns: f64,
     /// Mean compute CPU per sample, ns.
     pub compute_ns: f64,
+    /// Both sides on one machine: one pool of cores, no link.
+    #[serde(default)]
+    pub colocated: bool,
 }
 
 impl Rates {
     /// The rates of a mean per-sample cost under `res`.
     pub fn of(c: SampleCost, res: &Resources) -> Self {
+        if res.colocated.is_some() {
+            let pool = res.compute_cores.max(1.0) * 1e9 / (c.storage_ns + c.compute_ns).max(1.0);
+            return Self {
+                storage_per_s: pool,
+                link_per_s: None,
+                compute_per_s: pool,
+                per_s: pool,
+                bytes_per_sample: c.link_bytes,
+                storage_ns: c.storage_ns,
+                compute_ns: c.compute_ns,
+                colocated: true,
+            };
+        }
         let storage_per_s =
             res.storage_nodes.max(1) as f64 * res.storage_cores * 1e9 / c.storage_ns.max(1.0);
         let compute_per_s = res.compute_cores * 1e9 / c.compute_ns.max(1.0);
@@ -59,12 +81,15 @@ impl Rates {
             bytes_per_sample: c.link_bytes,
             storage_ns: c.storage_ns,
             compute_ns: c.compute_ns,
+            colocated: false,
         }
     }
 
     /// Which of the three limits the rate.
     pub fn bottleneck(&self) -> &'static str {
-        if self.link_per_s.is_some_and(|l| l <= self.per_s) {
+        if self.colocated {
+            "cpu"
+        } else if self.link_per_s.is_some_and(|l| l <= self.per_s) {
             "link"
         } else if self.storage_per_s <= self.per_s {
             "storage"

@@ -96,15 +96,28 @@ impl Explanation {
     pub fn to_text(&self) -> String {
         let r = &self.resources;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "resources: {} storage node(s) x {} core(s), compute {} core(s), link {} ({})",
-            r.storage_nodes,
-            r.storage_cores,
-            r.compute_cores,
-            r.link_text(),
-            r.link_source
-        );
+        match &r.colocated {
+            Some(why) => {
+                let _ = writeln!(
+                    out,
+                    "resources: co-located ({why}): one pool of {} core(s) runs both sides, \
+                     the link is memory; a cut moves work between thread pools, not machines, \
+                     so the cut with the least CPU per sample wins (ties: fewer bytes handed over)",
+                    r.compute_cores
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "resources: {} storage node(s) x {} core(s), compute {} core(s), link {} ({})",
+                    r.storage_nodes,
+                    r.storage_cores,
+                    r.compute_cores,
+                    r.link_text(),
+                    r.link_source
+                );
+            }
+        }
         for p in &self.pipelines {
             p.write_text(&mut out);
         }

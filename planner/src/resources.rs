@@ -16,6 +16,13 @@ pub struct Resources {
     pub link_bytes_per_s: Option<f64>,
     /// Where the link figure comes from: "configured", "measured" or "in-process".
     pub link_source: String,
+    /// Why the storage and compute sides share one machine, when they do
+    /// (the embedded default: storage nodes in the same process; `serve`
+    /// with nodes on loopback). Co-located sides are one pool of
+    /// `compute_cores` cores and the link is memory: a cut only decides
+    /// which thread pool runs a stage, never how many cores work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colocated: Option<String>,
 }
 
 /// Cores of this machine.
@@ -32,6 +39,7 @@ impl Default for Resources {
             compute_cores: cores,
             link_bytes_per_s: None,
             link_source: "in-process".into(),
+            colocated: Some("every storage node runs on this machine".into()),
         }
     }
 }

@@ -110,6 +110,7 @@ fn resources(storage_cores: f64, link: Option<f64>) -> Resources {
         compute_cores: 2.0,
         link_bytes_per_s: link,
         link_source: "configured".into(),
+        colocated: None,
     }
 }
 
@@ -230,4 +231,56 @@ async fn fixed_modes_and_bad_cuts() {
             .contains("offload cut 7 is out of range: the pipeline over thumbs has cuts 0 to 3"),
         "{e}"
     );
+}
+
+/// One machine's two cores, as the embedded default has them.
+fn colocated() -> Resources {
+    Resources {
+        colocated: Some("every storage node runs on this machine".into()),
+        ..resources(2.0, None)
+    }
+}
+
+#[tokio::test]
+async fn co_located_sides_are_one_pool_and_never_split() {
+    for (name, sql) in [
+        ("classify", CLASSIFY),
+        ("large", LARGE),
+        ("mixed", MIXED),
+        ("video", VIDEO),
+    ] {
+        let p = place(sql, colocated(), Offload::Auto).await;
+        let e = &p.explanation;
+        if name == "classify" {
+            insta::assert_snapshot!("classify_colocated_2cores", e.to_text());
+        }
+        let pipe = &e.pipelines[0];
+        assert!(
+            matches!(pipe.choice, Choice::Cut { .. }),
+            "{name}: no split between two names for the same cores:\n{}",
+            e.to_text()
+        );
+        // Every candidate is costed against the same two cores: no
+        // estimate is above what the whole machine does with the cut's
+        // total CPU per sample.
+        for c in &pipe.candidates {
+            let whole = 2.0 * 1e9 / (c.rates.storage_ns + c.rates.compute_ns);
+            assert!(c.rates.per_s <= whole * 1.0001, "{name}: {c:?}");
+            assert_eq!(c.rates.bottleneck(), "cpu");
+        }
+        assert!(e.to_text().starts_with("resources: co-located ("), "{name}");
+        // The pick is the least CPU per sample, ties to fewer bytes.
+        let best = pipe
+            .candidates
+            .iter()
+            .map(|c| c.rates.per_s)
+            .fold(0.0, f64::max);
+        assert!(pipe.rates.per_s >= best * (1.0 - 0.011), "{name}");
+    }
+    // The same pipelines on two machines of two cores each do split.
+    let apart = place(MIXED, resources(16.0, Some(GBIT)), Offload::Auto).await;
+    assert!(matches!(
+        apart.explanation.pipelines[0].choice,
+        Choice::Split(_)
+    ));
 }

@@ -386,6 +386,10 @@ impl StorageEndpoint for StorageNode {
         IN_PROCESS
     }
 
+    fn on_this_host(&self) -> bool {
+        true
+    }
+
     async fn node_info(&self) -> Result<NodeInfo, LinkError> {
         Ok(self.info())
     }
