@@ -278,20 +278,19 @@ mod tests {
 
     const SQL: &str = "SELECT key, upper(boom(key)) AS v FROM t";
 
+    /// [`SQL`]'s physical plan in `ctx`.
+    async fn physical(ctx: &SessionContext) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+        let df = ctx.sql(SQL).await.unwrap();
+        df.create_physical_plan().await.unwrap()
+    }
+
     async fn run(on_error: OnError) -> (datafusion::error::Result<Vec<String>>, Arc<UdfEnv>) {
         let env = UdfEnv::new(UdfOptions {
             on_error,
             ..UdfOptions::default()
         });
         let ctx = ctx();
-        let plan = ctx
-            .sql(SQL)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let plan = guard_plan(plan, &env).unwrap();
+        let plan = guard_plan(physical(&ctx).await, &env).unwrap();
         let text = datafusion::physical_plan::displayable(plan.as_ref())
             .indent(false)
             .to_string();
@@ -337,14 +336,7 @@ mod tests {
     #[tokio::test]
     async fn a_guarded_plan_is_guarded_once() {
         let env = UdfEnv::new(UdfOptions::default());
-        let plan = ctx()
-            .sql(SQL)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let once = guard_plan(plan, &env).unwrap();
+        let once = guard_plan(physical(&ctx()).await, &env).unwrap();
         let twice = guard_plan(Arc::clone(&once), &env).unwrap();
         assert!(Arc::ptr_eq(&once, &twice));
     }
