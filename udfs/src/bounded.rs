@@ -334,6 +334,16 @@ impl Strs {
     }
 }
 
+/// The sum of `row_bytes` over a batch's rows, computed once when every
+/// argument is a scalar (each row is the same).
+fn sum_rows(args: &[ColumnarValue], rows: usize, mut row_bytes: impl FnMut(usize) -> u64) -> u64 {
+    if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
+        row_bytes(0).saturating_mul(rows.max(1) as u64)
+    } else {
+        (0..rows).fold(0u64, |t, r| t.saturating_add(row_bytes(r)))
+    }
+}
+
 /// `replace(text, from, to)`'s output bytes, from the real matches.
 fn exact_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
     let (text, from, to) = (
@@ -355,13 +365,7 @@ fn exact_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
         let grown = matches.saturating_mul((to.len() - from.len()) as u64);
         (text.len() as u64).saturating_add(grown)
     };
-    Ok(
-        if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
-            row_bytes(0).saturating_mul(rows.max(1) as u64)
-        } else {
-            (0..rows).fold(0u64, |t, r| t.saturating_add(row_bytes(r)))
-        },
-    )
+    Ok(sum_rows(args, rows, row_bytes))
 }
 
 /// `regexp_replace(text, pattern, replacement[, flags])`'s output bytes
@@ -376,7 +380,7 @@ fn exact_regexp_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
         Strs::new(args, 3)?,
     );
     let mut compiled: Option<((String, String), Option<regex::Regex>)> = None;
-    let mut row_bytes = |r: usize| -> u64 {
+    let row_bytes = |r: usize| -> u64 {
         let (Some(text), Some(pattern), Some(repl)) =
             (text.get(r), pattern.get(r), replacement.get(r))
         else {
@@ -407,13 +411,7 @@ fn exact_regexp_replace(args: &[ColumnarValue], rows: usize) -> Result<u64> {
                     .saturating_sub(m)
             })
     };
-    Ok(
-        if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
-            row_bytes(0).saturating_mul(rows.max(1) as u64)
-        } else {
-            (0..rows).fold(0u64, |t, r| t.saturating_add(row_bytes(r)))
-        },
-    )
+    Ok(sum_rows(args, rows, row_bytes))
 }
 
 impl ScalarUDFImpl for Bounded {

@@ -283,79 +283,78 @@ fn load(
 }
 
 /// Streams `len` bytes of `file` into the writer as one object and returns
-/// its extent and crc32c. Memory holds one piece at a time. A file that
-/// fails to read, shrinks or grows meanwhile is this object's error (the
-/// inner one): its extent is filled with zeros and left to nobody, so the
-/// writer stays whole; a device error is the ingest's (the outer one).
+/// its extent and crc32c. Memory holds one piece, read and checksummed on
+/// the blocking pool. A file that fails to read, shrinks or grows
+/// meanwhile is this object's error (the inner one): its extent is filled
+/// with zeros and left to nobody, so the writer stays whole; a device
+/// error is the ingest's (the outer one).
 async fn stream_file(
     writer: &mut ExtentWriter,
     file: std::fs::File,
     len: u64,
 ) -> Result<(Extent, std::result::Result<u32, String>)> {
     let extent = writer.begin(len).await?;
-    let mut crc = 0u32;
-    let mut file = Some(file);
+    let mut piece = Piece {
+        file,
+        buf: Vec::with_capacity(PIECE_BYTES),
+        crc: Ok(0),
+        len,
+    };
     let mut left = len;
-    let mut failed = None;
     while left > 0 {
         let want = left.min(PIECE_BYTES as u64) as usize;
-        let piece = match file.take() {
-            Some(f) => tokio::task::spawn_blocking(move || read_piece(f, want))
-                .await
-                .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?,
-            None => Err(String::new()),
-        };
-        let bytes = match piece {
-            Ok((f, bytes)) => {
-                file = Some(f);
-                bytes
-            }
-            Err(reason) => {
-                if failed.is_none() {
-                    failed = Some(if reason.is_empty() {
-                        changed(len, len - left)
-                    } else {
-                        reason
-                    });
-                }
-                vec![0u8; want]
-            }
-        };
-        crc = crc32c::crc32c_append(crc, &bytes);
-        writer.put(&bytes).await?;
-        left -= bytes.len() as u64;
+        piece = tokio::task::spawn_blocking(move || piece.next(want))
+            .await
+            .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?;
+        writer.put(&piece.buf).await?;
+        left -= want as u64;
     }
-    if failed.is_none() {
-        // One byte more than it had when opened: it grew.
-        if let Some(f) = file {
-            let grew = tokio::task::spawn_blocking(move || read_piece(f, 1))
-                .await
-                .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?;
-            if grew.is_ok() {
-                failed = Some(changed(len, len + 1));
-            }
-        }
-    }
-    Ok((extent, failed.map_or(Ok(crc), Err)))
+    let piece = tokio::task::spawn_blocking(move || piece.end())
+        .await
+        .map_err(|e| StorageError::io("read", ".", std::io::Error::other(e)))?;
+    Ok((extent, piece.crc))
 }
 
-/// Reads exactly `want` bytes (an error, empty when the file ended first).
-fn read_piece(
-    mut f: std::fs::File,
-    want: usize,
-) -> std::result::Result<(std::fs::File, Vec<u8>), String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; want];
-    let mut got = 0;
-    while got < want {
-        match f.read(&mut buf[got..]) {
-            Ok(0) => return Err(String::new()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("cannot read: {e}")),
+/// A file being streamed: its next piece, and its crc32c so far or why
+/// it was refused.
+struct Piece {
+    file: std::fs::File,
+    buf: Vec<u8>,
+    crc: std::result::Result<u32, String>,
+    /// The file's length when it was opened.
+    len: u64,
+}
+
+impl Piece {
+    /// Reads the next `want` bytes into the buffer (zeros once the file
+    /// has failed) and folds them into the crc.
+    fn next(mut self, want: usize) -> Self {
+        use std::io::Read;
+        self.buf.clear();
+        self.buf.resize(want, 0);
+        if let Ok(crc) = self.crc {
+            self.crc = match self.file.read_exact(&mut self.buf) {
+                Ok(()) => Ok(crc32c::crc32c_append(crc, &self.buf)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    Err(changed(self.len, 0))
+                }
+                Err(e) => Err(format!("cannot read: {e}")),
+            };
+            if self.crc.is_err() {
+                self.buf.fill(0);
+            }
         }
+        self
     }
-    Ok((f, buf))
+
+    /// Checks that the file ends where it ended when opened.
+    fn end(mut self) -> Self {
+        use std::io::Read;
+        if self.crc.is_ok() && self.file.read(&mut [0u8; 1]).is_ok_and(|n| n > 0) {
+            self.crc = Err(changed(self.len, self.len + 1));
+        }
+        self
+    }
 }
 
 /// Objects loaded per blocking task, and tasks in flight.
