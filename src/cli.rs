@@ -334,6 +334,10 @@ pub enum Command {
         /// What to do with unreadable or unrecognised objects.
         #[arg(long, default_value = "skip")]
         on_error: sluice_storage::OnError,
+        /// Ingest only part I of N (`I/N`): every N-th sample of the sorted
+        /// source from the I-th, for one of N storage nodes.
+        #[arg(long)]
+        shard: Option<sluice_storage::Shard>,
         /// Summary format.
         #[arg(long, value_enum, default_value = "table")]
         format: DocFormat,

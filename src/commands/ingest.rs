@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_storage::{IngestOptions, IngestSource, OnError};
+use sluice_storage::{IngestOptions, IngestSource, OnError, Shard};
 
 use super::open_store;
 use crate::cli::{Cli, DocFormat};
@@ -16,6 +16,7 @@ pub async fn run(
     source: &Path,
     manifest: Option<&Path>,
     on_error: OnError,
+    shard: Option<Shard>,
     format: DocFormat,
 ) -> anyhow::Result<()> {
     let store = open_store(cli)?;
@@ -44,6 +45,7 @@ pub async fn run(
         })),
         // The CLI reads what its user can; a server confines to its roots.
         confine: None,
+        shard,
     };
     let result = sluice_storage::ingest(&store, dataset, source, opts).await;
     if let Some(bar) = bar {

@@ -60,6 +60,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             source,
             manifest,
             on_error,
+            shard,
             format,
         } => {
             ingest::run(
@@ -68,6 +69,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 source,
                 manifest.as_deref(),
                 *on_error,
+                *shard,
                 *format,
             )
             .await

@@ -20,6 +20,7 @@
 //! A crash after it leaves a complete version.
 
 mod confine;
+mod shard;
 mod source;
 mod writer;
 
@@ -32,6 +33,7 @@ use arrow::compute::take;
 use futures::StreamExt;
 
 pub use confine::Confinement;
+pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
@@ -87,6 +89,9 @@ pub struct IngestOptions {
     /// When set, every object is read beneath these roots or refused (a
     /// server ingesting for a client); the CLI reads what its user can.
     pub confine: Option<Arc<Confinement>>,
+    /// When set, only this part of the source is ingested (one storage
+    /// node's share of a dataset spread over several).
+    pub shard: Option<Shard>,
 }
 
 impl IngestOptions {
@@ -96,6 +101,7 @@ impl IngestOptions {
             on_error,
             progress: None,
             confine: None,
+            shard: None,
         }
     }
 }
@@ -104,6 +110,7 @@ impl std::fmt::Debug for IngestOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngestOptions")
             .field("on_error", &self.on_error)
+            .field("shard", &self.shard)
             .finish()
     }
 }
@@ -415,9 +422,15 @@ pub async fn ingest(
     validate_dataset_name(dataset)?;
     let started = Instant::now();
     let _guard = store.lock_ingest().await;
-    let source_desc = source.describe();
+    let source_desc = match opts.shard {
+        Some(s) => format!("{} (shard {s})", source.describe()),
+        None => source.describe(),
+    };
     let mut enumerated = enumerate(source).await?;
     refuse_duplicate_keys(&mut enumerated.entries);
+    if let Some(s) = opts.shard {
+        enumerated = s.apply(enumerated)?;
+    }
     let total = enumerated.entries.len() as u64;
     let version = store.catalog().latest_version(dataset)?.unwrap_or(0) + 1;
 

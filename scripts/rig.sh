@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# A rig of real hosts on one machine: each storage node, each compute node
+# and the coordinator (`sluice serve`) in its own network namespace, joined
+# by veth pairs through a bridge, with the storage→compute link shaped by
+# `tc` (a kernel token bucket filter on the storage hosts' egress, and
+# netem's delay where the kernel has it: a real TCP path, not sluice's own
+# token bucket) and each process pinned to its own CPUs with `taskset`. Needs root and
+# Debian's iproute2 (ip, tc) and util-linux (taskset).
+#
+#   bash scripts/rig.sh up --storage N --compute M [--link 1Gbit] [--delay 1ms]
+#                          [--ingest-root DIR] [--storage-cpus 0] [--compute-cpus 1]
+#                          [--bin PATH] [-- EXTRA SERVE ARGS]
+#   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
+#   bash scripts/rig.sh status
+#   bash scripts/rig.sh down                    # every namespace, link, process and dir it made
+#
+# `up` prints, as its last lines, the coordinator's `REST=http://…` and
+# `FLIGHT=http://…`, then `STORAGE=` and `COMPUTE=` (comma-separated node
+# URLs); the same lines are in $SLUICE_RIG_DIR/rig.env. With
+# --ingest-root, every directory below DIR is ingested as a dataset of its
+# name, spread over the storage nodes: node I of N gets `--shard I/N`, so
+# the N parts together are exactly what one data dir would hold.
+#
+# CPUs: storage nodes share --storage-cpus and the coordinator and compute
+# nodes share --compute-cpus; by default the machine's CPUs are cut in two
+# halves (on 2 cores: storage on CPU 0, compute on CPU 1). Each process is
+# told how many cores it has, so the planner models what it really gets.
+#
+# Until the scale-out work lands, the coordinator is itself the compute
+# side of jobs (`serve --storage …`); compute nodes answer SQL clients
+# (`sluice sql --connect`) over the same storage nodes.
+#
+# Where the kernel refuses network namespaces (an unprivileged container),
+# `up` says so and exits 3; tests that need the rig skip with that message.
+set -Eeuo pipefail
+cd "$(dirname "$0")/.."
+
+RIG_DIR="${SLUICE_RIG_DIR:-/tmp/sluice-rig}"
+NET="${SLUICE_RIG_NET:-10.213.0}"        # a /24 of the bridge: .1 this host, .2 coordinator
+BRIDGE="slrig0"
+PREFIX="slrig"
+STORAGE_PORT=50051
+COMPUTE_PORT=50052
+FLIGHT_PORT=50050
+REST_PORT=8080
+
+die() { echo "rig: $*" >&2; exit 1; }
+log() { echo "rig: $*" >&2; }
+
+# Parses the CPU list syntax taskset takes (0,2-3) into a count.
+cpu_count() {
+  local n=0 part a b
+  IFS=',' read -ra parts <<< "$1"
+  for part in "${parts[@]}"; do
+    if [[ "$part" == *-* ]]; then a="${part%-*}"; b="${part#*-}"; n=$((n + b - a + 1)); else n=$((n + 1)); fi
+  done
+  echo "$n"
+}
+
+# CPUs $1 to $2 as taskset writes them (`0`, `2-3`).
+cpu_range() {
+  if [ "$1" = "$2" ]; then echo "$1"; else echo "$1-$2"; fi
+}
+
+need_tools() {
+  local t
+  for t in ip tc taskset setsid; do
+    command -v "$t" > /dev/null || die "needs '$t' (Debian: iproute2, util-linux)"
+  done
+  [ "$(id -u)" = 0 ] || die "needs root (network namespaces, veth, tc)"
+}
+
+# Whether this kernel lets us make a namespace at all.
+probe_namespaces() {
+  local probe="${PREFIX}-probe$$"
+  if ! ip netns add "$probe" 2> "$RIG_DIR/probe.err"; then
+    echo "rig: this kernel refuses network namespaces ($(tr -d '\n' < "$RIG_DIR/probe.err")); the rig cannot run here" >&2
+    rm -rf "$RIG_DIR"
+    exit 3
+  fi
+  if [ -n "${1:-}" ] && ! have_netem "$probe"; then
+    ip netns del "$probe"
+    rm -rf "$RIG_DIR"
+    die "--delay needs the kernel's netem qdisc (sch_netem), which this kernel does not have"
+  fi
+  ip netns del "$probe"
+}
+
+# A host: namespace $1 with address $NET.$2 on the bridge.
+add_host() {
+  local ns="$1" octet="$2" host_if="${1#"$PREFIX"-}"
+  host_if="slr-$host_if"
+  ip netns add "$ns"
+  ip link add "$host_if" type veth peer name eth0 netns "$ns"
+  ip link set "$host_if" master "$BRIDGE" up
+  ip -n "$ns" addr add "$NET.$octet/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  echo "$ns" >> "$RIG_DIR/namespaces"
+}
+
+# Bytes per second of a tc rate (100Mbit, 1Gbit, 10gbit, 125mbps...).
+rate_bytes() {
+  local r="${1,,}" num unit
+  num="${r%%[a-z]*}"
+  unit="${r#"$num"}"
+  case "$unit" in
+    bit) echo $((num / 8)) ;;
+    kbit) echo $((num * 1000 / 8)) ;;
+    mbit) echo $((num * 1000000 / 8)) ;;
+    gbit) echo $((num * 1000000000 / 8)) ;;
+    kbps) echo $((num * 1000)) ;;
+    mbps) echo $((num * 1000000)) ;;
+    gbps) echo $((num * 1000000000)) ;;
+    *) die "bad link rate '$1' (integer with bit, kbit, Mbit, Gbit, kbps, Mbps or Gbps)" ;;
+  esac
+}
+
+# Whether this kernel has netem (a delay); tbf (the rate) is in every kernel we know.
+have_netem() {
+  local ns="$1"
+  ip netns exec "$ns" tc qdisc add dev lo root netem delay 0ms 2> /dev/null || return 1
+  ip netns exec "$ns" tc qdisc del dev lo root 2> /dev/null || true
+}
+
+# Shapes the egress of namespace $1's eth0: a token bucket filter at rate
+# $2 (none: unlimited) with netem's delay $3 below it. `replace` swaps the
+# qdisc in place, so the running rig's TCP connections see the new link.
+shape() {
+  local ns="$1" rate="$2" delay="$3" bytes burst
+  ip netns exec "$ns" tc qdisc del dev eth0 root 2> /dev/null || true
+  [ "$rate" = unlimited ] && rate=""
+  if [ -n "$delay" ] && [ "$delay" != 0 ] && ! have_netem "$ns"; then
+    die "--delay needs the kernel's netem qdisc (sch_netem), which this kernel does not have"
+  fi
+  if [ -n "$rate" ]; then
+    bytes="$(rate_bytes "$rate")"
+    # The bucket holds 4 ms of the rate (at least two 64 KiB GSO
+    # segments), the queue 50 ms: TCP sees a link, not a wall.
+    burst=$(( bytes / 250 > 131072 ? bytes / 250 : 131072 ))
+    ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: tbf rate "$rate" burst "$burst" latency 50ms
+    if [ -n "$delay" ] && [ "$delay" != 0 ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 parent 1:1 handle 10: netem delay "$delay" limit 100000
+    fi
+  elif [ -n "$delay" ] && [ "$delay" != 0 ]; then
+    ip netns exec "$ns" tc qdisc add dev eth0 root handle 10: netem delay "$delay" limit 100000
+  fi
+}
+
+# Starts `$@` in namespace $1 on CPUs $2, logging to $3; records its pid.
+start() {
+  local ns="$1" cpus="$2" out="$3"
+  shift 3
+  setsid ip netns exec "$ns" taskset -c "$cpus" "$@" > "$out" 2>&1 < /dev/null &
+  echo "$! $out" >> "$RIG_DIR/pids"
+}
+
+# Waits for `pattern` in log $1 (the process prints it once it listens).
+wait_for() {
+  local out="$1" pattern="$2" pid
+  pid="$(awk -v out="$out" '$2 == out {print $1}' "$RIG_DIR/pids")"
+  for _ in $(seq 600); do
+    grep -q "$pattern" "$out" 2> /dev/null && return 0
+    if ! kill -0 "$pid" 2> /dev/null; then
+      cat "$out" >&2
+      die "$out: the process exited before it listened"
+    fi
+    sleep 0.1
+  done
+  cat "$out" >&2
+  die "timed out waiting for '$pattern' in $out"
+}
+
+cmd_up() {
+  local storage=1 compute=1 link="" delay="" ingest_root="" storage_cpus="" compute_cpus=""
+  local bin="${SLUICE_BIN:-}" serve_extra=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --storage) storage="$2"; shift 2 ;;
+      --compute) compute="$2"; shift 2 ;;
+      --link) link="$2"; shift 2 ;;
+      --delay) delay="$2"; shift 2 ;;
+      --ingest-root) ingest_root="$2"; shift 2 ;;
+      --storage-cpus) storage_cpus="$2"; shift 2 ;;
+      --compute-cpus) compute_cpus="$2"; shift 2 ;;
+      --bin) bin="$2"; shift 2 ;;
+      --) shift; serve_extra=("$@"); break ;;
+      *) die "unknown option $1 (see the top of scripts/rig.sh)" ;;
+    esac
+  done
+  [[ "$storage" =~ ^[1-9][0-9]?$ ]] || die "--storage must be 1 to 99, not '$storage'"
+  [[ "$compute" =~ ^[0-9][0-9]?$ ]] || die "--compute must be 0 to 99, not '$compute'"
+  if [ -z "$bin" ]; then
+    source scripts/env.sh
+    bin="$CARGO_TARGET_DIR/debug/sluice"
+  fi
+  [ -x "$bin" ] || die "no sluice binary at $bin (build it, or give --bin)"
+  if [ -n "$ingest_root" ]; then
+    [ -d "$ingest_root" ] || die "--ingest-root $ingest_root is not a directory"
+    ingest_root="$(cd "$ingest_root" && pwd)"
+  fi
+  need_tools
+  [ -e "$RIG_DIR/namespaces" ] && die "a rig is already up ($RIG_DIR); run 'bash scripts/rig.sh down' first"
+  mkdir -p "$RIG_DIR"
+  [ "$delay" = 0 ] && delay=""
+  probe_namespaces "$delay"
+
+  local cpus half
+  cpus="$(nproc)"
+  half=$(( cpus / 2 > 0 ? cpus / 2 : 1 ))
+  if [ -z "$storage_cpus" ]; then storage_cpus="$(cpu_range 0 $((half - 1)))"; fi
+  if [ -z "$compute_cpus" ]; then
+    if [ "$cpus" -ge 2 ]; then compute_cpus="$(cpu_range "$half" $((cpus - 1)))"; else compute_cpus=0; fi
+  fi
+  local storage_cores compute_cores
+  storage_cores="$(cpu_count "$storage_cpus")"
+  compute_cores="$(cpu_count "$compute_cpus")"
+
+  # Failing half-way leaves nothing behind.
+  trap 'if [ $? -ne 0 ]; then log "up failed; removing what it made"; cmd_down > /dev/null 2>&1 || true; fi' EXIT
+
+  ip link add "$BRIDGE" type bridge
+  echo "$BRIDGE" > "$RIG_DIR/bridge"
+  ip addr add "$NET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+
+  # Storage nodes: ingest their shards first (a data dir is locked by the
+  # process serving it), then serve.
+  local urls=() i j
+  for ((i = 0; i < storage; i++)); do
+    local dir="$RIG_DIR/storage$i"
+    mkdir -p "$dir"
+    if [ -n "$ingest_root" ]; then
+      local ds
+      for ds in "$ingest_root"/*/; do
+        ds="${ds%/}"
+        "$bin" --data-dir "$dir/data" ingest "$(basename "$ds")" "$ds" --shard "$i/$storage" \
+          >> "$dir/ingest.log" 2>&1 || { cat "$dir/ingest.log" >&2; die "ingest of $ds into storage node $i failed"; }
+      done
+    fi
+    add_host "$PREFIX-s$i" $((10 + i))
+    shape "$PREFIX-s$i" "$link" "$delay"
+    start "$PREFIX-s$i" "$storage_cpus" "$dir/node.log" \
+      "$bin" --data-dir "$dir/data" storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$storage_cores"
+    urls+=("http://$NET.$((10 + i)):$STORAGE_PORT")
+  done
+  for ((i = 0; i < storage; i++)); do wait_for "$RIG_DIR/storage$i/node.log" "listening on"; done
+  local storage_list
+  storage_list="$(IFS=,; echo "${urls[*]}")"
+
+  # The coordinator: REST and jobs, the compute side of jobs.
+  mkdir -p "$RIG_DIR/coordinator"
+  add_host "$PREFIX-coord" 2
+  shape "$PREFIX-coord" "" "$delay"
+  start "$PREFIX-coord" "$compute_cpus" "$RIG_DIR/coordinator/serve.log" \
+    "$bin" --data-dir "$RIG_DIR/coordinator/data" serve --storage "$storage_list" \
+    --rest "$NET.2:$REST_PORT" --flight "$NET.2:$FLIGHT_PORT" --compute-cores "$compute_cores" \
+    "${serve_extra[@]}"
+
+  local compute_urls=()
+  for ((j = 0; j < compute; j++)); do
+    local dir="$RIG_DIR/compute$j"
+    mkdir -p "$dir"
+    add_host "$PREFIX-c$j" $((100 + j))
+    shape "$PREFIX-c$j" "" "$delay"
+    start "$PREFIX-c$j" "$compute_cpus" "$dir/node.log" \
+      "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
+      --storage "$storage_list" --compute-cores "$compute_cores"
+    compute_urls+=("http://$NET.$((100 + j)):$COMPUTE_PORT")
+  done
+  wait_for "$RIG_DIR/coordinator/serve.log" "REST API on"
+  for ((j = 0; j < compute; j++)); do wait_for "$RIG_DIR/compute$j/node.log" "listening on"; done
+  trap - EXIT
+
+  {
+    echo "LINK=${link:-unlimited}"
+    echo "DELAY=${delay:-0}"
+    echo "STORAGE_CPUS=$storage_cpus"
+    echo "COMPUTE_CPUS=$compute_cpus"
+    echo "STORAGE=$storage_list"
+    echo "COMPUTE=$(IFS=,; echo "${compute_urls[*]}")"
+    echo "FLIGHT=http://$NET.2:$FLIGHT_PORT"
+    echo "REST=http://$NET.2:$REST_PORT"
+  } > "$RIG_DIR/rig.env"
+  log "up: $storage storage node(s) on CPUs $storage_cpus, coordinator and $compute compute node(s) on CPUs $compute_cpus, link ${link:-unlimited}, delay ${delay:-0}; logs in $RIG_DIR"
+  cat "$RIG_DIR/rig.env"
+}
+
+cmd_link() {
+  local rate="${1:-}" delay=""
+  [ -n "$rate" ] || die "usage: rig.sh link RATE [--delay D]"
+  shift
+  [ "${1:-}" = --delay ] && delay="${2:-}"
+  [ -e "$RIG_DIR/namespaces" ] || die "no rig is up"
+  [ -z "$delay" ] && delay="$(sed -n 's/^DELAY=//p' "$RIG_DIR/rig.env")"
+  [ "$delay" = 0 ] && delay=""
+  [ "$rate" = unlimited ] || rate_bytes "$rate" > /dev/null
+  local ns
+  while read -r ns; do
+    case "$ns" in
+      "$PREFIX"-s*)
+        if [ -z "$delay" ] && [ "$rate" != unlimited ]; then
+          # Only the rate changes: `tc qdisc change` keeps the queue.
+          ip netns exec "$ns" tc qdisc change dev eth0 root handle 1: tbf rate "$rate" \
+            burst "$(( $(rate_bytes "$rate") / 250 > 131072 ? $(rate_bytes "$rate") / 250 : 131072 ))" latency 50ms \
+            2> /dev/null || shape "$ns" "$rate" "$delay"
+        else
+          shape "$ns" "$rate" "$delay"
+        fi
+        ;;
+    esac
+  done < "$RIG_DIR/namespaces"
+  sed -i "s/^LINK=.*/LINK=$rate/" "$RIG_DIR/rig.env"
+  log "link now $rate${delay:+, delay $delay}"
+}
+
+cmd_status() {
+  [ -e "$RIG_DIR/namespaces" ] || { echo "no rig is up"; return 0; }
+  cat "$RIG_DIR/rig.env"
+  local ns
+  while read -r ns; do
+    echo "$ns: $(ip netns exec "$ns" tc qdisc show dev eth0 | head -1)"
+  done < "$RIG_DIR/namespaces"
+}
+
+cmd_down() {
+  local pid ns
+  if [ -e "$RIG_DIR/pids" ]; then
+    local pids
+    pids="$(awk '{print $1}' "$RIG_DIR/pids")"
+    for pid in $pids; do kill -TERM "$pid" 2> /dev/null || true; done
+    for _ in $(seq 100); do
+      local alive=0
+      for pid in $pids; do kill -0 "$pid" 2> /dev/null && alive=1; done
+      [ "$alive" = 0 ] && break
+      sleep 0.1
+    done
+    for pid in $pids; do kill -KILL "$pid" 2> /dev/null || true; done
+  fi
+  # Every namespace of this rig, recorded or not (an `up` cut short).
+  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^$PREFIX-" || true); do
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$pid" 2> /dev/null || true; done
+    ip netns del "$ns" 2> /dev/null || true
+  done
+  ip link del "$BRIDGE" 2> /dev/null || true
+  rm -rf "$RIG_DIR"
+  log "down"
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  link) shift; cmd_link "$@" ;;
+  status) cmd_status ;;
+  down) cmd_down ;;
+  *) die "usage: rig.sh up|link|status|down (see the top of scripts/rig.sh)" ;;
+esac
