@@ -211,6 +211,11 @@ pub struct PlaceFlags {
     /// rate (token bucket), e.g. 1Gbit.
     #[arg(long, value_parser = parse_rate)]
     pub link_limit: Option<RateArg>,
+    /// Plan with the UDF profiles alone: no timing of the pipeline's stages
+    /// on a sample of its dataset (by default auto placement and EXPLAIN
+    /// are calibrated on it).
+    #[arg(long)]
+    pub no_calibrate: bool,
 }
 
 /// A link rate from the command line (`None`: unlimited).
@@ -257,6 +262,10 @@ pub struct QueryLimitFlags {
     /// The server's decoding limits: a query or job may ask for less, never more.
     #[command(flatten)]
     pub decode: DecodeLimitFlags,
+    /// Plan with the UDF profiles alone: no timing of a pipeline's stages
+    /// on a sample of its dataset before auto placement and EXPLAIN.
+    #[arg(long)]
+    pub no_calibrate: bool,
 }
 
 impl QueryLimitFlags {

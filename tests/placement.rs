@@ -344,10 +344,127 @@ fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
         fails(sluice(&env.path("client")).args(["sql", PIPELINES[1].1, "--connect", &compute.url]));
     let port_b = node_b.url.rsplit(':').next().unwrap();
     assert!(e.contains(port_b) && e.contains("unavailable"), "{e}");
+    // EXPLAIN of a pipeline not timed before still answers: B cannot time
+    // its part, which is named, and the plan falls back on the profiles.
+    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&env.path("client")).args([
+        "explain",
+        "SELECT key, to_tensor(resize(decode_image(data), 12, 12)) FROM pets",
+        "--connect",
+        &compute.url,
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    let cal = &json["pipelines"][0]["calibration"];
+    assert_eq!(cal["kind"], "fallback", "{cal}");
+    assert!(cal["reason"].as_str().unwrap().contains(port_b), "{cal}");
     let clips = rows(
         &env.path("client"),
         PIPELINES[3].1,
         &["--connect", &compute.url],
     );
     assert!(clips == embedded[3]);
+}
+
+/// Profiles that say a stage is nearly free (as if measured on a far
+/// faster machine) put it on a one-core storage side; calibration times it
+/// on the dataset's own objects and moves it to the two compute cores.
+#[test]
+fn calibration_on_the_datasets_objects_overrides_wrong_profiles() {
+    let env = Env::new();
+    let src = env.path("pets");
+    images(&env, &src, 0, 3);
+    let data = env.data_dir();
+    ingest(&data, "pets", &src);
+    std::fs::write(
+        data.join("udf-profiles.json"),
+        r#"{"decode_resize": {"per_call_ns": 1.0, "per_unit_ns": 0.0, "unit": "effective source pixel"}}"#,
+    )
+    .unwrap();
+    let explain = |extra: &[&str]| -> serde_json::Value {
+        serde_json::from_slice(&ok(sluice(&data)
+            .args(["explain", PIPELINES[1].1, "--format", "json"])
+            .args(["--storage-cores", "1", "--compute-cores", "2"])
+            .args(["--link-bandwidth", "100Gbit"])
+            .args(extra)))
+        .unwrap()
+    };
+    let profiled = explain(&["--no-calibrate"]);
+    let p = &profiled["pipelines"][0];
+    assert!(p.get("calibration").is_none(), "{p}");
+    assert_eq!(
+        p["choice"],
+        serde_json::json!({"kind": "cut", "cut": 1}),
+        "{p}"
+    );
+
+    let calibrated = explain(&[]);
+    let p = &calibrated["pipelines"][0];
+    let cal = &p["calibration"];
+    assert_eq!(cal["kind"], "measured", "{cal}");
+    assert_eq!(cal["nodes"][0], "in-process storage node", "{cal}");
+    let decode = &cal["levels"][1];
+    assert!(
+        decode["calibrated_ns"].as_f64().unwrap()
+            > 1000.0 * decode["estimated_ns"].as_f64().unwrap(),
+        "{decode}"
+    );
+    // Decoding now runs on compute, for every sample or for most of them.
+    let choice = &p["choice"];
+    let on_compute = choice["cut"] == 0 || choice["kind"] == "split";
+    assert!(
+        on_compute,
+        "calibrated choice {choice} keeps decoding on storage"
+    );
+    let text = String::from_utf8(ok(sluice(&data)
+        .args(["explain", PIPELINES[1].1, "--storage-cores", "1"])
+        .args(["--compute-cores", "2", "--link-bandwidth", "100Gbit"])))
+    .unwrap();
+    assert!(
+        text.contains("stage 1: decode_resize  (storage CPU/sample: estimated 0 µs, calibrated "),
+        "{text}"
+    );
+    assert!(text.contains("calibrated on "), "{text}");
+}
+
+/// A sample of nothing but bad objects cannot time the stages: EXPLAIN
+/// says so, names one, and plans with the profiles; an unknown offload is
+/// a clear error.
+#[test]
+fn calibration_on_bad_objects_only_falls_back_and_says_why() {
+    let env = Env::new();
+    let src = env.path("broken");
+    images(&env, &src, 0, 4);
+    // Every image cut short: its header (and so its ingest) is fine, its
+    // pixels are not.
+    for class in std::fs::read_dir(&src).unwrap() {
+        for f in std::fs::read_dir(class.unwrap().path()).unwrap() {
+            let p = f.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
+        }
+    }
+    let data = env.data_dir();
+    ingest(&data, "pets", &src);
+    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&data).args([
+        "explain",
+        PIPELINES[1].1,
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    let cal = &json["pipelines"][0]["calibration"];
+    assert_eq!(cal["kind"], "fallback", "{cal}");
+    let reason = cal["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("every sampled object was a bad sample") && reason.contains("class_"),
+        "{reason}"
+    );
+    let text = String::from_utf8(ok(sluice(&data).args(["explain", PIPELINES[1].1]))).unwrap();
+    assert!(
+        text.contains("not calibrated (every sampled object was a bad sample"),
+        "{text}"
+    );
+    let e = fails(sluice(&data).args(["explain", PIPELINES[1].1, "--offload", "sideways"]));
+    assert!(e.contains("sideways"), "{e}");
 }

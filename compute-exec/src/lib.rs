@@ -11,6 +11,8 @@
 //!
 //! - [`session`]: [`ComputeSession`] — learns the storage nodes' datasets and
 //!   statistics, plans a query, runs the compute fragment;
+//! - [`calibration`]: the planner's probes timed on the storage nodes, so
+//!   auto placement and EXPLAIN use the dataset's own costs;
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
@@ -28,6 +30,7 @@
 //! - [`direct`]: `DoGet` of job tickets answered in gRPC frames in front of
 //!   tonic, so tensor bytes are not copied on their way out.
 
+pub mod calibration;
 pub mod catalog;
 pub mod client;
 pub mod cooperative;

@@ -354,7 +354,7 @@ impl FlightService for QueryService {
         let session = Arc::clone(&self.session);
         let body = plan_on(self.jobs.handle(), async move {
             let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
-            let q = session.plan(sql, t.offload, &udfs).await?;
+            let q = session.explain(sql, t.offload, &udfs).await?;
             Ok::<_, DataFusionError>(q.explanation.to_json())
         })
         .await

@@ -18,12 +18,14 @@ use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_flight::{LinkError, StorageEndpoint};
 use sluice_planner::{
-    DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources, StorageFragment,
+    CalibrationOptions, DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources,
+    StorageFragment,
 };
 use sluice_udfs::UdfEnv;
 use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
+use crate::calibration::{CalibrationCache, calibrate};
 use crate::catalog::{ComputeSchema, base_name};
 use crate::job::WindowBudget;
 use crate::remote::{FragmentTable, Tally};
@@ -93,6 +95,8 @@ pub struct ComputeSession {
     query_memory: usize,
     windows: WindowBudget,
     limits: sluice_udfs::Limits,
+    calibration: Option<CalibrationOptions>,
+    calibrations: Arc<CalibrationCache>,
 }
 
 /// Memory one query's operators may hold unless told otherwise.
@@ -132,7 +136,17 @@ impl ComputeSession {
             query_memory: DEFAULT_QUERY_MEMORY,
             windows: WindowBudget::default(),
             limits: sluice_udfs::Limits::default(),
+            calibration: Some(CalibrationOptions::default()),
+            calibrations: Arc::new(CalibrationCache::default()),
         }
+    }
+
+    /// Whether (and how) plans are calibrated on their datasets' own
+    /// objects before auto placement and for EXPLAIN (`None`: never; the
+    /// UDF profiles alone decide). On by default.
+    pub fn with_calibration(mut self, calibration: Option<CalibrationOptions>) -> Self {
+        self.calibration = calibration;
+        self
     }
 
     /// The job streams of this session hold at most `bytes` of output in
@@ -426,7 +440,10 @@ impl ComputeSession {
                 profiles: self.profiles.clone(),
                 resources,
                 stats,
+                calibrations: HashMap::new(),
             },
+            calibration: self.calibration,
+            calibrations: Arc::clone(&self.calibrations),
             tables: Tables {
                 holders,
                 udfs: Arc::clone(udfs),
@@ -448,6 +465,20 @@ impl ComputeSession {
         prepared.place(prepared.plan.clone(), offload).await
     }
 
+    /// Plans `sql` as [`ComputeSession::plan`] does, calibrating whatever
+    /// `offload` is (when calibration is on): what EXPLAIN shows.
+    pub async fn explain(
+        &self,
+        sql: &str,
+        offload: Offload,
+        udfs: &Arc<UdfEnv>,
+    ) -> Result<PlannedQuery> {
+        let prepared = self.prepare(sql, udfs).await?;
+        prepared
+            .place_with(prepared.plan.clone(), offload, true)
+            .await
+    }
+
     /// Plans and runs `sql`; `EXPLAIN sql` answers the placement and the
     /// compute fragment's physical plan.
     pub async fn execute(
@@ -457,7 +488,7 @@ impl ComputeSession {
         udfs: &Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream> {
         if let Some(inner) = crate::explain::explained(sql) {
-            let q = self.plan(inner, offload, udfs).await?;
+            let q = self.explain(inner, offload, udfs).await?;
             let batch = crate::explain::explain_batch(&q.explanation, &q.plan)?;
             let schema = batch.schema();
             return Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?));
@@ -475,6 +506,8 @@ pub struct Prepared {
     planner: Planner,
     tables: Tables,
     ctx: SessionContext,
+    calibration: Option<CalibrationOptions>,
+    calibrations: Arc<CalibrationCache>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -501,9 +534,41 @@ impl Prepared {
         self.ctx.state().optimize(&plan)
     }
 
-    /// Places `plan` under `offload` and plans its compute fragment.
+    /// Places `plan` under `offload` and plans its compute fragment; an
+    /// `auto` placement is calibrated first (when calibration is on).
     pub async fn place(&self, plan: LogicalPlan, offload: Offload) -> Result<PlannedQuery> {
-        let placement = self.planner.place(plan, offload, &self.tables)?;
+        self.place_with(plan, offload, matches!(offload, Offload::Auto))
+            .await
+    }
+
+    /// [`Prepared::place`], calibrating when `calibrate` (and calibration
+    /// is on).
+    pub async fn place_with(
+        &self,
+        plan: LogicalPlan,
+        offload: Offload,
+        calibrate_first: bool,
+    ) -> Result<PlannedQuery> {
+        let placement = match self.calibration.filter(|_| calibrate_first) {
+            Some(settings) => {
+                let calibrations = calibrate(
+                    &self.planner,
+                    &plan,
+                    &self.tables.holders,
+                    &self.ctx.state(),
+                    &self.tables.udfs.options,
+                    settings,
+                    &self.calibrations,
+                )
+                .await;
+                let planner = Planner {
+                    calibrations,
+                    ..self.planner.clone()
+                };
+                planner.place(plan, offload, &self.tables)?
+            }
+            None => self.planner.place(plan, offload, &self.tables)?,
+        };
         let state = self.ctx.state();
         let physical = state
             .query_planner()

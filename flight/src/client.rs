@@ -19,9 +19,11 @@ use sluice_udfs::UdfEnv;
 use tonic::transport::Channel;
 
 use crate::codec::encode_fragment;
-use crate::endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
+use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
-use crate::messages::{FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind};
+use crate::messages::{
+    FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
+};
 use crate::stream::{connect, read_reported};
 
 /// A typed Flight client of one storage node. Connections are made on
@@ -135,6 +137,48 @@ impl StorageEndpoint for StorageClient {
             });
         }
         Ok(out)
+    }
+
+    async fn time(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+        budget: std::time::Duration,
+    ) -> Result<FragmentTiming, LinkError> {
+        let plan = encode_fragment(fragment)
+            .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
+        let udf_options =
+            serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let body = TimeTicket {
+            fragment: Some(FragmentTicket { plan, udf_options }),
+            budget_ms: budget.as_millis() as u64,
+        };
+        let action = Action {
+            r#type: TIME_FRAGMENT.into(),
+            body: body.encode_to_vec().into(),
+        };
+        // The node stops at its budget; a node that does not answer well
+        // after it (dead, or wedged) is named, never waited on for ever.
+        let wait = budget + std::time::Duration::from_secs(30);
+        let ask = async {
+            let mut replies = self
+                .inner
+                .clone()
+                .do_action(action)
+                .await
+                .map_err(|s| self.status(&s))?
+                .into_inner();
+            replies.message().await.map_err(|s| self.status(&s))
+        };
+        let reply = tokio::time::timeout(wait, ask)
+            .await
+            .map_err(|_| LinkError::Execution {
+                node: self.node.clone(),
+                message: format!("timing a fragment took over {} s", wait.as_secs()),
+            })??
+            .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.node)))?;
+        serde_json::from_slice(&reply.body)
+            .map_err(|e| LinkError::Protocol(format!("{} sent a bad timing: {e}", self.node)))
     }
 
     async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {

@@ -37,6 +37,23 @@ pub struct NodeInfo {
     pub link_limit: Option<f64>,
 }
 
+/// What a storage node measured running a fragment without sending it
+/// (calibration, [`StorageEndpoint::time`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct FragmentTiming {
+    /// Rows the fragment made: one per object read (a fragment keeps a
+    /// bad sample's row, NULL where its UDF refused it).
+    pub rows: u64,
+    /// Samples its UDFs refused.
+    pub bad: u64,
+    /// CPU time of the node's process while the fragment ran, ns.
+    pub cpu_ns: u64,
+    /// Wall-clock time, ns.
+    pub wall_ns: u64,
+    /// Whether it ran to its end within the time it was given.
+    pub complete: bool,
+}
+
 /// A storage node, seen from the compute side.
 #[async_trait]
 pub trait StorageEndpoint: Send + Sync + fmt::Debug {
@@ -67,6 +84,15 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
         fragment: Arc<dyn ExecutionPlan>,
         udfs: Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, LinkError>;
+
+    /// Runs `fragment` as [`StorageEndpoint::execute`] would, for at most
+    /// `budget`, without sending its rows: what its stages cost there.
+    async fn time(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+        budget: std::time::Duration,
+    ) -> Result<FragmentTiming, LinkError>;
 
     /// Measures the link by fetching `bytes`: bytes per second, or `None`
     /// when the node is in this process.

@@ -39,7 +39,7 @@ pub use auth::BearerAuth;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
-pub use endpoint::{NodeInfo, RemoteDataset, StorageEndpoint};
+pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;

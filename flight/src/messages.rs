@@ -9,6 +9,9 @@
 //!   counts, and its
 //!   [`DatasetStats`](sluice_planner::DatasetStats) as JSON app metadata.
 //! - The `node_info` action answers [`NodeInfo`](crate::NodeInfo) as JSON.
+//! - The `time_fragment` action ([`TimeTicket`]) runs a fragment on the
+//!   node without sending its rows and answers its
+//!   [`FragmentTiming`](crate::FragmentTiming) as JSON (calibration).
 //! - A fragment's stream ends with a message whose app metadata is a
 //!   [`FragmentReport`] (JSON): the bad samples the node met.
 
@@ -55,6 +58,21 @@ pub struct ProbeTicket {
 
 /// The action answering [`NodeInfo`](crate::NodeInfo).
 pub const NODE_INFO: &str = "node_info";
+
+/// The action that runs a fragment without sending its rows and answers
+/// [`FragmentTiming`](crate::FragmentTiming) as JSON: calibration.
+pub const TIME_FRAGMENT: &str = "time_fragment";
+
+/// The body of [`TIME_FRAGMENT`]: a fragment and how long it may run.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TimeTicket {
+    /// The fragment.
+    #[prost(message, optional, tag = "1")]
+    pub fragment: Option<FragmentTicket>,
+    /// Milliseconds it may run; past them, the rows done so far count.
+    #[prost(uint64, tag = "2")]
+    pub budget_ms: u64,
+}
 
 /// What a fragment's run met, sent after its last batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

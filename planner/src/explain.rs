@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::calibrate::CalibrationReport;
 use crate::choose::{Metric, Rates, Split};
 use crate::offload::Offload;
 use crate::resources::Resources;
@@ -51,6 +52,10 @@ pub struct PipelineExplanation {
     pub choice: Choice,
     /// Estimated rates of the choice.
     pub rates: Rates,
+    /// Whether the costs were measured on the dataset's own objects
+    /// (and what they were), or why not; `None`: not asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationReport>,
 }
 
 /// The whole placement: resources, pipelines, fragments.
@@ -83,6 +88,14 @@ fn bytes(b: f64) -> String {
         format!("{:.1} KiB", b / 1024.0)
     } else {
         format!("{b:.0} B")
+    }
+}
+
+fn micros(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.1} ms", ns / 1e6)
+    } else {
+        format!("{:.0} µs", ns / 1e3)
     }
 }
 
@@ -142,8 +155,39 @@ impl PipelineExplanation {
             "\npipeline over {} ({} samples, {} costed)",
             self.dataset, self.samples, self.sampled
         );
+        let levels = match &self.calibration {
+            Some(CalibrationReport::Measured { levels, .. }) => Some(levels),
+            _ => None,
+        };
+        let cost = |i: usize| match levels.and_then(|l| l.get(i)) {
+            Some(l) => format!(
+                "  (storage CPU/sample: estimated {}, calibrated {})",
+                micros(l.estimated_ns),
+                micros(l.calibrated_ns)
+            ),
+            None => String::new(),
+        };
+        if levels.is_some() {
+            let _ = writeln!(out, "  read{}", cost(0));
+        }
         for (i, s) in self.stages.iter().enumerate() {
-            let _ = writeln!(out, "  stage {}: {}", i + 1, s.join(", "));
+            let _ = writeln!(out, "  stage {}: {}{}", i + 1, s.join(", "), cost(i + 1));
+        }
+        match &self.calibration {
+            Some(CalibrationReport::Measured { objects, nodes, .. }) => {
+                let _ = writeln!(
+                    out,
+                    "  calibrated on {objects} of the dataset's objects per cut, timed on {}",
+                    nodes.join(", ")
+                );
+            }
+            Some(CalibrationReport::Fallback { reason }) => {
+                let _ = writeln!(
+                    out,
+                    "  not calibrated ({reason}): planned with the UDF profiles"
+                );
+            }
+            None => {}
         }
         let _ = writeln!(
             out,

@@ -18,6 +18,8 @@
 //!   (nested sluice UDF calls), and divides it at a cut;
 //! - [`cost`]: per sample, storage CPU, compute CPU and link bytes of a cut,
 //!   from the dataset's [`stats`] and the UDFs' cost profiles;
+//! - [`calibrate`]: the same figures measured on the dataset's own objects,
+//!   where the stages would run, replacing the profiles' when they exist;
 //! - [`choose`]: candidate rates under the [`resources`], the pick, and the
 //!   per-sample split;
 //! - [`explain`]: the reasoning, as text or JSON;
@@ -27,6 +29,7 @@
 //! node over Flight, or the same process — is up to the caller's
 //! [`FragmentTables`].
 
+pub mod calibrate;
 pub mod choose;
 pub mod cost;
 pub mod explain;
@@ -48,6 +51,7 @@ use datafusion::logical_expr::{
 };
 use sluice_udfs::cost::Profiles;
 
+pub use calibrate::{Calibration, CalibrationOptions, CalibrationReport, CutTiming};
 pub use choose::{Rates, Split};
 pub use explain::{Candidate, Choice, Explanation, PipelineExplanation};
 pub use offload::Offload;
@@ -97,9 +101,52 @@ pub struct Planner {
     pub resources: Resources,
     /// Statistics of the datasets, by name.
     pub stats: HashMap<String, DatasetStats>,
+    /// Calibrations of pipelines, by [`calibrate::key`].
+    pub calibrations: HashMap<String, Calibration>,
+}
+
+/// The fragments to time to calibrate one pipeline ([`Planner::probes`]).
+#[derive(Debug, Clone)]
+pub struct Probes {
+    /// The pipeline's [`calibrate::key`].
+    pub key: String,
+    /// Its dataset.
+    pub dataset: String,
+    /// Its storage fragment at each cut, from 0, over the sample.
+    pub fragments: Vec<LogicalPlan>,
+    /// The deepest fragment over no object: what a run costs by itself.
+    pub empty: LogicalPlan,
 }
 
 impl Planner {
+    /// The fragments that calibrate each pipeline of `plan` over a dataset
+    /// with samples: its storage fragment at every cut, over about
+    /// `sample` of the dataset's objects.
+    pub fn probes(&self, plan: &LogicalPlan, sample: usize) -> Result<Vec<Probes>> {
+        let mut out = Vec::new();
+        plan.apply(|node| {
+            if let Some(p) = Pipeline::find(node)
+                && let Some(stats) = self.stats.get(&p.dataset())
+                && stats.samples > 0
+                && p.depth() > 0
+            {
+                let (fragments, empty) =
+                    calibrate::probes(&p, stats.samples, sample, |k, group, fetch| {
+                        storage_plan(&p, k, group, fetch)
+                    })?;
+                out.push(Probes {
+                    key: calibrate::key(&p),
+                    dataset: p.dataset(),
+                    fragments,
+                    empty,
+                });
+                return Ok(TreeNodeRecursion::Jump);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(out)
+    }
+
     /// Divides `plan` (optimized) per `offload`.
     pub fn place(
         &self,
@@ -163,7 +210,25 @@ impl Planner {
         let dataset = p.dataset();
         let stats = &self.stats[&dataset];
         let rows = stats.rows();
-        let table = cost_table(p, &self.profiles, &rows);
+        let modelled = cost_table(p, &self.profiles, &rows);
+        let (table, calibration) = match self.calibrations.get(&calibrate::key(p)) {
+            Some(Calibration::Measured { cuts, nodes }) => {
+                let table = calibrate::apply(&modelled, cuts);
+                let report = CalibrationReport::Measured {
+                    objects: cuts.iter().map(|c| c.objects).min().unwrap_or(0),
+                    nodes: nodes.clone(),
+                    levels: calibrate::levels(&modelled, &table),
+                };
+                (table, Some(report))
+            }
+            Some(Calibration::Fallback { reason }) => (
+                modelled,
+                Some(CalibrationReport::Fallback {
+                    reason: reason.clone(),
+                }),
+            ),
+            None => (modelled, None),
+        };
         let candidates: Vec<Candidate> = table
             .iter()
             .enumerate()
@@ -235,6 +300,7 @@ impl Planner {
             offload,
             choice,
             rates,
+            calibration,
         };
         Ok((plan, why))
     }
@@ -250,17 +316,7 @@ impl Planner {
         fragments: &mut Vec<StorageFragment>,
     ) -> Result<LogicalPlan> {
         let divided = p.cut(cut);
-        let mut input = filtered_scan(&p.scan, group)?;
-        if let Some(f) = &p.filter {
-            input = f.with_new_exprs(f.expressions(), vec![input])?;
-        }
-        let shipped = divided
-            .shipped
-            .iter()
-            .enumerate()
-            .map(|(i, e)| e.clone().alias(shipped_name(i)))
-            .collect();
-        let plan = LogicalPlan::Projection(Projection::try_new(shipped, Arc::new(input))?);
+        let plan = storage_plan(p, cut, group, None)?;
         let fragment = StorageFragment {
             id: fragments.len(),
             dataset: p.dataset(),
@@ -305,6 +361,39 @@ impl Planner {
         LogicalPlanBuilder::scan(scan.table_name.clone(), provider_as_source(provider), None)?
             .build()
     }
+}
+
+/// The storage fragment of `p` at `cut`: the shipped expressions over the
+/// scan (with `group` applied, stopping after `fetch` rows) and the
+/// pipeline's filter.
+fn storage_plan(
+    p: &Pipeline,
+    cut: usize,
+    group: Option<Expr>,
+    fetch: Option<usize>,
+) -> Result<LogicalPlan> {
+    let divided = p.cut(cut);
+    let mut input = filtered_scan(&p.scan, group)?;
+    if let Some(n) = fetch
+        && let LogicalPlan::TableScan(s) = &mut input
+    {
+        s.fetch = Some(s.fetch.map_or(n, |f| f.min(n)));
+    } else if let Some(n) = fetch {
+        input = LogicalPlanBuilder::from(input).limit(0, Some(n))?.build()?;
+    }
+    if let Some(f) = &p.filter {
+        input = f.with_new_exprs(f.expressions(), vec![input])?;
+    }
+    let shipped = divided
+        .shipped
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.clone().alias(shipped_name(i)))
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        shipped,
+        Arc::new(input),
+    )?))
 }
 
 /// `scan` with `group` applied: inside the scan when it takes the filter

@@ -23,6 +23,9 @@ use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Projection, TableScan}
 /// The column of a dataset table holding the objects' bytes.
 pub const DATA_COLUMN: &str = "data";
 
+/// The column of a dataset table holding each object's key.
+pub const KEY_COLUMN: &str = "key";
+
 /// Prefix of the columns a storage fragment ships.
 pub const SHIPPED: &str = "__sluice_";
 

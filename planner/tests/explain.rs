@@ -126,6 +126,7 @@ async fn place(sql: &str, res: Resources, offload: Offload) -> Placement {
         profiles: default_profiles(),
         resources: res,
         stats: datasets(),
+        calibrations: Default::default(),
     };
     planner.place(plan, offload, &Tables).unwrap()
 }
@@ -224,6 +225,7 @@ async fn fixed_modes_and_bad_cuts() {
         profiles: default_profiles(),
         resources: resources(1.0, None),
         stats: datasets(),
+        calibrations: Default::default(),
     };
     let e = planner.place(plan, Offload::Cut(7), &Tables).unwrap_err();
     assert!(

@@ -29,7 +29,10 @@ pub async fn run(
         None => {
             let session = place::session(cli, flags)?;
             let env = UdfEnv::new(udf.options());
-            session.plan(query, flags.offload, &env).await?.explanation
+            session
+                .explain(query, flags.offload, &env)
+                .await?
+                .explanation
         }
     };
     match format {

@@ -89,7 +89,8 @@ pub async fn compute_node(
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
         .with_query_memory(limits.query_memory as usize)
         .with_stream_memory(limits.stream_memory)
-        .with_limits(limits.decode.limits());
+        .with_limits(limits.decode.limits())
+        .with_calibration(place::calibration(limits.no_calibrate));
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     if let Err(e) = session.refresh().await {
@@ -171,7 +172,8 @@ pub async fn serve(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
             .with_query_memory(addrs.limits.query_memory as usize)
             .with_stream_memory(addrs.limits.stream_memory)
-            .with_limits(addrs.limits.decode.limits()),
+            .with_limits(addrs.limits.decode.limits())
+            .with_calibration(place::calibration(addrs.limits.no_calibrate)),
     );
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");

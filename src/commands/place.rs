@@ -68,5 +68,11 @@ pub fn session(cli: &Cli, place: &PlaceFlags) -> anyhow::Result<ComputeSession> 
         endpoints,
         profiles(cli)?,
         hints(storage_cores, place.compute_cores, place.link_bandwidth),
-    ))
+    )
+    .with_calibration(calibration(place.no_calibrate)))
+}
+
+/// Calibration as the flags ask: on (the defaults) unless `--no-calibrate`.
+pub fn calibration(off: bool) -> Option<sluice_planner::CalibrationOptions> {
+    (!off).then(sluice_planner::CalibrationOptions::default)
 }

@@ -4,6 +4,8 @@
 //!   version as the descriptor path, schema, counts, and the
 //!   planner's statistics as JSON app metadata);
 //! - `DoAction("node_info")`: the node's cores and link limit;
+//! - `DoAction("time_fragment")`: a fragment run for at most a budget,
+//!   its rows dropped: its CPU time and rows (calibration);
 //! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
 //!   job's UDF options, bound to local scans, run, and streamed in messages
 //!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
@@ -27,10 +29,11 @@ use futures::{Stream, StreamExt, stream};
 use prost::Message;
 use sluice_flight::error::status_of;
 use sluice_flight::messages::{
-    FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, Ticket, TicketKind,
+    FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
+    TimeTicket,
 };
 use sluice_flight::stream::{FlightStream, send_reported};
-use sluice_flight::{MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
+use sluice_flight::{FragmentTiming, MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -96,6 +99,28 @@ impl StorageFlightService {
                 }
             },
         ))
+    }
+
+    /// Times a fragment for calibration (`time_fragment`).
+    async fn time(&self, body: &[u8]) -> Result<FragmentTiming, Status> {
+        let t = TimeTicket::decode(body)
+            .map_err(|e| Status::invalid_argument(format!("bad time_fragment body: {e}")))?;
+        let f = t
+            .fragment
+            .ok_or_else(|| Status::invalid_argument("time_fragment without a fragment"))?;
+        let mut options: UdfOptions = serde_json::from_str(&f.udf_options)
+            .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+        options.limits = options.limits.capped_by(&self.limits);
+        let udfs = UdfEnv::new(options);
+        let ctx = self.node.session(&udfs);
+        let plan = decode_fragment(&f.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
+        let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
+        // A budget past a minute is a client's mistake, not a wish.
+        let budget = std::time::Duration::from_millis(t.budget_ms.min(60_000));
+        self.node
+            .time_run(plan, &ctx, &udfs, budget)
+            .await
+            .map_err(Status::from)
     }
 
     fn probe(&self, t: ProbeTicket) -> Boxed<FlightData> {
@@ -233,14 +258,16 @@ impl FlightService for StorageFlightService {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
-        if action.r#type != NODE_INFO {
-            return Err(Status::invalid_argument(format!(
-                "unknown action {:?} (known: {NODE_INFO})",
-                action.r#type
-            )));
+        let body = match action.r#type.as_str() {
+            NODE_INFO => serde_json::to_vec(&self.node.info()),
+            TIME_FRAGMENT => serde_json::to_vec(&self.time(&action.body).await?),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT})"
+                )));
+            }
         }
-        let body =
-            serde_json::to_vec(&self.node.info()).map_err(|e| Status::internal(e.to_string()))?;
+        .map_err(|e| Status::internal(e.to_string()))?;
         let reply = arrow_flight::Result { body: body.into() };
         Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
     }
@@ -249,10 +276,15 @@ impl FlightService for StorageFlightService {
         &self,
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let t = ActionType {
+        let info = ActionType {
             r#type: NODE_INFO.into(),
             description: "the node's cores and link limit, as JSON".into(),
         };
-        Ok(Response::new(Box::pin(stream::iter([Ok(t)]))))
+        let time = ActionType {
+            r#type: TIME_FRAGMENT.into(),
+            description: "run a fragment without sending its rows; its CPU time and rows, as JSON"
+                .into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(info), Ok(time)]))))
     }
 }

@@ -46,6 +46,7 @@ pub mod alloc;
 pub mod buffer;
 pub mod catalog;
 pub mod checkpoint;
+pub mod cpu_time;
 pub mod device;
 mod error;
 pub mod flight_service;

@@ -26,7 +26,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_flight::{
-    DatasetScanExec, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, Take, TokenBucket,
+    DatasetScanExec, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, Take,
+    TokenBucket,
 };
 use sluice_udfs::UdfEnv;
 use tokio::runtime::{Handle, Runtime};
@@ -365,6 +366,52 @@ impl StorageNode {
     }
 }
 
+impl StorageNode {
+    /// Runs a bound fragment as [`StorageNode::run`] does, for at most
+    /// `budget`, dropping its rows: the CPU time and rows of calibration.
+    /// Its bad samples are counted, not logged as the job's.
+    pub async fn time_run(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        ctx: &SessionContext,
+        udfs: &Arc<UdfEnv>,
+        budget: std::time::Duration,
+    ) -> Result<FragmentTiming, LinkError> {
+        let started = std::time::Instant::now();
+        let cpu = crate::cpu_time::process_cpu_ns();
+        let mut stream = self.run(plan, ctx, udfs);
+        let mut rows = 0u64;
+        let mut complete = true;
+        loop {
+            let left = budget.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, stream.next()).await {
+                Ok(Some(Ok(b))) => rows += b.num_rows() as u64,
+                Ok(Some(Err(e))) => {
+                    return Err(LinkError::Execution {
+                        node: IN_PROCESS.into(),
+                        message: e.to_string(),
+                    });
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        // Dropped, the stream stops the UDFs at their next row.
+        drop(stream);
+        let (bad, _) = udfs.errors.snapshot();
+        Ok(FragmentTiming {
+            rows,
+            bad,
+            cpu_ns: crate::cpu_time::process_cpu_ns().saturating_sub(cpu),
+            wall_ns: started.elapsed().as_nanos() as u64,
+            complete,
+        })
+    }
+}
+
 impl Drop for StorageNode {
     fn drop(&mut self) {
         if let Some(rt) = self.runtime.take() {
@@ -426,6 +473,26 @@ impl StorageEndpoint for StorageNode {
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, throttled)))
+    }
+
+    async fn time(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+        budget: std::time::Duration,
+    ) -> Result<FragmentTiming, LinkError> {
+        // The fragment's UDFs are bound to the query's options; timed, it
+        // runs under `udfs`' (the skip policy), so it goes through the
+        // codec as it would to a remote node and comes back bound to them.
+        let ctx = self.session(&udfs);
+        let bad = |e: DataFusionError| LinkError::BadFragment {
+            node: IN_PROCESS.into(),
+            message: e.to_string(),
+        };
+        let bytes = sluice_flight::encode_fragment(fragment).map_err(bad)?;
+        let fragment = sluice_flight::decode_fragment(&bytes, &ctx.task_ctx()).map_err(bad)?;
+        let plan = self.bind(&ctx, fragment).await?;
+        self.time_run(plan, &ctx, &udfs, budget).await
     }
 
     async fn probe(&self, _bytes: u64) -> Result<Option<f64>, LinkError> {
