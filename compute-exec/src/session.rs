@@ -529,6 +529,18 @@ impl Prepared {
         &self.tables.tally
     }
 
+    /// Plans from now on assume the storage→compute link carries
+    /// `bytes_per_s`, as a running job observed it.
+    pub fn set_link(&mut self, bytes_per_s: f64) {
+        self.planner.resources.link_bytes_per_s = Some(bytes_per_s);
+        self.planner.resources.link_source = "observed by the running job".into();
+    }
+
+    /// The resources it plans for.
+    pub fn resources(&self) -> &Resources {
+        &self.planner.resources
+    }
+
     /// Optimizes `plan` (one derived from [`Prepared::plan`]) again.
     pub fn optimize(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
         self.ctx.state().optimize(&plan)
@@ -550,10 +562,13 @@ impl Prepared {
         calibrate_first: bool,
     ) -> Result<PlannedQuery> {
         let placement = match self.calibration.filter(|_| calibrate_first) {
+            // The query's own plan is what is timed: a plan derived from it
+            // (a job's window plan) has the same stages, and columns of its
+            // own (the slot) no plain scan can read.
             Some(settings) => {
                 let calibrations = calibrate(
                     &self.planner,
-                    &plan,
+                    &self.plan,
                     &self.tables.holders,
                     &self.ctx.state(),
                     &self.tables.udfs.options,

@@ -35,6 +35,10 @@ pub struct NodeInfo {
     pub cores: usize,
     /// The bytes per second its link is limited to, if it is.
     pub link_limit: Option<f64>,
+    /// CPU time its process has used so far, ns: a running job compares
+    /// two readings with the wall clock to see how busy the node is.
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 /// What a storage node measured running a fragment without sending it

@@ -18,6 +18,7 @@
 //!   batch's own buffers, and their gRPC frames written without copying
 //!   them (the trainer streams);
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
+//! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
 //! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
 //!   service, and [`CheckpointEndpoint`], what serves it.
@@ -26,6 +27,7 @@ pub mod auth;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;
+pub mod cpu_time;
 pub mod endpoint;
 pub mod error;
 pub mod frames;
@@ -36,6 +38,7 @@ pub mod stream;
 pub mod throttle;
 
 pub use auth::BearerAuth;
+pub use cpu_time::process_cpu_ns;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};

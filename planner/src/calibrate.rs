@@ -110,13 +110,16 @@ pub enum Calibration {
     },
 }
 
-/// The key calibrations are kept under: the dataset and the pipeline's
-/// full storage fragment, which names every stage and its arguments.
+/// The key calibrations are kept under: the dataset and the stages of the
+/// pipeline's full storage fragment, with their arguments. Plain columns
+/// are left out, so a job's window plan (which also carries each row's
+/// slot) finds what its SQL was calibrated with.
 pub fn key(p: &Pipeline) -> String {
     let exprs: Vec<String> = p
         .cut(p.depth())
         .shipped
         .iter()
+        .filter(|e| !matches!(e, Expr::Column(_)))
         .map(|e| e.to_string())
         .collect();
     format!("{}: {}", p.dataset(), exprs.join(", "))

@@ -33,6 +33,28 @@ pub enum Choice {
     Split(Split),
 }
 
+impl Choice {
+    /// The choice in words: `cut 1`, or the split's threshold and cuts.
+    pub fn describe(&self) -> String {
+        match self {
+            Choice::Cut { cut } => format!("cut {cut}"),
+            Choice::Split(s) => {
+                let metric = match s.metric {
+                    Metric::Pixels => "width*height",
+                    Metric::Bytes => "length",
+                };
+                format!(
+                    "per-sample split: {metric} > {} ({:.0}% of samples) at cut {}, the rest at cut {}",
+                    s.threshold,
+                    s.share_above * 100.0,
+                    s.above,
+                    s.below
+                )
+            }
+        }
+    }
+}
+
 /// The planner's reasoning for one pipeline (a projection over a dataset).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PipelineExplanation {
@@ -217,22 +239,7 @@ impl PipelineExplanation {
                 c.rates.bottleneck(),
             );
         }
-        let what = match &self.choice {
-            Choice::Cut { cut } => format!("cut {cut}"),
-            Choice::Split(s) => {
-                let metric = match s.metric {
-                    Metric::Pixels => "width*height",
-                    Metric::Bytes => "length",
-                };
-                format!(
-                    "per-sample split: {metric} > {} ({:.0}% of samples) at cut {}, the rest at cut {}",
-                    s.threshold,
-                    s.share_above * 100.0,
-                    s.above,
-                    s.below
-                )
-            }
-        };
+        let what = self.choice.describe();
         let _ = writeln!(
             out,
             "  offload {}: {what}, est {}/s ({} per sample over the link, limited by {})",

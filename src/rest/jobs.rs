@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use sluice_compute::JobSpec;
 use sluice_compute::job::JobStatus;
+use sluice_compute::job::adapt::Replan;
 
 use super::AppState;
 use super::error::ApiError;
@@ -20,6 +21,9 @@ pub struct JobExplain {
     /// The placement as data (fragments, cut, candidate cuts).
     #[schema(value_type = Object)]
     pub placement: serde_json::Value,
+    /// Each move of the cut while the job ran (oldest first), with the
+    /// measured rates that caused it; the placement above is the latest.
+    pub replans: Vec<Replan>,
 }
 
 /// Submit a job: a pipeline (`sql`, or `plan` as an object or YAML text)
@@ -99,9 +103,32 @@ pub async fn explain(
             err.to_string(),
         )
     })?;
+    let replans = job.adaptive().history();
+    let mut text = e.to_text();
+    for r in &replans {
+        let m = &r.measured;
+        text.push_str(&format!(
+            "\nre-planned {:.1} s in, after {} samples: {} -> {} ({} bound: {:.0} samples/s, \
+             link {:.1} Mbit/s, storage CPU {}, compute CPU {:.0}%, waiting on the reader {:.0}%; \
+             new estimate {:.0}/s)",
+            r.at_s,
+            r.after_samples,
+            r.from,
+            r.to,
+            m.bottleneck,
+            m.samples_per_s,
+            m.link_bytes_per_s * 8.0 / 1e6,
+            m.storage_busy
+                .map_or("unknown".into(), |b| format!("{:.0}%", b * 100.0)),
+            m.compute_busy * 100.0,
+            m.trainer_wait * 100.0,
+            r.estimated_per_s,
+        ));
+    }
     Ok(Json(JobExplain {
         id,
-        text: e.to_text(),
+        text,
         placement,
+        replans,
     }))
 }

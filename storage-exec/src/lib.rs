@@ -46,7 +46,6 @@ pub mod alloc;
 pub mod buffer;
 pub mod catalog;
 pub mod checkpoint;
-pub mod cpu_time;
 pub mod device;
 mod error;
 pub mod flight_service;

@@ -101,6 +101,7 @@ impl StorageNode {
         NodeInfo {
             cores: self.cores,
             link_limit: self.link.as_ref().map(|l| l.rate()),
+            cpu_ns: sluice_flight::process_cpu_ns(),
         }
     }
 
@@ -378,7 +379,7 @@ impl StorageNode {
         budget: std::time::Duration,
     ) -> Result<FragmentTiming, LinkError> {
         let started = std::time::Instant::now();
-        let cpu = crate::cpu_time::process_cpu_ns();
+        let cpu = sluice_flight::process_cpu_ns();
         let mut stream = self.run(plan, ctx, udfs);
         let mut rows = 0u64;
         let mut complete = true;
@@ -405,7 +406,7 @@ impl StorageNode {
         Ok(FragmentTiming {
             rows,
             bad,
-            cpu_ns: crate::cpu_time::process_cpu_ns().saturating_sub(cpu),
+            cpu_ns: sluice_flight::process_cpu_ns().saturating_sub(cpu),
             wall_ns: started.elapsed().as_nanos() as u64,
             complete,
         })

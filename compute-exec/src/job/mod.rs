@@ -17,9 +17,12 @@
 //!   may have in flight together;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
+//! - [`adapt`]: re-planning under load — tiers measured as the job runs,
+//!   the cut moved at a window when they contradict the plan;
 //! - [`store`]: the job records that survive a restart;
 //! - [`registry`]: [`Jobs`], the jobs of a node.
 
+pub mod adapt;
 pub mod budget;
 pub mod index;
 pub mod order;

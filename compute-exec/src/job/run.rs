@@ -27,6 +27,7 @@ use sluice_udfs::env::BadSample;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
+use super::adapt::Adaptive;
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::query::{JobQuery, udf_options};
@@ -91,7 +92,8 @@ pub struct Job {
     offload: Offload,
     created: SystemTime,
     session: Arc<ComputeSession>,
-    explanation: Explanation,
+    /// Where its stages run now, and the moves that led there.
+    adaptive: Adaptive,
     schema: SchemaRef,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
@@ -225,7 +227,7 @@ impl Job {
             offload,
             created,
             session,
-            explanation: placed.explanation,
+            adaptive: Adaptive::new(placed.explanation),
             schema: Arc::new(Schema::new(fields)),
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
@@ -394,9 +396,19 @@ impl Job {
         &self.schema
     }
 
-    /// Why its stages run where they do.
-    pub fn explanation(&self) -> &Explanation {
-        &self.explanation
+    /// Why its stages run where they do now.
+    pub fn explanation(&self) -> Explanation {
+        self.adaptive.explanation()
+    }
+
+    /// Its placement as it runs: moves, measurements.
+    pub fn adaptive(&self) -> &Adaptive {
+        &self.adaptive
+    }
+
+    /// The storage nodes it reads, with the versions pinned.
+    pub fn pins(&self) -> &[(Arc<dyn StorageEndpoint>, u64)] {
+        &self.pins
     }
 
     /// Its SQL (the plan form compiled).
@@ -567,6 +579,8 @@ impl Job {
             skipped,
             bad_samples,
             warnings: inner.warnings.clone(),
+            observed: self.adaptive.last(),
+            replans: self.adaptive.history(),
         }
     }
 

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sluice_udfs::env::BadSample;
 
 use super::JobSpec;
+use super::adapt::{Observed, Replan};
 
 /// The life of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -86,6 +87,13 @@ pub struct JobStatus {
     /// is delivered or counted here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What its streams measured last, per tier (jobs whose cut may move:
+    /// `auto`, on separate machines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Observed>,
+    /// Each move of its cut while it ran, with the measurements that caused it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replans: Vec<Replan>,
 }
 
 /// Positions delivered per (rank, epoch), and the counters of a job.

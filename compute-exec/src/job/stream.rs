@@ -24,15 +24,19 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use datafusion::physical_plan::collect;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{ExecutionPlan, collect};
 use futures::StreamExt;
-use sluice_flight::SLOT;
+use sluice_flight::{SLOT, StorageEndpoint};
+use sluice_planner::Offload;
 use sluice_udfs::OnError;
 use tokio::sync::mpsc;
 
 use super::Job;
+use super::adapt::{GAIN, Meter, choice_of, observed_link};
 use super::query::{JobQuery, udf_options};
 use super::rebatch::Rebatcher;
 use super::run::{Delivery, Ready};
@@ -71,13 +75,23 @@ impl<T> Drop for Abort<T> {
     }
 }
 
+/// Wall time a window aims at, at most: a re-plan, a cancel or a slower
+/// link acts at the next window, so a window is never minutes of work.
+pub const WINDOW_TIME: Duration = Duration::from_millis(500);
+
 /// Samples the next window holds, for batches of `batch`, when a sample's
-/// output takes `bytes_per_sample`: about [`WINDOW_BYTES`], at most
-/// [`WINDOW_MAX`] samples, in whole batches, at least one.
-pub fn window_len(batch: u64, bytes_per_sample: u64) -> u64 {
+/// output takes `bytes_per_sample` and a window took `ns_per_sample` of
+/// wall time per sample (0: not known yet): about [`WINDOW_BYTES`] and at
+/// most [`WINDOW_TIME`], at most [`WINDOW_MAX`] samples, in whole batches,
+/// at least one.
+pub fn window_len(batch: u64, bytes_per_sample: u64, ns_per_sample: u64) -> u64 {
     let batch = batch.max(1);
     let fits = WINDOW_BYTES / bytes_per_sample.max(1);
-    (fits.min(WINDOW_MAX) / batch).max(1) * batch
+    let in_time = match ns_per_sample {
+        0 => u64::MAX,
+        ns => WINDOW_TIME.as_nanos() as u64 / ns,
+    };
+    (fits.min(in_time).min(WINDOW_MAX) / batch).max(1) * batch
 }
 
 impl Job {
@@ -96,7 +110,7 @@ impl Job {
             from,
             to,
         } = span;
-        let query = JobQuery::prepare(
+        let mut query = JobQuery::prepare(
             self.session(),
             self.sql(),
             udf_options(self.spec(), epoch, self.session().limits()),
@@ -105,10 +119,14 @@ impl Job {
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
         let _stop = query.udfs.cancel.on_drop();
-        let plan = query.window_plan()?;
+        // A link an earlier stream of the job observed holds for this one.
+        if let Some(link) = self.adaptive().link() {
+            query.prepared.set_link(link);
+        }
+        let window_plan = query.window_plan()?;
         let placed = query
             .prepared
-            .place(plan, self.offload())
+            .place(window_plan.clone(), self.offload())
             .await
             .map_err(|e| JobError::running(&e))?;
         let task = placed.ctx.task_ctx();
@@ -118,26 +136,34 @@ impl Job {
         // The first window is one batch and reserves a whole window's
         // bytes; each later one's length and reservation follow from it.
         let per_sample = Arc::new(AtomicU64::new(0));
+        // Wall time per sample of the last window done (0: none yet).
+        let ns_per_sample = Arc::new(AtomicU64::new(0));
         let starts = futures::stream::unfold(from, {
             let per_sample = Arc::clone(&per_sample);
+            let ns_per_sample = Arc::clone(&ns_per_sample);
             move |start| {
                 let len = match per_sample.load(Ordering::Relaxed) {
                     0 => batch.max(1),
-                    each => window_len(batch, each),
+                    each => window_len(batch, each, ns_per_sample.load(Ordering::Relaxed)),
                 };
                 futures::future::ready((start < to).then(|| ((start, len), start + len)))
             }
         });
         let runtime = self.runtime().clone();
         let budget = self.session().window_budget().clone();
-        let (plan, held) = (Arc::clone(&placed.plan), Arc::clone(ready));
+        // The plan each new window runs: a re-plan replaces it, windows in
+        // flight finish under the one they started with.
+        let current = Arc::new(std::sync::RwLock::new(Arc::clone(&placed.plan)));
+        let held = Arc::clone(ready);
         let estimate = Arc::clone(&per_sample);
+        let plan_of = Arc::clone(&current);
         let mut windows = starts
             .map(move |(start, len)| {
                 let stop = (start + len).min(to);
                 let samples = held.layout.rank_samples(&order, rank, start, stop);
                 let takes = held.index.takes(&samples);
-                let (plan, task) = (Arc::clone(&plan), Arc::clone(&task));
+                let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
+                let task = Arc::clone(&task);
                 let (runtime, budget) = (runtime.clone(), budget.clone());
                 let bytes = match estimate.load(Ordering::Relaxed) {
                     0 => WINDOW_BYTES,
@@ -146,6 +172,7 @@ impl Job {
                 async move {
                     // Room among all streams' windows first, then the work.
                     let room = budget.reserve(bytes).await;
+                    let began = std::time::Instant::now();
                     let mut run = Abort(runtime.spawn(async move {
                         let plan = with_takes(plan, &takes)?;
                         collect(plan, task).await
@@ -154,19 +181,28 @@ impl Job {
                         .await
                         .map_err(|e| JobError::Internal(e.to_string()))?
                         .map_err(|e| JobError::running(&e))?;
-                    Ok::<_, JobError>((start, samples, rows, room))
+                    Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
                 }
             })
             .buffered(IN_FLIGHT);
+        let adapting = self.adaptive().may_move(self.offload());
+        let nodes: Vec<_> = self.pins().iter().map(|(e, _)| Arc::clone(e)).collect();
+        let mut meter = match adapting {
+            true => Some(Meter::start(&nodes).await),
+            false => None,
+        };
+        let mut made = 0u64;
         let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
         let mut reported = 0;
         let mut missing_total = 0u64;
         while let Some(w) = windows.next().await {
             // `_room` is given back once this window's batches are sent.
-            let (start, samples, rows, _room) = w?;
+            let (start, samples, rows, _room, took) = w?;
+            let ns = took.as_nanos() as u64 / (samples.len() as u64).max(1);
+            ns_per_sample.store(ns.max(1), Ordering::Relaxed);
             let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
-            let made = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
-            per_sample.store(((bytes / made) as u64).max(1), Ordering::Relaxed);
+            let count = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
+            per_sample.store(((bytes / count) as u64).max(1), Ordering::Relaxed);
             let (total, bad) = query.udfs.errors.snapshot();
             if total > reported {
                 let fresh = bad.into_iter().skip(reported as usize).collect();
@@ -175,14 +211,26 @@ impl Job {
             }
             let link = query.prepared.tally().bytes.swap(0, Ordering::Relaxed);
             self.record_link(link);
+            made += samples.len() as u64;
+            if let Some(m) = meter.as_mut() {
+                m.window(samples.len() as u64, link);
+                if m.due() {
+                    self.review(m, &mut query, &window_plan, &current, &nodes, made)
+                        .await;
+                }
+            }
             let missing = rebatch.add(&rows, SLOT, start, samples.len())?;
             missing_total += missing.len() as u64;
             self.check_missing(&missing, &samples, start, missing_total, total)?;
             let stop = start + samples.len() as u64;
             while let Some(cut) = rebatch.next(stop >= to)? {
                 let done = finish(&cut)?;
+                let waiting = std::time::Instant::now();
                 if tx.send(Ok((cut, done))).await.is_err() {
                     return Ok(());
+                }
+                if let Some(m) = meter.as_mut() {
+                    m.waited(waiting.elapsed());
                 }
             }
         }
@@ -191,6 +239,60 @@ impl Job {
             let _closed = tx.send(Ok((cut, done))).await;
         }
         Ok(())
+    }
+
+    /// Reviews the plan with what `meter` measured: under an observed
+    /// link that contradicts the plan's, plans again, and takes the new
+    /// plan for the next windows if it promises [`GAIN`] × the observed
+    /// rate. A failed re-plan keeps the plan that runs.
+    async fn review(
+        &self,
+        meter: &mut Meter,
+        query: &mut JobQuery,
+        window_plan: &LogicalPlan,
+        current: &std::sync::RwLock<Arc<dyn ExecutionPlan>>,
+        nodes: &[Arc<dyn StorageEndpoint>],
+        made: u64,
+    ) {
+        let cores = query.prepared.resources().compute_cores;
+        let observed = meter.review(nodes, cores).await;
+        if !self.adaptive().observed(&observed) {
+            return;
+        }
+        let Some(link) = observed_link(&observed, self.adaptive().assumed_link()) else {
+            return;
+        };
+        query.prepared.set_link(link);
+        let placed = match query
+            .prepared
+            .place(window_plan.clone(), Offload::Auto)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("job {}: re-planning failed, keeping the plan: {e}", self.id());
+                return;
+            }
+        };
+        let before = choice_of(&self.explanation());
+        let after = choice_of(&placed.explanation);
+        let promised = placed
+            .explanation
+            .pipelines
+            .first()
+            .map_or(0.0, |p| p.rates.per_s);
+        if after == before || promised < GAIN * observed.samples_per_s {
+            return;
+        }
+        tracing::info!(
+            "job {}: {} bound at {:.0} samples/s ({:.0} B/s over the link): {before} -> {after}",
+            self.id(),
+            observed.bottleneck,
+            observed.samples_per_s,
+            observed.link_bytes_per_s
+        );
+        *current.write().unwrap_or_else(|e| e.into_inner()) = placed.plan;
+        self.adaptive().moved(placed.explanation, observed, made);
     }
 
     /// A sample with no row is one the error policy skipped, and named;
@@ -233,12 +335,16 @@ mod tests {
     #[test]
     fn windows_hold_whole_batches_of_about_window_bytes() {
         // Tiny samples: the most samples a window holds.
-        assert_eq!(window_len(64, 100), WINDOW_MAX);
-        assert_eq!(window_len(100, 100), 500);
+        assert_eq!(window_len(64, 100, 0), WINDOW_MAX);
+        assert_eq!(window_len(100, 100, 0), 500);
         // 786 KB tensors: 42 fit, in batches of 16.
-        assert_eq!(window_len(16, 786_432), 32);
+        assert_eq!(window_len(16, 786_432, 0), 32);
         // A batch over the budget is still one batch.
-        assert_eq!(window_len(256, 1 << 20), 256);
-        assert_eq!(window_len(0, 0), WINDOW_MAX);
+        assert_eq!(window_len(256, 1 << 20, 0), 256);
+        assert_eq!(window_len(0, 0, 0), WINDOW_MAX);
+        // 10 ms a sample: 50 fit in half a second, in whole batches of 16.
+        assert_eq!(window_len(16, 100, 10_000_000), 48);
+        // A second a sample: still one batch.
+        assert_eq!(window_len(16, 100, 1_000_000_000), 16);
     }
 }

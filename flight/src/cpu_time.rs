@@ -1,5 +1,6 @@
 //! The CPU time this process has used: what a storage node reports when
-//! it times a fragment for calibration.
+//! it times a fragment for calibration and in its node info, and what a
+//! running job compares with the wall clock to see which side is busy.
 //!
 //! It is the whole process's time (every thread of the node's runtime), so
 //! a node timing a fragment while it serves others counts their work too;
