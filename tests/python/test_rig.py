@@ -109,3 +109,64 @@ def test_the_rig_returns_what_one_data_dir_returns():
             assert rows.column("label").equals(want.column("label"))
         finally:
             rig_cmd("down", rig_dir=rig_dir)
+
+
+def photos(d, n, w=1024, h=768):
+    """Photo-like JPEGs (smooth colour fields and fine noise), ~200 KB each."""
+    import numpy as np
+    from PIL import Image
+    os.makedirs(d, exist_ok=True)
+    for i in range(n):
+        rng = np.random.default_rng(i)
+        small = rng.integers(0, 256, size=(h // 64, w // 64, 3), dtype=np.uint8)
+        base = np.asarray(Image.fromarray(small).resize((w, h), Image.BICUBIC), dtype=np.int16)
+        noise = rng.integers(-12, 13, size=(h, w, 3), dtype=np.int16)
+        img = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+        img.save(os.path.join(d, f"img{i:04d}.jpg"), quality=90)
+
+
+def test_a_job_moves_its_cut_when_the_link_is_throttled_mid_run():
+    """Compute has both CPUs, storage one: an auto job ships the raw
+    photos to compute. Throttled to 100 Mbit/s mid-run, the job is
+    link-bound, and moves the decoding to storage at a window boundary;
+    every delivered byte is what an unthrottled run delivers."""
+    sql = "SELECT key, to_tensor(resize(decode_image(data), 32, 32)) AS img FROM photos"
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = os.path.join(d, "src")
+        photos(os.path.join(root, "photos"), 240)
+        env = up(rig_dir, "--storage", "1", "--compute", "0", "--link", "1Gbit",
+                 "--storage-cpus", "0", "--compute-cpus", "0-1", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            steady = c.submit(sql, batch_size=8)
+            first = steady.explain()
+            assert first["placement"]["pipelines"][0]["choice"] == {"kind": "cut", "cut": 0}, \
+                first["text"]
+            assert first["placement"]["pipelines"][0]["calibration"]["kind"] == "measured", \
+                first["text"]
+            want = pa.Table.from_batches(list(steady.reader(0, 0).batches()))
+            assert not steady.status().get("replans"), steady.status()["replans"]
+
+            job = c.submit(sql, batch_size=8)
+            got, throttled = [], False
+            for b in job.reader(0, 0).batches():
+                got.append(b)
+                if not throttled and sum(x.num_rows for x in got) >= 24:
+                    rig_cmd("link", "100Mbit", rig_dir=rig_dir)
+                    throttled = True
+            rig_cmd("link", "1Gbit", rig_dir=rig_dir)
+            assert pa.Table.from_batches(got).equals(want), "the moved job delivered other bytes"
+            st = job.status()
+            moves = st.get("replans", [])
+            assert moves, f"no re-plan: {st.get('observed')}"
+            m = moves[0]
+            assert m["from"] == "cut 0" and m["to"] in ("cut 1", "cut 2"), m
+            assert m["measured"]["bottleneck"] == "link", m
+            assert m["link_bytes_per_s"] < 0.7 * 1.25e8, m
+            explained = job.explain()
+            assert explained["replans"] == moves
+            assert "re-planned" in explained["text"] and "link bound" in explained["text"]
+            assert explained["placement"]["pipelines"][0]["choice"]["cut"] == int(m["to"][-1])
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
