@@ -305,6 +305,7 @@ def main():
     ap.add_argument("--loaders", default=",".join(LOADERS))
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/sluice"),
                     help="where the peers' venvs and the generated images live")
+    ap.add_argument("--json", help="also write the medians here (scripts/report.py plots them)")
     ap.add_argument("--worker", choices=LOADERS, help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -348,6 +349,12 @@ def main():
         if "torch-pil" in results:
             print(f"  sluice / DataLoader + PIL: {ours / results['torch-pil']:.2f}x (goal 2.0x)")
         print(f"  sluice / decode-bound limit: {ours / limit:.2f} (goal 0.85)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"title": f"{len(paths)} ImageNet-like JPEGs, the standard training transform, "
+                                f"batches of {a.batch}, {os.cpu_count()} cores, median of {a.runs} epochs",
+                       "source": "scripts/bench_loaders.py --json",
+                       "images_per_s": {**results, "decode-bound limit": limit}}, f, indent=1)
 
 
 if __name__ == "__main__":

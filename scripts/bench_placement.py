@@ -1,25 +1,32 @@
 #!/usr/bin/env python3
-"""The placement grid: every fixed cut and `auto`, under different links and
-storage cores, measured end to end in one run.
+"""The placement grid on a real link: every fixed cut and `auto`, for each
+pipeline, link and storage-core count, measured end to end on the rig of
+`scripts/rig.sh` (a storage host and the coordinator in network
+namespaces, the storage host's egress shaped by the kernel's token bucket
+filter, each side pinned to its own CPUs); and, on the embedded default
+(one process, one pool of cores), `auto` against `offload=storage` and
+`offload=compute` on photos with the standard training transform.
 
-Grid: pipeline {small JPEG classification, large photos -> 224^2, npz volume
-crop, video clips} x link {unlimited, 10 Gbit/s, 1 Gbit/s} x storage cores
-{1, 2}. The storage side is sluice's in-process storage node with its own
-runtime of N threads (`--storage-cores`) and a token bucket on its outgoing
-link (`--link-limit`); compute runs with 2 cores. Each cell runs every fixed
-cut (`--offload K`) and `--offload auto` as `sluice sql ... --format arrow`
-(output discarded) and prints samples/s (median of --runs, minus the
-process's start-up time measured on an empty query), the bytes over the link
-per sample that the planner estimates for the cut, and auto's ratio to the
-best fixed cut.
+Grid: pipeline {small JPEG classification, large photos -> 224^2, npz
+volume crop, video clips} x link {100 Mbit/s, 1 Gbit/s, 10 Gbit/s} x
+storage cores {1; and 2 on a machine of 4 cores or more}. The rig is
+brought up once per (link, storage cores), its storage node holding every
+dataset. Each cell runs every fixed cut (`--offload K`) and `auto` as
+`sluice sql ... --connect <coordinator> --format arrow` (output
+discarded; the client pinned to the compute CPUs, as a trainer would be),
+after one warm-up run (auto's warm-up calibrates), and prints samples/s
+(median of --runs, minus the client's start-up measured on an empty
+query) and the bytes per sample the storage host really sent (the qdisc's
+byte counter). With --json the results are written for scripts/report.py.
 
-The two sides share the machine's cores, so on a 2-core machine a cell with
-2 storage cores oversubscribes it: the planner assumes separate machines.
+Needs root (the rig); where the kernel refuses network namespaces the rig
+says so and this bench skips the grid with that message.
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +37,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_udfs import write_clips, write_images  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RIG = os.path.join(ROOT, "scripts", "rig.sh")
 
 PIPELINES = [
     ("small JPEG classification", "small",
@@ -42,8 +52,10 @@ PIPELINES = [
     ("video clips", "clips",
      "SELECT key, decode_video(data, 16, 112, 112) AS clip FROM clips"),
 ]
-LINKS = [("unlimited", None), ("10 Gbit/s", "10Gbit"), ("1 Gbit/s", "1Gbit")]
-CORES = [1, 2]
+LINKS = ["100Mbit", "1Gbit", "10Gbit"]
+# The standard training transform, on the embedded default.
+STANDARD = ("SELECT key, normalize(random_horizontal_flip(random_resized_crop(decode_image(data), 224, 224)), "
+            "[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]) AS img FROM photos")
 
 
 def write_volumes(d, n):
@@ -54,89 +66,183 @@ def write_volumes(d, n):
         np.savez(os.path.join(d, f"vol{i:04d}.npz"), image=vol)
 
 
-def run(cmd):
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed: {p.stderr}")
+def imagenet_like(d, n):
+    """ImageNet's spread of sides: most 500 on the long side, some smaller,
+    a few up to 2,000 (photo-like pixels: smooth fields and fine noise)."""
+    os.makedirs(d, exist_ok=True)
+    from bench_udfs import photo
+    rng = np.random.default_rng(7)
+    for i in range(n):
+        r = rng.random()
+        long = 500 if r < 0.75 else (int(rng.integers(200, 500)) if r < 0.93 else int(rng.integers(600, 2000)))
+        short = int(long * rng.uniform(0.66, 0.8))
+        w, h = (long, short) if rng.random() < 0.7 else (short, long)
+        photo(w, h, 10_000 + i).save(os.path.join(d, f"img{i:05d}.jpg"), quality=90)
 
 
-def timed(cmd, runs):
-    walls = []
-    for _ in range(runs):
+def cpu_count(cpus):
+    """CPUs in a taskset list such as `0`, `0-1` or `0,2-3`."""
+    n = 0
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def rig(*args, env):
+    return subprocess.run(["bash", RIG, *args], env=env, capture_output=True, text=True)
+
+
+def sent_bytes(ns):
+    """Bytes the storage host's qdisc has sent so far."""
+    out = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", "eth0"],
+                         capture_output=True, text=True).stdout
+    m = re.search(r"Sent (\d+) bytes", out)
+    return int(m.group(1)) if m else 0
+
+
+def timed(cmd, runs, ns=None):
+    """Median wall time of `cmd` over `runs` runs after a warm-up, and the
+    median bytes the storage host sent per run."""
+    def once():
+        before = sent_bytes(ns) if ns else 0
         t = time.perf_counter()
-        run(cmd)
-        walls.append(time.perf_counter() - t)
-    return statistics.median(walls)
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wall = time.perf_counter() - t
+        if p.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed: {p.stderr}")
+        return wall, (sent_bytes(ns) - before) if ns else 0
+    once()
+    runs = [once() for _ in range(max(runs, 1))]
+    return statistics.median(w for w, _ in runs), statistics.median(b for _, b in runs)
+
+
+def choice_text(choice):
+    if choice["kind"] == "cut":
+        return f"cut {choice['cut']}"
+    return f"split {choice['above']}/{choice['below']}"
+
+
+def grid(a, work, counts, results):
+    cpus = os.cpu_count() or 2
+    layouts = [("0", ",".join(str(c) for c in range(1, cpus)) if cpus > 2 else "1")]
+    if cpus >= 4:
+        layouts.append(("0-1", "2-3"))
+    rig_env = dict(os.environ, SLUICE_RIG_DIR=os.path.join(work, "rig"), SLUICE_BIN=a.sluice)
+    client_dir = os.path.join(work, "client")
+    for link in a.links.split(","):
+        for storage_cpus, compute_cpus in layouts:
+            cores = cpu_count(storage_cpus)
+            up = rig("up", "--storage", "1", "--compute", "0", "--link", link,
+                     "--storage-cpus", storage_cpus, "--compute-cpus", compute_cpus,
+                     "--ingest-root", os.path.join(work, "root"), "--bin", a.sluice, env=rig_env)
+            if up.returncode == 3:
+                print(f"grid skipped: {up.stderr.strip()}")
+                results["grid_skipped"] = up.stderr.strip()
+                return
+            if up.returncode != 0:
+                rig("down", env=rig_env)
+                sys.exit(f"rig up failed: {up.stderr}")
+            env = dict(line.split("=", 1) for line in up.stdout.splitlines() if "=" in line)
+            try:
+                pin = ["taskset", "-c", compute_cpus]
+                client = pin + [a.sluice, "--data-dir", client_dir, "sql"]
+                startup, _ = timed(client + ["SELECT 1", "--connect", env["FLIGHT"]], 3)
+                for title, ds, sql in PIPELINES:
+                    n = counts[ds]
+                    explain = subprocess.run(
+                        [a.sluice, "--data-dir", client_dir, "explain", sql, "--connect", env["FLIGHT"],
+                         "--format", "json"], capture_output=True, text=True, check=True).stdout
+                    plan = json.loads(explain)["pipelines"][0]
+                    cell = {"pipeline": title, "link": link, "storage_cores": cores, "samples": n,
+                            "cuts": {}, "auto": {}, "auto_choice": choice_text(plan["choice"]),
+                            "auto_estimate": plan["rates"]["per_s"],
+                            "calibration": plan.get("calibration", {}).get("kind", "none")}
+                    for c in plan["candidates"]:
+                        wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format", "arrow",
+                                                     "--offload", str(c["cut"])], a.runs, "slrig-s0")
+                        cell["cuts"][str(c["cut"])] = {
+                            "per_s": n / max(wall - startup, 1e-3), "bytes_per_sample": sent / n,
+                            "on_storage": c["on_storage"]}
+                    wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format", "arrow",
+                                                 "--offload", "auto"], a.runs, "slrig-s0")
+                    cell["auto"] = {"per_s": n / max(wall - startup, 1e-3), "bytes_per_sample": sent / n}
+                    best = max(cell["cuts"].values(), key=lambda r: r["per_s"])
+                    cell["auto_vs_best"] = cell["auto"]["per_s"] / best["per_s"]
+                    cell["auto_vs_compute"] = cell["auto"]["per_s"] / cell["cuts"]["0"]["per_s"]
+                    cell["bytes_compute_vs_auto"] = (cell["cuts"]["0"]["bytes_per_sample"]
+                                                     / max(cell["auto"]["bytes_per_sample"], 1.0))
+                    results["grid"].append(cell)
+                    cuts = "  ".join(f"{k}: {v['per_s']:.1f}/s {v['bytes_per_sample'] / 1024:.0f} KiB"
+                                     for k, v in cell["cuts"].items())
+                    print(f"{title} | {link} | {cores} core(s) | {cuts} | auto ({cell['auto_choice']}): "
+                          f"{cell['auto']['per_s']:.1f}/s, {cell['auto_vs_best']:.2f} of best", flush=True)
+            finally:
+                rig("down", env=rig_env)
+
+
+def embedded(a, work, results):
+    """auto vs offload=storage vs offload=compute on the embedded default,
+    interleaved rounds."""
+    data = os.path.join(work, "embedded")
+    base = [a.sluice, "--data-dir", data]
+    if not os.path.exists(data):
+        subprocess.run(base + ["ingest", "photos", os.path.join(work, "photos")], check=True,
+                       stdout=subprocess.DEVNULL)
+    startup, _ = timed(base + ["sql", "SELECT 1"], 3)
+    rates = {"auto": [], "storage": [], "compute": []}
+    for _ in range(max(a.runs, 1)):
+        for mode in rates:
+            wall, _ = timed(base + ["sql", STANDARD, "--format", "arrow", "--offload", mode], 1)
+            rates[mode].append(a.photos / max(wall - startup, 1e-3))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    results["embedded"] = {"samples": a.photos, "per_s": med, "runs": rates,
+                           "auto_vs_better": med["auto"] / max(med["storage"], med["compute"])}
+    print(f"embedded default, {a.photos} photos, standard transform: " +
+          ", ".join(f"{k} {v:.0f}/s" for k, v in med.items()) +
+          f"; auto / better fixed = {results['embedded']['auto_vs_better']:.2f}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sluice", default="sluice")
+    ap.add_argument("--sluice", default="sluice", help="the sluice binary (the release build a user runs)")
     ap.add_argument("--small", type=int, default=400)
     ap.add_argument("--large", type=int, default=16)
     ap.add_argument("--vols", type=int, default=24)
     ap.add_argument("--clips", type=int, default=24)
+    ap.add_argument("--photos", type=int, default=400, help="photos of the embedded-default comparison")
+    ap.add_argument("--links", default=",".join(LINKS))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", help="write the results here (for scripts/report.py)")
     ap.add_argument("--work", default=None, help="directory for inputs and data (default: a temp dir)")
     a = ap.parse_args()
+    a.sluice = os.path.abspath(a.sluice) if os.path.sep in a.sluice else a.sluice
 
     work = a.work or tempfile.mkdtemp(prefix="sluice-placement-")
-    data = os.path.join(work, "data")
-    base = [a.sluice, "--data-dir", data]
     counts = {"small": a.small, "large": a.large, "vols": a.vols, "clips": a.clips}
-    if not os.path.exists(data):
+    root = os.path.join(work, "root")
+    if not os.path.exists(root):
         print(f"generating inputs in {work} …", file=sys.stderr)
-        write_images(os.path.join(work, "small"), a.small, 500, 375)
-        write_images(os.path.join(work, "large"), a.large, 4000, 3000)
-        write_volumes(os.path.join(work, "vols"), a.vols)
-        write_clips(os.path.join(work, "clips"), a.clips)
-        for name in counts:
-            run(base + ["ingest", name, os.path.join(work, name)])
-
-    startup = timed(base + ["sql", "SELECT 1"], max(a.runs, 3))
-    print(f"process start-up: {startup * 1000:.0f} ms (subtracted)\n")
-    print("| pipeline | link | storage cores | cut | on storage | est bytes/sample | samples/s | auto / best |")
-    print("|---|---|---|---|---|---|---|---|")
-    summary = []
-    for title, ds, sql in PIPELINES:
-        n = counts[ds]
-        for link_name, link in LINKS:
-            for cores in CORES:
-                knobs = ["--storage-cores", str(cores), "--compute-cores", "2"]
-                if link:
-                    knobs += ["--link-limit", link]
-                out = subprocess.run(base + ["explain", sql, "--format", "json"] + knobs,
-                                     capture_output=True, text=True, check=True).stdout
-                plan = json.loads(out)["pipelines"][0]
-                rates = {}
-                for c in plan["candidates"]:
-                    wall = timed(base + ["sql", sql, "--format", "arrow", "--offload", str(c["cut"])] + knobs, a.runs)
-                    rates[c["cut"]] = n / max(wall - startup, 1e-3)
-                wall = timed(base + ["sql", sql, "--format", "arrow", "--offload", "auto"] + knobs, a.runs)
-                auto = n / max(wall - startup, 1e-3)
-                best_cut = max(rates, key=rates.get)
-                ratio = auto / rates[best_cut]
-                choice = plan["choice"]
-                chosen = f"cut {choice['cut']}" if choice["kind"] == "cut" else \
-                    f"split {choice['above']}/{choice['below']}"
-                for c in plan["candidates"]:
-                    on = ", ".join(c["on_storage"]) or "(read only)"
-                    mark = " (best)" if c["cut"] == best_cut else ""
-                    print(f"| {title} | {link_name} | {cores} | {c['cut']}{mark} | {on} | "
-                          f"{c['rates']['bytes_per_sample'] / 1024:.0f} KiB | {rates[c['cut']]:.1f} | |")
-                print(f"| {title} | {link_name} | {cores} | auto → {chosen} | | "
-                      f"{plan['rates']['bytes_per_sample'] / 1024:.0f} KiB | {auto:.1f} | {ratio:.2f} |")
-                compute_only = rates[0]
-                summary.append((title, link_name, cores, ratio, auto / compute_only,
-                                plan["candidates"][0]["rates"]["bytes_per_sample"]
-                                / max(plan["rates"]["bytes_per_sample"], 1.0)))
-                sys.stdout.flush()
-    print("\n| pipeline | link | storage cores | auto / best cut | auto / compute-only | bytes: compute-only / auto |")
-    print("|---|---|---|---|---|---|")
-    for t, l, c, r, vs_compute, bytes_ratio in summary:
-        print(f"| {t} | {l} | {c} | {r:.2f} | {vs_compute:.2f} | {bytes_ratio:.1f}x |")
-    within = sum(1 for s in summary if s[3] >= 0.95)
-    print(f"\nauto within 95% of the best fixed cut in {within} of {len(summary)} cells")
+        write_images(os.path.join(root, "small"), a.small, 500, 375)
+        write_images(os.path.join(root, "large"), a.large, 4000, 3000)
+        write_volumes(os.path.join(root, "vols"), a.vols)
+        write_clips(os.path.join(root, "clips"), a.clips)
+        imagenet_like(os.path.join(work, "photos"), a.photos)
+    results = {"machine": {"cpus": os.cpu_count()}, "sluice": a.sluice, "runs": a.runs,
+               "counts": counts, "grid": []}
+    if os.geteuid() != 0:
+        print("grid skipped: the rig needs root")
+        results["grid_skipped"] = "the rig needs root"
+    else:
+        grid(a, work, counts, results)
+    embedded(a, work, results)
+    cells = results["grid"]
+    if cells:
+        within = sum(1 for c in cells if c["auto_vs_best"] >= 0.95)
+        print(f"\nauto within 95% of the best fixed cut in {within} of {len(cells)} cells")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

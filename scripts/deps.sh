@@ -4,9 +4,10 @@
 # FFmpeg's libraries and libclang (ffmpeg-next's bindgen) for the video
 # UDFs, libjpeg-turbo for JPEG decoding (its TurboJPEG API, and the libjpeg
 # API for windowed decodes), fio for the storage benchmarks'
-# baseline.
+# baseline, iproute2 (ip, tc) for the multi-host rig (scripts/rig.sh).
 DEBS=(pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev fio)
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev fio
+      iproute2)
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
