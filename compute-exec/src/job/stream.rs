@@ -4,12 +4,16 @@
 //! ```text
 //!  plan + place the job's window plan once for the epoch
 //!  positions from..to ─► windows of whole batches, sized by bytes (the first one
-//!    batch; then about WINDOW_BYTES of output each, at most WINDOW_MAX samples)
+//!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
+//!    at most WINDOW_MAX samples)
 //!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
 //!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
+//!  an auto job on separate machines: every window feeds the job's meter; a
+//!    review that finds the plan contradicted places the window plan again,
+//!    and the next windows run the new placement (see `adapt`)
 //! ```
 //!
 //! Memory per reader is bounded by `IN_FLIGHT + 1` windows of about
@@ -187,9 +191,10 @@ impl Job {
             .buffered(IN_FLIGHT);
         let adapting = self.adaptive().may_move(self.offload());
         let nodes: Vec<_> = self.pins().iter().map(|(e, _)| Arc::clone(e)).collect();
-        let mut meter = match adapting {
-            true => Some(Meter::start(&nodes).await),
-            false => None,
+        let mut meter = if adapting {
+            Some(Meter::start(&nodes).await)
+        } else {
+            None
         };
         let mut made = 0u64;
         let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
