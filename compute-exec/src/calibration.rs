@@ -102,7 +102,7 @@ async fn time_probe(
     let udf_env = || {
         UdfEnv::new(UdfOptions {
             on_error: OnError::Skip,
-            ..options.clone()
+            ..*options
         })
     };
     // What a run costs on each node before its first object.
