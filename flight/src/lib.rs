@@ -38,10 +38,10 @@ pub mod stream;
 pub mod throttle;
 
 pub use auth::BearerAuth;
-pub use cpu_time::process_cpu_ns;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
+pub use cpu_time::process_cpu_ns;
 pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use scan::{DatasetScanExec, SLOT, Take};

@@ -194,10 +194,7 @@ impl Adaptive {
         let from = choice_of(&s.explanation);
         let to = choice_of(&explanation);
         let link = explanation.resources.link_bytes_per_s.unwrap_or(0.0);
-        let estimated = explanation
-            .pipelines
-            .first()
-            .map_or(0.0, |p| p.rates.per_s);
+        let estimated = explanation.pipelines.first().map_or(0.0, |p| p.rates.per_s);
         s.history.push(Replan {
             at_s: self.started.elapsed().as_secs_f64(),
             after_samples,
@@ -215,11 +212,7 @@ impl Adaptive {
 
 /// The choice of an explanation's pipelines, as text.
 pub fn choice_of(e: &Explanation) -> String {
-    let parts: Vec<String> = e
-        .pipelines
-        .iter()
-        .map(|p| p.choice.describe())
-        .collect();
+    let parts: Vec<String> = e.pipelines.iter().map(|p| p.choice.describe()).collect();
     if parts.is_empty() {
         "no pipeline".into()
     } else {

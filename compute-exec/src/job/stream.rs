@@ -275,7 +275,10 @@ impl Job {
         {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!("job {}: re-planning failed, keeping the plan: {e}", self.id());
+                tracing::warn!(
+                    "job {}: re-planning failed, keeping the plan: {e}",
+                    self.id()
+                );
                 return;
             }
         };
