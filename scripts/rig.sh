@@ -337,6 +337,12 @@ cmd_down() {
     done
     for pid in $pids; do kill -KILL "$pid" 2> /dev/null || true; done
   fi
+  # The host ends of the veth pairs first: deleting one end deletes the
+  # pair at once, where a deleted namespace's links go away later.
+  local link
+  for link in $(ip -o link show 2> /dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^slr-' || true); do
+    ip link del "$link" 2> /dev/null || true
+  done
   # Every namespace of this rig, recorded or not (an `up` cut short).
   for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^$PREFIX-" || true); do
     for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$pid" 2> /dev/null || true; done
