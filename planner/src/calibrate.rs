@@ -221,6 +221,7 @@ pub fn apply(table: &[Vec<SampleCost>], cuts: &[CutTiming]) -> Vec<Vec<SampleCos
                         storage_ns: through + link,
                         link_bytes: table[k][r].link_bytes,
                         compute_ns: rest + link,
+                        out_bytes: table[k][r].out_bytes,
                     }
                 })
                 .collect()
@@ -265,6 +266,7 @@ mod tests {
             storage_ns: storage_ns + LINK_NS_PER_BYTE * link_bytes,
             link_bytes,
             compute_ns: compute_ns + LINK_NS_PER_BYTE * link_bytes,
+            out_bytes: 0.0,
         }
     }
 

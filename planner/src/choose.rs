@@ -11,6 +11,11 @@
 //! (a `to_tensor` that runs once instead of twice), so the one with the
 //! least CPU wins and ties go to fewer bytes handed over, and no split
 //! "between sides" can look faster than the cores it has. The
+//! Socket work is charged here, as it depends on where the sides run:
+//! apart, each side pays [`NET_NS_PER_BYTE`] for every byte over the link
+//! and compute pays it again for every byte it streams to the trainer;
+//! co-located, the hand-over is memory and only the trainer's stream is a
+//! socket. The
 //! best candidate wins; candidates within [`TIE`] of each other are ties,
 //! broken towards fewer bytes over the link. A per-sample split — samples
 //! above a metadata threshold at one cut, the rest at another — is chosen
@@ -20,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_udfs::cost::SampleStats;
 
-use crate::cost::{SampleCost, mean};
+use crate::cost::{NET_NS_PER_BYTE, SampleCost, mean};
 use crate::resources::Resources;
 
 /// Relative difference under which two throughputs are a tie.
@@ -53,8 +58,10 @@ pub struct Rates {
 impl Rates {
     /// The rates of a mean per-sample cost under `res`.
     pub fn of(c: SampleCost, res: &Resources) -> Self {
+        let trainer_ns = NET_NS_PER_BYTE * c.out_bytes;
         if res.colocated.is_some() {
-            let pool = res.compute_cores.max(1.0) * 1e9 / (c.storage_ns + c.compute_ns).max(1.0);
+            let compute_ns = c.compute_ns + trainer_ns;
+            let pool = res.compute_cores.max(1.0) * 1e9 / (c.storage_ns + compute_ns).max(1.0);
             return Self {
                 storage_per_s: pool,
                 link_per_s: None,
@@ -62,13 +69,16 @@ impl Rates {
                 per_s: pool,
                 bytes_per_sample: c.link_bytes,
                 storage_ns: c.storage_ns,
-                compute_ns: c.compute_ns,
+                compute_ns,
                 colocated: true,
             };
         }
+        let link_ns = NET_NS_PER_BYTE * c.link_bytes;
+        let storage_ns = c.storage_ns + link_ns;
+        let compute_ns = c.compute_ns + link_ns + trainer_ns;
         let storage_per_s =
-            res.storage_nodes.max(1) as f64 * res.storage_cores * 1e9 / c.storage_ns.max(1.0);
-        let compute_per_s = res.compute_cores * 1e9 / c.compute_ns.max(1.0);
+            res.storage_nodes.max(1) as f64 * res.storage_cores * 1e9 / storage_ns.max(1.0);
+        let compute_per_s = res.compute_cores * 1e9 / compute_ns.max(1.0);
         let link_per_s = res.link_bytes_per_s.map(|b| b / c.link_bytes.max(1.0));
         let per_s = storage_per_s
             .min(compute_per_s)
@@ -79,8 +89,8 @@ impl Rates {
             compute_per_s,
             per_s,
             bytes_per_sample: c.link_bytes,
-            storage_ns: c.storage_ns,
-            compute_ns: c.compute_ns,
+            storage_ns,
+            compute_ns,
             colocated: false,
         }
     }

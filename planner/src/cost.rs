@@ -7,7 +7,10 @@
 //! nanoseconds through its [`Profile`](sluice_udfs::cost::Profile). Under a
 //! cut, storage pays the read, its sub-expressions and the encoding of what
 //! it ships; compute pays the decoding and the rest; the link carries the
-//! shipped columns.
+//! shipped columns. What the pipeline hands the trainer (`out_bytes`) is
+//! costed too: [`Rates::of`](crate::choose::Rates::of) charges the socket
+//! work of the link and of the trainer's stream, which depends on where the
+//! sides run, not on the cut.
 
 use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ScalarValue;
@@ -24,6 +27,13 @@ pub const READ_NS_PER_SAMPLE: f64 = 2_000.0;
 pub const READ_NS_PER_BYTE: f64 = 0.25;
 /// CPU per byte shipped, paid on each side (Flight encoding, decoding).
 pub const LINK_NS_PER_BYTE: f64 = 0.15;
+/// CPU per byte through a TCP socket, paid on each side: the kernel's
+/// copies, HTTP/2 framing and the Flight encoding. Fitted to the rig's grid
+/// (`scripts/bench_placement.py`: the small-JPEG cells, whose samples grow
+/// 12x between the object and the tensor, put it at 1.5-1.9 ns per byte on
+/// each side of a veth link); the in-process [`LINK_NS_PER_BYTE`] alone was
+/// 10x short of what a real link costs.
+pub const NET_NS_PER_BYTE: f64 = 1.6;
 /// Bytes per shipped row besides its values (offsets, validity, framing).
 pub const LINK_BYTES_PER_ROW: f64 = 16.0;
 
@@ -36,6 +46,8 @@ pub struct SampleCost {
     pub link_bytes: f64,
     /// Compute CPU, ns.
     pub compute_ns: f64,
+    /// Bytes handed to the trainer.
+    pub out_bytes: f64,
 }
 
 impl std::ops::AddAssign for SampleCost {
@@ -43,6 +55,7 @@ impl std::ops::AddAssign for SampleCost {
         self.storage_ns += o.storage_ns;
         self.link_bytes += o.link_bytes;
         self.compute_ns += o.compute_ns;
+        self.out_bytes += o.out_bytes;
     }
 }
 
@@ -88,13 +101,17 @@ impl<'a> CostModel<'a> {
         }
         storage_ns += LINK_NS_PER_BYTE * link_bytes;
         let mut compute_ns = LINK_NS_PER_BYTE * link_bytes;
+        let mut out_bytes = LINK_BYTES_PER_ROW;
         for e in &cut.compute {
-            compute_ns += self.eval(e, object, &shipped).ns;
+            let v = self.eval(e, object, &shipped);
+            compute_ns += v.ns;
+            out_bytes += v.stats.bytes;
         }
         SampleCost {
             storage_ns,
             link_bytes,
             compute_ns,
+            out_bytes,
         }
     }
 
@@ -211,6 +228,7 @@ pub fn mean(costs: impl Iterator<Item = SampleCost>) -> SampleCost {
         storage_ns: total.storage_ns / n,
         link_bytes: total.link_bytes / n,
         compute_ns: total.compute_ns / n,
+        out_bytes: total.out_bytes / n,
     }
 }
 
