@@ -10,7 +10,10 @@ batches the client received from sluice, from memory. The same client code
 reads both (read_chunk until the end). sluice therefore does more work per
 byte than the baseline. A second job streams the raw objects (the `data`
 column, no decoding) to separate the Flight path from the decoding.
-Figures: MB/s and batches/s, median of `--runs` epochs (one warm-up epoch
+Each epoch is read twice from sluice, in turn: over Flight (the ticket
+alone, as any Flight client) and through shared memory (sluice's Reader,
+which the server on the same host answers with a segment; the batches are
+built over the mapping). Figures: MB/s and batches/s, median of `--runs` epochs (one warm-up epoch
 first), and sluice's ratio to pyarrow.
 """
 
@@ -58,6 +61,18 @@ def drain(client, ticket, options=None):
     return time.perf_counter() - t0, nbytes, len(got), got
 
 
+def drain_shm(job, epoch):
+    """The same through sluice's Reader over shared memory."""
+    t0 = time.perf_counter()
+    r = job.reader(0, epoch, prefetch=0, transport="shm")
+    nbytes = n = 0
+    for b in r.batches():
+        nbytes += b.nbytes
+        n += 1
+    assert r.transport_used == "shm"
+    return time.perf_counter() - t0, nbytes, n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", required=True)
@@ -89,16 +104,18 @@ def main():
         for name, what, sql in pipelines:
             job = client.submit(sql, batch_size=args.batch, epochs=args.runs + 1, offload="storage")
             job.wait()
-            ours, batches = [], None
+            ours, shm, batches = [], [], None
             for epoch in range(args.runs + 1):
                 t = flight.Ticket(json.dumps({"job": job.id, "rank": 0, "epoch": epoch}).encode())
                 secs, nbytes, n, got = drain(fl, t)
+                s_run = drain_shm(job, epoch)
                 if epoch > 0:
                     ours.append((secs, nbytes, n))
+                    shm.append(s_run)
                 batches = got
-            results.append((name, what, ours, batches))
+            results.append((name, what, ours, shm, batches))
     rows = []
-    for name, what, ours, batches in results:
+    for name, what, ours, shm, batches in results:
         base = []
         server = MemoryServer(batches)
         threading.Thread(target=server.serve, daemon=True).start()
@@ -108,7 +125,7 @@ def main():
             if epoch > 0:
                 base.append((secs, nbytes, n))
         server.shutdown()
-        rows.append((name, what, ours, base))
+        rows.append((name, what, ours, shm, base))
 
     def summary(rows):
         mbps = statistics.median(b / s / 1e6 for s, b, _ in rows)
@@ -117,13 +134,16 @@ def main():
 
     print(f"flight throughput: {args.samples} float32 arrays {list(shape)}, batches of {args.batch}, "
           f"median of {args.runs} epochs after a warm-up, same client code")
-    for name, what, ours, base in rows:
+    for name, what, ours, shm, base in rows:
         o_mb, o_b = summary(ours)
+        s_mb, s_b = summary(shm)
         b_mb, b_b = summary(base)
+        via_shm = what.replace("Flight", "shared memory")
         print(f"  {name}: {ours[0][1] / 1e6:.1f} MB per epoch")
         print(f"    sluice ({what}){'':<{40 - len(what)}} {o_mb:9.1f} MB/s  {o_b:8.1f} batches/s")
+        print(f"    sluice ({via_shm}){'':<{40 - len(via_shm)}} {s_mb:9.1f} MB/s  {s_b:8.1f} batches/s")
         print(f"    pyarrow FlightServerBase (memory + Flight){'':<6} {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
-        print(f"    ratio sluice / pyarrow: {o_mb / b_mb:.2f}x")
+        print(f"    ratio sluice / pyarrow: Flight {o_mb / b_mb:.2f}x, shared memory {s_mb / b_mb:.2f}x")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@
 //!   sent as several messages; only the last carries the metadata. The
 //!   messages' bodies are the batch's own buffers ([`encode_split`]);
 //!   [`crate::direct`] frames them for gRPC without copying them.
+//!
+//! A trainer on this host (its ticket's [`Probe`] checks out) gets its
+//! batches through shared memory instead ([`sluice_flight::shm`]): after
+//! the schema, one control message `{"segment": SegmentInfo}`, then per
+//! batch a message with no body whose metadata adds `{"slot", "len"}`. A
+//! batch that does not fit a slot, or finds none free in time, comes as
+//! Flight messages as above. `transport` in the ticket forces either way.
 
 use std::pin::Pin;
 
@@ -24,6 +31,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
+use sluice_flight::shm::{Probe, Segment, SlotRef, Transport};
 use sluice_flight::slices::{SlicedMessage, encode_split};
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
@@ -53,6 +61,17 @@ pub struct JobTicket {
     /// split a rank's share into ranges with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
+    /// How the batches travel (default `auto`: shared memory when `probe`
+    /// shows the trainer is on this host).
+    #[serde(default, skip_serializing_if = "is_auto")]
+    pub transport: Transport,
+    /// The trainer's proof that it shares this host's `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+}
+
+fn is_auto(t: &Transport) -> bool {
+    *t == Transport::Auto
 }
 
 /// The app metadata of a trainer batch.
@@ -130,6 +149,8 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
             epoch: 0,
             offset: 0,
             limit: None,
+            transport: Transport::Auto,
+            probe: None,
         };
         let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
         info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
@@ -149,12 +170,63 @@ pub fn schema(jobs: &Jobs, descriptor: &FlightDescriptor) -> Result<SchemaResult
 /// A job stream's messages.
 pub type Messages = Pin<Box<dyn Stream<Item = Result<SlicedMessage, Status>> + Send>>;
 
+/// Whether a ticket's read goes through shared memory.
+fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
+    let checked = t.probe.as_ref().map(Probe::verify);
+    match (t.transport, checked) {
+        (Transport::Flight, _) | (Transport::Auto, None | Some(Err(_))) => Ok(false),
+        (_, Some(Ok(()))) => Ok(true),
+        (Transport::Shm, None) => Err(Status::invalid_argument(
+            "transport shm needs the trainer's probe of /dev/shm",
+        )),
+        (Transport::Shm, Some(Err(why))) => {
+            Err(Status::failed_precondition(format!("transport shm: {why}")))
+        }
+    }
+}
+
 /// The Flight messages of a [`JobTicket`]'s read: the schema, then the
-/// batches as [`SlicedMessage`]s.
+/// batches as [`SlicedMessage`]s (or their shared-memory slots).
 pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
     let t: JobTicket = serde_json::from_slice(ticket)
         .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
+    let shm = wants_shm(&t)?;
     let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
+    let opts = IpcWriteOptions::default();
+    let schema = SlicedMessage::from(FlightData::from(SchemaAsIpc::new(job.schema(), &opts)));
+    if shm {
+        let deliveries = job
+            .deliver_with(t.rank, t.epoch, t.offset, t.limit, |_| Ok(()))
+            .await
+            .map_err(|e| job_status(&e))?;
+        let forced = t.transport == Transport::Shm;
+        let state = ShmStream {
+            job,
+            segment: None,
+            tried: false,
+            forced,
+        };
+        let messages = stream::unfold(
+            (Box::pin(deliveries), state),
+            |(mut deliveries, mut state)| async move {
+                let Some(next) = deliveries.next().await else {
+                    if let Some(seg) = &mut state.segment {
+                        seg.until_mapped(sluice_flight::shm::MAP_WAIT).await;
+                    }
+                    return None;
+                };
+                let out = match next {
+                    Ok((d, ())) => state.messages(&d).await,
+                    Err(e) => vec![Err(job_status(&e))],
+                };
+                Some((stream::iter(out), (deliveries, state)))
+            },
+        )
+        .flatten();
+        return Ok(Box::pin(
+            stream::once(async move { Ok(schema) }).chain(messages),
+        ));
+    }
     // Batches are encoded where they are made, on the jobs' runtime.
     let deliveries = job
         .deliver_with(t.rank, t.epoch, t.offset, t.limit, |d| {
@@ -166,16 +238,10 @@ pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
         })
         .await
         .map_err(|e| job_status(&e))?;
-    let opts = IpcWriteOptions::default();
-    let schema = SlicedMessage::from(FlightData::from(SchemaAsIpc::new(job.schema(), &opts)));
     let messages = deliveries.flat_map(
         move |d: Result<(Delivery, Vec<SlicedMessage>), JobError>| match d {
             Ok((_, msgs)) => {
-                let bytes = msgs
-                    .iter()
-                    .map(|m| (m.body_len() + m.header.len()) as u64)
-                    .sum();
-                job.sent(bytes);
+                job.sent(flight_bytes(&msgs));
                 stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>())
             }
             Err(e) => stream::iter(vec![Err(job_status(&e))]),
@@ -184,6 +250,95 @@ pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
     Ok(Box::pin(
         stream::once(async move { Ok(schema) }).chain(messages),
     ))
+}
+
+fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
+    msgs.iter()
+        .map(|m| (m.body_len() + m.header.len()) as u64)
+        .sum()
+}
+
+/// A message with app metadata only.
+fn control(meta: &impl Serialize) -> Result<SlicedMessage, Status> {
+    let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(SlicedMessage {
+        app_metadata: Bytes::from(json),
+        ..SlicedMessage::default()
+    })
+}
+
+/// A batch's metadata when it is in a slot.
+#[derive(Serialize)]
+struct SlotMeta {
+    #[serde(flatten)]
+    batch: BatchMeta,
+    #[serde(flatten)]
+    slot: SlotRef,
+}
+
+/// One shared-memory read: its segment, made at the first batch (whose
+/// size sets the slots').
+struct ShmStream {
+    job: std::sync::Arc<crate::job::Job>,
+    segment: Option<Segment>,
+    tried: bool,
+    forced: bool,
+}
+
+impl ShmStream {
+    async fn messages(&mut self, d: &Delivery) -> Vec<Result<SlicedMessage, Status>> {
+        let meta = BatchMeta {
+            from: d.from,
+            next_offset: d.next_offset,
+        };
+        let mut out = Vec::with_capacity(2);
+        if !self.tried {
+            self.tried = true;
+            let size = sluice_flight::stream::link_bytes(&d.batch) + 4096;
+            match Segment::for_batch(size) {
+                Ok(Some(seg)) => {
+                    out.push(control(&serde_json::json!({ "segment": seg.info() })));
+                    self.segment = Some(seg);
+                }
+                Ok(None) => {
+                    tracing::info!(job = %self.job.id(), bytes = size,
+                        "batches too large for a shared-memory segment: Flight it is");
+                }
+                Err(e) if self.forced => {
+                    return vec![Err(Status::unavailable(format!(
+                        "transport shm: cannot make a segment in {}: {e}",
+                        sluice_flight::shm::SHM_DIR
+                    )))];
+                }
+                Err(e) => {
+                    tracing::warn!(job = %self.job.id(), error = %e,
+                        "cannot make a shared-memory segment: Flight it is");
+                }
+            }
+        }
+        if let Some(seg) = &mut self.segment {
+            match seg.put(&d.batch).await {
+                Ok(Some(slot)) => {
+                    self.job.sent_shm(slot.len);
+                    out.push(control(&SlotMeta { batch: meta, slot }));
+                    return out;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    out.push(Err(Status::internal(e)));
+                    return out;
+                }
+            }
+        }
+        match encode(&d.batch, &meta) {
+            Ok(msgs) => {
+                self.job.sent(flight_bytes(&msgs));
+                out.extend(msgs.into_iter().map(Ok));
+            }
+            Err(s) => out.push(Err(s)),
+        }
+        out
+    }
 }
 
 /// [`messages`] for tonic's encoder (the body of each message copied into

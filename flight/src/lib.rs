@@ -17,6 +17,8 @@
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
 //!   batch's own buffers, and their gRPC frames written without copying
 //!   them (the trainer streams);
+//! - [`shm`]: shared-memory segments that carry a job's batches to a
+//!   trainer on the same host, Flight carrying only control messages;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
@@ -33,6 +35,7 @@ pub mod error;
 pub mod frames;
 pub mod messages;
 pub mod scan;
+pub mod shm;
 pub mod slices;
 pub mod stream;
 pub mod throttle;

@@ -22,7 +22,7 @@ def main() -> None:
     client._flight_address = req["flight"]
     job = Job(client, req["job"])
     reader = Reader(job, req["rank"], req["epoch"], req["offset"], req.get("limit"), False,
-                    prefetch=0)
+                    prefetch=0, transport=req.get("transport"))
     out = sys.stdout.buffer
     writer = None
     for batch in reader.batches():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -13,11 +14,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
+
+from . import _shm
 
 
 # Whether this process made a gRPC channel, and whether it was forked from
@@ -27,12 +31,25 @@ _grpc_used = False
 _forked_after_grpc = False
 
 
+# Every Client of this process, and in a forked child the Flight clients
+# it inherited. Closing a Flight client needs gRPC's threads, which a fork
+# does not copy: a child that frees an inherited one (the last reference
+# dropped, or the garbage collector finding a cycle the parent had not yet
+# collected) hangs in its destructor. So the child keeps them all alive,
+# and the parent's garbage is frozen across the fork (`gc.freeze`: the
+# child never collects it; the parent unfreezes and collects it itself).
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+_inherited: list = []
+
+
 def _after_fork_in_child() -> None:
     global _forked_after_grpc
     _forked_after_grpc = _forked_after_grpc or _grpc_used
+    _inherited.extend(c._flight for c in list(_clients))
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=gc.freeze, after_in_parent=gc.unfreeze,
+                    after_in_child=_after_fork_in_child)
 
 
 class SluiceError(Exception):
@@ -63,6 +80,7 @@ class Client:
         self._flight: Dict[int, flight.FlightClient] = {}
         self._flight_pid = 0
         self._flight_address: Optional[str] = None
+        _clients.add(self)
 
     # -- REST ---------------------------------------------------------------
     def _request(self, method: str, path: str, body: Any = None) -> Any:
@@ -227,10 +245,11 @@ class Job:
 
     def reader(self, rank: int = 0, epoch: int = 0, offset: int = 0,
                limit: Optional[int] = None, numpy: bool = False,
-               prefetch: int = 2) -> "Reader":
+               prefetch: int = 2, transport: Optional[str] = None) -> "Reader":
         """Rank ``rank``'s share of ``epoch`` from ``offset`` (at most
-        ``limit`` positions), ``prefetch`` batches read ahead."""
-        return Reader(self, rank, epoch, offset, limit, numpy, prefetch)
+        ``limit`` positions), ``prefetch`` batches read ahead; ``transport``
+        as :class:`Reader` takes it."""
+        return Reader(self, rank, epoch, offset, limit, numpy, prefetch, transport)
 
 
 def _read_ahead(source: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -297,10 +316,22 @@ class Reader:
     Up to ``prefetch`` batches are read ahead on a background thread, so
     the stream keeps flowing while the trainer computes (gRPC's flow
     control would otherwise stop it once its window fills); 0 reads on the
-    caller's thread."""
+    caller's thread.
+
+    ``transport``: ``"auto"`` (the default, or ``$SLUICE_TRANSPORT``)
+    takes the batches through shared memory when the server is on this
+    host and over Flight otherwise; ``"shm"`` insists on shared memory (an
+    error says why it cannot be); ``"flight"`` never uses it. The bytes are
+    the same either way. :attr:`transport_used` says which it got."""
 
     def __init__(self, job: Job, rank: int, epoch: int, offset: int,
-                 limit: Optional[int], numpy: bool, prefetch: int = 2):
+                 limit: Optional[int], numpy: bool, prefetch: int = 2,
+                 transport: Optional[str] = None):
+        transport = transport or os.environ.get("SLUICE_TRANSPORT") or "auto"
+        if transport not in ("auto", "shm", "flight"):
+            raise ValueError(f"transport {transport!r}: expected auto, shm or flight")
+        self.transport = transport
+        self.transport_used: Optional[str] = None
         self.job = job
         self.rank = rank
         self.epoch = epoch
@@ -311,11 +342,15 @@ class Reader:
         self.schema: Optional[pa.Schema] = None
         self.last_from = offset
 
-    def _ticket(self) -> flight.Ticket:
+    def _ticket(self, probe: Optional["_shm.Probe"] = None) -> flight.Ticket:
         t: Dict[str, Any] = {"job": self.job.id, "rank": self.rank, "epoch": self.epoch,
                              "offset": self.offset}
         if self.limit is not None:
             t["limit"] = self.limit
+        if self.transport != "auto":
+            t["transport"] = self.transport
+        if probe is not None and probe.ticket() is not None:
+            t["probe"] = probe.ticket()
         return flight.Ticket(json.dumps(t).encode())
 
     def batches(self) -> Iterator[pa.RecordBatch]:
@@ -335,8 +370,21 @@ class Reader:
     def _flight(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
         """(batch, first position, next offset) over Flight."""
         c = self.job.client
-        stream = c.flight().do_get(self._ticket(), c.call_options())
-        self.schema = stream.schema
+        probe = _shm.Probe() if self.transport != "flight" else None
+        try:
+            stream = c.flight().do_get(self._ticket(probe), c.call_options())
+            self.schema = stream.schema
+        except pa.ArrowException as e:
+            if self.transport == "shm":
+                raise SluiceError(412, "shm_unavailable", f"job {self.job.id}: {e}") from None
+            raise
+        finally:
+            # Read by the server before it answered.
+            if probe is not None:
+                probe.remove()
+        self.transport_used = "flight"
+        segment: Optional[_shm.Segment] = None
+        lost = "never announced"
         pieces = []
         while True:
             try:
@@ -348,6 +396,23 @@ class Reader:
             if chunk.app_metadata is None:
                 continue
             meta = json.loads(chunk.app_metadata.to_pybytes())
+            if "segment" in meta:
+                try:
+                    segment = _shm.Segment(meta["segment"])
+                    self.transport_used = "shm"
+                except OSError as e:
+                    # The server's stream ended (an error, a cancel) and took
+                    # the segment with it: the error follows, unless a slot
+                    # does.
+                    lost = f"{meta['segment'].get('path')}: {e}"
+                continue
+            if "slot" in meta:
+                if segment is None:
+                    raise SluiceError(500, "shm_lost",
+                                      f"job {self.job.id}: shared-memory segment {lost}")
+                batch = segment.batch(int(meta["slot"]), int(meta["len"]), self.schema)
+                yield batch, int(meta["from"]), int(meta["next_offset"])
+                continue
             if len(pieces) == 1:
                 batch = pieces[0]
             else:
@@ -361,7 +426,7 @@ class Reader:
         c = self.job.client
         req = {"url": c.url, "token": c.token, "flight": c.flight_address(), "job": self.job.id,
                "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
-               "limit": self.limit}
+               "limit": self.limit, "transport": self.transport}
         proc = subprocess.Popen([sys.executable, "-m", "sluice._relay"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:

@@ -77,6 +77,12 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             c.pending_uploads(),
         );
     }
+    gauge(
+        &mut out,
+        "sluice_shm_mapped_bytes",
+        "Bytes of the shared-memory segments open to trainers on this host.",
+        sluice_flight::shm::mapped_bytes(),
+    );
     let _ = writeln!(out, "# HELP sluice_jobs Jobs by state.");
     let _ = writeln!(out, "# TYPE sluice_jobs gauge");
     for (state, n) in s.jobs.counts() {
@@ -97,7 +103,8 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         (
             "sluice_job_bytes_total",
             "counter",
-            "Bytes moved, by tier (link: storage to compute; trainer: Flight to trainers).",
+            "Bytes moved, by tier (link: storage to compute; trainer: Flight to trainers; \
+             shm: shared memory to trainers on this host).",
         ),
         (
             "sluice_job_progress_ratio",
@@ -128,6 +135,7 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
                         "{name}{{job=\"{job}\",tier=\"trainer\"}} {}",
                         st.bytes.trainer
                     );
+                    let _ = writeln!(out, "{name}{{job=\"{job}\",tier=\"shm\"}} {}", st.bytes.shm);
                 }
                 _ => {
                     let _ = writeln!(out, "{name}{{job=\"{job}\"}} {}", st.progress);

@@ -74,7 +74,7 @@ def test_submit_read_and_cancel(server):
     st = job.status()
     assert st["state"] == "done" and st["progress"] == 1.0
     assert st["skipped"] == 1 and "zz_cut.jpg" in st["bad_samples"][0]["key"]
-    assert st["bytes"]["trainer"] > 16 * 16 * 3 * 27 and st["samples_per_s"] > 0
+    assert st["bytes"]["trainer"] + st["bytes"]["shm"] > 16 * 16 * 3 * 27 and st["samples_per_s"] > 0
     assert "cut" in job.explain()["text"].lower()
     # Cancel: the job stays listed, its streams are refused.
     job2 = c.submit(SQL, batch_size=4, on_error="skip")

@@ -548,6 +548,11 @@ impl Job {
         self.lock().progress.bytes.trainer += bytes;
     }
 
+    /// Counts `bytes` handed to a trainer through shared memory.
+    pub fn sent_shm(&self, bytes: u64) {
+        self.lock().progress.bytes.shm += bytes;
+    }
+
     /// Its status.
     pub fn status(&self) -> JobStatus {
         let state = self.state();

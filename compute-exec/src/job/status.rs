@@ -41,6 +41,10 @@ pub struct TierBytes {
     pub link: u64,
     /// Flight messages sent to trainers.
     pub trainer: u64,
+    /// Batches handed to trainers on this host through shared memory
+    /// (their IPC messages' bytes), instead of Flight.
+    #[serde(default)]
+    pub shm: u64,
 }
 
 /// A job as the REST API shows it.

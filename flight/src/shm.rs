@@ -1,0 +1,519 @@
+//! Shared-memory delivery to a trainer on the same host.
+//!
+//! A trainer that reads a job over loopback gRPC pays for a network hop it
+//! does not need: the server's socket copy, HTTP/2 framing, the kernel's
+//! copy into the client and the client's IPC read, all on the cores that
+//! decode. When the trainer proves it shares the server's `/dev/shm` (a
+//! [`Probe`]: a file it made there holding a nonce the server reads back),
+//! the job's stream becomes control messages only and the batches travel
+//! through a [`Segment`]:
+//!
+//! ```text
+//!   /dev/shm/sluice-seg-<pid>-<n>   (unlinked once the trainer has mapped it)
+//!   +------------------------------+  0
+//!   | magic, slots, slot_bytes     |
+//!   | mapped flag (trainer sets)   |  MAPPED_AT
+//!   | slot states, 1 byte each     |  STATES_AT: FREE 0 / USED 1
+//!   +------------------------------+  HEADER (4096)
+//!   | slot 0: one IPC message      |  an encapsulated Arrow record batch
+//!   | slot 1                       |
+//!   | ...                          |
+//!   +------------------------------+
+//! ```
+//!
+//! The server marks a free slot USED, writes the batch's encapsulated IPC
+//! message into it — the one copy of its bytes on this path, straight from
+//! the arrays' buffers ([`encode_batch`]) — and sends the slot's number in
+//! the batch's app metadata. The trainer builds Arrow arrays over its
+//! mapping (no copy) and marks the slot FREE when the last of them is
+//! garbage. A trainer that holds every slot does not make the server wait
+//! for ever or grow: after [`SLOT_WAIT`] the batch goes over Flight as
+//! usual (gRPC's flow control is then the backpressure). The segment is a
+//! fixed size, unmapped and unlinked when the stream ends, however it ends
+//! (a stream that ends first waits for the trainer to have mapped it,
+//! [`MAP_WAIT`] at most);
+//! files a killed server left are removed by the next one to make a
+//! segment ([`sweep`]).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::slices::{SlicedMessage, encode_batch};
+
+/// Where segments and probes live.
+pub const SHM_DIR: &str = "/dev/shm";
+/// Prefix of a trainer's probe file.
+pub const PROBE_PREFIX: &str = "sluice-probe-";
+/// Prefix of a segment file.
+pub const SEGMENT_PREFIX: &str = "sluice-seg-";
+/// Bytes before the first slot.
+pub const HEADER: usize = 4096;
+/// Offset of the flag the trainer sets once it has mapped the segment.
+pub const MAPPED_AT: usize = 32;
+/// Offset of the slots' state bytes.
+pub const STATES_AT: usize = 64;
+/// A slot the server may write.
+pub const FREE: u8 = 0;
+/// A slot the trainer holds.
+pub const USED: u8 = 1;
+/// The segment's first 8 bytes.
+pub const MAGIC: &[u8; 8] = b"SLUICE01";
+/// Most slots of a segment.
+pub const MAX_SLOTS: usize = 6;
+/// Fewest slots worth a segment.
+pub const MIN_SLOTS: usize = 2;
+/// Most bytes of one segment.
+pub const SEGMENT_BUDGET: usize = 256 << 20;
+/// How long a batch waits for a free slot before it goes over Flight.
+pub const SLOT_WAIT: Duration = Duration::from_millis(50);
+
+/// How long the end of a stream waits for the trainer to map its segment.
+pub const MAP_WAIT: Duration = Duration::from_secs(10);
+
+/// Bytes of every segment this process has mapped now.
+static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of shared memory this process's open segments map.
+pub fn mapped_bytes() -> u64 {
+    MAPPED_BYTES.load(Ordering::Relaxed)
+}
+
+/// How a trainer asks for shared memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Shared memory when the probe shows the same host, else Flight.
+    #[default]
+    Auto,
+    /// Shared memory or an error that says why not.
+    Shm,
+    /// Flight only.
+    Flight,
+}
+
+/// A trainer's proof that it shares this host's `/dev/shm`: the name of a
+/// file it made there and the nonce it wrote in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Probe {
+    /// File name under [`SHM_DIR`], starting with [`PROBE_PREFIX`].
+    pub name: String,
+    /// What the file holds.
+    pub nonce: String,
+}
+
+impl Probe {
+    /// Whether the file exists here and holds the nonce; `Err` says why
+    /// not, naming the file.
+    pub fn verify(&self) -> Result<(), String> {
+        let valid = self.name.starts_with(PROBE_PREFIX)
+            && self.name.len() <= 128
+            && self.name[PROBE_PREFIX.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !valid || self.nonce.is_empty() || self.nonce.len() > 64 {
+            return Err(format!("probe {:?} is not a sluice probe", self.name));
+        }
+        let path = Path::new(SHM_DIR).join(&self.name);
+        let mut held = Vec::with_capacity(64);
+        File::open(&path)
+            .and_then(|f| f.take(65).read_to_end(&mut held))
+            .map_err(|e| {
+                format!(
+                    "the trainer's probe {} is not on this host ({e})",
+                    path.display()
+                )
+            })?;
+        if held != self.nonce.as_bytes() {
+            return Err(format!(
+                "the trainer's probe {} holds another nonce: another host's {SHM_DIR}",
+                path.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a segment is, as the stream's first control message says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentInfo {
+    /// Its path.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Slots.
+    pub slots: u64,
+    /// Bytes per slot.
+    pub slot_bytes: u64,
+}
+
+/// One slot's batch, as its app metadata names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotRef {
+    /// The slot.
+    pub slot: u64,
+    /// Bytes of the IPC message in it.
+    pub len: u64,
+}
+
+/// A mapped segment, owned by one stream.
+#[derive(Debug)]
+pub struct Segment {
+    path: PathBuf,
+    base: *mut u8,
+    size: usize,
+    slots: usize,
+    slot_bytes: usize,
+    linked: bool,
+    next: usize,
+}
+
+// SAFETY: the mapping is owned by the `Segment` alone (no aliasing
+// references into it are handed out); the pointer is valid on any thread
+// until `drop` unmaps it.
+unsafe impl Send for Segment {}
+// SAFETY: shared access only reads the header through atomics.
+unsafe impl Sync for Segment {}
+
+/// The encapsulated IPC message's length: continuation, metadata length,
+/// the flatbuffer padded to 8, the body.
+fn message_len(m: &SlicedMessage) -> usize {
+    8 + m.header.len().next_multiple_of(8) + m.body_len()
+}
+
+impl Segment {
+    /// A segment whose slots fit `first` (the stream's first batch) with
+    /// room to spare, or `None` when such batches are too big to be worth
+    /// it.
+    pub fn for_batch(first: usize) -> std::io::Result<Option<Self>> {
+        let slot_bytes = (first + first / 4 + (64 << 10)).next_multiple_of(4096);
+        let slots = (SEGMENT_BUDGET / slot_bytes).min(MAX_SLOTS);
+        if slots < MIN_SLOTS {
+            return Ok(None);
+        }
+        Self::create(slots, slot_bytes).map(Some)
+    }
+
+    /// A new segment of `slots` slots of `slot_bytes`.
+    pub fn create(slots: usize, slot_bytes: usize) -> std::io::Result<Self> {
+        assert!(slots > 0 && slots <= HEADER - STATES_AT && slot_bytes.is_multiple_of(4096));
+        sweep();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // Unique per process and stream; `create_new` refuses a file
+        // someone else made under the name.
+        let name = format!("{SEGMENT_PREFIX}{}-{n}", std::process::id());
+        let path = Path::new(SHM_DIR).join(name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let size = HEADER + slots * slot_bytes;
+        let mapped = (|| {
+            file.set_len(size as u64)?;
+            // SAFETY: a fresh shared mapping of a file we own, `size` bytes
+            // long (set above); the result is checked against MAP_FAILED.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(base.cast::<u8>())
+        })();
+        let base = match mapped {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        MAPPED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
+        let seg = Self {
+            path,
+            base,
+            size,
+            slots,
+            slot_bytes,
+            linked: true,
+            next: 0,
+        };
+        // SAFETY: the header is inside the mapping and nothing else
+        // references it yet (the file is new and unnamed to anyone).
+        unsafe {
+            std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), seg.base, MAGIC.len());
+            std::ptr::write_unaligned(seg.base.add(8).cast::<u64>(), slots as u64);
+            std::ptr::write_unaligned(seg.base.add(16).cast::<u64>(), slot_bytes as u64);
+        }
+        Ok(seg)
+    }
+
+    /// What the trainer needs to map it.
+    pub fn info(&self) -> SegmentInfo {
+        SegmentInfo {
+            path: self.path.display().to_string(),
+            size: self.size as u64,
+            slots: self.slots as u64,
+            slot_bytes: self.slot_bytes as u64,
+        }
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn byte(&self, at: usize) -> &AtomicU8 {
+        assert!(at < HEADER);
+        // SAFETY: `at` is inside the header, which lives as long as `self`;
+        // a u8 atomic has no alignment needs, and every access to the
+        // header's flags (here and in the trainer's process) is a single
+        // byte load or store.
+        unsafe { AtomicU8::from_ptr(self.base.add(at)) }
+    }
+
+    /// Removes the file once the trainer has mapped the segment (the
+    /// memory stays until both sides unmap it, and nothing is left behind
+    /// if either dies).
+    fn unlink_if_mapped(&mut self) {
+        if self.linked && self.byte(MAPPED_AT).load(Ordering::Acquire) != 0 {
+            let _ = std::fs::remove_file(&self.path);
+            self.linked = false;
+        }
+    }
+
+    /// Waits, up to `limit`, until the trainer has mapped the segment:
+    /// the end of a stream must not unlink it before the trainer opened
+    /// it (its batches would be lost with the name).
+    pub async fn until_mapped(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.unlink_if_mapped();
+            if !self.linked || Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A free slot, round-robin from the last one used.
+    fn take_free(&mut self) -> Option<usize> {
+        self.unlink_if_mapped();
+        for i in 0..self.slots {
+            let s = (self.next + i) % self.slots;
+            if self
+                .byte(STATES_AT + s)
+                .compare_exchange(FREE, USED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.next = (s + 1) % self.slots;
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Writes `m` into `slot` as an encapsulated IPC message.
+    fn write(&mut self, slot: usize, m: &SlicedMessage) -> usize {
+        let len = message_len(m);
+        assert!(len <= self.slot_bytes && slot < self.slots);
+        // SAFETY: the slot is inside the mapping and was FREE (the trainer
+        // no longer reads it) and is now USED by us: no one else reads or
+        // writes these bytes until the trainer receives its number.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.add(HEADER + slot * self.slot_bytes),
+                self.slot_bytes,
+            )
+        };
+        let meta_len = m.header.len().next_multiple_of(8);
+        dst[..4].copy_from_slice(&0xFFFF_FFFFu32.to_le_bytes());
+        dst[4..8].copy_from_slice(&(meta_len as i32).to_le_bytes());
+        dst[8..8 + m.header.len()].copy_from_slice(&m.header);
+        dst[8 + m.header.len()..8 + meta_len].fill(0);
+        let mut at = 8 + meta_len;
+        for piece in &m.body {
+            dst[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+        len
+    }
+
+    /// Puts `batch` in a free slot, waiting up to [`SLOT_WAIT`] for one;
+    /// `None` when it does not fit or no slot came free (send it over
+    /// Flight instead).
+    pub async fn put(&mut self, batch: &RecordBatch) -> Result<Option<SlotRef>, String> {
+        let m = encode_batch(batch).map_err(|e| format!("cannot encode a batch: {e}"))?;
+        if message_len(&m) > self.slot_bytes {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + SLOT_WAIT;
+        let mut pause = Duration::from_micros(50);
+        let slot = loop {
+            if let Some(s) = self.take_free() {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(2));
+        };
+        let len = self.write(slot, &m);
+        Ok(Some(SlotRef {
+            slot: slot as u64,
+            len: len as u64,
+        }))
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.linked {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        // SAFETY: `base` and `size` are the mapping `create` made, unmapped
+        // once, here; nothing borrows it past `self`.
+        unsafe { libc::munmap(self.base.cast(), self.size) };
+        MAPPED_BYTES.fetch_sub(self.size as u64, Ordering::Relaxed);
+    }
+}
+
+/// Removes segment files whose server process is gone (killed before it
+/// could unlink them).
+pub fn sweep() {
+    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(c) = CString::new(format!("/proc/{pid}")) else {
+            continue;
+        };
+        // SAFETY: `c` is a valid NUL-terminated path; access only stats it.
+        let alive = unsafe { libc::access(c.as_ptr(), libc::F_OK) } == 0;
+        if !alive {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::ipc::reader::StreamReader;
+    use std::sync::Arc;
+
+    fn batch() -> RecordBatch {
+        RecordBatch::try_from_iter([
+            (
+                "k",
+                Arc::new(StringArray::from(vec!["a", "bb", "ccc"])) as _,
+            ),
+            ("v", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
+        ])
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_slot_holds_the_batch_as_an_ipc_message() {
+        let mut seg = Segment::create(2, 4096).unwrap();
+        let b = batch();
+        let r = seg.put(&b).await.unwrap().unwrap();
+        // Read the slot back as a stream: schema message, then the slot.
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &b.schema()).unwrap();
+        w.finish().unwrap();
+        let mut stream = w.into_inner().unwrap();
+        // Drop the end-of-stream marker: the slot's message follows.
+        stream.truncate(stream.len() - 8);
+        // SAFETY: the slot is inside the mapping, written above.
+        let slot = unsafe {
+            std::slice::from_raw_parts(
+                seg.base.add(HEADER + r.slot as usize * seg.slot_bytes),
+                r.len as usize,
+            )
+        };
+        stream.extend_from_slice(slot);
+        let got: Vec<_> = StreamReader::try_new(&stream[..], None)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got, vec![b]);
+    }
+
+    #[tokio::test]
+    async fn a_full_segment_sends_over_flight_and_frees_on_drop() {
+        let before = mapped_bytes();
+        let mut seg = Segment::create(2, 4096).unwrap();
+        let path = seg.path.clone();
+        assert!(path.exists());
+        assert!(seg.put(&batch()).await.unwrap().is_some());
+        assert!(seg.put(&batch()).await.unwrap().is_some());
+        // Both slots held: the third batch waits, then gives up.
+        let t = Instant::now();
+        assert!(seg.put(&batch()).await.unwrap().is_none());
+        assert!(t.elapsed() >= SLOT_WAIT);
+        // The trainer frees one: it is reused.
+        seg.byte(STATES_AT + 1).store(FREE, Ordering::Release);
+        assert_eq!(seg.put(&batch()).await.unwrap().unwrap().slot, 1);
+        // Mapped: the name goes at the next slot taken.
+        seg.byte(MAPPED_AT).store(1, Ordering::Release);
+        let _ = seg.take_free();
+        assert!(!path.exists());
+        assert!(mapped_bytes() >= before + seg.size as u64);
+        drop(seg);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn probes_are_checked_and_named() {
+        let name = format!("{PROBE_PREFIX}test-{}", std::process::id());
+        let path = Path::new(SHM_DIR).join(&name);
+        std::fs::write(&path, b"n0nce").unwrap();
+        let ok = Probe {
+            name: name.clone(),
+            nonce: "n0nce".into(),
+        };
+        assert_eq!(ok.verify(), Ok(()));
+        let wrong = Probe {
+            name: name.clone(),
+            nonce: "other".into(),
+        };
+        assert!(wrong.verify().unwrap_err().contains("another nonce"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(ok.verify().unwrap_err().contains("not on this host"));
+        for bad in ["../etc/passwd", "sluice-probe-../../x", "passwd"] {
+            let p = Probe {
+                name: bad.into(),
+                nonce: "x".into(),
+            };
+            assert!(
+                p.verify().unwrap_err().contains("not a sluice probe"),
+                "{bad}"
+            );
+        }
+    }
+}

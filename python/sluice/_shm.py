@@ -1,0 +1,119 @@
+"""The trainer's side of shared-memory delivery (see ``flight/src/shm.rs``).
+
+A reader on the server's host proves it with a :class:`Probe`: a file in
+``/dev/shm`` holding a nonce, named in its ticket, that the server reads
+back. The server then writes each batch's Arrow IPC message into a slot of
+a shared segment and sends only the slot's number; :class:`Segment` maps
+the segment once and makes each batch over the mapping without copying it
+(``pa.foreign_buffer`` + ``pa.ipc.read_record_batch``). The slot is marked
+free for the server when the batch, and every array, numpy view or tensor
+made from it, is garbage: the buffer's ``base`` is a :class:`_Lease` that
+frees the slot when it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import secrets
+from typing import Any, Dict, Optional
+
+import numpy as np
+import pyarrow as pa
+
+SHM_DIR = "/dev/shm"
+PROBE_PREFIX = "sluice-probe-"
+HEADER = 4096
+MAPPED_AT = 32
+STATES_AT = 64
+FREE = 0
+MAGIC = b"SLUICE01"
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class Probe:
+    """A file in ``/dev/shm`` holding a nonce, for one request: the server
+    has read it once the stream's schema arrives, and :meth:`remove` (or
+    the context manager) deletes it then, so no process leaves one behind
+    (a DataLoader worker ends without running ``atexit``)."""
+
+    def __init__(self) -> None:
+        self.name = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        self.nonce = secrets.token_hex(16)
+        self.path: Optional[str] = os.path.join(SHM_DIR, self.name)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            self.path = None
+            return
+        try:
+            os.write(fd, self.nonce.encode())
+        finally:
+            os.close(fd)
+
+    def ticket(self) -> Optional[Dict[str, str]]:
+        """What the ticket carries, or None where ``/dev/shm`` is not
+        writable."""
+        return {"name": self.name, "nonce": self.nonce} if self.path else None
+
+    def remove(self) -> None:
+        if self.path:
+            _remove(self.path)
+            self.path = None
+
+    def __enter__(self) -> "Probe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+class _Lease:
+    """Holds a slot while any buffer over it lives."""
+
+    __slots__ = ("segment", "slot")
+
+    def __init__(self, segment: "Segment", slot: int):
+        self.segment = segment
+        self.slot = slot
+
+    def __del__(self) -> None:
+        self.segment.state[self.slot] = FREE
+
+
+class Segment:
+    """A server's segment, mapped; its slots' batches as pyarrow batches."""
+
+    def __init__(self, info: Dict[str, Any]):
+        self.path = info["path"]
+        self.size = int(info["size"])
+        self.slots = int(info["slots"])
+        self.slot_bytes = int(info["slot_bytes"])
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        if self.map[:8] != MAGIC:
+            raise ValueError(f"{self.path} is not a sluice segment")
+        # An export of the mapping: pins it, and gives its address.
+        self._anchor = ctypes.c_char.from_buffer(self.map)
+        self.address = ctypes.addressof(self._anchor)
+        self.state = np.frombuffer(self.map, dtype=np.uint8, count=self.slots, offset=STATES_AT)
+        # Tell the server it may unlink the file: the mapping outlives it.
+        self.map[MAPPED_AT] = 1
+
+    def batch(self, slot: int, length: int, schema: pa.Schema) -> pa.RecordBatch:
+        """The batch in ``slot``, over the mapping."""
+        if not 0 <= slot < self.slots or not 0 < length <= self.slot_bytes:
+            raise ValueError(f"slot {slot} ({length} bytes) is outside {self.path}")
+        lease = _Lease(self, slot)
+        buf = pa.foreign_buffer(self.address + HEADER + slot * self.slot_bytes, length,
+                                base=lease)
+        return pa.ipc.read_record_batch(pa.ipc.read_message(buf), schema)

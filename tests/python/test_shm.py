@@ -1,0 +1,151 @@
+"""Shared-memory delivery to a trainer on the server's host: the same bytes
+as Flight; chosen by itself and forced either way; a trainer killed
+mid-read gives the server's segment back; a trainer that keeps every batch
+slows the stream down (Flight takes over) without growing the server; and
+DataLoader workers read every sample once through it."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+import sluice
+from serve import SLUICE, serve_env, start_serve
+
+SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 32, 32)) AS image "
+       "FROM pets")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "40"],
+                       env=env, check=True, capture_output=True)
+        proc, rest = start_serve(d, env)
+        try:
+            c = sluice.Client(rest)
+            c.ingest("pets", src)
+            job = c.submit(SQL, batch_size=8, epochs=2, shuffle={"seed": 5}, on_error="null")
+            job.wait()
+            yield proc, c, job
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
+def metric(c, name):
+    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def segments_of(pid):
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"sluice-seg-{pid}-")]
+
+
+def test_shm_and_flight_deliver_the_same_bytes(server):
+    _, c, job = server
+    before = job.status()["bytes"]
+    r_shm = job.reader(0, 1, transport="auto")
+    shm = pa.Table.from_batches(list(r_shm.batches()))
+    mid = job.status()["bytes"]
+    r_flight = job.reader(0, 1, transport="flight")
+    fl = pa.Table.from_batches(list(r_flight.batches()))
+    after = job.status()["bytes"]
+    assert r_shm.transport_used == "shm"
+    assert r_flight.transport_used == "flight"
+    assert shm.num_rows == 120
+    assert shm.equals(fl)
+    # Job status tells which way the bytes went.
+    assert mid["shm"] > before["shm"]
+    assert after["shm"] == mid["shm"]
+    assert after["trainer"] > mid["trainer"]
+
+
+def test_forcing_shm_without_the_host_says_why(server):
+    _, c, job = server
+    ticket = {"job": job.id, "transport": "shm",
+              "probe": {"name": "sluice-probe-nowhere-0", "nonce": "abc"}}
+    with pytest.raises(pa.ArrowException, match="not on this host"):
+        c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()), c.call_options()).read_all()
+    ticket = {"job": job.id, "transport": "shm"}
+    with pytest.raises(pa.ArrowException, match="needs the trainer's probe"):
+        c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()), c.call_options()).read_all()
+    # Forced and possible: shared memory.
+    r = job.reader(0, 0, transport="shm")
+    assert sum(b.num_rows for b in r.batches()) == 120
+    assert r.transport_used == "shm"
+
+
+def test_a_killed_trainer_gives_the_segment_back(server):
+    proc, c, job = server
+    code = (
+        "import os, signal, sys, sluice\n"
+        f"job = sluice.Client({c.url!r}).job({job.id!r})\n"
+        "r = job.reader(0, 0, transport='shm', prefetch=0)\n"
+        "it = iter(r.batches())\n"
+        "b = next(it)\n"
+        "print(r.transport_used, b.num_rows, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert child.stdout.split() == ["shm", "8"]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if metric(c, "sluice_shm_mapped_bytes") == 0 and not segments_of(proc.pid):
+            break
+        time.sleep(0.2)
+    assert metric(c, "sluice_shm_mapped_bytes") == 0
+    assert segments_of(proc.pid) == []
+
+
+def test_a_trainer_that_keeps_every_batch_slows_the_stream_without_growing_it(server):
+    _, c, job = server
+    before = job.status()["bytes"]
+    r = job.reader(0, 0, transport="shm")
+    held = []
+    peak = 0.0
+    for b in r.batches():
+        held.append(b)  # never released: every slot stays taken
+        peak = max(peak, metric(c, "sluice_shm_mapped_bytes"))
+    after = job.status()["bytes"]
+    assert sum(b.num_rows for b in held) == 120
+    # The segment's slots went first, then Flight carried the rest.
+    assert after["shm"] > before["shm"]
+    assert after["trainer"] > before["trainer"]
+    assert 0 < peak <= 256 << 20
+    # The held batches are intact (no slot was rewritten under them).
+    again = pa.Table.from_batches(list(job.reader(0, 0, transport="flight").batches()))
+    assert pa.Table.from_batches(held).equals(again)
+
+
+def test_dataloader_workers_read_every_sample_once_through_shm(server):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    _, c, job = server
+    before = job.status()["bytes"]["shm"]
+    for workers in (0, 2):
+        ds = sluice.torch.Dataset(job)
+        ds.set_epoch(1)
+        keys = []
+        for b in DataLoader(ds, batch_size=None, num_workers=workers):
+            assert isinstance(b["image"], torch.Tensor)
+            keys.extend(b["key"])
+        assert len(keys) == 120 and len(set(keys)) == 120, workers
+    assert job.status()["bytes"]["shm"] > before
