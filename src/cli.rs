@@ -37,6 +37,10 @@ pub struct Cli {
     /// Chunk size of a new data dir, e.g. 4MiB.
     #[arg(long, global = true, env = "SLUICE_CHUNK_SIZE", default_value = "4MiB", value_parser = parse_size)]
     pub chunk_size: u64,
+    /// Memory for the node-wide cache of raw objects, e.g. 8GiB (0: none;
+    /// default: a quarter of the memory available at start).
+    #[arg(long, global = true, env = "SLUICE_CACHE_MEMORY", value_parser = parse_size)]
+    pub cache_memory: Option<u64>,
     /// Device reads in flight per scan partition.
     #[arg(long, global = true, env = "SLUICE_SCAN_DEPTH", default_value_t = 8)]
     pub scan_depth: usize,

@@ -31,6 +31,7 @@ pub fn store_options(cli: &Cli) -> StoreOptions {
         device_path: cli.device.clone(),
         device_size: cli.device_size,
         chunk_size: cli.chunk_size,
+        cache_memory: cli.cache_memory,
         #[cfg(feature = "spdk")]
         spdk: cli.spdk.options(),
         ..StoreOptions::new(&cli.data_dir)

@@ -68,6 +68,47 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             "Device bytes in chunks no dataset, checkpoint or upload holds.",
             space.free_chunks * space.chunk_size,
         );
+        let cache = store.cache().stats();
+        for (name, help, value) in [
+            (
+                "sluice_cache_budget_bytes",
+                "Memory the node-wide object cache may hold.",
+                cache.budget,
+            ),
+            (
+                "sluice_cache_bytes",
+                "Memory the node-wide object cache holds.",
+                cache.bytes,
+            ),
+            (
+                "sluice_cache_objects",
+                "Objects in the node-wide object cache.",
+                cache.objects,
+            ),
+        ] {
+            gauge(&mut out, name, help, value);
+        }
+        for (name, help, value) in [
+            (
+                "sluice_cache_hits_total",
+                "Object reads served from the node-wide cache.",
+                cache.hits,
+            ),
+            (
+                "sluice_cache_misses_total",
+                "Object reads that went to the device.",
+                cache.misses,
+            ),
+            (
+                "sluice_cache_evictions_total",
+                "Objects evicted from the node-wide cache.",
+                cache.evictions,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {value}");
+        }
     }
     if let Some(c) = &s.checkpoints {
         gauge(

@@ -17,6 +17,8 @@
 //! - [`buffer`]: aligned pooled buffers that become Arrow buffers without a copy;
 //! - [`alloc`], [`catalog`], [`metadata`], [`layout`], [`store`]: the extent store;
 //! - [`space`]: the free chunks every writer allocates from;
+//! - [`cache`]: the node-wide cache of raw objects every scan reads
+//!   through (later epochs of a dataset that fits come from memory);
 //! - [`ingest`]: atomic ingest of directories and manifests;
 //! - [`checkpoint`]: named, versioned checkpoints on the same device, and
 //!   the Flight protocol trainers write and read them with;
@@ -44,6 +46,7 @@
 
 pub mod alloc;
 pub mod buffer;
+pub mod cache;
 pub mod catalog;
 pub mod checkpoint;
 pub mod device;

@@ -12,11 +12,15 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::alloc::{ChunkAllocator, ChunkRun};
+use crate::cache::ObjectCache;
 
 /// The shared free-space map of one store.
 #[derive(Debug, Clone)]
 pub struct Space {
     inner: Arc<Mutex<ChunkAllocator>>,
+    /// The store's object cache, told of every chunk freed, and the chunk
+    /// size that turns chunks into device offsets.
+    cache: Option<(Arc<ObjectCache>, u64)>,
 }
 
 impl Space {
@@ -24,7 +28,14 @@ impl Space {
     pub fn new(alloc: ChunkAllocator) -> Self {
         Self {
             inner: Arc::new(Mutex::new(alloc)),
+            cache: None,
         }
+    }
+
+    /// The same, forgetting cached objects in chunks it frees.
+    pub fn with_cache(mut self, cache: Arc<ObjectCache>, chunk_size: u64) -> Self {
+        self.cache = Some((cache, chunk_size));
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, ChunkAllocator> {
@@ -51,6 +62,12 @@ impl Space {
 
     /// Returns owned runs to the free space (their owner was deleted).
     pub fn release(&self, runs: &[ChunkRun]) {
+        // The cache first: once a chunk is free, a writer may fill it.
+        if let Some((cache, chunk)) = &self.cache {
+            for run in runs {
+                cache.forget(run.start * chunk, (run.start + run.count) * chunk);
+            }
+        }
         let mut alloc = self.lock();
         for run in runs {
             alloc.release(*run);

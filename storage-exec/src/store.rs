@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::alloc::ChunkAllocator;
+use crate::cache::ObjectCache;
 use crate::catalog::{Catalog, VersionRecord};
 use crate::device::{Backend, Device, DeviceOptions, create_device_file, open_device};
 use crate::error::{Result, StorageError};
@@ -42,6 +43,9 @@ pub struct StoreOptions {
     pub queue_depth: usize,
     /// io_uring fixed buffers to register.
     pub fixed_buffers: usize,
+    /// Bytes of the node-wide object cache (`None`: a quarter of the
+    /// memory available at open; 0: none).
+    pub cache_memory: Option<u64>,
     /// How to start SPDK, for the `spdk` backend.
     #[cfg(feature = "spdk")]
     pub spdk: Option<crate::device::spdk::SpdkOptions>,
@@ -58,6 +62,7 @@ impl StoreOptions {
             chunk_size: 4 << 20,
             queue_depth: 32,
             fixed_buffers: 8,
+            cache_memory: None,
             #[cfg(feature = "spdk")]
             spdk: None,
         }
@@ -99,6 +104,7 @@ pub struct Store {
     space: Space,
     ingest_lock: tokio::sync::Mutex<()>,
     orphans: OrphanReport,
+    cache: Arc<ObjectCache>,
 }
 
 impl Store {
@@ -150,12 +156,18 @@ impl Store {
                 orphans.metadata_files.len()
             );
         }
+        let cache = Arc::new(ObjectCache::new(
+            opts.cache_memory
+                .unwrap_or_else(ObjectCache::default_budget),
+        ));
+        let space = Space::new(alloc).with_cache(Arc::clone(&cache), format.chunk_size);
         Ok(Arc::new(Self {
             dir: dir.clone(),
             format,
             device,
             catalog,
-            space: Space::new(alloc),
+            space,
+            cache,
             ingest_lock: tokio::sync::Mutex::new(()),
             orphans,
         }))
@@ -297,6 +309,11 @@ impl Store {
     /// Absolute path of a metadata file named in a version record.
     pub fn metadata_path(&self, rel: &Path) -> PathBuf {
         self.dir.join(rel)
+    }
+
+    /// The node-wide object cache every scan of this store reads through.
+    pub fn cache(&self) -> &Arc<ObjectCache> {
+        &self.cache
     }
 
     /// The free chunks every writer allocates from.

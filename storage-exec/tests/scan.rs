@@ -212,9 +212,85 @@ async fn a_flipped_byte_is_a_checksum_error_naming_the_key() {
         msg.contains("dataset 'imgs' version 1, key 's0017'"),
         "{msg}"
     );
+    // The bad object never entered the node's cache: a second read finds
+    // it again.
+    let again = ctx
+        .sql("SELECT key, data FROM imgs")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    assert!(again.to_string().contains("key 's0017'"), "{again}");
     // Samples not touching the bad one still read fine.
     let ok = query(&ctx, "SELECT data FROM imgs WHERE key = 's0030'").await;
     assert_eq!(rows(&ok), 1);
+}
+
+fn keyed(batches: &[RecordBatch]) -> HashMap<String, Vec<u8>> {
+    let mut out = HashMap::new();
+    for b in batches {
+        let keys = b.column(0).as_string::<i32>();
+        let data = b.column(1).as_binary::<i32>();
+        for i in 0..b.num_rows() {
+            out.insert(keys.value(i).to_owned(), data.value(i).to_vec());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_node_cache_serves_later_reads_the_same_bytes_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = samples(300);
+    let total: usize = input.iter().map(|(_, b)| b.len()).sum();
+    let want: HashMap<String, Vec<u8>> = input.iter().cloned().collect();
+    {
+        // Room for everything: the second read is all hits, from memory.
+        let store = Store::open(&StoreOptions {
+            chunk_size: 1 << 20,
+            device_size: 64 << 20,
+            cache_memory: Some(64 << 20),
+            ..StoreOptions::new(dir.path())
+        })
+        .unwrap();
+        ingest_mem(&store, "imgs", input.clone()).await;
+        let ctx = sluice_storage::session_context(Arc::clone(&store));
+        let first = query(&ctx, "SELECT key, data FROM imgs").await;
+        let after_first = store.cache().stats();
+        assert_eq!(after_first.hits, 0);
+        assert_eq!(after_first.objects, 300);
+        let pool = Arc::clone(store.device().pool());
+        let second = query(&ctx, "SELECT key, data FROM imgs").await;
+        let stats = store.cache().stats();
+        assert_eq!(stats.hits, 300, "{stats:?}");
+        assert_eq!(keyed(&first), want);
+        assert_eq!(keyed(&second), want);
+        for b in &second {
+            let values = b.column(1).as_binary::<i32>().values().as_ptr();
+            assert!(!pool.contains(values), "a hit must not read the device");
+        }
+    }
+    // A third of the dataset's room, eight scans at once: every scan gets
+    // every byte, and the cache never holds more than its budget.
+    let budget = (total / 3) as u64;
+    let store = Store::open(&StoreOptions {
+        cache_memory: Some(budget),
+        ..StoreOptions::new(dir.path())
+    })
+    .unwrap();
+    let scans: Vec<_> = (0..8)
+        .map(|_| {
+            let ctx = sluice_storage::session_context(Arc::clone(&store));
+            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
+        })
+        .collect();
+    for s in scans {
+        assert_eq!(keyed(&s.await.unwrap()), want);
+        assert!(store.cache().stats().bytes <= budget);
+    }
+    let stats = store.cache().stats();
+    assert!(stats.objects > 0 && stats.bytes <= budget, "{stats:?}");
 }
 
 #[tokio::test]

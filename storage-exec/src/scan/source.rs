@@ -14,7 +14,10 @@
 //!
 //! Each read buffer becomes an Arrow buffer as is; every batch cut from it
 //! uses that buffer as its `data` values, and the extents' crc32c are
-//! checked before a batch leaves the scan.
+//! checked before a batch leaves the scan. Checked objects enter the
+//! store's node-wide [`ObjectCache`](crate::cache::ObjectCache); a read
+//! whose objects are all there is served from memory (one copy into the
+//! batch's values buffer, no device read, no second crc check).
 
 use std::fmt;
 use std::fs::File;
@@ -43,6 +46,7 @@ use sluice_flight::Take;
 use super::reads::{ReadPlan, plan_reads};
 use super::table::DatasetVersion;
 use super::take::{TakePart, VersionIndex, take_parts, with_slot};
+use crate::cache::ObjectKey;
 use crate::device::DeviceExt;
 use crate::error::StorageError;
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
@@ -283,6 +287,7 @@ struct PartitionScan {
     batch_size: usize,
     reads: Count,
     read_bytes: Count,
+    cache_hits: Count,
 }
 
 /// One device read and the metadata rows it serves.
@@ -379,21 +384,86 @@ impl PartitionScan {
         Ok(buf.into_arrow())
     }
 
+    /// The cache's key of row `r`'s object.
+    fn object_key(&self, job: &ReadJob, r: usize) -> DFResult<ObjectKey> {
+        let crcs = job
+            .batch
+            .column(self.read_schema.index_of(CRC32C)?)
+            .as_primitive::<UInt32Type>();
+        let (offset, len) = job.extents[r];
+        Ok(ObjectKey {
+            offset,
+            len,
+            crc: crcs.value(r),
+        })
+    }
+
+    /// Every object of the job from the node's cache, or `None` (the job
+    /// reads the device; a partial hit is a miss: the read is coalesced).
+    fn cached(&self, job: &ReadJob) -> DFResult<Option<Vec<Buffer>>> {
+        let cache = self.version.store.cache();
+        if !cache.enabled() {
+            return Ok(None);
+        }
+        let rows = job.plan.runs.iter().flat_map(|run| run.rows.clone());
+        let keys: Vec<ObjectKey> = rows
+            .map(|r| self.object_key(job, r))
+            .collect::<DFResult<_>>()?;
+        if !cache.has_all(keys.iter().copied()) {
+            cache.missed(keys.len() as u64);
+            return Ok(None);
+        }
+        // An entry evicted since is a miss after all.
+        Ok(keys.iter().map(|k| cache.get(k)).collect())
+    }
+
+    /// The job's output batches from cached objects (checked when they
+    /// entered the cache): each run's objects copied into one values
+    /// buffer.
+    fn assemble_cached(&self, job: &ReadJob, objects: Vec<Buffer>) -> DFResult<Vec<RecordBatch>> {
+        let mut objects = objects.into_iter();
+        let mut out = Vec::with_capacity(job.plan.runs.len());
+        for run in &job.plan.runs {
+            let run_objects: Vec<Buffer> = objects.by_ref().take(run.rows.len()).collect();
+            let total: usize = run_objects.iter().map(Buffer::len).sum();
+            let mut values = arrow::buffer::MutableBuffer::with_capacity(total);
+            let mut offsets = Vec::with_capacity(run.rows.len() + 1);
+            offsets.push(0i32);
+            for o in &run_objects {
+                values.extend_from_slice(o.as_slice());
+                offsets.push(values.len() as i32);
+            }
+            let data: ArrayRef = Arc::new(BinaryArray::try_new(
+                OffsetBuffer::new(ScalarBuffer::from(offsets)),
+                values.into(),
+                None,
+            )?);
+            let meta = job.batch.slice(run.rows.start, run.rows.len());
+            out.push(self.output(&meta, Some(&data))?);
+        }
+        self.cache_hits
+            .add(job.plan.runs.iter().map(|r| r.rows.len()).sum());
+        Ok(out)
+    }
+
     /// Checks every extent's crc32c and cuts the read into output batches
-    /// whose `data` values buffer is `values` itself. CPU work: runs on the
-    /// blocking pool while the next read is in flight.
+    /// whose `data` values buffer is `values` itself (each checked object
+    /// also enters the node's cache). CPU work: runs on the blocking pool
+    /// while the next read is in flight.
     fn assemble(&self, job: &ReadJob, values: Buffer) -> DFResult<Vec<RecordBatch>> {
         let (plan, batch, extents) = (&job.plan, &job.batch, &job.extents);
         let crcs = batch
             .column(self.read_schema.index_of(CRC32C)?)
             .as_primitive::<UInt32Type>();
+        let cache = self.version.store.cache();
         let mut out = Vec::with_capacity(plan.runs.len());
         for run in &plan.runs {
             let mut offsets = Vec::with_capacity(run.rows.len() + 1);
             for r in run.rows.clone() {
                 let (start, len) = extents[r];
                 let from = (start - plan.offset) as usize;
-                let actual = crc32c::crc32c(&values.as_slice()[from..from + len as usize]);
+                let object = &values.as_slice()[from..from + len as usize];
+                let actual = crc32c::crc32c(object);
                 if actual != crcs.value(r) {
                     return Err(StorageError::ChecksumMismatch {
                         dataset: self.version.record.dataset.clone(),
@@ -404,6 +474,14 @@ impl PartitionScan {
                     }
                     .into());
                 }
+                cache.insert(
+                    ObjectKey {
+                        offset: start,
+                        len,
+                        crc: actual,
+                    },
+                    object,
+                );
                 offsets.push(from as i32);
             }
             let (last_start, last_len) = extents[run.rows.end - 1];
@@ -454,6 +532,7 @@ impl DataSource for ExtentSource {
             batch_size,
             reads: MetricBuilder::new(&self.metrics).counter("extent_reads", partition),
             read_bytes: MetricBuilder::new(&self.metrics).counter("extent_bytes", partition),
+            cache_hits: MetricBuilder::new(&self.metrics).counter("cache_hits", partition),
         });
 
         // Metadata batches, filtered, then limited.
@@ -544,6 +623,13 @@ impl DataSource for ExtentSource {
                 let (reader, permits) = (Arc::clone(&reader), Arc::clone(&permits));
                 async move {
                     let job = job?;
+                    if let Some(objects) = reader.cached(&job)? {
+                        return tokio::task::spawn_blocking(move || {
+                            reader.assemble_cached(&job, objects)
+                        })
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                    }
                     let permit = permits
                         .acquire()
                         .await

@@ -1,0 +1,334 @@
+//! [`ObjectCache`]: a node-wide, bounded cache of raw objects.
+//!
+//! The device is read with O_DIRECT, so nothing is cached by the kernel:
+//! without this, a dataset that fits in memory would be read from the
+//! device again every epoch while the loaders people compare us with ride
+//! the page cache. One cache serves every scan of a store (every job,
+//! every epoch, every query), keyed by where an object lies on the device:
+//!
+//! - **Entry**: an object's bytes, copied out of the read buffer into an
+//!   allocation of their own (a slice would pin the whole coalesced read),
+//!   after its crc32c was checked — checksums are verified once, on entry.
+//!   A hit compares the extent's length and crc32c with the entry's (a
+//!   different object at the same place is a miss).
+//! - **Invalidation**: when the store frees chunks (a deleted checkpoint or
+//!   version), every entry in them goes ([`ObjectCache::forget`]); a freed
+//!   chunk's next owner cannot be served its predecessor's bytes.
+//! - **Budget and eviction**: at most `budget` bytes; the least recently
+//!   used entries go first, but only those unused for two cache-fulls of
+//!   lookups (so an epoch over a dataset larger than the cache keeps the
+//!   part that fits rather than churning all of it). Each operation holds one mutex for a few map
+//!   operations (no I/O, no copy under it): eviction never waits on a
+//!   reader, and a miss is exactly the uncached path plus one copy.
+//! - A budget of 0 disables it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::buffer::Buffer;
+
+/// Where an object lies and what it must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    /// Device offset of its first byte.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// Its crc32c, as the catalog recorded it.
+    pub crc: u32,
+}
+
+#[derive(Debug)]
+struct Entry {
+    len: u64,
+    crc: u32,
+    bytes: Buffer,
+    tick: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By device offset (range removal for freed chunks).
+    entries: BTreeMap<u64, Entry>,
+    /// Offsets by last use.
+    lru: BTreeMap<u64, u64>,
+    bytes: u64,
+    tick: u64,
+}
+
+/// Counters of a cache, for `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct CacheStats {
+    /// Bytes it may hold.
+    pub budget: u64,
+    /// Bytes it holds.
+    pub bytes: u64,
+    /// Objects it holds.
+    pub objects: u64,
+    /// Lookups served from memory.
+    pub hits: u64,
+    /// Lookups that went to the device.
+    pub misses: u64,
+    /// Entries dropped to stay within the budget.
+    pub evictions: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ObjectCache {
+    budget: u64,
+    state: Mutex<State>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl ObjectCache {
+    /// A cache of at most `budget` bytes (0: disabled).
+    pub fn new(budget: u64) -> Self {
+        Self {
+            budget,
+            state: Mutex::new(State::default()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The default budget: a quarter of the memory available now.
+    pub fn default_budget() -> u64 {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemAvailable:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024 / 4)
+    }
+
+    /// Whether it holds anything ever.
+    pub fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object at `key`, if cached (and marks it used).
+    pub fn get(&self, key: &ObjectKey) -> Option<Buffer> {
+        if !self.enabled() {
+            return None;
+        }
+        let mut s = self.lock();
+        s.tick += 1;
+        let tick = s.tick;
+        let found = match s.entries.get_mut(&key.offset) {
+            Some(e) if e.len == key.len && e.crc == key.crc => {
+                let old = std::mem::replace(&mut e.tick, tick);
+                Some((old, e.bytes.clone()))
+            }
+            _ => None,
+        };
+        match found {
+            Some((old, bytes)) => {
+                s.lru.remove(&old);
+                s.lru.insert(tick, key.offset);
+                drop(s);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(bytes)
+            }
+            None => {
+                drop(s);
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Counts `n` lookups that go to the device.
+    pub fn missed(&self, n: u64) {
+        self.misses.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether every key is cached (no counters move).
+    pub fn has_all(&self, keys: impl IntoIterator<Item = ObjectKey>) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let s = self.lock();
+        keys.into_iter().all(|k| {
+            s.entries
+                .get(&k.offset)
+                .is_some_and(|e| e.len == k.len && e.crc == k.crc)
+        })
+    }
+
+    /// Caches a copy of `bytes` (already checked against `key.crc`) under
+    /// `key`, evicting the least recently used entries to fit.
+    pub fn insert(&self, key: ObjectKey, bytes: &[u8]) {
+        if !self.enabled() || key.len > self.budget / 8 || bytes.len() as u64 != key.len {
+            return;
+        }
+        // The copy is made before the lock.
+        let owned = Buffer::from(bytes.to_vec());
+        let mut s = self.lock();
+        if s.entries
+            .get(&key.offset)
+            .is_some_and(|e| e.len == key.len && e.crc == key.crc)
+        {
+            return;
+        }
+        s.tick += 1;
+        let tick = s.tick;
+        if let Some(old) = s.entries.remove(&key.offset) {
+            s.lru.remove(&old.tick);
+            s.bytes -= old.len;
+        }
+        // Scan resistance: an entry is evicted only if it was not used in
+        // the last two cache-fulls of lookups. A cyclic scan of a dataset
+        // larger than the cache (an epoch after an epoch) then keeps the
+        // part that fits instead of evicting each object just before its
+        // next use; a working set that moved on still ages out.
+        let horizon = tick.saturating_sub(2 * s.entries.len() as u64);
+        let mut evicted = 0;
+        while s.bytes + key.len > self.budget {
+            let Some((&used, &offset)) = s.lru.first_key_value() else {
+                break;
+            };
+            if used >= horizon {
+                drop(s);
+                self.evictions.fetch_add(evicted, Ordering::Relaxed);
+                return;
+            }
+            s.lru.pop_first();
+            if let Some(e) = s.entries.remove(&offset) {
+                s.bytes -= e.len;
+                evicted += 1;
+            }
+        }
+        s.bytes += key.len;
+        s.lru.insert(tick, key.offset);
+        s.entries.insert(
+            key.offset,
+            Entry {
+                len: key.len,
+                crc: key.crc,
+                bytes: owned,
+                tick,
+            },
+        );
+        drop(s);
+        self.evictions.fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// Drops every entry that starts in `start..end` (device offsets of
+    /// freed chunks).
+    pub fn forget(&self, start: u64, end: u64) {
+        if !self.enabled() || start >= end {
+            return;
+        }
+        let mut s = self.lock();
+        let gone: Vec<u64> = s.entries.range(start..end).map(|(&o, _)| o).collect();
+        for o in gone {
+            if let Some(e) = s.entries.remove(&o) {
+                s.lru.remove(&e.tick);
+                s.bytes -= e.len;
+            }
+        }
+    }
+
+    /// Its counters now.
+    pub fn stats(&self) -> CacheStats {
+        let s = self.lock();
+        CacheStats {
+            budget: self.budget,
+            bytes: s.bytes,
+            objects: s.entries.len() as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(offset: u64, len: u64) -> ObjectKey {
+        ObjectKey {
+            offset,
+            len,
+            crc: crc32c::crc32c(&vec![offset as u8; len as usize]),
+        }
+    }
+
+    fn put(c: &ObjectCache, offset: u64, len: u64) {
+        c.insert(key(offset, len), &vec![offset as u8; len as usize]);
+    }
+
+    #[test]
+    fn hits_return_the_bytes_and_other_objects_miss() {
+        let c = ObjectCache::new(1 << 20);
+        put(&c, 4096, 100);
+        assert_eq!(c.get(&key(4096, 100)).unwrap().as_slice(), &[0u8; 100][..]);
+        // Same place, another length or crc: another object.
+        assert!(c.get(&key(4096, 99)).is_none());
+        let mut other = key(4096, 100);
+        other.crc ^= 1;
+        assert!(c.get(&other).is_none());
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.objects, s.bytes), (1, 2, 1, 100));
+    }
+
+    #[test]
+    fn the_budget_holds_and_the_least_recently_used_go_first() {
+        let c = ObjectCache::new(8000);
+        for i in 0..8u64 {
+            put(&c, i * 4096, 1000);
+        }
+        // Full, and every entry recent: a newcomer is not admitted (a
+        // cyclic scan keeps what fits).
+        put(&c, 100 * 4096, 1000);
+        assert!(c.get(&key(100 * 4096, 1000)).is_none());
+        assert_eq!(c.stats().evictions, 0);
+        // Use 0 a while: 1..8 age past the horizon; 1 is the oldest.
+        for _ in 0..20 {
+            assert!(c.get(&key(0, 1000)).is_some());
+        }
+        put(&c, 100 * 4096, 1000);
+        let s = c.stats();
+        assert!(s.bytes <= 8000);
+        assert_eq!(s.evictions, 1);
+        assert!(c.get(&key(100 * 4096, 1000)).is_some());
+        assert!(c.get(&key(0, 1000)).is_some());
+        assert!(c.get(&key(4096, 1000)).is_none());
+        // An object over an eighth of the budget is never cached.
+        put(&c, 200 * 4096, 1001);
+        assert!(c.get(&key(200 * 4096, 1001)).is_none());
+    }
+
+    #[test]
+    fn freed_chunks_are_forgotten() {
+        let c = ObjectCache::new(1 << 20);
+        put(&c, 0, 10);
+        put(&c, 1 << 20, 10);
+        put(&c, 2 << 20, 10);
+        c.forget(1 << 20, 2 << 20);
+        assert!(c.get(&key(0, 10)).is_some());
+        assert!(c.get(&key(1 << 20, 10)).is_none());
+        assert!(c.get(&key(2 << 20, 10)).is_some());
+        assert_eq!(c.stats().bytes, 20);
+    }
+
+    #[test]
+    fn a_zero_budget_caches_nothing() {
+        let c = ObjectCache::new(0);
+        put(&c, 0, 10);
+        assert!(c.get(&key(0, 10)).is_none());
+        assert_eq!(c.stats(), CacheStats::default());
+    }
+}

@@ -1,0 +1,65 @@
+"""The node-wide object cache under a real job: the second epoch's objects
+come from memory (its hits show in /metrics), the bytes are the same as a
+server without a cache delivers, and `--cache-memory 0` turns it off."""
+
+import os
+import re
+import subprocess
+import tempfile
+import urllib.request
+
+import pyarrow as pa
+
+import sluice
+from serve import SLUICE, serve_env, start_serve
+
+SQL = "SELECT key, label, data FROM pets"
+
+
+def metric(c, name):
+    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def epochs(cache_memory):
+    """Both epochs of a job on a fresh server, and its cache's counters."""
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = os.path.join(d, "pets")
+        subprocess.run([SLUICE, "gen-sample", src, "--classes", "2", "--per-class", "40"],
+                       env=env, check=True, capture_output=True)
+        proc, rest = start_serve(d, env, ["--cache-memory", cache_memory])
+        try:
+            c = sluice.Client(rest)
+            c.ingest("pets", src)
+            job = c.submit(SQL, batch_size=16, epochs=2, shuffle={"seed": 9})
+            job.wait()
+            first = pa.Table.from_batches(list(job.reader(0, 0).batches()))
+            after_first = metric(c, "sluice_cache_hits_total")
+            second = pa.Table.from_batches(list(job.reader(0, 1).batches()))
+            counters = {
+                "hits_after_first": after_first,
+                "hits": metric(c, "sluice_cache_hits_total"),
+                "bytes": metric(c, "sluice_cache_bytes"),
+                "budget": metric(c, "sluice_cache_budget_bytes"),
+            }
+            return first, second, counters
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
+def test_the_second_epoch_comes_from_memory_with_the_same_bytes():
+    first, second, cached = epochs("64MiB")
+    assert cached["budget"] == 64 << 20
+    assert cached["hits_after_first"] == 0
+    assert cached["hits"] >= 80, cached
+    assert 0 < cached["bytes"] <= cached["budget"]
+    f0, f1, off = epochs("0")
+    assert off["budget"] == 0 and off["hits"] == 0 and off["bytes"] == 0
+    # Same seed, same data: the cache changes where bytes come from only.
+    assert first.equals(f0) and second.equals(f1)
+    assert sorted(first.column("key").to_pylist()) == sorted(second.column("key").to_pylist())
