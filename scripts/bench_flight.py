@@ -140,8 +140,8 @@ def main():
         b_mb, b_b = summary(base)
         via_shm = what.replace("Flight", "shared memory")
         print(f"  {name}: {ours[0][1] / 1e6:.1f} MB per epoch")
-        print(f"    sluice ({what}){'':<{40 - len(what)}} {o_mb:9.1f} MB/s  {o_b:8.1f} batches/s")
-        print(f"    sluice ({via_shm}){'':<{40 - len(via_shm)}} {s_mb:9.1f} MB/s  {s_b:8.1f} batches/s")
+        print(f"    sluice ({what}){'':<{max(1, 40 - len(what))}} {o_mb:9.1f} MB/s  {o_b:8.1f} batches/s")
+        print(f"    sluice ({via_shm}){'':<{max(1, 40 - len(via_shm))}} {s_mb:9.1f} MB/s  {s_b:8.1f} batches/s")
         print(f"    pyarrow FlightServerBase (memory + Flight){'':<6} {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
         print(f"    ratio sluice / pyarrow: Flight {o_mb / b_mb:.2f}x, shared memory {s_mb / b_mb:.2f}x")
 
