@@ -23,6 +23,8 @@
 //!   and `/healthz` never wait on query CPU;
 //! - [`service`] and [`client`]: a compute node's Flight service (queries
 //!   and job streams on one port), and its typed query client;
+//! - [`descriptors`]: dataset descriptors `ListFlights` lists, followed by
+//!   `GetFlightInfo`/`GetSchema` to a `DoGet` of the dataset's rows;
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
 //!   by epoch, shuffled, resumable;
 //! - [`trainer`]: job streams to trainers (ticket, Flight info, batches
@@ -34,6 +36,7 @@ pub mod calibration;
 pub mod catalog;
 pub mod client;
 pub mod cooperative;
+pub mod descriptors;
 pub mod direct;
 pub mod explain;
 pub mod job;

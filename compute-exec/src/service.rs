@@ -7,7 +7,9 @@
 //! - `DoGet(JobTicket)`, `GetFlightInfo(job id)` and `GetSchema(job id)`
 //!   are a job's streams to trainers ([`crate::trainer`]);
 //! - the `explain` action answers a query's placement as JSON;
-//! - `ListFlights` lists the datasets the node can reach;
+//! - `ListFlights` lists the datasets the node can reach, and
+//!   `GetFlightInfo`/`GetSchema` of such a descriptor (`[name]` or
+//!   `[name, version]`) lead to a `DoGet` of its rows ([`crate::descriptors`]);
 //! - with a checkpoint store (`serve` over its own data dir), `DoPut`,
 //!   `DoGet` and the `checkpoint.*` actions are the checkpoint protocol of
 //!   [`sluice_flight::checkpoint`].
@@ -38,6 +40,7 @@ use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::descriptors;
 use crate::direct::DirectJobStreams;
 use crate::job::Jobs;
 use crate::offthread::{plan_on, run_query};
@@ -225,7 +228,13 @@ impl FlightService for QueryService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let info = trainer::flight_info(&self.jobs, request.into_inner()).await?;
+        let d = request.into_inner();
+        if let Some(info) = descriptors::flight_info(&self.session, &d).await? {
+            return Ok(Response::new(info));
+        }
+        let info = trainer::flight_info(&self.jobs, d.clone())
+            .await
+            .map_err(|s| descriptors::not_found(&d, s))?;
         Ok(Response::new(info))
     }
 
@@ -242,10 +251,13 @@ impl FlightService for QueryService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        Ok(Response::new(trainer::schema(
-            &self.jobs,
-            request.get_ref(),
-        )?))
+        let d = request.get_ref();
+        if let Some(schema) = descriptors::schema(&self.session, d).await? {
+            return Ok(Response::new(schema));
+        }
+        Ok(Response::new(
+            trainer::schema(&self.jobs, d).map_err(|s| descriptors::not_found(d, s))?,
+        ))
     }
 
     async fn do_get(
