@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 source scripts/deps.sh
 SLUICE_VENV_MINIMAL=1 source scripts/venv.sh
-cargo build --quiet --bin sluice
+# cargo prints its progress: a first build takes minutes and should look busy.
+cargo build --bin sluice
 sluice() { "$CARGO_TARGET_DIR/debug/sluice" "$@"; }
 py() { "$VENV/bin/python" "$@"; }
 

@@ -332,6 +332,54 @@ pub enum CheckpointAction {
     },
 }
 
+/// What `sluice job` does, against a running `serve`.
+#[derive(Debug, Subcommand)]
+pub enum JobAction {
+    /// Submit a pipeline: a .sql file, or a plan as .yaml/.yml/.json.
+    Submit {
+        /// The pipeline file.
+        file: PathBuf,
+        /// Samples per batch.
+        #[arg(long, default_value_t = 32)]
+        batch_size: u64,
+        /// Epochs.
+        #[arg(long, default_value_t = 1)]
+        epochs: u64,
+        /// Trainer ranks.
+        #[arg(long, default_value_t = 1)]
+        world_size: u64,
+        /// Shuffle every epoch with this seed (none: key order).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// What a bad sample does: skip, null or fail.
+        #[arg(long, default_value = "skip")]
+        on_error: String,
+        /// Where stages run: auto, storage or compute.
+        #[arg(long, default_value = "auto")]
+        offload: String,
+    },
+    /// Every job, a line each.
+    List,
+    /// One job's state, progress, rate, ETA, skipped samples and bottleneck.
+    Status {
+        /// The job id.
+        id: String,
+        /// Print a line a second until the job is done, failed or cancelled.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Cancel a job: its streams end, its resources are freed.
+    Cancel {
+        /// The job id.
+        id: String,
+    },
+    /// Where a job's stages run and why (and each re-plan).
+    Explain {
+        /// The job id.
+        id: String,
+    },
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -464,6 +512,15 @@ pub enum Command {
         /// Query limits.
         #[command(flatten)]
         limits: QueryLimitFlags,
+    },
+    /// Jobs of a running `serve`: submit, list, status [--watch], cancel, explain.
+    Job {
+        /// The server's REST API.
+        #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// What to do.
+        #[command(subcommand)]
+        action: JobAction,
     },
     /// Checkpoints in the data dir: list, delete, or copy one out to a file.
     Checkpoints {

@@ -13,6 +13,7 @@
 //! sluice [--data-dir DIR] udfs [--calibrate]
 //! sluice [--data-dir DIR] info
 //! sluice [--data-dir DIR] bench scan|random|catalog|udf
+//! sluice job submit FILE | list | status ID [--watch] | cancel ID | explain ID   [--url URL]
 //! sluice gen-sample DIR
 //! ```
 //!
@@ -22,6 +23,7 @@ mod cli;
 mod commands;
 mod output;
 mod rest;
+mod rest_client;
 mod size;
 
 use clap::Parser;

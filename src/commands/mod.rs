@@ -11,6 +11,7 @@ mod gc;
 mod gen_sample;
 mod info;
 mod ingest;
+mod job;
 mod nodes;
 pub mod place;
 mod sql;
@@ -133,6 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
         }
         Command::Checkpoints { action } => checkpoints::run(&cli, action).await,
+        Command::Job { url, action } => job::run(&cli, url, action).await,
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
         Command::Info { format } => info::run(&cli, *format),
         Command::Gc { dry_run, format } => gc::run(&cli, *dry_run, *format).await,

@@ -1,0 +1,91 @@
+//! A small client of the REST API for the CLI's `job` commands: one
+//! HTTP/1.1 request per call over hyper's connection API (no TLS: `serve`
+//! speaks plain HTTP; put a proxy in front for more), the bearer token
+//! when there is one, and the server's `{code, message}` errors as one
+//! line.
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+/// Where the REST API is, and the token it wants.
+#[derive(Debug, Clone)]
+pub struct RestClient {
+    authority: String,
+    token: Option<String>,
+}
+
+impl RestClient {
+    /// A client of `url` (`http://host:port`).
+    pub fn new(url: &str, token: Option<String>) -> anyhow::Result<Self> {
+        let Some(rest) = url.strip_prefix("http://") else {
+            bail!("{url}: only http:// URLs are served by `sluice serve`");
+        };
+        let authority = rest.trim_end_matches('/').to_string();
+        if authority.is_empty() || authority.contains('/') {
+            bail!("{url}: expected http://HOST:PORT");
+        }
+        Ok(Self { authority, token })
+    }
+
+    /// `method path` with an optional JSON body; the JSON answer, or an
+    /// error that says what the server said.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let stream = TcpStream::connect(&self.authority).await.with_context(|| {
+            format!(
+                "cannot reach the sluice server at http://{}",
+                self.authority
+            )
+        })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("http://{}: not an HTTP server", self.authority))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(http::header::HOST, &self.authority);
+        if let Some(t) = &self.token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let payload = match body {
+            Some(v) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                Bytes::from(serde_json::to_vec(v)?)
+            }
+            None => Bytes::new(),
+        };
+        let resp = sender
+            .send_request(req.body(Full::new(payload))?)
+            .await
+            .with_context(|| format!("{method} {path}: the server closed the connection"))?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let value: Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_string()));
+        if status.is_success() {
+            return Ok(value);
+        }
+        let said = match (&value["code"], &value["message"]) {
+            (Value::String(c), Value::String(m)) => format!("{c}: {m}"),
+            _ => value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_string),
+        };
+        if status == StatusCode::UNAUTHORIZED {
+            bail!("{said} (set SLUICE_TOKEN or --token)");
+        }
+        bail!("{said}")
+    }
+}
