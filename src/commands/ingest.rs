@@ -25,7 +25,7 @@ pub async fn run(
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} {pos}/{len} samples {msg} [{elapsed_precise}, eta {eta}]",
+                "{spinner} {pos}/{len} samples ({per_sec}) {msg} [{elapsed_precise}, eta {eta}]",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
@@ -39,7 +39,9 @@ pub async fn run(
                 bar.set_length(p.total);
                 bar.set_position(p.done);
                 if p.done % 64 == 0 || p.done == p.total {
-                    bar.set_message(human(p.bytes));
+                    let secs = bar.elapsed().as_secs_f64().max(1e-3);
+                    let rate = (p.bytes as f64 / secs) as u64;
+                    bar.set_message(format!("{} ({}/s)", human(p.bytes), human(rate)));
                 }
             }
         })),
