@@ -101,9 +101,9 @@ def sent_bytes(ns):
     return int(m.group(1)) if m else 0
 
 
-def timed(cmd, runs, ns=None):
-    """Median wall time of `cmd` over `runs` runs after a warm-up, and the
-    median bytes the storage host sent per run."""
+def timed(cmd, runs, ns=None, warm=True):
+    """Median wall time of `cmd` over `runs` runs (after a warm-up unless
+    `warm` is false), and the median bytes the storage host sent per run."""
     def once():
         before = sent_bytes(ns) if ns else 0
         t = time.perf_counter()
@@ -112,7 +112,8 @@ def timed(cmd, runs, ns=None):
         if p.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed: {p.stderr}")
         return wall, (sent_bytes(ns) - before) if ns else 0
-    once()
+    if warm:
+        once()
     runs = [once() for _ in range(max(runs, 1))]
     return statistics.median(w for w, _ in runs), statistics.median(b for _, b in runs)
 
@@ -158,15 +159,28 @@ def grid(a, work, counts, results):
                             "cuts": {}, "auto": {}, "auto_choice": choice_text(plan["choice"]),
                             "auto_estimate": plan["rates"]["per_s"],
                             "calibration": plan.get("calibration", {}).get("kind", "none")}
+                    # Interleaved rounds (every cut and auto once per round,
+                    # a warm-up round first), medians: the machine's drift
+                    # lands on every configuration alike.
+                    modes = [str(c["cut"]) for c in plan["candidates"]] + ["auto"]
+                    walls = {m: [] for m in modes}
+                    sents = {m: [] for m in modes}
+                    for r in range(max(a.runs, 1) + 1):
+                        for m in modes:
+                            wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format",
+                                                         "arrow", "--offload", m], 1, "slrig-s0",
+                                               warm=False)
+                            if r > 0:
+                                walls[m].append(wall)
+                                sents[m].append(sent)
                     for c in plan["candidates"]:
-                        wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format", "arrow",
-                                                     "--offload", str(c["cut"])], a.runs, "slrig-s0")
-                        cell["cuts"][str(c["cut"])] = {
-                            "per_s": n / max(wall - startup, 1e-3), "bytes_per_sample": sent / n,
+                        m = str(c["cut"])
+                        cell["cuts"][m] = {
+                            "per_s": n / max(statistics.median(walls[m]) - startup, 1e-3),
+                            "bytes_per_sample": statistics.median(sents[m]) / n,
                             "on_storage": c["on_storage"]}
-                    wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format", "arrow",
-                                                 "--offload", "auto"], a.runs, "slrig-s0")
-                    cell["auto"] = {"per_s": n / max(wall - startup, 1e-3), "bytes_per_sample": sent / n}
+                    cell["auto"] = {"per_s": n / max(statistics.median(walls["auto"]) - startup, 1e-3),
+                                    "bytes_per_sample": statistics.median(sents["auto"]) / n}
                     best = max(cell["cuts"].values(), key=lambda r: r["per_s"])
                     cell["auto_vs_best"] = cell["auto"]["per_s"] / best["per_s"]
                     cell["auto_vs_compute"] = cell["auto"]["per_s"] / cell["cuts"]["0"]["per_s"]

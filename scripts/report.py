@@ -131,8 +131,8 @@ def section(results, loaders):
         "which `scripts/bench_placement.py --json` writes (`python3 scripts/report.py --run",
         "--sluice BIN` does both). Machine: "
         f"{results['machine']['cpus']} CPUs; binary: `{os.path.basename(results['sluice'])}`"
-        f" ({results.get('build', 'see the command')}); {results['runs']} timed runs per"
-        " configuration after a warm-up, medians.",
+        f" ({results.get('build', 'see the command')}); {results['runs']} timed rounds after a"
+        " warm-up round, each round running every cut and auto once in turn; medians.",
         "",
         "Each cell is the rig of `scripts/rig.sh`: one storage host and the coordinator in",
         "network namespaces on a bridge, the storage host's egress shaped by the kernel's",

@@ -547,10 +547,16 @@ impl Prepared {
     }
 
     /// Places `plan` under `offload` and plans its compute fragment; an
-    /// `auto` placement is calibrated first (when calibration is on).
+    /// `auto` placement across machines is calibrated first (when
+    /// calibration is on).
     pub async fn place(&self, plan: LogicalPlan, offload: Offload) -> Result<PlannedQuery> {
-        self.place_with(plan, offload, matches!(offload, Offload::Auto))
-            .await
+        // Co-located, every cut costs the one pool of cores the same stage
+        // work and differs only by the hand-over (`Rates::of`): measured
+        // stage costs cannot change the choice, so a run does not pay for
+        // timing them (EXPLAIN still does, to show them).
+        let calibrate =
+            matches!(offload, Offload::Auto) && self.planner.resources.colocated.is_none();
+        self.place_with(plan, offload, calibrate).await
     }
 
     /// [`Prepared::place`], calibrating when `calibrate` (and calibration

@@ -39,6 +39,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -212,10 +213,13 @@ impl Segment {
         // someone else made under the name.
         let name = format!("{SEGMENT_PREFIX}{}-{n}", std::process::id());
         let path = Path::new(SHM_DIR).join(name);
+        // Only the server's user may map it: a trainer of another user
+        // cannot open it and reads over Flight instead.
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)?;
         let size = HEADER + slots * slot_bytes;
         let mapped = (|| {

@@ -367,10 +367,12 @@ class Reader:
                 start = self.offset
             yield batch
 
-    def _flight(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
-        """(batch, first position, next offset) over Flight."""
+    def _flight(self, transport: Optional[str] = None) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
+        """(batch, first position, next offset) over Flight (and shared
+        memory, when it can be had)."""
         c = self.job.client
-        probe = _shm.Probe() if self.transport != "flight" else None
+        transport = transport or self.transport
+        probe = _shm.Probe() if transport != "flight" else None
         try:
             stream = c.flight().do_get(self._ticket(probe), c.call_options())
             self.schema = stream.schema
@@ -400,6 +402,15 @@ class Reader:
                 try:
                     segment = _shm.Segment(meta["segment"])
                     self.transport_used = "shm"
+                except PermissionError:
+                    if transport == "shm":
+                        raise
+                    # The server runs as another user: its segments are
+                    # not ours to map. Nothing was delivered yet; read the
+                    # same range over Flight instead.
+                    stream.cancel()
+                    yield from self._flight("flight")
+                    return
                 except OSError as e:
                     # The server's stream ended (an error, a cancel) and took
                     # the segment with it: the error follows, unless a slot
