@@ -3,7 +3,9 @@ ports, over a data dir of its own, stderr to a log file (a pipe nobody
 reads could fill and stall the server)."""
 
 import os
+import re
 import subprocess
+import urllib.request
 
 SLUICE = os.environ["SLUICE_BIN"]
 
@@ -34,3 +36,12 @@ def start_serve(d, env, args=(), bin=SLUICE):
             rest = line.split()[3]
     assert rest, open(os.path.join(d, "serve.log")).read()
     return proc, rest
+
+
+def metric(url, name):
+    """The value of the unlabelled metric `name` in the server's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))

@@ -3,25 +3,15 @@ come from memory (its hits show in /metrics), the bytes are the same as a
 server without a cache delivers, and `--cache-memory 0` turns it off."""
 
 import os
-import re
 import subprocess
 import tempfile
-import urllib.request
 
 import pyarrow as pa
 
 import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, metric, serve_env, start_serve
 
 SQL = "SELECT key, label, data FROM pets"
-
-
-def metric(c, name):
-    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
 
 
 def epochs(cache_memory):
@@ -38,13 +28,13 @@ def epochs(cache_memory):
             job = c.submit(SQL, batch_size=16, epochs=2, shuffle={"seed": 9})
             job.wait()
             first = pa.Table.from_batches(list(job.reader(0, 0).batches()))
-            after_first = metric(c, "sluice_cache_hits_total")
+            after_first = metric(c.url, "sluice_cache_hits_total")
             second = pa.Table.from_batches(list(job.reader(0, 1).batches()))
             counters = {
                 "hits_after_first": after_first,
-                "hits": metric(c, "sluice_cache_hits_total"),
-                "bytes": metric(c, "sluice_cache_bytes"),
-                "budget": metric(c, "sluice_cache_budget_bytes"),
+                "hits": metric(c.url, "sluice_cache_hits_total"),
+                "bytes": metric(c.url, "sluice_cache_bytes"),
+                "budget": metric(c.url, "sluice_cache_budget_bytes"),
             }
             return first, second, counters
         finally:

@@ -6,20 +6,18 @@ DataLoader workers read every sample once through it."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
 import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, metric, serve_env, start_serve
 
 SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 32, 32)) AS image "
        "FROM pets")
@@ -42,14 +40,6 @@ def server():
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
-
-
-def metric(c, name):
-    with urllib.request.urlopen(c.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
 
 
 def segments_of(pid):
@@ -107,10 +97,10 @@ def test_a_killed_trainer_gives_the_segment_back(server):
     assert child.stdout.split() == ["shm", "8"]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if metric(c, "sluice_shm_mapped_bytes") == 0 and not segments_of(proc.pid):
+        if metric(c.url, "sluice_shm_mapped_bytes") == 0 and not segments_of(proc.pid):
             break
         time.sleep(0.2)
-    assert metric(c, "sluice_shm_mapped_bytes") == 0
+    assert metric(c.url, "sluice_shm_mapped_bytes") == 0
     assert segments_of(proc.pid) == []
 
 
@@ -122,7 +112,7 @@ def test_a_trainer_that_keeps_every_batch_slows_the_stream_without_growing_it(se
     peak = 0.0
     for b in r.batches():
         held.append(b)  # never released: every slot stays taken
-        peak = max(peak, metric(c, "sluice_shm_mapped_bytes"))
+        peak = max(peak, metric(c.url, "sluice_shm_mapped_bytes"))
     after = job.status()["bytes"]
     assert sum(b.num_rows for b in held) == 120
     # The segment's slots went first, then Flight carried the rest.
