@@ -19,6 +19,10 @@ import pytest
 import sluice
 from serve import SLUICE, metric, serve_env, start_serve
 
+if not os.access("/dev/shm", os.W_OK):
+    pytest.skip("no writable /dev/shm on this machine: shared-memory delivery cannot be used "
+                "here (readers fall back to Flight)", allow_module_level=True)
+
 SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 32, 32)) AS image "
        "FROM pets")
 
