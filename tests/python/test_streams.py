@@ -259,6 +259,31 @@ def test_a_cancel_stops_a_udf_batch_mid_decode(slow):
     assert c._request("GET", "/healthz") == "ok\n"
 
 
+def test_a_trainer_that_leaves_stops_its_job_mid_window(slow):
+    """A trainer reading a job whose first window is one UDF batch of 120
+    slow decodes dies a second in (its connection drops while the window
+    runs, before any batch was sent): the server is idle within about one
+    decode, not when the window would have ended (over 10 s)."""
+    import sys
+
+    proc, c = slow
+    job = c.submit(SLOW_SQL, batch_size=120, on_error="null")
+    job.wait()
+    trainer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, sluice; job = sluice.Client(sys.argv[1]).job(sys.argv[2]); "
+        "[None for _ in job.reader(0, prefetch=0).batches()]"), c.url, job.id])
+    try:
+        busy(proc.pid)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    t = time.monotonic()
+    idle = time_to_idle(proc.pid, t)
+    print(f"idle {idle:.2f} s after the trainer died")
+    assert idle < 1.0, f"the window ran on {idle:.2f} s after the trainer died"
+    assert c._request("GET", "/healthz") == "ok\n"
+
+
 def test_a_dropped_query_stops_its_udf_batch(slow):
     """A Flight SQL query over the same rows whose client dies a second in
     (killed: its connection drops): the decodes stop, as for a job."""

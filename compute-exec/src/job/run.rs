@@ -656,6 +656,10 @@ impl Job {
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
                     Err(JobError::Cancelled(job.id.clone()))
                 }
+                // The reader left: its windows stop now (dropping `work`
+                // aborts them), not when the next batch finds no one to
+                // take it.
+                () = tx.closed() => Ok(()),
             };
             if let Err(e) = outcome {
                 if !matches!(e, JobError::Unavailable(_) | JobError::Cancelled(_)) {
