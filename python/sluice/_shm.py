@@ -30,6 +30,7 @@ STATES_AT = 64
 FREE = 0
 MAGIC = b"SLUICE01"
 
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
