@@ -210,7 +210,7 @@ pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
             (Box::pin(deliveries), state),
             |(mut deliveries, mut state)| async move {
                 let Some(next) = deliveries.next().await else {
-                    if let Some(seg) = &mut state.segment {
+                    if let Some(seg) = &state.segment {
                         seg.until_mapped(sluice_flight::shm::MAP_WAIT).await;
                     }
                     return None;
@@ -280,7 +280,7 @@ struct SlotMeta {
 /// size sets the slots').
 struct ShmStream {
     job: std::sync::Arc<crate::job::Job>,
-    segment: Option<Segment>,
+    segment: Option<std::sync::Arc<Segment>>,
     tried: bool,
     forced: bool,
 }
@@ -298,7 +298,7 @@ impl ShmStream {
             match Segment::for_batch(size) {
                 Ok(Some(seg)) => {
                     out.push(control(&serde_json::json!({ "segment": seg.info() })));
-                    self.segment = Some(seg);
+                    self.segment = Some(std::sync::Arc::new(seg));
                 }
                 Ok(None) => {
                     tracing::info!(job = %self.job.id(), bytes = size,
@@ -316,7 +316,7 @@ impl ShmStream {
                 }
             }
         }
-        if let Some(seg) = &mut self.segment {
+        if let Some(seg) = &self.segment {
             match seg.put(&d.batch).await {
                 Ok(Some(slot)) => {
                     self.job.sent_shm(slot.len);

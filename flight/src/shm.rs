@@ -33,7 +33,7 @@
 //! (a stream that ends first waits for the trainer to have mapped it,
 //! [`MAP_WAIT`] at most);
 //! files a killed server left are removed by the next one to make a
-//! segment ([`sweep`]).
+//! segment ([`sweep`], once per process).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -41,7 +41,8 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
@@ -166,7 +167,8 @@ pub struct SlotRef {
     pub len: u64,
 }
 
-/// A mapped segment, owned by one stream.
+/// A mapped segment of one stream. Shared (`Arc`) so that its slots are
+/// written on the blocking pool, not on the runtime serving the stream.
 #[derive(Debug)]
 pub struct Segment {
     path: PathBuf,
@@ -174,15 +176,17 @@ pub struct Segment {
     size: usize,
     slots: usize,
     slot_bytes: usize,
-    linked: bool,
-    next: usize,
+    linked: AtomicBool,
+    next: AtomicUsize,
 }
 
-// SAFETY: the mapping is owned by the `Segment` alone (no aliasing
-// references into it are handed out); the pointer is valid on any thread
-// until `drop` unmaps it.
+// SAFETY: the mapping is owned by the `Segment` alone (no references into
+// it outlive a call); the pointer is valid on any thread until `drop`
+// unmaps it.
 unsafe impl Send for Segment {}
-// SAFETY: shared access only reads the header through atomics.
+// SAFETY: shared access touches the header only through atomics, and a
+// slot's bytes only after winning that slot's FREE -> USED exchange, which
+// no other writer can win until the trainer frees it.
 unsafe impl Sync for Segment {}
 
 /// The encapsulated IPC message's length: continuation, metadata length,
@@ -207,7 +211,10 @@ impl Segment {
     /// A new segment of `slots` slots of `slot_bytes`.
     pub fn create(slots: usize, slot_bytes: usize) -> std::io::Result<Self> {
         assert!(slots > 0 && slots <= HEADER - STATES_AT && slot_bytes.is_multiple_of(4096));
-        sweep();
+        // A killed server's files go once per process: they cannot come
+        // back while this one runs (their pids are gone).
+        static SWEEP: Once = Once::new();
+        SWEEP.call_once(sweep);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // Unique per process and stream; `create_new` refuses a file
         // someone else made under the name.
@@ -255,8 +262,8 @@ impl Segment {
             size,
             slots,
             slot_bytes,
-            linked: true,
-            next: 0,
+            linked: AtomicBool::new(true),
+            next: AtomicUsize::new(0),
         };
         // SAFETY: the header is inside the mapping and nothing else
         // references it yet (the file is new and unnamed to anyone).
@@ -295,21 +302,22 @@ impl Segment {
     /// Removes the file once the trainer has mapped the segment (the
     /// memory stays until both sides unmap it, and nothing is left behind
     /// if either dies).
-    fn unlink_if_mapped(&mut self) {
-        if self.linked && self.byte(MAPPED_AT).load(Ordering::Acquire) != 0 {
+    fn unlink_if_mapped(&self) {
+        if self.byte(MAPPED_AT).load(Ordering::Acquire) != 0
+            && self.linked.swap(false, Ordering::AcqRel)
+        {
             let _ = std::fs::remove_file(&self.path);
-            self.linked = false;
         }
     }
 
     /// Waits, up to `limit`, until the trainer has mapped the segment:
     /// the end of a stream must not unlink it before the trainer opened
     /// it (its batches would be lost with the name).
-    pub async fn until_mapped(&mut self, limit: Duration) {
+    pub async fn until_mapped(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
             self.unlink_if_mapped();
-            if !self.linked || Instant::now() >= deadline {
+            if !self.linked.load(Ordering::Acquire) || Instant::now() >= deadline {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -317,16 +325,17 @@ impl Segment {
     }
 
     /// A free slot, round-robin from the last one used.
-    fn take_free(&mut self) -> Option<usize> {
+    fn take_free(&self) -> Option<usize> {
         self.unlink_if_mapped();
+        let next = self.next.load(Ordering::Relaxed);
         for i in 0..self.slots {
-            let s = (self.next + i) % self.slots;
+            let s = (next + i) % self.slots;
             if self
                 .byte(STATES_AT + s)
                 .compare_exchange(FREE, USED, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                self.next = (s + 1) % self.slots;
+                self.next.store((s + 1) % self.slots, Ordering::Relaxed);
                 return Some(s);
             }
         }
@@ -334,12 +343,13 @@ impl Segment {
     }
 
     /// Writes `m` into `slot` as an encapsulated IPC message.
-    fn write(&mut self, slot: usize, m: &SlicedMessage) -> usize {
+    fn write(&self, slot: usize, m: &SlicedMessage) -> usize {
         let len = message_len(m);
         assert!(len <= self.slot_bytes && slot < self.slots);
         // SAFETY: the slot is inside the mapping and was FREE (the trainer
-        // no longer reads it) and is now USED by us: no one else reads or
-        // writes these bytes until the trainer receives its number.
+        // no longer reads it) and is now USED by the caller, who won its
+        // exchange in `take_free`: no one else reads or writes these bytes
+        // until the trainer receives its number.
         let dst = unsafe {
             std::slice::from_raw_parts_mut(
                 self.base.add(HEADER + slot * self.slot_bytes),
@@ -362,7 +372,9 @@ impl Segment {
     /// Puts `batch` in a free slot, waiting up to [`SLOT_WAIT`] for one;
     /// `None` when it does not fit or no slot came free (send it over
     /// Flight instead).
-    pub async fn put(&mut self, batch: &RecordBatch) -> Result<Option<SlotRef>, String> {
+    /// The copy (the batch's one copy on this path) runs on the blocking
+    /// pool: the runtime serving streams only waits for it.
+    pub async fn put(self: &Arc<Self>, batch: &RecordBatch) -> Result<Option<SlotRef>, String> {
         let m = encode_batch(batch).map_err(|e| format!("cannot encode a batch: {e}"))?;
         if message_len(&m) > self.slot_bytes {
             return Ok(None);
@@ -379,7 +391,10 @@ impl Segment {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(2));
         };
-        let len = self.write(slot, &m);
+        let seg = Arc::clone(self);
+        let len = tokio::task::spawn_blocking(move || seg.write(slot, &m))
+            .await
+            .map_err(|e| format!("writing slot {slot}: {e}"))?;
         Ok(Some(SlotRef {
             slot: slot as u64,
             len: len as u64,
@@ -389,7 +404,7 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.linked {
+        if *self.linked.get_mut() {
             let _ = std::fs::remove_file(&self.path);
         }
         // SAFETY: `base` and `size` are the mapping `create` made, unmapped
@@ -444,7 +459,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slot_holds_the_batch_as_an_ipc_message() {
-        let mut seg = Segment::create(2, 4096).unwrap();
+        let seg = Arc::new(Segment::create(2, 4096).unwrap());
         let b = batch();
         let r = seg.put(&b).await.unwrap().unwrap();
         // Read the slot back as a stream: schema message, then the slot.
@@ -471,7 +486,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_segment_sends_over_flight_and_frees_on_drop() {
         let before = mapped_bytes();
-        let mut seg = Segment::create(2, 4096).unwrap();
+        let seg = Arc::new(Segment::create(2, 4096).unwrap());
         let path = seg.path.clone();
         assert!(path.exists());
         assert!(seg.put(&batch()).await.unwrap().is_some());

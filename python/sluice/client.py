@@ -377,7 +377,7 @@ class Reader:
             stream = c.flight().do_get(self._ticket(probe), c.call_options())
             self.schema = stream.schema
         except pa.ArrowException as e:
-            if self.transport == "shm":
+            if transport == "shm":
                 raise SluiceError(412, "shm_unavailable", f"job {self.job.id}: {e}") from None
             raise
         finally:

@@ -105,9 +105,7 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
                 cache.evictions,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {value}");
+            metric(&mut out, "counter", name, help, value);
         }
     }
     if let Some(c) = &s.checkpoints {
@@ -195,7 +193,12 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 
 /// One unlabelled gauge: its help, type and value lines.
 fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    metric(out, "gauge", name, help, value);
+}
+
+/// One unlabelled metric of `kind`: its help, type and value lines.
+fn metric(out: &mut String, kind: &str, name: &str, help: &str, value: impl std::fmt::Display) {
     let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
     let _ = writeln!(out, "{name} {value}");
 }

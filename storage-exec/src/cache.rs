@@ -119,96 +119,105 @@ impl ObjectCache {
 
     /// The object at `key`, if cached (and marks it used).
     pub fn get(&self, key: &ObjectKey) -> Option<Buffer> {
+        self.get_all(std::slice::from_ref(key))?.pop()
+    }
+
+    /// Every object of `keys` (and marks them used), or `None` when any
+    /// is missing: a scan's read is served whole from memory or not at
+    /// all. One lock for the lot; every key counts as a hit or a miss.
+    pub fn get_all(&self, keys: &[ObjectKey]) -> Option<Vec<Buffer>> {
         if !self.enabled() {
             return None;
         }
         let mut s = self.lock();
-        s.tick += 1;
-        let tick = s.tick;
-        let found = match s.entries.get_mut(&key.offset) {
-            Some(e) if e.len == key.len && e.crc == key.crc => {
-                let old = std::mem::replace(&mut e.tick, tick);
-                Some((old, e.bytes.clone()))
-            }
-            _ => None,
-        };
-        match found {
-            Some((old, bytes)) => {
-                s.lru.remove(&old);
-                s.lru.insert(tick, key.offset);
-                drop(s);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(bytes)
-            }
-            None => {
-                drop(s);
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
-    }
-
-    /// Counts `n` lookups that go to the device.
-    pub fn missed(&self, n: u64) {
-        self.misses.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Whether every key is cached (no counters move).
-    pub fn has_all(&self, keys: impl IntoIterator<Item = ObjectKey>) -> bool {
-        if !self.enabled() {
-            return false;
-        }
-        let s = self.lock();
-        keys.into_iter().all(|k| {
+        let held = |s: &State, k: &ObjectKey| {
             s.entries
                 .get(&k.offset)
                 .is_some_and(|e| e.len == k.len && e.crc == k.crc)
-        })
+        };
+        if !keys.iter().all(|k| held(&s, k)) {
+            drop(s);
+            self.misses.fetch_add(keys.len() as u64, Ordering::Relaxed);
+            return None;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            s.tick += 1;
+            let tick = s.tick;
+            let Some(e) = s.entries.get_mut(&k.offset) else {
+                continue;
+            };
+            let old = std::mem::replace(&mut e.tick, tick);
+            out.push(e.bytes.clone());
+            s.lru.remove(&old);
+            s.lru.insert(tick, k.offset);
+        }
+        drop(s);
+        self.hits.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        Some(out)
     }
 
-    /// Caches a copy of `bytes` (already checked against `key.crc`) under
-    /// `key`, evicting the least recently used entries to fit.
-    pub fn insert(&self, key: ObjectKey, bytes: &[u8]) {
-        if !self.enabled() || key.len > self.budget / 8 || bytes.len() as u64 != key.len {
-            return;
-        }
-        // The copy is made before the lock.
-        let owned = Buffer::from(bytes.to_vec());
-        let mut s = self.lock();
+    /// Whether `key` would be taken in now: not held already, and room
+    /// for it, made if need be of entries unused for two cache-fulls of
+    /// lookups (scan resistance: a cyclic scan of a dataset larger than
+    /// the cache, an epoch after an epoch, then keeps the part that fits
+    /// instead of evicting each object just before its next use; a
+    /// working set that moved on still ages out).
+    fn admits(&self, s: &State, key: &ObjectKey) -> bool {
         if s.entries
             .get(&key.offset)
             .is_some_and(|e| e.len == key.len && e.crc == key.crc)
         {
+            return false;
+        }
+        let horizon = s.tick.saturating_sub(2 * s.entries.len() as u64);
+        // A stale entry at the same place goes anyway.
+        let mut room =
+            self.budget.saturating_sub(s.bytes) + s.entries.get(&key.offset).map_or(0, |e| e.len);
+        for (&used, offset) in &s.lru {
+            if room >= key.len || used >= horizon {
+                break;
+            }
+            if *offset != key.offset {
+                room += s.entries.get(offset).map_or(0, |e| e.len);
+            }
+        }
+        room >= key.len
+    }
+
+    /// Caches a copy of `bytes` (already checked against `key.crc`) under
+    /// `key` if it is admitted, evicting the least recently used entries
+    /// to fit. The copy is made only for an object the cache takes, and
+    /// outside the lock.
+    pub fn insert(&self, key: ObjectKey, bytes: &[u8]) {
+        if !self.enabled() || key.len > self.budget / 8 || bytes.len() as u64 != key.len {
             return;
         }
-        s.tick += 1;
-        let tick = s.tick;
+        if !self.admits(&self.lock(), &key) {
+            return;
+        }
+        let owned = Buffer::from(bytes.to_vec());
+        let mut s = self.lock();
+        // Asked again: another reader may have changed it meanwhile.
+        if !self.admits(&s, &key) {
+            return;
+        }
         if let Some(old) = s.entries.remove(&key.offset) {
             s.lru.remove(&old.tick);
             s.bytes -= old.len;
         }
-        // Scan resistance: an entry is evicted only if it was not used in
-        // the last two cache-fulls of lookups. A cyclic scan of a dataset
-        // larger than the cache (an epoch after an epoch) then keeps the
-        // part that fits instead of evicting each object just before its
-        // next use; a working set that moved on still ages out.
-        let horizon = tick.saturating_sub(2 * s.entries.len() as u64);
         let mut evicted = 0;
         while s.bytes + key.len > self.budget {
-            let Some((&used, &offset)) = s.lru.first_key_value() else {
+            let Some((_, offset)) = s.lru.pop_first() else {
                 break;
             };
-            if used >= horizon {
-                drop(s);
-                self.evictions.fetch_add(evicted, Ordering::Relaxed);
-                return;
-            }
-            s.lru.pop_first();
             if let Some(e) = s.entries.remove(&offset) {
                 s.bytes -= e.len;
                 evicted += 1;
             }
         }
+        s.tick += 1;
+        let tick = s.tick;
         s.bytes += key.len;
         s.lru.insert(tick, key.offset);
         s.entries.insert(

@@ -2,8 +2,10 @@
 ports, over a data dir of its own, stderr to a log file (a pipe nobody
 reads could fill and stall the server)."""
 
+import contextlib
 import os
 import re
+import tempfile
 import subprocess
 import urllib.request
 
@@ -45,3 +47,32 @@ def metric(url, name):
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     assert m, f"{name} not in /metrics"
     return float(m.group(1))
+
+
+def generate(d, env, name, classes, per_class):
+    """`sluice gen-sample`'s ImageFolder under `d/name`; returns its path."""
+    src = os.path.join(d, name)
+    subprocess.run([SLUICE, "gen-sample", src, "--classes", str(classes),
+                    "--per-class", str(per_class)], env=env, check=True, capture_output=True)
+    return src
+
+
+@contextlib.contextmanager
+def sample_server(classes, per_class, args=()):
+    """A `sluice serve` (with `args`) over a temp dir, holding `pets`: a
+    generated ImageFolder of `classes` x `per_class` images. Yields
+    (process, sluice.Client, the temp dir, the server's environment);
+    the server must stop cleanly."""
+    import sluice
+
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        src = generate(d, env, "pets", classes, per_class)
+        proc, rest = start_serve(d, env, args)
+        try:
+            c = sluice.Client(rest)
+            c.ingest("pets", src)
+            yield proc, c, d, env
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0

@@ -2,44 +2,28 @@
 come from memory (its hits show in /metrics), the bytes are the same as a
 server without a cache delivers, and `--cache-memory 0` turns it off."""
 
-import os
-import subprocess
-import tempfile
-
 import pyarrow as pa
 
-import sluice
-from serve import SLUICE, metric, serve_env, start_serve
+from serve import metric, sample_server
 
 SQL = "SELECT key, label, data FROM pets"
 
 
 def epochs(cache_memory):
     """Both epochs of a job on a fresh server, and its cache's counters."""
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "2", "--per-class", "40"],
-                       env=env, check=True, capture_output=True)
-        proc, rest = start_serve(d, env, ["--cache-memory", cache_memory])
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)
-            job = c.submit(SQL, batch_size=16, epochs=2, shuffle={"seed": 9})
-            job.wait()
-            first = pa.Table.from_batches(list(job.reader(0, 0).batches()))
-            after_first = metric(c.url, "sluice_cache_hits_total")
-            second = pa.Table.from_batches(list(job.reader(0, 1).batches()))
-            counters = {
-                "hits_after_first": after_first,
-                "hits": metric(c.url, "sluice_cache_hits_total"),
-                "bytes": metric(c.url, "sluice_cache_bytes"),
-                "budget": metric(c.url, "sluice_cache_budget_bytes"),
-            }
-            return first, second, counters
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(2, 40, ["--cache-memory", cache_memory]) as (_, c, _, _):
+        job = c.submit(SQL, batch_size=16, epochs=2, shuffle={"seed": 9})
+        job.wait()
+        first = pa.Table.from_batches(list(job.reader(0, 0).batches()))
+        after_first = metric(c.url, "sluice_cache_hits_total")
+        second = pa.Table.from_batches(list(job.reader(0, 1).batches()))
+        counters = {
+            "hits_after_first": after_first,
+            "hits": metric(c.url, "sluice_cache_hits_total"),
+            "bytes": metric(c.url, "sluice_cache_bytes"),
+            "budget": metric(c.url, "sluice_cache_budget_bytes"),
+        }
+        return first, second, counters
 
 
 def test_the_second_epoch_comes_from_memory_with_the_same_bytes():

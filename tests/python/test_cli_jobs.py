@@ -4,34 +4,21 @@ id and an unreachable server are one-line errors with a non-zero exit."""
 
 import os
 import subprocess
-import tempfile
 import threading
 
 import pytest
 
-import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, sample_server
 
 
 @pytest.fixture(scope="module")
 def server():
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "2", "--per-class", "12"],
-                       env=env, check=True, capture_output=True)
-        proc, rest = start_serve(d, env)
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)
-            sql = os.path.join(d, "pipeline.sql")
-            with open(sql, "w") as f:
-                f.write("SELECT key, label, to_tensor(resize(decode_image(data), 16, 16)) AS image "
-                        "FROM pets")
-            yield c, dict(env, SLUICE_URL=rest), sql
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(2, 12) as (_, c, d, env):
+        sql = os.path.join(d, "pipeline.sql")
+        with open(sql, "w") as f:
+            f.write("SELECT key, label, to_tensor(resize(decode_image(data), 16, 16)) AS image "
+                    "FROM pets")
+        yield c, dict(env, SLUICE_URL=c.url), sql
 
 
 def job(env, *args, check=True):

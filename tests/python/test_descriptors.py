@@ -4,37 +4,18 @@ follows what `ListFlights` lists: GetFlightInfo on a dataset's descriptor
 same rows as the SQL that names them; GetSchema agrees; jobs still answer
 by id; a descriptor naming nothing is NOT_FOUND naming it."""
 
-import os
-import subprocess
-import tempfile
-
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import generate, sample_server
 
 
 @pytest.fixture(scope="module")
 def server():
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "2", "--per-class", "6"],
-                       env=env, check=True, capture_output=True)
-        more = os.path.join(d, "more")
-        subprocess.run([SLUICE, "gen-sample", more, "--classes", "2", "--per-class", "9"],
-                       env=env, check=True, capture_output=True)
-        proc, rest = start_serve(d, env)
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)   # version 1: 12 samples
-            c.ingest("pets", more)  # version 2: 18
-            yield c, flight.FlightClient(c.flight_address())
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(2, 6) as (_, c, d, env):  # version 1: 12 samples
+        c.ingest("pets", generate(d, env, "more", 2, 9))  # version 2: 18
+        yield c, flight.FlightClient(c.flight_address())
 
 
 def read(client, info):

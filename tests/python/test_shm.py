@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from serve import SLUICE, metric, serve_env, start_serve
+from serve import metric, sample_server
 
 if not os.access("/dev/shm", os.W_OK):
     pytest.skip("no writable /dev/shm on this machine: shared-memory delivery cannot be used "
@@ -29,21 +28,10 @@ SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 32,
 
 @pytest.fixture(scope="module")
 def server():
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "40"],
-                       env=env, check=True, capture_output=True)
-        proc, rest = start_serve(d, env)
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)
-            job = c.submit(SQL, batch_size=8, epochs=2, shuffle={"seed": 5}, on_error="null")
-            job.wait()
-            yield proc, c, job
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(3, 40) as (proc, c, _, _):
+        job = c.submit(SQL, batch_size=8, epochs=2, shuffle={"seed": 5}, on_error="null")
+        job.wait()
+        yield proc, c, job
 
 
 def segments_of(pid):

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import generate, serve_env, start_serve
 SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 24, 24)) AS image "
        "FROM pets")
 
@@ -23,14 +23,6 @@ SQL = ("SELECT key, label, to_tensor(random_resized_crop(decode_image(data), 24,
 def start(d, env):
     proc, rest = start_serve(d, env)
     return proc, sluice.Client(rest)
-
-
-def generate(d, env, name, classes, per_class):
-    """An ImageFolder of generated images under `d`; returns its path."""
-    src = os.path.join(d, name)
-    subprocess.run([SLUICE, "gen-sample", src, "--classes", str(classes),
-                    "--per-class", str(per_class)], env=env, check=True, capture_output=True)
-    return src
 
 
 def table(batches):
@@ -259,26 +251,32 @@ def test_a_cancel_stops_a_udf_batch_mid_decode(slow):
     assert c._request("GET", "/healthz") == "ok\n"
 
 
+def idle_after_killing(proc, code, *args):
+    """Runs `code` (a Python client given `args`) until the server is
+    busy, kills it (its connection drops), and returns how long the
+    server took to go idle."""
+    import sys
+
+    client = subprocess.Popen([sys.executable, "-c", code, *args])
+    try:
+        busy(proc.pid)
+    finally:
+        client.kill()
+        client.wait()
+    return time_to_idle(proc.pid, time.monotonic())
+
+
 def test_a_trainer_that_leaves_stops_its_job_mid_window(slow):
     """A trainer reading a job whose first window is one UDF batch of 120
     slow decodes dies a second in (its connection drops while the window
     runs, before any batch was sent): the server is idle within about one
     decode, not when the window would have ended (over 10 s)."""
-    import sys
-
     proc, c = slow
     job = c.submit(SLOW_SQL, batch_size=120, on_error="null")
     job.wait()
-    trainer = subprocess.Popen([sys.executable, "-c", (
+    idle = idle_after_killing(proc, (
         "import sys, sluice; job = sluice.Client(sys.argv[1]).job(sys.argv[2]); "
-        "[None for _ in job.reader(0, prefetch=0).batches()]"), c.url, job.id])
-    try:
-        busy(proc.pid)
-    finally:
-        trainer.kill()
-        trainer.wait()
-    t = time.monotonic()
-    idle = time_to_idle(proc.pid, t)
+        "[None for _ in job.reader(0, prefetch=0).batches()]"), c.url, job.id)
     print(f"idle {idle:.2f} s after the trainer died")
     assert idle < 1.0, f"the window ran on {idle:.2f} s after the trainer died"
     assert c._request("GET", "/healthz") == "ok\n"
@@ -288,21 +286,12 @@ def test_a_dropped_query_stops_its_udf_batch(slow):
     """A Flight SQL query over the same rows whose client dies a second in
     (killed: its connection drops): the decodes stop, as for a job."""
     import json
-    import sys
 
     proc, c = slow
-    ticket = json.dumps({"sql": SLOW_SQL})
-    client = subprocess.Popen([sys.executable, "-c", (
+    idle = idle_after_killing(proc, (
         "import sys; from pyarrow import flight; "
         "flight.connect(sys.argv[1]).do_get(flight.Ticket(sys.argv[2].encode())).read_all()"),
-        c.flight_address(), ticket])
-    try:
-        busy(proc.pid)
-    finally:
-        client.kill()
-        client.wait()
-    t = time.monotonic()
-    idle = time_to_idle(proc.pid, t)
+        c.flight_address(), json.dumps({"sql": SLOW_SQL}))
     print(f"idle {idle:.2f} s after the client died")
     assert idle < 1.0, f"the decodes ran on {idle:.2f} s after the client died"
     assert c._request("GET", "/healthz") == "ok\n"

@@ -4,17 +4,15 @@ Flight before the workers forked; ranks come from an initialised
 torch.distributed (gloo, two processes); set_epoch; and a saved
 state_dict resumes exactly where it stopped."""
 
-import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import sample_server
 
 SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 16, 16)) AS image "
        "FROM pets")
@@ -22,19 +20,8 @@ SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 16, 16)) AS imag
 
 @pytest.fixture(scope="module")
 def job_server():
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = os.path.join(d, "pets")
-        subprocess.run([SLUICE, "gen-sample", src, "--classes", "3", "--per-class", "30"],
-                       env=env, check=True, capture_output=True)
-        proc, rest = start_serve(d, env)
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)
-            yield c
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(3, 30) as (_, c, _, _):
+        yield c
 
 
 def keys(loader):

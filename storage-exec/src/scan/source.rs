@@ -384,20 +384,6 @@ impl PartitionScan {
         Ok(buf.into_arrow())
     }
 
-    /// The cache's key of row `r`'s object.
-    fn object_key(&self, job: &ReadJob, r: usize) -> DFResult<ObjectKey> {
-        let crcs = job
-            .batch
-            .column(self.read_schema.index_of(CRC32C)?)
-            .as_primitive::<UInt32Type>();
-        let (offset, len) = job.extents[r];
-        Ok(ObjectKey {
-            offset,
-            len,
-            crc: crcs.value(r),
-        })
-    }
-
     /// Every object of the job from the node's cache, or `None` (the job
     /// reads the device; a partial hit is a miss: the read is coalesced).
     fn cached(&self, job: &ReadJob) -> DFResult<Option<Vec<Buffer>>> {
@@ -405,16 +391,25 @@ impl PartitionScan {
         if !cache.enabled() {
             return Ok(None);
         }
-        let rows = job.plan.runs.iter().flat_map(|run| run.rows.clone());
-        let keys: Vec<ObjectKey> = rows
-            .map(|r| self.object_key(job, r))
-            .collect::<DFResult<_>>()?;
-        if !cache.has_all(keys.iter().copied()) {
-            cache.missed(keys.len() as u64);
-            return Ok(None);
-        }
-        // An entry evicted since is a miss after all.
-        Ok(keys.iter().map(|k| cache.get(k)).collect())
+        let crcs = job
+            .batch
+            .column(self.read_schema.index_of(CRC32C)?)
+            .as_primitive::<UInt32Type>();
+        let keys: Vec<ObjectKey> = job
+            .plan
+            .runs
+            .iter()
+            .flat_map(|run| run.rows.clone())
+            .map(|r| {
+                let (offset, len) = job.extents[r];
+                ObjectKey {
+                    offset,
+                    len,
+                    crc: crcs.value(r),
+                }
+            })
+            .collect();
+        Ok(cache.get_all(&keys))
     }
 
     /// The job's output batches from cached objects (checked when they
