@@ -5,9 +5,12 @@
 # UDFs, libjpeg-turbo for JPEG decoding (its TurboJPEG API, and the libjpeg
 # API for windowed decodes), fio for the storage benchmarks'
 # baseline, iproute2 (ip, tc) for the multi-host rig (scripts/rig.sh).
+# SLUICE_EXTRA_DEBS adds more (test.sh: chromium, for the dashboard's
+# browser test).
+# shellcheck disable=SC2206
 DEBS=(pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
       libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev fio
-      iproute2)
+      iproute2 ${SLUICE_EXTRA_DEBS:-})
 missing=()
 for p in "${DEBS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-source scripts/deps.sh
+SLUICE_EXTRA_DEBS="chromium" source scripts/deps.sh
 source scripts/venv.sh
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
@@ -55,6 +55,7 @@ cargo test --workspace
 echo "== fuzz targets, a few seconds each"
 bash scripts/fuzz.sh 5
 echo "== python tests"
+# The dashboard's browser test saves its screenshots under artifacts/.
 SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" "$VENV/bin/python" -m pytest -q tests/python
 echo "== SPDK backend"
 if [[ -n "${SPDK_DIR:-}" ]]; then

@@ -1,6 +1,7 @@
 # Sourced by test.sh and demo.sh: the Python venv beside the target dir
 # (pyarrow and numpy for the client, Pillow and PyAV as the benchmarks'
-# baselines, pytest and an OpenAPI validator for the tests), with the
+# baselines, pytest, an OpenAPI validator and ADBC's Flight SQL driver
+# for the tests), with the
 # sluice client package (python/) installed editable; and, unless
 # SLUICE_VENV_MINIMAL is set (the demo), torch for sluice under PyTorch
 # and DLIO with its real dependencies. Sets $VENV.
@@ -8,7 +9,7 @@ VENV="${SLUICE_VENV:-$(dirname "$CARGO_TARGET_DIR")/venv}"
 has_modules() {
   "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@" 2>/dev/null
 }
-if ! has_modules pyarrow numpy PIL av pytest openapi_spec_validator; then
+if ! has_modules pyarrow numpy PIL av pytest openapi_spec_validator adbc_driver_flightsql; then
   echo "== python venv $VENV"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow::array::{RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::Result;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use sluice_planner::Explanation;
@@ -29,16 +29,20 @@ pub fn explained(sql: &str) -> Option<&str> {
     Some(rest)
 }
 
+/// The schema of an `EXPLAIN`'s rows.
+pub fn explain_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("plan_type", DataType::Utf8, false),
+        Field::new("plan", DataType::Utf8, false),
+    ]))
+}
+
 /// The rows of an `EXPLAIN`: `placement` (the planner's text) and
 /// `compute_plan` (the physical compute fragment).
 pub fn explain_batch(e: &Explanation, plan: &Arc<dyn ExecutionPlan>) -> Result<RecordBatch> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("plan_type", DataType::Utf8, false),
-        Field::new("plan", DataType::Utf8, false),
-    ]));
     let physical = displayable(plan.as_ref()).indent(true).to_string();
     Ok(RecordBatch::try_new(
-        schema,
+        explain_schema(),
         vec![
             Arc::new(StringArray::from(vec!["placement", "compute_plan"])),
             Arc::new(StringArray::from(vec![e.to_text(), physical])),

@@ -23,6 +23,8 @@
 //!   and `/healthz` never wait on query CPU;
 //! - [`service`] and [`client`]: a compute node's Flight service (queries
 //!   and job streams on one port), and its typed query client;
+//! - [`flight_sql`]: Flight SQL on the same port — statements, prepared
+//!   statements, catalogs, schemas, tables, SQL info;
 //! - [`descriptors`]: dataset descriptors `ListFlights` lists, followed by
 //!   `GetFlightInfo`/`GetSchema` to a `DoGet` of the dataset's rows;
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
@@ -39,6 +41,7 @@ pub mod cooperative;
 pub mod descriptors;
 pub mod direct;
 pub mod explain;
+pub mod flight_sql;
 pub mod job;
 pub mod offthread;
 pub mod remote;

@@ -7,9 +7,12 @@
 //! - `DoGet(JobTicket)`, `GetFlightInfo(job id)` and `GetSchema(job id)`
 //!   are a job's streams to trainers ([`crate::trainer`]);
 //! - the `explain` action answers a query's placement as JSON;
-//! - `ListFlights` lists the datasets the node can reach, and
+//! - `ListFlights` lists the datasets the node can reach (and the jobs
+//!   that can be read, by id), and
 //!   `GetFlightInfo`/`GetSchema` of such a descriptor (`[name]` or
 //!   `[name, version]`) lead to a `DoGet` of its rows ([`crate::descriptors`]);
+//! - Flight SQL (commands, tickets and actions that are Flight SQL
+//!   messages) goes to [`crate::flight_sql`];
 //! - with a checkpoint store (`serve` over its own data dir), `DoPut`,
 //!   `DoGet` and the `checkpoint.*` actions are the checkpoint protocol of
 //!   [`sluice_flight::checkpoint`].
@@ -18,6 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
@@ -42,7 +46,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::descriptors;
 use crate::direct::DirectJobStreams;
-use crate::job::Jobs;
+use crate::flight_sql;
+use crate::job::{JobState, Jobs};
 use crate::offthread::{plan_on, run_query};
 use crate::session::ComputeSession;
 use crate::trainer;
@@ -124,6 +129,68 @@ impl QueryService {
         self
     }
 
+    /// Runs a query ticket: its result's Flight messages, ending with a
+    /// message whose app metadata is the [`FragmentReport`] of what it
+    /// met (bad samples, stage times).
+    pub(crate) async fn run(&self, t: QueryTicket) -> Result<Boxed<FlightData>, Status> {
+        let udfs = UdfEnv::new(t.udf);
+        // Planned and run on the query runtime: this one stays free for
+        // REST, Flight control calls and the deadline below.
+        let (session, env) = (Arc::clone(&self.session), Arc::clone(&udfs));
+        let mut batches = run_query(self.jobs.handle(), async move {
+            session.execute(&t.sql, t.offload, &env).await
+        })
+        .await
+        .map_err(|e| query_status(&e, true))?;
+        if let Some(limit) = self.query_timeout {
+            batches = with_deadline(batches, limit, udfs.cancel.clone());
+        }
+        // Dropping the stream (the client left) stops the UDFs at their next row.
+        let stop = udfs.cancel.on_drop();
+        Ok(send_reported(
+            batches.schema(),
+            batches,
+            |e| query_status(e, false),
+            None,
+            move |rows, bytes| {
+                let _ = &stop;
+                FragmentReport::of(&udfs, rows, bytes)
+            },
+        ))
+    }
+
+    /// The schema a query ticket's result will have (planned, not run).
+    pub(crate) async fn schema_of(&self, t: QueryTicket) -> Result<SchemaRef, Status> {
+        let session = Arc::clone(&self.session);
+        plan_on(self.jobs.handle(), async move {
+            let udfs = UdfEnv::new(t.udf);
+            if crate::explain::explained(&t.sql).is_some() {
+                return Ok(crate::explain::explain_schema());
+            }
+            let q = session.plan(&t.sql, t.offload, &udfs).await?;
+            Ok::<_, DataFusionError>(q.plan.schema())
+        })
+        .await
+        .map_err(Status::internal)?
+        .map_err(|e| query_status(&e, true))
+    }
+
+    /// Its Flight SQL side.
+    fn sql(&self) -> flight_sql::SqlService {
+        flight_sql::SqlService::new(self.clone())
+    }
+
+    /// The session it queries.
+    pub(crate) fn session(&self) -> &Arc<ComputeSession> {
+        &self.session
+    }
+
+    /// Caps a client's UDF limits by the server's.
+    pub(crate) fn capped(&self, mut t: QueryTicket) -> QueryTicket {
+        t.udf.limits = t.udf.limits.capped_by(self.session.limits());
+        t
+    }
+
     fn checkpoints(&self) -> Result<&Arc<dyn CheckpointEndpoint>, Status> {
         self.checkpoints.as_ref().ok_or_else(|| {
             Status::unimplemented(
@@ -197,13 +264,39 @@ impl FlightService for QueryService {
     type DoActionStream = Boxed<arrow_flight::Result>;
     type ListActionsStream = Boxed<ActionType>;
 
+    /// Flight's login (what Flight SQL clients given a username and a
+    /// password do): the call passed the token check, with the bearer
+    /// token or with a `Basic` login whose password is a token; the answer
+    /// carries `authorization: Bearer TOKEN` for the calls that follow.
     async fn handshake(
         &self,
-        _request: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented(
-            "no handshake: send the bearer token in the authorization header",
-        ))
+        let headers: Vec<String> = request
+            .metadata()
+            .get_all("authorization")
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_owned))
+            .collect();
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: Default::default(),
+        };
+        let mut response: Response<Self::HandshakeStream> =
+            Response::new(Box::pin(stream::iter([Ok(reply)])));
+        let bearer = headers
+            .iter()
+            .find_map(|h| sluice_flight::auth::basic_password(h).map(|t| format!("Bearer {t}")))
+            .or_else(|| {
+                headers
+                    .iter()
+                    .find(|h| h.trim().to_ascii_lowercase().starts_with("bearer "))
+                    .map(|h| h.trim().to_string())
+            });
+        if let Some(value) = bearer.and_then(|b| b.parse().ok()) {
+            response.metadata_mut().insert("authorization", value);
+        }
+        Ok(response)
     }
 
     async fn list_flights(
@@ -221,6 +314,16 @@ impl FlightService for QueryService {
                 .with_total_bytes(stats.bytes as i64);
             infos.push(Ok(info));
         }
+        // Jobs that can be read, by id (what GetFlightInfo takes).
+        for job in self.jobs.list() {
+            if !matches!(job.state(), JobState::Running | JobState::Done) {
+                continue;
+            }
+            let d = FlightDescriptor::new_cmd(job.id().to_string());
+            if let Ok(info) = trainer::flight_info(&self.jobs, d).await {
+                infos.push(Ok(info));
+            }
+        }
         Ok(Response::new(Box::pin(stream::iter(infos))))
     }
 
@@ -228,6 +331,9 @@ impl FlightService for QueryService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        if flight_sql::is_flight_sql(&request.get_ref().cmd) {
+            return FlightService::get_flight_info(&self.sql(), request).await;
+        }
         let d = request.into_inner();
         if let Some(info) = descriptors::flight_info(&self.session, &d).await? {
             return Ok(Response::new(info));
@@ -251,6 +357,9 @@ impl FlightService for QueryService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        if flight_sql::is_flight_sql(&request.get_ref().cmd) {
+            return self.sql().schema(request).await.map(Response::new);
+        }
         let d = request.get_ref();
         if let Some(schema) = descriptors::schema(&self.session, d).await? {
             return Ok(Response::new(schema));
@@ -264,6 +373,9 @@ impl FlightService for QueryService {
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        if flight_sql::is_flight_sql(&request.get_ref().ticket) {
+            return FlightService::do_get(&self.sql(), request).await;
+        }
         let ticket = request.into_inner().ticket;
         if trainer::is_job_ticket(&ticket) {
             return Ok(Response::new(trainer::stream(&self.jobs, &ticket).await?));
@@ -272,49 +384,28 @@ impl FlightService for QueryService {
             return Ok(Response::new(self.checkpoints()?.get(t).await?));
         }
         let t = self.parse_ticket(&ticket)?;
-        let udfs = UdfEnv::new(t.udf);
-        // Planned and run on the query runtime: this one stays free for
-        // REST, Flight control calls and the deadline below.
-        let (session, env) = (Arc::clone(&self.session), Arc::clone(&udfs));
-        let mut batches = run_query(self.jobs.handle(), async move {
-            session.execute(&t.sql, t.offload, &env).await
-        })
-        .await
-        .map_err(|e| query_status(&e, true))?;
-        if let Some(limit) = self.query_timeout {
-            batches = with_deadline(batches, limit, udfs.cancel.clone());
-        }
-        // Dropping the stream (the client left) stops the UDFs at their next row.
-        let stop = udfs.cancel.on_drop();
-        let stream = send_reported(
-            batches.schema(),
-            batches,
-            |e| query_status(e, false),
-            None,
-            move |rows, bytes| {
-                let _ = &stop;
-                let (bad_total, bad) = udfs.errors.snapshot();
-                FragmentReport {
-                    bad,
-                    bad_total,
-                    rows,
-                    bytes,
-                }
-            },
-        );
-        Ok(Response::new(stream))
+        Ok(Response::new(self.run(t).await?))
     }
 
     async fn do_put(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        let checkpoints = Arc::clone(self.checkpoints()?);
         let mut data = request.into_inner();
         let first = data
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
+        if first
+            .flight_descriptor
+            .as_ref()
+            .is_some_and(|d| flight_sql::is_flight_sql(&d.cmd))
+        {
+            return Err(Status::invalid_argument(
+                "sluice's SQL is read-only and its prepared statements take no parameters:                  updates, ingest and parameter bindings are refused",
+            ));
+        }
+        let checkpoints = Arc::clone(self.checkpoints()?);
         let command = first
             .flight_descriptor
             .as_ref()
@@ -346,6 +437,9 @@ impl FlightService for QueryService {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        if flight_sql::ACTIONS.contains(&request.get_ref().r#type.as_str()) {
+            return FlightService::do_action(&self.sql(), request).await;
+        }
         let action = request.into_inner();
         if action.r#type.starts_with(ACTION_PREFIX) {
             let body = self
@@ -382,10 +476,20 @@ impl FlightService for QueryService {
         &self,
         _request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let mut types = vec![ActionType {
-            r#type: EXPLAIN.into(),
-            description: "the placement of a query ticket, as JSON".into(),
-        }];
+        let mut types = vec![
+            ActionType {
+                r#type: EXPLAIN.into(),
+                description: "the placement of a query ticket, as JSON".into(),
+            },
+            ActionType {
+                r#type: "CreatePreparedStatement".into(),
+                description: "Flight SQL: prepare a read query".into(),
+            },
+            ActionType {
+                r#type: "ClosePreparedStatement".into(),
+                description: "Flight SQL: close a prepared statement".into(),
+            },
+        ];
         if self.checkpoints.is_some() {
             types.extend(ACTIONS.iter().map(|(t, d)| ActionType {
                 r#type: (*t).into(),

@@ -295,6 +295,18 @@ impl ComputeSession {
             .collect()
     }
 
+    /// The nodes holding dataset `name`, each with the latest version it
+    /// holds (what a job submitted now pins).
+    pub async fn versions(&self, name: &str) -> Vec<(String, u64)> {
+        let known = self.known.lock().await;
+        known.datasets.get(name).map_or_else(Vec::new, |h| {
+            h.parts
+                .iter()
+                .map(|p| (self.endpoints[p.node].name().to_string(), p.version))
+                .collect()
+        })
+    }
+
     /// The known datasets as the planner and the session's tables need them.
     async fn snapshot(&self) -> Snapshot {
         let known = self.known.lock().await;

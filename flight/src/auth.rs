@@ -4,7 +4,8 @@
 //! token that is given but empty (`--token ""`, `" "`, `","`) is refused
 //! rather than read as "no auth". The scheme is matched case-insensitively
 //! (RFC 7235). As a tonic interceptor it refuses a call with
-//! `Unauthenticated`.
+//! `Unauthenticated`, and also lets through a Flight `Basic` login whose
+//! password is a token, which the handshake exchanges for `Bearer TOKEN`.
 
 use std::sync::Arc;
 
@@ -46,6 +47,17 @@ impl BearerAuth {
         !self.tokens.is_empty()
     }
 
+    /// The token of a Flight handshake's `authorization: Basic` header
+    /// (base64 of `user:password`) whose password is an accepted token:
+    /// clients that only know username/password logins (Flight SQL's
+    /// handshake, ADBC's `username`/`password`) exchange it for the
+    /// bearer token. The user name is not checked: tokens name no users.
+    pub fn basic_token(&self, header: Option<&str>) -> Option<String> {
+        let password = basic_password(header?)?;
+        let bearer = format!("Bearer {password}");
+        (self.enabled() && self.allows(Some(&bearer))).then_some(password)
+    }
+
     /// Whether an `authorization` header value passes.
     pub fn allows(&self, header: Option<&str>) -> bool {
         if !self.enabled() {
@@ -64,6 +76,26 @@ impl BearerAuth {
     }
 }
 
+/// The password of an `authorization: Basic base64(user:password)`
+/// header value, trimmed (not checked).
+pub fn basic_password(header: &str) -> Option<String> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    // Padded or not: Go's Flight client sends it unpadded.
+    const BASE64: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let (scheme, encoded) = header.trim().split_once(char::is_whitespace)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = BASE64.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (_, password) = text.split_once(':')?;
+    Some(password.trim().to_string())
+}
+
 /// The status of a request without a valid token.
 pub fn unauthenticated() -> Status {
     Status::unauthenticated("a valid bearer token is required (authorization: Bearer TOKEN)")
@@ -71,11 +103,18 @@ pub fn unauthenticated() -> Status {
 
 impl tonic::service::Interceptor for BearerAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let header = request
+        if !self.enabled() {
+            return Ok(request);
+        }
+        // A client may send more than one (a Flight SQL driver's login
+        // beside an empty default): one that passes is enough.
+        let passes = request
             .metadata()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if self.allows(header) {
+            .get_all(AUTHORIZATION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|h| self.allows(Some(h)) || self.basic_token(Some(h)).is_some());
+        if passes {
             Ok(request)
         } else {
             Err(unauthenticated())
@@ -109,5 +148,27 @@ mod tests {
         assert!(!auth.allows(Some("s3cret")));
         assert!(!auth.allows(Some("Bearer ")));
         assert!(!auth.allows(None));
+    }
+
+    #[test]
+    fn a_basic_login_whose_password_is_a_token_gives_that_token() {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let auth = BearerAuth::new(["s3cret".to_string()]).unwrap();
+        let good = format!("Basic {}", b64("anyone:s3cret"));
+        assert_eq!(auth.basic_token(Some(&good)).as_deref(), Some("s3cret"));
+        let unpadded = format!("Basic {}", b64("anyone:s3cret").trim_end_matches('='));
+        assert_eq!(auth.basic_token(Some(&unpadded)).as_deref(), Some("s3cret"));
+        assert!(!auth.allows(Some(&good)), "REST takes bearer tokens only");
+        for bad in [
+            format!("Basic {}", b64("anyone:wrong")),
+            format!("Basic {}", b64("no-colon")),
+            "Basic !!!".to_string(),
+            "Bearer s3cret".to_string(),
+        ] {
+            assert_eq!(auth.basic_token(Some(&bad)), None, "{bad}");
+        }
+        let open = BearerAuth::new(Vec::<String>::new()).unwrap();
+        assert_eq!(open.basic_token(Some(&good)), None);
     }
 }

@@ -210,7 +210,11 @@ impl StorageEndpoint for StorageClient {
                 kind: Some(TicketKind::Fragment(FragmentTicket { plan, udf_options })),
             })
             .await?;
-        let data = read_reported(raw, move |r| udfs.errors.merge(r.bad_total, r.bad));
+        let node = self.node.clone();
+        let data = read_reported(raw, move |r| {
+            udfs.errors.merge(r.bad_total, r.bad);
+            udfs.clock.merge(&node, &r.stages);
+        });
         let this = self.clone();
         let batches = FlightDataDecoder::new(data)
             .map_err(move |e| DataFusionError::from(this.flight(e)))

@@ -16,6 +16,7 @@
 //!   [`FragmentReport`] (JSON): the bad samples the node met.
 
 use serde::{Deserialize, Serialize};
+use sluice_udfs::StageTiming;
 use sluice_udfs::env::BadSample;
 
 /// A Flight ticket.
@@ -74,6 +75,21 @@ pub struct TimeTicket {
     pub budget_ms: u64,
 }
 
+impl FragmentReport {
+    /// What the UDFs of `udfs` met while `rows` rows (`bytes` bytes) were
+    /// sent: their bad samples and stage times.
+    pub fn of(udfs: &sluice_udfs::UdfEnv, rows: u64, bytes: u64) -> Self {
+        let (bad_total, bad) = udfs.errors.snapshot();
+        Self {
+            bad,
+            bad_total,
+            rows,
+            bytes,
+            stages: udfs.clock.snapshot(),
+        }
+    }
+}
+
 /// What a fragment's run met, sent after its last batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FragmentReport {
@@ -85,4 +101,8 @@ pub struct FragmentReport {
     pub rows: u64,
     /// Bytes sent.
     pub bytes: u64,
+    /// Where the fragment's UDF time went (absent from nodes older than
+    /// per-stage statistics).
+    #[serde(default)]
+    pub stages: Vec<StageTiming>,
 }

@@ -109,7 +109,16 @@ fn line(st: &Value) -> String {
     if let Some(n) = st["skipped"].as_u64().filter(|&n| n > 0) {
         out.push_str(&format!("  skipped {n}"));
     }
-    if let Some(b) = st["observed"]["bottleneck"].as_str() {
+    let b = &st["stages"]["bottleneck"];
+    if let Some(tier) = b["tier"].as_str() {
+        out.push_str(&format!("  bottleneck {tier}"));
+        if let Some(stage) = b["stage"].as_str() {
+            out.push_str(&format!(" ({stage})"));
+        }
+        if let Some(busy) = b["busy"].as_f64() {
+            out.push_str(&format!(" {:.0}% busy", busy * 100.0));
+        }
+    } else if let Some(b) = st["observed"]["bottleneck"].as_str() {
         out.push_str(&format!("  bottleneck {b}"));
     }
     if let Some(e) = st["error"].as_str() {

@@ -37,6 +37,44 @@ pub struct Dataset {
     pub bytes: u64,
     /// Its columns.
     pub columns: Vec<Column>,
+    /// The latest version on each node holding it.
+    #[serde(default)]
+    pub versions: Vec<NodeVersion>,
+    /// What its objects are, from the probed sample of them: `image`,
+    /// `video`, `array` or `bytes`, most common first.
+    #[serde(default)]
+    pub formats: Vec<String>,
+}
+
+/// A node's latest version of a dataset.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NodeVersion {
+    /// The storage node.
+    pub node: String,
+    /// The version.
+    pub version: u64,
+}
+
+/// The kinds of objects in a probed sample, most common first.
+fn formats(sample: &[sluice_udfs::cost::SampleStats]) -> Vec<String> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for s in sample {
+        let kind = if s.frames > 1.0 {
+            "video"
+        } else if s.width > 0.0 && s.height > 0.0 {
+            "image"
+        } else if s.elements > 0.0 {
+            "array"
+        } else {
+            "bytes"
+        };
+        match counts.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((kind, 1)),
+        }
+    }
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    counts.into_iter().map(|(k, _)| k.to_string()).collect()
 }
 
 /// An ingest request: a directory (ImageFolder: class dirs become `label`)
@@ -65,12 +103,15 @@ async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
             e.to_string(),
         )
     })?;
-    Ok(session
-        .datasets()
-        .await
-        .into_iter()
-        .map(|(name, schema, stats)| Dataset {
-            name,
+    let mut out = Vec::new();
+    for (name, schema, stats) in session.datasets().await {
+        let versions = session
+            .versions(&name)
+            .await
+            .into_iter()
+            .map(|(node, version)| NodeVersion { node, version })
+            .collect();
+        out.push(Dataset {
             samples: stats.samples,
             bytes: stats.bytes,
             columns: schema
@@ -82,8 +123,12 @@ async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
                     nullable: f.is_nullable(),
                 })
                 .collect(),
-        })
-        .collect())
+            versions,
+            formats: formats(&stats.sample),
+            name,
+        });
+    }
+    Ok(out)
 }
 
 /// List datasets.

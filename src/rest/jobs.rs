@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use sluice_compute::JobSpec;
 use sluice_compute::job::JobStatus;
 use sluice_compute::job::adapt::Replan;
+use sluice_compute::job::stages::JobStages;
 
 use super::AppState;
 use super::error::ApiError;
@@ -24,6 +25,10 @@ pub struct JobExplain {
     /// Each move of the cut while the job ran (oldest first), with the
     /// measured rates that caused it; the placement above is the latest.
     pub replans: Vec<Replan>,
+    /// What the job measured, stage by stage, from its first window to its
+    /// last (absent before its first window): EXPLAIN ANALYZE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analyze: Option<JobStages>,
 }
 
 /// Submit a job: a pipeline (`sql`, or `plan` as an object or YAML text)
@@ -125,10 +130,16 @@ pub async fn explain(
             r.estimated_per_s,
         ));
     }
+    let analyze = job.stage_view(true);
+    if let Some(a) = &analyze {
+        text.push_str("\n\n");
+        text.push_str(&a.to_text());
+    }
     Ok(Json(JobExplain {
         id,
         text,
         placement,
         replans,
+        analyze,
     }))
 }

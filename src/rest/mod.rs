@@ -13,16 +13,21 @@
 //!  GET    /v1/checkpoints        checkpoint versions (?prefix=)
 //!  DELETE /v1/checkpoints        delete one (?name=, &version=)
 //!  GET    /v1/info               version, the Flight address
+//!  GET    /v1/nodes              storage nodes (up/down, cores, link), the device, the cache
 //!  GET    /healthz  /metrics  /openapi.json
+//!  GET    /                      the dashboard (static files reading the routes above)
 //! ```
 //!
-//! With bearer tokens configured, every route but `/healthz` needs
-//! `authorization: Bearer TOKEN` (401 otherwise).
+//! With bearer tokens configured, every route but `/healthz` and the
+//! dashboard's static files needs `authorization: Bearer TOKEN` (401
+//! otherwise).
 
 pub mod checkpoints;
+pub mod dashboard;
 pub mod datasets;
 pub mod error;
 pub mod jobs;
+pub mod nodes;
 pub mod ops;
 
 use std::path::PathBuf;
@@ -104,13 +109,15 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(datasets::get))
         .routes(routes!(checkpoints::list, checkpoints::delete))
         .routes(routes!(ops::info))
+        .routes(routes!(nodes::list))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
 }
 
 async fn authorize(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/healthz" {
+    let path = req.uri().path();
+    if path == "/healthz" || dashboard::PATHS.contains(&path) {
         return next.run(req).await;
     }
     let header = req
@@ -186,6 +193,7 @@ pub fn app(state: AppState) -> Router {
                 async move { axum::Json(api.as_ref().clone()) }
             }),
         )
+        .merge(dashboard::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn(refuse_oversized))
@@ -211,6 +219,7 @@ mod tests {
             ("/v1/datasets/{name}", vec!["get"]),
             ("/v1/checkpoints", vec!["delete", "get"]),
             ("/v1/info", vec!["get"]),
+            ("/v1/nodes", vec!["get"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),
         ];

@@ -182,6 +182,7 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             }
         }
     }
+    stage_metrics(&mut out, &statuses);
     (
         [(
             header::CONTENT_TYPE,
@@ -189,6 +190,102 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         )],
         out,
     )
+}
+
+/// The per-stage statistics of the jobs that have any (the last seconds of
+/// a running job, the whole of an idle one): gauges per stage, tier and
+/// queue, and the bottleneck as a gauge of 1 labelled with its tier and
+/// stage.
+fn stage_metrics(out: &mut String, statuses: &[sluice_compute::job::JobStatus]) {
+    let families = [
+        (
+            "sluice_job_stage_samples_per_second",
+            "Samples a stage evaluated per second, by job, tier, node and UDF.",
+        ),
+        (
+            "sluice_job_stage_seconds_per_sample",
+            "Time per sample of a stage (quantile mean or 0.9).",
+        ),
+        (
+            "sluice_job_stage_busy_ratio",
+            "Share of its tier's cores a stage kept busy.",
+        ),
+        (
+            "sluice_job_tier_busy_ratio",
+            "Share of a tier's capacity in use (storage, link, compute, cpu, trainer).",
+        ),
+        (
+            "sluice_job_queue_occupancy",
+            "Mean occupancy of a buffer between stages (windows, reader).",
+        ),
+        (
+            "sluice_job_bottleneck",
+            "1 for the tier (and stage) holding the job back.",
+        ),
+    ];
+    for (name, help) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for st in statuses {
+            let Some(v) = &st.stages else { continue };
+            let job = label(&st.id);
+            let stage = |s: &sluice_compute::job::stages::StageView| {
+                format!(
+                    "job=\"{job}\",tier=\"{}\",node=\"{}\",udf=\"{}\"",
+                    s.tier,
+                    label(&s.node),
+                    label(&s.udf)
+                )
+            };
+            match name {
+                "sluice_job_stage_samples_per_second" => {
+                    for s in &v.stages {
+                        let _ = writeln!(out, "{name}{{{}}} {}", stage(s), s.samples_per_s);
+                    }
+                }
+                "sluice_job_stage_seconds_per_sample" => {
+                    for s in &v.stages {
+                        let l = stage(s);
+                        let _ =
+                            writeln!(out, "{name}{{{l},quantile=\"mean\"}} {}", s.mean_ms / 1e3);
+                        let _ = writeln!(out, "{name}{{{l},quantile=\"0.9\"}} {}", s.p90_ms / 1e3);
+                    }
+                }
+                "sluice_job_stage_busy_ratio" => {
+                    for s in &v.stages {
+                        let _ = writeln!(out, "{name}{{{}}} {}", stage(s), s.busy);
+                    }
+                }
+                "sluice_job_tier_busy_ratio" => {
+                    for t in &v.tiers {
+                        if let Some(b) = t.busy {
+                            let _ =
+                                writeln!(out, "{name}{{job=\"{job}\",tier=\"{}\"}} {b}", t.tier);
+                        }
+                    }
+                }
+                "sluice_job_queue_occupancy" => {
+                    for q in &v.queues {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{job=\"{job}\",queue=\"{}\"}} {}",
+                            q.queue, q.mean
+                        );
+                    }
+                }
+                _ => {
+                    if let Some(b) = &v.bottleneck {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{job=\"{job}\",tier=\"{}\",stage=\"{}\"}} 1",
+                            b.tier,
+                            label(b.stage.as_deref().unwrap_or(""))
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One unlabelled gauge: its help, type and value lines.

@@ -90,13 +90,7 @@ impl StorageFlightService {
             link,
             move |rows, bytes| {
                 let _ = &stop;
-                let (bad_total, bad) = udfs.errors.snapshot();
-                FragmentReport {
-                    bad,
-                    bad_total,
-                    rows,
-                    bytes,
-                }
+                FragmentReport::of(&udfs, rows, bytes)
             },
         ))
     }

@@ -29,7 +29,7 @@ use sluice_flight::{
     DatasetScanExec, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, Take,
     TokenBucket,
 };
-use sluice_udfs::UdfEnv;
+use sluice_udfs::{Site, UdfEnv};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
@@ -180,10 +180,12 @@ impl StorageNode {
         let config = SessionConfig::new()
             .with_target_partitions(self.cores)
             .with_batch_size(FRAGMENT_BATCH_ROWS);
+        // Its UDFs' time is the storage tier's (a remote client files it
+        // under the name it knows this node by).
         crate::session::session_context_with_config(
             Arc::clone(&self.store),
             self.scan.clone(),
-            udfs,
+            &udfs.at(Site::storage(IN_PROCESS)),
             config,
         )
     }
@@ -458,6 +460,15 @@ impl StorageEndpoint for StorageNode {
         udfs: Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, LinkError> {
         let ctx = self.session(&udfs);
+        // The fragment's UDF calls were bound to the compute session's
+        // UDFs; through the codec, as a remote node receives it, they are
+        // bound to this node's (whose time is the storage tier's).
+        let fragment = sluice_flight::encode_fragment(fragment)
+            .and_then(|bytes| sluice_flight::decode_fragment(&bytes, &ctx.task_ctx()))
+            .map_err(|e| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            })?;
         let plan = self.bind(&ctx, fragment).await?;
         let stream = self.run(plan, &ctx, &udfs);
         let Some(link) = self.link.clone() else {

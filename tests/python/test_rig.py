@@ -168,5 +168,15 @@ def test_a_job_moves_its_cut_when_the_link_is_throttled_mid_run():
             assert explained["replans"] == moves
             assert "re-planned" in explained["text"] and "link bound" in explained["text"]
             assert explained["placement"]["pipelines"][0]["choice"]["cut"] == int(m["to"][-1])
+            # Per-stage statistics over separate machines: each tier on its
+            # own, and the decodes (fused with the resize or not) the storage
+            # node ran after the move
+            # reported back under the node's name.
+            analyze = explained["analyze"]
+            assert {t["tier"] for t in analyze["tiers"]} == {"storage", "link", "compute",
+                                                             "trainer"}, analyze
+            on_storage = [s for s in analyze["stages"] if s["tier"] == "storage"]
+            assert any(s["udf"].startswith("decode") for s in on_storage), analyze
+            assert all(s["node"] and s["samples_per_s"] > 0 for s in on_storage), analyze
         finally:
             rig_cmd("down", rig_dir=rig_dir)

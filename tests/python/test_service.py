@@ -349,6 +349,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],
         "/v1/info": ["get"],
+        "/v1/nodes": ["get"],
         "/healthz": ["get"],
         "/metrics": ["get"],
     }

@@ -1,9 +1,12 @@
-//! What the UDFs of one session share: options, limits and the log of bad samples.
+//! What the UDFs of one session share: options, limits, the log of bad
+//! samples and the clock of their stages.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::stage_clock::{Site, StageClock};
 
 /// What to do with a sample that cannot be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -250,18 +253,42 @@ pub struct UdfEnv {
     /// The options.
     pub options: UdfOptions,
     /// Bad samples met so far.
-    pub errors: ErrorLog,
+    pub errors: Arc<ErrorLog>,
     /// Whether the work is still wanted.
     pub cancel: Cancel,
+    /// Where the time of its UDFs went.
+    pub clock: Arc<StageClock>,
+    /// Where its UDFs run.
+    pub site: Site,
 }
 
 impl UdfEnv {
     /// An environment with `options`.
     pub fn new(options: UdfOptions) -> Arc<Self> {
+        Self::timed(options, Arc::default())
+    }
+
+    /// An environment with `options` whose UDFs record their time in
+    /// `clock` (a job's, shared by all its streams).
+    pub fn timed(options: UdfOptions, clock: Arc<StageClock>) -> Arc<Self> {
         Arc::new(Self {
             options,
-            errors: ErrorLog::default(),
+            errors: Arc::default(),
             cancel: Cancel::default(),
+            clock,
+            site: Site::default(),
+        })
+    }
+
+    /// The same environment (options, bad samples, cancel, clock) for UDFs
+    /// that run at `site`: a storage node's share of a query.
+    pub fn at(&self, site: Site) -> Arc<Self> {
+        Arc::new(Self {
+            options: self.options,
+            errors: Arc::clone(&self.errors),
+            cancel: self.cancel.clone(),
+            clock: Arc::clone(&self.clock),
+            site,
         })
     }
 }

@@ -68,6 +68,7 @@ pub mod panic_guard;
 pub mod probe;
 pub mod random;
 pub mod rewrite;
+pub mod stage_clock;
 pub mod tensor;
 pub mod udf;
 
@@ -78,6 +79,7 @@ use datafusion::prelude::SessionContext;
 
 pub use env::{ErrorLog, Limits, OnError, UdfEnv, UdfOptions};
 pub use rewrite::SluiceRewrite;
+pub use stage_clock::{Site, StageClock, StageTiming, Tier};
 
 /// Every sluice UDF, bound to `env`.
 pub fn all(env: &Arc<UdfEnv>) -> Vec<ScalarUDF> {

@@ -17,6 +17,8 @@
 //!   may have in flight together;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
+//! - [`stages`]: per-stage statistics — rates, time per sample, queues,
+//!   the bottleneck and its headroom;
 //! - [`adapt`]: re-planning under load — tiers measured as the job runs,
 //!   the cut moved at a window when they contradict the plan;
 //! - [`store`]: the job records that survive a restart;
@@ -32,6 +34,7 @@ pub mod rebatch;
 pub mod registry;
 pub mod run;
 pub mod spec;
+pub mod stages;
 pub mod status;
 pub mod store;
 pub mod stream;

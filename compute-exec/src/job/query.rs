@@ -20,7 +20,7 @@ use datafusion::logical_expr::{
 use sluice_flight::SLOT;
 use sluice_flight::scan::slot_field;
 use sluice_planner::pipeline::Pipeline;
-use sluice_udfs::{UdfEnv, UdfOptions};
+use sluice_udfs::{StageClock, UdfEnv, UdfOptions};
 
 use super::spec::{JobError, JobSpec};
 use crate::remote::RemoteDatasetTable;
@@ -88,13 +88,15 @@ pub struct JobQuery {
 }
 
 impl JobQuery {
-    /// Prepares `sql` on `session` under `options`.
+    /// Prepares `sql` on `session` under `options`; its UDFs record their
+    /// time in `clock`.
     pub async fn prepare(
         session: &ComputeSession,
         sql: &str,
         options: UdfOptions,
+        clock: Arc<StageClock>,
     ) -> Result<Self, JobError> {
-        let udfs = UdfEnv::new(options);
+        let udfs = UdfEnv::timed(options, clock);
         let prepared = session
             .prepare(sql, &udfs)
             .await

@@ -32,6 +32,7 @@ use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::query::{JobQuery, udf_options};
 use super::spec::{JobError, JobSpec};
+use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus, Progress};
 use super::store::{JobRecord, JobStore};
 use super::stream::{CHANNEL_BATCHES, Span};
@@ -94,6 +95,8 @@ pub struct Job {
     session: Arc<ComputeSession>,
     /// Where its stages run now, and the moves that led there.
     adaptive: Adaptive,
+    /// Where its time goes, stage by stage.
+    stages: StageStats,
     schema: SchemaRef,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
@@ -184,8 +187,8 @@ impl Job {
     ) -> Result<Self, JobError> {
         let sql = spec.validate()?;
         let offload = spec.offload.offload()?;
-        let query =
-            JobQuery::prepare(&session, &sql, udf_options(&spec, 0, session.limits())).await?;
+        let options = udf_options(&spec, 0, session.limits());
+        let query = JobQuery::prepare(&session, &sql, options, Arc::default()).await?;
         let table = query.table();
         let held = session.pins(&table).await;
         let pins = match pinned {
@@ -228,6 +231,7 @@ impl Job {
             created,
             session,
             adaptive: Adaptive::new(placed.explanation),
+            stages: StageStats::default(),
             schema: Arc::new(Schema::new(fields)),
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
@@ -586,7 +590,26 @@ impl Job {
             warnings: inner.warnings.clone(),
             observed: self.adaptive.last(),
             replans: self.adaptive.history(),
+            ranks: layout.map_or_else(Vec::new, |l| inner.progress.ranks(l.per_rank())),
+            stages: self.stage_view(false),
         }
+    }
+
+    /// Its per-stage statistics: of the last seconds, or of the whole job
+    /// (`total`, EXPLAIN ANALYZE); `None` before its first window.
+    pub fn stage_view(&self, total: bool) -> Option<JobStages> {
+        let e = self.explanation();
+        let estimate = e.pipelines.first().map(|p| &p.rates);
+        if total {
+            self.stages.total(&e.resources, estimate)
+        } else {
+            self.stages.view(&e.resources, estimate)
+        }
+    }
+
+    /// Where the streams of the job record what they do.
+    pub(super) fn stage_stats(&self) -> &StageStats {
+        &self.stages
     }
 
     /// Rank `rank`'s share of `epoch` from position `offset`, at most

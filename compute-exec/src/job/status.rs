@@ -10,6 +10,7 @@ use sluice_udfs::env::BadSample;
 
 use super::JobSpec;
 use super::adapt::{Observed, Replan};
+use super::stages::JobStages;
 
 /// The life of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -98,6 +99,28 @@ pub struct JobStatus {
     /// Each move of its cut while it ran, with the measurements that caused it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replans: Vec<Replan>,
+    /// Each rank's progress: its latest epoch and the epochs it finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankProgress>,
+    /// Per stage and tier: rates, time per sample, queues, the bottleneck
+    /// (the last seconds while it runs; the whole job once idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stages: Option<JobStages>,
+}
+
+/// One rank's progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RankProgress {
+    /// The rank.
+    pub rank: u64,
+    /// The latest epoch it read.
+    pub epoch: u64,
+    /// Positions of that epoch delivered.
+    pub delivered: u64,
+    /// Positions per epoch of each rank.
+    pub of: u64,
+    /// Epochs whose every position it was delivered.
+    pub epochs_done: u64,
 }
 
 /// Positions delivered per (rank, epoch), and the counters of a job.
@@ -196,6 +219,34 @@ impl Progress {
         self.last = Some(now);
     }
 
+    /// Each rank that read anything: its latest epoch, the positions of it
+    /// delivered, and the epochs done, when a rank's epoch has `per_rank`
+    /// positions.
+    pub fn ranks(&self, per_rank: u64) -> Vec<RankProgress> {
+        let mut out: Vec<RankProgress> = Vec::new();
+        let mut keys: Vec<_> = self.covered.keys().copied().collect();
+        keys.sort_unstable();
+        for (rank, epoch) in keys {
+            let delivered = self.covered[&(rank, epoch)].len();
+            let done = u64::from(per_rank > 0 && delivered >= per_rank);
+            match out.last_mut() {
+                Some(r) if r.rank == rank => {
+                    r.epoch = epoch;
+                    r.delivered = delivered;
+                    r.epochs_done += done;
+                }
+                _ => out.push(RankProgress {
+                    rank,
+                    epoch,
+                    delivered,
+                    of: per_rank,
+                    epochs_done: done,
+                }),
+            }
+        }
+        out
+    }
+
     /// Records that a reader started (the rate counts from the first).
     pub fn start(&mut self) {
         self.first.get_or_insert_with(Instant::now);
@@ -264,6 +315,24 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_show_their_latest_epoch_and_the_epochs_done() {
+        let mut p = Progress::default();
+        p.deliver(1, 0, 0, 10, 10);
+        p.deliver(0, 0, 0, 10, 10);
+        p.deliver(0, 1, 0, 4, 4);
+        let r = p.ranks(10);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].rank, r[0].epoch, r[0].delivered, r[0].epochs_done),
+            (0, 1, 4, 1)
+        );
+        assert_eq!(
+            (r[1].rank, r[1].epoch, r[1].delivered, r[1].epochs_done),
+            (1, 0, 10, 1)
+        );
+    }
 
     #[test]
     fn positions_count_once() {

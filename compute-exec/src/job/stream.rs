@@ -11,6 +11,9 @@
 //!        theirs over their cores: no barrier at a window's end)
 //!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
+//!  every window and batch feeds the job's per-stage statistics (samples made,
+//!    link bytes, windows ready, the reader's channel, time blocked on the reader:
+//!    see `stages`); the UDFs time themselves into the job's clock
 //!  an auto job on separate machines: every window feeds the job's meter; a
 //!    review that finds the plan contradicted places the window plan again,
 //!    and the next windows run the new placement (see `adapt`)
@@ -118,6 +121,7 @@ impl Job {
             self.session(),
             self.sql(),
             udf_options(self.spec(), epoch, self.session().limits()),
+            self.stage_stats().clock(),
         )
         .await?;
         // However this stream ends (the reader left, the job was cancelled,
@@ -161,6 +165,9 @@ impl Job {
         let held = Arc::clone(ready);
         let estimate = Arc::clone(&per_sample);
         let plan_of = Arc::clone(&current);
+        // Windows done and not yet taken by the loop below.
+        let ready_windows = Arc::new(AtomicU64::new(0));
+        let done = Arc::clone(&ready_windows);
         let mut windows = starts
             .map(move |(start, len)| {
                 let stop = (start + len).min(to);
@@ -168,7 +175,7 @@ impl Job {
                 let takes = held.index.takes(&samples);
                 let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
                 let task = Arc::clone(&task);
-                let (runtime, budget) = (runtime.clone(), budget.clone());
+                let (runtime, budget, done) = (runtime.clone(), budget.clone(), Arc::clone(&done));
                 let bytes = match estimate.load(Ordering::Relaxed) {
                     0 => WINDOW_BYTES,
                     b => b.saturating_mul(stop - start),
@@ -185,6 +192,7 @@ impl Job {
                         .await
                         .map_err(|e| JobError::Internal(e.to_string()))?
                         .map_err(|e| JobError::running(&e))?;
+                    done.fetch_add(1, Ordering::Relaxed);
                     Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
                 }
             })
@@ -200,9 +208,12 @@ impl Job {
         let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
         let mut reported = 0;
         let mut missing_total = 0u64;
+        let stats = self.stage_stats();
+        let mut last_window = std::time::Instant::now();
         while let Some(w) = windows.next().await {
             // `_room` is given back once this window's batches are sent.
             let (start, samples, rows, _room, took) = w?;
+            let ready_now = ready_windows.fetch_sub(1, Ordering::Relaxed);
             let ns = took.as_nanos() as u64 / (samples.len() as u64).max(1);
             ns_per_sample.store(ns.max(1), Ordering::Relaxed);
             let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
@@ -217,6 +228,7 @@ impl Job {
             let link = query.prepared.tally().bytes.swap(0, Ordering::Relaxed);
             self.record_link(link);
             made += samples.len() as u64;
+            stats.window(samples.len() as u64, link, ready_now, last_window.elapsed());
             if let Some(m) = meter.as_mut() {
                 m.window(samples.len() as u64, link);
                 if m.due() {
@@ -231,13 +243,16 @@ impl Job {
             while let Some(cut) = rebatch.next(stop >= to)? {
                 let done = finish(&cut)?;
                 let waiting = std::time::Instant::now();
+                let queued = (CHANNEL_BATCHES - tx.capacity().min(CHANNEL_BATCHES)) as u64;
                 if tx.send(Ok((cut, done))).await.is_err() {
                     return Ok(());
                 }
+                stats.sent(queued, waiting.elapsed());
                 if let Some(m) = meter.as_mut() {
                     m.waited(waiting.elapsed());
                 }
             }
+            last_window = std::time::Instant::now();
         }
         if let Some(cut) = rebatch.finish(to)? {
             let done = finish(&cut)?;

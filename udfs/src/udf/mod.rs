@@ -134,14 +134,20 @@ impl<F: Function> ScalarUDFImpl for Udf<F> {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let started = std::time::Instant::now();
         let call = Call::new(F::SPEC, &args, &self.env)?;
         // Third-party decoders can panic on odd files. A panic costs the
         // batch nothing: its rows are evaluated again one by one, and the
         // row that panics is one bad sample, under the policy.
-        match catch_unwind(AssertUnwindSafe(|| self.function.invoke(&call))) {
+        let result = match catch_unwind(AssertUnwindSafe(|| self.function.invoke(&call))) {
             Ok(result) => result.map(ColumnarValue::Array),
             Err(_) => self.row_by_row(&args, &call).map(ColumnarValue::Array),
-        }
+        };
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.env
+            .clock
+            .record(&self.env.site, F::SPEC.name, args.number_rows as u64, nanos);
+        result
     }
 }
 

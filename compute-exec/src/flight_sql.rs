@@ -1,0 +1,549 @@
+//! Flight SQL on the compute node's Flight port: what ADBC's Flight SQL
+//! driver, JDBC/ODBC tools and `pyarrow` clients send.
+//!
+//! ```text
+//!  QueryService (one port) ─ a ticket, descriptor or action that is a Flight SQL
+//!     message (protobuf Any of arrow.flight.protocol.sql.*) ─► SqlService
+//!  CommandStatementQuery ─► planned (read-only, the server's limits and placement)
+//!     ─► FlightInfo {schema, one endpoint: TicketStatementQuery{handle}} ─► DoGet
+//!  CreatePreparedStatement ─► {handle, dataset schema} ─► CommandPreparedStatementQuery
+//!     ─► FlightInfo ─► DoGet;  ClosePreparedStatement: nothing to free
+//!  GetCatalogs / GetDbSchemas / GetTables (datasets, and each node's latest version
+//!     as `name@V`, with their Arrow schemas) / GetTableTypes / GetSqlInfo
+//! ```
+//!
+//! A statement handle is the query ticket itself (JSON: the SQL, the
+//! offload mode, the UDF options): nothing is kept per statement on the
+//! server, so a closed, forgotten or replayed handle costs nothing, and a
+//! prepared statement runs exactly what was prepared. The rows are those of
+//! the query ticket's `DoGet` (`sluice sql --connect`), without its
+//! closing report message, which Flight SQL clients do not expect.
+//!
+//! Options a pipeline query needs travel as request headers, which ADBC
+//! sets with `adbc.flight.sql.rpc.call_header.<name>`: `x-sluice-seed`,
+//! `x-sluice-epoch`, `x-sluice-on-error` (`fail`, `null`, `skip`) and
+//! `x-sluice-offload` (`auto`, `storage`, `compute`, a cut). The token is
+//! the bearer `authorization` header every Flight call of this port needs.
+
+use std::pin::Pin;
+
+use arrow::datatypes::Schema;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::sql::metadata::{
+    GetCatalogsBuilder, GetDbSchemasBuilder, GetTablesBuilder, SqlInfoData, SqlInfoDataBuilder,
+};
+use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, Any, Command, CommandGetCatalogs, CommandGetDbSchemas,
+    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
+    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc,
+    SchemaResult, Ticket,
+};
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::{Stream, StreamExt, stream};
+use prost::Message;
+use sluice_planner::Offload;
+use sluice_udfs::{OnError, UdfOptions};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::service::{QueryService, QueryTicket};
+
+/// The catalog and schema every dataset is in (DataFusion's defaults,
+/// which the SQL resolves a bare table name against).
+pub const CATALOG: &str = "datafusion";
+/// See [`CATALOG`].
+pub const SCHEMA: &str = "public";
+/// The one table type.
+pub const TABLE_TYPE: &str = "TABLE";
+
+const PREFIX: &str = "type.googleapis.com/arrow.flight.protocol.sql.";
+
+/// Actions of the Flight SQL protocol (which this service answers or
+/// refuses with a Flight SQL error).
+pub const ACTIONS: [&str; 8] = [
+    "CreatePreparedStatement",
+    "ClosePreparedStatement",
+    "CreatePreparedSubstraitPlan",
+    "BeginTransaction",
+    "EndTransaction",
+    "BeginSavepoint",
+    "EndSavepoint",
+    "CancelQuery",
+];
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Whether `bytes` (a ticket, or a descriptor's command) is a Flight SQL
+/// message: sluice's own tickets are JSON, job ids and paths are text.
+pub fn is_flight_sql(bytes: &[u8]) -> bool {
+    Any::decode(bytes).is_ok_and(|a| a.type_url.starts_with(PREFIX))
+}
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct SqlService {
+    queries: QueryService,
+}
+
+impl SqlService {
+    /// Flight SQL over the queries of `queries`.
+    pub fn new(queries: QueryService) -> Self {
+        Self { queries }
+    }
+
+    /// The query ticket of `sql` under the options of `headers`.
+    fn ticket(&self, sql: String, headers: &MetadataMap) -> Result<QueryTicket, Status> {
+        refuse_writes(&sql)?;
+        let header = |name: &str| -> Result<Option<String>, Status> {
+            headers
+                .get(name)
+                .map(|v| {
+                    v.to_str()
+                        .map(str::to_owned)
+                        .map_err(|_| Status::invalid_argument(format!("header {name} is not text")))
+                })
+                .transpose()
+        };
+        let number = |name: &str| -> Result<Option<u64>, Status> {
+            header(name)?
+                .map(|v| {
+                    v.trim().parse::<u64>().map_err(|_| {
+                        Status::invalid_argument(format!(
+                            "header {name}: {v:?} is not a whole number"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let on_error = match header("x-sluice-on-error")? {
+            Some(v) => v
+                .parse::<OnError>()
+                .map_err(|e| Status::invalid_argument(format!("header x-sluice-on-error: {e}")))?,
+            None => OnError::default(),
+        };
+        let offload = match header("x-sluice-offload")? {
+            Some(v) => v
+                .parse::<Offload>()
+                .map_err(|e| Status::invalid_argument(format!("header x-sluice-offload: {e}")))?,
+            None => Offload::default(),
+        };
+        let udf = UdfOptions {
+            on_error,
+            seed: number("x-sluice-seed")?.unwrap_or(0),
+            epoch: number("x-sluice-epoch")?.unwrap_or(0),
+            limits: *self.queries.session().limits(),
+        };
+        Ok(self.queries.capped(QueryTicket { sql, offload, udf }))
+    }
+
+    /// A statement handle: the ticket, as JSON.
+    fn handle(t: &QueryTicket) -> Result<Vec<u8>, Status> {
+        serde_json::to_vec(t).map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// The ticket a handle names (the server's limits applied again: a
+    /// handle comes back from the client).
+    fn ticket_of(&self, handle: &[u8]) -> Result<QueryTicket, Status> {
+        let t: QueryTicket = serde_json::from_slice(handle).map_err(|e| {
+            Status::invalid_argument(format!("not a statement handle of this server: {e}"))
+        })?;
+        Ok(self.queries.capped(t))
+    }
+
+    /// A FlightInfo of `schema` whose one endpoint's ticket is `ticket`.
+    fn info(
+        schema: &Schema,
+        descriptor: FlightDescriptor,
+        ticket: Vec<u8>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let info = FlightInfo::new()
+            .try_with_schema(schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_descriptor(descriptor)
+            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
+            .with_ordered(true);
+        Ok(Response::new(info))
+    }
+
+    /// The rows of a ticket, without the closing report.
+    async fn rows(&self, t: QueryTicket) -> Result<Response<Boxed<FlightData>>, Status> {
+        let messages = self.queries.run(t).await?;
+        let rows = messages.filter(|m| {
+            let report =
+                matches!(m, Ok(d) if d.data_header.is_empty() && !d.app_metadata.is_empty());
+            futures::future::ready(!report)
+        });
+        Ok(Response::new(Box::pin(rows)))
+    }
+
+    /// `GetSchema` of a Flight SQL command: a statement's or a prepared
+    /// statement's result schema (planned, not run).
+    pub async fn schema(&self, request: Request<FlightDescriptor>) -> Result<SchemaResult, Status> {
+        let any = Any::decode(&*request.get_ref().cmd)
+            .map_err(|e| Status::invalid_argument(format!("bad Flight SQL command: {e}")))?;
+        let t = match Command::try_from(any).map_err(|e| Status::invalid_argument(e.to_string()))? {
+            Command::CommandStatementQuery(q) => self.ticket(q.query, request.metadata())?,
+            Command::CommandPreparedStatementQuery(p) => {
+                self.ticket_of(&p.prepared_statement_handle)?
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "GetSchema answers statements and prepared statements, not {}",
+                    other.type_url()
+                )));
+            }
+        };
+        let schema = self.queries.schema_of(t).await?;
+        SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
+    }
+
+    /// One built batch as a stream of Flight messages.
+    fn batch<E: std::fmt::Display>(
+        built: Result<RecordBatch, E>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let batch = built.map_err(|e| Status::internal(e.to_string()))?;
+        let schema = batch.schema();
+        let stream = arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(stream::once(async { Ok(batch) }))
+            .map(|r| r.map_err(|e| Status::internal(e.to_string())));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    /// The datasets as tables: each under its name, and each node's latest
+    /// version as `name@V`.
+    async fn tables(&self) -> Result<Vec<(String, std::sync::Arc<Schema>)>, Status> {
+        let session = self.queries.session();
+        session.refresh().await.map_err(Status::from)?;
+        let mut out = Vec::new();
+        for (name, schema, _) in session.datasets().await {
+            let mut versions: Vec<u64> = session
+                .versions(&name)
+                .await
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect();
+            versions.sort_unstable();
+            versions.dedup();
+            for v in versions {
+                out.push((format!("{name}@{v}"), schema.clone()));
+            }
+            out.push((name, schema));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    fn sql_info() -> Result<SqlInfoData, Status> {
+        let mut b = SqlInfoDataBuilder::new();
+        b.append(SqlInfo::FlightSqlServerName, "sluice");
+        b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        b.append(SqlInfo::FlightSqlServerArrowVersion, "59");
+        b.append(SqlInfo::FlightSqlServerReadOnly, true);
+        b.append(SqlInfo::FlightSqlServerSql, true);
+        b.append(SqlInfo::FlightSqlServerSubstrait, false);
+        b.append(SqlInfo::FlightSqlServerTransaction, 0i32);
+        b.append(SqlInfo::FlightSqlServerCancel, false);
+        b.append(SqlInfo::FlightSqlServerStatementTimeout, 0i32);
+        b.append(SqlInfo::FlightSqlServerTransactionTimeout, 0i32);
+        b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+        b.append(SqlInfo::SqlDdlCatalog, false);
+        b.append(SqlInfo::SqlDdlSchema, false);
+        b.append(SqlInfo::SqlDdlTable, false);
+        b.build().map_err(|e| Status::internal(e.to_string()))
+    }
+}
+
+/// Statements that change something, by their first keyword.
+const WRITES: [&str; 12] = [
+    "INSERT", "UPDATE", "DELETE", "MERGE", "CREATE", "DROP", "ALTER", "TRUNCATE", "COPY", "SET",
+    "RESET", "GRANT",
+];
+
+/// Refuses a statement that would change something, naming it, before
+/// it is planned (whose errors would speak of values lists and memory
+/// tables).
+fn refuse_writes(sql: &str) -> Result<(), Status> {
+    let first = sql
+        .trim_start_matches(|c: char| c.is_whitespace() || c == '(')
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    if WRITES.contains(&first.as_str()) {
+        return Err(Status::invalid_argument(format!(
+            "{first} refused: sluice's SQL is read-only (DDL, DML, COPY and SET are refused;              datasets change by ingest)"
+        )));
+    }
+    Ok(())
+}
+
+fn refused_update() -> Status {
+    Status::invalid_argument(
+        "sluice's SQL is read-only: DDL, DML, COPY and SET are refused (datasets change by \
+         ingest)",
+    )
+}
+
+fn schema_bytes(schema: &Schema) -> Result<Vec<u8>, Status> {
+    let message: IpcMessage = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+        .try_into()
+        .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+    Ok(message.0.to_vec())
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for SqlService {
+    type FlightService = SqlService;
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let t = self.ticket(query.query, request.metadata())?;
+        let schema = self.queries.schema_of(t.clone()).await?;
+        let handle = Self::handle(&t)?;
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into(),
+        };
+        Self::info(
+            &schema,
+            request.into_inner(),
+            ticket.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let t = self.ticket_of(&ticket.statement_handle)?;
+        self.rows(t).await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let t = self.ticket(query.query, request.metadata())?;
+        let schema = self.queries.schema_of(t.clone()).await?;
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: Self::handle(&t)?.into(),
+            dataset_schema: schema_bytes(&schema)?.into(),
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        _request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        // A handle is the statement itself: nothing is held to free.
+        Ok(())
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let t = self.ticket_of(&cmd.prepared_statement_handle)?;
+        let schema = self.queries.schema_of(t).await?;
+        Self::info(&schema, request.into_inner(), cmd.as_any().encode_to_vec())
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let t = self.ticket_of(&cmd.prepared_statement_handle)?;
+        self.rows(t).await
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        _query: CommandPreparedStatementQuery,
+        _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
+    ) -> Result<arrow_flight::sql::DoPutPreparedStatementResult, Status> {
+        Err(Status::invalid_argument(
+            "sluice's prepared statements take no parameters: write the values in the SQL",
+        ))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        _ticket: CommandStatementUpdate,
+        _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        Err(refused_update())
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        Self::info(
+            &schema,
+            request.into_inner(),
+            query.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let mut b: GetCatalogsBuilder = query.into_builder();
+        b.append(CATALOG);
+        Self::batch(b.build())
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        Self::info(
+            &schema,
+            request.into_inner(),
+            query.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let mut b: GetDbSchemasBuilder = query.into_builder();
+        b.append(CATALOG, SCHEMA);
+        Self::batch(b.build())
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        Self::info(
+            &schema,
+            request.into_inner(),
+            query.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let mut b: GetTablesBuilder = query.into_builder();
+        for (name, schema) in self.tables().await? {
+            b.append(CATALOG, SCHEMA, name, TABLE_TYPE, &schema)
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        Self::batch(b.build())
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        Self::info(
+            &schema,
+            request.into_inner(),
+            query.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let mut b = query.into_builder();
+        b.append(TABLE_TYPE);
+        Self::batch(b.build())
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder(&Self::sql_info()?).schema();
+        Self::info(
+            &schema,
+            request.into_inner(),
+            query.as_any().encode_to_vec(),
+        )
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let info = Self::sql_info()?;
+        Self::batch(query.into_builder(&info).build())
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_refused_by_their_first_word() {
+        for sql in [
+            "insert into t values (1)",
+            "  CREATE TABLE x (a int)",
+            "SET a = 1",
+            "copy t to 'f'",
+        ] {
+            let e = refuse_writes(sql).unwrap_err();
+            assert!(e.message().contains("read-only"), "{sql}: {e}");
+        }
+        for sql in [
+            "SELECT 1",
+            "(SELECT 1)",
+            "with a as (select 1) select * from a",
+            "EXPLAIN SELECT 1",
+        ] {
+            assert!(refuse_writes(sql).is_ok(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn only_flight_sql_messages_are_taken_for_flight_sql() {
+        let cmd = CommandStatementQuery {
+            query: "SELECT 1".into(),
+            transaction_id: None,
+        };
+        assert!(is_flight_sql(&cmd.as_any().encode_to_vec()));
+        assert!(!is_flight_sql(br#"{"sql": "SELECT 1"}"#));
+        assert!(!is_flight_sql(b"job-1-abc"));
+        assert!(!is_flight_sql(b""));
+    }
+}

@@ -1,0 +1,129 @@
+//! `/v1/nodes`: the storage nodes this server reads (up or down, cores,
+//! link) and, in embedded mode, its device (capacity, free chunks, I/O
+//! counters) and object cache — what an operator checks first when a job
+//! is slow, and what the dashboard draws.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+
+/// A storage node as the compute side sees it.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NodeView {
+    /// Its name (its address, or the in-process node).
+    pub name: String,
+    /// Whether it runs on this host (co-located with this compute side).
+    pub on_this_host: bool,
+    /// Whether it answered just now.
+    pub up: bool,
+    /// Why not, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Threads it gives to fragments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores: Option<usize>,
+    /// Bytes per second its link is limited to, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_limit: Option<f64>,
+    /// CPU time its process has used, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+}
+
+/// This server's device (embedded mode).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DeviceView {
+    /// The I/O backend (`uring`, `file`, `spdk`).
+    pub backend: String,
+    /// Bytes.
+    pub capacity: u64,
+    /// Chunk size, bytes.
+    pub chunk_size: u64,
+    /// Chunks in all.
+    pub total_chunks: u64,
+    /// Chunks no dataset, checkpoint or upload holds.
+    pub free_chunks: u64,
+    /// Reads completed since the server started.
+    pub reads: u64,
+    /// Bytes read since the server started (two readings over time give
+    /// the read bandwidth).
+    pub read_bytes: u64,
+    /// The node-wide object cache: budget, bytes held, hits, misses.
+    pub cache_budget: u64,
+    /// Bytes the cache holds.
+    pub cache_bytes: u64,
+    /// Reads served from the cache.
+    pub cache_hits: u64,
+    /// Reads that went to the device.
+    pub cache_misses: u64,
+}
+
+/// The storage side of this server.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Cluster {
+    /// Seconds since the server started (to turn counters into rates).
+    pub uptime_s: f64,
+    /// Its device, in embedded mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceView>,
+    /// The storage nodes it reads.
+    pub nodes: Vec<NodeView>,
+}
+
+/// The storage nodes (each asked now, a second at most) and the device.
+#[utoipa::path(get, path = "/v1/nodes", operation_id = "list_nodes", tag = "ops",
+    responses((status = 200, body = Cluster), (status = 401, body = super::error::ApiError)),
+    security(("bearer" = [])))]
+pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
+    let endpoints = s.jobs.session().endpoints().to_vec();
+    let asked = endpoints.iter().map(|e| async move {
+        let info = tokio::time::timeout(std::time::Duration::from_secs(1), e.node_info()).await;
+        let (up, error, info) = match info {
+            Ok(Ok(i)) => (true, None, Some(i)),
+            Ok(Err(err)) => (false, Some(err.to_string()), None),
+            Err(_) => (false, Some("no answer within a second".to_string()), None),
+        };
+        NodeView {
+            name: e.name().to_string(),
+            on_this_host: e.on_this_host(),
+            up,
+            error,
+            cores: info.as_ref().map(|i| i.cores),
+            link_limit: info.as_ref().and_then(|i| i.link_limit),
+            cpu_seconds: info
+                .as_ref()
+                .filter(|i| i.cpu_ns > 0)
+                .map(|i| i.cpu_ns as f64 / 1e9),
+        }
+    });
+    let nodes = futures::future::join_all(asked).await;
+    let device = s.ingest_store.as_ref().map(|store| {
+        let d = store.device();
+        let (info, io, space, cache) = (
+            d.describe(),
+            d.stats(),
+            store.space(),
+            store.cache().stats(),
+        );
+        DeviceView {
+            backend: info.backend.to_string(),
+            capacity: info.capacity,
+            chunk_size: space.chunk_size,
+            total_chunks: space.total_chunks,
+            free_chunks: space.free_chunks,
+            reads: io.reads,
+            read_bytes: io.read_bytes,
+            cache_budget: cache.budget,
+            cache_bytes: cache.bytes,
+            cache_hits: cache.hits,
+            cache_misses: cache.misses,
+        }
+    });
+    Json(Cluster {
+        uptime_s: s.started.elapsed().as_secs_f64(),
+        device,
+        nodes,
+    })
+}
