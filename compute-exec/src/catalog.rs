@@ -4,7 +4,9 @@
 //! dataset no node listed is asked of every node before it is called
 //! unknown: a node leaves out of its listing a dataset it cannot open (a
 //! damaged metadata file), and the query naming it gets that node's error,
-//! naming the file, while every other dataset stays usable.
+//! naming the file, while every other dataset stays usable. A dataset
+//! that is nowhere is [`UnknownDataset`], a typed error the planner's
+//! caller finds again inside DataFusion's (never by its message).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -13,7 +15,9 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::{DataFusionError, Result};
-use sluice_flight::StorageEndpoint;
+use sluice_flight::fault::{Fault, external};
+use sluice_flight::{LinkError, StorageEndpoint};
+use tonic::Code;
 
 use crate::remote::RemoteDatasetTable;
 
@@ -51,6 +55,22 @@ impl ComputeSchema {
     }
 }
 
+/// A table that no storage node holds (`pets`, or `pets@9` of a dataset
+/// with no version 9 on any node).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("unknown dataset {0:?}")]
+pub struct UnknownDataset(pub String);
+
+impl Fault for UnknownDataset {
+    fn code(&self) -> Code {
+        Code::NotFound
+    }
+
+    fn kind(&self) -> &str {
+        "dataset_not_found"
+    }
+}
+
 /// The dataset a table name reads: `pets` for `pets@2`.
 pub fn base_name(table: &str) -> &str {
     table.rsplit_once('@').map_or(table, |(d, _)| d)
@@ -74,16 +94,16 @@ impl SchemaProvider for ComputeSchema {
             // open it (its error names the damage).
             for node in &self.nodes {
                 match node.table_schema(name).await {
-                    Err(sluice_flight::LinkError::DatasetNotFound { .. }) | Ok(_) => {}
-                    Err(e) => return Err(DataFusionError::Plan(e.to_string())),
+                    Err(LinkError::DatasetNotFound { .. }) | Ok(_) => {}
+                    Err(e) => return Err(DataFusionError::from(e)),
                 }
             }
-            return Ok(None);
+            return Err(external(UnknownDataset(name.to_string())));
         };
         let schema = node
             .table_schema(name)
             .await
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            .map_err(DataFusionError::from)?;
         self.versions
             .lock()
             .unwrap_or_else(|e| e.into_inner())

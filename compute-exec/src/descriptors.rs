@@ -15,10 +15,11 @@ use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
 };
+use sluice_flight::fault::status_of;
 use sluice_udfs::UdfEnv;
 use tonic::Status;
 
-use crate::service::{QueryTicket, query_status};
+use crate::service::QueryTicket;
 use crate::session::ComputeSession;
 
 /// The column that holds the objects.
@@ -40,7 +41,10 @@ async fn target(session: &ComputeSession, d: &FlightDescriptor) -> Result<Option
     if d.r#type() != DescriptorType::Path || d.path.is_empty() || d.path.len() > 2 {
         return Ok(None);
     }
-    session.refresh().await.map_err(Status::from)?;
+    session
+        .refresh()
+        .await
+        .map_err(|e| sluice_flight::fault::status(&e))?;
     let name = &d.path[0];
     let Some((_, latest, stats)) = session
         .datasets()
@@ -67,7 +71,7 @@ async fn target(session: &ComputeSession, d: &FlightDescriptor) -> Result<Option
     let prepared = session
         .prepare(&format!("SELECT * FROM {}", quote(&table)), &udfs)
         .await
-        .map_err(|e| query_status(&e, true))?;
+        .map_err(|e| status_of(&e, true))?;
     Ok(Some(Target {
         table,
         schema: Arc::new(prepared.plan.schema().as_arrow().clone()),

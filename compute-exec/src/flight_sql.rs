@@ -221,7 +221,10 @@ impl SqlService {
     /// version as `name@V`.
     async fn tables(&self) -> Result<Vec<(String, std::sync::Arc<Schema>)>, Status> {
         let session = self.queries.session();
-        session.refresh().await.map_err(Status::from)?;
+        session
+            .refresh()
+            .await
+            .map_err(|e| sluice_flight::fault::status(&e))?;
         let mut out = Vec::new();
         for (name, schema, _) in session.datasets().await {
             let mut versions: Vec<u64> = session

@@ -34,10 +34,10 @@ use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::BearerAuth;
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, GetTicket, PutCommand};
-use sluice_flight::error::status_of;
+use sluice_flight::fault::status_of;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::send_reported;
-use sluice_flight::{CheckpointEndpoint, LinkError, MAX_MESSAGE};
+use sluice_flight::{CheckpointEndpoint, MAX_MESSAGE};
 use sluice_planner::Offload;
 use sluice_udfs::env::Cancel;
 use sluice_udfs::{UdfEnv, UdfOptions};
@@ -77,23 +77,6 @@ pub struct QueryService {
     jobs: Arc<Jobs>,
     checkpoints: Option<Arc<dyn CheckpointEndpoint>>,
     query_timeout: Option<Duration>,
-}
-
-/// The status for an error of a query: a storage node's error keeps its
-/// kind and names the node.
-pub fn query_status(e: &DataFusionError, planning: bool) -> Status {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(link) = s.downcast_ref::<LinkError>() {
-            return match link {
-                LinkError::DatasetNotFound { .. } => Status::not_found(link.to_string()),
-                LinkError::Unavailable { .. } => Status::unavailable(link.to_string()),
-                _ => Status::internal(link.to_string()),
-            };
-        }
-        source = s.source();
-    }
-    status_of(e, planning)
 }
 
 impl QueryService {
@@ -141,7 +124,7 @@ impl QueryService {
             session.execute(&t.sql, t.offload, &env).await
         })
         .await
-        .map_err(|e| query_status(&e, true))?;
+        .map_err(|e| status_of(&e, true))?;
         if let Some(limit) = self.query_timeout {
             batches = with_deadline(batches, limit, udfs.cancel.clone());
         }
@@ -150,7 +133,7 @@ impl QueryService {
         Ok(send_reported(
             batches.schema(),
             batches,
-            |e| query_status(e, false),
+            |e| status_of(e, false),
             None,
             move |rows, bytes| {
                 let _ = &stop;
@@ -172,7 +155,7 @@ impl QueryService {
         })
         .await
         .map_err(Status::internal)?
-        .map_err(|e| query_status(&e, true))
+        .map_err(|e| status_of(&e, true))
     }
 
     /// Its Flight SQL side.
@@ -303,7 +286,10 @@ impl FlightService for QueryService {
         &self,
         _request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        self.session.refresh().await.map_err(Status::from)?;
+        self.session
+            .refresh()
+            .await
+            .map_err(|e| sluice_flight::fault::status(&e))?;
         let mut infos = Vec::new();
         for (name, schema, stats) in self.session.datasets().await {
             let info = FlightInfo::new()
@@ -465,7 +451,7 @@ impl FlightService for QueryService {
         })
         .await
         .map_err(Status::internal)?
-        .map_err(|e| query_status(&e, true))?;
+        .map_err(|e| status_of(&e, true))?;
         let reply = arrow_flight::Result {
             body: body.into_bytes().into(),
         };

@@ -83,21 +83,10 @@ pub struct BatchMeta {
     pub next_offset: u64,
 }
 
-/// The gRPC status of a job error.
+/// The gRPC status of a job error: its [`sluice_flight::Fault`] code and
+/// kind (a checksum mismatch on a node is `DATA_LOSS` here too).
 pub fn job_status(e: &JobError) -> Status {
-    let msg = format!("{}: {e}", e.code());
-    match e {
-        JobError::InvalidOptions(_)
-        | JobError::InvalidPlan(_)
-        | JobError::InvalidSql(_)
-        | JobError::NotAPipeline(_)
-        | JobError::OutOfRange(_) => Status::invalid_argument(msg),
-        JobError::DatasetNotFound(_) | JobError::JobNotFound(_) => Status::not_found(msg),
-        JobError::Cancelled(_) => Status::cancelled(msg),
-        JobError::Failed(..) => Status::failed_precondition(msg),
-        JobError::Unavailable(_) => Status::unavailable(msg),
-        JobError::Internal(_) => Status::internal(msg),
-    }
+    sluice_flight::fault::status(e)
 }
 
 fn job_id(d: &FlightDescriptor) -> Result<String, Status> {

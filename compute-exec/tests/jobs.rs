@@ -11,7 +11,7 @@ use arrow::array::{AsArray, RecordBatch};
 use futures::TryStreamExt;
 use sluice_compute::job::{JobState, JobStore, PlanSpec, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
-use sluice_flight::StorageEndpoint;
+use sluice_flight::{Fault, StorageEndpoint};
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{IngestOptions, IngestSource, OnError, StorageNode, Store, StoreOptions};
 use sluice_udfs::kernels::npy::DType;
@@ -215,9 +215,9 @@ async fn bad_jobs_are_refused_and_cancel_ends_streams() {
     let jobs = jobs(vec![all]);
     let code = |r: Result<_, JobError>| r.map(|_: Arc<sluice_compute::Job>| ()).unwrap_err();
     let e = code(jobs.submit(JobSpec::sql("SELEC key FROM vecs")).await);
-    assert_eq!(e.code(), "invalid_sql", "{e}");
+    assert_eq!(e.kind(), "invalid_sql", "{e}");
     let e = code(jobs.submit(JobSpec::sql("SELECT key FROM nope")).await);
-    assert_eq!(e.code(), "dataset_not_found", "{e}");
+    assert_eq!(e.kind(), "dataset_not_found", "{e}");
     assert!(e.to_string().contains("nope"), "{e}");
     let e = code(
         jobs.submit(JobSpec::sql(
@@ -225,13 +225,13 @@ async fn bad_jobs_are_refused_and_cancel_ends_streams() {
         ))
         .await,
     );
-    assert_eq!(e.code(), "not_a_pipeline", "{e}");
+    assert_eq!(e.kind(), "not_a_pipeline", "{e}");
     let mut s = JobSpec::sql(SQL);
     s.world_size = 0;
-    assert_eq!(code(jobs.submit(s).await).code(), "invalid_options");
+    assert_eq!(code(jobs.submit(s).await).kind(), "invalid_options");
     let mut s = JobSpec::sql(SQL);
     s.offload = sluice_compute::job::OffloadArg::Cut(9);
-    assert_eq!(code(jobs.submit(s).await).code(), "invalid_options");
+    assert_eq!(code(jobs.submit(s).await).kind(), "invalid_options");
 
     // The plan form gives the same plan as its SQL.
     let plan = PlanSpec::from_yaml(
@@ -261,20 +261,20 @@ async fn bad_jobs_are_refused_and_cancel_ends_streams() {
     // A rank or epoch past the job's, and cancel.
     let job = jobs.submit(spec(2, false, "auto")).await.unwrap();
     let e = job.deliver(2, 0, 0, None).await.err().unwrap();
-    assert_eq!(e.code(), "out_of_range");
+    assert_eq!(e.kind(), "out_of_range");
     let e = job.deliver(0, 2, 0, None).await.err().unwrap();
-    assert_eq!(e.code(), "out_of_range");
+    assert_eq!(e.kind(), "out_of_range");
     let stream = job.deliver(0, 0, 0, None).await.unwrap();
     jobs.cancel(job.id()).unwrap();
     let got: Result<Vec<_>, _> = stream.try_collect().await;
     // Batches already made may arrive; the stream cannot end cleanly
     // unless it finished before the cancel.
     if let Err(e) = got {
-        assert_eq!(e.code(), "job_cancelled");
+        assert_eq!(e.kind(), "job_cancelled");
     }
     assert_eq!(job.state(), JobState::Cancelled);
     let e = job.deliver(0, 0, 0, None).await.err().unwrap();
-    assert_eq!(e.code(), "job_cancelled");
+    assert_eq!(e.kind(), "job_cancelled");
     assert_eq!(jobs.counts()["cancelled"], 1);
 }
 

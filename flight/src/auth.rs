@@ -96,9 +96,14 @@ pub fn basic_password(header: &str) -> Option<String> {
     Some(password.trim().to_string())
 }
 
-/// The status of a request without a valid token.
+/// The status of a request without a valid token (kind `unauthorized`,
+/// as REST's 401 says it).
 pub fn unauthenticated() -> Status {
-    Status::unauthenticated("a valid bearer token is required (authorization: Bearer TOKEN)")
+    crate::fault::status_with(
+        tonic::Code::Unauthenticated,
+        "unauthorized",
+        "a valid bearer token is required (authorization: Bearer TOKEN)",
+    )
 }
 
 impl tonic::service::Interceptor for BearerAuth {

@@ -49,10 +49,7 @@ impl StorageClient {
     fn flight(&self, e: FlightError) -> LinkError {
         match e {
             FlightError::Tonic(s) => self.status(&s),
-            other => LinkError::Execution {
-                node: self.node.clone(),
-                message: other.to_string(),
-            },
+            other => LinkError::internal(&self.node, other.to_string()),
         }
     }
 
@@ -172,9 +169,9 @@ impl StorageEndpoint for StorageClient {
         };
         let reply = tokio::time::timeout(wait, ask)
             .await
-            .map_err(|_| LinkError::Execution {
+            .map_err(|_| LinkError::Unavailable {
                 node: self.node.clone(),
-                message: format!("timing a fragment took over {} s", wait.as_secs()),
+                reason: format!("timing a fragment took over {} s", wait.as_secs()),
             })??
             .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.node)))?;
         serde_json::from_slice(&reply.body)

@@ -1,11 +1,14 @@
 //! [`LinkError`]: what can go wrong between compute and a storage node,
-//! and its mapping to `tonic::Status` (server side) and back (client side).
+//! its [`Fault`] code and kind, and its mapping to `tonic::Status` (what
+//! a node answers) and back (what the client makes of the answer).
 
 use datafusion::error::DataFusionError;
 use tonic::{Code, Status};
 
+use crate::fault::{Fault, fault_of, kind_of};
+
 /// An error on the link or on the far side of it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
     /// The node cannot be reached.
     #[error("storage node {node} is unavailable: {reason}")]
@@ -31,11 +34,16 @@ pub enum LinkError {
         /// Why.
         message: String,
     },
-    /// The fragment failed while running (a bad sample under `fail`, I/O).
+    /// The fragment failed while running (a bad sample under `fail`, a
+    /// checksum mismatch, I/O): the node's own code and kind.
     #[error("storage node {node}: {message}")]
     Execution {
         /// The node's URL.
         node: String,
+        /// The node's gRPC code.
+        code: Code,
+        /// The node's kind of error (see [`crate::fault`]).
+        kind: String,
         /// The node's message.
         message: String,
     },
@@ -52,71 +60,127 @@ pub enum LinkError {
     Protocol(String),
 }
 
-/// Prefix a storage node puts before a missing dataset's name.
-const NOT_FOUND_PREFIX: &str = "dataset not found: ";
-
 impl LinkError {
-    /// The error a client sees for `status` from `node`.
+    /// A fragment's failure on `node`: `e`'s code, kind and message.
+    pub fn execution(node: &str, e: &dyn Fault) -> Self {
+        Self::Execution {
+            node: node.to_string(),
+            code: e.code(),
+            kind: e.kind().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    /// A failure on `node` that is nobody's fault but the code's (a task
+    /// that panicked, a reply that cannot be read).
+    pub fn internal(node: &str, message: String) -> Self {
+        Self::Execution {
+            node: node.to_string(),
+            code: Code::Internal,
+            kind: EXECUTION.to_string(),
+            message,
+        }
+    }
+
+    /// A fragment's failure on `node` with a DataFusion error: ours inside
+    /// it keeps its code and kind (see [`crate::fault::code_of`]).
+    pub fn running(node: &str, e: &DataFusionError) -> Self {
+        match fault_of(e) {
+            Some(f) => Self::execution(node, f),
+            None => {
+                let (code, kind) = crate::fault::engine(e, false);
+                Self::Execution {
+                    node: node.to_string(),
+                    code,
+                    kind: kind.to_string(),
+                    message: e.to_string(),
+                }
+            }
+        }
+    }
+
+    /// The error a client sees for `status` from `node`: the node's kind
+    /// (as [`crate::fault::status`] sent it) decides, else its code.
     pub fn from_status(node: &str, status: &Status) -> Self {
         let node = node.to_string();
-        let message = status.message().to_string();
-        match status.code() {
-            Code::NotFound => match message.strip_prefix(NOT_FOUND_PREFIX) {
-                Some(dataset) => Self::DatasetNotFound {
-                    dataset: dataset.to_string(),
-                    node,
-                },
-                None => Self::Execution { node, message },
+        let (kind, message) = kind_of(status);
+        let message = message.to_string();
+        match (kind, status.code()) {
+            (Some(DATASET_NOT_FOUND), _) => Self::DatasetNotFound {
+                dataset: message,
+                node,
             },
-            Code::Unavailable | Code::DeadlineExceeded => Self::Unavailable {
+            (_, Code::Unavailable | Code::DeadlineExceeded) => Self::Unavailable {
                 node,
                 reason: message,
             },
-            Code::InvalidArgument | Code::Unimplemented => Self::BadFragment { node, message },
-            Code::Unauthenticated | Code::PermissionDenied => {
+            (_, Code::Unauthenticated | Code::PermissionDenied) => {
                 Self::Unauthenticated { node, message }
             }
-            _ => Self::Execution { node, message },
+            // Whatever the node refused as the fragment's fault.
+            (Some(BAD_FRAGMENT), _) | (_, Code::InvalidArgument | Code::Unimplemented) => {
+                Self::BadFragment { node, message }
+            }
+            (kind, code) => Self::Execution {
+                node,
+                code,
+                kind: kind.unwrap_or(EXECUTION).to_string(),
+                message,
+            },
         }
-    }
-
-    /// A missing dataset, as a storage node reports it.
-    pub fn not_found_status(dataset: &str) -> Status {
-        Status::not_found(format!("{NOT_FOUND_PREFIX}{dataset}"))
     }
 }
 
+const DATASET_NOT_FOUND: &str = "dataset_not_found";
+const BAD_FRAGMENT: &str = "bad_fragment";
+const EXECUTION: &str = "execution";
+
+impl Fault for LinkError {
+    fn code(&self) -> Code {
+        match self {
+            Self::Unavailable { .. } => Code::Unavailable,
+            Self::DatasetNotFound { .. } => Code::NotFound,
+            Self::BadFragment { .. } => Code::InvalidArgument,
+            Self::Execution { code, .. } => *code,
+            Self::Unauthenticated { .. } => Code::Unauthenticated,
+            Self::Protocol(_) => Code::Internal,
+        }
+    }
+
+    fn kind(&self) -> &str {
+        match self {
+            Self::Unavailable { .. } => "node_unavailable",
+            Self::DatasetNotFound { .. } => DATASET_NOT_FOUND,
+            Self::BadFragment { .. } => BAD_FRAGMENT,
+            Self::Execution { kind, .. } => kind,
+            Self::Unauthenticated { .. } => "unauthenticated",
+            Self::Protocol(_) => "protocol",
+        }
+    }
+}
+
+/// What a storage node answers for its own error: the code and kind of
+/// [`Fault`], without the node's name (the client names the node it
+/// asked). A compute node relaying a node's error to a trainer uses
+/// [`crate::fault::status`], which names it.
 impl From<LinkError> for Status {
     fn from(e: LinkError) -> Status {
-        match &e {
-            LinkError::Unavailable { .. } => Status::unavailable(e.to_string()),
-            LinkError::DatasetNotFound { dataset, .. } => LinkError::not_found_status(dataset),
-            LinkError::BadFragment { message, .. } => Status::invalid_argument(message.clone()),
-            LinkError::Execution { message, .. } => Status::internal(message.clone()),
-            LinkError::Unauthenticated { message, .. } => Status::unauthenticated(message.clone()),
-            LinkError::Protocol(m) => Status::internal(m.clone()),
-        }
+        let (code, kind) = (e.code(), e.kind().to_string());
+        let message = match e {
+            LinkError::Unavailable { reason, .. } => reason,
+            LinkError::DatasetNotFound { dataset, .. } => dataset,
+            LinkError::BadFragment { message, .. }
+            | LinkError::Execution { message, .. }
+            | LinkError::Unauthenticated { message, .. }
+            | LinkError::Protocol(message) => message,
+        };
+        crate::fault::status_with(code, &kind, &message)
     }
 }
 
 impl From<LinkError> for DataFusionError {
     fn from(e: LinkError) -> Self {
         DataFusionError::External(Box::new(e))
-    }
-}
-
-/// The status a storage node answers for a DataFusion error while planning
-/// (`planning`) or running a fragment.
-pub fn status_of(e: &DataFusionError, planning: bool) -> Status {
-    let message = e.to_string();
-    match e.find_root() {
-        DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
-            Status::invalid_argument(message)
-        }
-        DataFusionError::NotImplemented(_) => Status::unimplemented(message),
-        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
-        _ if planning => Status::invalid_argument(message),
-        _ => Status::internal(message),
     }
 }
 
@@ -138,33 +202,71 @@ mod tests {
             },
             LinkError::Execution {
                 node: node.into(),
-                message: "decode_image: sample cat/1.jpg: truncated".into(),
+                code: Code::FailedPrecondition,
+                kind: "bad_sample".into(),
+                message: "decode_image: sample 'cat/1.jpg': truncated".into(),
+            },
+            LinkError::Execution {
+                node: node.into(),
+                code: Code::DataLoss,
+                kind: "checksum_mismatch".into(),
+                message: "checksum mismatch in dataset 'pets' version 1, key 'a'".into(),
             },
             LinkError::Unauthenticated {
                 node: node.into(),
                 message: "no token".into(),
             },
+            LinkError::Unavailable {
+                node: node.into(),
+                reason: "connection refused".into(),
+            },
         ];
         for e in cases {
-            let text = e.to_string();
+            let (text, code, kind) = (e.to_string(), e.code(), e.kind().to_string());
             let back = LinkError::from_status(node, &Status::from(e));
             assert_eq!(back.to_string(), text);
+            assert_eq!((back.code(), back.kind()), (code, kind.as_str()), "{text}");
         }
-        let down = LinkError::Unavailable {
-            node: node.into(),
-            reason: "connection refused".into(),
-        };
-        let back = LinkError::from_status(node, &Status::from(down));
-        assert!(matches!(back, LinkError::Unavailable { .. }), "{back}");
-        assert!(back.to_string().contains(node));
+        // A protocol error is the client's own: it reaches the node's
+        // clients as an internal error of kind `protocol`.
+        let e = LinkError::Protocol("bad reply".into());
+        assert_eq!((e.code(), e.kind()), (Code::Internal, "protocol"));
     }
 
     #[test]
-    fn planning_errors_are_invalid_arguments() {
-        let e = DataFusionError::Plan("no such column".into());
-        assert_eq!(status_of(&e, false).code(), Code::InvalidArgument);
-        let e = DataFusionError::Execution("boom".into());
-        assert_eq!(status_of(&e, false).code(), Code::Internal);
-        assert_eq!(status_of(&e, true).code(), Code::InvalidArgument);
+    fn a_relayed_error_names_the_node_and_keeps_the_code() {
+        let e = LinkError::Execution {
+            node: "http://s1:50051".into(),
+            code: Code::DataLoss,
+            kind: "checksum_mismatch".into(),
+            message: "stored crc32c 1, read 2".into(),
+        };
+        let s = crate::fault::status(&e);
+        assert_eq!(s.code(), Code::DataLoss);
+        assert_eq!(
+            s.message(),
+            "checksum_mismatch: storage node http://s1:50051: stored crc32c 1, read 2"
+        );
+        // Inside a DataFusion error, as a window's failure reaches a job.
+        let df = DataFusionError::from(e).context("window 2");
+        assert_eq!(crate::fault::status_of(&df, false).code(), Code::DataLoss);
+    }
+
+    #[test]
+    fn a_status_without_a_kind_is_read_by_its_code() {
+        let node = "n";
+        let s = Status::invalid_argument("no such UDF");
+        assert!(matches!(
+            LinkError::from_status(node, &s),
+            LinkError::BadFragment { .. }
+        ));
+        let s = Status::data_loss("torn");
+        let e = LinkError::from_status(node, &s);
+        assert_eq!((e.code(), e.kind()), (Code::DataLoss, "execution"));
+        let s = Status::deadline_exceeded("slow");
+        assert!(matches!(
+            LinkError::from_status(node, &s),
+            LinkError::Unavailable { .. }
+        ));
     }
 }

@@ -12,6 +12,8 @@
 //! - [`endpoint`]: [`StorageEndpoint`], what the compute side needs of a
 //!   storage node, implemented over Flight by [`StorageClient`] and
 //!   in-process by the storage crate;
+//! - [`fault`]: [`Fault`], the one error vocabulary (a gRPC code and a
+//!   stable kind per error) and the one mapping to `tonic::Status`;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
@@ -32,6 +34,7 @@ pub mod codec;
 pub mod cpu_time;
 pub mod endpoint;
 pub mod error;
+pub mod fault;
 pub mod frames;
 pub mod messages;
 pub mod scan;
@@ -47,6 +50,7 @@ pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use cpu_time::process_cpu_ns;
 pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
+pub use fault::Fault;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;
 

@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from .client import Client, SluiceError
+from ._errors import SluiceError, from_flight
+from .client import Client
 
 DEFAULT_CHUNK = 16 << 20
 DEFAULT_WORKERS = 4
@@ -45,22 +46,10 @@ _PIECE = 8 << 20
 
 
 def _error(e: Exception, name: str) -> SluiceError:
-    """A Flight error as a :class:`SluiceError`, by its gRPC status (as
-    pyarrow raises it): the server's message names the checkpoint."""
-    text = str(e)
-    if isinstance(e, flight.FlightUnauthenticatedError):
-        return SluiceError(401, "unauthorized", f"checkpoint '{name}': {text}")
-    if isinstance(e, flight.FlightUnavailableError):
-        return SluiceError(503, "unavailable", f"checkpoint '{name}': {text}")
-    if isinstance(e, pa.ArrowKeyError):  # NOT_FOUND
-        return SluiceError(404, "checkpoint_not_found", text)
-    if "device full" in text:  # RESOURCE_EXHAUSTED (pyarrow may raise it as ArrowInvalid)
-        return SluiceError(507, "device_full", text)
-    if isinstance(e, pa.ArrowInvalid):  # INVALID_ARGUMENT
-        return SluiceError(400, "invalid_request", text)
-    if "is corrupt" in text:  # DATA_LOSS
-        return SluiceError(500, "checkpoint_corrupt", text)
-    return SluiceError(500, "checkpoint_failed", text)
+    """A Flight error as a :class:`SluiceError` (by its status code and the
+    server's kind: ``checkpoint_not_found``, ``checkpoint_corrupt``,
+    ``device_full``, ``unauthorized``, …), naming the checkpoint."""
+    return from_flight(e, f"checkpoint '{name}'")
 
 
 class Checkpoint:

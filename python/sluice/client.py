@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from . import _shm
+from ._errors import SluiceError, from_flight
 
 
 # Whether this process made a gRPC channel, and whether it was forked from
@@ -50,17 +51,6 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(before=gc.freeze, after_in_parent=gc.unfreeze,
                     after_in_child=_after_fork_in_child)
-
-
-class SluiceError(Exception):
-    """An error the service answered: ``status`` (HTTP), ``code`` (stable)
-    and ``message`` (naming the culprit)."""
-
-    def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def _is_sql(text: str) -> bool:
@@ -354,18 +344,23 @@ class Reader:
         return flight.Ticket(json.dumps(t).encode())
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """The batches as pyarrow record batches."""
+        """The batches as pyarrow record batches. The server's errors are
+        raised as :class:`SluiceError` (``code`` is their kind, e.g.
+        ``checksum_mismatch``; ``grpc_code`` their status code)."""
         source = self._relayed() if _forked_after_grpc else self._flight()
         if self.prefetch > 0:
             source = _read_ahead(source, self.prefetch)
         start = self.offset
-        for batch, first, next_offset in source:
-            self.last_from = first
-            self.offset = next_offset
-            if self.limit is not None:
-                self.limit -= self.offset - start
-                start = self.offset
-            yield batch
+        try:
+            for batch, first, next_offset in source:
+                self.last_from = first
+                self.offset = next_offset
+                if self.limit is not None:
+                    self.limit -= self.offset - start
+                    start = self.offset
+                yield batch
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise from_flight(e, f"job {self.job.id}") from e
 
     def _flight(self, transport: Optional[str] = None) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
         """(batch, first position, next offset) over Flight (and shared

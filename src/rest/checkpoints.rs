@@ -69,19 +69,7 @@ fn store(s: &AppState) -> Result<&Arc<Checkpoints>, ApiError> {
 }
 
 fn api_error(e: StorageError) -> ApiError {
-    match e {
-        StorageError::UnknownCheckpoint { .. } => {
-            ApiError::new(StatusCode::NOT_FOUND, "checkpoint_not_found", e.to_string())
-        }
-        StorageError::InvalidCheckpointName { .. } => {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_name", e.to_string())
-        }
-        other => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            other.to_string(),
-        ),
-    }
+    ApiError::fault(&e)
 }
 
 /// Every version of the checkpoints under a prefix, by name then version.

@@ -1,5 +1,7 @@
 //! [`ApiError`]: every REST error is JSON `{"code", "message"}` with a
-//! stable code and a message naming the thing at fault.
+//! stable code and a message naming the thing at fault. An error that
+//! knows its gRPC code and kind ([`Fault`]) answers with that kind and the
+//! HTTP status of that code ([`http_status`]), as Flight answers it.
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -7,6 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sluice_compute::JobError;
+use sluice_flight::Fault;
+use tonic::Code;
 
 /// See the module docs.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -15,7 +19,9 @@ pub struct ApiError {
     /// `invalid_plan`, `invalid_sql`, `not_a_pipeline`, `out_of_range`,
     /// `dataset_not_found`, `job_not_found`, `job_cancelled`, `job_failed`,
     /// `forbidden_path`, `ingest_disabled`, `ingest_failed`, `unauthorized`,
-    /// `unavailable`, `internal`.
+    /// `unavailable`, `internal`, and the kinds of the storage engine's
+    /// errors (`checksum_mismatch`, `checkpoint_not_found`, …): the same
+    /// kinds the Flight statuses carry.
     pub code: String,
     /// What went wrong, naming the culprit.
     pub message: String,
@@ -34,20 +40,38 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error of any [`Fault`]: its kind, and the HTTP status of its
+    /// code.
+    pub fn fault(e: &dyn Fault) -> Self {
+        Self::new(http_status(e.code()), e.kind(), e.to_string())
+    }
+}
+
 impl From<JobError> for ApiError {
     fn from(e: JobError) -> Self {
-        let status = match &e {
-            JobError::InvalidOptions(_)
-            | JobError::InvalidPlan(_)
-            | JobError::InvalidSql(_)
-            | JobError::NotAPipeline(_)
-            | JobError::OutOfRange(_) => StatusCode::BAD_REQUEST,
-            JobError::DatasetNotFound(_) | JobError::JobNotFound(_) => StatusCode::NOT_FOUND,
-            JobError::Cancelled(_) | JobError::Failed(..) => StatusCode::CONFLICT,
-            JobError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            JobError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        Self::new(status, e.code(), e.to_string())
+        Self::fault(&e)
+    }
+}
+
+/// The HTTP status of an error's gRPC code: REST and Flight answer one
+/// error with one meaning (gRPC's own HTTP mapping, with 409 for a job
+/// whose state forbids the request and 507 for a full device).
+pub fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted | Code::Cancelled | Code::FailedPrecondition => {
+            StatusCode::CONFLICT
+        }
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::INSUFFICIENT_STORAGE,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::DataLoss | Code::Internal | Code::Unknown => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -3,9 +3,13 @@
 //! One enum for everything below the SQL layer. Each variant says what went
 //! wrong and carries the thing at fault (path, dataset, version, key), so a
 //! message printed to a user names the culprit without a backtrace. Inside
-//! DataFusion plans these travel as `DataFusionError::External`.
+//! DataFusion plans these travel as `DataFusionError::External`, keeping
+//! the gRPC code and kind each variant answers with ([`Fault`]).
 
 use std::path::PathBuf;
+
+use sluice_flight::Fault;
+use tonic::Code;
 
 /// Errors raised by devices, the extent store, the catalog and ingest.
 #[derive(Debug, thiserror::Error)]
@@ -269,7 +273,79 @@ impl From<StorageError> for datafusion::error::DataFusionError {
     fn from(e: StorageError) -> Self {
         match e {
             StorageError::DataFusion(e) => e,
-            other => datafusion::error::DataFusionError::External(Box::new(other)),
+            // Keeps its code and kind: a checksum mismatch inside a plan
+            // still answers DATA_LOSS.
+            other => sluice_flight::fault::external(other),
+        }
+    }
+}
+
+/// Each variant's gRPC code and kind (REST derives its HTTP status from
+/// the code). Damaged bytes and a damaged catalog are `DATA_LOSS`;
+/// what the caller named and does not exist, `NOT_FOUND`; what it asked
+/// and cannot be, `INVALID_ARGUMENT`; a full device, `RESOURCE_EXHAUSTED`;
+/// a data dir that cannot be opened as it is, `FAILED_PRECONDITION`.
+impl Fault for StorageError {
+    fn code(&self) -> Code {
+        match self {
+            Self::ChecksumMismatch { .. }
+            | Self::CheckpointCorrupt { .. }
+            | Self::CatalogDamaged { .. } => Code::DataLoss,
+            Self::UnknownDataset(_)
+            | Self::UnknownVersion { .. }
+            | Self::UnknownCheckpoint { .. }
+            | Self::UnknownUpload(_) => Code::NotFound,
+            Self::InvalidDatasetName(_)
+            | Self::InvalidCheckpointName { .. }
+            | Self::BadSample { .. }
+            | Self::BadSource { .. }
+            | Self::EmptyIngest(_)
+            | Self::BadUpload { .. } => Code::InvalidArgument,
+            Self::RowOutOfRange { .. } => Code::OutOfRange,
+            Self::DeviceFull { .. } | Self::NoSpace { .. } => Code::ResourceExhausted,
+            Self::IncompatibleDataDir { .. }
+            | Self::DataDirLocked { .. }
+            | Self::DirectIoUnsupported { .. }
+            | Self::UringUnavailable(_) => Code::FailedPrecondition,
+            Self::Io { .. }
+            | Self::Misaligned { .. }
+            | Self::OutOfRange { .. }
+            | Self::Spdk(_)
+            | Self::Catalog { .. }
+            | Self::Parquet { .. }
+            | Self::Arrow(_) => Code::Internal,
+            Self::DataFusion(e) => sluice_flight::fault::code_of(e, false).0,
+        }
+    }
+
+    fn kind(&self) -> &str {
+        match self {
+            Self::Io { .. } => "io",
+            Self::Misaligned { .. } => "misaligned",
+            Self::OutOfRange { .. } => "device_out_of_range",
+            Self::Spdk(_) => "spdk",
+            Self::DirectIoUnsupported { .. } => "direct_io_unsupported",
+            Self::UringUnavailable(_) => "uring_unavailable",
+            Self::DeviceFull { .. } | Self::NoSpace { .. } => "device_full",
+            Self::ChecksumMismatch { .. } => "checksum_mismatch",
+            Self::IncompatibleDataDir { .. } => "incompatible_data_dir",
+            Self::DataDirLocked { .. } => "data_dir_locked",
+            Self::Catalog { .. } => "catalog",
+            Self::CatalogDamaged { .. } => "catalog_damaged",
+            Self::RowOutOfRange { .. } => "row_out_of_range",
+            Self::UnknownDataset(_) | Self::UnknownVersion { .. } => "dataset_not_found",
+            Self::InvalidDatasetName(_) => "invalid_dataset_name",
+            Self::BadSample { .. } => "bad_sample",
+            Self::BadSource { .. } => "bad_source",
+            Self::EmptyIngest(_) => "empty_ingest",
+            Self::Parquet { .. } => "metadata",
+            Self::Arrow(_) => "arrow",
+            Self::InvalidCheckpointName { .. } => "invalid_checkpoint_name",
+            Self::UnknownCheckpoint { .. } => "checkpoint_not_found",
+            Self::UnknownUpload(_) => "upload_not_found",
+            Self::BadUpload { .. } => "bad_upload",
+            Self::CheckpointCorrupt { .. } => "checkpoint_corrupt",
+            Self::DataFusion(e) => sluice_flight::fault::code_of(e, false).1,
         }
     }
 }

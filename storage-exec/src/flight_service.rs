@@ -27,7 +27,7 @@ use arrow_flight::{
 use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
-use sluice_flight::error::status_of;
+use sluice_flight::fault::status_of;
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
     TimeTicket,

@@ -290,10 +290,7 @@ impl StorageNode {
         let indexes = Arc::clone(&self.indexes);
         let index = tokio::task::spawn_blocking(move || indexes.get(&version))
             .await
-            .map_err(|e| LinkError::Execution {
-                node: IN_PROCESS.into(),
-                message: e.to_string(),
-            })?
+            .map_err(|e| LinkError::internal(IN_PROCESS, e.to_string()))?
             .map_err(execution)?;
         let plan = table
             .take_scan(
@@ -390,10 +387,7 @@ impl StorageNode {
             match tokio::time::timeout(left, stream.next()).await {
                 Ok(Some(Ok(b))) => rows += b.num_rows() as u64,
                 Ok(Some(Err(e))) => {
-                    return Err(LinkError::Execution {
-                        node: IN_PROCESS.into(),
-                        message: e.to_string(),
-                    });
+                    return Err(LinkError::running(IN_PROCESS, &e));
                 }
                 Ok(None) => break,
                 Err(_) => {
@@ -424,10 +418,7 @@ impl Drop for StorageNode {
 }
 
 fn execution(e: crate::StorageError) -> LinkError {
-    LinkError::Execution {
-        node: IN_PROCESS.into(),
-        message: e.to_string(),
-    }
+    LinkError::execution(IN_PROCESS, &e)
 }
 
 #[async_trait]

@@ -215,6 +215,13 @@ async fn a_flipped_byte_is_a_checksum_error_naming_the_key() {
             msg.contains("dataset 'imgs' version 1, key 's0017'"),
             "{msg}"
         );
+        // Whatever wraps it, the services answer it as lost data.
+        let status = sluice_flight::fault::status_of(&err, false);
+        assert_eq!(status.code(), tonic::Code::DataLoss, "{status}");
+        assert!(
+            status.message().starts_with("checksum_mismatch: "),
+            "{status}"
+        );
     }
     // Samples not touching the bad one still read fine.
     let ok = query(&ctx, "SELECT data FROM imgs WHERE key = 's0030'").await;

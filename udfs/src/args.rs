@@ -459,10 +459,12 @@ impl<'a> Call<'a> {
         self.live()?;
         let key = self.key(row);
         match self.env.options.on_error {
-            OnError::Fail => Err(DataFusionError::Execution(format!(
-                "{}: sample '{key}': {reason}",
-                self.spec.name
-            ))),
+            OnError::Fail => Err(BadSample {
+                udf: self.spec.name.to_owned(),
+                key,
+                reason,
+            }
+            .into_error()),
             OnError::Skip | OnError::Null => {
                 self.env.errors.record(BadSample {
                     udf: self.spec.name.to_owned(),

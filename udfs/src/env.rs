@@ -154,6 +154,23 @@ pub struct BadSample {
     pub reason: String,
 }
 
+impl std::fmt::Display for BadSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: sample '{}': {}", self.udf, self.key, self.reason)
+    }
+}
+
+/// A bad sample is the error of a batch under the `fail` policy.
+impl std::error::Error for BadSample {}
+
+impl BadSample {
+    /// The error that fails a batch on this sample (under `fail`): the
+    /// services answer it as `bad_sample`, naming the sample.
+    pub fn into_error(self) -> datafusion::error::DataFusionError {
+        datafusion::error::DataFusionError::External(Box::new(self))
+    }
+}
+
 /// Samples skipped or nulled by the UDFs of a session (the first
 /// [`ErrorLog::KEEP`] are kept; all are counted).
 #[derive(Debug, Default)]

@@ -106,10 +106,7 @@ impl GuardedExpr {
                     };
                     let fail = self.env.options.on_error == OnError::Fail || !field.is_nullable();
                     if fail {
-                        return Err(DataFusionError::Execution(format!(
-                            "{}: sample '{}': {}",
-                            bad.udf, bad.key, bad.reason
-                        )));
+                        return Err(bad.into_error());
                     }
                     self.env.errors.record(bad);
                     parts.push(new_null_array(field.data_type(), 1));

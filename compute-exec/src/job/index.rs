@@ -22,8 +22,8 @@ use sluice_flight::scan::slot_field;
 use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
 use sluice_udfs::UdfEnv;
 
+use super::error::JobError;
 use super::query::KEY;
-use super::spec::JobError;
 use crate::remote::{Takes, endpoint_id};
 
 /// A dataset version a job reads on one node.
@@ -81,7 +81,7 @@ impl SampleIndex {
             let batches: Vec<RecordBatch> = endpoint
                 .execute(Arc::new(scan), udfs)
                 .await
-                .map_err(|e| JobError::Unavailable(e.to_string()))?
+                .map_err(JobError::link)?
                 .try_collect()
                 .await
                 .map_err(|e| JobError::running(&e))?;

@@ -2,7 +2,8 @@
 //! trainer — batches, epochs, shuffle, ranks, drop-last, error policy,
 //! offload.
 //!
-//! - [`spec`]: [`JobSpec`] as submitted and [`JobError`] with stable codes;
+//! - [`spec`]: [`JobSpec`] as submitted;
+//! - [`error`]: [`JobError`], typed, each with its gRPC code and kind;
 //! - [`plan`]: the YAML/JSON plan form of a pipeline, compiled to SQL;
 //! - [`order`]: the job maths — every epoch's order and each rank's share;
 //! - [`query`]: the plan of a job — its SQL as a pipeline, and the plan
@@ -26,6 +27,7 @@
 
 pub mod adapt;
 pub mod budget;
+pub mod error;
 pub mod index;
 pub mod order;
 pub mod plan;
@@ -40,10 +42,11 @@ pub mod store;
 pub mod stream;
 
 pub use budget::WindowBudget;
+pub use error::{Failure, JobError};
 pub use order::{Layout, Shuffle, ShuffleMode};
 pub use plan::PlanSpec;
 pub use registry::Jobs;
 pub use run::{Delivery, Job};
-pub use spec::{JobError, JobSpec, OffloadArg, PlanInput};
+pub use spec::{JobSpec, OffloadArg, PlanInput};
 pub use status::{JobState, JobStatus, TierBytes};
 pub use store::{JobRecord, JobStore};

@@ -22,7 +22,8 @@ use sluice_flight::scan::slot_field;
 use sluice_planner::pipeline::Pipeline;
 use sluice_udfs::{StageClock, UdfEnv, UdfOptions};
 
-use super::spec::{JobError, JobSpec};
+use super::error::JobError;
+use super::spec::JobSpec;
 use crate::remote::RemoteDatasetTable;
 use crate::session::{ComputeSession, Prepared};
 

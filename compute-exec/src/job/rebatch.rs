@@ -15,8 +15,8 @@ use arrow::compute::interleave_record_batch;
 use arrow::datatypes::SchemaRef;
 use arrow::datatypes::UInt32Type;
 
+use super::error::JobError;
 use super::run::Delivery;
-use super::spec::JobError;
 
 fn internal(e: impl std::fmt::Display) -> JobError {
     JobError::Internal(e.to_string())

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::runtime::{Handle, Runtime};
 
+use super::error::JobError;
 use super::run::Job;
-use super::spec::{JobError, JobSpec};
+use super::spec::JobSpec;
 use super::status::JobState;
 use super::store::JobStore;
 use crate::session::ComputeSession;
@@ -241,7 +242,7 @@ impl Jobs {
             .values()
             .find(|j| j.id() == id)
             .cloned()
-            .ok_or_else(|| JobError::JobNotFound(quoted(id)))
+            .ok_or_else(|| JobError::JobNotFound { job: quoted(id) })
     }
 
     /// Cancels the job `id`.

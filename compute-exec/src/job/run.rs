@@ -28,10 +28,11 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::adapt::Adaptive;
+use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::query::{JobQuery, udf_options};
-use super::spec::{JobError, JobSpec};
+use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus, Progress};
 use super::store::{JobRecord, JobStore};
@@ -79,6 +80,7 @@ impl Ready {
 #[derive(Debug)]
 struct Inner {
     error: Option<String>,
+    failure: Option<Failure>,
     ready: Option<Arc<Ready>>,
     progress: Progress,
     warnings: Vec<String>,
@@ -168,6 +170,7 @@ impl Job {
             let mut inner = job.lock();
             inner.progress = Progress::restore(&record.progress);
             inner.error = record.error.clone();
+            inner.failure = record.failure.clone();
         }
         job.bad.merge(record.skipped, record.bad_samples.clone());
         if record.state.is_final() {
@@ -199,10 +202,14 @@ impl Job {
                 let mut out = Vec::with_capacity(pins.len());
                 for p in pins {
                     let Some(i) = free.iter().position(|(e, _)| e.name() == p.node) else {
-                        return Err(JobError::Unavailable(format!(
-                            "storage node {} (version {} of {table}) is not reachable",
-                            p.node, p.version
-                        )));
+                        return Err(JobError::Unavailable {
+                            node: p.node.clone(),
+                            reason: format!(
+                                "it holds version {} of {table}, and is not among the nodes \
+                                 this server reaches",
+                                p.version
+                            ),
+                        });
                     };
                     let (e, _) = free.swap_remove(i);
                     out.push((e, p.version));
@@ -236,6 +243,7 @@ impl Job {
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
                 error: None,
+                failure: None,
                 ready: None,
                 progress: Progress::default(),
                 warnings: Vec::new(),
@@ -293,7 +301,7 @@ impl Job {
                 });
                 self.save();
             }
-            Err(e) => self.fail(&e.to_string()),
+            Err(e) => self.fail(&e),
         }
     }
 
@@ -327,6 +335,7 @@ impl Job {
                 .collect(),
             state: self.state(),
             error: inner.error.clone(),
+            failure: inner.failure.clone(),
             progress: inner.progress.record(),
             skipped,
             bad_samples,
@@ -451,8 +460,8 @@ impl Job {
         self.lock().progress.bytes.link += bytes;
     }
 
-    /// Marks it failed.
-    fn fail(&self, why: &str) {
+    /// Marks it failed by `e`.
+    fn fail(&self, e: &JobError) {
         let changed = self.state.send_if_modified(|s| {
             if s.is_final() {
                 false
@@ -462,8 +471,11 @@ impl Job {
             }
         });
         if changed {
-            tracing::warn!("job {} failed: {why}", self.id);
-            self.lock().error = Some(why.to_string());
+            tracing::warn!("job {} failed: {e}", self.id);
+            let mut inner = self.lock();
+            inner.error = Some(e.to_string());
+            inner.failure = Some(e.failure());
+            drop(inner);
             self.save();
         }
     }
@@ -496,16 +508,24 @@ impl Job {
             .await
             .map_err(|e| JobError::Internal(e.to_string()))?;
         match state {
-            JobState::Cancelled => Err(JobError::Cancelled(self.id.clone())),
-            JobState::Failed => Err(JobError::Failed(
-                self.id.clone(),
-                self.lock().error.clone().unwrap_or_default(),
-            )),
+            JobState::Cancelled => Err(JobError::Cancelled {
+                job: self.id.clone(),
+            }),
+            JobState::Failed => {
+                let inner = self.lock();
+                Err(JobError::failed(
+                    &self.id,
+                    inner.error.as_deref().unwrap_or_default(),
+                    inner.failure.as_ref(),
+                ))
+            }
             _ => self
                 .lock()
                 .ready
                 .clone()
-                .ok_or_else(|| JobError::Cancelled(self.id.clone())),
+                .ok_or_else(|| JobError::Cancelled {
+                    job: self.id.clone(),
+                }),
         }
     }
 
@@ -573,6 +593,7 @@ impl Job {
             id: self.id.clone(),
             state,
             error: inner.error.clone(),
+            error_kind: inner.failure.as_ref().map(|f| f.kind.clone()),
             created: self
                 .created
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -642,23 +663,27 @@ impl Job {
         F: Fn(&Delivery) -> Result<T, JobError> + Send + Sync + 'static,
     {
         if rank >= self.spec.world_size {
-            return Err(JobError::OutOfRange(format!(
-                "rank {rank} of a job of world_size {}",
-                self.spec.world_size
-            )));
+            return Err(JobError::OutOfRange {
+                what: "rank",
+                value: rank,
+                end: self.spec.world_size,
+            });
         }
         if epoch >= self.spec.epochs {
-            return Err(JobError::OutOfRange(format!(
-                "epoch {epoch} of a job of {} epoch(s)",
-                self.spec.epochs
-            )));
+            return Err(JobError::OutOfRange {
+                what: "epoch",
+                value: epoch,
+                end: self.spec.epochs,
+            });
         }
         let ready = self.ready().await?;
         let per_rank = ready.layout.per_rank();
         if offset > per_rank {
-            return Err(JobError::OutOfRange(format!(
-                "offset {offset} past the {per_rank} samples a rank reads per epoch"
-            )));
+            return Err(JobError::OutOfRange {
+                what: "offset",
+                value: offset,
+                end: per_rank + 1,
+            });
         }
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
@@ -677,7 +702,7 @@ impl Job {
             let outcome = tokio::select! {
                 r = work => r,
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
-                    Err(JobError::Cancelled(job.id.clone()))
+                    Err(JobError::Cancelled { job: job.id.clone() })
                 }
                 // The reader left: its windows stop now (dropping `work`
                 // aborts them), not when the next batch finds no one to
@@ -685,8 +710,8 @@ impl Job {
                 () = tx.closed() => Ok(()),
             };
             if let Err(e) = outcome {
-                if !matches!(e, JobError::Unavailable(_) | JobError::Cancelled(_)) {
-                    job.fail(&e.to_string());
+                if !matches!(e, JobError::Unavailable { .. } | JobError::Cancelled { .. }) {
+                    job.fail(&e);
                 }
                 let _closed = tx.send(Err(e)).await;
             }

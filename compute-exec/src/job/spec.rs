@@ -1,13 +1,11 @@
 //! [`JobSpec`]: what a user submits — a pipeline (SQL or the plan form)
-//! and the options of its delivery — and [`JobError`], the errors of jobs
-//! with their stable codes.
+//! and the options of its delivery.
 
-use datafusion::error::DataFusionError;
 use serde::{Deserialize, Serialize};
-use sluice_flight::LinkError;
 use sluice_planner::Offload;
 use sluice_udfs::OnError;
 
+use super::error::JobError;
 use super::order::{Layout, Shuffle};
 use super::plan::PlanSpec;
 
@@ -160,107 +158,6 @@ impl JobSpec {
             shuffle: self.shuffle,
         }
     }
-}
-
-/// An error of a job, with a stable code.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum JobError {
-    /// An option is out of range or malformed.
-    #[error("invalid options: {0}")]
-    InvalidOptions(String),
-    /// The plan form does not compile.
-    #[error("invalid plan: {0}")]
-    InvalidPlan(String),
-    /// The SQL does not parse or plan.
-    #[error("invalid SQL: {0}")]
-    InvalidSql(String),
-    /// The SQL is a query but not a pipeline.
-    #[error("not a pipeline: {0}")]
-    NotAPipeline(String),
-    /// A dataset the pipeline reads does not exist.
-    #[error("{0}")]
-    DatasetNotFound(String),
-    /// No job has that id.
-    #[error("no job {0}")]
-    JobNotFound(String),
-    /// A rank, epoch or offset past the job's.
-    #[error("out of range: {0}")]
-    OutOfRange(String),
-    /// The job was cancelled.
-    #[error("job {0} was cancelled")]
-    Cancelled(String),
-    /// The job failed.
-    #[error("job {0} failed: {1}")]
-    Failed(String, String),
-    /// A storage node did not answer.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Anything else.
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl JobError {
-    /// The stable code of this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidOptions(_) => "invalid_options",
-            Self::InvalidPlan(_) => "invalid_plan",
-            Self::InvalidSql(_) => "invalid_sql",
-            Self::NotAPipeline(_) => "not_a_pipeline",
-            Self::DatasetNotFound(_) => "dataset_not_found",
-            Self::JobNotFound(_) => "job_not_found",
-            Self::OutOfRange(_) => "out_of_range",
-            Self::Cancelled(_) => "job_cancelled",
-            Self::Failed(..) => "job_failed",
-            Self::Unavailable(_) => "unavailable",
-            Self::Internal(_) => "internal",
-        }
-    }
-
-    /// The error of planning a pipeline's SQL.
-    pub fn planning(e: &DataFusionError) -> Self {
-        if let Some(link) = link_error(e) {
-            return Self::from_link(link);
-        }
-        let msg = e.to_string();
-        if msg.contains("table '") && msg.contains("not found") {
-            // DataFusion says "table 'datafusion.public.x' not found".
-            let name = msg
-                .split('\'')
-                .nth(1)
-                .map_or("?", |t| t.rsplit('.').next().unwrap_or(t));
-            return Self::DatasetNotFound(format!("unknown dataset {name:?}"));
-        }
-        Self::InvalidSql(msg)
-    }
-
-    /// The error of running a job's window.
-    pub fn running(e: &DataFusionError) -> Self {
-        match link_error(e) {
-            Some(link) => Self::from_link(link),
-            None => Self::Internal(e.to_string()),
-        }
-    }
-
-    fn from_link(link: &LinkError) -> Self {
-        match link {
-            LinkError::DatasetNotFound { .. } => Self::DatasetNotFound(link.to_string()),
-            LinkError::Unavailable { .. } => Self::Unavailable(link.to_string()),
-            _ => Self::Internal(link.to_string()),
-        }
-    }
-}
-
-fn link_error(e: &DataFusionError) -> Option<&LinkError> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(link) = s.downcast_ref::<LinkError>() {
-            return Some(link);
-        }
-        source = s.source();
-    }
-    None
 }
 
 #[cfg(test)]

@@ -58,6 +58,10 @@ pub struct JobStatus {
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The kind of what failed it (`checksum_mismatch`, `bad_sample`,
+    /// `unavailable`, …: the kinds of the Flight and REST errors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
     /// Seconds since the Unix epoch when it was submitted.
     pub created: f64,
     /// What was submitted.

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sluice_udfs::env::BadSample;
 
+use super::error::Failure;
 use super::index::Pin;
 use super::spec::JobSpec;
 use super::status::{JobState, ProgressRecord};
@@ -36,6 +37,10 @@ pub struct JobRecord {
     pub state: JobState,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// The code and kind of what failed it (absent in records written
+    /// before they were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
     /// What was delivered.
     pub progress: ProgressRecord,
     /// Bad samples skipped or nulled.
@@ -134,6 +139,7 @@ mod tests {
             }],
             state: JobState::Running,
             error: None,
+            failure: None,
             progress: ProgressRecord::default(),
             skipped: 0,
             bad_samples: vec![],

@@ -44,10 +44,10 @@ use tokio::sync::mpsc;
 
 use super::Job;
 use super::adapt::{GAIN, Meter, choice_of, observed_link};
+use super::error::JobError;
 use super::query::{JobQuery, udf_options};
 use super::rebatch::Rebatcher;
 use super::run::{Delivery, Ready};
-use super::spec::JobError;
 use crate::remote::with_takes;
 
 /// Output bytes a window aims at.

@@ -23,20 +23,11 @@ use tonic::Status;
 use super::Checkpoints;
 use crate::error::StorageError;
 
-/// The status a checkpoint error answers.
+/// The status a checkpoint error answers (its [`sluice_flight::Fault`]
+/// code and kind: a corrupt checkpoint is `DATA_LOSS`, a full device
+/// `RESOURCE_EXHAUSTED`).
 pub fn status(e: StorageError) -> Status {
-    let message = e.to_string();
-    match e {
-        StorageError::InvalidCheckpointName { .. } | StorageError::BadUpload { .. } => {
-            Status::invalid_argument(message)
-        }
-        StorageError::UnknownCheckpoint { .. } | StorageError::UnknownUpload(_) => {
-            Status::not_found(message)
-        }
-        StorageError::NoSpace { .. } => Status::resource_exhausted(message),
-        StorageError::CheckpointCorrupt { .. } => Status::data_loss(message),
-        _ => Status::internal(message),
-    }
+    sluice_flight::fault::status(&e)
 }
 
 fn body<'a, T: Deserialize<'a>>(kind: &str, bytes: &'a [u8]) -> Result<T, Status> {
