@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+source scripts/prune.sh
 SLUICE_EXTRA_DEBS="chromium" source scripts/deps.sh
 source scripts/venv.sh
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
