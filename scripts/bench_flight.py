@@ -106,7 +106,7 @@ def main():
             job.wait()
             ours, shm, batches = [], [], None
             for epoch in range(args.runs + 1):
-                t = flight.Ticket(json.dumps({"job": job.id, "rank": 0, "epoch": epoch}).encode())
+                t = flight.Ticket(json.dumps({"type": "job", "job": job.id, "rank": 0, "epoch": epoch}).encode())
                 secs, nbytes, n, got = drain(fl, t)
                 s_run = drain_shm(job, epoch)
                 if epoch > 0:

@@ -85,11 +85,16 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The error chain on one line, leaving out causes whose text an outer error
-/// already printed (DataFusion and storage errors embed their sources).
+/// already printed (DataFusion and storage errors embed their sources). An
+/// error of ours inside DataFusion's is printed as itself, without the
+/// engine's wrapping ("External error: …").
 fn one_line(e: &anyhow::Error) -> String {
     let mut msg = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
+        let ours = cause
+            .downcast_ref::<datafusion::error::DataFusionError>()
+            .and_then(sluice_flight::fault::fault_of);
+        let text = ours.map_or_else(|| cause.to_string(), ToString::to_string);
         if msg.contains(&text) {
             continue;
         }

@@ -5,8 +5,9 @@
 //! unknown: a node leaves out of its listing a dataset it cannot open (a
 //! damaged metadata file), and the query naming it gets that node's error,
 //! naming the file, while every other dataset stays usable. A dataset
-//! that is nowhere is [`UnknownDataset`], a typed error the planner's
-//! caller finds again inside DataFusion's (never by its message).
+//! that is nowhere is recorded ([`ComputeSchema::missing`]): a statement
+//! that then fails to plan fails as [`UnknownDataset`], a typed error
+//! found again inside DataFusion's (never by its message).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::{DataFusionError, Result};
-use sluice_flight::fault::{Fault, external};
+use sluice_flight::Fault;
 use sluice_flight::{LinkError, StorageEndpoint};
 use tonic::Code;
 
@@ -28,6 +29,7 @@ pub struct ComputeSchema {
     holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
     nodes: Vec<Arc<dyn StorageEndpoint>>,
     versions: Mutex<BTreeSet<String>>,
+    missing: Mutex<Option<String>>,
 }
 
 impl ComputeSchema {
@@ -43,11 +45,20 @@ impl ComputeSchema {
             holders,
             nodes,
             versions: Mutex::new(BTreeSet::new()),
+            missing: Mutex::new(None),
         }
     }
 }
 
 impl ComputeSchema {
+    /// The first table a query named that no node holds, if one did.
+    pub fn missing(&self) -> Option<String> {
+        self.missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The versioned tables (`dataset@N`) queries have named so far.
     pub fn versions(&self) -> Vec<String> {
         let v = self.versions.lock().unwrap_or_else(|e| e.into_inner());
@@ -58,7 +69,7 @@ impl ComputeSchema {
 /// A table that no storage node holds (`pets`, or `pets@9` of a dataset
 /// with no version 9 on any node).
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown dataset {0:?}")]
+#[error("dataset {0:?} not found: no storage node holds it")]
 pub struct UnknownDataset(pub String);
 
 impl Fault for UnknownDataset {
@@ -98,7 +109,11 @@ impl SchemaProvider for ComputeSchema {
                     Err(e) => return Err(DataFusionError::from(e)),
                 }
             }
-            return Err(external(UnknownDataset(name.to_string())));
+            self.missing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(|| name.to_string());
+            return Ok(None);
         };
         let schema = node
             .table_schema(name)

@@ -14,7 +14,9 @@ use sluice_flight::stream::{connect, read_reported};
 use sluice_planner::Explanation;
 use tonic::transport::Channel;
 
-use crate::service::{EXPLAIN, QueryTicket};
+use sluice_flight::ticket::{QueryTicket, Ticket};
+
+use crate::service::EXPLAIN;
 
 /// An error from a compute node, with its message.
 #[derive(Debug, thiserror::Error)]
@@ -91,11 +93,7 @@ impl QueryClient {
 
     /// Runs a query and collects its result.
     pub async fn query(&self, ticket: &QueryTicket) -> Result<QueryResult, QueryError> {
-        let body = serde_json::to_vec(ticket).map_err(|e| QueryError {
-            node: self.node.clone(),
-            code: tonic::Code::Internal,
-            message: e.to_string(),
-        })?;
+        let body = Ticket::Query(ticket.clone()).to_bytes();
         let report = Arc::new(std::sync::Mutex::new(FragmentReport::default()));
         let seen = Arc::clone(&report);
         let raw = self

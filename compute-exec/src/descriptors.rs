@@ -16,10 +16,10 @@ use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
 };
 use sluice_flight::fault::status_of;
+use sluice_flight::ticket::QueryTicket;
 use sluice_udfs::UdfEnv;
 use tonic::Status;
 
-use crate::service::QueryTicket;
 use crate::session::ComputeSession;
 
 /// The column that holds the objects.
@@ -104,8 +104,7 @@ impl Target {
             offload: Default::default(),
             udf: Default::default(),
         };
-        let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Ticket::new(body))
+        Ok(Ticket::new(sluice_flight::Ticket::Query(t).to_bytes()))
     }
 }
 

@@ -106,8 +106,12 @@ where
                     return Ok(s.into_http());
                 }
             };
-            let ticket = ticket_of(bytes.chunk()).filter(|t| trainer::is_job_ticket(t));
-            let Some(ticket) = ticket else {
+            let job =
+                ticket_of(bytes.chunk()).and_then(|t| match sluice_flight::Ticket::parse(&t) {
+                    Ok(sluice_flight::Ticket::Job(job)) => Some(job),
+                    _ => None,
+                });
+            let Some(ticket) = job else {
                 let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
                 return Ok(inner.call(req).await?.map(Body::new));
             };
@@ -118,7 +122,7 @@ where
             if !auth.allows(token) {
                 return Ok(auth::unauthenticated().into_http());
             }
-            Ok(match trainer::messages(&jobs, &ticket).await {
+            Ok(match trainer::messages(&jobs, ticket).await {
                 Ok(messages) => frames::response(messages),
                 Err(s) => s.into_http(),
             })

@@ -46,12 +46,13 @@ use arrow_flight::{
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
+use sluice_flight::ticket::QueryTicket;
 use sluice_planner::Offload;
 use sluice_udfs::{OnError, UdfOptions};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::service::{QueryService, QueryTicket};
+use crate::service::QueryService;
 
 /// The catalog and schema every dataset is in (DataFusion's defaults,
 /// which the SQL resolves a bare table name against).

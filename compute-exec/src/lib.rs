@@ -52,6 +52,6 @@ pub mod trainer;
 
 pub use client::{QueryClient, QueryError, QueryResult};
 pub use job::{Job, JobError, JobSpec, Jobs};
-pub use service::{QueryService, QueryTicket};
+pub use service::QueryService;
 pub use session::{ComputeSession, PlannedQuery, Prepared, ResourceHints, read_only};
-pub use trainer::JobTicket;
+pub use sluice_flight::ticket::{JobTicket, QueryTicket};

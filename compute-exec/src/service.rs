@@ -1,12 +1,14 @@
 //! [`QueryService`]: a compute node's Arrow Flight service, for SQL
 //! clients and trainers on one port.
 //!
-//! - `DoGet(QueryTicket)` (SQL, offload mode, UDF options) streams the
-//!   result, ending with a message whose app metadata is a
-//!   [`FragmentReport`] of the bad samples met;
-//! - `DoGet(JobTicket)`, `GetFlightInfo(job id)` and `GetSchema(job id)`
-//!   are a job's streams to trainers ([`crate::trainer`]);
-//! - the `explain` action answers a query's placement as JSON;
+//! - `DoGet` takes one [`Ticket`], told by its tag: a `query` (SQL,
+//!   offload mode, UDF options) streams the result, ending with a message
+//!   whose app metadata is a [`FragmentReport`] of the bad samples met; a
+//!   `job` ticket, `GetFlightInfo(job id)` and `GetSchema(job id)` are a
+//!   job's streams to trainers ([`crate::trainer`]); a `checkpoint`
+//!   ticket reads a checkpoint range;
+//! - the `explain` action answers a query's placement as JSON (its body a
+//!   [`QueryTicket`]);
 //! - `ListFlights` lists the datasets the node can reach (and the jobs
 //!   that can be read, by id), and
 //!   `GetFlightInfo`/`GetSchema` of such a descriptor (`[name]` or
@@ -31,16 +33,15 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, stream};
-use serde::{Deserialize, Serialize};
 use sluice_flight::BearerAuth;
-use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, GetTicket, PutCommand};
+use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, PutCommand};
 use sluice_flight::fault::status_of;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::send_reported;
+use sluice_flight::ticket::{QueryTicket, Ticket};
 use sluice_flight::{CheckpointEndpoint, MAX_MESSAGE};
-use sluice_planner::Offload;
+use sluice_udfs::UdfEnv;
 use sluice_udfs::env::Cancel;
-use sluice_udfs::{UdfEnv, UdfOptions};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -56,19 +57,6 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The action answering a query's placement.
 pub const EXPLAIN: &str = "explain";
-
-/// A query as a ticket (JSON).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueryTicket {
-    /// The SQL.
-    pub sql: String,
-    /// Where its stages may run.
-    #[serde(default)]
-    pub offload: Offload,
-    /// Its UDF options.
-    #[serde(default)]
-    pub udf: UdfOptions,
-}
 
 /// See the module docs.
 #[derive(Debug, Clone)]
@@ -88,15 +76,6 @@ impl QueryService {
             checkpoints: None,
             query_timeout: None,
         }
-    }
-
-    /// A query ticket from a client, its limits capped by the session's
-    /// (the server's own).
-    fn parse_ticket(&self, bytes: &[u8]) -> Result<QueryTicket, Status> {
-        let mut t: QueryTicket = serde_json::from_slice(bytes)
-            .map_err(|e| Status::invalid_argument(format!("bad query ticket: {e}")))?;
-        t.udf.limits = t.udf.limits.capped_by(self.session.limits());
-        Ok(t)
     }
 
     /// Stops a SQL query that runs past `limit` with an error (job
@@ -362,15 +341,13 @@ impl FlightService for QueryService {
         if flight_sql::is_flight_sql(&request.get_ref().ticket) {
             return FlightService::do_get(&self.sql(), request).await;
         }
-        let ticket = request.into_inner().ticket;
-        if trainer::is_job_ticket(&ticket) {
-            return Ok(Response::new(trainer::stream(&self.jobs, &ticket).await?));
-        }
-        if let Some(t) = GetTicket::parse(&ticket) {
-            return Ok(Response::new(self.checkpoints()?.get(t).await?));
-        }
-        let t = self.parse_ticket(&ticket)?;
-        Ok(Response::new(self.run(t).await?))
+        Ok(Response::new(
+            match Ticket::parse(&request.into_inner().ticket)? {
+                Ticket::Job(t) => trainer::stream(&self.jobs, t).await?,
+                Ticket::Checkpoint(t) => self.checkpoints()?.get(t).await?,
+                Ticket::Query(t) => self.run(self.capped(t)).await?,
+            },
+        ))
     }
 
     async fn do_put(
@@ -441,7 +418,10 @@ impl FlightService for QueryService {
                 action.r#type
             )));
         }
-        let t = self.parse_ticket(&action.body)?;
+        let t: QueryTicket = serde_json::from_slice(&action.body).map_err(|e| {
+            Status::invalid_argument(format!("explain: the body is a query ticket: {e}"))
+        })?;
+        let t = self.capped(t);
         let udfs = UdfEnv::new(t.udf);
         let session = Arc::clone(&self.session);
         let body = plan_on(self.jobs.handle(), async move {

@@ -16,6 +16,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_flight::fault::external;
 use sluice_flight::{LinkError, StorageEndpoint};
 use sluice_planner::{
     CalibrationOptions, DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources,
@@ -26,7 +27,7 @@ use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
 use crate::calibration::{CalibrationCache, calibrate};
-use crate::catalog::{ComputeSchema, base_name};
+use crate::catalog::{ComputeSchema, UnknownDataset, base_name};
 use crate::job::WindowBudget;
 use crate::remote::{FragmentTable, Tally};
 
@@ -431,8 +432,20 @@ impl ComputeSession {
         if let Some(catalog) = ctx.catalog("datafusion") {
             let _previous = catalog.register_schema("public", Arc::clone(&schema) as _);
         }
+        let logical = match ctx.state().create_logical_plan(sql).await {
+            Ok(plan) => plan,
+            // A statement that names a table no node holds fails here; the
+            // catalog recorded the name it could not find (a typed error,
+            // not a reading of DataFusion's message).
+            Err(e) => {
+                return Err(schema
+                    .missing()
+                    .map_or(e, |name| external(UnknownDataset(name))));
+            }
+        };
+        read_only().verify_plan(&logical)?;
         let plan = ctx
-            .sql_with_options(sql, read_only())
+            .execute_logical_plan(logical)
             .await?
             .into_optimized_plan()?;
         // Versions the query named (`pets@2`) are planned with the latest

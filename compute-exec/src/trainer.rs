@@ -34,6 +34,7 @@ use sluice_flight::MAX_MESSAGE;
 use sluice_flight::shm::{Probe, Segment, SlotRef, Transport};
 use sluice_flight::slices::{SlicedMessage, encode_split};
 use sluice_flight::stream::FlightStream;
+use sluice_flight::ticket::JobTicket;
 use tonic::Status;
 
 use crate::job::{Delivery, JobError, Jobs};
@@ -41,38 +42,6 @@ use crate::job::{Delivery, JobError, Jobs};
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
 pub const MAX_TRAINER_MESSAGE: usize = MAX_MESSAGE / 2;
-
-/// A rank's read of an epoch (JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JobTicket {
-    /// The job id.
-    pub job: String,
-    /// The rank, below the job's world size.
-    #[serde(default)]
-    pub rank: u64,
-    /// The epoch, below the job's epochs.
-    #[serde(default)]
-    pub epoch: u64,
-    /// The position in the rank's share of the epoch to start at.
-    #[serde(default)]
-    pub offset: u64,
-    /// At most this many positions (none: to the end). DataLoader workers
-    /// split a rank's share into ranges with it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<u64>,
-    /// How the batches travel (default `auto`: shared memory when `probe`
-    /// shows the trainer is on this host).
-    #[serde(default, skip_serializing_if = "is_auto")]
-    pub transport: Transport,
-    /// The trainer's proof that it shares this host's `/dev/shm`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<Probe>,
-}
-
-fn is_auto(t: &Transport) -> bool {
-    *t == Transport::Auto
-}
 
 /// The app metadata of a trainer batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,11 +83,6 @@ fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, S
     Ok(out)
 }
 
-/// Whether a ticket is a [`JobTicket`] (it names a job).
-pub fn is_job_ticket(ticket: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(ticket).is_ok_and(|v| v.get("job").is_some())
-}
-
 /// The Flight info of the job `descriptor` names.
 pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
     let job = jobs
@@ -132,7 +96,7 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
         .with_ordered(true)
         .with_total_records((layout.per_rank() * layout.world_size) as i64);
     for rank in 0..layout.world_size {
-        let t = JobTicket {
+        let body = sluice_flight::Ticket::Job(JobTicket {
             job: job.id().to_string(),
             rank,
             epoch: 0,
@@ -140,8 +104,8 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
             limit: None,
             transport: Transport::Auto,
             probe: None,
-        };
-        let body = serde_json::to_vec(&t).map_err(|e| Status::internal(e.to_string()))?;
+        })
+        .to_bytes();
         info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
     }
     Ok(info)
@@ -176,9 +140,7 @@ fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
 
 /// The Flight messages of a [`JobTicket`]'s read: the schema, then the
 /// batches as [`SlicedMessage`]s (or their shared-memory slots).
-pub async fn messages(jobs: &Jobs, ticket: &[u8]) -> Result<Messages, Status> {
-    let t: JobTicket = serde_json::from_slice(ticket)
-        .map_err(|e| Status::invalid_argument(format!("bad job ticket: {e}")))?;
+pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
     let shm = wants_shm(&t)?;
     let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
     let opts = IpcWriteOptions::default();
@@ -332,7 +294,7 @@ impl ShmStream {
 
 /// [`messages`] for tonic's encoder (the body of each message copied into
 /// one buffer): the path of clients that [`crate::direct`] does not serve.
-pub async fn stream(jobs: &Jobs, ticket: &[u8]) -> Result<FlightStream, Status> {
+pub async fn stream(jobs: &Jobs, ticket: JobTicket) -> Result<FlightStream, Status> {
     let m = messages(jobs, ticket).await?;
     Ok(Box::pin(m.map(|m| m.map(|m| m.to_flight_data()))))
 }

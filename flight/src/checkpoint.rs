@@ -94,13 +94,6 @@ pub struct GetTicket {
     pub length: u64,
 }
 
-impl GetTicket {
-    /// The ticket in `bytes`, if they are one.
-    pub fn parse(bytes: &[u8]) -> Option<Self> {
-        serde_json::from_slice(bytes).ok()
-    }
-}
-
 impl PutCommand {
     /// The command in `bytes`, if they are one.
     pub fn parse(bytes: &[u8]) -> Option<Self> {

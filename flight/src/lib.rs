@@ -21,6 +21,8 @@
 //!   them (the trainer streams);
 //! - [`shm`]: shared-memory segments that carry a job's batches to a
 //!   trainer on the same host, Flight carrying only control messages;
+//! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
+//!   tagged enum (job, query, checkpoint);
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
@@ -42,6 +44,7 @@ pub mod shm;
 pub mod slices;
 pub mod stream;
 pub mod throttle;
+pub mod ticket;
 
 pub use auth::BearerAuth;
 pub use checkpoint::CheckpointEndpoint;
@@ -53,6 +56,7 @@ pub use error::LinkError;
 pub use fault::Fault;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;
+pub use ticket::Ticket;
 
 /// Largest Flight message body the storage side sends; batches are sliced
 /// to stay under it (tonic refuses messages over 4 MiB by default).

@@ -39,8 +39,8 @@ _CODES = {
     "unauthenticated": ("UNAUTHENTICATED", 401),
 }
 
-_RETURNED = re.compile(r"(?:Flight|gRPC) returned (?P<code>[a-z -]+?) error, with message: (?P<message>.*)",
-                       re.DOTALL)
+_RETURNED = re.compile(r"(?:Flight|gRPC) returned (?P<code>[a-z -]+?) error, with message: ")
+_WITH_MESSAGE = re.compile(r"with message: (?P<message>.*)", re.DOTALL)
 _KIND = re.compile(r"(?P<kind>[a-z][a-z_]*): (?P<rest>.*)", re.DOTALL)
 _DEBUG_TAIL = re.compile(r"\.? ?gRPC client debug context:.*$", re.DOTALL)
 
@@ -88,10 +88,12 @@ def from_flight(e: BaseException, subject: str = "") -> SluiceError:
     returned = _RETURNED.search(text)
     if returned and returned.group("code") in _CODES:
         grpc_code, status = _CODES[returned.group("code")]
-        message = returned.group("message")
     else:
+        # pyarrow words some codes otherwise ("Flight cancelled call"):
+        # its class says which.
         grpc_code, status = _class_code(e)
-        message = text
+    server = _WITH_MESSAGE.search(text)
+    message = server.group("message") if server else text
     message = _DEBUG_TAIL.sub("", message).strip()
     kinded = _KIND.match(message)
     if kinded:

@@ -275,8 +275,9 @@ class CheckpointReader(io.RawIOBase):
 
     def _get(self, offset: int, length: int, out: List[Tuple[int, memoryview]]) -> None:
         c = self._ckpt.client
-        ticket = json.dumps({"checkpoint": self.name, "version": self.info["version"],
-                             "offset": offset, "length": length}).encode()
+        ticket = json.dumps({"type": "checkpoint", "checkpoint": self.name,
+                             "version": self.info["version"], "offset": offset,
+                             "length": length}).encode()
         pos = offset
         try:
             lane = offset // self._ckpt.chunk_size % self._ckpt.workers

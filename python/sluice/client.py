@@ -333,8 +333,8 @@ class Reader:
         self.last_from = offset
 
     def _ticket(self, probe: Optional["_shm.Probe"] = None) -> flight.Ticket:
-        t: Dict[str, Any] = {"job": self.job.id, "rank": self.rank, "epoch": self.epoch,
-                             "offset": self.offset}
+        t: Dict[str, Any] = {"type": "job", "job": self.job.id, "rank": self.rank,
+                             "epoch": self.epoch, "offset": self.offset}
         if self.limit is not None:
             t["limit"] = self.limit
         if self.transport != "auto":

@@ -6,9 +6,12 @@ kinds of bad requests are the same over Flight and REST."""
 import os
 import tempfile
 
+import pyarrow as pa
+import pyarrow.flight as flight
 import pytest
 
 import sluice
+from sluice._errors import from_flight
 from serve import generate, serve_env, start_serve
 
 SQL = "SELECT key, label, data FROM pets"
@@ -90,6 +93,14 @@ def test_flight_and_rest_name_an_error_the_same():
             with pytest.raises(sluice.SluiceError) as by_rest:
                 c.job("no-such-job")
             assert (by_rest.value.status, by_rest.value.code) == (404, "job_not_found")
+            # A ticket says what it is by its tag; one without is refused
+            # naming the tags, not guessed at.
+            for raw in [b'{"job": "%s"}' % job.id.encode(), b'{"sql": "SELECT 1"}']:
+                with pytest.raises(pa.ArrowInvalid) as e:
+                    c.flight().do_get(flight.Ticket(raw), c.call_options()).read_all()
+                err = from_flight(e.value)
+                assert (err.code, err.grpc_code) == ("bad_ticket", "INVALID_ARGUMENT"), err
+                assert '"type"' in err.message and '"checkpoint"' in err.message, err.message
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0

@@ -128,7 +128,7 @@ def test_no_token_or_a_wrong_one_is_refused(server):
     ("INSERT INTO pets (key) VALUES ('x')", "INSERT refused: sluice's SQL is read-only"),
     ("SET datafusion.execution.batch_size = 1", "SET refused"),
     ("COPY pets TO '/tmp/x.parquet'", "COPY refused"),
-    ("SELECT * FROM nope", "table 'datafusion.public.nope' not found"),
+    ("SELECT * FROM nope", 'dataset "nope" not found'),
     ("SELEC 1", "Expected: an SQL statement, found: SELEC"),
     ("SELECT decode_image(key) FROM pets", "decode_image"),
 ])

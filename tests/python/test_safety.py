@@ -45,7 +45,7 @@ def server():
 
 
 def query(c, sql, udf=None):
-    ticket = {"sql": sql}
+    ticket = {"type": "query", "sql": sql}
     if udf is not None:
         ticket["udf"] = udf
     return c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()),
@@ -353,7 +353,7 @@ def test_slow_queries_never_stall_the_service_and_stop_on_time():
 
                 def run_slow():
                     t0 = time.monotonic()
-                    ticket = {"sql": decode, "offload": "compute"}
+                    ticket = {"type": "query", "sql": decode, "offload": "compute"}
                     try:
                         c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()),
                                           c.call_options()).read_all()
@@ -374,7 +374,7 @@ def test_slow_queries_never_stall_the_service_and_stop_on_time():
 
                 # The client leaves after a second.
                 reader = c.flight().do_get(
-                    flight.Ticket(json.dumps({"sql": slow}).encode()), c.call_options())
+                    flight.Ticket(json.dumps({"type": "query", "sql": slow}).encode()), c.call_options())
                 threading.Timer(1.0, reader.cancel).start()
                 # pyarrow raises a cancelled read as KeyboardInterrupt.
                 with pytest.raises((pa.ArrowException, KeyboardInterrupt)):

@@ -196,7 +196,7 @@ def test_auth_is_required(server):
     job = server["client"].submit(SQL, on_error="null")
     job.wait()
     f = server["client"].flight()
-    ticket = flight.Ticket(json.dumps({"job": job.id}).encode())
+    ticket = flight.Ticket(json.dumps({"type": "job", "job": job.id}).encode())
     with pytest.raises(flight.FlightUnauthenticatedError):
         f.do_get(ticket).read_all()
     with pytest.raises(flight.FlightUnauthenticatedError):
@@ -211,7 +211,7 @@ def test_auth_is_required(server):
 def test_an_unknown_job_id_is_not_echoed_whole(server):
     c = server["client"]
     long_id = "x" * 3_000_000
-    ticket = flight.Ticket(json.dumps({"job": long_id}).encode())
+    ticket = flight.Ticket(json.dumps({"type": "job", "job": long_id}).encode())
     # pyarrow raises NOT_FOUND as a KeyError.
     with pytest.raises(KeyError) as e:
         c.flight().do_get(ticket, c.call_options()).read_all()
@@ -226,7 +226,7 @@ def test_flight_sql_with_no_rows_is_an_empty_table(server):
     c = server["client"]
     for sql in ["SELECT key, label FROM pets WHERE label = 'nosuch'",
                 "SELECT key, label FROM pets WHERE width > 100000"]:
-        ticket = flight.Ticket(json.dumps({"sql": sql}).encode())
+        ticket = flight.Ticket(json.dumps({"type": "query", "sql": sql}).encode())
         t = c.flight().do_get(ticket, c.call_options()).read_all()
         assert t.num_rows == 0 and t.column_names == ["key", "label"], t
 
@@ -393,7 +393,7 @@ def test_queries_have_memory_and_time_limits():
             c.ingest("pets", src)
 
             def run(sql):
-                ticket = flight.Ticket(json.dumps({"sql": sql}).encode())
+                ticket = flight.Ticket(json.dumps({"type": "query", "sql": sql}).encode())
                 return c.flight().do_get(ticket, c.call_options()).read_all()
 
             with pytest.raises(pa.ArrowException) as e:

@@ -59,11 +59,11 @@ def test_shm_and_flight_deliver_the_same_bytes(server):
 
 def test_forcing_shm_without_the_host_says_why(server):
     _, c, job = server
-    ticket = {"job": job.id, "transport": "shm",
+    ticket = {"type": "job", "job": job.id, "transport": "shm",
               "probe": {"name": "sluice-probe-nowhere-0", "nonce": "abc"}}
     with pytest.raises(pa.ArrowException, match="not on this host"):
         c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()), c.call_options()).read_all()
-    ticket = {"job": job.id, "transport": "shm"}
+    ticket = {"type": "job", "job": job.id, "transport": "shm"}
     with pytest.raises(pa.ArrowException, match="needs the trainer's probe"):
         c.flight().do_get(flight.Ticket(json.dumps(ticket).encode()), c.call_options()).read_all()
     # Forced and possible: shared memory.

@@ -291,7 +291,7 @@ def test_a_dropped_query_stops_its_udf_batch(slow):
     idle = idle_after_killing(proc, (
         "import sys; from pyarrow import flight; "
         "flight.connect(sys.argv[1]).do_get(flight.Ticket(sys.argv[2].encode())).read_all()"),
-        c.flight_address(), json.dumps({"sql": SLOW_SQL}))
+        c.flight_address(), json.dumps({"type": "query", "sql": SLOW_SQL}))
     print(f"idle {idle:.2f} s after the client died")
     assert idle < 1.0, f"the decodes ran on {idle:.2f} s after the client died"
     assert c._request("GET", "/healthz") == "ok\n"

@@ -1,0 +1,138 @@
+//! [`Ticket`]: every `DoGet` ticket a sluice compute node takes, as one
+//! tagged enum — JSON `{"type": "job" | "query" | "checkpoint", …}`.
+//!
+//! What a ticket is comes from its tag, never from guessing which fields
+//! it has; a ticket without a known tag is refused with an error that
+//! names the tags. (Flight SQL's tickets are protobuf `Any` messages, told
+//! apart by their type URL before this parser is asked; a storage node's
+//! fragment tickets are protobuf too, see [`crate::messages`].)
+
+use serde::{Deserialize, Serialize};
+use sluice_planner::Offload;
+use sluice_udfs::UdfOptions;
+use tonic::Status;
+
+use crate::checkpoint::GetTicket;
+use crate::shm::{Probe, Transport};
+
+/// See the module docs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Ticket {
+    /// A rank's read of a job's epoch: the trainer's stream.
+    Job(JobTicket),
+    /// A SQL statement's rows.
+    Query(QueryTicket),
+    /// A byte range of a checkpoint version.
+    Checkpoint(GetTicket),
+}
+
+impl Ticket {
+    /// The ticket in `bytes`, or `INVALID_ARGUMENT` saying what a ticket is.
+    pub fn parse(bytes: &[u8]) -> Result<Self, Status> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            crate::fault::status_with(
+                tonic::Code::InvalidArgument,
+                "bad_ticket",
+                &format!(
+                    "a ticket is JSON with a \"type\" of \"job\", \"query\" or \"checkpoint\" \
+                     (or a Flight SQL command): {e}"
+                ),
+            )
+        })
+    }
+
+    /// Its bytes, as a `DoGet` takes them.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Plain structs of strings, numbers and enums always serialize.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// A rank's read of an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobTicket {
+    /// The job id.
+    pub job: String,
+    /// The rank, below the job's world size.
+    #[serde(default)]
+    pub rank: u64,
+    /// The epoch, below the job's epochs.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The position in the rank's share of the epoch to start at.
+    #[serde(default)]
+    pub offset: u64,
+    /// At most this many positions (none: to the end). DataLoader workers
+    /// split a rank's share into ranges with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// How the batches travel (default `auto`: shared memory when `probe`
+    /// shows the trainer is on this host).
+    #[serde(default, skip_serializing_if = "is_auto")]
+    pub transport: Transport,
+    /// The trainer's proof that it shares this host's `/dev/shm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+}
+
+fn is_auto(t: &Transport) -> bool {
+    *t == Transport::Auto
+}
+
+/// A SQL statement, where its stages may run, and its UDF options (the
+/// server caps their limits by its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryTicket {
+    /// The SQL.
+    pub sql: String,
+    /// Where its stages may run.
+    #[serde(default)]
+    pub offload: Offload,
+    /// Its UDF options.
+    #[serde(default)]
+    pub udf: UdfOptions,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_is_read_by_its_tag() {
+        let job = Ticket::parse(br#"{"type": "job", "job": "j-1", "rank": 1}"#).unwrap();
+        assert!(matches!(job, Ticket::Job(JobTicket { ref job, rank: 1, .. }) if job == "j-1"));
+        let q = Ticket::parse(br#"{"type": "query", "sql": "SELECT 1"}"#).unwrap();
+        assert!(matches!(q, Ticket::Query(QueryTicket { ref sql, .. }) if sql == "SELECT 1"));
+        let c = Ticket::parse(
+            br#"{"type": "checkpoint", "checkpoint": "m.pt", "version": 2, "length": 9}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            c,
+            Ticket::Checkpoint(GetTicket { version: 2, .. })
+        ));
+        for t in [job, q, c] {
+            assert_eq!(Ticket::parse(&t.to_bytes()).unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn an_untagged_or_odd_ticket_is_refused_naming_the_tags() {
+        for bad in [
+            &br#"{"job": "j-1"}"#[..],
+            br#"{"sql": "SELECT 1"}"#,
+            br#"{"type": "frobnicate"}"#,
+            br#"{"type": "job", "job": "j-1", "rnak": 1}"#,
+            b"j-1",
+            b"",
+        ] {
+            let e = Ticket::parse(bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().starts_with("bad_ticket: "), "{}", e.message());
+            assert!(e.message().contains("\"checkpoint\""), "{}", e.message());
+        }
+    }
+}
