@@ -26,9 +26,12 @@
 # halves (on 2 cores: storage on CPU 0, compute on CPU 1). Each process is
 # told how many cores it has, so the planner models what it really gets.
 #
-# Until the scale-out work lands, the coordinator is itself the compute
-# side of jobs (`serve --storage …`); compute nodes answer SQL clients
-# (`sluice sql --connect`) over the same storage nodes.
+# The coordinator (`serve --storage …`) holds the jobs; each compute node
+# registers with it (`--coordinator`, `--advertise`), is given trainer
+# ranks (rank r goes to the r mod M-th node), plans the jobs it is asked
+# for from the coordinator's records, and answers SQL clients (`sluice sql
+# --connect`) over the same storage nodes. With no compute node, the
+# coordinator serves every rank itself.
 #
 # Where the kernel refuses network namespaces (an unprivileged container),
 # `up` says so and exits 3; tests that need the rig skip with that message.
@@ -265,7 +268,8 @@ cmd_up() {
     shape "$PREFIX-c$j" "" "$delay"
     start "$PREFIX-c$j" "$compute_cpus" "$dir/node.log" \
       "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
-      --storage "$storage_list" --compute-cores "$compute_cores"
+      --storage "$storage_list" --compute-cores "$compute_cores" \
+      --coordinator "http://$NET.2:$REST_PORT" --advertise "grpc://$NET.$((100 + j)):$COMPUTE_PORT"
     compute_urls+=("http://$NET.$((100 + j)):$COMPUTE_PORT")
   done
   wait_for "$RIG_DIR/coordinator/serve.log" "REST API on"

@@ -455,6 +455,15 @@ pub enum Command {
         /// Storage nodes (comma-separated URLs).
         #[arg(long, value_delimiter = ',', required = true)]
         storage: Vec<String>,
+        /// The coordinator's REST API (`http://host:port` of `sluice serve`):
+        /// this node registers there, is given trainer ranks, and serves the
+        /// coordinator's jobs.
+        #[arg(long)]
+        coordinator: Option<String>,
+        /// The Flight location trainers reach this node at (default:
+        /// `grpc://` and the address it listens on).
+        #[arg(long)]
+        advertise: Option<String>,
         /// Resources: cores storage nodes give fragments (default: what they say).
         #[arg(long)]
         storage_cores: Option<usize>,

@@ -21,6 +21,7 @@
 
 mod cli;
 mod commands;
+mod coordinator;
 mod output;
 mod rest;
 mod rest_client;

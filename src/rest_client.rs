@@ -1,4 +1,5 @@
-//! A small client of the REST API for the CLI's `job` commands: one
+//! A small client of the REST API for the CLI's `job` commands and a
+//! compute node's calls to its coordinator: one
 //! HTTP/1.1 request per call over hyper's connection API (no TLS: `serve`
 //! speaks plain HTTP; put a proxy in front for more), the bearer token
 //! when there is one, and the server's `{code, message}` errors as one
@@ -40,6 +41,29 @@ impl RestClient {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
+        let (status, value) = self.send(method, path, body).await?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        Err(refusal(status, &value))
+    }
+
+    /// `GET path`: the JSON answer, `None` if the server says 404.
+    pub async fn get_optional(&self, path: &str) -> anyhow::Result<Option<Value>> {
+        match self.send(Method::GET, path, None).await? {
+            (StatusCode::NOT_FOUND, _) => Ok(None),
+            (status, value) if status.is_success() => Ok(Some(value)),
+            (status, value) => Err(refusal(status, &value)),
+        }
+    }
+
+    /// One request: the status and the JSON (or text) answer.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
         let stream = TcpStream::connect(&self.authority).await.with_context(|| {
             format!(
                 "cannot reach the sluice server at http://{}",
@@ -74,18 +98,20 @@ impl RestClient {
         let bytes = resp.into_body().collect().await?.to_bytes();
         let value: Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_string()));
-        if status.is_success() {
-            return Ok(value);
-        }
-        let said = match (&value["code"], &value["message"]) {
-            (Value::String(c), Value::String(m)) => format!("{c}: {m}"),
-            _ => value
-                .as_str()
-                .map_or_else(|| value.to_string(), str::to_string),
-        };
-        if status == StatusCode::UNAUTHORIZED {
-            bail!("{said} (set SLUICE_TOKEN or --token)");
-        }
-        bail!("{said}")
+        Ok((status, value))
     }
+}
+
+/// The error of a refused request: what the server said, on one line.
+fn refusal(status: StatusCode, value: &Value) -> anyhow::Error {
+    let said = match (&value["code"], &value["message"]) {
+        (Value::String(c), Value::String(m)) => format!("{c}: {m}"),
+        _ => value
+            .as_str()
+            .map_or_else(|| value.to_string(), str::to_string),
+    };
+    if status == StatusCode::UNAUTHORIZED {
+        return anyhow::anyhow!("{said} (set SLUICE_TOKEN or --token)");
+    }
+    anyhow::anyhow!("{said}")
 }

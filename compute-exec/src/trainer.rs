@@ -106,7 +106,13 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
             probe: None,
         })
         .to_bytes();
-        info = info.with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(body)));
+        // The compute node that serves the rank, if nodes registered with
+        // this one; else this server (an endpoint without a location).
+        let mut endpoint = FlightEndpoint::new().with_ticket(Ticket::new(body));
+        if let Some(location) = jobs.compute_nodes().serving(rank) {
+            endpoint = endpoint.with_location(location);
+        }
+        info = info.with_endpoint(endpoint);
     }
     Ok(info)
 }
@@ -142,7 +148,7 @@ fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
 /// batches as [`SlicedMessage`]s (or their shared-memory slots).
 pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
     let shm = wants_shm(&t)?;
-    let job = jobs.get(&t.job).map_err(|e| job_status(&e))?;
+    let job = jobs.find(&t.job).await.map_err(|e| job_status(&e))?;
     let opts = IpcWriteOptions::default();
     let schema = SlicedMessage::from(FlightData::from(SchemaAsIpc::new(job.schema(), &opts)));
     if shm {

@@ -134,8 +134,10 @@ class Client:
         return self._request("GET", "/v1/jobs")
 
     # -- Flight -------------------------------------------------------------
-    def flight(self, lane: int = 0) -> flight.FlightClient:
-        """A Flight client of the service, made once per process and lane.
+    def flight(self, lane: int = 0, location: Optional[str] = None) -> flight.FlightClient:
+        """A Flight client of the service (or of the compute node at
+        ``location`` that serves a job's rank), made once per process, lane
+        and location.
 
         Each lane is its own connection: streams that share one HTTP/2
         connection are served one frame at a time, so parallel transfers
@@ -151,27 +153,33 @@ class Client:
                     "'spawn' or 'forkserver' multiprocessing context")
             self._flight_pid = os.getpid()
             self._flight = {}
-        client = self._flight.get(lane)
+        address = location or self.flight_address()
+        key = lane if address == self.flight_address() else (address, lane)
+        client = self._flight.get(key)
         if client is None:
             options = [("grpc.max_receive_message_length", -1)]
             if lane:
                 # Its own subchannel, hence its own TCP connection.
                 options.append(("grpc.use_local_subchannel_pool", 1))
-            client = flight.FlightClient(self.flight_address(), generic_options=options)
-            self._flight[lane] = client
+            client = flight.FlightClient(address, generic_options=options)
+            self._flight[key] = client
             _grpc_used = True
         return client
 
     def flight_address(self) -> str:
         """The ``grpc://host:port`` of the service's Flight endpoint."""
         if self._flight_address is None:
-            loc = self.info()["flight"]
-            parsed = urllib.parse.urlparse(loc)
-            host = parsed.hostname
-            if host in ("0.0.0.0", "::", None):
-                host = urllib.parse.urlparse(self.url).hostname
-            self._flight_address = f"grpc://{host}:{parsed.port}"
+            self._flight_address = self._reachable(self.info()["flight"])
         return self._flight_address
+
+    def _reachable(self, location: str) -> str:
+        """``location`` as this client reaches it (a server listening on
+        all addresses is reached at the REST host)."""
+        parsed = urllib.parse.urlparse(location)
+        host = parsed.hostname
+        if host in ("0.0.0.0", "::", None):
+            host = urllib.parse.urlparse(self.url).hostname
+        return f"grpc://{host}:{parsed.port}"
 
     def __getstate__(self) -> Dict[str, Any]:
         # A Flight client cannot be pickled (to 'spawn' DataLoader workers).
@@ -226,6 +234,16 @@ class Job:
         """Cancels it."""
         self._status = self.client._request("DELETE", f"/v1/jobs/{self.id}")
         return self._status
+
+    def location(self, rank: int) -> str:
+        """The Flight location that serves ``rank`` now: a compute node
+        registered with the coordinator, or the coordinator itself (asked
+        each time: ranks move when compute nodes come and go)."""
+        c = self.client
+        for e in self.status().get("endpoints", []):
+            if e["rank"] == rank:
+                return c._reachable(e["location"])
+        return c.flight_address()
 
     def flight_info(self) -> flight.FlightInfo:
         """Its Flight info: schema and one endpoint per rank."""
@@ -368,8 +386,9 @@ class Reader:
         c = self.job.client
         transport = transport or self.transport
         probe = _shm.Probe() if transport != "flight" else None
+        location = self.job.location(self.rank)
         try:
-            stream = c.flight().do_get(self._ticket(probe), c.call_options())
+            stream = c.flight(location=location).do_get(self._ticket(probe), c.call_options())
             self.schema = stream.schema
         except pa.ArrowException as e:
             if transport == "shm":
@@ -430,7 +449,8 @@ class Reader:
     def _relayed(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
         """The same through ``python -m sluice._relay`` (see there)."""
         c = self.job.client
-        req = {"url": c.url, "token": c.token, "flight": c.flight_address(), "job": self.job.id,
+        req = {"url": c.url, "token": c.token, "flight": self.job.location(self.rank),
+               "job": self.job.id,
                "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
                "limit": self.limit, "transport": self.transport}
         proc = subprocess.Popen([sys.executable, "-m", "sluice._relay"], stdin=subprocess.PIPE,

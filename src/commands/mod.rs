@@ -94,13 +94,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ComputeNode {
             listen,
             storage,
+            coordinator,
+            advertise,
             storage_cores,
             compute_cores,
             link_bandwidth,
             limits,
         } => {
             let hints = place::hints(*storage_cores, *compute_cores, *link_bandwidth);
-            nodes::compute_node(&cli, listen, storage, hints, *limits).await
+            let cluster = nodes::Cluster {
+                coordinator: coordinator.as_deref(),
+                advertise: advertise.as_deref(),
+            };
+            nodes::compute_node(&cli, listen, storage, cluster, hints, *limits).await
         }
         Command::Serve {
             flight,

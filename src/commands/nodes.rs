@@ -83,6 +83,7 @@ pub async fn compute_node(
     cli: &Cli,
     listen: &str,
     storage: &[String],
+    cluster: Cluster<'_>,
     hints: ResourceHints,
     limits: QueryLimitFlags,
 ) -> anyhow::Result<()> {
@@ -101,7 +102,17 @@ pub async fn compute_node(
         session.datasets().await.len(),
         session.endpoints().len()
     );
-    let jobs = Arc::new(Jobs::new(Arc::new(session))?);
+    let mut jobs = Jobs::new(Arc::new(session))?;
+    if let Some(url) = cluster.coordinator {
+        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
+        let location = cluster
+            .advertise
+            .map_or_else(|| format!("grpc://{addr}"), str::to_string);
+        coordinator.keep_registered(location.clone());
+        println!("serving the jobs of the coordinator at {url} as {location}");
+        jobs = jobs.with_source(Arc::new(coordinator));
+    }
+    let jobs = Arc::new(jobs);
     flight_builder()
         .add_service(
             QueryService::new(jobs)
@@ -112,6 +123,15 @@ pub async fn compute_node(
         .await?;
     eprintln!("compute node stopped");
     Ok(())
+}
+
+/// A compute node's place in a cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Cluster<'a> {
+    /// The coordinator's REST URL, if the node has one.
+    pub coordinator: Option<&'a str>,
+    /// The Flight location trainers reach the node at.
+    pub advertise: Option<&'a str>,
 }
 
 /// Where `sluice serve` listens and what REST may ingest.

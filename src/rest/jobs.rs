@@ -5,9 +5,9 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use sluice_compute::JobSpec;
-use sluice_compute::job::JobStatus;
 use sluice_compute::job::adapt::Replan;
 use sluice_compute::job::stages::JobStages;
+use sluice_compute::job::{JobRecord, JobStatus, RankEndpoint};
 
 use super::AppState;
 use super::error::ApiError;
@@ -49,7 +49,24 @@ pub async fn submit(
     let Json(spec) = body?;
     let job = s.jobs.submit(spec).await?;
     tracing::info!("job {} submitted", job.id());
-    Ok((StatusCode::CREATED, Json(job.status())))
+    Ok((StatusCode::CREATED, Json(located(&s, job.status()))))
+}
+
+/// Ranks listed with their locations, at most this many.
+pub const ENDPOINTS_LISTED: u64 = 4096;
+
+/// `status` with the location each rank reads at: the registered compute
+/// node that serves it, or this server's own Flight.
+fn located(s: &AppState, mut status: JobStatus) -> JobStatus {
+    let nodes = s.jobs.compute_nodes();
+    let own = format!("grpc://{}", s.flight);
+    status.endpoints = (0..status.spec.world_size.min(ENDPOINTS_LISTED))
+        .map(|rank| RankEndpoint {
+            rank,
+            location: nodes.serving(rank).unwrap_or_else(|| own.clone()),
+        })
+        .collect();
+    status
 }
 
 /// List jobs, oldest first.
@@ -57,7 +74,13 @@ pub async fn submit(
     responses((status = 200, body = Vec<JobStatus>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
-    Json(s.jobs.list().iter().map(|j| j.status()).collect())
+    Json(
+        s.jobs
+            .list()
+            .iter()
+            .map(|j| located(&s, j.status()))
+            .collect(),
+    )
 }
 
 /// A job's state, progress, samples/s, bytes per tier and skipped samples.
@@ -70,7 +93,21 @@ pub async fn get(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
-    Ok(Json(s.jobs.get(&id)?.status()))
+    Ok(Json(located(&s, s.jobs.get(&id)?.status())))
+}
+
+/// A job's record — its spec, the versions it pinned, its state and
+/// progress — from which a compute node plans the job to serve its ranks.
+#[utoipa::path(get, path = "/v1/jobs/{id}/record", operation_id = "get_job_record", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, description = "The job's record"), (status = 404, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn record(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobRecord>, ApiError> {
+    Ok(Json(s.jobs.get(&id)?.record()))
 }
 
 /// Cancel a job: streams in flight end, its resources are freed; it stays

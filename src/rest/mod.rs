@@ -110,6 +110,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(checkpoints::list, checkpoints::delete))
         .routes(routes!(ops::info))
         .routes(routes!(nodes::list))
+        .routes(routes!(nodes::register))
+        .routes(routes!(jobs::record))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
@@ -220,6 +222,8 @@ mod tests {
             ("/v1/checkpoints", vec!["delete", "get"]),
             ("/v1/info", vec!["get"]),
             ("/v1/nodes", vec!["get"]),
+            ("/v1/nodes/compute", vec!["post"]),
+            ("/v1/jobs/{id}/record", vec!["get"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),
         ];

@@ -1,13 +1,18 @@
 //! `/v1/nodes`: the storage nodes this server reads (up or down, cores,
-//! link) and, in embedded mode, its device (capacity, free chunks, I/O
-//! counters) and object cache — what an operator checks first when a job
-//! is slow, and what the dashboard draws.
+//! link), the compute nodes registered with it (`POST /v1/nodes/compute`,
+//! see `sluice_compute::job::cluster`) and, in embedded mode, its device
+//! (capacity, free chunks, I/O counters) and object cache — what an
+//! operator checks first when a job is slow, and what the dashboard
+//! draws.
 
 use axum::Json;
 use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
+use super::error::ApiError;
 
 /// A storage node as the compute side sees it.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -70,11 +75,66 @@ pub struct Cluster {
     pub device: Option<DeviceView>,
     /// The storage nodes it reads.
     pub nodes: Vec<NodeView>,
+    /// The compute nodes registered with it (they serve trainer ranks).
+    pub compute: Vec<ComputeView>,
+}
+
+/// A compute node registered with this coordinator.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ComputeView {
+    /// Its Flight location, as trainers reach it.
+    pub location: String,
+    /// Seconds since it last registered.
+    pub last_seen_s: f64,
+}
+
+/// A compute node's registration.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Register {
+    /// Its Flight location (`grpc://host:port`).
+    pub location: String,
+}
+
+/// A compute node says it is alive and where trainers reach it; it must
+/// say so again within the time to live (`ttl_s`), or ranks stop going
+/// to it.
+#[utoipa::path(post, path = "/v1/nodes/compute", operation_id = "register_compute_node",
+    tag = "ops", request_body = Register,
+    responses((status = 200, body = ComputeView), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn register(
+    State(s): State<AppState>,
+    body: Result<Json<Register>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(r) = body?;
+    let well_formed = ["grpc://", "grpc+tcp://", "http://"]
+        .iter()
+        .any(|p| r.location.strip_prefix(p).is_some_and(|a| !a.is_empty()))
+        && r.location.len() <= 256
+        && !r.location.chars().any(char::is_whitespace);
+    if !well_formed {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_location",
+            format!(
+                "location {:?}: expected grpc://HOST:PORT",
+                r.location.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
+    let nodes = s.jobs.compute_nodes();
+    nodes.register(&r.location);
+    Ok(Json(serde_json::json!({
+        "location": r.location,
+        "ttl_s": nodes.ttl().as_secs_f64(),
+    })))
 }
 
 /// The storage nodes (each asked now, a second at most) and the device.
 #[utoipa::path(get, path = "/v1/nodes", operation_id = "list_nodes", tag = "ops",
-    responses((status = 200, body = Cluster), (status = 401, body = super::error::ApiError)),
+    responses((status = 200, body = Cluster), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
     let endpoints = s.jobs.session().endpoints().to_vec();
@@ -121,9 +181,20 @@ pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
             cache_misses: cache.misses,
         }
     });
+    let compute = s
+        .jobs
+        .compute_nodes()
+        .live()
+        .into_iter()
+        .map(|(location, last_seen_s)| ComputeView {
+            location,
+            last_seen_s,
+        })
+        .collect();
     Json(Cluster {
         uptime_s: s.started.elapsed().as_secs_f64(),
         device,
         nodes,
+        compute,
     })
 }

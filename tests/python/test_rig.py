@@ -111,6 +111,65 @@ def test_the_rig_returns_what_one_data_dir_returns():
             rig_cmd("down", rig_dir=rig_dir)
 
 
+def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
+    """2 storage x 2 compute nodes: each compute node registers, a 4-rank
+    job's endpoints spread over both, each rank read from its node holds
+    exactly the bytes the coordinator itself delivers for that rank, and
+    the four ranks hold every sample once."""
+    import json
+    import time
+
+    import pyarrow.flight as flight
+
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        env = up(rig_dir, "--storage", "2", "--compute", "2", "--link", "1Gbit",
+                 "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            nodes = {"grpc://" + u.split("://")[1] for u in env["COMPUTE"].split(",")}
+            deadline = time.monotonic() + 30
+            while {n["location"] for n in c._request("GET", "/v1/nodes")["compute"]} != nodes:
+                assert time.monotonic() < deadline, c._request("GET", "/v1/nodes")["compute"]
+                time.sleep(0.5)
+            job = c.submit("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) "
+                           "AS img FROM pets", batch_size=2, world_size=4, shuffle={"seed": 5})
+            assert job.wait()["samples"] == 21
+            served = {e["rank"]: e["location"] for e in job.status()["endpoints"]}
+            assert set(served.values()) == nodes and served[0] == served[2] != served[1], served
+            # The same in Flight's terms: one endpoint per rank, at its node.
+            info = c.flight().get_flight_info(flight.FlightDescriptor.for_path(job.id),
+                                              c.call_options())
+            assert [e.locations[0].uri.decode() for e in info.endpoints] == \
+                [served[r] for r in range(4)]
+            coordinator = flight.FlightClient(c.flight_address())
+            keys = []
+            for rank in range(4):
+                got = pa.Table.from_batches(list(job.reader(rank).batches()))
+                ticket = json.dumps({"type": "job", "job": job.id, "rank": rank}).encode()
+                want = coordinator.do_get(flight.Ticket(ticket)).read_all()
+                assert got.equals(want.select(got.column_names)), f"rank {rank} differs"
+                keys += got.column("key").to_pylist()
+            # 21 samples over 4 ranks: 6 each, the last 3 wrapped around
+            # (drop_last false), so every sample at least once.
+            assert len(keys) == 24 and len(set(keys)) == 21
+            assert set(keys) == set(want_keys(c))
+            # Each compute node planned the job from the coordinator's record.
+            for j in range(2):
+                with open(os.path.join(rig_dir, f"compute{j}", "node.log")) as f:
+                    log = f.read()
+                assert "serving the jobs of the coordinator" in log, log
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
+def want_keys(c):
+    t = pa.Table.from_batches(list(
+        c.submit("SELECT key FROM pets", batch_size=32).reader(0).batches()))
+    return t.column("key").to_pylist()
+
+
 def photos(d, n, w=1024, h=768):
     """Photo-like JPEGs (smooth colour fields and fine noise), ~200 KB each."""
     import numpy as np

@@ -23,10 +23,13 @@
 //! - [`adapt`]: re-planning under load — tiers measured as the job runs,
 //!   the cut moved at a window when they contradict the plan;
 //! - [`store`]: the job records that survive a restart;
-//! - [`registry`]: [`Jobs`], the jobs of a node.
+//! - [`registry`]: [`Jobs`], the jobs of a node;
+//! - [`cluster`]: many compute nodes — which serves each rank, and how a
+//!   node finds a job the coordinator holds.
 
 pub mod adapt;
 pub mod budget;
+pub mod cluster;
 pub mod error;
 pub mod index;
 pub mod order;
@@ -42,11 +45,12 @@ pub mod store;
 pub mod stream;
 
 pub use budget::WindowBudget;
+pub use cluster::{ComputeNodes, JobSource};
 pub use error::{Failure, JobError};
 pub use order::{Layout, Shuffle, ShuffleMode};
 pub use plan::PlanSpec;
 pub use registry::Jobs;
 pub use run::{Delivery, Job};
 pub use spec::{JobSpec, OffloadArg, PlanInput};
-pub use status::{JobState, JobStatus, TierBytes};
+pub use status::{JobState, JobStatus, RankEndpoint, TierBytes};
 pub use store::{JobRecord, JobStore};

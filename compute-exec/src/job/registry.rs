@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::runtime::{Handle, Runtime};
 
+use super::cluster::{ComputeNodes, JobSource};
 use super::error::JobError;
 use super::run::Job;
 use super::spec::JobSpec;
@@ -39,6 +40,9 @@ pub struct Jobs {
     finished_kept: usize,
     runtime: Option<Runtime>,
     handle: Handle,
+    source: Option<Arc<dyn JobSource>>,
+    adopting: tokio::sync::Mutex<()>,
+    nodes: Arc<ComputeNodes>,
 }
 
 impl Drop for Jobs {
@@ -81,7 +85,22 @@ impl Jobs {
             finished_kept: FINISHED_KEPT,
             handle: runtime.handle().clone(),
             runtime: Some(runtime),
+            source: None,
+            adopting: tokio::sync::Mutex::new(()),
+            nodes: Arc::default(),
         })
+    }
+
+    /// A compute node's jobs: one this node does not hold is looked up in
+    /// `source` (the coordinator) and planned here ([`Jobs::find`]).
+    pub fn with_source(mut self, source: Arc<dyn JobSource>) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The compute nodes registered with this node (a coordinator).
+    pub fn compute_nodes(&self) -> &Arc<ComputeNodes> {
+        &self.nodes
     }
 
     /// The session jobs run in.
@@ -243,6 +262,56 @@ impl Jobs {
             .find(|j| j.id() == id)
             .cloned()
             .ok_or_else(|| JobError::JobNotFound { job: quoted(id) })
+    }
+
+    /// The job `id`, held here or, on a compute node with a source, found
+    /// there and planned here over the versions its record pins.
+    pub async fn find(&self, id: &str) -> Result<Arc<Job>, JobError> {
+        let held = self.get(id);
+        let Some(source) = &self.source else {
+            return held;
+        };
+        if held.is_ok() {
+            return held;
+        }
+        // One adoption at a time: two ranks asking at once plan it once.
+        let _one = self.adopting.lock().await;
+        if let Ok(job) = self.get(id) {
+            return Ok(job);
+        }
+        let mut record = match source.record(id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return held,
+            Err(reason) => {
+                return Err(JobError::Unavailable {
+                    node: source.name().to_string(),
+                    reason: format!("cannot ask it for job {}: {reason}", quoted(id)),
+                });
+            }
+        };
+        // Done there is readable here: later epochs, re-reads.
+        if record.state == JobState::Done {
+            record.state = JobState::Running;
+        }
+        let planned = self.handle.spawn(Job::restore(
+            record,
+            Arc::clone(&self.session),
+            self.handle.clone(),
+            None,
+        ));
+        let job = Arc::new(
+            planned
+                .await
+                .map_err(|e| JobError::Internal(e.to_string()))??,
+        );
+        tracing::info!("job {} adopted from {}", job.id(), source.name());
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(n, Arc::clone(&job));
+        if !job.state().is_final() {
+            let starting = Arc::clone(&job);
+            self.handle.spawn(async move { starting.start().await });
+        }
+        Ok(job)
     }
 
     /// Cancels the job `id`.

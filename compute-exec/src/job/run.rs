@@ -594,6 +594,7 @@ impl Job {
             state,
             error: inner.error.clone(),
             error_kind: inner.failure.as_ref().map(|f| f.kind.clone()),
+            endpoints: Vec::new(),
             created: self
                 .created
                 .duration_since(SystemTime::UNIX_EPOCH)

@@ -62,6 +62,10 @@ pub struct JobStatus {
     /// `unavailable`, …: the kinds of the Flight and REST errors).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<String>,
+    /// Where each rank reads (a coordinator fills them in: the compute
+    /// node that serves the rank, or the coordinator itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<RankEndpoint>,
     /// Seconds since the Unix epoch when it was submitted.
     pub created: f64,
     /// What was submitted.
@@ -314,6 +318,15 @@ impl Progress {
     pub fn release(&mut self) {
         self.covered = HashMap::new();
     }
+}
+
+/// The Flight location a rank reads at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RankEndpoint {
+    /// The rank.
+    pub rank: u64,
+    /// `grpc://host:port` of the node that serves it.
+    pub location: String,
 }
 
 #[cfg(test)]

@@ -1,0 +1,116 @@
+//! Many compute nodes: which node serves each rank of a job, and how a
+//! compute node comes to serve a job it was not given.
+//!
+//! - [`ComputeNodes`] is the coordinator's list of compute nodes that
+//!   registered (each re-registers every [`REGISTER_EVERY`]; one silent
+//!   for [`ComputeNodes::ttl`] is dropped). Rank `r` of a job is served by
+//!   the `r mod n`-th live node in the order of their locations, or by
+//!   the coordinator itself when none is live. A job's `GetFlightInfo`
+//!   answers one endpoint per rank with that location (the Arrow Flight
+//!   convention) and its REST status lists them; trainers follow them.
+//! - [`JobSource`] is where a compute node finds a job it does not hold:
+//!   the coordinator's record of it (spec, pinned versions, created). The
+//!   node plans the job again from the record over the same versions
+//!   ([`super::Jobs::find`]): the order of every epoch follows from the
+//!   spec and the samples, so every node delivers a rank the same bytes,
+//!   and a trainer resuming at an offset on another node gets exactly the
+//!   rest.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::store::JobRecord;
+
+/// How often a compute node tells the coordinator it is alive.
+pub const REGISTER_EVERY: Duration = Duration::from_secs(2);
+
+/// The compute nodes a coordinator knows, by their Flight location.
+#[derive(Debug)]
+pub struct ComputeNodes {
+    seen: Mutex<BTreeMap<String, Instant>>,
+    ttl: Duration,
+}
+
+impl Default for ComputeNodes {
+    fn default() -> Self {
+        Self::new(REGISTER_EVERY * 4)
+    }
+}
+
+impl ComputeNodes {
+    /// An empty list whose nodes are dropped after `ttl` without a word.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            seen: Mutex::new(BTreeMap::new()),
+            ttl,
+        }
+    }
+
+    /// How long a node may stay silent.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Notes that the node at `location` (`grpc://host:port`) is alive.
+    pub fn register(&self, location: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.insert(location.to_string(), Instant::now());
+    }
+
+    /// The live nodes, by location, with the seconds since each spoke.
+    pub fn live(&self) -> Vec<(String, f64)> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.retain(|_, at| at.elapsed() <= self.ttl);
+        seen.iter()
+            .map(|(l, at)| (l.clone(), at.elapsed().as_secs_f64()))
+            .collect()
+    }
+
+    /// The location of the node that serves `rank`, if any node is live.
+    pub fn serving(&self, rank: u64) -> Option<String> {
+        let live = self.live();
+        let n = live.len() as u64;
+        (n > 0).then(|| live[(rank % n) as usize].0.clone())
+    }
+}
+
+/// Where a compute node finds the record of a job it does not hold.
+#[async_trait]
+pub trait JobSource: Send + Sync + std::fmt::Debug {
+    /// The record of job `id`: `Ok(None)` if there is no such job, `Err`
+    /// (saying why) if the source cannot be asked.
+    async fn record(&self, id: &str) -> Result<Option<JobRecord>, String>;
+    /// The source, as errors name it.
+    fn name(&self) -> &str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_spread_over_the_live_nodes_in_order() {
+        let nodes = ComputeNodes::new(Duration::from_millis(200));
+        assert_eq!(nodes.serving(0), None);
+        nodes.register("grpc://10.0.0.101:50053");
+        nodes.register("grpc://10.0.0.100:50053");
+        let of: Vec<_> = (0..4).map(|r| nodes.serving(r).unwrap()).collect();
+        assert_eq!(
+            of,
+            [
+                "grpc://10.0.0.100:50053",
+                "grpc://10.0.0.101:50053",
+                "grpc://10.0.0.100:50053",
+                "grpc://10.0.0.101:50053"
+            ]
+        );
+        // A node that stops speaking is dropped; its ranks move.
+        std::thread::sleep(Duration::from_millis(250));
+        nodes.register("grpc://10.0.0.101:50053");
+        assert_eq!(nodes.live().len(), 1);
+        assert_eq!(nodes.serving(0).unwrap(), "grpc://10.0.0.101:50053");
+    }
+}
