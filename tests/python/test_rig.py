@@ -164,6 +164,56 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
             rig_cmd("down", rig_dir=rig_dir)
 
 
+def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
+    """Rank 1's compute node is killed mid-epoch: the rank moves to the
+    other node once the dead one stops registering, and the trainer,
+    resuming at its offset there, gets exactly the rest."""
+    import json
+    import signal
+    import time
+
+    import pyarrow.flight as flight
+
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            deadline = time.monotonic() + 30
+            while len(c._request("GET", "/v1/nodes")["compute"]) < 2:
+                assert time.monotonic() < deadline, "the compute nodes never registered"
+                time.sleep(0.5)
+            job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
+                           "FROM pets", batch_size=2, world_size=2, shuffle={"seed": 11})
+            job.wait()
+            ticket = json.dumps({"type": "job", "job": job.id, "rank": 1}).encode()
+            want = flight.FlightClient(c.flight_address()).do_get(flight.Ticket(ticket)).read_all()
+            first = job.location(1)
+            reader = job.reader(1, prefetch=0)
+            got = []
+            for batch in reader.batches():
+                got.append(batch)
+                if len(got) == 2:
+                    break
+            resume_at = reader.offset
+            hosts = [u.split("://")[1] for u in env["COMPUTE"].split(",")]
+            node = hosts.index(first.split("://")[1])
+            with open(os.path.join(rig_dir, "pids")) as f:
+                pid = next(int(line.split()[0]) for line in f if f"compute{node}/" in line)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while job.location(1) == first:
+                assert time.monotonic() < deadline, "rank 1 never moved off the dead node"
+                time.sleep(0.5)
+            rest = list(job.reader(1, offset=resume_at).batches())
+            delivered = pa.Table.from_batches(got + rest)
+            assert delivered.equals(want.select(delivered.column_names)), \
+                "the resumed rank differs from an uninterrupted read"
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
 def want_keys(c):
     t = pa.Table.from_batches(list(
         c.submit("SELECT key FROM pets", batch_size=32).reader(0).batches()))
