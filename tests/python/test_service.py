@@ -347,6 +347,8 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/jobs": ["get", "post"],
         "/v1/jobs/{id}": ["delete", "get"],
         "/v1/jobs/{id}/explain": ["get"],
+        "/v1/jobs/{id}/record": ["get"],
+        "/v1/nodes/compute": ["post"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],
@@ -358,13 +360,36 @@ def test_openapi_is_valid_and_matches_the_routes(server):
     # Every documented route answers (not the fallback 404).
     c = server["client"]
     job = c.submit(SQL, on_error="null")
-    for path in routes:
+    for path, ops in routes.items():
+        if "get" not in ops:
+            continue
         p = path.replace("{id}", job.id).replace("{name}", "pets")
         c._request("GET", p)
+
     assert 'sluice_device_free_bytes ' in c._request("GET", "/metrics")
     metrics = c._request("GET", "/metrics")
     assert f'sluice_job_delivered_samples_total{{job="{job.id}"}}' in metrics
     assert 'sluice_jobs{state="running"}' in metrics or 'sluice_jobs{state="pending"}' in metrics
+
+
+def test_a_registered_compute_node_is_given_ranks():
+    """A compute node's registration (a server of its own: ranks then go
+    to that node for its time to live)."""
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d)
+        proc, rest = start_serve(d, env)
+        try:
+            c = sluice.Client(rest)
+            c._request("POST", "/v1/nodes/compute", {"location": "grpc://10.0.0.9:50052"})
+            assert [n["location"] for n in c._request("GET", "/v1/nodes")["compute"]] == \
+                ["grpc://10.0.0.9:50052"]
+            with pytest.raises(sluice.SluiceError) as e:
+                c._request("POST", "/v1/nodes/compute", {"location": "ftp://x"})
+            assert (e.value.status, e.value.code) == (400, "invalid_location")
+            assert "ftp://x" in e.value.message
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
 
 
 def test_worker_ranges_split_whole_batches():
