@@ -105,10 +105,18 @@ impl LinkError {
         let node = node.to_string();
         let (kind, message) = kind_of(status);
         let message = message.to_string();
+        // A status the node never sent — the connection broke under a
+        // stream (the node died, the link went down) — carries the
+        // transport's error as its source: the node is unavailable.
+        let broken = kind.is_none() && std::error::Error::source(status).is_some();
         match (kind, status.code()) {
             (Some(DATASET_NOT_FOUND), _) => Self::DatasetNotFound {
                 dataset: message,
                 node,
+            },
+            _ if broken => Self::Unavailable {
+                node,
+                reason: format!("the connection broke: {message}"),
             },
             (_, Code::Unavailable | Code::DeadlineExceeded) => Self::Unavailable {
                 node,
@@ -268,5 +276,11 @@ mod tests {
             LinkError::from_status(node, &s),
             LinkError::Unavailable { .. }
         ));
+        // The transport's own error (the node died mid-stream): no answer
+        // of the node, but its connection broke.
+        let s = Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        let e = LinkError::from_status(node, &s);
+        assert!(matches!(e, LinkError::Unavailable { .. }), "{e}");
+        assert_eq!(e.code(), Code::Unavailable);
     }
 }

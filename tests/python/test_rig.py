@@ -214,6 +214,45 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
             rig_cmd("down", rig_dir=rig_dir)
 
 
+def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
+    """A storage node killed while a rank reads: the trainer gets an error
+    naming that node within seconds, never a hang or a short epoch."""
+    import signal
+    import time
+
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 4, 25)
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
+                           "FROM pets", batch_size=2)
+            job.wait()
+            reader = job.reader(0, prefetch=0)
+            batches = reader.batches()
+            next(batches)
+            with open(os.path.join(rig_dir, "pids")) as f:
+                pid = next(int(line.split()[0]) for line in f if "storage1/" in line)
+            os.kill(pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            rows = 2
+            try:
+                for b in batches:
+                    rows += b.num_rows
+                raise AssertionError(f"the epoch ended without the node: {rows} of 100 rows")
+            except sluice.SluiceError as e:
+                took = time.monotonic() - t0
+                node = env["STORAGE"].split(",")[1]
+                assert node in e.message, e
+                assert e.code in ("unavailable", "node_unavailable"), e
+                assert took < 60, f"the error took {took:.0f} s"
+            assert rows < 100
+            assert c._request("GET", "/healthz") == "ok\n"
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
 def want_keys(c):
     t = pa.Table.from_batches(list(
         c.submit("SELECT key FROM pets", batch_size=32).reader(0).batches()))
