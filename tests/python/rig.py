@@ -41,6 +41,20 @@ def up(rig_dir, *args):
     return parse_env(p.stdout)
 
 
+def compute_nodes(client, n, within=30):
+    """Waits until `n` compute nodes registered with the coordinator that
+    `client` speaks to; their locations."""
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        live = {node["location"] for node in client._request("GET", "/v1/nodes")["compute"]}
+        if len(live) >= n:
+            return live
+        assert time.monotonic() < deadline, f"{len(live)} of {n} compute nodes registered"
+        time.sleep(0.5)
+
+
 def ours():
     """This rig's namespaces in `ip netns list`."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

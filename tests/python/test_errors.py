@@ -12,7 +12,7 @@ import pytest
 
 import sluice
 from sluice._errors import from_flight
-from serve import generate, serve_env, start_serve
+from serve import generate, sample_server, serve_env, start_serve
 
 SQL = "SELECT key, label, data FROM pets"
 
@@ -69,38 +69,29 @@ def test_a_flipped_byte_is_data_loss_from_the_device_to_the_trainer():
 
 
 def test_flight_and_rest_name_an_error_the_same():
-    with tempfile.TemporaryDirectory() as d:
-        env = serve_env(d)
-        src = generate(d, env, "pets", 2, 3)
-        proc, rest = start_serve(d, env)
-        try:
-            c = sluice.Client(rest)
-            c.ingest("pets", src)
-            # REST: an unknown dataset at submit.
-            with pytest.raises(sluice.SluiceError) as by_rest:
-                c.submit("SELECT key FROM nope")
-            assert (by_rest.value.status, by_rest.value.code) == (404, "dataset_not_found")
-            # Flight: a rank past the job's, and an unknown job.
-            job = c.submit(SQL, world_size=1)
-            job.wait()
-            with pytest.raises(sluice.SluiceError) as by_flight:
-                list(job.reader(3))
-            assert (by_flight.value.status, by_flight.value.code) == (400, "out_of_range")
-            assert by_flight.value.grpc_code == "INVALID_ARGUMENT"
-            with pytest.raises(sluice.SluiceError) as missing:
-                list(sluice.Job(c, "no-such-job").reader(0))
-            assert (missing.value.status, missing.value.code) == (404, "job_not_found")
-            with pytest.raises(sluice.SluiceError) as by_rest:
-                c.job("no-such-job")
-            assert (by_rest.value.status, by_rest.value.code) == (404, "job_not_found")
-            # A ticket says what it is by its tag; one without is refused
-            # naming the tags, not guessed at.
-            for raw in [b'{"job": "%s"}' % job.id.encode(), b'{"sql": "SELECT 1"}']:
-                with pytest.raises(pa.ArrowInvalid) as e:
-                    c.flight().do_get(flight.Ticket(raw), c.call_options()).read_all()
-                err = from_flight(e.value)
-                assert (err.code, err.grpc_code) == ("bad_ticket", "INVALID_ARGUMENT"), err
-                assert '"type"' in err.message and '"checkpoint"' in err.message, err.message
-        finally:
-            proc.terminate()
-            assert proc.wait(timeout=30) == 0
+    with sample_server(2, 3) as (_, c, _, _):
+        # REST: an unknown dataset at submit.
+        with pytest.raises(sluice.SluiceError) as by_rest:
+            c.submit("SELECT key FROM nope")
+        assert (by_rest.value.status, by_rest.value.code) == (404, "dataset_not_found")
+        # Flight: a rank past the job's, and an unknown job.
+        job = c.submit(SQL, world_size=1)
+        job.wait()
+        with pytest.raises(sluice.SluiceError) as by_flight:
+            list(job.reader(3))
+        assert (by_flight.value.status, by_flight.value.code) == (400, "out_of_range")
+        assert by_flight.value.grpc_code == "INVALID_ARGUMENT"
+        with pytest.raises(sluice.SluiceError) as missing:
+            list(sluice.Job(c, "no-such-job").reader(0))
+        assert (missing.value.status, missing.value.code) == (404, "job_not_found")
+        with pytest.raises(sluice.SluiceError) as by_rest:
+            c.job("no-such-job")
+        assert (by_rest.value.status, by_rest.value.code) == (404, "job_not_found")
+        # A ticket says what it is by its tag; one without is refused
+        # naming the tags, not guessed at.
+        for raw in [b'{"job": "%s"}' % job.id.encode(), b'{"sql": "SELECT 1"}']:
+            with pytest.raises(pa.ArrowInvalid) as e:
+                c.flight().do_get(flight.Ticket(raw), c.call_options()).read_all()
+            err = from_flight(e.value)
+            assert (err.code, err.grpc_code) == ("bad_ticket", "INVALID_ARGUMENT"), err
+            assert '"type"' in err.message and '"checkpoint"' in err.message, err.message

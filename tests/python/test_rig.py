@@ -2,15 +2,19 @@
 come up and go away cleanly, and sluice spread over its hosts returns what
 one data dir returns."""
 
+import json
 import os
+import signal
 import subprocess
 import tempfile
+import time
 import urllib.request
 
 import pyarrow as pa
+import pyarrow.flight as flight
 
 import sluice
-from rig import ours, rig_cmd, up
+from rig import compute_nodes, ours, rig_cmd, up
 from serve import SLUICE
 
 SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) AS img "
@@ -116,11 +120,6 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
     job's endpoints spread over both, each rank read from its node holds
     exactly the bytes the coordinator itself delivers for that rank, and
     the four ranks hold every sample once."""
-    import json
-    import time
-
-    import pyarrow.flight as flight
-
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
@@ -129,10 +128,7 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
         try:
             c = sluice.Client(env["REST"])
             nodes = {"grpc://" + u.split("://")[1] for u in env["COMPUTE"].split(",")}
-            deadline = time.monotonic() + 30
-            while {n["location"] for n in c._request("GET", "/v1/nodes")["compute"]} != nodes:
-                assert time.monotonic() < deadline, c._request("GET", "/v1/nodes")["compute"]
-                time.sleep(0.5)
+            assert compute_nodes(c, 2) == nodes
             job = c.submit("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) "
                            "AS img FROM pets", batch_size=2, world_size=4, shuffle={"seed": 5})
             assert job.wait()["samples"] == 21
@@ -168,22 +164,13 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
     """Rank 1's compute node is killed mid-epoch: the rank moves to the
     other node once the dead one stops registering, and the trainer,
     resuming at its offset there, gets exactly the rest."""
-    import json
-    import signal
-    import time
-
-    import pyarrow.flight as flight
-
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
         env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
         try:
             c = sluice.Client(env["REST"])
-            deadline = time.monotonic() + 30
-            while len(c._request("GET", "/v1/nodes")["compute"]) < 2:
-                assert time.monotonic() < deadline, "the compute nodes never registered"
-                time.sleep(0.5)
+            compute_nodes(c, 2)
             job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
                            "FROM pets", batch_size=2, world_size=2, shuffle={"seed": 11})
             job.wait()
@@ -217,9 +204,6 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
 def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
     """A storage node killed while a rank reads: the trainer gets an error
     naming that node within seconds, never a hang or a short epoch."""
-    import signal
-    import time
-
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 4, 25)
