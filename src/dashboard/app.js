@@ -348,6 +348,12 @@ function drawStorage(c) {
     el("td", { class: "num" }, n.cores === undefined ? "-" : n.cores),
     el("td", {}, n.link_limit ? `${(n.link_limit * 8 / 1e6).toFixed(0)} Mbit/s` : "unlimited"),
     el("td", {}, n.on_this_host ? "this host" : "remote"))));
+  const compute = c.compute || [];
+  $("compute-none").hidden = compute.length > 0;
+  $("compute").hidden = compute.length === 0;
+  fill($("compute").tBodies[0], compute.map((n) => el("tr", {},
+    el("td", {}, n.location),
+    el("td", { class: "num" }, `${n.last_seen_s.toFixed(1)} s ago`))));
 }
 
 start();
