@@ -104,7 +104,7 @@ impl LinkError {
     pub fn from_status(node: &str, status: &Status) -> Self {
         let node = node.to_string();
         let (kind, message) = kind_of(status);
-        let message = message.to_string();
+        let (kind, message) = (kind.as_deref(), message.to_string());
         // A status the node never sent — the connection broke under a
         // stream (the node died, the link went down) — carries the
         // transport's error as its source: the node is unavailable.

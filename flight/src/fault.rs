@@ -14,7 +14,9 @@
 //! [`status`] is the one place any of them becomes a `tonic::Status`: the
 //! message is `kind: what happened` (what a person reads, and what every
 //! Flight client passes through) and the status details carry the kind
-//! alone (what a Rust client reads back, see [`kind_of`]). An error of
+//! in gRPC's richer error model (a `google.rpc.ErrorInfo` of domain
+//! `sluice`, [`crate::error_details`]; what a gRPC client reads back, see
+//! [`kind_of`]). An error of
 //! ours that travels inside a [`DataFusionError`] goes in through
 //! [`external`], which keeps its code and kind; [`fault_of`] finds it
 //! again however DataFusion wrapped it, and [`status_of`] answers for any
@@ -26,6 +28,8 @@ use std::fmt;
 use datafusion::error::DataFusionError;
 use sluice_udfs::BadSample;
 use tonic::{Code, Status};
+
+use crate::error_details;
 
 /// An error that knows its gRPC code and its stable kind.
 pub trait Fault: Error + Send + Sync + 'static {
@@ -42,27 +46,22 @@ pub fn status(e: &dyn Fault) -> Status {
 
 /// The status of an error with `code` and `kind`, saying `message`.
 pub fn status_with(code: Code, kind: &str, message: &str) -> Status {
-    Status::with_details(
-        code,
-        format!("{kind}: {message}"),
-        bytes::Bytes::copy_from_slice(kind.as_bytes()),
-    )
+    let message = format!("{kind}: {message}");
+    let details = error_details::encode(code, &message, kind);
+    Status::with_details(code, message, details.into())
 }
 
 /// The kind a status carries and its message without the kind's prefix,
 /// as [`status`] made them; a status from elsewhere has no kind.
-pub fn kind_of(s: &Status) -> (Option<&str>, &str) {
-    let kind = std::str::from_utf8(s.details())
-        .ok()
-        .filter(|k| !k.is_empty() && k.bytes().all(|b| b == b'_' || b.is_ascii_lowercase()));
+pub fn kind_of(s: &Status) -> (Option<String>, &str) {
     let message = s.message();
-    match kind {
-        Some(k) => {
+    match error_details::decode(s.details()) {
+        Some(kind) => {
             let rest = message
-                .strip_prefix(k)
+                .strip_prefix(kind.as_str())
                 .and_then(|m| m.strip_prefix(": "))
                 .unwrap_or(message);
-            (Some(k), rest)
+            (Some(kind), rest)
         }
         None => (None, message),
     }
@@ -223,7 +222,7 @@ mod tests {
             assert_eq!(
                 kind_of(&s),
                 (
-                    Some("checksum_mismatch"),
+                    Some("checksum_mismatch".to_string()),
                     "stored crc32c 0000beef, read 0000dead"
                 )
             );
@@ -273,7 +272,7 @@ mod tests {
         }));
         let s = status_of(&e, false);
         assert_eq!(s.code(), Code::FailedPrecondition);
-        assert_eq!(kind_of(&s).0, Some("bad_sample"));
+        assert_eq!(kind_of(&s).0.as_deref(), Some("bad_sample"));
         assert!(s.message().contains("cat/1.jpg"), "{}", s.message());
     }
 

@@ -14,6 +14,8 @@
 //!   in-process by the storage crate;
 //! - [`fault`]: [`Fault`], the one error vocabulary (a gRPC code and a
 //!   stable kind per error) and the one mapping to `tonic::Status`;
+//! - [`error_details`]: the kind as a `google.rpc.ErrorInfo` in the
+//!   status details;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
@@ -36,6 +38,7 @@ pub mod codec;
 pub mod cpu_time;
 pub mod endpoint;
 pub mod error;
+pub mod error_details;
 pub mod fault;
 pub mod frames;
 pub mod messages;
