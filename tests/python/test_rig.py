@@ -12,6 +12,7 @@ import urllib.request
 
 import pyarrow as pa
 import pyarrow.flight as flight
+import pytest
 
 import sluice
 from rig import compute_nodes, ours, rig_cmd, up
@@ -156,6 +157,12 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
                 with open(os.path.join(rig_dir, f"compute{j}", "node.log")) as f:
                     log = f.read()
                 assert "serving the jobs of the coordinator" in log, log
+            # Cancelled on the coordinator, the job is refused on its nodes.
+            job.cancel()
+            for rank in range(2):
+                with pytest.raises(sluice.SluiceError) as e:
+                    list(job.reader(rank))
+                assert e.value.code == "job_cancelled", e.value
         finally:
             rig_cmd("down", rig_dir=rig_dir)
 

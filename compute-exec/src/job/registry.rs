@@ -19,7 +19,7 @@ use super::error::JobError;
 use super::run::Job;
 use super::spec::JobSpec;
 use super::status::JobState;
-use super::store::JobStore;
+use super::store::{JobRecord, JobStore};
 use crate::session::ComputeSession;
 
 /// Finished jobs (done, failed, cancelled) kept, newest first: older ones
@@ -265,30 +265,43 @@ impl Jobs {
     }
 
     /// The job `id`, held here or, on a compute node with a source, found
-    /// there and planned here over the versions its record pins.
+    /// there and planned here over the versions its record pins. A
+    /// compute node asks its source at every new stream: a job cancelled
+    /// or forgotten there is cancelled here (streams already running end
+    /// when their trainers leave); a source that cannot be reached leaves
+    /// a job held here readable.
     pub async fn find(&self, id: &str) -> Result<Arc<Job>, JobError> {
         let held = self.get(id);
         let Some(source) = &self.source else {
             return held;
         };
-        if held.is_ok() {
-            return held;
+        let asked = source.record(id).await;
+        match (held, asked) {
+            (Ok(job), Ok(Some(r))) if r.state == JobState::Cancelled => {
+                job.cancel();
+                Ok(job)
+            }
+            (Ok(job), Ok(None)) => {
+                job.cancel();
+                Err(JobError::JobNotFound { job: quoted(id) })
+            }
+            (Ok(job), _) => Ok(job),
+            (Err(e), Ok(None)) => Err(e),
+            (Err(_), Err(reason)) => Err(JobError::Unavailable {
+                node: source.name().to_string(),
+                reason: format!("cannot ask it for job {}: {reason}", quoted(id)),
+            }),
+            (Err(_), Ok(Some(record))) => self.adopt(source.name(), record).await,
         }
-        // One adoption at a time: two ranks asking at once plan it once.
+    }
+
+    /// Plans the job of `record` (from `source`) here, once: two ranks
+    /// asking at once adopt it once.
+    async fn adopt(&self, source: &str, mut record: JobRecord) -> Result<Arc<Job>, JobError> {
         let _one = self.adopting.lock().await;
-        if let Ok(job) = self.get(id) {
+        if let Ok(job) = self.get(&record.id) {
             return Ok(job);
         }
-        let mut record = match source.record(id).await {
-            Ok(Some(r)) => r,
-            Ok(None) => return held,
-            Err(reason) => {
-                return Err(JobError::Unavailable {
-                    node: source.name().to_string(),
-                    reason: format!("cannot ask it for job {}: {reason}", quoted(id)),
-                });
-            }
-        };
         // Done there is readable here: later epochs, re-reads.
         if record.state == JobState::Done {
             record.state = JobState::Running;
@@ -304,7 +317,7 @@ impl Jobs {
                 .await
                 .map_err(|e| JobError::Internal(e.to_string()))??,
         );
-        tracing::info!("job {} adopted from {}", job.id(), source.name());
+        tracing::info!("job {} adopted from {source}", job.id());
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(n, Arc::clone(&job));
         if !job.state().is_final() {
