@@ -59,24 +59,25 @@ class SluiceError(Exception):
         self.grpc_code = grpc_code
 
 
+# pyarrow's exception classes and the codes they stand for, most specific
+# first (several codes share a class; the text says which, when it can).
+_CLASSES = [
+    (flight.FlightUnauthenticatedError, "unauthenticated"),
+    (flight.FlightUnauthorizedError, "unauthorized"),
+    (flight.FlightUnavailableError, "unavailable"),
+    (flight.FlightTimedOutError, "timed out"),
+    (flight.FlightCancelledError, "cancelled"),
+    (pa.ArrowKeyError, "not found"),
+    (pa.ArrowNotImplementedError, "unimplemented"),
+    (pa.ArrowInvalid, "invalid argument"),
+]
+
+
 def _class_code(e: BaseException) -> tuple:
     """The code a pyarrow exception's class says, where its text does not."""
-    if isinstance(e, flight.FlightUnauthenticatedError):
-        return _CODES["unauthenticated"]
-    if isinstance(e, flight.FlightUnauthorizedError):
-        return _CODES["unauthorized"]
-    if isinstance(e, flight.FlightUnavailableError):
-        return _CODES["unavailable"]
-    if isinstance(e, flight.FlightTimedOutError):
-        return _CODES["timed out"]
-    if isinstance(e, flight.FlightCancelledError):
-        return _CODES["cancelled"]
-    if isinstance(e, pa.ArrowKeyError):
-        return _CODES["not found"]
-    if isinstance(e, pa.ArrowNotImplementedError):
-        return _CODES["unimplemented"]
-    if isinstance(e, pa.ArrowInvalid):
-        return _CODES["invalid argument"]
+    for cls, name in _CLASSES:
+        if isinstance(e, cls):
+            return _CODES[name]
     return _CODES["internal"]
 
 
