@@ -95,7 +95,8 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
         .with_descriptor(descriptor)
         .with_ordered(true)
         .with_total_records((layout.per_rank() * layout.world_size) as i64);
-    for rank in 0..layout.world_size {
+    let nodes = jobs.compute_nodes().serving_ranks(layout.world_size);
+    for (rank, node) in (0..layout.world_size).zip(nodes) {
         let body = sluice_flight::Ticket::Job(JobTicket {
             job: job.id().to_string(),
             rank,
@@ -109,7 +110,7 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
         // The compute node that serves the rank, if nodes registered with
         // this one; else this server (an endpoint without a location).
         let mut endpoint = FlightEndpoint::new().with_ticket(Ticket::new(body));
-        if let Some(location) = jobs.compute_nodes().serving(rank) {
+        if let Some(location) = node {
             endpoint = endpoint.with_location(location);
         }
         info = info.with_endpoint(endpoint);

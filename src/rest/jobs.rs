@@ -58,12 +58,13 @@ pub const ENDPOINTS_LISTED: u64 = 4096;
 /// `status` with the location each rank reads at: the registered compute
 /// node that serves it, or this server's own Flight.
 fn located(s: &AppState, mut status: JobStatus) -> JobStatus {
-    let nodes = s.jobs.compute_nodes();
     let own = format!("grpc://{}", s.flight);
-    status.endpoints = (0..status.spec.world_size.min(ENDPOINTS_LISTED))
-        .map(|rank| RankEndpoint {
+    let ranks = status.spec.world_size.min(ENDPOINTS_LISTED);
+    status.endpoints = (0..ranks)
+        .zip(s.jobs.compute_nodes().serving_ranks(ranks))
+        .map(|(rank, node)| RankEndpoint {
             rank,
-            location: nodes.serving(rank).unwrap_or_else(|| own.clone()),
+            location: node.unwrap_or_else(|| own.clone()),
         })
         .collect();
     status

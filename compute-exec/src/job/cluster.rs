@@ -69,11 +69,14 @@ impl ComputeNodes {
             .collect()
     }
 
-    /// The location of the node that serves `rank`, if any node is live.
-    pub fn serving(&self, rank: u64) -> Option<String> {
+    /// The node serving each of ranks `0..ranks` (`None`: no node is live),
+    /// from one reading of the live nodes.
+    pub fn serving_ranks(&self, ranks: u64) -> Vec<Option<String>> {
         let live = self.live();
         let n = live.len() as u64;
-        (n > 0).then(|| live[(rank % n) as usize].0.clone())
+        (0..ranks)
+            .map(|r| (n > 0).then(|| live[(r % n) as usize].0.clone()))
+            .collect()
     }
 }
 
@@ -94,10 +97,10 @@ mod tests {
     #[test]
     fn ranks_spread_over_the_live_nodes_in_order() {
         let nodes = ComputeNodes::new(Duration::from_millis(200));
-        assert_eq!(nodes.serving(0), None);
+        assert_eq!(nodes.serving_ranks(1), [None]);
         nodes.register("grpc://10.0.0.101:50053");
         nodes.register("grpc://10.0.0.100:50053");
-        let of: Vec<_> = (0..4).map(|r| nodes.serving(r).unwrap()).collect();
+        let of: Vec<_> = nodes.serving_ranks(4).into_iter().flatten().collect();
         assert_eq!(
             of,
             [
@@ -111,6 +114,9 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         nodes.register("grpc://10.0.0.101:50053");
         assert_eq!(nodes.live().len(), 1);
-        assert_eq!(nodes.serving(0).unwrap(), "grpc://10.0.0.101:50053");
+        assert_eq!(
+            nodes.serving_ranks(1),
+            [Some("grpc://10.0.0.101:50053".to_string())]
+        );
     }
 }
