@@ -11,6 +11,7 @@
 #                          [--ingest-root DIR] [--storage-cpus 0] [--compute-cpus 1]
 #                          [--bin PATH] [-- EXTRA SERVE ARGS]
 #   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
+#   bash scripts/rig.sh add-storage             # one more storage node; it registers itself
 #   bash scripts/rig.sh status
 #   bash scripts/rig.sh down                    # every namespace, link, process and dir it made
 #
@@ -18,8 +19,12 @@
 # `FLIGHT=http://…`, then `STORAGE=` and `COMPUTE=` (comma-separated node
 # URLs); the same lines are in $SLUICE_RIG_DIR/rig.env. With
 # --ingest-root, every directory below DIR is ingested as a dataset of its
-# name, spread over the storage nodes: node I of N gets `--shard I/N`, so
-# the N parts together are exactly what one data dir would hold.
+# name over REST on the coordinator (`sluice ingest --url`), which spreads
+# it over the storage nodes (node I of N keeps every N-th object from the
+# I-th) and commits it on all of them or on none: the N parts together are
+# exactly what one data dir would hold. Storage nodes take ingests beneath
+# DIR (`storage-node --ingest-root`) and register with the coordinator
+# (`--coordinator`), which is also given their list.
 #
 # CPUs: storage nodes share --storage-cpus and the coordinator and compute
 # nodes share --compute-cpus; by default the machine's CPUs are cut in two
@@ -174,6 +179,23 @@ wait_for() {
   die "timed out waiting for '$pattern' in $out"
 }
 
+# Starts storage node $1 (host $NET.(10+$1)) with link $2, delay $3, on
+# CPUs $4 ($5 cores), binary $6, taking ingests beneath $7 (if given); it
+# registers with the coordinator at $NET.2.
+start_storage() {
+  local i="$1" link="$2" delay="$3" cpus="$4" cores="$5" bin="$6" root="${7:-}"
+  local dir="$RIG_DIR/storage$i" roots=()
+  mkdir -p "$dir"
+  [ -n "$root" ] && roots=(--ingest-root "$root")
+  add_host "$PREFIX-s$i" $((10 + i))
+  shape "$PREFIX-s$i" "$link" "$delay"
+  # Its log says what it does with ingest parts (prepared, committed, dropped).
+  start "$PREFIX-s$i" "$cpus" "$dir/node.log" \
+    env SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" "$bin" --data-dir "$dir/data" storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$cores" \
+    --coordinator "http://$NET.2:$REST_PORT" --advertise "http://$NET.$((10 + i)):$STORAGE_PORT" \
+    "${roots[@]}"
+}
+
 cmd_up() {
   local storage=1 compute=1 link="" delay="" ingest_root="" storage_cpus="" compute_cpus=""
   local bin="${SLUICE_BIN:-}" serve_extra=()
@@ -227,38 +249,29 @@ cmd_up() {
   ip addr add "$NET.1/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
 
-  # Storage nodes: ingest their shards first (a data dir is locked by the
-  # process serving it), then serve.
+  # Storage nodes: each registers with the coordinator (which is also
+  # given their list: either way works) and takes ingests beneath the
+  # ingest root, which every host of the rig sees at the same path.
   local urls=() i j
   for ((i = 0; i < storage; i++)); do
-    local dir="$RIG_DIR/storage$i"
-    mkdir -p "$dir"
-    if [ -n "$ingest_root" ]; then
-      local ds
-      for ds in "$ingest_root"/*/; do
-        ds="${ds%/}"
-        "$bin" --data-dir "$dir/data" ingest "$(basename "$ds")" "$ds" --shard "$i/$storage" \
-          >> "$dir/ingest.log" 2>&1 || { cat "$dir/ingest.log" >&2; die "ingest of $ds into storage node $i failed"; }
-      done
-    fi
-    add_host "$PREFIX-s$i" $((10 + i))
-    shape "$PREFIX-s$i" "$link" "$delay"
-    start "$PREFIX-s$i" "$storage_cpus" "$dir/node.log" \
-      "$bin" --data-dir "$dir/data" storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$storage_cores"
+    start_storage "$i" "$link" "$delay" "$storage_cpus" "$storage_cores" "$bin" "$ingest_root"
     urls+=("http://$NET.$((10 + i)):$STORAGE_PORT")
   done
   for ((i = 0; i < storage; i++)); do wait_for "$RIG_DIR/storage$i/node.log" "listening on"; done
   local storage_list
   storage_list="$(IFS=,; echo "${urls[*]}")"
 
-  # The coordinator: REST and jobs, the compute side of jobs.
+  # The coordinator: REST and jobs, the compute side of jobs, and the
+  # sharded ingest over REST.
   mkdir -p "$RIG_DIR/coordinator"
   add_host "$PREFIX-coord" 2
   shape "$PREFIX-coord" "" "$delay"
+  local ingest_args=()
+  [ -n "$ingest_root" ] && ingest_args=(--ingest-root "$ingest_root")
   start "$PREFIX-coord" "$compute_cpus" "$RIG_DIR/coordinator/serve.log" \
     "$bin" --data-dir "$RIG_DIR/coordinator/data" serve --storage "$storage_list" \
     --rest "$NET.2:$REST_PORT" --flight "$NET.2:$FLIGHT_PORT" --compute-cores "$compute_cores" \
-    "${serve_extra[@]}"
+    "${ingest_args[@]}" "${serve_extra[@]}"
 
   local compute_urls=()
   for ((j = 0; j < compute; j++)); do
@@ -274,12 +287,24 @@ cmd_up() {
   done
   wait_for "$RIG_DIR/coordinator/serve.log" "REST API on"
   for ((j = 0; j < compute; j++)); do wait_for "$RIG_DIR/compute$j/node.log" "listening on"; done
+
+  # Each directory below the ingest root, ingested over REST on the
+  # coordinator: spread over the storage nodes, committed on all or none.
+  if [ -n "$ingest_root" ]; then
+    local ds
+    for ds in "$ingest_root"/*/; do
+      ds="${ds%/}"
+      "$bin" ingest "$(basename "$ds")" "$ds" --url "http://$NET.2:$REST_PORT" \
+        >> "$RIG_DIR/ingest.log" 2>&1 || { cat "$RIG_DIR/ingest.log" >&2; die "ingest of $ds over REST failed"; }
+    done
+  fi
   trap - EXIT
 
   {
     echo "LINK=${link:-unlimited}"
     echo "DELAY=${delay:-0}"
     echo "STORAGE_CPUS=$storage_cpus"
+    echo "INGEST_ROOT=$ingest_root"
     echo "COMPUTE_CPUS=$compute_cpus"
     echo "STORAGE=$storage_list"
     echo "COMPUTE=$(IFS=,; echo "${compute_urls[*]}")"
@@ -316,6 +341,29 @@ cmd_link() {
   done < "$RIG_DIR/namespaces"
   sed -i "s/^LINK=.*/LINK=$rate/" "$RIG_DIR/rig.env"
   log "link now $rate${delay:+, delay $delay}"
+}
+
+# One more storage node, on the next address, given to no one: it
+# registers with the coordinator by itself. Prints its `STORAGE_URL=`.
+cmd_add_storage() {
+  [ -e "$RIG_DIR/namespaces" ] || die "no rig is up"
+  local i=0 bin="${SLUICE_BIN:-}" env_link env_delay cpus cores root
+  while [ -d "$RIG_DIR/storage$i" ]; do i=$((i + 1)); done
+  if [ -z "$bin" ]; then
+    source scripts/env.sh
+    bin="$CARGO_TARGET_DIR/debug/sluice"
+  fi
+  env_link="$(sed -n 's/^LINK=//p' "$RIG_DIR/rig.env")"
+  env_delay="$(sed -n 's/^DELAY=//p' "$RIG_DIR/rig.env")"
+  [ "$env_link" = unlimited ] && env_link=""
+  [ "$env_delay" = 0 ] && env_delay=""
+  cpus="$(sed -n 's/^STORAGE_CPUS=//p' "$RIG_DIR/rig.env")"
+  cores="$(cpu_count "$cpus")"
+  root="$(sed -n 's/^INGEST_ROOT=//p' "$RIG_DIR/rig.env")"
+  start_storage "$i" "$env_link" "$env_delay" "$cpus" "$cores" "$bin" "$root"
+  wait_for "$RIG_DIR/storage$i/node.log" "listening on"
+  log "storage node $i up at http://$NET.$((10 + i)):$STORAGE_PORT; it registers with the coordinator"
+  echo "STORAGE_URL=http://$NET.$((10 + i)):$STORAGE_PORT"
 }
 
 cmd_status() {
@@ -360,7 +408,8 @@ cmd_down() {
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   link) shift; cmd_link "$@" ;;
+  add-storage) cmd_add_storage ;;
   status) cmd_status ;;
   down) cmd_down ;;
-  *) die "usage: rig.sh up|link|status|down (see the top of scripts/rig.sh)" ;;
+  *) die "usage: rig.sh up|link|add-storage|status|down (see the top of scripts/rig.sh)" ;;
 esac

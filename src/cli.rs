@@ -245,6 +245,21 @@ pub struct NodeFlags {
     /// This node's decoding limits: a fragment may ask for less, never more.
     #[command(flatten)]
     pub decode: DecodeLimitFlags,
+    /// The coordinator's REST API (`http://host:port` of `sluice serve`):
+    /// this node registers there, so the coordinator reads it and spreads
+    /// ingests over it without being given its address.
+    #[arg(long)]
+    pub coordinator: Option<String>,
+    /// The Flight location the coordinator and compute nodes reach this
+    /// node at (default: `http://` and the address it listens on).
+    #[arg(long)]
+    pub advertise: Option<String>,
+    /// Directories a coordinator's ingest may read beneath (repeatable;
+    /// none: this node takes no ingest over the network). Sources are
+    /// read at the path the coordinator was given: the nodes and the
+    /// coordinator share a filesystem there.
+    #[arg(long)]
+    pub ingest_root: Vec<PathBuf>,
 }
 
 /// Limits on each SQL query a compute node (or `serve`) runs.
@@ -397,8 +412,14 @@ pub enum Command {
         on_error: sluice_storage::OnError,
         /// Ingest only part I of N (`I/N`): every N-th sample of the sorted
         /// source from the I-th, for one of N storage nodes.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "url")]
         shard: Option<sluice_storage::Shard>,
+        /// Ingest through a running server's REST API instead of into the
+        /// data dir: the server reads SOURCE (an absolute path on its host,
+        /// beneath its --ingest-root) and, over remote storage nodes,
+        /// spreads the version across them, committed on all or none.
+        #[arg(long)]
+        url: Option<String>,
         /// Summary format.
         #[arg(long, value_enum, default_value = "table")]
         format: DocFormat,
@@ -452,8 +473,9 @@ pub enum Command {
         /// Address to serve Arrow Flight on (port 0 picks a free one).
         #[arg(long, default_value = "127.0.0.1:50052")]
         listen: String,
-        /// Storage nodes (comma-separated URLs).
-        #[arg(long, value_delimiter = ',', required = true)]
+        /// Storage nodes (comma-separated URLs); with --coordinator, also
+        /// every storage node registered there.
+        #[arg(long, value_delimiter = ',', required_unless_present = "coordinator")]
         storage: Vec<String>,
         /// The coordinator's REST API (`http://host:port` of `sluice serve`):
         /// this node registers there, is given trainer ranks, and serves the
@@ -491,9 +513,14 @@ pub enum Command {
         #[arg(long)]
         ingest_root: Vec<PathBuf>,
         /// Remote storage nodes (comma-separated URLs) instead of the data dir:
-        /// this process is then the compute side, with jobs and REST.
-        #[arg(long, value_delimiter = ',', conflicts_with_all = ["loopback", "ingest_root"])]
+        /// this process is then the coordinator (the compute side, with jobs
+        /// and REST); storage nodes may also register with it.
+        #[arg(long, value_delimiter = ',', conflicts_with = "loopback")]
         storage: Vec<String>,
+        /// No storage of its own even with no --storage: the storage nodes
+        /// are those that register (`storage-node --coordinator`).
+        #[arg(long, conflicts_with = "loopback")]
+        remote_storage: bool,
         /// Join the two sides over loopback Flight (serialising fragments
         /// and batches) instead of in-process.
         #[arg(long)]

@@ -1,8 +1,13 @@
-//! A compute node's link to its coordinator (`sluice serve`), over the
-//! coordinator's REST API: the node registers its Flight location every
-//! [`REGISTER_EVERY`] (`POST /v1/nodes/compute`), so the coordinator
-//! sends it trainer ranks, and it finds the jobs it is asked for in the
-//! coordinator's records (`GET /v1/jobs/{id}/record`, a [`JobSource`]).
+//! A node's link to its coordinator (`sluice serve`), over the
+//! coordinator's REST API. Every [`REGISTER_EVERY`]:
+//! - a compute node registers its Flight location (`POST
+//!   /v1/nodes/compute`), so the coordinator sends it trainer ranks, and
+//!   learns the storage nodes the coordinator reads (`GET /v1/nodes`);
+//! - a storage node registers its location (`POST /v1/nodes/storage`), so
+//!   the coordinator reads it and spreads ingests over it.
+//!
+//! A compute node finds the jobs it is asked for in the coordinator's
+//! records (`GET /v1/jobs/{id}/record`, a [`JobSource`]).
 
 use async_trait::async_trait;
 use http::Method;
@@ -27,25 +32,38 @@ impl Coordinator {
         })
     }
 
-    /// Registers `location` now and every [`REGISTER_EVERY`] until the
-    /// process ends; a coordinator that cannot be reached is retried (it
-    /// may start after the node), and said once per outage.
-    pub fn keep_registered(&self, location: String) {
+    /// Registers `location` as a node of `role` (`compute` or `storage`)
+    /// now and every [`REGISTER_EVERY`] until the process ends, then
+    /// calls `after` with the coordinator's `GET /v1/nodes` answer when
+    /// `after` is given; a coordinator that cannot be reached is retried
+    /// (it may start after the node), and said once per outage.
+    pub fn keep_registered(
+        &self,
+        role: &'static str,
+        location: String,
+        after: Option<Box<dyn Fn(&serde_json::Value) + Send + Sync>>,
+    ) {
         let client = self.client.clone();
         let url = self.url.clone();
+        let path = format!("/v1/nodes/{role}");
         tokio::spawn(async move {
             let body = serde_json::json!({ "location": location });
             let mut down = false;
             loop {
-                match client
-                    .call(Method::POST, "/v1/nodes/compute", Some(&body))
-                    .await
-                {
-                    Ok(_) if down => {
+                let said = client.call(Method::POST, &path, Some(&body)).await;
+                let said = match (said, &after) {
+                    (Ok(_), Some(after)) => client
+                        .call(Method::GET, "/v1/nodes", None)
+                        .await
+                        .map(|v| after(&v)),
+                    (r, _) => r.map(|_| ()),
+                };
+                match said {
+                    Ok(()) if down => {
                         eprintln!("registered with the coordinator at {url} as {location}");
                         down = false;
                     }
-                    Ok(_) => {}
+                    Ok(()) => {}
                     Err(e) if !down => {
                         eprintln!("warning: cannot register with the coordinator at {url}: {e}");
                         down = true;
@@ -56,6 +74,21 @@ impl Coordinator {
             }
         });
     }
+}
+
+/// The storage nodes a coordinator's `GET /v1/nodes` names that another
+/// process can reach (an in-process node cannot be).
+pub fn storage_urls(nodes: &serde_json::Value) -> Vec<String> {
+    nodes["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n["name"].as_str())
+                .filter(|n| n.starts_with("http://") || n.starts_with("https://"))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[async_trait]

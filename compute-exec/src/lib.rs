@@ -42,6 +42,7 @@ pub mod descriptors;
 pub mod direct;
 pub mod explain;
 pub mod flight_sql;
+pub mod ingest;
 pub mod job;
 pub mod offthread;
 pub mod remote;

@@ -89,7 +89,10 @@ pub fn read_only() -> SQLOptions {
 /// The compute side over a set of storage nodes.
 #[derive(Debug)]
 pub struct ComputeSession {
-    endpoints: Vec<Arc<dyn StorageEndpoint>>,
+    /// The storage nodes, in the order they became known: given at start,
+    /// then as they register. Only ever appended to, so a node's index
+    /// (what [`Known`] records) never changes.
+    endpoints: std::sync::RwLock<Vec<Arc<dyn StorageEndpoint>>>,
     profiles: Profiles,
     hints: ResourceHints,
     known: Mutex<Known>,
@@ -130,7 +133,7 @@ impl ComputeSession {
         hints: ResourceHints,
     ) -> Self {
         Self {
-            endpoints,
+            endpoints: std::sync::RwLock::new(endpoints),
             profiles,
             hints,
             known: Mutex::new(Known::default()),
@@ -185,9 +188,26 @@ impl ComputeSession {
         self
     }
 
-    /// The storage nodes.
-    pub fn endpoints(&self) -> &[Arc<dyn StorageEndpoint>] {
-        &self.endpoints
+    /// The storage nodes, as known now.
+    pub fn endpoints(&self) -> Vec<Arc<dyn StorageEndpoint>> {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Adds a storage node that registered (`sluice storage-node
+    /// --coordinator`), unless one of that name is known: whether it was
+    /// new. Its datasets are listed at the next refresh; the next ingest
+    /// spreads over it.
+    pub fn add_endpoint(&self, endpoint: Arc<dyn StorageEndpoint>) -> bool {
+        let mut endpoints = self.endpoints.write().unwrap_or_else(|e| e.into_inner());
+        if endpoints.iter().any(|e| e.name() == endpoint.name()) {
+            return false;
+        }
+        tracing::info!("storage node {} registered", endpoint.name());
+        endpoints.push(endpoint);
+        true
     }
 
     /// Asks every node for its datasets (and, the first time, its cores).
@@ -198,7 +218,8 @@ impl ComputeSession {
         let mut reached = 0;
         let mut last_err = None;
         let mut listed: BTreeMap<String, Holding> = BTreeMap::new();
-        for (i, e) in self.endpoints.iter().enumerate() {
+        let endpoints = self.endpoints();
+        for (i, e) in endpoints.iter().enumerate() {
             if let std::collections::hash_map::Entry::Vacant(slot) = known.cores.entry(i) {
                 match e.node_info().await {
                     Ok(info) => {
@@ -255,7 +276,7 @@ impl ComputeSession {
         }
         known.datasets = listed;
         match last_err {
-            Some(e) if reached == 0 && !self.endpoints.is_empty() => Err(e),
+            Some(e) if reached == 0 && !endpoints.is_empty() => Err(e),
             _ => Ok(()),
         }
     }
@@ -265,6 +286,7 @@ impl ComputeSession {
     /// node's latest, or N.
     pub async fn pins(&self, table: &str) -> Vec<(Arc<dyn StorageEndpoint>, u64)> {
         let known = self.known.lock().await;
+        let endpoints = self.endpoints();
         let (base, named) = match table.rsplit_once('@') {
             Some((d, v)) => (d, v.parse().ok()),
             None => (table, None),
@@ -277,7 +299,7 @@ impl ComputeSession {
                     .iter()
                     .map(|p| {
                         let version = named.unwrap_or(p.version);
-                        (Arc::clone(&self.endpoints[p.node]), version)
+                        (Arc::clone(&endpoints[p.node]), version)
                     })
                     .collect()
             })
@@ -300,10 +322,11 @@ impl ComputeSession {
     /// holds (what a job submitted now pins).
     pub async fn versions(&self, name: &str) -> Vec<(String, u64)> {
         let known = self.known.lock().await;
+        let endpoints = self.endpoints();
         known.datasets.get(name).map_or_else(Vec::new, |h| {
             h.parts
                 .iter()
-                .map(|p| (self.endpoints[p.node].name().to_string(), p.version))
+                .map(|p| (endpoints[p.node].name().to_string(), p.version))
                 .collect()
         })
     }
@@ -311,6 +334,7 @@ impl ComputeSession {
     /// The known datasets as the planner and the session's tables need them.
     async fn snapshot(&self) -> Snapshot {
         let known = self.known.lock().await;
+        let endpoints = self.endpoints();
         let mut snap = Snapshot {
             nodes: 1,
             ..Snapshot::default()
@@ -323,7 +347,7 @@ impl ComputeSession {
                 name.clone(),
                 h.parts
                     .iter()
-                    .map(|p| Arc::clone(&self.endpoints[p.node]))
+                    .map(|p| Arc::clone(&endpoints[p.node]))
                     .collect(),
             );
             snap.nodes = snap.nodes.max(h.parts.len());
@@ -334,6 +358,7 @@ impl ComputeSession {
     /// The resources to plan with.
     pub async fn resources(&self, nodes: usize) -> Resources {
         let mut known = self.known.lock().await;
+        let endpoints = self.endpoints();
         let cores = sluice_planner::resources::machine_cores() as f64;
         let storage_cores = self.hints.storage_cores.unwrap_or_else(|| {
             known
@@ -353,7 +378,7 @@ impl ComputeSession {
         } else {
             let mut total = None;
             let mut measured_any = false;
-            for (i, e) in self.endpoints.iter().enumerate() {
+            for (i, e) in endpoints.iter().enumerate() {
                 let m = match known.measured.get(&i) {
                     Some(m) => *m,
                     None => {
@@ -382,10 +407,9 @@ impl ComputeSession {
         let modelled = self.hints.link_bytes_per_s.is_some()
             || self.hints.storage_cores.is_some()
             || known.limits.values().any(Option::is_some);
-        let colocated = (!modelled
-            && !self.endpoints.is_empty()
-            && self.endpoints.iter().all(|e| e.on_this_host()))
-        .then(|| "every storage node runs on this machine".to_owned());
+        let colocated =
+            (!modelled && !endpoints.is_empty() && endpoints.iter().all(|e| e.on_this_host()))
+                .then(|| "every storage node runs on this machine".to_owned());
         Resources {
             storage_nodes: nodes.max(1),
             storage_cores,
@@ -427,7 +451,7 @@ impl ComputeSession {
         let schema = Arc::new(ComputeSchema::new(
             latest,
             holders.clone(),
-            self.endpoints.clone(),
+            self.endpoints(),
         ));
         if let Some(catalog) = ctx.catalog("datafusion") {
             let _previous = catalog.register_schema("public", Arc::clone(&schema) as _);

@@ -21,6 +21,9 @@ use tonic::transport::Channel;
 use crate::codec::encode_fragment;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
+use crate::ingest::{
+    FINISH_INGEST, FinishIngest, IngestPart, IngestedPart, PREPARE_INGEST, PreparedPart,
+};
 use crate::messages::{
     FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
@@ -51,6 +54,33 @@ impl StorageClient {
             FlightError::Tonic(s) => self.status(&s),
             other => LinkError::internal(&self.node, other.to_string()),
         }
+    }
+
+    /// Runs action `kind` with a JSON `body`; its one reply, as JSON
+    /// (`None`: the node sent none).
+    async fn json_action<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Option<T>, LinkError> {
+        let body = serde_json::to_vec(body).map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let action = Action {
+            r#type: kind.into(),
+            body: body.into(),
+        };
+        let mut replies = self
+            .inner
+            .clone()
+            .do_action(action)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&reply.body)
+            .map(Some)
+            .map_err(|e| LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", self.node)))
     }
 
     async fn get(
@@ -238,5 +268,31 @@ impl StorageEndpoint for StorageClient {
         }
         let secs = start.elapsed().as_secs_f64().max(1e-6);
         Ok(Some(got as f64 / secs))
+    }
+
+    async fn prepare_ingest(&self, part: &IngestPart) -> Result<PreparedPart, LinkError> {
+        // No deadline: a part takes as long as its objects take to write;
+        // a node that dies while preparing breaks the connection.
+        self.json_action(PREPARE_INGEST, part)
+            .await?
+            .ok_or_else(|| LinkError::Protocol(format!("{} prepared nothing", self.node)))
+    }
+
+    async fn finish_ingest(
+        &self,
+        txn: &str,
+        commit: bool,
+    ) -> Result<Option<IngestedPart>, LinkError> {
+        let word = FinishIngest {
+            txn: txn.to_string(),
+            commit,
+        };
+        let ask = self.json_action(FINISH_INGEST, &word);
+        tokio::time::timeout(std::time::Duration::from_secs(60), ask)
+            .await
+            .map_err(|_| LinkError::Unavailable {
+                node: self.node.clone(),
+                reason: "no answer to finish an ingest within 60 s".into(),
+            })?
     }
 }

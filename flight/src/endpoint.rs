@@ -14,6 +14,7 @@ use sluice_planner::DatasetStats;
 use sluice_udfs::UdfEnv;
 
 use crate::error::LinkError;
+use crate::ingest::{IngestPart, IngestedPart, PreparedPart};
 
 /// A dataset as a storage node lists it.
 #[derive(Debug, Clone)]
@@ -101,6 +102,19 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// Measures the link by fetching `bytes`: bytes per second, or `None`
     /// when the node is in this process.
     async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError>;
+
+    /// Prepares this node's part of an ingest: every object written, the
+    /// version held uncommitted under `part.txn` (see
+    /// [`crate::ingest`]).
+    async fn prepare_ingest(&self, part: &IngestPart) -> Result<PreparedPart, LinkError>;
+
+    /// Commits the part prepared under `txn` (its report), or drops it
+    /// (`None`; dropping one the node does not hold is no error).
+    async fn finish_ingest(
+        &self,
+        txn: &str,
+        commit: bool,
+    ) -> Result<Option<IngestedPart>, LinkError>;
 }
 
 /// Whether a node address (`http://127.0.0.1:7000`, `[::1]:7000`,

@@ -41,6 +41,7 @@ pub mod error;
 pub mod error_details;
 pub mod fault;
 pub mod frames;
+pub mod ingest;
 pub mod messages;
 pub mod scan;
 pub mod shm;

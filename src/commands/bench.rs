@@ -269,7 +269,7 @@ fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
 /// returns the report and the ingest's wall time (building the objects in
 /// memory is not timed).
 pub(super) async fn ingest_objects(
-    store: &Store,
+    store: &std::sync::Arc<Store>,
     name: &str,
     templates: &[Vec<u8>],
     n: usize,

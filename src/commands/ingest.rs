@@ -1,4 +1,6 @@
-//! `sluice ingest DATASET SOURCE`: a new dataset version from a directory or manifest.
+//! `sluice ingest DATASET SOURCE`: a new dataset version from a directory
+//! or manifest — into the data dir, or (`--url`) through a running
+//! server, which spreads it over its storage nodes.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -73,6 +75,64 @@ pub async fn run(
                 println!("skipped {}:", report.skipped.len());
                 for s in &report.skipped {
                     println!("  {}: {}", s.key, s.reason);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `sluice ingest --url URL`: `POST /v1/datasets` on the server at `url`.
+pub async fn remote(
+    url: &str,
+    token: Option<String>,
+    dataset: &str,
+    source: &Path,
+    manifest: Option<&Path>,
+    on_error: OnError,
+    format: DocFormat,
+) -> anyhow::Result<()> {
+    let client = crate::rest_client::RestClient::new(url, token)?;
+    // The server reads the path on its host: made absolute here, since a
+    // relative one would resolve against the server's directory.
+    let path = std::path::absolute(source)?;
+    let body = serde_json::json!({
+        "name": dataset,
+        "path": path,
+        "manifest": manifest,
+        "on_error": on_error.to_string(),
+    });
+    let report = client
+        .call(http::Method::POST, "/v1/datasets", Some(&body))
+        .await?;
+    match format {
+        DocFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        DocFormat::Table => {
+            let parts = report["parts"].as_array().map_or(1, Vec::len);
+            println!(
+                "ingested '{dataset}' through {url}: {} samples, {} over {parts} storage node(s), {:.2} s",
+                report["samples"],
+                human(report["bytes"].as_u64().unwrap_or_default()),
+                report["seconds"].as_f64().unwrap_or_default(),
+            );
+            if let Some(parts) = report["parts"].as_array() {
+                for p in parts {
+                    println!(
+                        "  {}: version {}, {} samples",
+                        p["node"].as_str().unwrap_or_default(),
+                        p["version"],
+                        p["samples"]
+                    );
+                }
+            }
+            if let Some(skipped) = report["skipped"].as_array().filter(|s| !s.is_empty()) {
+                println!("skipped {}:", skipped.len());
+                for s in skipped {
+                    println!(
+                        "  {}: {}",
+                        s["key"].as_str().unwrap_or_default(),
+                        s["reason"].as_str().unwrap_or_default()
+                    );
                 }
             }
         }

@@ -62,7 +62,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             source,
             manifest,
             on_error,
+            shard: _,
+            url: Some(url),
+            format,
+        } => {
+            ingest::remote(
+                url,
+                cli.token.first().cloned(),
+                dataset,
+                source,
+                manifest.as_deref(),
+                *on_error,
+                *format,
+            )
+            .await
+        }
+        Command::Ingest {
+            dataset,
+            source,
+            manifest,
+            on_error,
             shard,
+            url: None,
             format,
         } => {
             ingest::run(
@@ -113,6 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             rest,
             ingest_root,
             storage,
+            remote_storage,
             loopback,
             storage_cores,
             compute_cores,
@@ -128,6 +150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 rest,
                 ingest_roots: ingest_root,
                 storage,
+                remote_storage: *remote_storage,
                 checkpoints: sluice_storage::checkpoint::CheckpointOptions {
                     keep: *checkpoint_keep as usize,
                     idle_timeout: std::time::Duration::from_secs_f64(

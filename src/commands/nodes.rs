@@ -59,6 +59,9 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 
 pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     let storage = place::local_node(cli, node.cores, node.link_limit)?;
+    if !node.ingest_root.is_empty() {
+        storage.allow_ingest(&node.ingest_root)?;
+    }
     let listener = bind(node.listen.as_deref().unwrap_or("127.0.0.1:50051")).await?;
     let addr = listener.local_addr()?;
     let datasets = storage.list()?;
@@ -67,6 +70,15 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         datasets.len(),
         storage.info().cores
     );
+    if let Some(url) = &node.coordinator {
+        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
+        let location = node
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        coordinator.keep_registered("storage", location.clone(), None);
+        println!("registering with the coordinator at {url} as {location}");
+    }
     Server::builder()
         .add_service(
             StorageFlightService::new(storage)
@@ -102,13 +114,25 @@ pub async fn compute_node(
         session.datasets().await.len(),
         session.endpoints().len()
     );
-    let mut jobs = Jobs::new(Arc::new(session))?;
+    let session = Arc::new(session);
+    let mut jobs = Jobs::new(Arc::clone(&session))?;
     if let Some(url) = cluster.coordinator {
         let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
         let location = cluster
             .advertise
             .map_or_else(|| format!("grpc://{addr}"), str::to_string);
-        coordinator.keep_registered(location.clone());
+        // The storage nodes the coordinator reads are this node's too.
+        let learn = move |nodes: &serde_json::Value| {
+            for url in crate::coordinator::storage_urls(nodes) {
+                match StorageClient::new(&url) {
+                    Ok(c) => {
+                        session.add_endpoint(Arc::new(c));
+                    }
+                    Err(e) => eprintln!("warning: storage node {url}: {e}"),
+                }
+            }
+        };
+        coordinator.keep_registered("compute", location.clone(), Some(Box::new(learn)));
         println!("serving the jobs of the coordinator at {url} as {location}");
         jobs = jobs.with_source(Arc::new(coordinator));
     }
@@ -145,6 +169,8 @@ pub struct ServeAddrs<'a> {
     pub ingest_roots: &'a [std::path::PathBuf],
     /// Remote storage nodes instead of the data dir.
     pub storage: &'a [String],
+    /// No storage of its own even with no `storage`: nodes register.
+    pub remote_storage: bool,
     /// How checkpoints in the data dir are kept.
     pub checkpoints: CheckpointOptions,
     /// How long a finished or unread job is kept.
@@ -161,7 +187,8 @@ pub async fn serve(
     link_limit: Option<RateArg>,
     hints: ResourceHints,
 ) -> anyhow::Result<()> {
-    let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if !addrs.storage.is_empty() {
+    let remote = addrs.remote_storage || !addrs.storage.is_empty();
+    let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if remote {
         (place::remote_nodes(addrs.storage)?, None)
     } else {
         let storage = place::local_node(cli, storage_cores, link_limit)?;
@@ -226,6 +253,7 @@ pub async fn serve(
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
         flight: flight_addr,
+        ingests: Arc::default(),
     });
     // One write, and no panic if whoever started us stopped reading.
     let announce = format!(

@@ -1,18 +1,21 @@
 //! `/v1/datasets`: the datasets the storage side holds, and ingest of a
-//! directory or manifest under an allowed root (embedded mode).
+//! directory or manifest under an allowed root: into the data dir
+//! (embedded mode), or spread over the storage nodes.
 
-use std::path::{Path as FsPath, PathBuf};
+use std::path::Path as FsPath;
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
+use sluice_flight::Fault;
 use sluice_storage::ingest::Confinement;
-use sluice_storage::{IngestOptions, IngestSource, OnError, StorageError};
+use sluice_storage::{IngestOptions, IngestSource, OnError};
+use tonic::Code;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, http_status};
 
 /// A column of a dataset.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -163,76 +166,38 @@ pub async fn get(
         })
 }
 
-/// `path` resolved, if it lies under one of `roots`. A path outside them
-/// is refused the same way whether or not it exists on the host (nothing
-/// is learnt about the host's files); inside, a missing one is a 400.
-fn allowed(path: &FsPath, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
-    let forbidden = |why: String| ApiError::new(StatusCode::FORBIDDEN, "forbidden_path", why);
-    let outside = || {
-        forbidden(format!(
-            "{} is outside the ingest roots ({})",
-            path.display(),
-            roots
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    };
-    let lexical = lexically_normal(path);
-    if !roots
-        .iter()
-        .any(|r| lexical.starts_with(lexically_normal(r)) || lexical.starts_with(r))
-    {
-        return Err(outside());
-    }
-    let real = path.canonicalize().map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "ingest_failed",
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })?;
-    if roots
-        .iter()
-        .filter_map(|r| r.canonicalize().ok())
-        .any(|r| real.starts_with(r))
-    {
-        Ok(real)
-    } else {
-        Err(outside())
-    }
-}
-
-/// `path` made absolute and rid of `.` and `..` without asking the
-/// filesystem.
-fn lexically_normal(path: &FsPath) -> PathBuf {
-    use std::path::Component;
-    let absolute = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir().unwrap_or_default().join(path)
-    };
-    let mut out = PathBuf::new();
-    for c in absolute.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            other => out.push(other.as_os_str()),
+/// An ingest error as REST answers it: a path outside the roots is 403
+/// `forbidden_path`, a full device 507 `device_full`, a storage node that
+/// cannot be reached 503 with its kind; anything else the source or its
+/// objects caused is 400 `ingest_failed`. The message names the dataset,
+/// the source and, when remote, the node.
+fn ingest_error(e: &dyn Fault, req: &IngestRequest) -> ApiError {
+    let message = format!("ingest of {} into {}: {e}", req.path, req.name);
+    match (e.code(), e.kind()) {
+        (_, kind @ ("forbidden_path" | "device_full")) | (Code::Unavailable, kind) => {
+            ApiError::new(http_status(e.code()), kind, message)
         }
+        (Code::Internal | Code::DataLoss | Code::FailedPrecondition, kind)
+            if !matches!(kind, "bad_source" | "empty_ingest") =>
+        {
+            ApiError::new(http_status(e.code()), kind, message)
+        }
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", message),
     }
-    out
 }
 
 /// Ingest a directory or manifest on the server into a new dataset version
-/// (only under the server's `--ingest-root`s).
+/// (only under the server's `--ingest-root`s). In embedded mode the server
+/// writes it to its own data dir; over remote storage nodes the version is
+/// spread across all of them and committed on all or none
+/// (`sluice_compute::ingest`), each node reading the source at the same
+/// path beneath its own `--ingest-root`.
 #[utoipa::path(post, path = "/v1/datasets", operation_id = "ingest_dataset", tag = "datasets", request_body = IngestRequest,
     responses(
         (status = 201, description = "The ingest report", body = Object),
         (status = 400, body = ApiError), (status = 403, body = ApiError),
-        (status = 401, body = ApiError), (status = 507, body = ApiError),
+        (status = 401, body = ApiError), (status = 503, body = ApiError),
+        (status = 507, body = ApiError),
     ),
     security(("bearer" = [])))]
 pub async fn ingest(
@@ -240,13 +205,6 @@ pub async fn ingest(
     body: Result<Json<IngestRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let Json(req) = body?;
-    let Some(store) = &s.ingest_store else {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "ingest_disabled",
-            "this server has no data dir (its storage nodes are remote): ingest on a storage node",
-        ));
-    };
     if s.ingest_roots.is_empty() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -254,18 +212,14 @@ pub async fn ingest(
             "ingest over REST is off: start `sluice serve` with --ingest-root DIR",
         ));
     }
-    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", m);
-    sluice_storage::ingest::validate_dataset_name(&req.name).map_err(|e| bad(e.to_string()))?;
+    let fail = |e: &dyn Fault| ingest_error(e, &req);
+    sluice_storage::ingest::validate_dataset_name(&req.name).map_err(|e| fail(&e))?;
     let on_error: OnError = match req.on_error.as_deref() {
         None => OnError::Skip,
-        Some(p) => p.parse().map_err(|e: String| bad(e))?,
+        Some(p) => p
+            .parse()
+            .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", e))?,
     };
-    let path = allowed(FsPath::new(&req.path), &s.ingest_roots)?;
-    let manifest = match &req.manifest {
-        Some(m) => Some(allowed(&path.join(m), &s.ingest_roots)?),
-        None => None,
-    };
-    let source = IngestSource::from_cli(&path, manifest.as_deref());
     // Every object, and every row of a manifest, is read beneath the roots.
     let confine = Confinement::new(&s.ingest_roots).map_err(|e| {
         ApiError::new(
@@ -274,28 +228,51 @@ pub async fn ingest(
             e.to_string(),
         )
     })?;
-    let opts = IngestOptions {
-        confine: Some(std::sync::Arc::new(confine)),
-        ..IngestOptions::with_policy(on_error)
+    let path = confine
+        .admit(FsPath::new(&req.path))
+        .map_err(|e| fail(&e))?;
+    let manifest = match &req.manifest {
+        Some(m) => Some(confine.admit(&path.join(m)).map_err(|e| fail(&e))?),
+        None => None,
     };
-    let report = sluice_storage::ingest(store, &req.name, source, opts)
-        .await
-        .map_err(|e| {
-            let message = format!("ingest of {} into {}: {e}", req.path, req.name);
-            match e {
-                StorageError::DeviceFull { .. } => {
-                    ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "device_full", message)
-                }
-                _ => bad(message),
+    let json = match &s.ingest_store {
+        Some(store) => {
+            let source = IngestSource::from_cli(&path, manifest.as_deref());
+            let opts = IngestOptions {
+                confine: Some(std::sync::Arc::new(confine)),
+                ..IngestOptions::with_policy(on_error)
+            };
+            let report = sluice_storage::ingest(store, &req.name, source, opts)
+                .await
+                .map_err(|e| fail(&e))?;
+            tracing::info!(
+                "ingested {} version {} ({} samples)",
+                report.dataset,
+                report.version,
+                report.samples
+            );
+            serde_json::to_value(&report)
+        }
+        None => {
+            let sharded = sluice_compute::ingest::IngestRequest {
+                dataset: req.name.clone(),
+                path: path.display().to_string(),
+                manifest: manifest.map(|m| m.display().to_string()),
+                on_error: on_error.to_string(),
+            };
+            let nodes = s.jobs.session().endpoints();
+            let report = s
+                .ingests
+                .run(&nodes, &sharded)
+                .await
+                .map_err(|e| fail(&e))?;
+            // The new parts are listed before the next job pins versions.
+            if let Err(e) = s.jobs.session().refresh().await {
+                tracing::warn!("after ingesting {}: {e}", req.name);
             }
-        })?;
-    tracing::info!(
-        "ingested {} version {} ({} samples)",
-        report.dataset,
-        report.version,
-        report.samples
-    );
-    let json = serde_json::to_value(&report)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+            serde_json::to_value(&report)
+        }
+    }
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok((StatusCode::CREATED, Json(json)))
 }

@@ -68,6 +68,8 @@ pub struct AppState {
     pub started: Instant,
     /// The Flight address.
     pub flight: std::net::SocketAddr,
+    /// Sharded ingests over remote storage nodes, one at a time.
+    pub ingests: Arc<sluice_compute::ingest::Ingests>,
 }
 
 struct BearerScheme;
@@ -111,6 +113,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::info))
         .routes(routes!(nodes::list))
         .routes(routes!(nodes::register))
+        .routes(routes!(nodes::register_storage))
         .routes(routes!(jobs::record))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
@@ -223,6 +226,7 @@ mod tests {
             ("/v1/info", vec!["get"]),
             ("/v1/nodes", vec!["get"]),
             ("/v1/nodes/compute", vec!["post"]),
+            ("/v1/nodes/storage", vec!["post"]),
             ("/v1/jobs/{id}/record", vec!["get"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),

@@ -1,6 +1,7 @@
 //! `/v1/nodes`: the storage nodes this server reads (up or down, cores,
-//! link), the compute nodes registered with it (`POST /v1/nodes/compute`,
-//! see `sluice_compute::job::cluster`) and, in embedded mode, its device
+//! link; given at start or registered with `POST /v1/nodes/storage`), the
+//! compute nodes registered with it (`POST /v1/nodes/compute`, see
+//! `sluice_compute::job::cluster`) and, in embedded mode, its device
 //! (capacity, free chunks, I/O counters) and object cache — what an
 //! operator checks first when a job is slow, and what the dashboard
 //! draws.
@@ -109,21 +110,7 @@ pub async fn register(
     body: Result<Json<Register>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
-    let well_formed = ["grpc://", "grpc+tcp://", "http://"]
-        .iter()
-        .any(|p| r.location.strip_prefix(p).is_some_and(|a| !a.is_empty()))
-        && r.location.len() <= 256
-        && !r.location.chars().any(char::is_whitespace);
-    if !well_formed {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_location",
-            format!(
-                "location {:?}: expected grpc://HOST:PORT",
-                r.location.chars().take(64).collect::<String>()
-            ),
-        ));
-    }
+    well_formed(&r.location)?;
     let nodes = s.jobs.compute_nodes();
     nodes.register(&r.location);
     Ok(Json(serde_json::json!({
@@ -132,12 +119,67 @@ pub async fn register(
     })))
 }
 
+/// A node's location, if it is one: `grpc://`, `grpc+tcp://` or `http://`
+/// and a host, at most 256 bytes, no whitespace.
+fn well_formed(location: &str) -> Result<(), ApiError> {
+    let ok = ["grpc://", "grpc+tcp://", "http://"]
+        .iter()
+        .any(|p| location.strip_prefix(p).is_some_and(|a| !a.is_empty()))
+        && location.len() <= 256
+        && !location.chars().any(char::is_whitespace);
+    if ok {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_location",
+        format!(
+            "location {:?}: expected grpc://HOST:PORT",
+            location.chars().take(64).collect::<String>()
+        ),
+    ))
+}
+
+/// A storage node says where the coordinator reaches it (`sluice
+/// storage-node --coordinator`). A node not known yet is added: the next
+/// refresh lists its datasets and the next ingest spreads over it. A
+/// storage node holds data, so one that stops registering stays listed
+/// (a job that needs it fails naming it) rather than being forgotten.
+#[utoipa::path(post, path = "/v1/nodes/storage", operation_id = "register_storage_node",
+    tag = "ops", request_body = Register,
+    responses((status = 200, body = Object), (status = 400, body = ApiError),
+        (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn register_storage(
+    State(s): State<AppState>,
+    body: Result<Json<Register>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(r) = body?;
+    well_formed(&r.location)?;
+    // Flight over gRPC is HTTP/2: the client speaks `http://`.
+    let url = match r.location.split_once("://") {
+        Some(("grpc" | "grpc+tcp", rest)) => format!("http://{rest}"),
+        _ => r.location.clone(),
+    };
+    let client = sluice_flight::StorageClient::new(&url)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_location", e.to_string()))?;
+    let session = s.jobs.session();
+    let new = session.add_endpoint(std::sync::Arc::new(client));
+    if new {
+        // Its datasets are known before the next request needs them.
+        if let Err(e) = session.refresh().await {
+            tracing::warn!("after {} registered: {e}", r.location);
+        }
+    }
+    Ok(Json(serde_json::json!({ "location": url, "new": new })))
+}
+
 /// The storage nodes (each asked now, a second at most) and the device.
 #[utoipa::path(get, path = "/v1/nodes", operation_id = "list_nodes", tag = "ops",
     responses((status = 200, body = Cluster), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
-    let endpoints = s.jobs.session().endpoints().to_vec();
+    let endpoints = s.jobs.session().endpoints();
     let asked = endpoints.iter().map(|e| async move {
         let info = tokio::time::timeout(std::time::Duration::from_secs(1), e.node_info()).await;
         let (up, error, info) = match info {

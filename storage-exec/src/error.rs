@@ -179,6 +179,19 @@ pub enum StorageError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// An ingest source outside the roots this process may ingest from
+    /// (its `--ingest-root`s), or any source where it has none.
+    #[error("{} is outside the ingest roots ({roots})", path.display())]
+    OutsideRoots {
+        /// The source path, as asked.
+        path: PathBuf,
+        /// The roots, comma-separated (`none` where ingest is off).
+        roots: String,
+    },
+    /// A prepared ingest part this node does not hold (never prepared,
+    /// dropped after its time to live, or lost with a restart).
+    #[error("no prepared ingest {0} on this node (never prepared, expired, or lost in a restart)")]
+    UnknownIngest(String),
     /// An ingest that found nothing to commit.
     #[error("dataset '{0}': no samples to ingest")]
     EmptyIngest(String),
@@ -302,6 +315,8 @@ impl Fault for StorageError {
             | Self::EmptyIngest(_)
             | Self::BadUpload { .. } => Code::InvalidArgument,
             Self::RowOutOfRange { .. } => Code::OutOfRange,
+            Self::OutsideRoots { .. } => Code::PermissionDenied,
+            Self::UnknownIngest(_) => Code::FailedPrecondition,
             Self::DeviceFull { .. } | Self::NoSpace { .. } => Code::ResourceExhausted,
             Self::IncompatibleDataDir { .. }
             | Self::DataDirLocked { .. }
@@ -337,6 +352,8 @@ impl Fault for StorageError {
             Self::InvalidDatasetName(_) => "invalid_dataset_name",
             Self::BadSample { .. } => "bad_sample",
             Self::BadSource { .. } => "bad_source",
+            Self::OutsideRoots { .. } => "forbidden_path",
+            Self::UnknownIngest(_) => "ingest_not_prepared",
             Self::EmptyIngest(_) => "empty_ingest",
             Self::Parquet { .. } => "metadata",
             Self::Arrow(_) => "arrow",

@@ -6,6 +6,9 @@
 //! - `DoAction("node_info")`: the node's cores and link limit;
 //! - `DoAction("time_fragment")`: a fragment run for at most a budget,
 //!   its rows dropped: its CPU time and rows (calibration);
+//! - `DoAction("prepare_ingest" | "finish_ingest")`: this node's part of
+//!   an ingest spread over several nodes, prepared beneath the node's own
+//!   ingest roots and then committed or dropped (`sluice_flight::ingest`);
 //! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
 //!   job's UDF options, bound to local scans, run, and streamed in messages
 //!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
@@ -27,7 +30,8 @@ use arrow_flight::{
 use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
-use sluice_flight::fault::status_of;
+use sluice_flight::fault::{self, status_of};
+use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
     TimeTicket,
@@ -255,9 +259,35 @@ impl FlightService for StorageFlightService {
         let body = match action.r#type.as_str() {
             NODE_INFO => serde_json::to_vec(&self.node.info()),
             TIME_FRAGMENT => serde_json::to_vec(&self.time(&action.body).await?),
+            PREPARE_INGEST => {
+                let part: IngestPart = serde_json::from_slice(&action.body).map_err(|e| {
+                    Status::invalid_argument(format!("bad {PREPARE_INGEST} body: {e}"))
+                })?;
+                let prepared = self
+                    .node
+                    .prepare_part(&part)
+                    .await
+                    .map_err(|e| fault::status(&e))?;
+                serde_json::to_vec(&prepared)
+            }
+            FINISH_INGEST => {
+                let word: FinishIngest = serde_json::from_slice(&action.body).map_err(|e| {
+                    Status::invalid_argument(format!("bad {FINISH_INGEST} body: {e}"))
+                })?;
+                let done = self
+                    .node
+                    .finish_part(&word.txn, word.commit)
+                    .await
+                    .map_err(|e| fault::status(&e))?;
+                match done {
+                    Some(part) => serde_json::to_vec(&part),
+                    None => return Ok(Response::new(Box::pin(stream::empty()))),
+                }
+            }
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT})"
+                    "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT}, \
+                     {PREPARE_INGEST}, {FINISH_INGEST})"
                 )));
             }
         }
@@ -279,6 +309,19 @@ impl FlightService for StorageFlightService {
             description: "run a fragment without sending its rows; its CPU time and rows, as JSON"
                 .into(),
         };
-        Ok(Response::new(Box::pin(stream::iter([Ok(info), Ok(time)]))))
+        let prepare = ActionType {
+            r#type: PREPARE_INGEST.into(),
+            description: "prepare this node's part of an ingest, uncommitted (JSON)".into(),
+        };
+        let finish = ActionType {
+            r#type: FINISH_INGEST.into(),
+            description: "commit or drop a prepared ingest part (JSON)".into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([
+            Ok(info),
+            Ok(time),
+            Ok(prepare),
+            Ok(finish),
+        ]))))
     }
 }

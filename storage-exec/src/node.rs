@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
+use sluice_flight::ingest::{IngestPart, IngestedPart, PreparedPart};
 
 /// Rows per batch a fragment produces: small enough that the compute side
 /// can spread a stream over its cores.
@@ -55,6 +56,10 @@ pub struct StorageNode {
     handle: Handle,
     listed: Mutex<HashMap<(String, u64), RemoteDataset>>,
     indexes: Arc<IndexCache>,
+    /// Where ingests sent to this node may read (none: it takes none).
+    pub(crate) ingest_roots: std::sync::OnceLock<Arc<crate::ingest::Confinement>>,
+    /// Ingest parts prepared here, awaiting their coordinator's word.
+    pub(crate) pending: crate::ingest::PendingIngests,
 }
 
 impl StorageNode {
@@ -83,6 +88,8 @@ impl StorageNode {
             runtime: Some(runtime),
             listed: Mutex::new(HashMap::new()),
             indexes: Arc::new(IndexCache::default()),
+            ingest_roots: std::sync::OnceLock::new(),
+            pending: crate::ingest::PendingIngests::new(sluice_flight::ingest::PREPARED_TTL),
         }))
     }
 
@@ -476,6 +483,18 @@ impl StorageEndpoint for StorageNode {
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, throttled)))
+    }
+
+    async fn prepare_ingest(&self, part: &IngestPart) -> Result<PreparedPart, LinkError> {
+        self.prepare_part(part).await.map_err(execution)
+    }
+
+    async fn finish_ingest(
+        &self,
+        txn: &str,
+        commit: bool,
+    ) -> Result<Option<IngestedPart>, LinkError> {
+        self.finish_part(txn, commit).await.map_err(execution)
     }
 
     async fn time(

@@ -102,7 +102,7 @@ pub struct Store {
     device: Arc<dyn Device>,
     catalog: Catalog,
     space: Space,
-    ingest_lock: tokio::sync::Mutex<()>,
+    ingest_lock: Arc<tokio::sync::Mutex<()>>,
     orphans: OrphanReport,
     cache: Arc<ObjectCache>,
 }
@@ -168,7 +168,7 @@ impl Store {
             catalog,
             space,
             cache,
-            ingest_lock: tokio::sync::Mutex::new(()),
+            ingest_lock: Arc::new(tokio::sync::Mutex::new(())),
             orphans,
         }))
     }
@@ -323,6 +323,13 @@ impl Store {
 
     pub(crate) async fn lock_ingest(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.ingest_lock.lock().await
+    }
+
+    /// The ingest lock, held past this call: a prepared ingest keeps it
+    /// until it is committed or dropped, so no other ingest takes its
+    /// version number meanwhile.
+    pub(crate) async fn lock_ingest_owned(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        Arc::clone(&self.ingest_lock).lock_owned().await
     }
 
     /// Commits a version; its reserved runs become owned by it.

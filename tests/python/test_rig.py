@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from rig import compute_nodes, ours, rig_cmd, up
+from rig import compute_nodes, ours, parse_env, rig_cmd, up
 from serve import SLUICE
 
 SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) AS img "
@@ -317,5 +317,136 @@ def test_a_job_moves_its_cut_when_the_link_is_throttled_mid_run():
             on_storage = [s for s in analyze["stages"] if s["tier"] == "storage"]
             assert any(s["udf"].startswith("decode") for s in on_storage), analyze
             assert all(s["node"] and s["samples_per_s"] > 0 for s in on_storage), analyze
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
+def dataset(c, name):
+    """The coordinator's view of dataset `name`, or None."""
+    return next((d for d in c.datasets() if d["name"] == name), None)
+
+
+def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new_nodes():
+    """The rig ingests `pets` over REST on the coordinator: the version is
+    spread over both storage nodes and a job over it returns what one data
+    dir returns. A part one node refuses leaves no version on either. A
+    storage node that registers while no job runs takes its share of the
+    next ingest."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        embedded = os.path.join(d, "embedded")
+        subprocess.run([SLUICE, "--data-dir", embedded, "ingest", "pets",
+                        os.path.join(root, "pets")], check=True, capture_output=True)
+        want = sql_arrow(embedded, SQL)
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            nodes = env["STORAGE"].split(",")
+            pets = dataset(c, "pets")
+            assert pets["samples"] == 21
+            assert sorted(v["node"] for v in pets["versions"]) == sorted(nodes), pets
+            job = c.submit(SQL.replace(" ORDER BY key", ""), batch_size=4)
+            assert job.wait()["samples"] == 21
+            rows = pa.Table.from_batches(list(job.reader(0).batches())).sort_by("key")
+            assert rows.column("img").equals(want.column("img"))
+            assert rows.column("key").equals(want.column("key"))
+
+            # Again, through the Python client: version 2 on both, 11 + 10.
+            report = c.ingest("pets", os.path.join(root, "pets"))
+            parts = {p["node"]: p for p in report["parts"]}
+            assert set(parts) == set(nodes), report
+            assert sorted(p["samples"] for p in parts.values()) == [10, 11], report
+            assert {p["version"] for p in parts.values()} == {2}, report
+            assert report["samples"] == 21
+
+            # A source whose second object (node 1's first) is a symlink,
+            # which confinement refuses: with on_error=fail node 1 fails,
+            # node 0's prepared part is dropped, no version anywhere.
+            broken = os.path.join(root, "broken", "a")
+            os.makedirs(broken)
+            src = os.path.join(root, "pets")
+            first = sorted(os.listdir(os.path.join(src, os.listdir(src)[0])))
+            images = [os.path.join(src, os.listdir(src)[0], f) for f in first]
+            for i, name in enumerate(["0.jpg", "1.jpg", "2.jpg", "3.jpg"]):
+                if i == 1:
+                    os.symlink(images[0], os.path.join(broken, name))
+                else:
+                    with open(images[i], "rb") as f, open(os.path.join(broken, name), "wb") as g:
+                        g.write(f.read())
+            with pytest.raises(sluice.SluiceError) as e:
+                c.ingest("broken", os.path.dirname(broken), on_error="fail")
+            assert e.value.status == 400, e.value
+            assert nodes[1] in e.value.message and "abandoned on every node" in e.value.message, \
+                e.value.message
+            assert dataset(c, "broken") is None
+            # The nodes' ingest locks are free again: the same source with
+            # skip commits on both (the symlink left out, named).
+            report = c.ingest("broken", os.path.dirname(broken))
+            assert report["samples"] == 3 and [s["key"] for s in report["skipped"]] == ["a/1.jpg"]
+            assert {p["version"] for p in report["parts"]} == {1}, report
+
+            # A third storage node, given to no one, registers by itself
+            # and takes a third of the next ingest.
+            added = parse_env(rig_cmd("add-storage", rig_dir=rig_dir).stdout)["STORAGE_URL"]
+            deadline = time.monotonic() + 30
+            while added not in {n["name"] for n in c._request("GET", "/v1/nodes")["nodes"]}:
+                assert time.monotonic() < deadline, "the new storage node never registered"
+                time.sleep(0.5)
+            report = c.ingest("more", os.path.join(root, "pets"))
+            assert sorted(p["node"] for p in report["parts"]) == sorted(nodes + [added]), report
+            assert sorted(p["samples"] for p in report["parts"]) == [7, 7, 7], report
+            job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 32, 32)) AS img "
+                           "FROM more", batch_size=4)
+            assert job.wait()["samples"] == 21
+            rows = pa.Table.from_batches(list(job.reader(0).batches())).sort_by("key")
+            assert rows.column("img").equals(want.column("img"))
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
+def test_a_storage_node_killed_mid_ingest_leaves_no_version_anywhere():
+    """Storage node 1 is stopped before an ingest and killed while node 0
+    holds its prepared part: the ingest fails naming node 1, node 0 drops
+    its part, and no version of the dataset appears anywhere."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            nodes = env["STORAGE"].split(",")
+            with open(os.path.join(rig_dir, "pids")) as f:
+                pid = next(int(line.split()[0]) for line in f if "storage1/" in line)
+            os.kill(pid, signal.SIGSTOP)
+            import threading
+            outcome = {}
+
+            def ingest():
+                try:
+                    outcome["report"] = c.ingest("late", os.path.join(root, "pets"))
+                except sluice.SluiceError as e:
+                    outcome["error"] = e
+
+            t = threading.Thread(target=ingest)
+            t.start()
+            time.sleep(3)  # node 0 prepares its part meanwhile
+            assert t.is_alive(), outcome
+            os.kill(pid, signal.SIGKILL)
+            t.join(60)
+            assert not t.is_alive(), "the ingest hung after the node died"
+            e = outcome.get("error")
+            assert e is not None, outcome
+            assert e.status == 503 and e.code == "node_unavailable", e
+            assert nodes[1] in e.message, e.message
+            assert dataset(c, "late") is None
+            # Node 0 dropped its part: it lists no such dataset.
+            with open(os.path.join(rig_dir, "storage0", "node.log")) as f:
+                log = f.read()
+            node0 = flight.FlightClient(nodes[0].replace("http://", "grpc://"))
+            listed = [i.descriptor.path[0].decode() for i in node0.list_flights()]
+            assert "late" not in listed, (listed, log)
+            assert "prepared late version 1" in log and "dropped on its coordinator's word" in log, \
+                log
         finally:
             rig_cmd("down", rig_dir=rig_dir)

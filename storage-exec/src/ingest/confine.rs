@@ -30,6 +30,9 @@ use crate::error::{Result, StorageError};
 #[derive(Debug)]
 pub struct Confinement {
     roots: Vec<Root>,
+    /// The roots as given (a path is first checked against these, without
+    /// asking the filesystem).
+    given: Vec<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -59,7 +62,44 @@ impl Confinement {
             let fd = open_dir(&path).map_err(|e| StorageError::io("open ingest root", r, e))?;
             out.push(Root { path, fd });
         }
-        Ok(Self { roots: out })
+        Ok(Self {
+            roots: out,
+            given: roots.to_vec(),
+        })
+    }
+
+    /// `path` (an ingest source: a directory or a manifest) resolved, if
+    /// it lies under one of the roots. A path outside them is refused the
+    /// same way whether or not it exists on the host (nothing is learnt
+    /// about the host's files): [`StorageError::OutsideRoots`]; inside, a
+    /// missing one is [`StorageError::BadSource`].
+    pub fn admit(&self, path: &Path) -> Result<PathBuf> {
+        let outside = || StorageError::OutsideRoots {
+            path: path.to_owned(),
+            roots: self
+                .given
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let lexical = lexically_normal(path);
+        if !self
+            .given
+            .iter()
+            .any(|r| lexical.starts_with(lexically_normal(r)) || lexical.starts_with(r))
+        {
+            return Err(outside());
+        }
+        let real = path.canonicalize().map_err(|e| StorageError::BadSource {
+            path: path.to_owned(),
+            reason: format!("cannot read it: {e}"),
+        })?;
+        if self.roots().any(|r| real.starts_with(r)) {
+            Ok(real)
+        } else {
+            Err(outside())
+        }
     }
 
     /// The roots, canonical.
@@ -164,6 +204,28 @@ fn open_beneath(dir: &OwnedFd, rel: &Path) -> std::io::Result<File> {
     // SAFETY: a non-negative result of openat2 is a new descriptor that
     // nothing else owns.
     Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+/// `path` made absolute and rid of `.` and `..` without asking the
+/// filesystem.
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

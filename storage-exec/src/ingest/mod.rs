@@ -14,12 +14,18 @@
 //! 5. Commit the version, its chunk runs and the dataset's latest pointer in
 //!    one catalog transaction.
 //!
+//! Steps 1 to 4 are [`prepare`]; step 5 is [`Prepared::commit`], so that a
+//! dataset spread over several nodes commits on all of them or on none.
+//!
 //! A crash before step 5 leaves no trace that matters: the chunks are owned
 //! by nobody (free again at the next open) and the metadata file by no
 //! version (an orphan that `sluice gc` removes; opening deletes nothing).
 //! A crash after it leaves a complete version.
 
 mod confine;
+mod parts;
+mod pending;
+mod prepared;
 mod shard;
 mod source;
 mod writer;
@@ -33,6 +39,8 @@ use arrow::compute::take;
 use futures::StreamExt;
 
 pub use confine::Confinement;
+pub use pending::PendingIngests;
+pub use prepared::Prepared;
 pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
@@ -65,6 +73,15 @@ impl std::str::FromStr for OnError {
                 "unknown error policy '{other}' (expected skip or fail)"
             )),
         }
+    }
+}
+
+impl std::fmt::Display for OnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Skip => "skip",
+            Self::Fail => "fail",
+        })
     }
 }
 
@@ -412,16 +429,33 @@ fn group_bytes(group: &[Entry]) -> u64 {
         .sum()
 }
 
-/// Ingests `source` as a new version of `dataset`.
+/// Ingests `source` as a new version of `dataset`: [`prepare`], then
+/// [`Prepared::commit`].
 pub async fn ingest(
-    store: &Store,
+    store: &Arc<Store>,
     dataset: &str,
     source: IngestSource,
     opts: IngestOptions,
 ) -> Result<IngestReport> {
+    prepare(store, dataset, source, opts).await?.commit()
+}
+
+/// Steps 1 to 4 of an ingest: every object is on the device and the
+/// version's metadata is written, but nothing is visible until
+/// [`Prepared::commit`]; dropping the result instead leaves no trace (its
+/// chunks are free again, its metadata file removed). The store takes no
+/// other ingest meanwhile. A dataset spread over several storage nodes is
+/// ingested so: every node prepares its part, and the parts are committed
+/// only when all are prepared.
+pub async fn prepare(
+    store: &Arc<Store>,
+    dataset: &str,
+    source: IngestSource,
+    opts: IngestOptions,
+) -> Result<Prepared> {
     validate_dataset_name(dataset)?;
     let started = Instant::now();
-    let _guard = store.lock_ingest().await;
+    let guard = store.lock_ingest_owned().await;
     let source_desc = match opts.shard {
         Some(s) => format!("{} (shard {s})", source.describe()),
         None => source.describe(),
@@ -601,8 +635,7 @@ pub async fn ingest(
         runs,
         source: source_desc,
     };
-    store.commit(&record, reservation)?;
-    Ok(IngestReport {
+    let report = IngestReport {
         dataset: dataset.to_owned(),
         version,
         samples,
@@ -610,7 +643,15 @@ pub async fn ingest(
         chunks: chunk_count,
         skipped,
         seconds: started.elapsed().as_secs_f64(),
-    })
+    };
+    Ok(Prepared::new(
+        Arc::clone(store),
+        record,
+        reservation,
+        path,
+        report,
+        guard,
+    ))
 }
 
 #[cfg(test)]

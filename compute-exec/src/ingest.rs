@@ -1,0 +1,274 @@
+//! Sharded ingest: one dataset version spread over every storage node,
+//! committed on all of them or on none (the coordinator's half of
+//! `sluice_flight::ingest`).
+//!
+//! The source is cut by position: node `i` of `n` (in the order the
+//! coordinator knows them) takes every `n`-th object of the sorted source
+//! from the `i`-th (`Shard`). That balances sample counts within one and
+//! keeps each node's part independent of the others' (no node reads what
+//! it does not keep); it does not balance bytes when object sizes are
+//! skewed. A query or job over the `n` parts returns what one data dir
+//! holding the whole source returns.
+//!
+//! 1. Every node prepares its part at once, under one transaction id.
+//! 2. If any fails (a bad source, a full device, a node that dies or
+//!    cannot be reached), every node is told to drop its part — those that
+//!    prepared one free it, the others never had one — and the error names
+//!    the node at fault. No version appears anywhere.
+//! 3. Otherwise every part is committed. A node lost between the first and
+//!    the last commit (milliseconds: one catalog transaction each) leaves
+//!    the parts already committed visible; that is reported as
+//!    [`IngestError::Partial`], naming the nodes on each side, and a
+//!    node's uncommitted part is dropped by its time to live.
+//!
+//! One sharded ingest runs at a time per coordinator: two at once could
+//! each hold a node's ingest lock the other waits for.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use serde::Serialize;
+use sluice_flight::ingest::{IngestPart, SkippedObject};
+use sluice_flight::{Fault, LinkError, StorageEndpoint};
+use tonic::Code;
+
+/// What to ingest: a source on a filesystem every storage node sees at
+/// the same path.
+#[derive(Debug, Clone)]
+pub struct IngestRequest {
+    /// The dataset (a new version on every node).
+    pub dataset: String,
+    /// The source directory or manifest.
+    pub path: String,
+    /// A manifest under `path`.
+    pub manifest: Option<String>,
+    /// Unreadable objects: `skip` or `fail`.
+    pub on_error: String,
+}
+
+/// One node's committed part.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartReport {
+    /// The storage node.
+    pub node: String,
+    /// The version on that node.
+    pub version: u64,
+    /// Samples in its part.
+    pub samples: u64,
+    /// Bytes of their objects.
+    pub bytes: u64,
+}
+
+/// A committed sharded ingest.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardedReport {
+    /// The dataset.
+    pub dataset: String,
+    /// Samples over every node.
+    pub samples: u64,
+    /// Bytes over every node.
+    pub bytes: u64,
+    /// Device chunks over every node.
+    pub chunks: u64,
+    /// Objects left out, on any node.
+    pub skipped: Vec<SkippedObject>,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Each node's part, in shard order.
+    pub parts: Vec<PartReport>,
+}
+
+/// Why a sharded ingest committed nothing (or, rarely, not everything).
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// No storage node is known.
+    #[error("no storage node to ingest into (start one, or give serve --storage)")]
+    NoStorageNodes,
+    /// A node could not prepare its part; every part was dropped.
+    #[error("{source}; the ingest was abandoned on every node, no version was committed")]
+    Part {
+        /// The node's error (it names the node).
+        #[source]
+        source: LinkError,
+    },
+    /// Some nodes committed, then one could not: the parts committed stay.
+    #[error(
+        "version committed on {committed:?} but not on {failed} ({source}): the dataset's \
+         latest versions now differ in content; ingest it again"
+    )]
+    Partial {
+        /// Nodes whose part is committed.
+        committed: Vec<String>,
+        /// The node that could not commit.
+        failed: String,
+        /// Its error.
+        #[source]
+        source: LinkError,
+    },
+}
+
+impl Fault for IngestError {
+    fn code(&self) -> Code {
+        match self {
+            Self::NoStorageNodes => Code::FailedPrecondition,
+            Self::Part { source } => source.code(),
+            Self::Partial { .. } => Code::Internal,
+        }
+    }
+
+    fn kind(&self) -> &str {
+        match self {
+            Self::NoStorageNodes => "no_storage_nodes",
+            Self::Part { source } => source.kind(),
+            Self::Partial { .. } => "partial_commit",
+        }
+    }
+}
+
+/// Serializes sharded ingests (see the module docs).
+#[derive(Debug, Default)]
+pub struct Ingests {
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl Ingests {
+    /// Ingests `req` over `nodes` (see the module docs).
+    pub async fn run(
+        &self,
+        nodes: &[Arc<dyn StorageEndpoint>],
+        req: &IngestRequest,
+    ) -> Result<ShardedReport, IngestError> {
+        if nodes.is_empty() {
+            return Err(IngestError::NoStorageNodes);
+        }
+        let _one = self.one_at_a_time.lock().await;
+        let started = Instant::now();
+        let txn = txn_id(&req.dataset);
+        let n = nodes.len() as u32;
+        let parts: Vec<IngestPart> = (0..n)
+            .map(|i| IngestPart {
+                txn: txn.clone(),
+                dataset: req.dataset.clone(),
+                path: req.path.clone(),
+                manifest: req.manifest.clone(),
+                on_error: req.on_error.clone(),
+                shard: (n > 1).then_some((i, n)),
+            })
+            .collect();
+        let prepared = join_all(
+            nodes
+                .iter()
+                .zip(&parts)
+                .map(|(node, part)| async move { node.prepare_ingest(part).await }),
+        )
+        .await;
+        if let Some(source) = prepared.into_iter().find_map(Result::err) {
+            // Every node is told, prepared or not: a node whose reply was
+            // lost may hold a part all the same.
+            join_all(nodes.iter().map(|node| {
+                let txn = &txn;
+                async move {
+                    if let Err(e) = node.finish_ingest(txn, false).await {
+                        tracing::warn!(
+                            "ingest {txn}: cannot drop the part on {}: {e}",
+                            node.name()
+                        );
+                    }
+                }
+            }))
+            .await;
+            return Err(IngestError::Part { source });
+        }
+        let mut committed = Vec::with_capacity(nodes.len());
+        let mut report = ShardedReport {
+            dataset: req.dataset.clone(),
+            samples: 0,
+            bytes: 0,
+            chunks: 0,
+            skipped: Vec::new(),
+            seconds: 0.0,
+            parts: Vec::with_capacity(nodes.len()),
+        };
+        for node in nodes {
+            let done = match node.finish_ingest(&txn, true).await {
+                Ok(Some(done)) => done,
+                Ok(None) => {
+                    let source = LinkError::Protocol(format!(
+                        "{} answered a commit with nothing",
+                        node.name()
+                    ));
+                    return Err(self.partial(nodes, &txn, committed, node, source).await);
+                }
+                Err(source) => {
+                    return Err(self.partial(nodes, &txn, committed, node, source).await);
+                }
+            };
+            committed.push(node.name().to_string());
+            report.samples += done.samples;
+            report.bytes += done.bytes;
+            report.chunks += done.chunks;
+            report.skipped.extend(done.skipped);
+            report.parts.push(PartReport {
+                node: node.name().to_string(),
+                version: done.version,
+                samples: done.samples,
+                bytes: done.bytes,
+            });
+        }
+        report.seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            "ingested {} ({} samples) over {} storage node(s)",
+            report.dataset,
+            report.samples,
+            nodes.len()
+        );
+        Ok(report)
+    }
+
+    /// A commit failed on `failed` after `committed`: the nodes not yet
+    /// committed are told to drop their parts, and the error says which
+    /// side each node is on.
+    async fn partial(
+        &self,
+        nodes: &[Arc<dyn StorageEndpoint>],
+        txn: &str,
+        committed: Vec<String>,
+        failed: &Arc<dyn StorageEndpoint>,
+        source: LinkError,
+    ) -> IngestError {
+        for node in nodes
+            .iter()
+            .filter(|n| !committed.iter().any(|c| c == n.name()))
+        {
+            let _ = node.finish_ingest(txn, false).await;
+        }
+        if committed.is_empty() {
+            return IngestError::Part { source };
+        }
+        tracing::error!(
+            "ingest {txn}: committed on {committed:?}, not on {}: {source}",
+            failed.name()
+        );
+        IngestError::Partial {
+            committed,
+            failed: failed.name().to_string(),
+            source,
+        }
+    }
+}
+
+/// A transaction id no other ingest of this coordinator shares.
+fn txn_id(dataset: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{dataset}-{nanos:x}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
