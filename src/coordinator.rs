@@ -16,6 +16,9 @@ use sluice_compute::job::{JobRecord, JobSource};
 
 use crate::rest_client::RestClient;
 
+/// What a node does with the coordinator's `GET /v1/nodes` answer.
+pub type NodesSeen = Box<dyn Fn(&serde_json::Value) + Send + Sync>;
+
 /// The coordinator at a REST URL.
 #[derive(Debug, Clone)]
 pub struct Coordinator {
@@ -37,12 +40,7 @@ impl Coordinator {
     /// calls `after` with the coordinator's `GET /v1/nodes` answer when
     /// `after` is given; a coordinator that cannot be reached is retried
     /// (it may start after the node), and said once per outage.
-    pub fn keep_registered(
-        &self,
-        role: &'static str,
-        location: String,
-        after: Option<Box<dyn Fn(&serde_json::Value) + Send + Sync>>,
-    ) {
+    pub fn keep_registered(&self, role: &'static str, location: String, after: Option<NodesSeen>) {
         let client = self.client.clone();
         let url = self.url.clone();
         let path = format!("/v1/nodes/{role}");

@@ -168,21 +168,18 @@ pub async fn get(
 
 /// An ingest error as REST answers it: a path outside the roots is 403
 /// `forbidden_path`, a full device 507 `device_full`, a storage node that
-/// cannot be reached 503 with its kind; anything else the source or its
-/// objects caused is 400 `ingest_failed`. The message names the dataset,
-/// the source and, when remote, the node.
+/// cannot be reached 503, a fault of the server or its storage (an I/O
+/// error, a damaged catalog, a partial commit) 5xx — each with its own
+/// kind; anything the request, its source or its objects caused is 400
+/// `ingest_failed`. The message names the dataset, the source and, when
+/// remote, the node.
 fn ingest_error(e: &dyn Fault, req: &IngestRequest) -> ApiError {
     let message = format!("ingest of {} into {}: {e}", req.path, req.name);
-    match (e.code(), e.kind()) {
-        (_, kind @ ("forbidden_path" | "device_full")) | (Code::Unavailable, kind) => {
-            ApiError::new(http_status(e.code()), kind, message)
+    match e.code() {
+        Code::InvalidArgument | Code::NotFound | Code::OutOfRange | Code::AlreadyExists => {
+            ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", message)
         }
-        (Code::Internal | Code::DataLoss | Code::FailedPrecondition, kind)
-            if !matches!(kind, "bad_source" | "empty_ingest") =>
-        {
-            ApiError::new(http_status(e.code()), kind, message)
-        }
-        _ => ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", message),
+        code => ApiError::new(http_status(code), e.kind(), message),
     }
 }
 

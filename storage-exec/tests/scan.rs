@@ -48,7 +48,7 @@ fn open(dir: &std::path::Path, backend: Backend, device_size: u64) -> Arc<Store>
 }
 
 async fn ingest_mem(
-    store: &Store,
+    store: &Arc<Store>,
     name: &str,
     s: Vec<(String, Vec<u8>)>,
 ) -> sluice_storage::IngestReport {
@@ -641,4 +641,57 @@ async fn large_files_are_streamed_in_and_read_back_whole() {
         "the streamed object reads back whole"
     );
     assert_eq!(data.value(1), &small[..]);
+}
+
+/// The two phases of an ingest spread over nodes: a prepared version is
+/// invisible, holds its chunks and the store's ingest lock; dropped, it
+/// leaves nothing (chunks free, metadata file gone, lock free); committed,
+/// it is the dataset's latest.
+#[tokio::test]
+async fn a_prepared_ingest_is_invisible_until_committed_and_leaves_nothing_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Backend::File, 64 << 20);
+    let free = store.space().free_chunks;
+    let source = || IngestSource::Memory(samples(40));
+    let opts = || IngestOptions::with_policy(OnError::Fail);
+    let prepared = sluice_storage::ingest::prepare(&store, "two", source(), opts())
+        .await
+        .unwrap();
+    assert_eq!(prepared.report().version, 1);
+    assert_eq!(prepared.report().samples, 40);
+    assert!(store.space().free_chunks < free, "its chunks are held");
+    assert_eq!(store.catalog().latest_version("two").unwrap(), None);
+    assert_eq!(
+        store.catalog().dataset_names().unwrap(),
+        Vec::<String>::new()
+    );
+    let meta = dir.path().join("meta/two/v1.parquet");
+    assert!(meta.exists());
+    // Another ingest waits for the prepared one's lock.
+    let blocked = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        sluice_storage::ingest::prepare(&store, "other", source(), opts()),
+    )
+    .await;
+    assert!(
+        blocked.is_err(),
+        "a second ingest ran while one was prepared"
+    );
+
+    drop(prepared);
+    assert_eq!(
+        store.space().free_chunks,
+        free,
+        "the dropped part's chunks are free"
+    );
+    assert!(!meta.exists(), "the dropped part's metadata file is gone");
+    assert_eq!(store.catalog().latest_version("two").unwrap(), None);
+
+    let prepared = sluice_storage::ingest::prepare(&store, "two", source(), opts())
+        .await
+        .unwrap();
+    let report = prepared.commit().unwrap();
+    assert_eq!((report.version, report.samples), (1, 40));
+    assert_eq!(store.catalog().latest_version("two").unwrap(), Some(1));
+    assert!(meta.exists());
 }

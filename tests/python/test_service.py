@@ -349,6 +349,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/jobs/{id}/explain": ["get"],
         "/v1/jobs/{id}/record": ["get"],
         "/v1/nodes/compute": ["post"],
+        "/v1/nodes/storage": ["post"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],
