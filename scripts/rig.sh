@@ -32,7 +32,8 @@
 # told how many cores it has, so the planner models what it really gets.
 #
 # The coordinator (`serve --storage …`) holds the jobs; each compute node
-# registers with it (`--coordinator`, `--advertise`), is given trainer
+# registers with it (`--coordinator`, `--advertise`; no storage list: it
+# learns the storage nodes from the coordinator), is given trainer
 # ranks (rank r goes to the r mod M-th node), plans the jobs it is asked
 # for from the coordinator's records, and answers SQL clients (`sluice sql
 # --connect`) over the same storage nodes. With no compute node, the
@@ -273,6 +274,9 @@ cmd_up() {
     --rest "$NET.2:$REST_PORT" --flight "$NET.2:$FLIGHT_PORT" --compute-cores "$compute_cores" \
     "${ingest_args[@]}" "${serve_extra[@]}"
 
+  # Compute nodes are given only the coordinator: they learn the storage
+  # nodes from it (registering once before they listen).
+  wait_for "$RIG_DIR/coordinator/serve.log" "REST API on"
   local compute_urls=()
   for ((j = 0; j < compute; j++)); do
     local dir="$RIG_DIR/compute$j"
@@ -281,11 +285,10 @@ cmd_up() {
     shape "$PREFIX-c$j" "" "$delay"
     start "$PREFIX-c$j" "$compute_cpus" "$dir/node.log" \
       "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
-      --storage "$storage_list" --compute-cores "$compute_cores" \
+      --compute-cores "$compute_cores" \
       --coordinator "http://$NET.2:$REST_PORT" --advertise "grpc://$NET.$((100 + j)):$COMPUTE_PORT"
     compute_urls+=("http://$NET.$((100 + j)):$COMPUTE_PORT")
   done
-  wait_for "$RIG_DIR/coordinator/serve.log" "REST API on"
   for ((j = 0; j < compute; j++)); do wait_for "$RIG_DIR/compute$j/node.log" "listening on"; done
 
   # Each directory below the ingest root, ingested over REST on the

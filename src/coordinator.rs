@@ -2,7 +2,7 @@
 //! coordinator's REST API. Every [`REGISTER_EVERY`]:
 //! - a compute node registers its Flight location (`POST
 //!   /v1/nodes/compute`), so the coordinator sends it trainer ranks, and
-//!   learns the storage nodes the coordinator reads (`GET /v1/nodes`);
+//!   learns from the answer the storage nodes the coordinator reads;
 //! - a storage node registers its location (`POST /v1/nodes/storage`), so
 //!   the coordinator reads it and spreads ingests over it.
 //!
@@ -16,7 +16,7 @@ use sluice_compute::job::{JobRecord, JobSource};
 
 use crate::rest_client::RestClient;
 
-/// What a node does with the coordinator's `GET /v1/nodes` answer.
+/// What a node does with the coordinator's answer to its registration.
 pub type NodesSeen = Box<dyn Fn(&serde_json::Value) + Send + Sync>;
 
 /// The coordinator at a REST URL.
@@ -36,10 +36,23 @@ impl Coordinator {
     }
 
     /// Registers `location` as a node of `role` (`compute` or `storage`)
-    /// now and every [`REGISTER_EVERY`] until the process ends, then
-    /// calls `after` with the coordinator's `GET /v1/nodes` answer when
-    /// `after` is given; a coordinator that cannot be reached is retried
-    /// (it may start after the node), and said once per outage.
+    /// once: the coordinator's answer.
+    pub async fn register_once(
+        &self,
+        role: &str,
+        location: &str,
+    ) -> anyhow::Result<serde_json::Value> {
+        let body = serde_json::json!({ "location": location });
+        self.client
+            .call(Method::POST, &format!("/v1/nodes/{role}"), Some(&body))
+            .await
+    }
+
+    /// Registers `location` as a node of `role` (`compute` or `storage`)
+    /// now and every [`REGISTER_EVERY`] until the process ends, handing
+    /// each answer to `after` when given; a coordinator that cannot be
+    /// reached is retried (it may start after the node), and said once per
+    /// outage.
     pub fn keep_registered(&self, role: &'static str, location: String, after: Option<NodesSeen>) {
         let client = self.client.clone();
         let url = self.url.clone();
@@ -48,14 +61,13 @@ impl Coordinator {
             let body = serde_json::json!({ "location": location });
             let mut down = false;
             loop {
-                let said = client.call(Method::POST, &path, Some(&body)).await;
-                let said = match (said, &after) {
-                    (Ok(_), Some(after)) => client
-                        .call(Method::GET, "/v1/nodes", None)
-                        .await
-                        .map(|v| after(&v)),
-                    (r, _) => r.map(|_| ()),
-                };
+                let said = client.call(Method::POST, &path, Some(&body)).await.map(
+                    |reply: serde_json::Value| {
+                        if let Some(after) = &after {
+                            after(&reply);
+                        }
+                    },
+                );
                 match said {
                     Ok(()) if down => {
                         eprintln!("registered with the coordinator at {url} as {location}");
@@ -74,15 +86,14 @@ impl Coordinator {
     }
 }
 
-/// The storage nodes a coordinator's `GET /v1/nodes` names that another
-/// process can reach (an in-process node cannot be).
-pub fn storage_urls(nodes: &serde_json::Value) -> Vec<String> {
-    nodes["nodes"]
+/// The storage nodes a coordinator's answer to a compute node's
+/// registration names (`storage`: those other processes can reach).
+pub fn storage_urls(reply: &serde_json::Value) -> Vec<String> {
+    reply["storage"]
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|n| n["name"].as_str())
-                .filter(|n| n.starts_with("http://") || n.starts_with("https://"))
+                .filter_map(|n| n.as_str())
                 .map(str::to_string)
                 .collect()
         })

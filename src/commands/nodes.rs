@@ -104,8 +104,44 @@ pub async fn compute_node(
         .with_stream_memory(limits.stream_memory)
         .with_limits(limits.decode.limits())
         .with_calibration(place::calibration(limits.no_calibrate));
+    let session = Arc::new(session);
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
+    let mut jobs = Jobs::new(Arc::clone(&session))?;
+    if let Some(url) = cluster.coordinator {
+        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
+        let location = cluster
+            .advertise
+            .map_or_else(|| format!("grpc://{addr}"), str::to_string);
+        // The storage nodes the coordinator reads are this node's too.
+        let learner = Arc::clone(&session);
+        let learn = move |reply: &serde_json::Value| {
+            for url in crate::coordinator::storage_urls(reply) {
+                match StorageClient::new(&url) {
+                    Ok(c) => {
+                        learner.add_endpoint(Arc::new(c));
+                    }
+                    Err(e) => eprintln!("warning: storage node {url}: {e}"),
+                }
+            }
+        };
+        // Registered once before it listens, so that its first query
+        // already sees the coordinator's storage nodes; a coordinator not
+        // up yet is retried in the background.
+        let first = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            coordinator.register_once("compute", &location),
+        )
+        .await;
+        match first {
+            Ok(Ok(reply)) => learn(&reply),
+            Ok(Err(e)) => eprintln!("warning: cannot register with the coordinator at {url}: {e}"),
+            Err(_) => eprintln!("warning: the coordinator at {url} did not answer within 5 s"),
+        }
+        coordinator.keep_registered("compute", location.clone(), Some(Box::new(learn)));
+        println!("serving the jobs of the coordinator at {url} as {location}");
+        jobs = jobs.with_source(Arc::new(coordinator));
+    }
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
     }
@@ -114,28 +150,6 @@ pub async fn compute_node(
         session.datasets().await.len(),
         session.endpoints().len()
     );
-    let session = Arc::new(session);
-    let mut jobs = Jobs::new(Arc::clone(&session))?;
-    if let Some(url) = cluster.coordinator {
-        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
-        let location = cluster
-            .advertise
-            .map_or_else(|| format!("grpc://{addr}"), str::to_string);
-        // The storage nodes the coordinator reads are this node's too.
-        let learn = move |nodes: &serde_json::Value| {
-            for url in crate::coordinator::storage_urls(nodes) {
-                match StorageClient::new(&url) {
-                    Ok(c) => {
-                        session.add_endpoint(Arc::new(c));
-                    }
-                    Err(e) => eprintln!("warning: storage node {url}: {e}"),
-                }
-            }
-        };
-        coordinator.keep_registered("compute", location.clone(), Some(Box::new(learn)));
-        println!("serving the jobs of the coordinator at {url} as {location}");
-        jobs = jobs.with_source(Arc::new(coordinator));
-    }
     let jobs = Arc::new(jobs);
     flight_builder()
         .add_service(

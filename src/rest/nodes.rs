@@ -99,7 +99,8 @@ pub struct Register {
 
 /// A compute node says it is alive and where trainers reach it; it must
 /// say so again within the time to live (`ttl_s`), or ranks stop going
-/// to it.
+/// to it. The answer lists the storage nodes the coordinator reads
+/// (`storage`), which the compute node reads too.
 #[utoipa::path(post, path = "/v1/nodes/compute", operation_id = "register_compute_node",
     tag = "ops", request_body = Register,
     responses((status = 200, body = ComputeView), (status = 400, body = ApiError),
@@ -113,9 +114,20 @@ pub async fn register(
     well_formed(&r.location)?;
     let nodes = s.jobs.compute_nodes();
     nodes.register(&r.location);
+    // The storage nodes this coordinator reads, by the names other
+    // processes reach them at (not asked now: the answer is a heartbeat's).
+    let storage: Vec<String> = s
+        .jobs
+        .session()
+        .endpoints()
+        .iter()
+        .map(|e| e.name().to_string())
+        .filter(|n| n.starts_with("http://") || n.starts_with("https://"))
+        .collect();
     Ok(Json(serde_json::json!({
         "location": r.location,
         "ttl_s": nodes.ttl().as_secs_f64(),
+        "storage": storage,
     })))
 }
 
