@@ -263,8 +263,9 @@ impl FlightService for QueryService {
 
     async fn list_flights(
         &self,
-        _request: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let near = request.remote_addr().map(|a| a.ip());
         self.session
             .refresh()
             .await
@@ -285,7 +286,7 @@ impl FlightService for QueryService {
                 continue;
             }
             let d = FlightDescriptor::new_cmd(job.id().to_string());
-            if let Ok(info) = trainer::flight_info(&self.jobs, d).await {
+            if let Ok(info) = trainer::flight_info(&self.jobs, d, near).await {
                 infos.push(Ok(info));
             }
         }
@@ -299,11 +300,13 @@ impl FlightService for QueryService {
         if flight_sql::is_flight_sql(&request.get_ref().cmd) {
             return FlightService::get_flight_info(&self.sql(), request).await;
         }
+        // The trainer's host: ranks go to a compute node beside it.
+        let near = request.remote_addr().map(|a| a.ip());
         let d = request.into_inner();
         if let Some(info) = descriptors::flight_info(&self.session, &d).await? {
             return Ok(Response::new(info));
         }
-        let info = trainer::flight_info(&self.jobs, d.clone())
+        let info = trainer::flight_info(&self.jobs, d.clone(), near)
             .await
             .map_err(|s| descriptors::not_found(&d, s))?;
         Ok(Response::new(info))

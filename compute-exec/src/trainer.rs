@@ -84,7 +84,11 @@ fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, S
 }
 
 /// The Flight info of the job `descriptor` names.
-pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
+pub async fn flight_info(
+    jobs: &Jobs,
+    descriptor: FlightDescriptor,
+    near: Option<std::net::IpAddr>,
+) -> Result<FlightInfo, Status> {
     let job = jobs
         .get(&job_id(&descriptor)?)
         .map_err(|e| job_status(&e))?;
@@ -95,7 +99,7 @@ pub async fn flight_info(jobs: &Jobs, descriptor: FlightDescriptor) -> Result<Fl
         .with_descriptor(descriptor)
         .with_ordered(true)
         .with_total_records((layout.per_rank() * layout.world_size) as i64);
-    let nodes = jobs.compute_nodes().serving_ranks(layout.world_size);
+    let nodes = jobs.compute_nodes().serving_ranks(layout.world_size, near);
     for (rank, node) in (0..layout.world_size).zip(nodes) {
         let body = sluice_flight::Ticket::Job(JobTicket {
             job: job.id().to_string(),

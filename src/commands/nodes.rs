@@ -294,7 +294,12 @@ pub async fn serve(
     let flight_server = flight_builder()
         .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
-    let rest_server = axum::serve(rest, app).with_graceful_shutdown(shutdown());
+    // With connect info: a trainer's ranks go to a compute node beside it.
+    let rest_server = axum::serve(
+        rest,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown());
     let servers = async {
         let (f, r) = tokio::join!(flight_server, rest_server);
         f?;

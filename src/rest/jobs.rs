@@ -9,7 +9,10 @@ use sluice_compute::job::adapt::Replan;
 use sluice_compute::job::stages::JobStages;
 use sluice_compute::job::{JobRecord, JobStatus, RankEndpoint};
 
+use std::net::IpAddr;
+
 use super::AppState;
+use super::caller::Caller;
 use super::error::ApiError;
 
 /// A job's placement: the text `sluice explain` prints and its JSON.
@@ -44,24 +47,26 @@ pub struct JobExplain {
     security(("bearer" = [])))]
 pub async fn submit(
     State(s): State<AppState>,
+    Caller(near): Caller,
     body: Result<Json<JobSpec>, JsonRejection>,
 ) -> Result<(StatusCode, Json<JobStatus>), ApiError> {
     let Json(spec) = body?;
     let job = s.jobs.submit(spec).await?;
     tracing::info!("job {} submitted", job.id());
-    Ok((StatusCode::CREATED, Json(located(&s, job.status()))))
+    Ok((StatusCode::CREATED, Json(located(&s, job.status(), near))))
 }
 
 /// Ranks listed with their locations, at most this many.
 pub const ENDPOINTS_LISTED: u64 = 4096;
 
-/// `status` with the location each rank reads at: the registered compute
-/// node that serves it, or this server's own Flight.
-fn located(s: &AppState, mut status: JobStatus) -> JobStatus {
+/// `status` with the location each rank reads at, for a caller at `near`:
+/// the registered compute node that serves it (one beside the caller, if
+/// there is one), or this server's own Flight.
+fn located(s: &AppState, mut status: JobStatus, near: Option<IpAddr>) -> JobStatus {
     let own = format!("grpc://{}", s.flight);
     let ranks = status.spec.world_size.min(ENDPOINTS_LISTED);
     status.endpoints = (0..ranks)
-        .zip(s.jobs.compute_nodes().serving_ranks(ranks))
+        .zip(s.jobs.compute_nodes().serving_ranks(ranks, near))
         .map(|(rank, node)| RankEndpoint {
             rank,
             location: node.unwrap_or_else(|| own.clone()),
@@ -74,12 +79,12 @@ fn located(s: &AppState, mut status: JobStatus) -> JobStatus {
 #[utoipa::path(get, path = "/v1/jobs", operation_id = "list_jobs", tag = "jobs",
     responses((status = 200, body = Vec<JobStatus>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
-pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
+pub async fn list(State(s): State<AppState>, Caller(near): Caller) -> Json<Vec<JobStatus>> {
     Json(
         s.jobs
             .list()
             .iter()
-            .map(|j| located(&s, j.status()))
+            .map(|j| located(&s, j.status(), near))
             .collect(),
     )
 }
@@ -92,9 +97,10 @@ pub async fn list(State(s): State<AppState>) -> Json<Vec<JobStatus>> {
     security(("bearer" = [])))]
 pub async fn get(
     State(s): State<AppState>,
+    Caller(near): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
-    Ok(Json(located(&s, s.jobs.get(&id)?.status())))
+    Ok(Json(located(&s, s.jobs.get(&id)?.status(), near)))
 }
 
 /// A job's record — its spec, the versions it pinned, its state and

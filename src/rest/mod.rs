@@ -22,6 +22,7 @@
 //! dashboard's static files needs `authorization: Bearer TOKEN` (401
 //! otherwise).
 
+mod caller;
 pub mod checkpoints;
 pub mod dashboard;
 pub mod datasets;

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -152,6 +153,20 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
             # (drop_last false), so every sample at least once.
             assert len(keys) == 24 and len(set(keys)) == 21
             assert set(keys) == set(want_keys(c))
+            # A trainer on compute node 1's host reads every rank there
+            # (REST and Flight both see where it connects from).
+            script = ("import json, sys, sluice; c = sluice.Client(sys.argv[1]); "
+                      "j = c.job(sys.argv[2]); print(json.dumps({"
+                      "'rest': [j.location(r) for r in range(4)], "
+                      "'flight': [e.locations[0].uri.decode() "
+                      "for e in j.flight_info().endpoints]}))")
+            beside = subprocess.run(["ip", "netns", "exec", "slrig-c1", sys.executable, "-c",
+                                     script, env["REST"], job.id],
+                                    capture_output=True, text=True, timeout=60)
+            assert beside.returncode == 0, beside.stderr
+            beside = json.loads(beside.stdout)
+            host1 = "grpc://" + env["COMPUTE"].split(",")[1].split("://")[1]
+            assert beside == {"rest": [host1] * 4, "flight": [host1] * 4}, beside
             # Each compute node planned the job from the coordinator's record.
             for j in range(2):
                 with open(os.path.join(rig_dir, f"compute{j}", "node.log")) as f:

@@ -3,9 +3,11 @@
 //!
 //! - [`ComputeNodes`] is the coordinator's list of compute nodes that
 //!   registered (each re-registers every [`REGISTER_EVERY`]; one silent
-//!   for [`ComputeNodes::ttl`] is dropped). Rank `r` of a job is served by
-//!   the `r mod n`-th live node in the order of their locations, or by
-//!   the coordinator itself when none is live. A job's `GetFlightInfo`
+//!   for [`ComputeNodes::ttl`] is dropped). A trainer's ranks are served
+//!   by the live nodes on its own host when there are any (found by the
+//!   address it connects from); otherwise rank `r` is served by the
+//!   `r mod n`-th live node in the order of their locations, or by the
+//!   coordinator itself when none is live. A job's `GetFlightInfo`
 //!   answers one endpoint per rank with that location (the Arrow Flight
 //!   convention) and its REST status lists them; trainers follow them.
 //! - [`JobSource`] is where a compute node finds a job it does not hold:
@@ -17,6 +19,7 @@
 //!   rest.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -70,14 +73,44 @@ impl ComputeNodes {
     }
 
     /// The node serving each of ranks `0..ranks` (`None`: no node is live),
-    /// from one reading of the live nodes.
-    pub fn serving_ranks(&self, ranks: u64) -> Vec<Option<String>> {
+    /// from one reading of the live nodes, for a trainer at `near`: the
+    /// live nodes on that host serve its ranks, when there are any (a
+    /// trainer reads from the node beside it, with no network hop);
+    /// otherwise rank `r` goes to the `r mod n`-th of all of them.
+    pub fn serving_ranks(&self, ranks: u64, near: Option<IpAddr>) -> Vec<Option<String>> {
         let live = self.live();
-        let n = live.len() as u64;
+        let beside: Vec<&String> = live
+            .iter()
+            .map(|(l, _)| l)
+            .filter(|l| near.is_some() && location_ip(l) == near)
+            .collect();
+        let pool: Vec<&String> = if beside.is_empty() {
+            live.iter().map(|(l, _)| l).collect()
+        } else {
+            beside
+        };
+        let n = pool.len() as u64;
         (0..ranks)
-            .map(|r| (n > 0).then(|| live[(r % n) as usize].0.clone()))
+            .map(|r| (n > 0).then(|| pool[(r % n) as usize].clone()))
             .collect()
     }
+}
+
+/// The IP address of a location (`grpc://10.0.0.7:50052`,
+/// `grpc://[::1]:7`); `None` for a host name (names are not resolved:
+/// a node that should be found beside its trainers advertises an
+/// address).
+pub fn location_ip(location: &str) -> Option<IpAddr> {
+    let rest = location.split_once("://").map_or(location, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.parse().ok().map(|ip: IpAddr| match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
 }
 
 /// Where a compute node finds the record of a job it does not hold.
@@ -97,10 +130,10 @@ mod tests {
     #[test]
     fn ranks_spread_over_the_live_nodes_in_order() {
         let nodes = ComputeNodes::new(Duration::from_millis(200));
-        assert_eq!(nodes.serving_ranks(1), [None]);
+        assert_eq!(nodes.serving_ranks(1, None), [None]);
         nodes.register("grpc://10.0.0.101:50053");
         nodes.register("grpc://10.0.0.100:50053");
-        let of: Vec<_> = nodes.serving_ranks(4).into_iter().flatten().collect();
+        let of: Vec<_> = nodes.serving_ranks(4, None).into_iter().flatten().collect();
         assert_eq!(
             of,
             [
@@ -115,8 +148,52 @@ mod tests {
         nodes.register("grpc://10.0.0.101:50053");
         assert_eq!(nodes.live().len(), 1);
         assert_eq!(
-            nodes.serving_ranks(1),
+            nodes.serving_ranks(1, None),
             [Some("grpc://10.0.0.101:50053".to_string())]
         );
+    }
+
+    #[test]
+    fn a_trainer_beside_a_node_reads_from_it() {
+        let nodes = ComputeNodes::new(Duration::from_secs(60));
+        for l in [
+            "grpc://10.0.0.100:50053",
+            "grpc://10.0.0.101:50053",
+            "grpc://10.0.0.101:50054",
+        ] {
+            nodes.register(l);
+        }
+        let near = |ip: &str| Some(ip.parse().unwrap());
+        // On host .100: every rank from the node there.
+        let got = nodes.serving_ranks(3, near("10.0.0.100"));
+        assert!(
+            got.iter()
+                .all(|l| l.as_deref() == Some("grpc://10.0.0.100:50053"))
+        );
+        // On host .101 (two nodes): its ranks spread over those two.
+        let got: Vec<_> = nodes
+            .serving_ranks(4, near("::ffff:10.0.0.101"))
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "grpc://10.0.0.101:50053",
+                "grpc://10.0.0.101:50054",
+                "grpc://10.0.0.101:50053",
+                "grpc://10.0.0.101:50054"
+            ]
+        );
+        // Elsewhere: all three nodes, in order.
+        let got: Vec<_> = nodes
+            .serving_ranks(3, near("10.0.0.9"))
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], "grpc://10.0.0.100:50053");
+        assert_eq!(location_ip("grpc://[::1]:7"), near("::1"));
+        assert_eq!(location_ip("grpc://node-3:7"), None);
     }
 }
