@@ -79,6 +79,7 @@ impl ComputeNodes {
     /// otherwise rank `r` goes to the `r mod n`-th of all of them.
     pub fn serving_ranks(&self, ranks: u64, near: Option<IpAddr>) -> Vec<Option<String>> {
         let live = self.live();
+        let near = near.map(canonical);
         let beside: Vec<&String> = live
             .iter()
             .map(|(l, _)| l)
@@ -107,10 +108,16 @@ pub fn location_ip(location: &str) -> Option<IpAddr> {
         Some(v6) => v6.split(']').next().unwrap_or(v6),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
-    host.parse().ok().map(|ip: IpAddr| match ip {
+    host.parse().ok().map(canonical)
+}
+
+/// An IPv4 address written as IPv6 (`::ffff:10.0.0.7`, as a dual-stack
+/// listener reports its IPv4 callers) as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
-    })
+    }
 }
 
 /// Where a compute node finds the record of a job it does not hold.
