@@ -7,14 +7,56 @@
 //!   the coordinator reads it and spreads ingests over it.
 //!
 //! A compute node finds the jobs it is asked for in the coordinator's
-//! records (`GET /v1/jobs/{id}/record`, a [`JobSource`]).
+//! records (`GET /v1/jobs/{id}/record`, a [`JobSource`]) and reports what
+//! it delivered for them (`POST /v1/jobs/{id}/progress`, every
+//! [`REPORT_EVERY`]).
 
 use async_trait::async_trait;
 use http::Method;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sluice_compute::Jobs;
 use sluice_compute::job::cluster::REGISTER_EVERY;
+use sluice_compute::job::report::{REPORT_EVERY, Reported};
 use sluice_compute::job::{JobRecord, JobSource};
 
 use crate::rest_client::RestClient;
+
+/// Reports, every [`REPORT_EVERY`], what this compute node delivered for
+/// each job it serves (`sluice_compute::job::report`) as `node`, until the
+/// process ends. A report the coordinator did not take is folded into the
+/// next; a job the coordinator no longer knows is no longer reported.
+pub fn report_progress(coordinator: Coordinator, jobs: Arc<Jobs>, node: String) {
+    tokio::spawn(async move {
+        let mut said: HashMap<String, Reported> = HashMap::new();
+        loop {
+            tokio::time::sleep(REPORT_EVERY).await;
+            let held: Vec<_> = jobs.list();
+            said.retain(|id, _| held.iter().any(|j| j.id() == id));
+            for job in held {
+                let last = said.get(job.id()).copied().unwrap_or_default();
+                let Some((report, now)) = job.report_since(&node, &last) else {
+                    continue;
+                };
+                let path = format!("/v1/jobs/{}/progress", urlencode(job.id()));
+                let Ok(body) = serde_json::to_value(&report) else {
+                    continue;
+                };
+                match coordinator
+                    .client
+                    .call(Method::POST, &path, Some(&body))
+                    .await
+                {
+                    Ok(_) => {
+                        said.insert(job.id().to_string(), now);
+                    }
+                    Err(e) => tracing::debug!("progress of job {}: {e}", job.id()),
+                }
+            }
+        }
+    });
+}
 
 /// What a node does with the coordinator's answer to its registration.
 pub type NodesSeen = Box<dyn Fn(&serde_json::Value) + Send + Sync>;

@@ -108,6 +108,7 @@ pub async fn compute_node(
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     let mut jobs = Jobs::new(Arc::clone(&session))?;
+    let mut reporter = None;
     if let Some(url) = cluster.coordinator {
         let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
         let location = cluster
@@ -140,6 +141,7 @@ pub async fn compute_node(
         }
         coordinator.keep_registered("compute", location.clone(), Some(Box::new(learn)));
         println!("serving the jobs of the coordinator at {url} as {location}");
+        reporter = Some((coordinator.clone(), location));
         jobs = jobs.with_source(Arc::new(coordinator));
     }
     if let Err(e) = session.refresh().await {
@@ -151,6 +153,9 @@ pub async fn compute_node(
         session.endpoints().len()
     );
     let jobs = Arc::new(jobs);
+    if let Some((coordinator, location)) = reporter {
+        crate::coordinator::report_progress(coordinator, Arc::clone(&jobs), location);
+    }
     flight_builder()
         .add_service(
             QueryService::new(jobs)

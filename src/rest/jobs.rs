@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use sluice_compute::JobSpec;
 use sluice_compute::job::adapt::Replan;
+use sluice_compute::job::report::NodeReport;
 use sluice_compute::job::stages::JobStages;
 use sluice_compute::job::{JobRecord, JobStatus, RankEndpoint};
 
@@ -115,6 +116,28 @@ pub async fn record(
     Path(id): Path<String>,
 ) -> Result<Json<JobRecord>, ApiError> {
     Ok(Json(s.jobs.get(&id)?.record()))
+}
+
+/// A compute node's report of what it delivered for a job whose ranks it
+/// serves (`sluice_compute::job::report`): merged into the job's progress,
+/// bytes and bad samples here.
+#[utoipa::path(post, path = "/v1/jobs/{id}/progress", operation_id = "report_job_progress",
+    tag = "jobs", params(("id" = String, Path, description = "Job id")),
+    request_body(content = Object, description = "The node's report"),
+    responses((status = 200, description = "Merged"), (status = 400, body = ApiError),
+        (status = 404, body = ApiError), (status = 401, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn report(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Json<NodeReport>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(report) = body?;
+    let job = s.jobs.get(&id)?;
+    let node = report.node.clone();
+    job.merge_report(report);
+    tracing::debug!("job {id}: progress from {node}");
+    Ok(Json(serde_json::json!({ "merged": true })))
 }
 
 /// Cancel a job: streams in flight end, its resources are freed; it stays

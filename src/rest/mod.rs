@@ -116,6 +116,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(nodes::register))
         .routes(routes!(nodes::register_storage))
         .routes(routes!(jobs::record))
+        .routes(routes!(jobs::report))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
@@ -229,6 +230,7 @@ mod tests {
             ("/v1/nodes/compute", vec!["post"]),
             ("/v1/nodes/storage", vec!["post"]),
             ("/v1/jobs/{id}/record", vec!["get"]),
+            ("/v1/jobs/{id}/progress", vec!["post"]),
             ("/healthz", vec!["get"]),
             ("/metrics", vec!["get"]),
         ];

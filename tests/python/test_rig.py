@@ -141,10 +141,24 @@ def test_ranks_are_served_by_the_compute_nodes_with_the_coordinators_bytes():
                                               c.call_options())
             assert [e.locations[0].uri.decode() for e in info.endpoints] == \
                 [served[r] for r in range(4)]
+            # Every rank read from its node: the nodes report what they
+            # delivered, and the coordinator's status counts it all.
+            from_nodes = [pa.Table.from_batches(list(job.reader(rank).batches()))
+                          for rank in range(4)]
+            deadline = time.monotonic() + 20
+            while True:
+                st = job.status()
+                sent = st["bytes"]["trainer"] + st["bytes"]["shm"]
+                if st["state"] == "done" and st["progress"] == 1.0 and sent:
+                    break
+                assert time.monotonic() < deadline, f"no progress reached the coordinator: {st}"
+                time.sleep(0.5)
+            assert st["delivered"] == 24 and st["bytes"]["link"] > 0, st["bytes"]
+            assert sorted(r["delivered"] for r in st["ranks"]) == [6, 6, 6, 6], st["ranks"]
             coordinator = flight.FlightClient(c.flight_address())
             keys = []
             for rank in range(4):
-                got = pa.Table.from_batches(list(job.reader(rank).batches()))
+                got = from_nodes[rank]
                 ticket = json.dumps({"type": "job", "job": job.id, "rank": rank}).encode()
                 want = coordinator.do_get(flight.Ticket(ticket)).read_all()
                 assert got.equals(want.select(got.column_names)), f"rank {rank} differs"

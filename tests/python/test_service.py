@@ -348,6 +348,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/jobs/{id}": ["delete", "get"],
         "/v1/jobs/{id}/explain": ["get"],
         "/v1/jobs/{id}/record": ["get"],
+        "/v1/jobs/{id}/progress": ["post"],
         "/v1/nodes/compute": ["post"],
         "/v1/nodes/storage": ["post"],
         "/v1/datasets": ["get", "post"],

@@ -37,6 +37,7 @@ pub mod plan;
 pub mod query;
 pub mod rebatch;
 pub mod registry;
+pub mod report;
 pub mod run;
 pub mod spec;
 pub mod stages;

@@ -306,6 +306,11 @@ impl Jobs {
         if record.state == JobState::Done {
             record.state = JobState::Running;
         }
+        // What this node delivers, it reports to the coordinator
+        // (`super::report`): it starts from nothing of its own.
+        record.progress = Default::default();
+        record.skipped = 0;
+        record.bad_samples.clear();
         let planned = self.handle.spawn(Job::restore(
             record,
             Arc::clone(&self.session),

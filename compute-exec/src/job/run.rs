@@ -32,9 +32,10 @@ use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::query::{JobQuery, udf_options};
+use super::report::{NodeReport, Reported};
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
-use super::status::{JobState, JobStatus, Progress};
+use super::status::{JobState, JobStatus, Progress, TierBytes};
 use super::store::{JobRecord, JobStore};
 use super::stream::{CHANNEL_BATCHES, Span};
 use crate::session::ComputeSession;
@@ -545,6 +546,12 @@ impl Job {
             d.next_offset,
             d.batch.num_rows() as u64,
         );
+        self.settle(inner);
+    }
+
+    /// After progress: done when every position of every epoch was
+    /// delivered (saved at once), else saved at most every second.
+    fn settle(self: &Arc<Self>, mut inner: std::sync::MutexGuard<'_, Inner>) {
         let total = inner
             .ready
             .as_ref()
@@ -565,6 +572,48 @@ impl Job {
             drop(inner);
             self.save_in_background();
         }
+    }
+
+    /// What this node delivered, moved and skipped since `last` (what its
+    /// earlier reports said), as `node`'s report to the coordinator, with
+    /// the watermark it leaves; `None` when nothing changed.
+    pub fn report_since(&self, node: &str, last: &Reported) -> Option<(NodeReport, Reported)> {
+        let (skipped, named) = self.bad.snapshot();
+        let inner = self.lock();
+        let p = &inner.progress;
+        let now = Reported {
+            delivered: p.delivered,
+            bytes: p.bytes,
+            skipped,
+            named: named.len(),
+        };
+        if now == *last {
+            return None;
+        }
+        let report = NodeReport {
+            node: node.to_string(),
+            ranges: p.record().ranges,
+            delivered: now.delivered.saturating_sub(last.delivered),
+            bytes: TierBytes {
+                link: now.bytes.link.saturating_sub(last.bytes.link),
+                trainer: now.bytes.trainer.saturating_sub(last.bytes.trainer),
+                shm: now.bytes.shm.saturating_sub(last.bytes.shm),
+            },
+            skipped: now.skipped.saturating_sub(last.skipped),
+            bad_samples: named.into_iter().skip(last.named).collect(),
+        };
+        Some((report, now))
+    }
+
+    /// Adds a compute node's report (see [`NodeReport`]).
+    pub fn merge_report(self: &Arc<Self>, report: NodeReport) {
+        self.touch();
+        self.bad.merge(report.skipped, report.bad_samples);
+        let mut inner = self.lock();
+        inner
+            .progress
+            .merge(&report.ranges, report.delivered, report.bytes);
+        self.settle(inner);
     }
 
     /// Records Flight bytes sent to a trainer.

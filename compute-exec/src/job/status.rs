@@ -255,6 +255,27 @@ impl Progress {
         out
     }
 
+    /// Adds what a compute node delivered for this job: its positions
+    /// (merged: a range reported twice counts once), `rows` and `bytes`
+    /// (what it delivered since its last report).
+    pub fn merge(&mut self, ranges: &[((u64, u64), Ranges)], rows: u64, bytes: TierBytes) {
+        for (key, r) in ranges {
+            let mine = self.covered.entry(*key).or_default();
+            for &(from, to) in &r.0 {
+                self.positions += mine.insert(from, to);
+            }
+        }
+        self.delivered += rows;
+        self.bytes.link += bytes.link;
+        self.bytes.trainer += bytes.trainer;
+        self.bytes.shm += bytes.shm;
+        if rows > 0 {
+            let now = Instant::now();
+            self.first.get_or_insert(now);
+            self.last = Some(now);
+        }
+    }
+
     /// Records that a reader started (the rate counts from the first).
     pub fn start(&mut self) {
         self.first.get_or_insert_with(Instant::now);
