@@ -40,6 +40,10 @@ pub struct NodeInfo {
     /// two readings with the wall clock to see how busy the node is.
     #[serde(default)]
     pub cpu_ns: u64,
+    /// Fragments it has run so far: a job's window costs one on each node
+    /// holding some of its rows (its round trips on the storage link).
+    #[serde(default)]
+    pub fragments: u64,
 }
 
 /// What a storage node measured running a fragment without sending it

@@ -36,6 +36,10 @@ pub struct NodeView {
     /// CPU time its process has used, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// Fragments it has run (a job's window costs one on each node holding
+    /// some of its rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<u64>,
 }
 
 /// This server's device (embedded mode).
@@ -210,6 +214,7 @@ pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
                 .as_ref()
                 .filter(|i| i.cpu_ns > 0)
                 .map(|i| i.cpu_ns as f64 / 1e9),
+            fragments: info.as_ref().map(|i| i.fragments),
         }
     });
     let nodes = futures::future::join_all(asked).await;

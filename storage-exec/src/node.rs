@@ -60,6 +60,8 @@ pub struct StorageNode {
     pub(crate) ingest_roots: std::sync::OnceLock<Arc<crate::ingest::Confinement>>,
     /// Ingest parts prepared here, awaiting their coordinator's word.
     pub(crate) pending: crate::ingest::PendingIngests,
+    /// Fragments run (see [`NodeInfo::fragments`]).
+    fragments: std::sync::atomic::AtomicU64,
 }
 
 impl StorageNode {
@@ -90,6 +92,7 @@ impl StorageNode {
             indexes: Arc::new(IndexCache::default()),
             ingest_roots: std::sync::OnceLock::new(),
             pending: crate::ingest::PendingIngests::new(sluice_flight::ingest::PREPARED_TTL),
+            fragments: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -109,6 +112,7 @@ impl StorageNode {
             cores: self.cores,
             link_limit: self.link.as_ref().map(|l| l.rate()),
             cpu_ns: sluice_flight::process_cpu_ns(),
+            fragments: self.fragments.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -332,6 +336,8 @@ impl StorageNode {
         ctx: &SessionContext,
         udfs: &Arc<UdfEnv>,
     ) -> SendableRecordBatchStream {
+        self.fragments
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let schema = plan.schema();
         let task = ctx.task_ctx();
         // A built-in function's panic is a named sample under the job's
