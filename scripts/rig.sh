@@ -12,6 +12,7 @@
 #                          [--bin PATH] [-- EXTRA SERVE ARGS]
 #   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
 #   bash scripts/rig.sh add-storage             # one more storage node; it registers itself
+#   bash scripts/rig.sh restart-storage I       # kill -9 storage node I, start it again over its data
 #   bash scripts/rig.sh status
 #   bash scripts/rig.sh down                    # every namespace, link, process and dir it made
 #
@@ -184,15 +185,23 @@ wait_for() {
 # CPUs $4 ($5 cores), binary $6, taking ingests beneath $7 (if given); it
 # registers with the coordinator at $NET.2.
 start_storage() {
-  local i="$1" link="$2" delay="$3" cpus="$4" cores="$5" bin="$6" root="${7:-}"
-  local dir="$RIG_DIR/storage$i" roots=()
-  mkdir -p "$dir"
-  [ -n "$root" ] && roots=(--ingest-root "$root")
+  local i="$1" link="$2" delay="$3"
+  mkdir -p "$RIG_DIR/storage$i"
   add_host "$PREFIX-s$i" $((10 + i))
   shape "$PREFIX-s$i" "$link" "$delay"
+  run_storage "$i" "$4" "$5" "$6" "${7:-}"
+}
+
+# Runs storage node $1's process in its (existing) namespace: CPUs $2 ($3
+# cores), binary $4, ingest root $5 (if given); its data dir is kept.
+run_storage() {
+  local i="$1" cpus="$2" cores="$3" bin="$4" root="${5:-}"
+  local dir="$RIG_DIR/storage$i" roots=()
+  [ -n "$root" ] && roots=(--ingest-root "$root")
   # Its log says what it does with ingest parts (prepared, committed, dropped).
   start "$PREFIX-s$i" "$cpus" "$dir/node.log" \
-    env SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" "$bin" --data-dir "$dir/data" storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$cores" \
+    env SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" "$bin" --data-dir "$dir/data" \
+    storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$cores" \
     --coordinator "http://$NET.2:$REST_PORT" --advertise "http://$NET.$((10 + i)):$STORAGE_PORT" \
     "${roots[@]}"
 }
@@ -369,6 +378,29 @@ cmd_add_storage() {
   echo "STORAGE_URL=http://$NET.$((10 + i)):$STORAGE_PORT"
 }
 
+# Storage node $1 stopped (SIGKILL, if it still runs) and started again
+# over its data dir, at the same address: what a node's restart is.
+cmd_restart_storage() {
+  local i="${1:-}" bin="${SLUICE_BIN:-}" pid cpus
+  [[ "$i" =~ ^[0-9]+$ ]] || die "usage: rig.sh restart-storage I"
+  [ -d "$RIG_DIR/storage$i" ] || die "no storage node $i"
+  if [ -z "$bin" ]; then
+    source scripts/env.sh
+    bin="$CARGO_TARGET_DIR/debug/sluice"
+  fi
+  for pid in $(awk -v out="$RIG_DIR/storage$i/node.log" '$2 == out {print $1}' "$RIG_DIR/pids"); do
+    kill -KILL "$pid" 2> /dev/null || true
+    while kill -0 "$pid" 2> /dev/null; do sleep 0.05; done
+  done
+  # The log of the run before is kept beside the new one.
+  mv "$RIG_DIR/storage$i/node.log" "$RIG_DIR/storage$i/node.log.$(date +%s%N)"
+  sed -i "\|$RIG_DIR/storage$i/node.log\$|d" "$RIG_DIR/pids"
+  cpus="$(sed -n 's/^STORAGE_CPUS=//p' "$RIG_DIR/rig.env")"
+  run_storage "$i" "$cpus" "$(cpu_count "$cpus")" "$bin" "$(sed -n 's/^INGEST_ROOT=//p' "$RIG_DIR/rig.env")"
+  wait_for "$RIG_DIR/storage$i/node.log" "listening on"
+  log "storage node $i restarted"
+}
+
 cmd_status() {
   [ -e "$RIG_DIR/namespaces" ] || { echo "no rig is up"; return 0; }
   cat "$RIG_DIR/rig.env"
@@ -412,7 +444,8 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   link) shift; cmd_link "$@" ;;
   add-storage) cmd_add_storage ;;
+  restart-storage) shift; cmd_restart_storage "$@" ;;
   status) cmd_status ;;
   down) cmd_down ;;
-  *) die "usage: rig.sh up|link|add-storage|status|down (see the top of scripts/rig.sh)" ;;
+  *) die "usage: rig.sh up|link|add-storage|restart-storage|status|down (see the top of scripts/rig.sh)" ;;
 esac

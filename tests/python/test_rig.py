@@ -273,6 +273,35 @@ def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
             rig_cmd("down", rig_dir=rig_dir)
 
 
+def test_a_job_told_to_wait_for_storage_reads_on_when_the_node_comes_back():
+    """With storage_wait_s, a storage node killed mid-epoch and started
+    again over its data costs a pause, not the epoch: the windows that
+    met the outage run again, and the trainer gets exactly the bytes of
+    an uninterrupted read."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 4, 25)
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
+            want = pa.Table.from_batches(list(c.submit(sql, batch_size=2).reader(0).batches()))
+            assert want.num_rows == 100
+            job = c.submit(sql, batch_size=2, storage_wait_s=60)
+            assert job.status()["spec"]["storage_wait_s"] == 60
+            reader = job.reader(0, prefetch=0)
+            batches = reader.batches()
+            got = [next(batches)]
+            rig_cmd("restart-storage", "1", rig_dir=rig_dir)
+            got += list(batches)
+            assert pa.Table.from_batches(got).equals(want), "the waited-for epoch differs"
+            with open(os.path.join(rig_dir, "coordinator", "serve.log")) as f:
+                log = f.read()
+            assert "retrying the window" in log, log[-2000:]
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
 def want_keys(c):
     t = pa.Table.from_batches(list(
         c.submit("SELECT key FROM pets", batch_size=32).reader(0).batches()))

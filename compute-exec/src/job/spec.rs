@@ -49,7 +49,20 @@ pub struct JobSpec {
     /// Where stages run: `auto`, `storage`, `compute` or a cut index.
     #[serde(default)]
     pub offload: OffloadArg,
+    /// Seconds a window waits, retrying, for a storage node that cannot
+    /// be reached (restarting, or cut off) before its stream fails naming
+    /// the node; 0 (the default): fail at once. A retried window reads the
+    /// same rows: the trainer gets the same bytes as without the outage.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub storage_wait_s: f64,
 }
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+/// The longest a window may wait for a storage node.
+pub const MAX_STORAGE_WAIT_S: f64 = 3600.0;
 
 /// A plan as an object or as YAML text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -109,6 +122,7 @@ impl JobSpec {
             drop_last: false,
             on_error: OnError::default(),
             offload: OffloadArg::default(),
+            storage_wait_s: 0.0,
         }
     }
 
@@ -131,6 +145,12 @@ impl JobSpec {
             return bad(format!(
                 "world_size must be in 1..={MAX_WORLD}, not {}",
                 self.world_size
+            ));
+        }
+        if !(0.0..=MAX_STORAGE_WAIT_S).contains(&self.storage_wait_s) {
+            return bad(format!(
+                "storage_wait_s must be in 0..={MAX_STORAGE_WAIT_S}, not {}",
+                self.storage_wait_s
             ));
         }
         if let Some(s) = &self.shuffle

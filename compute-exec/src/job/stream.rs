@@ -101,6 +101,39 @@ pub fn window_len(batch: u64, bytes_per_sample: u64, ns_per_sample: u64) -> u64 
     (fits.min(in_time).min(WINDOW_MAX) / batch).max(1) * batch
 }
 
+/// How a window waits for a storage node that cannot be reached: it runs
+/// again after 0.25 s, then twice as long each time (at most 5 s), until
+/// the job's `storage_wait_s` has passed since the first failure.
+struct Retry {
+    until: Option<std::time::Instant>,
+    wait: Duration,
+    pause: Duration,
+}
+
+impl Retry {
+    fn new(wait: Duration) -> Self {
+        Self {
+            until: None,
+            wait,
+            pause: Duration::from_millis(250),
+        }
+    }
+
+    /// Sleeps before the next attempt, or gives `e` back when the wait is
+    /// over (or there is none).
+    async fn after(&mut self, e: JobError) -> Result<(), JobError> {
+        let now = std::time::Instant::now();
+        let until = *self.until.get_or_insert(now + self.wait);
+        if now + self.pause > until {
+            return Err(e);
+        }
+        tracing::warn!("{e}; retrying the window in {:?}", self.pause);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(5));
+        Ok(())
+    }
+}
+
 impl Job {
     /// Runs the windows of `span` and sends their batches, each with what
     /// `finish` makes of it, until the span ends or the reader leaves.
@@ -159,6 +192,7 @@ impl Job {
         });
         let runtime = self.runtime().clone();
         let budget = self.session().window_budget().clone();
+        let storage_wait = Duration::from_secs_f64(self.spec().storage_wait_s);
         // The plan each new window runs: a re-plan replaces it, windows in
         // flight finish under the one they started with.
         let current = Arc::new(std::sync::RwLock::new(Arc::clone(&placed.plan)));
@@ -184,14 +218,23 @@ impl Job {
                     // Room among all streams' windows first, then the work.
                     let room = budget.reserve(bytes).await;
                     let began = std::time::Instant::now();
-                    let mut run = Abort(runtime.spawn(async move {
-                        let plan = with_takes(plan, &takes)?;
-                        collect(plan, task).await
-                    }));
-                    let rows = (&mut run.0)
-                        .await
-                        .map_err(|e| JobError::Internal(e.to_string()))?
-                        .map_err(|e| JobError::running(&e))?;
+                    let mut retry = Retry::new(storage_wait);
+                    let rows = loop {
+                        let (plan, takes, task) =
+                            (Arc::clone(&plan), takes.clone(), Arc::clone(&task));
+                        let mut run = Abort(runtime.spawn(async move {
+                            let plan = with_takes(plan, &takes)?;
+                            collect(plan, task).await
+                        }));
+                        let attempt = (&mut run.0)
+                            .await
+                            .map_err(|e| JobError::Internal(e.to_string()))?
+                            .map_err(|e| JobError::running(&e));
+                        match attempt {
+                            Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
+                            other => break other?,
+                        }
+                    };
                     done.fetch_add(1, Ordering::Relaxed);
                     Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
                 }
