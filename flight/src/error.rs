@@ -122,11 +122,14 @@ impl LinkError {
                 node,
                 reason: message,
             },
-            (_, Code::Unauthenticated | Code::PermissionDenied) => {
+            // A refusal without a kind is the node's authentication (its
+            // interceptor names none); with one, it is that error's.
+            (None | Some(UNAUTHENTICATED), Code::Unauthenticated | Code::PermissionDenied) => {
                 Self::Unauthenticated { node, message }
             }
-            // Whatever the node refused as the fragment's fault.
-            (Some(BAD_FRAGMENT), _) | (_, Code::InvalidArgument | Code::Unimplemented) => {
+            // Whatever the node refused as the fragment's fault; a kind
+            // the node named (a bad sample, a bad dataset name) stays its.
+            (Some(BAD_FRAGMENT), _) | (None, Code::InvalidArgument | Code::Unimplemented) => {
                 Self::BadFragment { node, message }
             }
             (kind, code) => Self::Execution {
@@ -142,6 +145,7 @@ impl LinkError {
 const DATASET_NOT_FOUND: &str = "dataset_not_found";
 const BAD_FRAGMENT: &str = "bad_fragment";
 const EXECUTION: &str = "execution";
+const UNAUTHENTICATED: &str = "unauthenticated";
 
 impl Fault for LinkError {
     fn code(&self) -> Code {
@@ -161,7 +165,7 @@ impl Fault for LinkError {
             Self::DatasetNotFound { .. } => DATASET_NOT_FOUND,
             Self::BadFragment { .. } => BAD_FRAGMENT,
             Self::Execution { kind, .. } => kind,
-            Self::Unauthenticated { .. } => "unauthenticated",
+            Self::Unauthenticated { .. } => UNAUTHENTICATED,
             Self::Protocol(_) => "protocol",
         }
     }

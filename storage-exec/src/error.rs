@@ -366,3 +366,248 @@ impl Fault for StorageError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_flight::LinkError;
+
+    /// Each variant's code and kind, and both unchanged after a trip
+    /// through `tonic::Status` to the node's client (what a compute node,
+    /// the job and the trainer then carry).
+    #[test]
+    fn each_variant_answers_its_code_and_keeps_it_over_the_wire() {
+        let io = || std::io::Error::other("boom");
+        let p = || PathBuf::from("/d");
+        let s = String::new;
+        let cases: Vec<(StorageError, Code, &str)> = vec![
+            (StorageError::io("read", "/d", io()), Code::Internal, "io"),
+            (
+                StorageError::Misaligned {
+                    device: s(),
+                    what: "offset",
+                    value: 3,
+                    block_size: 4096,
+                },
+                Code::Internal,
+                "misaligned",
+            ),
+            (
+                StorageError::OutOfRange {
+                    device: s(),
+                    offset: 1,
+                    len: 2,
+                    capacity: 0,
+                },
+                Code::Internal,
+                "device_out_of_range",
+            ),
+            (StorageError::Spdk(s()), Code::Internal, "spdk"),
+            (
+                StorageError::DirectIoUnsupported {
+                    path: p(),
+                    source: io(),
+                },
+                Code::FailedPrecondition,
+                "direct_io_unsupported",
+            ),
+            (
+                StorageError::UringUnavailable(io()),
+                Code::FailedPrecondition,
+                "uring_unavailable",
+            ),
+            (
+                StorageError::DeviceFull {
+                    dataset: s(),
+                    needed: 2,
+                    free: 1,
+                },
+                Code::ResourceExhausted,
+                "device_full",
+            ),
+            (
+                StorageError::ChecksumMismatch {
+                    dataset: "pets".into(),
+                    version: 1,
+                    key: "a".into(),
+                    expected: 1,
+                    actual: 2,
+                },
+                Code::DataLoss,
+                "checksum_mismatch",
+            ),
+            (
+                StorageError::IncompatibleDataDir {
+                    path: p(),
+                    reason: s(),
+                },
+                Code::FailedPrecondition,
+                "incompatible_data_dir",
+            ),
+            (
+                StorageError::DataDirLocked { path: p() },
+                Code::FailedPrecondition,
+                "data_dir_locked",
+            ),
+            (
+                StorageError::Catalog {
+                    path: p(),
+                    message: s(),
+                },
+                Code::Internal,
+                "catalog",
+            ),
+            (
+                StorageError::CatalogDamaged {
+                    path: p(),
+                    reason: s(),
+                },
+                Code::DataLoss,
+                "catalog_damaged",
+            ),
+            (
+                StorageError::RowOutOfRange {
+                    dataset: s(),
+                    version: 1,
+                    row: 9,
+                    rows: 1,
+                },
+                Code::OutOfRange,
+                "row_out_of_range",
+            ),
+            (
+                StorageError::UnknownDataset("pets".into()),
+                Code::NotFound,
+                "dataset_not_found",
+            ),
+            (
+                StorageError::UnknownVersion {
+                    dataset: "pets".into(),
+                    version: 9,
+                },
+                Code::NotFound,
+                "dataset_not_found",
+            ),
+            (
+                StorageError::InvalidDatasetName(s()),
+                Code::InvalidArgument,
+                "invalid_dataset_name",
+            ),
+            (
+                StorageError::BadSample {
+                    dataset: s(),
+                    key: s(),
+                    reason: s(),
+                },
+                Code::InvalidArgument,
+                "bad_sample",
+            ),
+            (
+                StorageError::BadSource {
+                    path: p(),
+                    reason: s(),
+                },
+                Code::InvalidArgument,
+                "bad_source",
+            ),
+            (
+                StorageError::OutsideRoots {
+                    path: p(),
+                    roots: "/data".into(),
+                },
+                Code::PermissionDenied,
+                "forbidden_path",
+            ),
+            (
+                StorageError::UnknownIngest("t".into()),
+                Code::FailedPrecondition,
+                "ingest_not_prepared",
+            ),
+            (
+                StorageError::EmptyIngest(s()),
+                Code::InvalidArgument,
+                "empty_ingest",
+            ),
+            (
+                StorageError::Parquet {
+                    path: p(),
+                    source: parquet::errors::ParquetError::General(s()),
+                },
+                Code::Internal,
+                "metadata",
+            ),
+            (
+                StorageError::Arrow(arrow::error::ArrowError::ComputeError(s())),
+                Code::Internal,
+                "arrow",
+            ),
+            (
+                StorageError::InvalidCheckpointName {
+                    name: s(),
+                    reason: "empty",
+                },
+                Code::InvalidArgument,
+                "invalid_checkpoint_name",
+            ),
+            (
+                StorageError::UnknownCheckpoint {
+                    name: s(),
+                    version: None,
+                },
+                Code::NotFound,
+                "checkpoint_not_found",
+            ),
+            (
+                StorageError::UnknownUpload(s()),
+                Code::NotFound,
+                "upload_not_found",
+            ),
+            (
+                StorageError::BadUpload {
+                    name: s(),
+                    reason: s(),
+                },
+                Code::InvalidArgument,
+                "bad_upload",
+            ),
+            (
+                StorageError::CheckpointCorrupt {
+                    name: s(),
+                    version: 1,
+                    offset: 0,
+                    end: 1,
+                    expected: 1,
+                    actual: 2,
+                },
+                Code::DataLoss,
+                "checkpoint_corrupt",
+            ),
+            (
+                StorageError::NoSpace {
+                    what: s(),
+                    needed: 2,
+                    free: 1,
+                },
+                Code::ResourceExhausted,
+                "device_full",
+            ),
+        ];
+        for (e, code, kind) in cases {
+            let text = e.to_string();
+            assert_eq!((e.code(), e.kind()), (code, kind), "{text}");
+            let status = sluice_flight::fault::status(&e);
+            assert_eq!(status.code(), code, "{text}");
+            let back = LinkError::from_status("http://10.0.0.7:50051", &status);
+            assert_eq!(back.code(), code, "{text}");
+            if kind != "dataset_not_found" {
+                assert_eq!(back.kind(), kind, "{text}");
+            }
+        }
+        // DataFusion's own errors keep the engine's code and kind.
+        let df = datafusion::error::DataFusionError::ResourcesExhausted(s());
+        let want = sluice_flight::fault::code_of(&df, false);
+        let (code, kind) = (want.0, want.1.to_string());
+        let e = StorageError::DataFusion(df);
+        assert_eq!((e.code(), e.kind()), (code, kind.as_str()));
+    }
+}
