@@ -107,25 +107,9 @@ impl StorageEndpoint for StorageClient {
     }
 
     async fn node_info(&self) -> Result<NodeInfo, LinkError> {
-        let action = Action {
-            r#type: NODE_INFO.into(),
-            body: Default::default(),
-        };
-        let mut replies = self
-            .inner
-            .clone()
-            .do_action(action)
-            .await
-            .map_err(|s| self.status(&s))?
-            .into_inner();
-        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
-            return Err(LinkError::Protocol(format!(
-                "{} sent no node info",
-                self.node
-            )));
-        };
-        serde_json::from_slice(&reply.body)
-            .map_err(|e| LinkError::Protocol(format!("{} sent bad node info: {e}", self.node)))
+        self.json_action(NODE_INFO, &())
+            .await?
+            .ok_or_else(|| LinkError::Protocol(format!("{} sent no node info", self.node)))
     }
 
     async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {

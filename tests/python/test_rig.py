@@ -36,6 +36,14 @@ def sql_arrow(data_dir, query, *args):
     return pa.ipc.open_stream(p.stdout).read_all()
 
 
+def one_data_dir(d, root):
+    """What the embedded default returns for SQL over `pets` in one data dir."""
+    embedded = os.path.join(d, "embedded")
+    subprocess.run([SLUICE, "--data-dir", embedded, "ingest", "pets",
+                    os.path.join(root, "pets")], check=True, capture_output=True)
+    return sql_arrow(embedded, SQL)
+
+
 def allowed_cpus(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -88,10 +96,7 @@ def test_the_rig_returns_what_one_data_dir_returns():
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
-        embedded = os.path.join(d, "embedded")
-        subprocess.run([SLUICE, "--data-dir", embedded, "ingest", "pets",
-                        os.path.join(root, "pets")], check=True, capture_output=True)
-        want = sql_arrow(embedded, SQL)
+        want = one_data_dir(d, root)
         assert want.num_rows == 21
         env = up(rig_dir, "--storage", "2", "--compute", "1", "--link", "1Gbit",
                  "--ingest-root", root)
@@ -393,10 +398,7 @@ def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
-        embedded = os.path.join(d, "embedded")
-        subprocess.run([SLUICE, "--data-dir", embedded, "ingest", "pets",
-                        os.path.join(root, "pets")], check=True, capture_output=True)
-        want = sql_arrow(embedded, SQL)
+        want = one_data_dir(d, root)
         env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
         try:
             c = sluice.Client(env["REST"])
