@@ -2,9 +2,10 @@
 """sluice as a cluster on the rig of `scripts/rig.sh`: aggregate samples/s
 of a decode-heavy job (photos -> decode -> resize 224^2 -> tensor) with 1
 or 2 storage nodes and 1 or 2 compute nodes, and what a window costs on
-the storage link: fragments the storage nodes ran per epoch (one per
-window per node holding some of its rows — the round trips), and samples
-per fragment.
+the storage link per epoch: fragments the storage nodes ran (one per
+window per node holding some of its rows) and fragment streams they opened
+(the round trips: one feed per job stream and node carries all of that
+stream's windows; before feeds, one per fragment).
 
 Each configuration brings the rig up (storage nodes on --storage-cpus,
 the coordinator and compute nodes on --compute-cpus: on a 2-core machine
@@ -57,16 +58,19 @@ def rig(*args, env):
     return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
 
 
-def fragments(client):
-    return sum(n.get("fragments", 0) for n in client._request("GET", "/v1/nodes")["nodes"])
+def counters(client):
+    """Fragments run and fragment streams opened, over all storage nodes."""
+    nodes = client._request("GET", "/v1/nodes")["nodes"]
+    return (sum(n.get("fragments", 0) for n in nodes),
+            sum(n.get("streams", 0) for n in nodes))
 
 
 def read_epoch(client, n_samples):
     """One epoch of a new job, both ranks read at once: (seconds, samples,
-    fragments the storage nodes ran)."""
+    fragments the storage nodes ran, streams they opened)."""
     job = client.submit(SQL, batch_size=32, world_size=2, on_error="skip")
     job.wait()
-    before = fragments(client)
+    before = counters(client)
     keys = [[], []]
     errors = []
 
@@ -88,7 +92,8 @@ def read_epoch(client, n_samples):
         raise errors[0]
     got = keys[0] + keys[1]
     assert len(set(got)) == n_samples, f"{len(set(got))} distinct of {n_samples}"
-    return took, len(got), fragments(client) - before
+    after = counters(client)
+    return took, len(got), after[0] - before[0], after[1] - before[1]
 
 
 def main():
@@ -126,24 +131,26 @@ def main():
             finally:
                 os.sched_setaffinity(0, set(range(os.cpu_count())))
                 rig("down", env=env)
-            rate = statistics.median(n / s for s, n, _ in runs)
-            frags = statistics.median(f for _, _, f in runs)
+            rate = statistics.median(n / s for s, n, _, _ in runs)
+            frags = statistics.median(f for _, _, f, _ in runs)
+            streams = statistics.median(t for _, _, _, t in runs)
             row = {"storage": storage, "compute": compute, "samples_per_s": rate,
-                   "fragments_per_epoch": frags,
+                   "fragments_per_epoch": frags, "streams_per_epoch": streams,
                    "samples_per_fragment": args.photos / frags if frags else None,
-                   "runs": [{"seconds": s, "samples": n, "fragments": f} for s, n, f in runs]}
+                   "runs": [{"seconds": s, "samples": n, "fragments": f, "streams": t}
+                            for s, n, f, t in runs]}
             results.append(row)
             print(f"{storage} storage x {compute} compute: {rate:7.1f} samples/s, "
                   f"{frags:.0f} fragments/epoch ({row['samples_per_fragment'] or 0:.1f} "
-                  f"samples each)", flush=True)
+                  f"samples each) over {streams:.0f} streams", flush=True)
     base = results[0]["samples_per_s"]
     print("\n| storage | compute | samples/s (median) | vs 1x1 | fragments per epoch | "
-          "samples per fragment |")
-    print("|---|---|---|---|---|---|")
+          "samples per fragment | streams (round trips) per epoch |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['storage']} | {r['compute']} | {r['samples_per_s']:.1f} | "
               f"{r['samples_per_s'] / base:.2f} | {r['fragments_per_epoch']:.0f} | "
-              f"{r['samples_per_fragment'] or 0:.1f} |")
+              f"{r['samples_per_fragment'] or 0:.1f} | {r['streams_per_epoch']:.0f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"photos": args.photos, "runs": args.runs, "sql": SQL,

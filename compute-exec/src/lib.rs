@@ -15,6 +15,8 @@
 //!   auto placement and EXPLAIN use the dataset's own costs;
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
+//! - [`feeds`]: a job stream's feeds, one per storage node, each carrying
+//!   every window of the stream to its node;
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
 //! - [`cooperative`]: joins yield between batches, so a query stops
 //!   within a batch of its deadline or of its client leaving;
@@ -41,6 +43,7 @@ pub mod cooperative;
 pub mod descriptors;
 pub mod direct;
 pub mod explain;
+pub mod feeds;
 pub mod flight_sql;
 pub mod ingest;
 pub mod job;

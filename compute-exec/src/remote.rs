@@ -1,7 +1,8 @@
 //! The compute side's view of storage: dataset tables it can plan over,
 //! fragment tables the planner's compute fragment reads, and
 //! [`RemoteFragmentExec`], which runs a storage fragment on every storage
-//! node holding its dataset — one partition per node.
+//! node holding its dataset — one partition per node; a job's windows run
+//! through the plan's [`Feeds`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -33,6 +34,8 @@ use sluice_flight::stream::link_bytes;
 use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
+
+use crate::feeds::Feeds;
 
 /// A dataset as the compute side sees it: its schema, planned over
 /// without its extents. Metadata filters are taken exactly (the storage
@@ -201,8 +204,9 @@ pub fn endpoint_id(endpoint: &Arc<dyn StorageEndpoint>) -> usize {
 
 /// Runs a storage fragment on each storage node holding its dataset; its
 /// partition `i` is node `i`'s stream. With [`Takes`] (a job's window), each
-/// node's scans read the rows named for it, and a node named in none
-/// sends nothing.
+/// node's scans read the rows named for it, through the node's feed (one
+/// per node for every window of this placed plan), and a node named in
+/// none sends nothing.
 #[derive(Debug, Clone)]
 pub struct RemoteFragmentExec {
     dataset: String,
@@ -211,6 +215,7 @@ pub struct RemoteFragmentExec {
     udfs: Arc<UdfEnv>,
     tally: Arc<Tally>,
     takes: Option<Takes>,
+    feeds: Arc<Feeds>,
     properties: Arc<PlanProperties>,
 }
 
@@ -252,6 +257,7 @@ impl RemoteFragmentExec {
             udfs,
             tally,
             takes: None,
+            feeds: Arc::new(Feeds::default()),
             properties,
         }
     }
@@ -315,33 +321,26 @@ impl ExecutionPlan for RemoteFragmentExec {
             }
             return exec_err!("RemoteFragmentExec has no partition {partition}");
         };
-        let fragment = match &self.takes {
-            None => Arc::clone(&self.fragment),
+        let take = match &self.takes {
+            None => None,
             Some(takes) => match takes.get(&endpoint_id(&endpoint)) {
                 None => {
                     let empty = stream::empty();
                     return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, empty)));
                 }
-                Some(take) => {
-                    Arc::clone(&self.fragment)
-                        .transform_up(|p| match p.downcast_ref::<DatasetScanExec>() {
-                            Some(scan) => {
-                                let scan = scan.clone().with_take(Some(take.clone()));
-                                Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
-                            }
-                            None => Ok(Transformed::no(p)),
-                        })?
-                        .data
-                }
+                Some(take) => Some(take.clone()),
             },
         };
+        let fragment = Arc::clone(&self.fragment);
         let udfs = Arc::clone(&self.udfs);
+        let feeds = Arc::clone(&self.feeds);
         let tally = Arc::clone(&self.tally);
         let batches = stream::once(async move {
-            endpoint
-                .execute(fragment, udfs)
-                .await
-                .map_err(datafusion::error::DataFusionError::from)
+            match take {
+                Some(take) => feeds.window(&endpoint, &fragment, &udfs, &take).await,
+                None => endpoint.execute(fragment, udfs).await,
+            }
+            .map_err(datafusion::error::DataFusionError::from)
         })
         .try_flatten()
         .inspect_ok(move |b| {

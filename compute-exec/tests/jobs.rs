@@ -11,7 +11,8 @@ use arrow::array::{AsArray, RecordBatch};
 use futures::TryStreamExt;
 use sluice_compute::job::{JobState, JobStore, PlanSpec, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
-use sluice_flight::{Fault, StorageEndpoint};
+use sluice_flight::{Fault, StorageClient, StorageEndpoint};
+use sluice_storage::flight_service::StorageFlightService;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{IngestOptions, IngestSource, OnError, StorageNode, Store, StoreOptions};
 use sluice_udfs::kernels::npy::DType;
@@ -53,8 +54,24 @@ async fn store_and_node(
     name: &str,
     which: Vec<usize>,
 ) -> (Arc<Store>, Arc<dyn StorageEndpoint>) {
+    let (store, node) = storage_node(root, name, which, &[]).await;
+    (store, node)
+}
+
+/// A node over a store of the samples `which`, and of files `extra`
+/// (relative path, bytes) beside them.
+async fn storage_node(
+    root: &Path,
+    name: &str,
+    which: Vec<usize>,
+    extra: &[(&str, &[u8])],
+) -> (Arc<Store>, Arc<StorageNode>) {
     let src = root.join(format!("{name}-src"));
     write_samples(&src, which.into_iter());
+    for (path, bytes) in extra {
+        std::fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+        std::fs::write(src.join(path), bytes).unwrap();
+    }
     let mut opts = StoreOptions::new(root.join(name));
     opts.device_size = 64 << 20;
     opts.chunk_size = 1 << 20;
@@ -311,6 +328,73 @@ async fn skip_checks_do_not_run_stages_twice() {
             e.compute_fragment.contains("x IS NOT NULL"),
             "{}",
             e.compute_fragment
+        );
+    }
+}
+
+/// `node` served over Flight on loopback: the same node as a remote one.
+async fn over_flight(node: Arc<StorageNode>) -> Arc<dyn StorageEndpoint> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = StorageFlightService::new(node).server();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    Arc::new(StorageClient::new(&format!("http://{addr}")).unwrap())
+}
+
+/// Over Flight, a job stream opens one feed on each storage node and sends
+/// it every window: the rows, their order and the bad samples skipped are
+/// those of the same nodes in process, under either placement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_flight_a_stream_is_one_feed_per_node_and_reads_what_in_process_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (evens, odds) = (0..SAMPLES).partition(|i| i % 2 == 0);
+    // A header the ingest reads, four bytes short of its data.
+    let mut short = npy(&[1.0, 2.0, 3.0, 4.0]);
+    short.truncate(short.len() - 4);
+    let bad = short.as_slice();
+    let (_, a) = storage_node(dir.path(), "a", evens, &[]).await;
+    let (_, b) = storage_node(dir.path(), "b", odds, &[("c1/bad.npy", bad)]).await;
+    let in_process = jobs(vec![a.clone(), b.clone()]);
+    let remote = jobs(vec![
+        over_flight(a.clone()).await,
+        over_flight(b.clone()).await,
+    ]);
+    for offload in ["storage", "compute"] {
+        let mut s = spec(2, false, offload);
+        s.on_error = sluice_udfs::OnError::Skip;
+        s.batch_size = 2;
+        let want_job = in_process.submit(s.clone()).await.unwrap();
+        let got_job = remote.submit(s).await.unwrap();
+        got_job.layout().await.unwrap();
+        for rank in 0..2 {
+            let want = read(&in_process, want_job.id(), rank, 0, 0).await;
+            let before = [a.info(), b.info()];
+            let got = read(&remote, got_job.id(), rank, 0, 0).await;
+            let after = [a.info(), b.info()];
+            assert_eq!(got, want, "{offload}: rank {rank}");
+            let streams: Vec<u64> = (0..2)
+                .map(|i| after[i].streams - before[i].streams)
+                .collect();
+            let fragments: u64 = (0..2)
+                .map(|i| after[i].fragments - before[i].fragments)
+                .sum();
+            assert_eq!(streams, [1, 1], "{offload}: rank {rank}: one feed per node");
+            assert!(
+                fragments > 2,
+                "{offload}: rank {rank}: {fragments} windows run"
+            );
+        }
+        let (want, got) = (want_job.status(), got_job.status());
+        assert_eq!(want.skipped, 1, "{offload}: {want:?}");
+        assert_eq!(got.skipped, want.skipped, "{offload}");
+        assert_eq!(got.bad_samples.len(), 1, "{offload}: {got:?}");
+        assert!(
+            got.bad_samples[0].key.contains("bad.npy"),
+            "{offload}: {got:?}"
         );
     }
 }

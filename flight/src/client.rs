@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use crate::codec::encode_fragment;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
+use crate::feed::{Feed, RemoteFeed};
 use crate::ingest::{
     FINISH_INGEST, FinishIngest, IngestPart, IngestedPart, PREPARE_INGEST, PreparedPart,
 };
@@ -34,8 +35,8 @@ use crate::stream::{connect, read_reported};
 /// an error naming it), not the client's creation.
 #[derive(Debug, Clone)]
 pub struct StorageClient {
-    node: String,
-    inner: FlightServiceClient<Channel>,
+    pub(crate) node: String,
+    pub(crate) inner: FlightServiceClient<Channel>,
 }
 
 impl StorageClient {
@@ -45,11 +46,11 @@ impl StorageClient {
         Ok(Self { node, inner })
     }
 
-    fn status(&self, s: &tonic::Status) -> LinkError {
+    pub(crate) fn status(&self, s: &tonic::Status) -> LinkError {
         LinkError::from_status(&self.node, s)
     }
 
-    fn flight(&self, e: FlightError) -> LinkError {
+    pub(crate) fn flight(&self, e: FlightError) -> LinkError {
         match e {
             FlightError::Tonic(s) => self.status(&s),
             other => LinkError::internal(&self.node, other.to_string()),
@@ -98,6 +99,18 @@ impl StorageClient {
             .map_err(|s| self.status(&s))?
             .into_inner())
     }
+}
+
+/// The ticket of `fragment`, run with `udfs`' options.
+fn fragment_ticket(
+    fragment: Arc<dyn ExecutionPlan>,
+    udfs: &UdfEnv,
+) -> Result<FragmentTicket, LinkError> {
+    let plan = encode_fragment(fragment)
+        .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
+    let udf_options =
+        serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
+    Ok(FragmentTicket { plan, udf_options })
 }
 
 #[async_trait]
@@ -156,12 +169,8 @@ impl StorageEndpoint for StorageClient {
         udfs: Arc<UdfEnv>,
         budget: std::time::Duration,
     ) -> Result<FragmentTiming, LinkError> {
-        let plan = encode_fragment(fragment)
-            .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
-        let udf_options =
-            serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
         let body = TimeTicket {
-            fragment: Some(FragmentTicket { plan, udf_options }),
+            fragment: Some(fragment_ticket(fragment, &udfs)?),
             budget_ms: budget.as_millis() as u64,
         };
         let action = Action {
@@ -212,13 +221,10 @@ impl StorageEndpoint for StorageClient {
         udfs: Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, LinkError> {
         let schema = fragment.schema();
-        let plan = encode_fragment(fragment)
-            .map_err(|e| LinkError::Protocol(format!("cannot encode the fragment: {e}")))?;
-        let udf_options =
-            serde_json::to_string(&udfs.options).map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let ticket = fragment_ticket(fragment, &udfs)?;
         let raw = self
             .get(Ticket {
-                kind: Some(TicketKind::Fragment(FragmentTicket { plan, udf_options })),
+                kind: Some(TicketKind::Fragment(ticket)),
             })
             .await?;
         let node = self.node.clone();
@@ -236,6 +242,20 @@ impl StorageEndpoint for StorageClient {
                 })
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+
+    async fn feed(
+        self: Arc<Self>,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<Arc<dyn Feed>, LinkError> {
+        let ticket = fragment_ticket(Arc::clone(&fragment), &udfs)?;
+        Ok(Arc::new(RemoteFeed::new(
+            self.as_ref().clone(),
+            ticket,
+            udfs,
+            fragment.schema(),
+        )))
     }
 
     async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError> {

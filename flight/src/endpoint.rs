@@ -14,6 +14,7 @@ use sluice_planner::DatasetStats;
 use sluice_udfs::UdfEnv;
 
 use crate::error::LinkError;
+use crate::feed::Feed;
 use crate::ingest::{IngestPart, IngestedPart, PreparedPart};
 
 /// A dataset as a storage node lists it.
@@ -41,9 +42,14 @@ pub struct NodeInfo {
     #[serde(default)]
     pub cpu_ns: u64,
     /// Fragments it has run so far: a job's window costs one on each node
-    /// holding some of its rows (its round trips on the storage link).
+    /// holding some of its rows.
     #[serde(default)]
     pub fragments: u64,
+    /// Fragment streams it has opened so far: a query's fragment, or a
+    /// job stream's feed, each decoded and bound to a session once (its
+    /// round trips on the storage link).
+    #[serde(default)]
+    pub streams: u64,
 }
 
 /// What a storage node measured running a fragment without sending it
@@ -93,6 +99,16 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
         fragment: Arc<dyn ExecutionPlan>,
         udfs: Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, LinkError>;
+
+    /// Opens a feed of `fragment` (whose leaves are `DatasetScanExec`s)
+    /// with the UDF options of `udfs`: bound once on the node, then run
+    /// for each window of a job stream (see [`crate::feed`]). Bad samples
+    /// the node meets are added to `udfs`' log.
+    async fn feed(
+        self: Arc<Self>,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<Arc<dyn Feed>, LinkError>;
 
     /// Runs `fragment` as [`StorageEndpoint::execute`] would, for at most
     /// `budget`, without sending its rows: what its stages cost there.

@@ -12,6 +12,8 @@
 //! - [`endpoint`]: [`StorageEndpoint`], what the compute side needs of a
 //!   storage node, implemented over Flight by [`StorageClient`] and
 //!   in-process by the storage crate;
+//! - [`feed`]: [`Feed`], a fragment bound once on a storage node and run
+//!   for every window of a job stream (one `DoExchange` per node);
 //! - [`fault`]: [`Fault`], the one error vocabulary (a gRPC code and a
 //!   stable kind per error) and the one mapping to `tonic::Status`;
 //! - [`error_details`]: the kind as a `google.rpc.ErrorInfo` in the
@@ -40,6 +42,7 @@ pub mod endpoint;
 pub mod error;
 pub mod error_details;
 pub mod fault;
+pub mod feed;
 pub mod frames;
 pub mod ingest;
 pub mod messages;
@@ -58,6 +61,7 @@ pub use cpu_time::process_cpu_ns;
 pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use fault::Fault;
+pub use feed::Feed;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;
 pub use ticket::Ticket;

@@ -3,7 +3,11 @@
 //! - A Flight **ticket** is a [`Ticket`] (protobuf): either a fragment to
 //!   run — its datafusion-proto bytes and the job's UDF options — or a
 //!   probe asking for a number of bytes, which the compute side times to
-//!   measure the link.
+//!   measure the link. A `DoGet` takes those two; a `DoExchange` opens a
+//!   **feed** ([`crate::feed`]): its first message's descriptor command is
+//!   a [`Ticket`] holding the fragment ([`TicketKind::Feed`]), and every
+//!   later message's app metadata a [`WindowTicket`], the rows of one
+//!   window of a job.
 //! - `ListFlights` answers one `FlightInfo` per dataset: its name and
 //!   latest version as the descriptor path, its schema, sample and byte
 //!   counts, and its
@@ -23,7 +27,7 @@ use sluice_udfs::env::BadSample;
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Ticket {
     /// What is asked for.
-    #[prost(oneof = "TicketKind", tags = "1, 2")]
+    #[prost(oneof = "TicketKind", tags = "1, 2, 3")]
     pub kind: Option<TicketKind>,
 }
 
@@ -36,6 +40,25 @@ pub enum TicketKind {
     /// Send bytes to time the link.
     #[prost(message, tag = "2")]
     Probe(ProbeTicket),
+    /// Bind a fragment once and run it for every window that follows
+    /// (the first message of a `DoExchange` only).
+    #[prost(message, tag = "3")]
+    Feed(FragmentTicket),
+}
+
+/// The rows of one window of a job, sent down a feed: a
+/// [`Take`](crate::Take) of the fragment's scans.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WindowTicket {
+    /// The dataset version the job pinned.
+    #[prost(uint64, tag = "1")]
+    pub version: u64,
+    /// Row ids of the version's metadata, in the order wanted.
+    #[prost(uint32, repeated, tag = "2")]
+    pub rows: Vec<u32>,
+    /// The slot of each row.
+    #[prost(uint32, repeated, tag = "3")]
+    pub slots: Vec<u32>,
 }
 
 /// A fragment to run.
@@ -86,6 +109,35 @@ impl FragmentReport {
             rows,
             bytes,
             stages: udfs.clock.snapshot(),
+        }
+    }
+
+    /// What was added since `before`, an earlier report of the same run:
+    /// the bad samples and stage times a window of a feed met (a feed's
+    /// UDFs count for all its windows). Rows and bytes are `self`'s.
+    pub fn since(&self, before: &FragmentReport) -> FragmentReport {
+        let stages = self
+            .stages
+            .iter()
+            .map(|s| {
+                let had = before
+                    .stages
+                    .iter()
+                    .find(|b| b.site == s.site && b.udf == s.udf);
+                StageTiming {
+                    site: s.site.clone(),
+                    udf: s.udf.clone(),
+                    tally: had.map_or_else(|| s.tally.clone(), |b| s.tally.since(&b.tally)),
+                }
+            })
+            .filter(|s| s.tally.calls > 0 || s.tally.rows > 0)
+            .collect();
+        FragmentReport {
+            bad: self.bad.iter().skip(before.bad.len()).cloned().collect(),
+            bad_total: self.bad_total.saturating_sub(before.bad_total),
+            rows: self.rows,
+            bytes: self.bytes,
+            stages,
         }
     }
 }

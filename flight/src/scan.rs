@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, SchemaRef};
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, exec_err};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -73,6 +73,20 @@ impl Take {
             slots: Arc::from(Vec::new()),
         }
     }
+}
+
+/// `fragment` with every [`DatasetScanExec`] reading `take`: one window
+/// of a job, on the node that holds those rows.
+pub fn with_take(fragment: Arc<dyn ExecutionPlan>, take: &Take) -> Result<Arc<dyn ExecutionPlan>> {
+    fragment
+        .transform_up(|p| match p.downcast_ref::<DatasetScanExec>() {
+            Some(scan) => {
+                let scan = scan.clone().with_take(Some(take.clone()));
+                Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
+            }
+            None => Ok(Transformed::no(p)),
+        })
+        .map(|t| t.data)
 }
 
 /// A dataset scan to be bound on a storage node.

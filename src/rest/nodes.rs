@@ -40,6 +40,10 @@ pub struct NodeView {
     /// some of its rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragments: Option<u64>,
+    /// Fragment streams it has opened: a query's fragment, or a job
+    /// stream's feed (which carries all of the stream's windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<u64>,
 }
 
 /// This server's device (embedded mode).
@@ -215,6 +219,7 @@ pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
                 .filter(|i| i.cpu_ns > 0)
                 .map(|i| i.cpu_ns as f64 / 1e9),
             fragments: info.as_ref().map(|i| i.fragments),
+            streams: info.as_ref().map(|i| i.streams),
         }
     });
     let nodes = futures::future::join_all(asked).await;

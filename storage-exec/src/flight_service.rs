@@ -9,6 +9,8 @@
 //! - `DoAction("prepare_ingest" | "finish_ingest")`: this node's part of
 //!   an ingest spread over several nodes, prepared beneath the node's own
 //!   ingest roots and then committed or dropped (`sluice_flight::ingest`);
+//! - `DoExchange`: a feed — a job stream's fragment bound once, then run
+//!   for every window asked for down the same stream (`crate::feed`);
 //! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
 //!   job's UDF options, bound to local scans, run, and streamed in messages
 //!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
@@ -82,6 +84,7 @@ impl StorageFlightService {
         let udfs = UdfEnv::new(options);
         let ctx = self.node.session(&udfs);
         let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
+        self.node.opened();
         let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
         let batches = self.node.run(plan, &ctx, &udfs);
         let link = self.node.link().cloned();
@@ -230,6 +233,11 @@ impl FlightService for StorageFlightService {
         let stream = match ticket.kind {
             Some(TicketKind::Fragment(t)) => self.fragment(t).await?,
             Some(TicketKind::Probe(p)) => self.probe(p),
+            Some(TicketKind::Feed(_)) => {
+                return Err(Status::invalid_argument(
+                    "a feed ticket opens a DoExchange, not a DoGet",
+                ));
+            }
             None => return Err(Status::invalid_argument("empty ticket")),
         };
         Ok(Response::new(stream))
@@ -246,9 +254,11 @@ impl FlightService for StorageFlightService {
 
     async fn do_exchange(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(Status::unimplemented("DoExchange is not used"))
+        let answers =
+            crate::feed::serve(Arc::clone(&self.node), self.limits, request.into_inner()).await?;
+        Ok(Response::new(answers))
     }
 
     async fn do_action(

@@ -27,7 +27,9 @@
 //! - [`stats`]: a dataset's statistics for the planner;
 //! - [`node`] and [`flight_service`]: the storage node, which binds storage
 //!   fragments to local scans, runs them on its own cores and streams them
-//!   over Arrow Flight (or in-process).
+//!   over Arrow Flight (or in-process);
+//! - [`feed`]: a job stream's fragment bound once and run for each of its
+//!   windows (one `DoExchange` per stream and node over Flight).
 //!
 //! This crate does not decide what runs where (that is `sluice-planner`);
 //! it runs the fragments it is sent.
@@ -51,6 +53,7 @@ pub mod catalog;
 pub mod checkpoint;
 pub mod device;
 mod error;
+pub mod feed;
 pub mod flight_service;
 pub mod ingest;
 pub mod layout;

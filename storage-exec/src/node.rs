@@ -26,13 +26,14 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_flight::{
-    DatasetScanExec, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, Take,
-    TokenBucket,
+    DatasetScanExec, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint,
+    Take, TokenBucket,
 };
 use sluice_udfs::{Site, UdfEnv};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
+use crate::feed::LocalFeed;
 use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
@@ -62,6 +63,8 @@ pub struct StorageNode {
     pub(crate) pending: crate::ingest::PendingIngests,
     /// Fragments run (see [`NodeInfo::fragments`]).
     fragments: std::sync::atomic::AtomicU64,
+    /// Fragment streams opened (see [`NodeInfo::streams`]).
+    streams: std::sync::atomic::AtomicU64,
 }
 
 impl StorageNode {
@@ -93,6 +96,7 @@ impl StorageNode {
             ingest_roots: std::sync::OnceLock::new(),
             pending: crate::ingest::PendingIngests::new(sluice_flight::ingest::PREPARED_TTL),
             fragments: std::sync::atomic::AtomicU64::new(0),
+            streams: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -113,6 +117,7 @@ impl StorageNode {
             link_limit: self.link.as_ref().map(|l| l.rate()),
             cpu_ns: sluice_flight::process_cpu_ns(),
             fragments: self.fragments.load(std::sync::atomic::Ordering::Relaxed),
+            streams: self.streams.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -183,6 +188,13 @@ impl StorageNode {
             }),
             Err(e) => Err(execution(e)),
         }
+    }
+
+    /// Counts a fragment stream opened: a fragment decoded and bound to a
+    /// session (a query's, or a job stream's feed).
+    pub fn opened(&self) {
+        self.streams
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A session whose functions are bound to `udfs` and whose scans use
@@ -430,6 +442,25 @@ impl Drop for StorageNode {
     }
 }
 
+/// `stream`, each batch waiting for its bytes on `link` (an in-process
+/// node's link limit).
+pub(crate) fn throttled(
+    stream: SendableRecordBatchStream,
+    link: Arc<TokenBucket>,
+) -> SendableRecordBatchStream {
+    let schema = stream.schema();
+    let paced = stream.then(move |item| {
+        let link = Arc::clone(&link);
+        async move {
+            if let Ok(b) = &item {
+                link.take(sluice_flight::stream::link_bytes(b)).await;
+            }
+            item
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, paced))
+}
+
 fn execution(e: crate::StorageError) -> LinkError {
     LinkError::execution(IN_PROCESS, &e)
 }
@@ -473,22 +504,29 @@ impl StorageEndpoint for StorageNode {
                 node: IN_PROCESS.into(),
                 message: e.to_string(),
             })?;
+        self.opened();
         let plan = self.bind(&ctx, fragment).await?;
         let stream = self.run(plan, &ctx, &udfs);
-        let Some(link) = self.link.clone() else {
-            return Ok(stream);
-        };
-        let schema = stream.schema();
-        let throttled = stream.then(move |item| {
-            let link = Arc::clone(&link);
-            async move {
-                if let Ok(b) = &item {
-                    link.take(sluice_flight::stream::link_bytes(b)).await;
-                }
-                item
-            }
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, throttled)))
+        Ok(match self.link.clone() {
+            Some(link) => throttled(stream, link),
+            None => stream,
+        })
+    }
+
+    async fn feed(
+        self: Arc<Self>,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<Arc<dyn Feed>, LinkError> {
+        // Through the codec, as for `execute`: the fragment's UDF calls
+        // bound to this node's session (whose time is the storage tier's).
+        let bytes =
+            sluice_flight::encode_fragment(fragment).map_err(|e| LinkError::BadFragment {
+                node: IN_PROCESS.into(),
+                message: e.to_string(),
+            })?;
+        let link = self.link.clone();
+        Ok(Arc::new(LocalFeed::open(self, &bytes, udfs, link)?))
     }
 
     async fn prepare_ingest(&self, part: &IngestPart) -> Result<PreparedPart, LinkError> {
