@@ -378,7 +378,7 @@ def test_a_job_moves_its_cut_when_the_link_is_throttled_mid_run():
             assert {t["tier"] for t in analyze["tiers"]} == {"storage", "link", "compute",
                                                              "trainer"}, analyze
             on_storage = [s for s in analyze["stages"] if s["tier"] == "storage"]
-            assert any(s["udf"].startswith("decode") for s in on_storage), analyze
+            assert any(s["udf"].startswith("decode") for s in on_storage), (moves, analyze)
             assert all(s["node"] and s["samples_per_s"] > 0 for s in on_storage), analyze
         finally:
             rig_cmd("down", rig_dir=rig_dir)

@@ -5,8 +5,9 @@
 //!  plan + place the job's window plan once for the epoch
 //!  positions from..to ─► windows of whole batches, sized by bytes (the first one
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
-//!    at most WINDOW_MAX samples)
+//!    at most WINDOW_MAX samples and an eighth of the stream)
 //!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
+//!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
 //!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
@@ -86,19 +87,28 @@ impl<T> Drop for Abort<T> {
 /// link acts at the next window, so a window is never minutes of work.
 pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 
-/// Samples the next window holds, for batches of `batch`, when a sample's
-/// output takes `bytes_per_sample` and a window took `ns_per_sample` of
-/// wall time per sample (0: not known yet): about [`WINDOW_BYTES`] and at
-/// most [`WINDOW_TIME`], at most [`WINDOW_MAX`] samples, in whole batches,
-/// at least one.
-pub fn window_len(batch: u64, bytes_per_sample: u64, ns_per_sample: u64) -> u64 {
+/// A window holds at most this share of its stream's positions (1/8):
+/// the [`IN_FLIGHT`] windows asked for ahead never hold most of a short
+/// stream, so a re-plan (or a slower link than the last window saw) acts
+/// on the rest of it. A window is a message down an open feed, so small
+/// windows of a short stream cost little.
+pub const WINDOW_SHARE: u64 = 8;
+
+/// Samples the next window of a stream of `span` positions holds, for
+/// batches of `batch`, when a sample's output takes `bytes_per_sample`
+/// and a window took `ns_per_sample` of wall time per sample (0: not known
+/// yet): about [`WINDOW_BYTES`] and at most [`WINDOW_TIME`], at most
+/// [`WINDOW_MAX`] samples and a [`WINDOW_SHARE`]th of the span, in whole
+/// batches, at least one.
+pub fn window_len(batch: u64, bytes_per_sample: u64, ns_per_sample: u64, span: u64) -> u64 {
     let batch = batch.max(1);
     let fits = WINDOW_BYTES / bytes_per_sample.max(1);
     let in_time = match ns_per_sample {
         0 => u64::MAX,
         ns => WINDOW_TIME.as_nanos() as u64 / ns,
     };
-    (fits.min(in_time).min(WINDOW_MAX) / batch).max(1) * batch
+    let share = span / WINDOW_SHARE;
+    (fits.min(in_time).min(WINDOW_MAX).min(share) / batch).max(1) * batch
 }
 
 /// How a window waits for a storage node that cannot be reached: it runs
@@ -185,7 +195,12 @@ impl Job {
             move |start| {
                 let len = match per_sample.load(Ordering::Relaxed) {
                     0 => batch.max(1),
-                    each => window_len(batch, each, ns_per_sample.load(Ordering::Relaxed)),
+                    each => window_len(
+                        batch,
+                        each,
+                        ns_per_sample.load(Ordering::Relaxed),
+                        to - from,
+                    ),
                 };
                 futures::future::ready((start < to).then(|| ((start, len), start + len)))
             }
@@ -400,17 +415,22 @@ mod tests {
 
     #[test]
     fn windows_hold_whole_batches_of_about_window_bytes() {
+        let long = 1 << 20;
         // Tiny samples: the most samples a window holds.
-        assert_eq!(window_len(64, 100, 0), WINDOW_MAX);
-        assert_eq!(window_len(100, 100, 0), 500);
+        assert_eq!(window_len(64, 100, 0, long), WINDOW_MAX);
+        assert_eq!(window_len(100, 100, 0, long), 500);
         // 786 KB tensors: 42 fit, in batches of 16.
-        assert_eq!(window_len(16, 786_432, 0), 32);
+        assert_eq!(window_len(16, 786_432, 0, long), 32);
         // A batch over the budget is still one batch.
-        assert_eq!(window_len(256, 1 << 20, 0), 256);
-        assert_eq!(window_len(0, 0, 0), WINDOW_MAX);
+        assert_eq!(window_len(256, 1 << 20, 0, long), 256);
+        assert_eq!(window_len(0, 0, 0, long), WINDOW_MAX);
         // 10 ms a sample: 50 fit in half a second, in whole batches of 16.
-        assert_eq!(window_len(16, 100, 10_000_000), 48);
+        assert_eq!(window_len(16, 100, 10_000_000, long), 48);
         // A second a sample: still one batch.
-        assert_eq!(window_len(16, 100, 1_000_000_000), 16);
+        assert_eq!(window_len(16, 100, 1_000_000_000, long), 16);
+        // A stream of 240: an eighth of it, in whole batches of 8.
+        assert_eq!(window_len(8, 100, 0, 240), 24);
+        // Shorter than eight batches: one batch a window.
+        assert_eq!(window_len(8, 100, 0, 40), 8);
     }
 }
