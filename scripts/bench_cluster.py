@@ -11,7 +11,7 @@ Each configuration brings the rig up (storage nodes on --storage-cpus,
 the coordinator and compute nodes on --compute-cpus: on a 2-core machine
 one core each, so the figures show the overhead of spreading and its
 correctness, not scale), ingests the photos over REST (spread over the
-storage nodes), submits the job with two trainer ranks, and reads both
+storage nodes), submits a shuffled job with two trainer ranks, and reads both
 ranks at once over Flight (as remote trainers would; shared memory is
 off) from the nodes that serve them, pinned to the compute CPUs. Every
 run reads one epoch of a new job; the figure is the median of --runs.
@@ -68,7 +68,11 @@ def counters(client):
 def read_epoch(client, n_samples):
     """One epoch of a new job, both ranks read at once: (seconds, samples,
     fragments the storage nodes ran, streams they opened)."""
-    job = client.submit(SQL, batch_size=32, world_size=2, on_error="skip")
+    # Shuffled, as training reads: unshuffled, rank r's positions
+    # (r, r + 2, ...) would be exactly the objects a position-sharded
+    # ingest put on storage node r, and each rank would read one node.
+    job = client.submit(SQL, batch_size=32, world_size=2, on_error="skip",
+                        shuffle={"seed": 7})
     job.wait()
     before = counters(client)
     keys = [[], []]
