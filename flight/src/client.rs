@@ -57,6 +57,18 @@ impl StorageClient {
         }
     }
 
+    /// Runs `action`; its first reply (`None`: the node sent none).
+    async fn first_reply(&self, action: Action) -> Result<Option<arrow_flight::Result>, LinkError> {
+        let mut replies = self
+            .inner
+            .clone()
+            .do_action(action)
+            .await
+            .map_err(|s| self.status(&s))?
+            .into_inner();
+        replies.message().await.map_err(|s| self.status(&s))
+    }
+
     /// Runs action `kind` with a JSON `body`; its one reply, as JSON
     /// (`None`: the node sent none).
     async fn json_action<T: serde::de::DeserializeOwned>(
@@ -69,14 +81,7 @@ impl StorageClient {
             r#type: kind.into(),
             body: body.into(),
         };
-        let mut replies = self
-            .inner
-            .clone()
-            .do_action(action)
-            .await
-            .map_err(|s| self.status(&s))?
-            .into_inner();
-        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
+        let Some(reply) = self.first_reply(action).await? else {
             return Ok(None);
         };
         serde_json::from_slice(&reply.body)
@@ -180,17 +185,7 @@ impl StorageEndpoint for StorageClient {
         // The node stops at its budget; a node that does not answer well
         // after it (dead, or wedged) is named, never waited on for ever.
         let wait = budget + std::time::Duration::from_secs(30);
-        let ask = async {
-            let mut replies = self
-                .inner
-                .clone()
-                .do_action(action)
-                .await
-                .map_err(|s| self.status(&s))?
-                .into_inner();
-            replies.message().await.map_err(|s| self.status(&s))
-        };
-        let reply = tokio::time::timeout(wait, ask)
+        let reply = tokio::time::timeout(wait, self.first_reply(action))
             .await
             .map_err(|_| LinkError::Unavailable {
                 node: self.node.clone(),
