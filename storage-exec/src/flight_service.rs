@@ -141,6 +141,12 @@ impl StorageFlightService {
     }
 }
 
+/// An action's JSON body, or INVALID_ARGUMENT naming the action.
+fn json_body<T: serde::de::DeserializeOwned>(action: &Action) -> Result<T, Status> {
+    serde_json::from_slice(&action.body)
+        .map_err(|e| Status::invalid_argument(format!("bad {} body: {e}", action.r#type)))
+}
+
 #[tonic::async_trait]
 impl FlightService for StorageFlightService {
     type HandshakeStream = Boxed<HandshakeResponse>;
@@ -270,9 +276,7 @@ impl FlightService for StorageFlightService {
             NODE_INFO => serde_json::to_vec(&self.node.info()),
             TIME_FRAGMENT => serde_json::to_vec(&self.time(&action.body).await?),
             PREPARE_INGEST => {
-                let part: IngestPart = serde_json::from_slice(&action.body).map_err(|e| {
-                    Status::invalid_argument(format!("bad {PREPARE_INGEST} body: {e}"))
-                })?;
+                let part: IngestPart = json_body(&action)?;
                 let prepared = self
                     .node
                     .prepare_part(&part)
@@ -281,9 +285,7 @@ impl FlightService for StorageFlightService {
                 serde_json::to_vec(&prepared)
             }
             FINISH_INGEST => {
-                let word: FinishIngest = serde_json::from_slice(&action.body).map_err(|e| {
-                    Status::invalid_argument(format!("bad {FINISH_INGEST} body: {e}"))
-                })?;
+                let word: FinishIngest = json_body(&action)?;
                 let done = self
                     .node
                     .finish_part(&word.txn, word.commit)
