@@ -14,9 +14,11 @@ brought up once per (link, storage cores), its storage node holding every
 dataset. Each cell runs every fixed cut (`--offload K`) and `auto` as
 `sluice sql ... --connect <coordinator> --format arrow` (output
 discarded; the client pinned to the compute CPUs, as a trainer would be),
-after one warm-up run (auto's warm-up calibrates), and prints samples/s
-(median of --runs, minus the client's start-up measured on an empty
-query) and the bytes per sample the storage host really sent (the qdisc's
+in interleaved rounds after a warm-up round (auto's warm-up calibrates;
+the warm-up also sizes each measurement: a configuration's query is
+repeated back to back until it lasts --seconds), and prints samples/s
+(median of --runs, the client's start-up, measured on an empty query,
+taken off every query) and the bytes per sample the storage host really sent (the qdisc's
 byte counter). With --json the results are written for scripts/report.py.
 
 Needs root (the rig); where the kernel refuses network namespaces the rig
@@ -25,6 +27,7 @@ says so and this bench skips the grid with that message.
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -118,6 +121,33 @@ def timed(cmd, runs, ns=None, warm=True):
     return statistics.median(w for w, _ in runs), statistics.median(b for _, b in runs)
 
 
+def rounds(cmds, n, a, startup, ns=None):
+    """Interleaved rounds of `cmds` (mode -> command reading `n` samples):
+    every mode once per round, a warm-up round first, so the machine's
+    drift lands on every mode alike. A measurement is a mode's command
+    repeated back to back until it lasts --seconds (the warm-up round
+    sizes it): a run of a fraction of a second is mostly the machine's
+    noise. Returns, per mode, samples/s per round (the client's `startup`
+    taken off every query), the bytes the storage host sent per query per
+    round (with `ns`), and the repeats."""
+    rates = {m: [] for m in cmds}
+    sents = {m: [] for m in cmds}
+    repeat = {m: 1 for m in cmds}
+    for r in range(max(a.runs, 1) + 1):
+        for m, cmd in cmds.items():
+            walls, sent = [], 0
+            for _ in range(repeat[m]):
+                wall, bytes_sent = timed(cmd, 1, ns, warm=False)
+                walls.append(max(wall - startup, 1e-3))
+                sent += bytes_sent
+            if r == 0:
+                repeat[m] = max(1, math.ceil(a.seconds / sum(walls)))
+            else:
+                rates[m].append(n * len(walls) / sum(walls))
+                sents[m].append(sent / len(walls))
+    return rates, sents, repeat
+
+
 def choice_text(choice):
     if choice["kind"] == "cut":
         return f"cut {choice['cut']}"
@@ -159,27 +189,18 @@ def grid(a, work, counts, results):
                             "cuts": {}, "auto": {}, "auto_choice": choice_text(plan["choice"]),
                             "auto_estimate": plan["rates"]["per_s"],
                             "calibration": plan.get("calibration", {}).get("kind", "none")}
-                    # Interleaved rounds (every cut and auto once per round,
-                    # a warm-up round first), medians: the machine's drift
-                    # lands on every configuration alike.
                     modes = [str(c["cut"]) for c in plan["candidates"]] + ["auto"]
-                    walls = {m: [] for m in modes}
-                    sents = {m: [] for m in modes}
-                    for r in range(max(a.runs, 1) + 1):
-                        for m in modes:
-                            wall, sent = timed(client + [sql, "--connect", env["FLIGHT"], "--format",
-                                                         "arrow", "--offload", m], 1, "slrig-s0",
-                                               warm=False)
-                            if r > 0:
-                                walls[m].append(wall)
-                                sents[m].append(sent)
+                    cmds = {m: client + [sql, "--connect", env["FLIGHT"], "--format", "arrow",
+                                         "--offload", m] for m in modes}
+                    rates, sents, repeat = rounds(cmds, n, a, startup, "slrig-s0")
+                    cell["repeat"] = repeat
                     for c in plan["candidates"]:
                         m = str(c["cut"])
                         cell["cuts"][m] = {
-                            "per_s": n / max(statistics.median(walls[m]) - startup, 1e-3),
+                            "per_s": statistics.median(rates[m]),
                             "bytes_per_sample": statistics.median(sents[m]) / n,
                             "on_storage": c["on_storage"]}
-                    cell["auto"] = {"per_s": n / max(statistics.median(walls["auto"]) - startup, 1e-3),
+                    cell["auto"] = {"per_s": statistics.median(rates["auto"]),
                                     "bytes_per_sample": statistics.median(sents["auto"]) / n}
                     best = max(cell["cuts"].values(), key=lambda r: r["per_s"])
                     cell["auto_vs_best"] = cell["auto"]["per_s"] / best["per_s"]
@@ -204,13 +225,11 @@ def embedded(a, work, results):
         subprocess.run(base + ["ingest", "photos", os.path.join(work, "photos")], check=True,
                        stdout=subprocess.DEVNULL)
     startup, _ = timed(base + ["sql", "SELECT 1"], 3)
-    rates = {"auto": [], "storage": [], "compute": []}
-    for _ in range(max(a.runs, 1)):
-        for mode in rates:
-            wall, _ = timed(base + ["sql", STANDARD, "--format", "arrow", "--offload", mode], 1)
-            rates[mode].append(a.photos / max(wall - startup, 1e-3))
+    cmds = {m: base + ["sql", STANDARD, "--format", "arrow", "--offload", m]
+            for m in ("auto", "storage", "compute")}
+    rates, _, repeat = rounds(cmds, a.photos, a, startup)
     med = {k: statistics.median(v) for k, v in rates.items()}
-    results["embedded"] = {"samples": a.photos, "per_s": med, "runs": rates,
+    results["embedded"] = {"samples": a.photos, "per_s": med, "runs": rates, "repeat": repeat,
                            "auto_vs_better": med["auto"] / max(med["storage"], med["compute"])}
     print(f"embedded default, {a.photos} photos, standard transform: " +
           ", ".join(f"{k} {v:.0f}/s" for k, v in med.items()) +
@@ -227,7 +246,11 @@ def main():
     ap.add_argument("--photos", type=int, default=400, help="photos of the embedded-default comparison")
     ap.add_argument("--links", default=",".join(LINKS))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="repeat a configuration's query until a measurement lasts this long")
     ap.add_argument("--json", help="write the results here (for scripts/report.py)")
+    ap.add_argument("--only", choices=["grid", "embedded"],
+                    help="run one part; with --json, the file keeps the other part's results")
     ap.add_argument("--work", default=None, help="directory for inputs and data (default: a temp dir)")
     a = ap.parse_args()
     a.sluice = os.path.abspath(a.sluice) if os.path.sep in a.sluice else a.sluice
@@ -243,13 +266,20 @@ def main():
         write_clips(os.path.join(root, "clips"), a.clips)
         imagenet_like(os.path.join(work, "photos"), a.photos)
     results = {"machine": {"cpus": os.cpu_count()}, "sluice": a.sluice, "runs": a.runs,
-               "counts": counts, "grid": []}
-    if os.geteuid() != 0:
-        print("grid skipped: the rig needs root")
-        results["grid_skipped"] = "the rig needs root"
-    else:
-        grid(a, work, counts, results)
-    embedded(a, work, results)
+               "seconds": a.seconds, "counts": counts, "grid": []}
+    if a.only and a.json and os.path.exists(a.json):
+        # One part again: the other keeps what the file holds.
+        with open(a.json) as f:
+            results = dict(json.load(f), sluice=a.sluice)
+    if a.only != "embedded":
+        results["grid"] = []
+        if os.geteuid() != 0:
+            print("grid skipped: the rig needs root")
+            results["grid_skipped"] = "the rig needs root"
+        else:
+            grid(a, work, counts, results)
+    if a.only != "grid":
+        embedded(a, work, results)
     cells = results["grid"]
     if cells:
         within = sum(1 for c in cells if c["auto_vs_best"] >= 0.95)

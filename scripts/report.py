@@ -132,7 +132,11 @@ def section(results, loaders):
         "--sluice BIN` does both). Machine: "
         f"{results['machine']['cpus']} CPUs; binary: `{os.path.basename(results['sluice'])}`"
         f" ({results.get('build', 'see the command')}); {results['runs']} timed rounds after a"
-        " warm-up round, each round running every cut and auto once in turn; medians.",
+        " warm-up round, each round running every cut and auto in turn"
+        + (f", each query repeated back to back until it lasts {results['seconds']:g} s"
+           if results.get("seconds") else "")
+        + "; medians. Samples per query: "
+        + ", ".join(f"{k} {v}" for k, v in results.get("counts", {}).items()) + ".",
         "",
         "Each cell is the rig of `scripts/rig.sh`: one storage host and the coordinator in",
         "network namespaces on a bridge, the storage host's egress shaped by the kernel's",
