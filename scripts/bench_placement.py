@@ -16,10 +16,11 @@ dataset. Each cell runs every fixed cut (`--offload K`) and `auto` as
 discarded; the client pinned to the compute CPUs, as a trainer would be),
 in interleaved rounds after a warm-up round (auto's warm-up calibrates;
 the warm-up also sizes each measurement: a configuration's query is
-repeated back to back until it lasts --seconds), and prints samples/s
-(median of --runs, the client's start-up, measured on an empty query,
-taken off every query) and the bytes per sample the storage host really sent (the qdisc's
-byte counter). With --json the results are written for scripts/report.py.
+repeated back to back until it lasts --seconds, start-up included, at
+most 50 times), and prints samples/s (median of --runs, the client's
+start-up, measured on an empty query, taken off every query) and the
+bytes per sample the storage host really sent (the qdisc's byte
+counter). With --json the results are written for scripts/report.py.
 
 Needs root (the rig); where the kernel refuses network namespaces the rig
 says so and this bench skips the grid with that message.
@@ -121,27 +122,35 @@ def timed(cmd, runs, ns=None, warm=True):
     return statistics.median(w for w, _ in runs), statistics.median(b for _, b in runs)
 
 
+# Most back-to-back queries one measurement may take.
+MAX_REPEAT = 50
+
+
 def rounds(cmds, n, a, startup, ns=None):
     """Interleaved rounds of `cmds` (mode -> command reading `n` samples):
     every mode once per round, a warm-up round first, so the machine's
     drift lands on every mode alike. A measurement is a mode's command
-    repeated back to back until it lasts --seconds (the warm-up round
-    sizes it): a run of a fraction of a second is mostly the machine's
-    noise. Returns, per mode, samples/s per round (the client's `startup`
-    taken off every query), the bytes the storage host sent per query per
-    round (with `ns`), and the repeats."""
+    repeated back to back until it lasts --seconds, start-up included
+    (the warm-up round sizes it; at most MAX_REPEAT queries): a run of a
+    fraction of a second is mostly the machine's noise. Returns, per
+    mode, samples/s per round (the client's `startup` taken off every
+    query), the bytes the storage host sent per query per round (with
+    `ns`), and the repeats."""
     rates = {m: [] for m in cmds}
     sents = {m: [] for m in cmds}
     repeat = {m: 1 for m in cmds}
     for r in range(max(a.runs, 1) + 1):
         for m, cmd in cmds.items():
-            walls, sent = [], 0
+            walls, sent, whole = [], 0, 0.0
             for _ in range(repeat[m]):
                 wall, bytes_sent = timed(cmd, 1, ns, warm=False)
                 walls.append(max(wall - startup, 1e-3))
                 sent += bytes_sent
+                whole += wall
             if r == 0:
-                repeat[m] = max(1, math.ceil(a.seconds / sum(walls)))
+                # Sized on whole queries, start-up included, so a query
+                # that is nearly all start-up cannot ask for thousands.
+                repeat[m] = min(MAX_REPEAT, max(1, math.ceil(a.seconds / whole)))
             else:
                 rates[m].append(n * len(walls) / sum(walls))
                 sents[m].append(sent / len(walls))
@@ -247,7 +256,8 @@ def main():
     ap.add_argument("--links", default=",".join(LINKS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0,
-                    help="repeat a configuration's query until a measurement lasts this long")
+                    help="repeat a configuration's query until a measurement lasts this long "
+                         f"(at most {MAX_REPEAT} times; 0: once)")
     ap.add_argument("--json", help="write the results here (for scripts/report.py)")
     ap.add_argument("--only", choices=["grid", "embedded"],
                     help="run one part; with --json, the file keeps the other part's results")

@@ -39,7 +39,8 @@ truncate -s 64M "$demo_dir/bench-device.img"
 "$VENV/bin/python" scripts/bench_udfs.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --small 20 --large 2 --clips 2 --runs 1
 "$VENV/bin/python" scripts/bench_placement.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
-  --small 8 --large 1 --vols 2 --clips 2 --photos 8 --links 1Gbit --runs 1 --work "$demo_dir/placement"
+  --small 8 --large 1 --vols 2 --clips 2 --photos 8 --links 1Gbit --runs 1 --seconds 0 \
+  --work "$demo_dir/placement"
 "$VENV/bin/python" scripts/bench_flight.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --samples 64 --runs 1 --work "$demo_dir/flight"
 "$VENV/bin/python" scripts/bench_train.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
