@@ -5,9 +5,11 @@
 //! raw JPEG objects, decoded 224² uint8 crops and normalized float32
 //! tensors — with each codec's size ratio printed beside the timings.
 //!
-//! `cargo bench -p sluice-flight --bench exchange`. The images are
-//! `photo_jpeg`'s generated photos (smooth fields and fine noise), not
-//! real photographs: a codec finds real pixels no easier to squeeze.
+//! `cargo bench -p sluice-flight --bench exchange`; results and the
+//! choice made from them in docs/benchmarks.md. The images are
+//! `photo_jpeg`'s generated photos (gradients over the whole 0–255 range
+//! and fine noise), not real photographs, whose skewed histograms would
+//! give zstd a little on decoded pixels.
 
 use std::hint::black_box;
 use std::io::Cursor;
@@ -26,7 +28,7 @@ use sluice_udfs::kernels::normalize::normalize_into;
 use sluice_udfs::kernels::resize::{Filter, resize_into};
 use sluice_udfs::tensor::{ImageBuilder, ImageRef, TensorBuilder, tensor_field};
 
-/// Rows of one batch: a window's worth at batch size 64.
+/// Rows of one batch (a trainer batch of 64).
 const ROWS: u32 = 64;
 
 /// The three batches: raw objects, uint8 crops, float32 tensors.
