@@ -238,7 +238,8 @@ def embedded(a, work, results):
             for m in ("auto", "storage", "compute")}
     rates, _, repeat = rounds(cmds, a.photos, a, startup)
     med = {k: statistics.median(v) for k, v in rates.items()}
-    results["embedded"] = {"samples": a.photos, "per_s": med, "runs": rates, "repeat": repeat,
+    results["embedded"] = {"samples": a.photos, "rounds": a.runs, "seconds": a.seconds,
+                           "per_s": med, "runs": rates, "repeat": repeat,
                            "auto_vs_better": med["auto"] / max(med["storage"], med["compute"])}
     print(f"embedded default, {a.photos} photos, standard transform: " +
           ", ".join(f"{k} {v:.0f}/s" for k, v in med.items()) +
@@ -278,11 +279,13 @@ def main():
     results = {"machine": {"cpus": os.cpu_count()}, "sluice": a.sluice, "runs": a.runs,
                "seconds": a.seconds, "counts": counts, "grid": []}
     if a.only and a.json and os.path.exists(a.json):
-        # One part again: the other keeps what the file holds.
+        # One part again: the other keeps what the file holds, with the
+        # settings it was run with (the embedded part keeps its own).
         with open(a.json) as f:
             results = dict(json.load(f), sluice=a.sluice)
     if a.only != "embedded":
-        results["grid"] = []
+        results.update(runs=a.runs, seconds=a.seconds, counts=counts, grid=[])
+        results.pop("grid_skipped", None)
         if os.geteuid() != 0:
             print("grid skipped: the rig needs root")
             results["grid_skipped"] = "the rig needs root"

@@ -26,7 +26,7 @@ use sluice_udfs::env::Limits;
 use sluice_udfs::kernels::decode::{Mode, decode};
 use sluice_udfs::kernels::normalize::normalize_into;
 use sluice_udfs::kernels::resize::{Filter, resize_into};
-use sluice_udfs::tensor::{ImageBuilder, ImageRef, TensorBuilder, tensor_field};
+use sluice_udfs::tensor::{ImageBuilder, ImageColumn, ImageRef, TensorBuilder, tensor_field};
 
 /// Rows of one batch (a trainer batch of 64).
 const ROWS: u32 = 64;
@@ -47,7 +47,7 @@ fn batches() -> Vec<(&'static str, RecordBatch)> {
             .expect("resize");
     }
     let crops = crops.finish();
-    let pixels = sluice_udfs::tensor::ImageColumn::new(&crops, "bench").expect("an image column");
+    let pixels = ImageColumn::new(&crops, "bench").expect("an image column");
     for i in 0..ROWS as usize {
         let view: ImageRef<'_> = pixels.get(i).expect("a crop");
         tensors.append_with(|out| {

@@ -57,8 +57,17 @@ impl StorageClient {
         }
     }
 
-    /// Runs `action`; its first reply (`None`: the node sent none).
-    async fn first_reply(&self, action: Action) -> Result<Option<arrow_flight::Result>, LinkError> {
+    /// Runs action `kind` with `body`; its one reply, as JSON (`None`:
+    /// the node sent none).
+    async fn action<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        body: Vec<u8>,
+    ) -> Result<Option<T>, LinkError> {
+        let action = Action {
+            r#type: kind.into(),
+            body: body.into(),
+        };
         let mut replies = self
             .inner
             .clone()
@@ -66,27 +75,22 @@ impl StorageClient {
             .await
             .map_err(|s| self.status(&s))?
             .into_inner();
-        replies.message().await.map_err(|s| self.status(&s))
+        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&reply.body)
+            .map(Some)
+            .map_err(|e| LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", self.node)))
     }
 
-    /// Runs action `kind` with a JSON `body`; its one reply, as JSON
-    /// (`None`: the node sent none).
+    /// [`StorageClient::action`] with a JSON `body`.
     async fn json_action<T: serde::de::DeserializeOwned>(
         &self,
         kind: &str,
         body: &impl serde::Serialize,
     ) -> Result<Option<T>, LinkError> {
         let body = serde_json::to_vec(body).map_err(|e| LinkError::Protocol(e.to_string()))?;
-        let action = Action {
-            r#type: kind.into(),
-            body: body.into(),
-        };
-        let Some(reply) = self.first_reply(action).await? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&reply.body)
-            .map(Some)
-            .map_err(|e| LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", self.node)))
+        self.action(kind, body).await
     }
 
     async fn get(
@@ -178,22 +182,16 @@ impl StorageEndpoint for StorageClient {
             fragment: Some(fragment_ticket(fragment, &udfs)?),
             budget_ms: budget.as_millis() as u64,
         };
-        let action = Action {
-            r#type: TIME_FRAGMENT.into(),
-            body: body.encode_to_vec().into(),
-        };
         // The node stops at its budget; a node that does not answer well
         // after it (dead, or wedged) is named, never waited on for ever.
         let wait = budget + std::time::Duration::from_secs(30);
-        let reply = tokio::time::timeout(wait, self.first_reply(action))
+        tokio::time::timeout(wait, self.action(TIME_FRAGMENT, body.encode_to_vec()))
             .await
             .map_err(|_| LinkError::Unavailable {
                 node: self.node.clone(),
                 reason: format!("timing a fragment took over {} s", wait.as_secs()),
             })??
-            .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.node)))?;
-        serde_json::from_slice(&reply.body)
-            .map_err(|e| LinkError::Protocol(format!("{} sent a bad timing: {e}", self.node)))
+            .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.node)))
     }
 
     async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
