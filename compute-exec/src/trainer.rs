@@ -10,19 +10,21 @@
 //!   a trainer that stops after it resumes with `offset = N` and receives
 //!   exactly the samples it had not. A batch larger than a gRPC message is
 //!   sent as several messages; only the last carries the metadata. The
-//!   messages' bodies are the batch's own buffers ([`encode_split`]);
-//!   [`crate::direct`] frames them for gRPC without copying them.
+//!   messages' bodies borrow the window batches the rows were gathered
+//!   from ([`Gathered::encode_split`]): the batch is never made, and
+//!   [`crate::direct`] frames the pieces for gRPC without copying them.
 //!
 //! A trainer on this host (its ticket's [`Probe`] checks out) gets its
 //! batches through shared memory instead ([`sluice_flight::shm`]): after
 //! the schema, one control message `{"segment": SegmentInfo}`, then per
-//! batch a message with no body whose metadata adds `{"slot", "len"}`. A
+//! batch a message with no body whose metadata adds `{"slot", "len"}`:
+//! the rows are written into the slot straight from the window batches,
+//! the one copy of their values on this path. A
 //! batch that does not fit a slot, or finds none free in time, comes as
 //! Flight messages as above. `transport` in the ticket forces either way.
 
 use std::pin::Pin;
 
-use arrow::array::RecordBatch;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
@@ -31,8 +33,10 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
+use sluice_flight::gather::Gathered;
+use sluice_flight::shm::message_len;
 use sluice_flight::shm::{Probe, Segment, SlotRef, Transport};
-use sluice_flight::slices::{SlicedMessage, encode_split};
+use sluice_flight::slices::SlicedMessage;
 use sluice_flight::stream::FlightStream;
 use sluice_flight::ticket::JobTicket;
 use tonic::Status;
@@ -72,9 +76,10 @@ fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
 }
 
 /// The Flight messages of one batch: slices under the message limit, the
-/// last with `meta`. Their bodies share the batch's buffers.
-fn encode(batch: &RecordBatch, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
-    let mut out = encode_split(batch, MAX_TRAINER_MESSAGE)
+/// last with `meta`. Their bodies share the window batches' buffers.
+fn encode(rows: &Gathered, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
+    let mut out = rows
+        .encode_split(MAX_TRAINER_MESSAGE)
         .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?;
     let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
     if let Some(last) = out.last_mut() {
@@ -196,7 +201,7 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
                 from: d.from,
                 next_offset: d.next_offset,
             };
-            encode(&d.batch, &meta).map_err(|s| JobError::Internal(s.message().to_string()))
+            encode(&d.rows, &meta).map_err(|s| JobError::Internal(s.message().to_string()))
         })
         .await
         .map_err(|e| job_status(&e))?;
@@ -254,9 +259,13 @@ impl ShmStream {
             next_offset: d.next_offset,
         };
         let mut out = Vec::with_capacity(2);
+        let whole = match d.rows.encode() {
+            Ok(m) => m,
+            Err(e) => return vec![Err(Status::internal(format!("cannot encode a batch: {e}")))],
+        };
         if !self.tried {
             self.tried = true;
-            let size = sluice_flight::stream::link_bytes(&d.batch) + 4096;
+            let size = message_len(&whole) + 4096;
             match Segment::for_batch(size) {
                 Ok(Some(seg)) => {
                     out.push(control(&serde_json::json!({ "segment": seg.info() })));
@@ -279,7 +288,7 @@ impl ShmStream {
             }
         }
         if let Some(seg) = &self.segment {
-            match seg.put(&d.batch).await {
+            match seg.put_message(whole).await {
                 Ok(Some(slot)) => {
                     self.job.sent_shm(slot.len);
                     out.push(control(&SlotMeta { batch: meta, slot }));
@@ -292,7 +301,7 @@ impl ShmStream {
                 }
             }
         }
-        match encode(&d.batch, &meta) {
+        match encode(&d.rows, &meta) {
             Ok(msgs) => {
                 self.job.sent(flight_bytes(&msgs));
                 out.extend(msgs.into_iter().map(Ok));

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use sluice_compute::job::{JobState, JobStore, PlanSpec, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
 use sluice_flight::{Fault, StorageClient, StorageEndpoint};
@@ -134,7 +134,7 @@ async fn read(jobs: &Jobs, id: &str, rank: u64, epoch: u64, offset: u64) -> Vec<
     job.deliver(rank, epoch, offset, None)
         .await
         .unwrap()
-        .map_ok(|d| d.batch)
+        .map(|d| d.and_then(|d| d.batch()))
         .try_collect()
         .await
         .unwrap()
@@ -518,7 +518,7 @@ async fn epoch_rate_does_not_fall_with_the_dataset_size() {
             .deliver(0, 0, 0, None)
             .await
             .unwrap()
-            .map_ok(|d| d.batch.num_rows())
+            .map_ok(|d| d.num_rows())
             .try_fold(0, |a, n| async move { Ok(a + n) })
             .await
             .unwrap();
@@ -599,7 +599,7 @@ async fn streams_share_the_window_budget_and_lose_nothing() {
                 job.deliver(i % 4, i / 4, 0, None)
                     .await
                     .unwrap()
-                    .map_ok(|d| d.batch)
+                    .map(|d| d.and_then(|d| d.batch()))
                     .try_collect::<Vec<_>>()
                     .await
                     .unwrap()

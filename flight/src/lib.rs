@@ -22,7 +22,8 @@
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
 //!   batch's own buffers, and their gRPC frames written without copying
-//!   them (the trainer streams);
+//!   them (the trainer streams); [`gather`]: the same for rows picked
+//!   from other batches, never made into a batch of their own;
 //! - [`shm`]: shared-memory segments that carry a job's batches to a
 //!   trainer on the same host, Flight carrying only control messages;
 //! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
@@ -44,6 +45,7 @@ pub mod error_details;
 pub mod fault;
 pub mod feed;
 pub mod frames;
+pub mod gather;
 pub mod ingest;
 pub mod messages;
 pub mod scan;

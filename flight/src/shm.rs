@@ -191,7 +191,7 @@ unsafe impl Sync for Segment {}
 
 /// The encapsulated IPC message's length: continuation, metadata length,
 /// the flatbuffer padded to 8, the body.
-fn message_len(m: &SlicedMessage) -> usize {
+pub fn message_len(m: &SlicedMessage) -> usize {
     8 + m.header.len().next_multiple_of(8) + m.body_len()
 }
 
@@ -369,13 +369,21 @@ impl Segment {
         len
     }
 
-    /// Puts `batch` in a free slot, waiting up to [`SLOT_WAIT`] for one;
-    /// `None` when it does not fit or no slot came free (send it over
-    /// Flight instead).
-    /// The copy (the batch's one copy on this path) runs on the blocking
-    /// pool: the runtime serving streams only waits for it.
+    /// Puts `batch` in a free slot: see [`Segment::put_message`].
     pub async fn put(self: &Arc<Self>, batch: &RecordBatch) -> Result<Option<SlotRef>, String> {
         let m = encode_batch(batch).map_err(|e| format!("cannot encode a batch: {e}"))?;
+        self.put_message(m).await
+    }
+
+    /// Puts the record-batch message `m` in a free slot, waiting up to
+    /// [`SLOT_WAIT`] for one; `None` when it does not fit or no slot came
+    /// free (send it over Flight instead). The copy (the values' one copy
+    /// on this path, from the pieces `m`'s body borrows) runs on the
+    /// blocking pool: the runtime serving streams only waits for it.
+    pub async fn put_message(
+        self: &Arc<Self>,
+        m: SlicedMessage,
+    ) -> Result<Option<SlotRef>, String> {
         if message_len(&m) > self.slot_bytes {
             return Ok(None);
         }

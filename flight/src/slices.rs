@@ -70,8 +70,8 @@ impl From<FlightData> for SlicedMessage {
     }
 }
 
-const ALIGN: usize = 8;
-static PADDING: [u8; ALIGN] = [0; ALIGN];
+pub(crate) const ALIGN: usize = 8;
+pub(crate) static PADDING: [u8; ALIGN] = [0; ALIGN];
 
 /// The body being laid out: pieces, and the buffers' places in it.
 #[derive(Default)]
@@ -108,12 +108,12 @@ impl AsRef<[u8]> for Owned {
 }
 
 /// The bytes of an Arrow buffer, sharing its memory.
-fn bytes_of(b: Buffer) -> Bytes {
+pub(crate) fn bytes_of(b: Buffer) -> Bytes {
     Bytes::from_owner(Owned(b))
 }
 
 /// Whether this module writes arrays of `t` itself.
-fn supported(t: &DataType) -> bool {
+pub(crate) fn supported(t: &DataType) -> bool {
     match t {
         DataType::Null
         | DataType::Boolean
@@ -254,26 +254,37 @@ pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::
     for c in batch.columns() {
         write_array(&c.to_data(), &mut body);
     }
+    Ok(SlicedMessage {
+        header: header(batch.num_rows(), &body.nodes, &body.buffers, body.len),
+        body: body.pieces,
+        app_metadata: Bytes::new(),
+    })
+}
+
+/// The IPC `Message` flatbuffer of a record batch of `rows` rows whose
+/// body (`body_len` bytes) is laid out as `nodes` and `buffers` say.
+pub(crate) fn header(
+    rows: usize,
+    nodes: &[ipc::FieldNode],
+    buffers: &[ipc::Buffer],
+    body_len: usize,
+) -> Bytes {
     let mut fbb = FlatBufferBuilder::new();
-    let nodes = fbb.create_vector(&body.nodes);
-    let buffers = fbb.create_vector(&body.buffers);
+    let nodes = fbb.create_vector(nodes);
+    let buffers = fbb.create_vector(buffers);
     let mut rb = ipc::RecordBatchBuilder::new(&mut fbb);
-    rb.add_length(batch.num_rows() as i64);
+    rb.add_length(rows as i64);
     rb.add_nodes(nodes);
     rb.add_buffers(buffers);
     let rb = rb.finish();
     let mut m = ipc::MessageBuilder::new(&mut fbb);
     m.add_version(MetadataVersion::V5);
     m.add_header_type(ipc::MessageHeader::RecordBatch);
-    m.add_bodyLength(body.len as i64);
+    m.add_bodyLength(body_len as i64);
     m.add_header(rb.as_union_value());
     let m = m.finish();
     fbb.finish(m, None);
-    Ok(SlicedMessage {
-        header: Bytes::copy_from_slice(fbb.finished_data()),
-        body: body.pieces,
-        app_metadata: Bytes::new(),
-    })
+    Bytes::copy_from_slice(fbb.finished_data())
 }
 
 /// The messages of `batch`, sliced by rows so that each body stays under
@@ -322,7 +333,7 @@ fn encode_copied(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::Arr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arrow::array::{
@@ -336,7 +347,7 @@ mod tests {
 
     use super::*;
 
-    fn batch() -> RecordBatch {
+    pub(crate) fn batch() -> RecordBatch {
         let n = 37;
         let floats = Float32Array::from_iter_values((0..n * 6).map(|i| i as f32 * 0.5));
         let tensor = FixedSizeListArray::new(
@@ -398,7 +409,7 @@ mod tests {
         RecordBatch::try_new(Arc::new(schema), cols).unwrap()
     }
 
-    fn decode(m: &SlicedMessage, schema: &Arc<Schema>) -> RecordBatch {
+    pub(crate) fn decode(m: &SlicedMessage, schema: &Arc<Schema>) -> RecordBatch {
         let body: Vec<u8> = m.body.iter().flat_map(|b| b.iter().copied()).collect();
         let msg = root_as_message(&m.header).unwrap();
         assert_eq!(msg.bodyLength() as usize, body.len());

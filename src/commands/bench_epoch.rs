@@ -5,7 +5,7 @@
 //! (`resize(decode_image(data), 16, 16)`, shuffled), and time submit →
 //! first batch (the job's planning and its one O(N) index) and one epoch
 //! of its one rank. What is measured is the job machinery per sample —
-//! windows, takes, reads, the reorder, the batches — which must not grow
+//! windows, takes, reads, the reorder, the batches' messages — which must not grow
 //! with N; the decode of an 8×8 PNG costs next to nothing. The resident
 //! memory the job and the node's in-memory metadata add is reported too.
 
@@ -90,10 +90,16 @@ pub async fn epoch(
         let first = stream.try_next().await?;
         let first_batch_s = t.elapsed().as_secs_f64();
         let rss_added_bytes = rss_bytes().saturating_sub(rss0);
-        let mut got = first.map_or(0, |d| d.batch.num_rows());
+        // Each batch is laid out as a trainer's read lays it out (its
+        // message, borrowing the windows' buffers).
+        let mut got = match first {
+            Some(d) => d.rows.encode().map(|_| d.num_rows())?,
+            None => 0,
+        };
         let t = Instant::now();
         while let Some(d) = stream.try_next().await? {
-            got += d.batch.num_rows();
+            d.rows.encode()?;
+            got += d.num_rows();
         }
         let epoch_s = first_batch_s + t.elapsed().as_secs_f64();
         anyhow::ensure!(got == n, "epoch delivered {got} of {n} samples");

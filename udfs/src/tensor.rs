@@ -470,6 +470,20 @@ impl<T: ArrowPrimitiveType> TensorBuilder<T> {
         self.nulls.append_non_null();
     }
 
+    /// Appends a row that `fill` pushes onto the values (exactly `size`
+    /// of them): unlike [`TensorBuilder::append_with`], nothing is zeroed
+    /// before the row is written.
+    pub fn append_pushed(&mut self, fill: impl FnOnce(&mut Vec<T::Native>)) {
+        let start = self.values.len();
+        fill(&mut self.values);
+        assert_eq!(
+            self.values.len() - start,
+            self.size,
+            "a tensor row of the wrong size"
+        );
+        self.nulls.append_non_null();
+    }
+
     /// Appends a row that `fill` writes in place; when `fill` fails nothing
     /// is appended and its error is returned.
     pub fn try_append_with<E>(

@@ -1,6 +1,8 @@
 //! [`Rebatcher`]: puts the rows of a job's windows back in the epoch's
-//! order and cuts them into batches of `batch_size`, copying each value
-//! once (an interleave straight from the windows' batches).
+//! order and cuts them into batches of `batch_size`, copying nothing: a
+//! batch is a [`Gathered`] list of (window batch, row), which the reader's
+//! encoding lays out straight from the windows' buffers (each value is
+//! copied once, into the trainer's slot or the socket).
 //!
 //! A window's rows arrive in whatever order the storage nodes and
 //! partitions produce them; each carries its slot (its position in the
@@ -11,9 +13,9 @@
 use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
-use arrow::compute::interleave_record_batch;
 use arrow::datatypes::SchemaRef;
 use arrow::datatypes::UInt32Type;
+use sluice_flight::gather::Gathered;
 
 use super::error::JobError;
 use super::run::Delivery;
@@ -125,13 +127,15 @@ impl Rebatcher {
     }
 
     fn cut(&mut self, n: usize, next_offset: u64) -> Result<Delivery, JobError> {
-        let batch = if n == 0 {
-            RecordBatch::new_empty(Arc::clone(&self.schema))
+        let rows = if n == 0 {
+            Gathered::empty(Arc::clone(&self.schema))
         } else {
-            let refs: Vec<&RecordBatch> = self.sources.iter().collect();
-            let b = interleave_record_batch(&refs, &self.rows[..n]).map_err(internal)?;
-            RecordBatch::try_new(Arc::clone(&self.schema), b.columns().to_vec())
-                .map_err(internal)?
+            Gathered::new(
+                Arc::clone(&self.schema),
+                self.sources.clone(),
+                self.rows[..n].to_vec(),
+            )
+            .map_err(internal)?
         };
         self.rows.drain(..n);
         self.positions.drain(..n);
@@ -139,7 +143,7 @@ impl Rebatcher {
         self.next_from = next_offset;
         self.compact();
         Ok(Delivery {
-            batch,
+            rows,
             from,
             next_offset,
         })
@@ -199,7 +203,8 @@ mod tests {
         assert_eq!(missing, vec![2]);
         let cut = r.next(false).unwrap().unwrap();
         assert_eq!(
-            cut.batch
+            cut.batch()
+                .unwrap()
                 .column(0)
                 .as_primitive::<arrow::datatypes::Int32Type>()
                 .values(),
@@ -211,7 +216,8 @@ mod tests {
         assert!(r.next(true).unwrap().is_none());
         let end = r.finish(16).unwrap().unwrap();
         assert_eq!(
-            end.batch
+            end.batch()
+                .unwrap()
                 .column(0)
                 .as_primitive::<arrow::datatypes::Int32Type>()
                 .values(),

@@ -20,6 +20,7 @@ use std::time::SystemTime;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use futures::{Stream, TryStreamExt};
+use sluice_flight::gather::Gathered;
 use sluice_flight::{SLOT, StorageEndpoint};
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
@@ -44,12 +45,27 @@ use crate::session::ComputeSession;
 /// resume after it.
 #[derive(Debug, Clone)]
 pub struct Delivery {
-    /// The rows.
-    pub batch: RecordBatch,
+    /// The rows, not yet made into a batch (see [`Gathered`]).
+    pub rows: Gathered,
     /// The first position it covers.
     pub from: u64,
     /// The offset after it: ask for this one to resume.
     pub next_offset: u64,
+}
+
+impl Delivery {
+    /// Rows.
+    pub fn num_rows(&self) -> usize {
+        self.rows.num_rows()
+    }
+
+    /// The rows as a batch (each value copied once: readers that encode
+    /// the rows for a trainer use [`Gathered::encode`] instead).
+    pub fn batch(&self) -> Result<RecordBatch, JobError> {
+        self.rows
+            .to_batch()
+            .map_err(|e| JobError::Internal(format!("cannot make a batch of its rows: {e}")))
+    }
 }
 
 /// What a running job holds: its samples' row ids and its layout.
@@ -539,13 +555,9 @@ impl Job {
     fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &Delivery) {
         self.touch();
         let mut inner = self.lock();
-        inner.progress.deliver(
-            rank,
-            epoch,
-            d.from,
-            d.next_offset,
-            d.batch.num_rows() as u64,
-        );
+        inner
+            .progress
+            .deliver(rank, epoch, d.from, d.next_offset, d.num_rows() as u64);
         self.settle(inner);
     }
 

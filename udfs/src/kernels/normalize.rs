@@ -2,20 +2,48 @@
 
 use crate::tensor::ImageRef;
 
+/// `(x/255 - m)/s` for every byte value `x` of channel `ch`: `x * a + b`,
+/// as a 256-entry table.
+fn table(ch: usize, mean: &[f64], std: &[f64]) -> [f32; 256] {
+    let m = mean[ch.min(mean.len() - 1)];
+    let s = std[ch.min(std.len() - 1)];
+    let (a, b) = (1.0 / (255.0 * s), -m / s);
+    std::array::from_fn(|x| (x as f64 * a + b) as f32)
+}
+
 /// Per-channel `(x / 255 - mean) / std`, written planar (CHW) into `out`.
 /// `mean` and `std` have one value per channel (or one for all).
 pub fn normalize_into(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut [f32]) {
     let c = usize::from(src.channels);
     let plane = src.height as usize * src.width as usize;
     for ch in 0..c {
-        let m = mean[ch.min(mean.len() - 1)];
-        let s = std[ch.min(std.len() - 1)];
-        // (x/255 - m)/s = x * a + b, precomputed as a 256-entry table.
-        let (a, b) = (1.0 / (255.0 * s), -m / s);
-        let lut: Vec<f32> = (0..256).map(|x| (f64::from(x) * a + b) as f32).collect();
+        let lut = table(ch, mean, std);
         let dst = &mut out[ch * plane..(ch + 1) * plane];
         for (d, p) in dst.iter_mut().zip(src.pixels[ch..].iter().step_by(c)) {
             *d = lut[usize::from(*p)];
+        }
+    }
+}
+
+/// [`normalize_into`], appending the planes to `out` instead: nothing is
+/// zeroed first (every element is written once, where it stays).
+pub fn normalize_append(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut Vec<f32>) {
+    let c = usize::from(src.channels);
+    if c == 0 {
+        return;
+    }
+    let plane = src.height as usize * src.width as usize;
+    let pixels = &src.pixels[..plane * c];
+    out.reserve(plane * c);
+    for ch in 0..c {
+        let lut = table(ch, mean, std);
+        // Iterators of a known length: `extend` writes them without a
+        // capacity check per element.
+        if c == 3 {
+            let (px, _) = pixels.as_chunks::<3>();
+            out.extend(px.iter().map(|p| lut[usize::from(p[ch])]));
+        } else {
+            out.extend(pixels.chunks_exact(c).map(|p| lut[usize::from(p[ch])]));
         }
     }
 }
@@ -67,6 +95,14 @@ mod tests {
         for (o, w) in out.iter().zip(want) {
             assert!((o - w).abs() < 1e-6, "{out:?}");
         }
+        let mut appended = vec![7.0];
+        normalize_append(src, &[0.0, 0.5, 0.0], &[1.0, 0.5, 0.2], &mut appended);
+        assert_eq!(appended[0], 7.0);
+        assert_eq!(
+            appended[1..],
+            out,
+            "appending writes what writing in place does"
+        );
         assert!(
             check_stats(&[0.5; 2], &[1.0], 3)
                 .unwrap_err()

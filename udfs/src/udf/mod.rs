@@ -290,7 +290,17 @@ pub(crate) fn map_images(
 ) -> Result<ArrayRef> {
     let input = call.array(0)?;
     let images = crate::tensor::ImageColumn::new(&input, call.spec.name)?;
-    let mut out = crate::tensor::ImageBuilder::with_capacity(call.rows, 0);
+    // The output's size is known before any row is written: one
+    // allocation, not a doubling (and a copy) per few rows.
+    let bytes: usize = (0..call.rows)
+        .filter_map(|row| images.get(row))
+        .map(|img| {
+            let (h, w) = size(&img);
+            h as usize * w as usize * usize::from(img.channels)
+        })
+        .sum();
+    let mut out =
+        crate::tensor::ImageBuilder::with_capacity(call.rows, bytes.div_ceil(call.rows.max(1)));
     for row in 0..call.rows {
         call.live()?;
         let Some(img) = images.get(row) else {

@@ -7,7 +7,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::Function;
 use crate::args::{ArgSpec, Call, Consts, Kind, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::normalize::{check_stats, normalize_into};
+use crate::kernels::normalize::{check_stats, normalize_append};
 use crate::tensor::{F32Tensor, ImageColumn, expect_image, tensor_field};
 
 /// `(x / 255 - mean) / std` per channel, planar, as torchvision's
@@ -58,7 +58,7 @@ impl Function for Normalize {
         for row in 0..call.rows {
             match images.get(row) {
                 Some(img) if [img.height, img.width, u32::from(img.channels)] == [h, w, c] => {
-                    out.append_with(|dst| normalize_into(img, &mean, &std, dst));
+                    out.append_pushed(|dst| normalize_append(img, &mean, &std, dst));
                 }
                 Some(img) => {
                     return Err(DataFusionError::Execution(format!(
