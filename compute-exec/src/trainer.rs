@@ -194,7 +194,7 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
             stream::once(async move { Ok(schema) }).chain(messages),
         ));
     }
-    // Batches are encoded where they are made, on the jobs' runtime.
+    // Each batch's messages borrow the window batches its rows came from.
     let deliveries = job
         .deliver_with(t.rank, t.epoch, t.offset, t.limit, |d| {
             let meta = BatchMeta {

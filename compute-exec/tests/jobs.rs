@@ -226,6 +226,38 @@ async fn jobs_are_exact_deterministic_and_resumable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_epoch_is_begun_ahead_and_reads_as_if_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = jobs(vec![node(dir.path(), "all", (0..SAMPLES).collect()).await]);
+    let job = one.submit(spec(1, false, "auto")).await.unwrap();
+    let fresh = one.submit(spec(1, false, "auto")).await.unwrap();
+    read(&one, job.id(), 0, 0, 0).await;
+    // Reading the whole of epoch 0 began epoch 1 (and nothing else).
+    assert!(job.begun_ahead(0, 1));
+    assert!(!job.begun_ahead(0, 0) && !job.begun_ahead(1, 1));
+    // A request for part of epoch 1 starts its own stream and leaves it.
+    let part = keys(&read(&one, job.id(), 0, 1, 3).await);
+    assert!(job.begun_ahead(0, 1));
+    // The whole epoch takes it over: the same rows as a stream begun on
+    // request (the other job never read epoch 0, so nothing was begun).
+    let e1 = read(&one, job.id(), 0, 1, 0).await;
+    assert!(!job.begun_ahead(0, 1));
+    assert!(!fresh.begun_ahead(0, 1));
+    assert_eq!(e1, read(&one, fresh.id(), 0, 1, 0).await);
+    assert_eq!(part, keys(&e1)[3..]);
+    // The last epoch begins nothing; every position was delivered once.
+    assert!(!job.begun_ahead(0, 2));
+    assert_eq!(job.state(), JobState::Done);
+    assert_eq!(job.status().progress, 1.0);
+    // A cancelled job drops what it began.
+    let cancelled = one.submit(spec(1, false, "auto")).await.unwrap();
+    read(&one, cancelled.id(), 0, 0, 0).await;
+    assert!(cancelled.begun_ahead(0, 1));
+    cancelled.cancel();
+    assert!(!cancelled.begun_ahead(0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_jobs_are_refused_and_cancel_ends_streams() {
     let dir = tempfile::tempdir().unwrap();
     let all = node(dir.path(), "all", (0..SAMPLES).collect()).await;
@@ -367,6 +399,8 @@ async fn over_flight_a_stream_is_one_feed_per_node_and_reads_what_in_process_rea
         let mut s = spec(2, false, offload);
         s.on_error = sluice_udfs::OnError::Skip;
         s.batch_size = 2;
+        // One epoch: no next epoch is begun ahead (its feeds would count).
+        s.epochs = 1;
         let want_job = in_process.submit(s.clone()).await.unwrap();
         let got_job = remote.submit(s).await.unwrap();
         got_job.layout().await.unwrap();

@@ -14,6 +14,7 @@
 //!   any offset;
 //! - [`stream`]: the stream of an epoch — windows in flight, in order,
 //!   bounded;
+//! - [`ahead`]: each rank's next epoch, begun before its reader asks;
 //! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
 //!   may have in flight together;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
@@ -28,6 +29,7 @@
 //!   node finds a job the coordinator holds.
 
 pub mod adapt;
+pub mod ahead;
 pub mod budget;
 pub mod cluster;
 pub mod error;

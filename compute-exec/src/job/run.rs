@@ -29,6 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::adapt::Adaptive;
+use super::ahead::{AHEAD_WAIT, Batches, ReadAhead};
 use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
@@ -116,6 +117,8 @@ pub struct Job {
     adaptive: Adaptive,
     /// Where its time goes, stage by stage.
     stages: StageStats,
+    /// Each rank's next epoch, begun before it is asked for.
+    ahead: ReadAhead,
     schema: SchemaRef,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
@@ -256,6 +259,7 @@ impl Job {
             session,
             adaptive: Adaptive::new(placed.explanation),
             stages: StageStats::default(),
+            ahead: ReadAhead::default(),
             schema: Arc::new(Schema::new(fields)),
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
@@ -512,6 +516,7 @@ impl Job {
             inner.ready = None;
             inner.progress.release();
         }
+        self.ahead.clear();
         if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
             tracing::warn!("job {}: cannot remove its record: {e}", self.id);
         }
@@ -710,8 +715,8 @@ impl Job {
         Ok(s.map_ok(|(d, ())| d))
     }
 
-    /// [`Job::deliver`], with `finish` applied to each batch where the
-    /// batches are made (on the jobs' runtime): a reader's encoding, say.
+    /// [`Job::deliver`], with `finish` applied to each batch as its reader
+    /// receives it: the reader's encoding, say.
     pub async fn deliver_with<T, F>(
         self: &Arc<Self>,
         rank: u64,
@@ -750,17 +755,53 @@ impl Job {
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
         self.touch();
+        // The whole epoch, begun ahead by the stream before it, or a new
+        // stream.
+        let claimed = if offset == 0 && end == per_rank {
+            self.ahead.claim(rank, epoch)
+        } else {
+            None
+        };
+        let batches = claimed.unwrap_or_else(|| {
+            self.stream(
+                ready,
+                Span {
+                    rank,
+                    epoch,
+                    from: offset,
+                    to: end,
+                },
+            )
+        });
+        let job = Arc::clone(self);
+        let finish = Arc::new(finish);
+        Ok(futures::stream::unfold(batches, move |mut rx| {
+            let job = Arc::clone(&job);
+            let finish = Arc::clone(&finish);
+            async move {
+                let Some(item) = rx.recv().await else {
+                    // The stream ended: what it delivered is saved now,
+                    // not at the next delivery that may never come.
+                    job.save_in_background();
+                    return None;
+                };
+                let item = item.and_then(|d| {
+                    job.delivered(rank, epoch, &d);
+                    finish(&d).map(|t| (d, t))
+                });
+                Some((item, rx))
+            }
+        }))
+    }
+
+    /// Starts the stream of `span` on the jobs' runtime: its batches, as
+    /// made, in a channel of [`CHANNEL_BATCHES`].
+    pub(super) fn stream(self: &Arc<Self>, ready: Arc<Ready>, span: Span) -> Batches {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();
-            let span = Span {
-                rank,
-                epoch,
-                from: offset,
-                to: end,
-            };
-            let work = job.produce(&ready, span, &finish, &tx);
+            let work = job.produce(&ready, span, &tx);
             let outcome = tokio::select! {
                 r = work => r,
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
@@ -768,8 +809,11 @@ impl Job {
                 }
                 // The reader left: its windows stop now (dropping `work`
                 // aborts them), not when the next batch finds no one to
-                // take it.
-                () = tx.closed() => Ok(()),
+                // take it; so does the next epoch begun for it.
+                () = tx.closed() => {
+                    job.ahead.forget(span.rank, span.epoch + 1);
+                    Ok(())
+                }
             };
             if let Err(e) = outcome {
                 if !matches!(e, JobError::Unavailable { .. } | JobError::Cancelled { .. }) {
@@ -778,21 +822,36 @@ impl Job {
                 let _closed = tx.send(Err(e)).await;
             }
         });
-        let job = Arc::clone(self);
-        Ok(futures::stream::unfold(rx, move |mut rx| {
-            let job = Arc::clone(&job);
-            async move {
-                let Some(item) = rx.recv().await else {
-                    // The stream ended: what it delivered is saved now,
-                    // not at the next delivery that may never come.
-                    job.save_in_background();
-                    return None;
-                };
-                if let Ok((d, _)) = &item {
-                    job.delivered(rank, epoch, d);
-                }
-                Some((item, rx))
+        rx
+    }
+
+    /// Whether `rank`'s `epoch` was begun ahead and waits for its reader.
+    pub fn begun_ahead(&self, rank: u64, epoch: u64) -> bool {
+        self.ahead.has(rank, epoch)
+    }
+
+    /// Begins `rank`'s `epoch` from offset 0 for a reader yet to ask (see
+    /// [`super::ahead`]); dropped after [`AHEAD_WAIT`] if none does.
+    pub(super) fn read_ahead(self: &Arc<Self>, ready: &Arc<Ready>, rank: u64, epoch: u64) {
+        let readable = matches!(*self.state.borrow(), JobState::Running | JobState::Done);
+        if epoch >= self.spec.epochs || !readable || self.ahead.has(rank, epoch) {
+            return;
+        }
+        let span = Span {
+            rank,
+            epoch,
+            from: 0,
+            to: ready.layout.per_rank(),
+        };
+        let id = self
+            .ahead
+            .offer(rank, epoch, self.stream(Arc::clone(ready), span));
+        let job = Arc::downgrade(self);
+        self.runtime.spawn(async move {
+            tokio::time::sleep(AHEAD_WAIT).await;
+            if let Some(job) = job.upgrade() {
+                job.ahead.expire(id);
             }
-        }))
+        });
     }
 }

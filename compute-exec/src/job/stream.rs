@@ -12,6 +12,8 @@
 //!        theirs over their cores: no barrier at a window's end)
 //!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
+//!  the last window of a whole epoch issued ─► the rank's next epoch begun for
+//!    its reader (`ahead`: taken over by the request for it, else dropped)
 //!  every window and batch feeds the job's per-stage statistics (samples made,
 //!    link bytes, windows ready, the reader's channel, time blocked on the reader:
 //!    see `stages`); the UDFs time themselves into the job's clock
@@ -145,14 +147,14 @@ impl Retry {
 }
 
 impl Job {
-    /// Runs the windows of `span` and sends their batches, each with what
-    /// `finish` makes of it, until the span ends or the reader leaves.
-    pub(super) async fn produce<T: Send + 'static>(
+    /// Runs the windows of `span` and sends their batches until the span
+    /// ends or the reader leaves. A whole epoch's stream begins the next
+    /// epoch when it issues its last window (see [`super::ahead`]).
+    pub(super) async fn produce(
         self: &Arc<Self>,
         ready: &Arc<Ready>,
         span: Span,
-        finish: &(dyn Fn(&Delivery) -> Result<T, JobError> + Send + Sync),
-        tx: &mpsc::Sender<Result<(Delivery, T), JobError>>,
+        tx: &mpsc::Sender<Result<Delivery, JobError>>,
     ) -> Result<(), JobError> {
         let Span {
             rank,
@@ -217,9 +219,16 @@ impl Job {
         // Windows done and not yet taken by the loop below.
         let ready_windows = Arc::new(AtomicU64::new(0));
         let done = Arc::clone(&ready_windows);
+        let mut next_epoch = (from == 0 && to == ready.layout.per_rank())
+            .then(|| (Arc::clone(self), Arc::clone(ready)));
         let mut windows = starts
             .map(move |(start, len)| {
                 let stop = (start + len).min(to);
+                if stop >= to
+                    && let Some((job, ready)) = next_epoch.take()
+                {
+                    job.read_ahead(&ready, rank, epoch + 1);
+                }
                 let samples = held.layout.rank_samples(&order, rank, start, stop);
                 let takes = held.index.takes(&samples);
                 let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
@@ -299,10 +308,9 @@ impl Job {
             self.check_missing(&missing, &samples, start, missing_total, total)?;
             let stop = start + samples.len() as u64;
             while let Some(cut) = rebatch.next(stop >= to)? {
-                let done = finish(&cut)?;
                 let waiting = std::time::Instant::now();
                 let queued = (CHANNEL_BATCHES - tx.capacity().min(CHANNEL_BATCHES)) as u64;
-                if tx.send(Ok((cut, done))).await.is_err() {
+                if tx.send(Ok(cut)).await.is_err() {
                     return Ok(());
                 }
                 stats.sent(queued, waiting.elapsed());
@@ -313,8 +321,7 @@ impl Job {
             last_window = std::time::Instant::now();
         }
         if let Some(cut) = rebatch.finish(to)? {
-            let done = finish(&cut)?;
-            let _closed = tx.send(Ok((cut, done))).await;
+            let _closed = tx.send(Ok(cut)).await;
         }
         Ok(())
     }

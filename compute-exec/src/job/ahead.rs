@@ -1,0 +1,139 @@
+//! [`ReadAhead`]: the next epoch of a rank, begun before its reader asks.
+//!
+//! A trainer reads epoch after epoch, each a new request. Were each epoch's
+//! stream begun only when asked for, every epoch would start on idle cores:
+//! the plan prepared and placed, the first window read and decoded, before
+//! the first batch — about a tenth of a two-second epoch on two cores, the
+//! gap between a loader's steady rate and its rate per epoch. Loaders that
+//! run one pipeline across epochs (DALI, tf.data with `repeat`) do not pay
+//! it.
+//!
+//! So when a stream that reads to the end of its epoch issues its last
+//! window, the job begins the same rank's next epoch from offset 0
+//! ([`ReadAhead::offer`]): a stream like any other, whose batches wait in
+//! its channel. A request for exactly that (rank, epoch, offset 0, to the
+//! end) takes it over ([`ReadAhead::claim`]); a request for anything else
+//! starts its own. What the read-ahead may hold is bounded as a reader's
+//! stream is (its windows in flight and its channel's batches: a stream
+//! no one reads stops when its channel is full), and nothing it made
+//! counts as delivered until a reader receives it, so exactly-once and
+//! resume are as without it. One not claimed within [`AHEAD_WAIT`], or whose
+//! epoch's reader left before the end, is dropped, which stops its windows.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::error::JobError;
+use super::run::Delivery;
+
+/// How long a read-ahead waits for its reader.
+pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
+
+/// A stream's batches as its reader receives them.
+pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
+
+struct Ahead {
+    id: u64,
+    rank: u64,
+    epoch: u64,
+    batches: Batches,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub struct ReadAhead {
+    waiting: Mutex<Vec<Ahead>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for ReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys: Vec<(u64, u64)> = self.lock().iter().map(|a| (a.rank, a.epoch)).collect();
+        f.debug_struct("ReadAhead").field("waiting", &keys).finish()
+    }
+}
+
+impl ReadAhead {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Ahead>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `rank`'s `epoch` is begun and waiting.
+    pub fn has(&self, rank: u64, epoch: u64) -> bool {
+        self.lock()
+            .iter()
+            .any(|a| a.rank == rank && a.epoch == epoch)
+    }
+
+    /// Keeps `batches`, the stream of `rank`'s `epoch` from offset 0, for
+    /// its reader; returns its id for [`ReadAhead::expire`].
+    pub fn offer(&self, rank: u64, epoch: u64, batches: Batches) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut waiting = self.lock();
+        waiting.retain(|a| a.rank != rank);
+        waiting.push(Ahead {
+            id,
+            rank,
+            epoch,
+            batches,
+        });
+        id
+    }
+
+    /// The stream of `rank`'s `epoch` from offset 0, if it was begun.
+    pub fn claim(&self, rank: u64, epoch: u64) -> Option<Batches> {
+        let mut waiting = self.lock();
+        let at = waiting
+            .iter()
+            .position(|a| a.rank == rank && a.epoch == epoch)?;
+        Some(waiting.swap_remove(at).batches)
+    }
+
+    /// Drops `rank`'s `epoch` if it is waiting (its windows stop).
+    pub fn forget(&self, rank: u64, epoch: u64) {
+        self.lock().retain(|a| (a.rank, a.epoch) != (rank, epoch));
+    }
+
+    /// Drops read-ahead `id` if it is still waiting.
+    pub fn expire(&self, id: u64) {
+        self.lock().retain(|a| a.id != id);
+    }
+
+    /// Drops everything waiting.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_ahead_is_claimed_once_by_its_rank_and_epoch() {
+        let ahead = ReadAhead::default();
+        let (tx, rx) = mpsc::channel(1);
+        let id = ahead.offer(0, 3, rx);
+        assert!(ahead.has(0, 3));
+        assert!(ahead.claim(1, 3).is_none() && ahead.claim(0, 2).is_none());
+        assert!(ahead.claim(0, 3).is_some());
+        assert!(ahead.claim(0, 3).is_none(), "claimed twice");
+        // Dropped (expired, forgotten): its producer sees the channel close.
+        let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        let id2 = ahead.offer(0, 4, rx2);
+        ahead.expire(id);
+        assert!(ahead.has(0, 4), "expiring a claimed one drops nothing");
+        ahead.expire(id2);
+        assert!(tx2.is_closed() && !ahead.has(0, 4));
+        let (tx3, rx3) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        ahead.offer(2, 1, rx3);
+        ahead.forget(2, 0);
+        assert!(!tx3.is_closed(), "another epoch is kept");
+        ahead.forget(2, 1);
+        assert!(tx3.is_closed());
+        drop(tx);
+    }
+}
