@@ -762,6 +762,8 @@ impl Job {
         } else {
             None
         };
+        tracing::debug!(job = %self.id, rank, epoch, offset, end,
+            begun_ahead = claimed.is_some(), "a reader asks");
         let batches = claimed.unwrap_or_else(|| {
             self.stream(
                 ready,
@@ -843,6 +845,7 @@ impl Job {
             from: 0,
             to: ready.layout.per_rank(),
         };
+        tracing::debug!(job = %self.id, rank, epoch, "the next epoch begun ahead");
         let id = self
             .ahead
             .offer(rank, epoch, self.stream(Arc::clone(ready), span));
