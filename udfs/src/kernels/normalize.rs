@@ -26,26 +26,39 @@ pub fn normalize_into(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut [f
 }
 
 /// [`normalize_into`], appending the planes to `out` instead: nothing is
-/// zeroed first (every element is written once, where it stays).
+/// zeroed first (every element is written once, where it stays), and an
+/// RGB image is read in one pass that writes its three planes.
 pub fn normalize_append(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut Vec<f32>) {
     let c = usize::from(src.channels);
-    if c == 0 {
+    let plane = src.height as usize * src.width as usize;
+    if c == 0 || plane == 0 {
         return;
     }
-    let plane = src.height as usize * src.width as usize;
     let pixels = &src.pixels[..plane * c];
+    let start = out.len();
     out.reserve(plane * c);
-    for ch in 0..c {
-        let lut = table(ch, mean, std);
-        // Iterators of a known length: `extend` writes them without a
-        // capacity check per element.
-        if c == 3 {
-            let (px, _) = pixels.as_chunks::<3>();
-            out.extend(px.iter().map(|p| lut[usize::from(p[ch])]));
-        } else {
-            out.extend(pixels.chunks_exact(c).map(|p| lut[usize::from(p[ch])]));
+    let luts: Vec<[f32; 256]> = (0..c).map(|ch| table(ch, mean, std)).collect();
+    let spare = &mut out.spare_capacity_mut()[..plane * c];
+    if c == 3 {
+        let (r, rest) = spare.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        let (px, _) = pixels.as_chunks::<3>();
+        for (((r, g), b), p) in r.iter_mut().zip(g).zip(b).zip(px) {
+            r.write(luts[0][usize::from(p[0])]);
+            g.write(luts[1][usize::from(p[1])]);
+            b.write(luts[2][usize::from(p[2])]);
+        }
+    } else {
+        for (ch, dst) in spare.chunks_exact_mut(plane).enumerate() {
+            for (d, p) in dst.iter_mut().zip(pixels.chunks_exact(c)) {
+                d.write(luts[ch][usize::from(p[ch])]);
+            }
         }
     }
+    // SAFETY: the `plane * c` elements after `start` are within the
+    // capacity reserved above and were each written by one of the loops:
+    // `c` planes of `plane` elements, each zipped with the `plane` pixels.
+    unsafe { out.set_len(start + plane * c) };
 }
 
 /// Checks mean/std against a channel count.
@@ -108,5 +121,25 @@ mod tests {
                 .unwrap_err()
                 .contains("mean has 2")
         );
+    }
+
+    #[test]
+    fn appending_matches_writing_in_place_for_every_channel_count() {
+        for c in 1..=4u8 {
+            let (h, w) = (5u32, 7u32);
+            let px: Vec<u8> = (0..h * w * u32::from(c)).map(|i| (i * 37 % 256) as u8).collect();
+            let src = ImageRef {
+                height: h,
+                width: w,
+                channels: c,
+                pixels: &px,
+            };
+            let (mean, std) = ([0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]);
+            let mut want = vec![0f32; px.len()];
+            normalize_into(src, &mean, &std, &mut want);
+            let mut got = Vec::new();
+            normalize_append(src, &mean, &std, &mut got);
+            assert_eq!(got, want, "{c} channels");
+        }
     }
 }
