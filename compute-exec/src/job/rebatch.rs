@@ -2,7 +2,10 @@
 //! order and cuts them into batches of `batch_size`, copying nothing: a
 //! batch is a [`Gathered`] list of (window batch, row), which the reader's
 //! encoding lays out straight from the windows' buffers (each value is
-//! copied once, into the trainer's slot or the socket).
+//! copied once, into the trainer's slot or the socket). A batch holds only
+//! the window batches its rows lie in, and each window's hold (its
+//! reservation in the node's window budget): a window's memory is counted
+//! until the last batch with a row of it is gone, as long as it lives.
 //!
 //! A window's rows arrive in whatever order the storage nodes and
 //! partitions produce them; each carries its slot (its position in the
@@ -18,7 +21,7 @@ use arrow::datatypes::UInt32Type;
 use sluice_flight::gather::Gathered;
 
 use super::error::JobError;
-use super::run::Delivery;
+use super::run::{Delivery, Hold};
 
 fn internal(e: impl std::fmt::Display) -> JobError {
     JobError::Internal(e.to_string())
@@ -30,6 +33,8 @@ pub struct Rebatcher {
     schema: SchemaRef,
     batch_size: usize,
     sources: Vec<RecordBatch>,
+    /// Each source's window's hold, the same for all of a window's batches.
+    holds: Vec<Hold>,
     rows: Vec<(usize, usize)>,
     positions: Vec<u64>,
     next_from: u64,
@@ -42,6 +47,7 @@ impl Rebatcher {
             schema,
             batch_size: batch_size.max(1),
             sources: Vec::new(),
+            holds: Vec::new(),
             rows: Vec::new(),
             positions: Vec::new(),
             next_from: from,
@@ -50,13 +56,15 @@ impl Rebatcher {
 
     /// Adds a window: `batches` (with each row's slot in `slot_column`)
     /// holding the samples at positions `start..start + count`, slot `i`
-    /// at `start + i`. Returns the slots that had no row.
+    /// at `start + i`, and `hold`, kept while any of its rows is. Returns
+    /// the slots that had no row.
     pub fn add(
         &mut self,
         batches: &[RecordBatch],
         slot_column: &str,
         start: u64,
         count: usize,
+        hold: Hold,
     ) -> Result<Vec<u32>, JobError> {
         let base = self.sources.len();
         let mut at: Vec<Option<(usize, usize)>> = vec![None; count];
@@ -91,6 +99,7 @@ impl Rebatcher {
                     .collect::<Result<Vec<_>, _>>()?;
             self.sources
                 .push(RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(internal)?);
+            self.holds.push(Arc::clone(&hold));
         }
         let mut missing = Vec::new();
         for (i, cell) in at.into_iter().enumerate() {
@@ -127,15 +136,24 @@ impl Rebatcher {
     }
 
     fn cut(&mut self, n: usize, next_offset: u64) -> Result<Delivery, JobError> {
+        // Only the sources these rows lie in, and their windows' holds.
+        let mut at = vec![usize::MAX; self.sources.len()];
+        let (mut sources, mut holds) = (Vec::new(), Vec::<Hold>::new());
+        let mut rows = Vec::with_capacity(n);
+        for &(b, r) in &self.rows[..n] {
+            if at[b] == usize::MAX {
+                at[b] = sources.len();
+                sources.push(self.sources[b].clone());
+                if !holds.iter().any(|h| Arc::ptr_eq(h, &self.holds[b])) {
+                    holds.push(Arc::clone(&self.holds[b]));
+                }
+            }
+            rows.push((at[b], r));
+        }
         let rows = if n == 0 {
             Gathered::empty(Arc::clone(&self.schema))
         } else {
-            Gathered::new(
-                Arc::clone(&self.schema),
-                self.sources.clone(),
-                self.rows[..n].to_vec(),
-            )
-            .map_err(internal)?
+            Gathered::new(Arc::clone(&self.schema), sources, rows).map_err(internal)?
         };
         self.rows.drain(..n);
         self.positions.drain(..n);
@@ -144,6 +162,7 @@ impl Rebatcher {
         self.compact();
         Ok(Delivery {
             rows,
+            _holds: holds,
             from,
             next_offset,
         })
@@ -153,6 +172,7 @@ impl Rebatcher {
     fn compact(&mut self) {
         if self.rows.is_empty() {
             self.sources.clear();
+            self.holds.clear();
             return;
         }
         let mut used = vec![false; self.sources.len()];
@@ -164,13 +184,21 @@ impl Rebatcher {
         }
         let mut remap = vec![0; self.sources.len()];
         let mut kept = Vec::new();
-        for (i, s) in std::mem::take(&mut self.sources).into_iter().enumerate() {
+        let mut kept_holds = Vec::new();
+        let holds = std::mem::take(&mut self.holds);
+        for ((i, s), h) in std::mem::take(&mut self.sources)
+            .into_iter()
+            .enumerate()
+            .zip(holds)
+        {
             if used[i] {
                 remap[i] = kept.len();
                 kept.push(s);
+                kept_holds.push(h);
             }
         }
         self.sources = kept;
+        self.holds = kept_holds;
         for r in &mut self.rows {
             r.0 = remap[r.0];
         }
@@ -198,7 +226,13 @@ mod tests {
         // Positions 10..13 are slots 0, 1, 2; the window sends them
         // shuffled over two batches, and slot 2 is missing (skipped).
         let missing = r
-            .add(&[window(&[1], &[1]), window(&[0], &[3])], "s", 10, 3)
+            .add(
+                &[window(&[1], &[1]), window(&[0], &[3])],
+                "s",
+                10,
+                3,
+                Arc::new(()),
+            )
             .unwrap();
         assert_eq!(missing, vec![2]);
         let cut = r.next(false).unwrap().unwrap();
@@ -211,7 +245,8 @@ mod tests {
             &[3, 1]
         );
         assert_eq!((cut.from, cut.next_offset), (10, 12));
-        r.add(&[window(&[1, 0], &[4, 5])], "s", 13, 2).unwrap();
+        r.add(&[window(&[1, 0], &[4, 5])], "s", 13, 2, Arc::new(()))
+            .unwrap();
         // The last full batch is held back for finish, which ends the range.
         assert!(r.next(true).unwrap().is_none());
         let end = r.finish(16).unwrap().unwrap();
@@ -231,8 +266,46 @@ mod tests {
     fn a_slot_twice_or_out_of_the_window_is_an_error() {
         let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
         let mut r = Rebatcher::new(Arc::clone(&schema), 2, 0);
-        assert!(r.add(&[window(&[0, 0], &[1, 2])], "s", 0, 2).is_err());
+        assert!(
+            r.add(&[window(&[0, 0], &[1, 2])], "s", 0, 2, Arc::new(()))
+                .is_err()
+        );
         let mut r = Rebatcher::new(schema, 2, 0);
-        assert!(r.add(&[window(&[5], &[1])], "s", 0, 2).is_err());
+        assert!(
+            r.add(&[window(&[5], &[1])], "s", 0, 2, Arc::new(()))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_window_is_held_until_the_last_batch_with_its_rows_is_gone() {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
+        let mut r = Rebatcher::new(schema, 2, 0);
+        let (a, b): (Hold, Hold) = (Arc::new(()), Arc::new(()));
+        let (wa, wb) = (Arc::downgrade(&a), Arc::downgrade(&b));
+        // Window a: positions 0..3; window b: 3..5.
+        r.add(&[window(&[2, 0, 1], &[12, 10, 11])], "s", 0, 3, a)
+            .unwrap();
+        r.add(&[window(&[0, 1], &[13, 14])], "s", 3, 2, b).unwrap();
+        let first = r.next(false).unwrap().unwrap();
+        // Rows 0, 1: window a only.
+        assert_eq!(first.rows.num_rows(), 2);
+        let second = r.next(false).unwrap().unwrap();
+        drop(first);
+        assert!(wa.upgrade().is_some(), "row 2 of window a is still to go");
+        let last = r.finish(5).unwrap().unwrap();
+        drop(second);
+        assert!(wa.upgrade().is_none(), "window a's rows are all gone");
+        assert!(wb.upgrade().is_some());
+        assert_eq!(
+            last.batch()
+                .unwrap()
+                .column(0)
+                .as_primitive::<arrow::datatypes::Int32Type>()
+                .values(),
+            &[14]
+        );
+        drop(last);
+        assert!(wb.upgrade().is_none());
     }
 }

@@ -44,14 +44,30 @@ use crate::session::ComputeSession;
 
 /// A batch of a rank's stream: the positions it covers and the offset to
 /// resume after it.
-#[derive(Debug, Clone)]
+/// What a batch keeps alive besides its rows' memory: its windows'
+/// reservations in the node's window budget.
+pub type Hold = Arc<dyn std::any::Any + Send + Sync>;
+
+#[derive(Clone)]
 pub struct Delivery {
     /// The rows, not yet made into a batch (see [`Gathered`]).
     pub rows: Gathered,
+    /// Its windows' holds, given back when the last batch of each is gone.
+    pub(super) _holds: Vec<Hold>,
     /// The first position it covers.
     pub from: u64,
     /// The offset after it: ask for this one to resume.
     pub next_offset: u64,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("rows", &self.rows.num_rows())
+            .field("from", &self.from)
+            .field("next_offset", &self.next_offset)
+            .finish()
+    }
 }
 
 impl Delivery {

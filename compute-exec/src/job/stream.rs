@@ -278,8 +278,9 @@ impl Job {
         let stats = self.stage_stats();
         let mut last_window = std::time::Instant::now();
         while let Some(w) = windows.next().await {
-            // `_room` is given back once this window's batches are sent.
-            let (start, samples, rows, _room, took) = w?;
+            // `room` is given back when the last batch with a row of this
+            // window is gone (sent, or dropped with its reader).
+            let (start, samples, rows, room, took) = w?;
             let ready_now = ready_windows.fetch_sub(1, Ordering::Relaxed);
             let ns = took.as_nanos() as u64 / (samples.len() as u64).max(1);
             ns_per_sample.store(ns.max(1), Ordering::Relaxed);
@@ -303,7 +304,7 @@ impl Job {
                         .await;
                 }
             }
-            let missing = rebatch.add(&rows, SLOT, start, samples.len())?;
+            let missing = rebatch.add(&rows, SLOT, start, samples.len(), Arc::new(room))?;
             missing_total += missing.len() as u64;
             self.check_missing(&missing, &samples, start, missing_total, total)?;
             let stop = start + samples.len() as u64;

@@ -127,7 +127,9 @@ mod tests {
     fn appending_matches_writing_in_place_for_every_channel_count() {
         for c in 1..=4u8 {
             let (h, w) = (5u32, 7u32);
-            let px: Vec<u8> = (0..h * w * u32::from(c)).map(|i| (i * 37 % 256) as u8).collect();
+            let px: Vec<u8> = (0..h * w * u32::from(c))
+                .map(|i| (i * 37 % 256) as u8)
+                .collect();
             let src = ImageRef {
                 height: h,
                 width: w,
