@@ -235,16 +235,22 @@ async fn the_next_epoch_is_begun_ahead_and_reads_as_if_asked_for() {
     // Reading the whole of epoch 0 began epoch 1 (and nothing else).
     assert!(job.begun_ahead(0, 1));
     assert!(!job.begun_ahead(0, 0) && !job.begun_ahead(1, 1));
-    // A request for part of epoch 1 starts its own stream and leaves it.
-    let part = keys(&read(&one, job.id(), 0, 1, 3).await);
-    assert!(job.begun_ahead(0, 1));
     // The whole epoch takes it over: the same rows as a stream begun on
     // request (the other job never read epoch 0, so nothing was begun).
     let e1 = read(&one, job.id(), 0, 1, 0).await;
     assert!(!job.begun_ahead(0, 1));
     assert!(!fresh.begun_ahead(0, 1));
     assert_eq!(e1, read(&one, fresh.id(), 0, 1, 0).await);
+    // A request for part of the epoch (a resume) drops what was begun and
+    // reads its own; an epoch asked for is not begun ahead again.
+    let resumed = one.submit(spec(1, false, "auto")).await.unwrap();
+    read(&one, resumed.id(), 0, 0, 0).await;
+    assert!(resumed.begun_ahead(0, 1));
+    let part = keys(&read(&one, resumed.id(), 0, 1, 3).await);
+    assert!(!resumed.begun_ahead(0, 1));
     assert_eq!(part, keys(&e1)[3..]);
+    read(&one, resumed.id(), 0, 0, 0).await;
+    assert!(!resumed.begun_ahead(0, 1));
     // The last epoch begins nothing; every position was delivered once.
     assert!(!job.begun_ahead(0, 2));
     assert_eq!(job.state(), JobState::Done);

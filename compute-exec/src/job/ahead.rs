@@ -8,18 +8,22 @@
 //! run one pipeline across epochs (DALI, tf.data with `repeat`) do not pay
 //! it.
 //!
-//! So when a stream that reads to the end of its epoch issues its last
-//! window, the job begins the same rank's next epoch from offset 0
-//! ([`ReadAhead::offer`]): a stream like any other, whose batches wait in
-//! its channel. A request for exactly that (rank, epoch, offset 0, to the
-//! end) takes it over ([`ReadAhead::claim`]); a request for anything else
-//! starts its own. What the read-ahead may hold is bounded as a reader's
+//! So when a stream that reads a whole epoch issues its last window, the
+//! job begins the same rank's next epoch from offset 0
+//! ([`ReadAhead::offer`]), if no reader asked for that epoch yet and the
+//! node's window budget has room to spare: a stream like any other, whose
+//! batches wait in its channel. A request for exactly that (rank, epoch,
+//! offset 0, to the end) takes it over ([`ReadAhead::take`]); a request
+//! for any other part of it drops it and starts its own (a resumed or
+//! sharded reader). What the read-ahead may hold is bounded as a reader's
 //! stream is (its windows in flight and its channel's batches: a stream
 //! no one reads stops when its channel is full), and nothing it made
 //! counts as delivered until a reader receives it, so exactly-once and
 //! resume are as without it. One not claimed within [`AHEAD_WAIT`], or whose
-//! epoch's reader left before the end, is dropped, which stops its windows.
+//! epoch's reader left before the end, is dropped, which stops its windows,
+//! and so are a cancelled job's.
 
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -31,6 +35,10 @@ use super::run::Delivery;
 
 /// How long a read-ahead waits for its reader.
 pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
+
+/// Free window budget a read-ahead needs at least to begin (its windows
+/// in flight, about [`super::stream::WINDOW_BYTES`] each).
+pub const AHEAD_ROOM: u64 = super::stream::IN_FLIGHT as u64 * super::stream::WINDOW_BYTES;
 
 /// A stream's batches as its reader receives them.
 pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
@@ -46,6 +54,8 @@ struct Ahead {
 #[derive(Default)]
 pub struct ReadAhead {
     waiting: Mutex<Vec<Ahead>>,
+    /// The (rank, epoch)s readers asked for: never begun ahead again.
+    asked: Mutex<HashSet<(u64, u64)>>,
     next: AtomicU64,
 }
 
@@ -83,13 +93,28 @@ impl ReadAhead {
         id
     }
 
-    /// The stream of `rank`'s `epoch` from offset 0, if it was begun.
-    pub fn claim(&self, rank: u64, epoch: u64) -> Option<Batches> {
+    /// A reader asks for `rank`'s `epoch` (`whole`: from offset 0 to the
+    /// end): the stream begun for it, if it was and `whole`; a stream
+    /// begun for it and not taken is dropped.
+    pub fn take(&self, rank: u64, epoch: u64, whole: bool) -> Option<Batches> {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((rank, epoch));
         let mut waiting = self.lock();
         let at = waiting
             .iter()
             .position(|a| a.rank == rank && a.epoch == epoch)?;
-        Some(waiting.swap_remove(at).batches)
+        let begun = waiting.swap_remove(at).batches;
+        whole.then_some(begun)
+    }
+
+    /// Whether a reader asked for `rank`'s `epoch`.
+    pub fn was_asked(&self, rank: u64, epoch: u64) -> bool {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(rank, epoch))
     }
 
     /// Drops `rank`'s `epoch` if it is waiting (its windows stop).
@@ -118,9 +143,15 @@ mod tests {
         let (tx, rx) = mpsc::channel(1);
         let id = ahead.offer(0, 3, rx);
         assert!(ahead.has(0, 3));
-        assert!(ahead.claim(1, 3).is_none() && ahead.claim(0, 2).is_none());
-        assert!(ahead.claim(0, 3).is_some());
-        assert!(ahead.claim(0, 3).is_none(), "claimed twice");
+        assert!(ahead.take(1, 3, true).is_none() && ahead.take(0, 2, true).is_none());
+        assert!(ahead.take(0, 3, true).is_some());
+        assert!(ahead.take(0, 3, true).is_none(), "claimed twice");
+        assert!(ahead.was_asked(0, 3) && ahead.was_asked(1, 3) && !ahead.was_asked(0, 4));
+        // A request for part of an epoch drops what was begun for it.
+        let (tx5, rx5) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        ahead.offer(5, 0, rx5);
+        assert!(ahead.take(5, 0, false).is_none());
+        assert!(tx5.is_closed() && !ahead.has(5, 0));
         // Dropped (expired, forgotten): its producer sees the channel close.
         let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
         let id2 = ahead.offer(0, 4, rx2);

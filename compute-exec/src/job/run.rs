@@ -29,7 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::adapt::Adaptive;
-use super::ahead::{AHEAD_WAIT, Batches, ReadAhead};
+use super::ahead::{AHEAD_ROOM, AHEAD_WAIT, Batches, ReadAhead};
 use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
@@ -773,11 +773,7 @@ impl Job {
         self.touch();
         // The whole epoch, begun ahead by the stream before it, or a new
         // stream.
-        let claimed = if offset == 0 && end == per_rank {
-            self.ahead.claim(rank, epoch)
-        } else {
-            None
-        };
+        let claimed = self.ahead.take(rank, epoch, offset == 0 && end == per_rank);
         tracing::debug!(job = %self.id, rank, epoch, offset, end,
             begun_ahead = claimed.is_some(), "a reader asks");
         let batches = claimed.unwrap_or_else(|| {
@@ -852,7 +848,16 @@ impl Job {
     /// [`super::ahead`]); dropped after [`AHEAD_WAIT`] if none does.
     pub(super) fn read_ahead(self: &Arc<Self>, ready: &Arc<Ready>, rank: u64, epoch: u64) {
         let readable = matches!(*self.state.borrow(), JobState::Running | JobState::Done);
-        if epoch >= self.spec.epochs || !readable || self.ahead.has(rank, epoch) {
+        // Speculative work never takes the room readers' windows need: it
+        // begins only while half the node's window budget is free.
+        let budget = self.session.window_budget();
+        let roomy = budget.available() >= (budget.bytes() / 2).max(AHEAD_ROOM);
+        if epoch >= self.spec.epochs
+            || !readable
+            || !roomy
+            || self.ahead.has(rank, epoch)
+            || self.ahead.was_asked(rank, epoch)
+        {
             return;
         }
         let span = Span {
