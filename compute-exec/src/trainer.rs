@@ -287,7 +287,7 @@ impl ShmStream {
             }
         }
         if let Some(seg) = &self.segment {
-            match seg.put_message(whole).await {
+            match seg.put(whole).await {
                 Ok(Some(slot)) => {
                     self.job.sent_shm(slot.len);
                     out.push(control(&SlotMeta { batch: meta, slot }));

@@ -28,7 +28,7 @@ use arrow::error::ArrowError;
 use arrow::ipc;
 use bytes::Bytes;
 
-use crate::slices::{ALIGN, PADDING, SlicedMessage, bytes_of, encode_batch, header, supported};
+use crate::slices::{ALIGN, PADDING, SlicedMessage, bytes_of, encode_copied, header, supported};
 
 /// Values shorter than this are copied into the body rather than shared.
 pub const SHARE_MIN: usize = 4096;
@@ -75,6 +75,18 @@ impl Gathered {
             start: 0,
             len,
         })
+    }
+
+    /// All rows of `batch`, in order.
+    pub fn whole(batch: &RecordBatch) -> Self {
+        let rows: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
+        Self {
+            schema: batch.schema(),
+            sources: Arc::new(vec![batch.clone()]),
+            len: rows.len(),
+            rows: rows.into(),
+            start: 0,
+        }
     }
 
     /// An empty batch of `schema`.
@@ -124,19 +136,24 @@ impl Gathered {
 
     /// The record-batch message of these rows; see the module docs.
     pub fn encode(&self) -> Result<SlicedMessage, ArrowError> {
+        self.encode_sharing(SHARE_MIN)
+    }
+
+    /// [`Gathered::encode`], sharing values of `share_min` bytes or more.
+    pub(crate) fn encode_sharing(&self, share_min: usize) -> Result<SlicedMessage, ArrowError> {
         if !self
             .schema
             .fields()
             .iter()
             .all(|f| supported(f.data_type()))
         {
-            return encode_batch(&self.to_batch()?);
-        }
-        if self.len == 0 {
-            return encode_batch(&RecordBatch::new_empty(Arc::clone(&self.schema)));
+            return encode_copied(&self.to_batch()?);
         }
         let runs = runs(self.rows());
-        let mut body = Body::default();
+        let mut body = Body {
+            share_min,
+            ..Body::default()
+        };
         for (c, field) in self.schema.fields().iter().enumerate() {
             let datas: Vec<ArrayData> =
                 self.sources.iter().map(|s| s.column(c).to_data()).collect();
@@ -192,6 +209,8 @@ struct Body {
     nodes: Vec<ipc::FieldNode>,
     len: usize,
     started: usize,
+    /// Values shorter than this are copied, not shared.
+    share_min: usize,
 }
 
 impl Body {
@@ -206,7 +225,7 @@ impl Body {
 
     /// `len` bytes of `buf` from `offset`, shared when they are many.
     fn share(&mut self, buf: &Buffer, offset: usize, len: usize) {
-        if len < SHARE_MIN {
+        if len < self.share_min {
             self.copy(&buf.as_slice()[offset..offset + len]);
             return;
         }

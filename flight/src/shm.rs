@@ -23,7 +23,7 @@
 //!
 //! The server marks a free slot USED, writes the batch's encapsulated IPC
 //! message into it — the one copy of its bytes on this path, straight from
-//! the arrays' buffers ([`encode_batch`]) — and sends the slot's number in
+//! the arrays' buffers ([`crate::slices::encode_batch`], [`crate::gather`]) — and sends the slot's number in
 //! the batch's app metadata. The trainer builds Arrow arrays over its
 //! mapping (no copy) and marks the slot FREE when the last of them is
 //! garbage. A trainer that holds every slot does not make the server wait
@@ -45,10 +45,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use crate::slices::{SlicedMessage, encode_batch};
+use crate::slices::SlicedMessage;
 
 /// Where segments and probes live.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -369,21 +368,12 @@ impl Segment {
         len
     }
 
-    /// Puts `batch` in a free slot: see [`Segment::put_message`].
-    pub async fn put(self: &Arc<Self>, batch: &RecordBatch) -> Result<Option<SlotRef>, String> {
-        let m = encode_batch(batch).map_err(|e| format!("cannot encode a batch: {e}"))?;
-        self.put_message(m).await
-    }
-
     /// Puts the record-batch message `m` in a free slot, waiting up to
     /// [`SLOT_WAIT`] for one; `None` when it does not fit or no slot came
     /// free (send it over Flight instead). The copy (the values' one copy
     /// on this path, from the pieces `m`'s body borrows) runs on the
     /// blocking pool: the runtime serving streams only waits for it.
-    pub async fn put_message(
-        self: &Arc<Self>,
-        m: SlicedMessage,
-    ) -> Result<Option<SlotRef>, String> {
+    pub async fn put(self: &Arc<Self>, m: SlicedMessage) -> Result<Option<SlotRef>, String> {
         if message_len(&m) > self.slot_bytes {
             return Ok(None);
         }
@@ -450,6 +440,8 @@ pub fn sweep() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slices::encode_batch;
+    use arrow::array::RecordBatch;
     use arrow::array::{Int64Array, StringArray};
     use arrow::ipc::reader::StreamReader;
     use std::sync::Arc;
@@ -469,7 +461,7 @@ mod tests {
     async fn a_slot_holds_the_batch_as_an_ipc_message() {
         let seg = Arc::new(Segment::create(2, 4096).unwrap());
         let b = batch();
-        let r = seg.put(&b).await.unwrap().unwrap();
+        let r = seg.put(encode_batch(&b).unwrap()).await.unwrap().unwrap();
         // Read the slot back as a stream: schema message, then the slot.
         let mut w = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &b.schema()).unwrap();
         w.finish().unwrap();
@@ -497,15 +489,37 @@ mod tests {
         let seg = Arc::new(Segment::create(2, 4096).unwrap());
         let path = seg.path.clone();
         assert!(path.exists());
-        assert!(seg.put(&batch()).await.unwrap().is_some());
-        assert!(seg.put(&batch()).await.unwrap().is_some());
+        assert!(
+            seg.put(encode_batch(&batch()).unwrap())
+                .await
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            seg.put(encode_batch(&batch()).unwrap())
+                .await
+                .unwrap()
+                .is_some()
+        );
         // Both slots held: the third batch waits, then gives up.
         let t = Instant::now();
-        assert!(seg.put(&batch()).await.unwrap().is_none());
+        assert!(
+            seg.put(encode_batch(&batch()).unwrap())
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(t.elapsed() >= SLOT_WAIT);
         // The trainer frees one: it is reused.
         seg.byte(STATES_AT + 1).store(FREE, Ordering::Release);
-        assert_eq!(seg.put(&batch()).await.unwrap().unwrap().slot, 1);
+        assert_eq!(
+            seg.put(encode_batch(&batch()).unwrap())
+                .await
+                .unwrap()
+                .unwrap()
+                .slot,
+            1
+        );
         // Mapped: the name goes at the next slot taken.
         seg.byte(MAPPED_AT).store(1, Ordering::Release);
         let _ = seg.take_free();

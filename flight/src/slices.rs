@@ -6,21 +6,23 @@
 //! the buffers as slices. [`encode_batch`] does the same here: it writes
 //! the flatbuffer header (field nodes and buffer offsets, as the IPC format
 //! lays them out) and returns the body as a list of [`Bytes`] that borrow
-//! the arrays' memory — no byte of a tensor or an image is copied. Only
-//! what the format forces is made anew: a validity bitmap or a boolean
-//! array that starts mid-byte, and an offsets buffer that must be rebased
-//! to start at 0 because the batch is a slice. Types outside what this
+//! the arrays' memory — no byte of a tensor or an image is copied. The
+//! layout is [`crate::gather`]'s, for the batch's rows in order (one run):
+//! only what the format forces is made anew (bitmaps, offsets rebased to
+//! start at 0 because the batch is a slice). Types outside what this
 //! writes (dictionaries, unions, run-end and view types, maps) go through
 //! arrow's own encoder, one copy, with the same result on the wire.
 
-use arrow::array::{Array, ArrayData, RecordBatch};
-use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow::ipc::{self, MetadataVersion};
 use arrow_flight::FlightData;
 use bytes::Bytes;
 use flatbuffers::FlatBufferBuilder;
+
+use crate::gather::Gathered;
 
 /// One Flight message: an IPC flatbuffer header, its body in pieces (each
 /// buffer followed by its padding to 8 bytes), and app metadata.
@@ -73,31 +75,6 @@ impl From<FlightData> for SlicedMessage {
 pub(crate) const ALIGN: usize = 8;
 pub(crate) static PADDING: [u8; ALIGN] = [0; ALIGN];
 
-/// The body being laid out: pieces, and the buffers' places in it.
-#[derive(Default)]
-struct Body {
-    pieces: Vec<Bytes>,
-    buffers: Vec<ipc::Buffer>,
-    nodes: Vec<ipc::FieldNode>,
-    len: usize,
-}
-
-impl Body {
-    fn push(&mut self, bytes: Bytes) {
-        let n = bytes.len();
-        self.buffers
-            .push(ipc::Buffer::new(self.len as i64, n as i64));
-        if n > 0 {
-            self.pieces.push(bytes);
-        }
-        let pad = n.next_multiple_of(ALIGN) - n;
-        if pad > 0 {
-            self.pieces.push(Bytes::from_static(&PADDING[..pad]));
-        }
-        self.len += n + pad;
-    }
-}
-
 /// An Arrow buffer as the owner of a [`Bytes`].
 struct Owned(Buffer);
 
@@ -131,134 +108,14 @@ pub(crate) fn supported(t: &DataType) -> bool {
     }
 }
 
-/// A bitmap's bytes starting at its first bit: shared when it starts on a
-/// byte, shifted into a new buffer (a bit per row) when it starts mid-byte.
-fn bits(b: &BooleanBuffer) -> Bytes {
-    if b.offset().is_multiple_of(8) {
-        bytes_of(
-            b.inner()
-                .slice_with_length(b.offset() / 8, b.len().div_ceil(8)),
-        )
-    } else {
-        bytes_of(b.sliced())
-    }
-}
-
-/// The validity bitmap of `d`, or an empty buffer when it has no nulls.
-fn validity(d: &ArrayData) -> Bytes {
-    match d.nulls() {
-        Some(n) if n.null_count() > 0 => bits(n.inner()),
-        _ => Bytes::new(),
-    }
-}
-
-/// Offsets `[offset, offset + len]` of `buf` (of `W`-byte integers)
-/// starting at 0, and the range of values they cover.
-fn rebased<W: arrow::datatypes::ArrowNativeType + std::ops::Sub<Output = W>>(
-    buf: &Buffer,
-    offset: usize,
-    len: usize,
-) -> (Bytes, usize, usize) {
-    let all: &[W] = buf.typed_data();
-    let window = &all[offset..=offset + len];
-    let (first, last) = (window[0], window[len]);
-    let (start, end) = (first.as_usize(), last.as_usize());
-    if start == 0 {
-        let w = std::mem::size_of::<W>();
-        return (
-            bytes_of(buf.slice_with_length(offset * w, (len + 1) * w)),
-            start,
-            end,
-        );
-    }
-    let shifted: Buffer = window.iter().map(|&o| o - first).collect();
-    (bytes_of(shifted), start, end)
-}
-
-/// Lays out the offsets of a variable-size array (strings, binaries,
-/// lists; 32- or 64-bit) and returns the range of values or child rows
-/// they cover.
-fn offsets(d: &ArrayData, body: &mut Body) -> (usize, usize) {
-    let (offset, len) = (d.offset(), d.len());
-    let (bytes, start, end) = match d.data_type() {
-        DataType::LargeUtf8 | DataType::LargeBinary | DataType::LargeList(_) => {
-            rebased::<i64>(&d.buffers()[0], offset, len)
-        }
-        _ => rebased::<i32>(&d.buffers()[0], offset, len),
-    };
-    body.push(bytes);
-    (start, end)
-}
-
-/// Lays out `d` (and its children) as the IPC format orders them.
-fn write_array(d: &ArrayData, body: &mut Body) {
-    let (offset, len) = (d.offset(), d.len());
-    body.nodes
-        .push(ipc::FieldNode::new(len as i64, d.null_count() as i64));
-    if *d.data_type() == DataType::Null {
-        return;
-    }
-    body.push(validity(d));
-    match d.data_type() {
-        DataType::Boolean => {
-            body.push(bits(&BooleanBuffer::new(
-                d.buffers()[0].clone(),
-                offset,
-                len,
-            )));
-        }
-        DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
-            let (start, end) = offsets(d, body);
-            body.push(bytes_of(
-                d.buffers()[1].slice_with_length(start, end - start),
-            ));
-        }
-        DataType::FixedSizeBinary(w) => {
-            let w = *w as usize;
-            body.push(bytes_of(
-                d.buffers()[0].slice_with_length(offset * w, len * w),
-            ));
-        }
-        DataType::List(_) | DataType::LargeList(_) => {
-            let (start, end) = offsets(d, body);
-            write_array(&d.child_data()[0].slice(start, end - start), body);
-        }
-        DataType::FixedSizeList(_, n) => {
-            let n = *n as usize;
-            write_array(&d.child_data()[0].slice(offset * n, len * n), body);
-        }
-        DataType::Struct(_) => {
-            // A struct's children are already aligned with its view
-            // (arrow slices them with it), as arrow's IPC writer assumes.
-            for c in d.child_data() {
-                write_array(c, body);
-            }
-        }
-        t => {
-            // Primitive (checked by `supported`).
-            let w = t.primitive_width().unwrap_or(0);
-            body.push(bytes_of(
-                d.buffers()[0].slice_with_length(offset * w, len * w),
-            ));
-        }
-    }
-}
-
 /// The record-batch message of `batch`. See the module docs.
 pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
     let fields = batch.schema_ref().fields();
     if !fields.iter().all(|f| supported(f.data_type())) {
         return encode_copied(batch);
     }
-    let mut body = Body::default();
-    for c in batch.columns() {
-        write_array(&c.to_data(), &mut body);
-    }
-    Ok(SlicedMessage {
-        header: header(batch.num_rows(), &body.nodes, &body.buffers, body.len),
-        body: body.pieces,
-        app_metadata: Bytes::new(),
-    })
+    // The batch's rows, in order: one run, every buffer shared.
+    Gathered::whole(batch).encode_sharing(0)
 }
 
 /// The IPC `Message` flatbuffer of a record batch of `rows` rows whose
@@ -287,32 +144,10 @@ pub(crate) fn header(
     Bytes::copy_from_slice(fbb.finished_data())
 }
 
-/// The messages of `batch`, sliced by rows so that each body stays under
-/// `max_body` bytes where rows allow (a single row larger than that is a
-/// message of its own).
-pub fn encode_split(
-    batch: &RecordBatch,
-    max_body: usize,
-) -> Result<Vec<SlicedMessage>, arrow::error::ArrowError> {
-    let size = crate::stream::link_bytes(batch).max(1);
-    let rows = batch.num_rows().max(1);
-    let pieces = size.div_ceil(max_body.max(1)).clamp(1, rows);
-    let per = rows.div_ceil(pieces);
-    let mut out = Vec::with_capacity(pieces);
-    let mut start = 0;
-    loop {
-        let len = per.min(batch.num_rows() - start);
-        out.push(encode_batch(&batch.slice(start, len))?);
-        start += len;
-        if start >= batch.num_rows() {
-            break;
-        }
-    }
-    Ok(out)
-}
-
 /// arrow's own encoder, for the types [`encode_batch`] does not write.
-fn encode_copied(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
+pub(crate) fn encode_copied(
+    batch: &RecordBatch,
+) -> Result<SlicedMessage, arrow::error::ArrowError> {
     let mut tracker = DictionaryTracker::new(false);
     let (dicts, data) = IpcDataGenerator::default().encode(
         batch,
@@ -335,6 +170,8 @@ fn encode_copied(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::Arr
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::Arc;
+
+    use arrow::array::Array;
 
     use arrow::array::{
         ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Int64Array, LargeBinaryArray,
