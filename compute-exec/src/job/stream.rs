@@ -162,6 +162,7 @@ impl Job {
             from,
             to,
         } = span;
+        let asked = std::time::Instant::now();
         let mut query = JobQuery::prepare(
             self.session(),
             self.sql(),
@@ -182,6 +183,8 @@ impl Job {
             .place(window_plan.clone(), self.offload())
             .await
             .map_err(|e| JobError::running(&e))?;
+        tracing::debug!(job = %self.id(), rank, epoch, from, to,
+            prepared_and_placed_ms = asked.elapsed().as_secs_f64() * 1e3, "a stream begins");
         let task = placed.ctx.task_ctx();
         let order = ready.order(epoch);
         let batch = self.spec().batch_size;
@@ -281,6 +284,9 @@ impl Job {
             // `room` is given back when the last batch with a row of this
             // window is gone (sent, or dropped with its reader).
             let (start, samples, rows, room, took) = w?;
+            tracing::trace!(job = %self.id(), rank, epoch, start, samples = samples.len(),
+                took_ms = took.as_secs_f64() * 1e3, since_asked_ms = asked.elapsed().as_secs_f64() * 1e3,
+                "a window is done");
             let ready_now = ready_windows.fetch_sub(1, Ordering::Relaxed);
             let ns = took.as_nanos() as u64 / (samples.len() as u64).max(1);
             ns_per_sample.store(ns.max(1), Ordering::Relaxed);

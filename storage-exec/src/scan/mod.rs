@@ -27,6 +27,6 @@ mod take;
 
 pub use reads::{ReadPlan, Run, plan_reads};
 pub use schema::{DatasetSchema, parse_table};
-pub use source::{ExtentSource, ScanColumns, ScanOptions};
+pub use source::{ExtentSource, SHARED_OBJECT, ScanColumns, ScanOptions};
 pub use table::{DatasetTable, DatasetVersion};
 pub use take::{INDEXES_KEPT, IndexCache, TakePart, VersionIndex};
