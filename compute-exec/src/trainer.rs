@@ -16,7 +16,9 @@
 //!
 //! A trainer on this host (its ticket's [`Probe`] checks out) gets its
 //! batches through shared memory instead ([`sluice_flight::shm`]): after
-//! the schema, one control message `{"segment": SegmentInfo}`, then per
+//! the schema, one control message `{"segment": SegmentInfo, "kept": K}`
+//! (`kept`: the segment of the trainer's earlier stream, which it still
+//! maps, see [`sluice_flight::kept`]), then per
 //! batch a message with no body whose metadata adds `{"slot", "len"}`:
 //! the rows are written into the slot straight from the window batches,
 //! the one copy of their values on this path. A
@@ -34,6 +36,7 @@ use futures::{Stream, StreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sluice_flight::MAX_MESSAGE;
 use sluice_flight::gather::Gathered;
+use sluice_flight::kept::{Held, KeptSegments};
 use sluice_flight::shm::{Probe, Segment, SlotRef, Transport, message_len};
 use sluice_flight::slices::SlicedMessage;
 use sluice_flight::stream::FlightStream;
@@ -113,6 +116,7 @@ pub async fn flight_info(
             limit: None,
             transport: Transport::Auto,
             probe: None,
+            held: None,
         })
         .to_bytes();
         // The compute node that serves the rank, if nodes registered with
@@ -171,14 +175,13 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
             segment: None,
             tried: false,
             forced,
+            held: t.held,
         };
         let messages = stream::unfold(
             (Box::pin(deliveries), state),
             |(mut deliveries, mut state)| async move {
                 let Some(next) = deliveries.next().await else {
-                    if let Some(seg) = &state.segment {
-                        seg.until_mapped(sluice_flight::shm::MAP_WAIT).await;
-                    }
+                    state.end().await;
                     return None;
                 };
                 let out = match next {
@@ -243,15 +246,43 @@ struct SlotMeta {
 }
 
 /// One shared-memory read: its segment, made at the first batch (whose
-/// size sets the slots').
+/// size sets the slots') or taken back from the trainer's earlier stream.
 struct ShmStream {
     job: std::sync::Arc<crate::job::Job>,
     segment: Option<std::sync::Arc<Segment>>,
     tried: bool,
     forced: bool,
+    /// The segments the trainer still maps, as its ticket says.
+    held: Option<Held>,
 }
 
 impl ShmStream {
+    /// A segment for batches of `size` bytes: one the trainer still maps
+    /// from its earlier stream, or a new one (`None`: Flight it is).
+    fn segment_for(&self, size: usize) -> std::io::Result<Option<(std::sync::Arc<Segment>, bool)>> {
+        if let Some(seg) = self
+            .held
+            .as_ref()
+            .and_then(|h| KeptSegments::global().take(h, size))
+        {
+            return Ok(Some((seg, true)));
+        }
+        Ok(Segment::for_batch(size)?.map(|s| (std::sync::Arc::new(s), false)))
+    }
+
+    /// The stream was read to its end: once the trainer has mapped the
+    /// segment, it is kept for the trainer's next stream (if the trainer
+    /// said who it is); else it goes with the stream.
+    async fn end(&mut self) {
+        let Some(seg) = self.segment.take() else {
+            return;
+        };
+        seg.until_mapped(sluice_flight::shm::MAP_WAIT).await;
+        if let Some(held) = self.held.as_ref().filter(|_| seg.mapped()) {
+            KeptSegments::global().keep(held, seg);
+        }
+    }
+
     async fn messages(&mut self, d: &Delivery) -> Vec<Result<SlicedMessage, Status>> {
         let meta = BatchMeta {
             from: d.from,
@@ -265,10 +296,12 @@ impl ShmStream {
         if !self.tried {
             self.tried = true;
             let size = message_len(&whole) + 4096;
-            match Segment::for_batch(size) {
-                Ok(Some(seg)) => {
-                    out.push(control(&serde_json::json!({ "segment": seg.info() })));
-                    self.segment = Some(std::sync::Arc::new(seg));
+            match self.segment_for(size) {
+                Ok(Some((seg, kept))) => {
+                    out.push(control(
+                        &serde_json::json!({ "segment": seg.info(), "kept": kept }),
+                    ));
+                    self.segment = Some(seg);
                 }
                 Ok(None) => {
                     tracing::info!(job = %self.job.id(), bytes = size,

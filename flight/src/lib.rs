@@ -47,6 +47,7 @@ pub mod feed;
 pub mod frames;
 pub mod gather;
 pub mod ingest;
+pub mod kept;
 pub mod messages;
 pub mod scan;
 pub mod shm;

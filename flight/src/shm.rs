@@ -13,6 +13,7 @@
 //!   +------------------------------+  0
 //!   | magic, slots, slot_bytes     |
 //!   | mapped flag (trainer sets)   |  MAPPED_AT
+//!   | retired flag (server sets)   |  RETIRED_AT: dropped, let go of it
 //!   | slot states, 1 byte each     |  STATES_AT: FREE 0 / USED 1
 //!   +------------------------------+  HEADER (4096)
 //!   | slot 0: one IPC message      |  an encapsulated Arrow record batch
@@ -29,9 +30,10 @@
 //! garbage. A trainer that holds every slot does not make the server wait
 //! for ever or grow: after [`SLOT_WAIT`] the batch goes over Flight as
 //! usual (gRPC's flow control is then the backpressure). The segment is a
-//! fixed size, unmapped and unlinked when the stream ends, however it ends
-//! (a stream that ends first waits for the trainer to have mapped it,
-//! [`MAP_WAIT`] at most);
+//! fixed size, unlinked once the trainer mapped it (a stream that ends
+//! first waits for that, [`MAP_WAIT`] at most), and unmapped when the
+//! stream ends — or, when the stream was read to its end, kept for the
+//! trainer's next stream ([`crate::kept`]);
 //! files a killed server left are removed by the next one to make a
 //! segment ([`sweep`], once per process).
 
@@ -59,6 +61,9 @@ pub const SEGMENT_PREFIX: &str = "sluice-seg-";
 pub const HEADER: usize = 4096;
 /// Offset of the flag the trainer sets once it has mapped the segment.
 pub const MAPPED_AT: usize = 32;
+/// Where the server marks a segment it dropped: the trainer may let go
+/// of its mapping (see [`crate::kept`]).
+pub const RETIRED_AT: usize = 33;
 /// Offset of the slots' state bytes.
 pub const STATES_AT: usize = 64;
 /// A slot the server may write.
@@ -199,12 +204,17 @@ impl Segment {
     /// room to spare, or `None` when such batches are too big to be worth
     /// it.
     pub fn for_batch(first: usize) -> std::io::Result<Option<Self>> {
-        let slot_bytes = (first + first / 4 + (64 << 10)).next_multiple_of(4096);
+        let slot_bytes = Self::slot_bytes_for(first);
         let slots = (SEGMENT_BUDGET / slot_bytes).min(MAX_SLOTS);
         if slots < MIN_SLOTS {
             return Ok(None);
         }
         Self::create(slots, slot_bytes).map(Some)
+    }
+
+    /// The slot size [`Segment::for_batch`] gives batches like `first`.
+    pub fn slot_bytes_for(first: usize) -> usize {
+        (first + first / 4 + (64 << 10)).next_multiple_of(4096)
     }
 
     /// A new segment of `slots` slots of `slot_bytes`.
@@ -323,6 +333,11 @@ impl Segment {
         }
     }
 
+    /// Whether the trainer has mapped it (and its file is gone).
+    pub fn mapped(&self) -> bool {
+        !self.linked.load(Ordering::Acquire)
+    }
+
     /// A free slot, round-robin from the last one used.
     fn take_free(&self) -> Option<usize> {
         self.unlink_if_mapped();
@@ -405,6 +420,8 @@ impl Drop for Segment {
         if *self.linked.get_mut() {
             let _ = std::fs::remove_file(&self.path);
         }
+        // A trainer that kept its mapping for our next stream lets go.
+        self.byte(RETIRED_AT).store(1, Ordering::Release);
         // SAFETY: `base` and `size` are the mapping `create` made, unmapped
         // once, here; nothing borrows it past `self`.
         unsafe { libc::munmap(self.base.cast(), self.size) };

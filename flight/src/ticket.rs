@@ -13,6 +13,7 @@ use sluice_udfs::UdfOptions;
 use tonic::Status;
 
 use crate::checkpoint::GetTicket;
+use crate::kept::Held;
 use crate::shm::{Probe, Transport};
 
 /// See the module docs.
@@ -75,6 +76,10 @@ pub struct JobTicket {
     /// The trainer's proof that it shares this host's `/dev/shm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<Probe>,
+    /// The segments the trainer still maps from its earlier streams: one
+    /// of them may carry this stream too (see [`crate::kept`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
 }
 
 fn is_auto(t: &Transport) -> bool {

@@ -9,14 +9,23 @@ the segment once and makes each batch over the mapping without copying it
 free for the server when the batch, and every array, numpy view or tensor
 made from it, is garbage: the buffer's ``base`` is a :class:`_Lease` that
 frees the slot when it dies.
+
+A process keeps its last :data:`KEEP_MAX` segments mapped after their
+streams (:func:`held`): its next ticket names them, with an id the process
+gives itself, and the server may carry the next stream in one of them
+(``"kept": true``), whose pages are then already in place on both sides.
+A segment the server dropped says so in its header (``RETIRED_AT``) and is
+let go at the next ticket; a forked child starts with none of its own.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import os
 import secrets
+import threading
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -26,6 +35,8 @@ SHM_DIR = "/dev/shm"
 PROBE_PREFIX = "sluice-probe-"
 HEADER = 4096
 MAPPED_AT = 32
+RETIRED_AT = 33
+KEEP_MAX = 2
 STATES_AT = 64
 FREE = 0
 MAGIC = b"SLUICE01"
@@ -118,3 +129,52 @@ class Segment:
         buf = pa.foreign_buffer(self.address + HEADER + slot * self.slot_bytes, length,
                                 base=lease)
         return pa.ipc.read_record_batch(pa.ipc.read_message(buf), schema)
+
+    @property
+    def retired(self) -> bool:
+        """Whether the server dropped it (no stream will use it again)."""
+        return self.map[RETIRED_AT] != 0
+
+
+_lock = threading.Lock()
+_pid = -1
+_trainer = ""
+_kept: "collections.OrderedDict[str, Segment]" = collections.OrderedDict()
+
+
+def _mine() -> None:
+    """Resets the kept segments and the id in a new (forked) process."""
+    global _pid, _trainer
+    if _pid != os.getpid():
+        _pid = os.getpid()
+        _trainer = f"{_pid}-{secrets.token_hex(8)}"
+        _kept.clear()
+
+
+def held() -> Dict[str, Segment]:
+    """The segments this process still maps for a next stream, by path
+    (retired ones let go first); the caller holds on to them until its
+    stream names the one it gets."""
+    with _lock:
+        _mine()
+        for path in [p for p, seg in _kept.items() if seg.retired]:
+            del _kept[path]
+        return dict(_kept)
+
+
+def held_ticket(segments: Dict[str, Segment]) -> Dict[str, Any]:
+    """What a ticket says of ``segments`` (from :func:`held`)."""
+    with _lock:
+        _mine()
+        return {"trainer": _trainer, "paths": list(segments)}
+
+
+def remember(seg: Segment) -> None:
+    """Keeps ``seg`` mapped for this process's next stream (the oldest of
+    more than :data:`KEEP_MAX` let go)."""
+    with _lock:
+        _mine()
+        _kept[seg.path] = seg
+        _kept.move_to_end(seg.path)
+        while len(_kept) > KEEP_MAX:
+            _kept.popitem(last=False)

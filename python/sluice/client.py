@@ -350,7 +350,8 @@ class Reader:
         self.schema: Optional[pa.Schema] = None
         self.last_from = offset
 
-    def _ticket(self, probe: Optional["_shm.Probe"] = None) -> flight.Ticket:
+    def _ticket(self, probe: Optional["_shm.Probe"] = None,
+                held: Optional[Dict[str, "_shm.Segment"]] = None) -> flight.Ticket:
         t: Dict[str, Any] = {"type": "job", "job": self.job.id, "rank": self.rank,
                              "epoch": self.epoch, "offset": self.offset}
         if self.limit is not None:
@@ -359,6 +360,8 @@ class Reader:
             t["transport"] = self.transport
         if probe is not None and probe.ticket() is not None:
             t["probe"] = probe.ticket()
+            if held is not None:
+                t["held"] = _shm.held_ticket(held)
         return flight.Ticket(json.dumps(t).encode())
 
     def batches(self) -> Iterator[pa.RecordBatch]:
@@ -386,9 +389,13 @@ class Reader:
         c = self.job.client
         transport = transport or self.transport
         probe = _shm.Probe() if transport != "flight" else None
+        # Segments this process still maps: the server may carry this
+        # stream in one of them (held here until the stream names it).
+        held = _shm.held() if probe is not None else None
         location = self.job.location(self.rank)
         try:
-            stream = c.flight(location=location).do_get(self._ticket(probe), c.call_options())
+            stream = c.flight(location=location).do_get(self._ticket(probe, held),
+                                                        c.call_options())
             self.schema = stream.schema
         except pa.ArrowException as e:
             if transport == "shm":
@@ -414,7 +421,11 @@ class Reader:
             meta = json.loads(chunk.app_metadata.to_pybytes())
             if "segment" in meta:
                 try:
-                    segment = _shm.Segment(meta["segment"])
+                    info = meta["segment"]
+                    kept = (held or {}).get(info["path"]) if meta.get("kept") else None
+                    segment = kept or _shm.Segment(info)
+                    _shm.remember(segment)
+                    held = None
                     self.transport_used = "shm"
                 except PermissionError:
                     if transport == "shm":

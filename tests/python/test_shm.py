@@ -1,8 +1,10 @@
 """Shared-memory delivery to a trainer on the server's host: the same bytes
 as Flight; chosen by itself and forced either way; a trainer killed
 mid-read gives the server's segment back; a trainer that keeps every batch
-slows the stream down (Flight takes over) without growing the server; and
-DataLoader workers read every sample once through it."""
+slows the stream down (Flight takes over) without growing the server; a
+trainer's next stream reuses the segment it still maps, which both sides
+let go of once the server stops keeping it; and DataLoader workers read
+every sample once through it."""
 
 import json
 import os
@@ -16,6 +18,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
+from sluice import _shm
 from serve import metric, sample_server
 
 if not os.access("/dev/shm", os.W_OK):
@@ -114,6 +117,31 @@ def test_a_trainer_that_keeps_every_batch_slows_the_stream_without_growing_it(se
     # The held batches are intact (no slot was rewritten under them).
     again = pa.Table.from_batches(list(job.reader(0, 0, transport="flight").batches()))
     assert pa.Table.from_batches(held).equals(again)
+
+
+def test_a_trainers_next_stream_reuses_its_segment_until_the_server_lets_go(server):
+    proc, c, job = server
+    flight_bytes = pa.Table.from_batches(list(job.reader(0, 1, transport="flight").batches()))
+    paths, tables = [], []
+    for _ in range(3):
+        r = job.reader(0, 1, transport="shm", prefetch=0)
+        tables.append(pa.Table.from_batches(list(r.batches())))
+        assert r.transport_used == "shm"
+        paths.append(list(_shm.held()))
+    # One segment carried all three streams, on both sides, with the same
+    # bytes as Flight.
+    assert len(paths[0]) >= 1 and paths[0] == paths[1] == paths[2], paths
+    assert all(t.equals(flight_bytes) for t in tables)
+    path = paths[0][-1]  # the one used last
+    assert path.startswith(f"/dev/shm/sluice-seg-{proc.pid}-")
+    assert metric(c.url, "sluice_shm_mapped_bytes") > 0
+    # Not asked for again, the server drops it after a while and marks it
+    # retired; the trainer lets go of its mapping at its next ticket.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and metric(c.url, "sluice_shm_mapped_bytes") > 0:
+        time.sleep(0.5)
+    assert metric(c.url, "sluice_shm_mapped_bytes") == 0
+    assert path not in _shm.held()
 
 
 def test_dataloader_workers_read_every_sample_once_through_shm(server):
