@@ -35,7 +35,8 @@
 //! stream ends — or, when the stream was read to its end, kept for the
 //! trainer's next stream ([`crate::kept`]);
 //! files a killed server left are removed by the next one to make a
-//! segment ([`sweep`], once per process).
+//! segment ([`sweep`], once per process), and so are probes of trainers
+//! killed before their server answered.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -430,14 +431,18 @@ impl Drop for Segment {
 }
 
 /// Removes segment files whose server process is gone (killed before it
-/// could unlink them).
+/// could unlink them), and probes whose trainer process is gone (killed
+/// between making one and its server's answer).
 pub fn sweep() {
     let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
         return;
     };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SEGMENT_PREFIX)) else {
+        let Some(rest) = name.to_str().and_then(|n| {
+            n.strip_prefix(SEGMENT_PREFIX)
+                .or_else(|| n.strip_prefix(PROBE_PREFIX))
+        }) else {
             continue;
         };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
@@ -573,5 +578,26 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn sweep_removes_the_files_of_dead_processes_only() {
+        // Above the kernel's largest pid: never a live process.
+        let dead = 4_194_400;
+        let names = [
+            format!("{SEGMENT_PREFIX}{dead}-0"),
+            format!("{PROBE_PREFIX}{dead}-ab12"),
+            format!("{PROBE_PREFIX}{}-cd34", std::process::id()),
+        ];
+        for n in &names {
+            std::fs::write(Path::new(SHM_DIR).join(n), b"x").unwrap();
+        }
+        sweep();
+        let left: Vec<bool> = names
+            .iter()
+            .map(|n| Path::new(SHM_DIR).join(n).exists())
+            .collect();
+        let _ = std::fs::remove_file(Path::new(SHM_DIR).join(&names[2]));
+        assert_eq!(left, [false, false, true]);
     }
 }

@@ -42,12 +42,12 @@ use super::store::{JobRecord, JobStore};
 use super::stream::{CHANNEL_BATCHES, Span};
 use crate::session::ComputeSession;
 
-/// A batch of a rank's stream: the positions it covers and the offset to
-/// resume after it.
 /// What a batch keeps alive besides its rows' memory: its windows'
 /// reservations in the node's window budget.
 pub type Hold = Arc<dyn std::any::Any + Send + Sync>;
 
+/// A batch of a rank's stream: the positions it covers and the offset to
+/// resume after it.
 #[derive(Clone)]
 pub struct Delivery {
     /// The rows, not yet made into a batch (see [`Gathered`]).
