@@ -47,6 +47,17 @@ fn open(dir: &std::path::Path, backend: Backend, device_size: u64) -> Arc<Store>
     .unwrap()
 }
 
+/// A 64 MiB store whose node cache holds all of it.
+fn cached_store(dir: &std::path::Path) -> Arc<Store> {
+    Store::open(&StoreOptions {
+        chunk_size: 1 << 20,
+        device_size: 64 << 20,
+        cache_memory: Some(64 << 20),
+        ..StoreOptions::new(dir)
+    })
+    .unwrap()
+}
+
 async fn ingest_mem(
     store: &Arc<Store>,
     name: &str,
@@ -248,13 +259,7 @@ async fn the_node_cache_serves_later_reads_the_same_bytes_within_its_budget() {
     let want: HashMap<String, Vec<u8>> = input.iter().cloned().collect();
     {
         // Room for everything: the second read is all hits, from memory.
-        let store = Store::open(&StoreOptions {
-            chunk_size: 1 << 20,
-            device_size: 64 << 20,
-            cache_memory: Some(64 << 20),
-            ..StoreOptions::new(dir.path())
-        })
-        .unwrap();
+        let store = cached_store(dir.path());
         ingest_mem(&store, "imgs", input.clone()).await;
         let ctx = sluice_storage::session_context(Arc::clone(&store));
         let first = query(&ctx, "SELECT key, data FROM imgs").await;
@@ -313,13 +318,7 @@ async fn large_cached_objects_are_served_over_the_cached_bytes() {
         })
         .collect();
     let want: HashMap<String, Vec<u8>> = input.iter().cloned().collect();
-    let store = Store::open(&StoreOptions {
-        chunk_size: 1 << 20,
-        device_size: 64 << 20,
-        cache_memory: Some(64 << 20),
-        ..StoreOptions::new(dir.path())
-    })
-    .unwrap();
+    let store = cached_store(dir.path());
     ingest_mem(&store, "objs", input).await;
     let ctx = sluice_storage::session_context(Arc::clone(&store));
     let _fill = query(&ctx, "SELECT key, data FROM objs").await;
