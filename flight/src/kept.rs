@@ -23,6 +23,7 @@
 //! trainer lets go of its own mapping too. Slots the trainer still holds
 //! from the earlier stream stay USED and are skipped until it frees them.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -115,7 +116,7 @@ impl KeptSegments {
         let mut entries = self.lock();
         let at = entries.iter().position(|e| {
             e.trainer == held.trainer
-                && held.paths.iter().any(|p| p == &e.segment.info().path)
+                && held.paths.iter().any(|p| Path::new(p) == e.segment.path())
                 && (fresh..=2 * fresh).contains(&e.segment.slot_bytes())
         })?;
         Some(entries.swap_remove(at).segment)

@@ -295,6 +295,11 @@ impl Segment {
         }
     }
 
+    /// Where its file is (or was, once unlinked).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Bytes per slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes

@@ -32,9 +32,9 @@ fn internal(e: impl std::fmt::Display) -> JobError {
 pub struct Rebatcher {
     schema: SchemaRef,
     batch_size: usize,
-    sources: Vec<RecordBatch>,
-    /// Each source's window's hold, the same for all of a window's batches.
-    holds: Vec<Hold>,
+    /// Each window batch with its window's hold (the same for all of a
+    /// window's batches).
+    sources: Vec<(RecordBatch, Hold)>,
     rows: Vec<(usize, usize)>,
     positions: Vec<u64>,
     next_from: u64,
@@ -47,7 +47,6 @@ impl Rebatcher {
             schema,
             batch_size: batch_size.max(1),
             sources: Vec::new(),
-            holds: Vec::new(),
             rows: Vec::new(),
             positions: Vec::new(),
             next_from: from,
@@ -97,9 +96,9 @@ impl Rebatcher {
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-            self.sources
-                .push(RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(internal)?);
-            self.holds.push(Arc::clone(&hold));
+            let source =
+                RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(internal)?;
+            self.sources.push((source, Arc::clone(&hold)));
         }
         let mut missing = Vec::new();
         for (i, cell) in at.into_iter().enumerate() {
@@ -142,10 +141,11 @@ impl Rebatcher {
         let mut rows = Vec::with_capacity(n);
         for &(b, r) in &self.rows[..n] {
             if at[b] == usize::MAX {
+                let (source, hold) = &self.sources[b];
                 at[b] = sources.len();
-                sources.push(self.sources[b].clone());
-                if !holds.iter().any(|h| Arc::ptr_eq(h, &self.holds[b])) {
-                    holds.push(Arc::clone(&self.holds[b]));
+                sources.push(source.clone());
+                if !holds.iter().any(|h| Arc::ptr_eq(h, hold)) {
+                    holds.push(Arc::clone(hold));
                 }
             }
             rows.push((at[b], r));
@@ -172,7 +172,6 @@ impl Rebatcher {
     fn compact(&mut self) {
         if self.rows.is_empty() {
             self.sources.clear();
-            self.holds.clear();
             return;
         }
         let mut used = vec![false; self.sources.len()];
@@ -184,21 +183,13 @@ impl Rebatcher {
         }
         let mut remap = vec![0; self.sources.len()];
         let mut kept = Vec::new();
-        let mut kept_holds = Vec::new();
-        let holds = std::mem::take(&mut self.holds);
-        for ((i, s), h) in std::mem::take(&mut self.sources)
-            .into_iter()
-            .enumerate()
-            .zip(holds)
-        {
+        for (i, s) in std::mem::take(&mut self.sources).into_iter().enumerate() {
             if used[i] {
                 remap[i] = kept.len();
                 kept.push(s);
-                kept_holds.push(h);
             }
         }
         self.sources = kept;
-        self.holds = kept_holds;
         for r in &mut self.rows {
             r.0 = remap[r.0];
         }
