@@ -1,7 +1,7 @@
 //! The output bytes that all job streams of a node may have in flight
 //! together.
 //!
-//! A reader bounds its own memory (`IN_FLIGHT` windows of about
+//! A reader bounds its own memory (`IN_FLIGHT + HELD` windows of about
 //! `WINDOW_BYTES` plus a channel of batches), but a node serving 64
 //! trainers would still hold 64 times that. Each window reserves its
 //! expected output bytes here before it runs and gives them back once

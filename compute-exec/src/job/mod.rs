@@ -14,6 +14,7 @@
 //!   any offset;
 //! - [`stream`]: the stream of an epoch — windows in flight, in order,
 //!   bounded;
+//! - [`in_order`]: windows run as cores free up, handed on in order;
 //! - [`ahead`]: each rank's next epoch, begun before its reader asks;
 //! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
 //!   may have in flight together;
@@ -33,6 +34,7 @@ pub mod ahead;
 pub mod budget;
 pub mod cluster;
 pub mod error;
+pub mod in_order;
 pub mod index;
 pub mod order;
 pub mod plan;

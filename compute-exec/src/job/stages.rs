@@ -31,7 +31,7 @@ use sluice_planner::choose::Rates;
 use sluice_planner::resources::Resources;
 use sluice_udfs::{StageClock, StageTiming, Tier};
 
-use super::stream::{CHANNEL_BATCHES, IN_FLIGHT};
+use super::stream::{CHANNEL_BATCHES, HELD, IN_FLIGHT};
 
 /// The span the statistics of a running job cover.
 pub const RECENT: Duration = Duration::from_secs(5);
@@ -487,7 +487,7 @@ fn compute(
             QueueView {
                 queue: "windows".into(),
                 mean: mean(c.ready_sum, c.ready_n),
-                capacity: IN_FLIGHT as u64,
+                capacity: (IN_FLIGHT + HELD) as u64,
             },
             QueueView {
                 queue: "reader".into(),

@@ -10,7 +10,8 @@
 //!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
-//!    ─► in order (a bounded reorder: `buffered`) ─► rows back at their slots ─► batches
+//!    ─► in order (`InOrder`: a window done before an older one is held and the
+//!       next one starts, IN_FLIGHT + HELD at most) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
 //!  the last window of a whole epoch issued ─► the rank's next epoch begun for
 //!    its reader (`ahead`: taken over by the request for it, else dropped)
@@ -22,7 +23,7 @@
 //!    and the next windows run the new placement (see `adapt`)
 //! ```
 //!
-//! Memory per reader is bounded by `IN_FLIGHT + 1` windows of about
+//! Memory per reader is bounded by `IN_FLIGHT + HELD + 1` windows of about
 //! `WINDOW_BYTES` each and the channel's `CHANNEL_BATCHES` batches,
 //! whatever the size of a sample, and the windows of all readers together
 //! by the node's [`super::WindowBudget`] (each reserves its expected
@@ -48,6 +49,7 @@ use tokio::sync::mpsc;
 use super::Job;
 use super::adapt::{GAIN, Meter, choice_of, observed_link};
 use super::error::JobError;
+use super::in_order::InOrder;
 use super::query::{JobQuery, udf_options};
 use super::rebatch::Rebatcher;
 use super::run::{Delivery, Ready};
@@ -59,6 +61,10 @@ pub const WINDOW_BYTES: u64 = 32 << 20;
 pub const WINDOW_MAX: u64 = 512;
 /// Windows running at once per reader.
 pub const IN_FLIGHT: usize = 3;
+/// Windows a reader may have beyond [`IN_FLIGHT`], done before an older
+/// one and waiting for it (see [`InOrder`]): the cores go on with later
+/// windows while one is late.
+pub const HELD: usize = 3;
 /// Batches made ahead of the reader.
 pub const CHANNEL_BATCHES: usize = 2;
 
@@ -224,49 +230,47 @@ impl Job {
         let done = Arc::clone(&ready_windows);
         let mut next_epoch = (from == 0 && to == ready.layout.per_rank())
             .then(|| (Arc::clone(self), Arc::clone(ready)));
-        let mut windows = starts
-            .map(move |(start, len)| {
-                let stop = (start + len).min(to);
-                if stop >= to
-                    && let Some((job, ready)) = next_epoch.take()
-                {
-                    job.read_ahead(&ready, rank, epoch + 1);
-                }
-                let samples = held.layout.rank_samples(&order, rank, start, stop);
-                let takes = held.index.takes(&samples);
-                let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
-                let task = Arc::clone(&task);
-                let (runtime, budget, done) = (runtime.clone(), budget.clone(), Arc::clone(&done));
-                let bytes = match estimate.load(Ordering::Relaxed) {
-                    0 => WINDOW_BYTES,
-                    b => b.saturating_mul(stop - start),
+        let windows = starts.map(move |(start, len)| {
+            let stop = (start + len).min(to);
+            if stop >= to
+                && let Some((job, ready)) = next_epoch.take()
+            {
+                job.read_ahead(&ready, rank, epoch + 1);
+            }
+            let samples = held.layout.rank_samples(&order, rank, start, stop);
+            let takes = held.index.takes(&samples);
+            let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
+            let task = Arc::clone(&task);
+            let (runtime, budget, done) = (runtime.clone(), budget.clone(), Arc::clone(&done));
+            let bytes = match estimate.load(Ordering::Relaxed) {
+                0 => WINDOW_BYTES,
+                b => b.saturating_mul(stop - start),
+            };
+            async move {
+                // Room among all streams' windows first, then the work.
+                let room = budget.reserve(bytes).await;
+                let began = std::time::Instant::now();
+                let mut retry = Retry::new(storage_wait);
+                let rows = loop {
+                    let (plan, takes, task) = (Arc::clone(&plan), takes.clone(), Arc::clone(&task));
+                    let mut run = Abort(runtime.spawn(async move {
+                        let plan = with_takes(plan, &takes)?;
+                        collect(plan, task).await
+                    }));
+                    let attempt = (&mut run.0)
+                        .await
+                        .map_err(|e| JobError::Internal(e.to_string()))?
+                        .map_err(|e| JobError::running(&e));
+                    match attempt {
+                        Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
+                        other => break other?,
+                    }
                 };
-                async move {
-                    // Room among all streams' windows first, then the work.
-                    let room = budget.reserve(bytes).await;
-                    let began = std::time::Instant::now();
-                    let mut retry = Retry::new(storage_wait);
-                    let rows = loop {
-                        let (plan, takes, task) =
-                            (Arc::clone(&plan), takes.clone(), Arc::clone(&task));
-                        let mut run = Abort(runtime.spawn(async move {
-                            let plan = with_takes(plan, &takes)?;
-                            collect(plan, task).await
-                        }));
-                        let attempt = (&mut run.0)
-                            .await
-                            .map_err(|e| JobError::Internal(e.to_string()))?
-                            .map_err(|e| JobError::running(&e));
-                        match attempt {
-                            Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
-                            other => break other?,
-                        }
-                    };
-                    done.fetch_add(1, Ordering::Relaxed);
-                    Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
-                }
-            })
-            .buffered(IN_FLIGHT);
+                done.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
+            }
+        });
+        let mut windows = InOrder::new(Box::pin(windows), IN_FLIGHT, HELD);
         let adapting = self.adaptive().may_move(self.offload());
         let nodes: Vec<_> = self.pins().iter().map(|(e, _)| Arc::clone(e)).collect();
         let mut meter = if adapting {
