@@ -130,20 +130,8 @@ fn keys(batches: &[RecordBatch]) -> Vec<String> {
 }
 
 async fn read(jobs: &Jobs, id: &str, rank: u64, epoch: u64, offset: u64) -> Vec<RecordBatch> {
-    read_part(jobs, id, rank, epoch, offset, None).await
-}
-
-/// At most `limit` positions of `rank`'s `epoch` from `offset`.
-async fn read_part(
-    jobs: &Jobs,
-    id: &str,
-    rank: u64,
-    epoch: u64,
-    offset: u64,
-    limit: Option<u64>,
-) -> Vec<RecordBatch> {
     let job = jobs.get(id).unwrap();
-    job.deliver(rank, epoch, offset, limit)
+    job.deliver(rank, epoch, offset, None)
         .await
         .unwrap()
         .map(|d| d.and_then(|d| d.batch()))
@@ -273,40 +261,6 @@ async fn the_next_epoch_is_begun_ahead_and_reads_as_if_asked_for() {
     assert!(cancelled.begun_ahead(0, 1));
     cancelled.cancel();
     assert!(!cancelled.begun_ahead(0, 1));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_workers_part_is_begun_ahead_once_it_repeats() {
-    let dir = tempfile::tempdir().unwrap();
-    let one = jobs(vec![node(dir.path(), "all", (0..SAMPLES).collect()).await]);
-    let mut s = spec(1, false, "auto");
-    s.epochs = 3;
-    let job = one.submit(s.clone()).await.unwrap();
-    let fresh = one.submit(s).await.unwrap();
-    // Two DataLoader workers split rank 0's 37 positions: 0..20, 20..37.
-    let parts = [(0, Some(20)), (20, None)];
-    for (offset, limit) in parts {
-        read_part(&one, job.id(), 0, 0, offset, limit).await;
-    }
-    // A part read once is no pattern yet: nothing was begun.
-    assert!(!job.begun_ahead(0, 1));
-    for (offset, limit) in parts {
-        read_part(&one, job.id(), 0, 1, offset, limit).await;
-    }
-    // Read again in epoch 1: epoch 2 of each part was begun, and each
-    // worker's request takes its own over with the rows a stream begun on
-    // request gives.
-    assert!(job.begun_ahead(0, 2));
-    for (offset, limit) in parts {
-        let begun = read_part(&one, job.id(), 0, 2, offset, limit).await;
-        assert_eq!(
-            begun,
-            read_part(&one, fresh.id(), 0, 2, offset, limit).await
-        );
-    }
-    assert!(!job.begun_ahead(0, 2));
-    assert_eq!(job.state(), JobState::Done);
-    assert_eq!(job.status().progress, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

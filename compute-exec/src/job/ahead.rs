@@ -8,17 +8,14 @@
 //! run one pipeline across epochs (DALI, tf.data with `repeat`) do not pay
 //! it.
 //!
-//! So when a stream issues its last window, the job begins the same
-//! positions of the rank's next epoch ([`ReadAhead::offer`]) — for a
-//! stream of the whole epoch always, for part of one (a DataLoader
-//! worker's run of the rank's share) when a reader asked for the same
-//! part of the epoch before, so the pattern repeats — if no reader asked
-//! for those positions of that epoch yet and the node's window budget has
-//! room to spare: a stream like any other, whose batches wait in its
-//! channel. A request for exactly that [`Span`] takes it over
-//! ([`ReadAhead::take`]); a request for other positions of it drops it and
-//! starts its own (a resumed reader); other spans of the epoch (the other
-//! workers') are kept. What the read-ahead may hold is bounded as a reader's
+//! So when a stream that reads a whole epoch issues its last window, the
+//! job begins the same rank's next epoch from offset 0
+//! ([`ReadAhead::offer`]), if no reader asked for that epoch yet and the
+//! node's window budget has room to spare: a stream like any other, whose
+//! batches wait in its channel. A request for exactly that (rank, epoch,
+//! offset 0, to the end) takes it over ([`ReadAhead::take`]); a request
+//! for any other part of it drops it and starts its own (a resumed or
+//! sharded reader). What the read-ahead may hold is bounded as a reader's
 //! stream is (its windows in flight and its channel's batches: a stream
 //! no one reads stops when its channel is full), and nothing it made
 //! counts as delivered until a reader receives it, so exactly-once and
@@ -26,7 +23,7 @@
 //! epoch's reader left before the end, is dropped, which stops its windows,
 //! and so are a cancelled job's.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -35,7 +32,6 @@ use tokio::sync::mpsc;
 
 use super::error::JobError;
 use super::run::Delivery;
-use super::stream::Span;
 
 /// How long a read-ahead waits for its reader.
 pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
@@ -49,34 +45,24 @@ pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
 
 struct Ahead {
     id: u64,
-    span: Span,
+    rank: u64,
+    epoch: u64,
     batches: Batches,
 }
-
-/// Whether `a` and `b` are of one rank and share a position (of any epoch).
-fn overlap(a: &Span, b: &Span) -> bool {
-    a.rank == b.rank && a.from < b.to && b.from < a.to
-}
-
-/// The spans (`from`, `to`) readers asked for, by (rank, epoch).
-type Asked = HashMap<(u64, u64), Vec<(u64, u64)>>;
 
 /// See the module docs.
 #[derive(Default)]
 pub struct ReadAhead {
     waiting: Mutex<Vec<Ahead>>,
-    /// The spans readers asked for, by (rank, epoch): never begun ahead
-    /// again.
-    asked: Mutex<Asked>,
+    /// The (rank, epoch)s readers asked for: never begun ahead again.
+    asked: Mutex<HashSet<(u64, u64)>>,
     next: AtomicU64,
 }
 
 impl std::fmt::Debug for ReadAhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let spans: Vec<Span> = self.lock().iter().map(|a| a.span).collect();
-        f.debug_struct("ReadAhead")
-            .field("waiting", &spans)
-            .finish()
+        let keys: Vec<(u64, u64)> = self.lock().iter().map(|a| (a.rank, a.epoch)).collect();
+        f.debug_struct("ReadAhead").field("waiting", &keys).finish()
     }
 }
 
@@ -85,74 +71,55 @@ impl ReadAhead {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn asked(&self) -> std::sync::MutexGuard<'_, Asked> {
-        self.asked.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether some part of `rank`'s `epoch` is begun and waiting.
+    /// Whether `rank`'s `epoch` is begun and waiting.
     pub fn has(&self, rank: u64, epoch: u64) -> bool {
         self.lock()
             .iter()
-            .any(|a| a.span.rank == rank && a.span.epoch == epoch)
+            .any(|a| a.rank == rank && a.epoch == epoch)
     }
 
-    /// Whether exactly `span` is begun and waiting.
-    pub fn has_span(&self, span: &Span) -> bool {
-        self.lock().iter().any(|a| a.span == *span)
-    }
-
-    /// Keeps `batches`, the stream of `span`, for its reader (dropping
-    /// any other waiting for one of its positions); returns its id for
-    /// [`ReadAhead::expire`].
-    pub fn offer(&self, span: Span, batches: Batches) -> u64 {
+    /// Keeps `batches`, the stream of `rank`'s `epoch` from offset 0, for
+    /// its reader; returns its id for [`ReadAhead::expire`].
+    pub fn offer(&self, rank: u64, epoch: u64, batches: Batches) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.lock();
-        waiting.retain(|a| !overlap(&a.span, &span));
-        waiting.push(Ahead { id, span, batches });
+        waiting.retain(|a| a.rank != rank);
+        waiting.push(Ahead {
+            id,
+            rank,
+            epoch,
+            batches,
+        });
         id
     }
 
-    /// A reader asks for `span`: the stream begun for exactly it, if one
-    /// was; one begun for other positions of its epoch that it shares a
-    /// position with is dropped.
-    pub fn take(&self, span: &Span) -> Option<Batches> {
-        self.asked()
-            .entry((span.rank, span.epoch))
-            .or_default()
-            .push((span.from, span.to));
+    /// A reader asks for `rank`'s `epoch` (`whole`: from offset 0 to the
+    /// end): the stream begun for it, if it was and `whole`; a stream
+    /// begun for it and not taken is dropped.
+    pub fn take(&self, rank: u64, epoch: u64, whole: bool) -> Option<Batches> {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((rank, epoch));
         let mut waiting = self.lock();
-        let claimed = waiting
+        let at = waiting
             .iter()
-            .position(|a| a.span == *span)
-            .map(|at| waiting.swap_remove(at).batches);
-        waiting.retain(|a| a.span.epoch != span.epoch || !overlap(&a.span, span));
-        claimed
+            .position(|a| a.rank == rank && a.epoch == epoch)?;
+        let begun = waiting.swap_remove(at).batches;
+        whole.then_some(begun)
     }
 
-    /// Whether a reader asked for any of `span`'s positions of its epoch.
-    pub fn was_asked(&self, span: &Span) -> bool {
-        self.asked()
-            .get(&(span.rank, span.epoch))
-            .is_some_and(|spans| {
-                spans
-                    .iter()
-                    .any(|&(from, to)| from < span.to && span.from < to)
-            })
+    /// Whether a reader asked for `rank`'s `epoch`.
+    pub fn was_asked(&self, rank: u64, epoch: u64) -> bool {
+        self.asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(rank, epoch))
     }
 
-    /// Whether a reader asked for exactly `span`'s positions of the epoch
-    /// before `span`'s: a part of an epoch read again.
-    pub fn repeats(&self, span: &Span) -> bool {
-        span.epoch > 0
-            && self
-                .asked()
-                .get(&(span.rank, span.epoch - 1))
-                .is_some_and(|spans| spans.contains(&(span.from, span.to)))
-    }
-
-    /// Drops `span` if it is waiting (its windows stop).
-    pub fn forget(&self, span: &Span) {
-        self.lock().retain(|a| a.span != *span);
+    /// Drops `rank`'s `epoch` if it is waiting (its windows stop).
+    pub fn forget(&self, rank: u64, epoch: u64) {
+        self.lock().retain(|a| (a.rank, a.epoch) != (rank, epoch));
     }
 
     /// Drops read-ahead `id` if it is still waiting.
@@ -170,75 +137,34 @@ impl ReadAhead {
 mod tests {
     use super::*;
 
-    fn span(rank: u64, epoch: u64, from: u64, to: u64) -> Span {
-        Span {
-            rank,
-            epoch,
-            from,
-            to,
-        }
-    }
-
     #[test]
-    fn a_read_ahead_is_claimed_once_by_its_span() {
+    fn a_read_ahead_is_claimed_once_by_its_rank_and_epoch() {
         let ahead = ReadAhead::default();
         let (tx, rx) = mpsc::channel(1);
-        let id = ahead.offer(span(0, 3, 0, 100), rx);
-        assert!(ahead.has(0, 3) && ahead.has_span(&span(0, 3, 0, 100)));
-        assert!(ahead.take(&span(1, 3, 0, 100)).is_none());
-        assert!(ahead.take(&span(0, 2, 0, 100)).is_none());
-        assert!(ahead.take(&span(0, 3, 0, 100)).is_some());
-        assert!(ahead.take(&span(0, 3, 0, 100)).is_none(), "claimed twice");
-        assert!(ahead.was_asked(&span(0, 3, 50, 60)) && ahead.was_asked(&span(1, 3, 0, 100)));
-        assert!(!ahead.was_asked(&span(0, 4, 0, 100)));
-        // A request for other positions of the epoch drops what was begun.
+        let id = ahead.offer(0, 3, rx);
+        assert!(ahead.has(0, 3));
+        assert!(ahead.take(1, 3, true).is_none() && ahead.take(0, 2, true).is_none());
+        assert!(ahead.take(0, 3, true).is_some());
+        assert!(ahead.take(0, 3, true).is_none(), "claimed twice");
+        assert!(ahead.was_asked(0, 3) && ahead.was_asked(1, 3) && !ahead.was_asked(0, 4));
+        // A request for part of an epoch drops what was begun for it.
         let (tx5, rx5) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(span(5, 0, 0, 100), rx5);
-        assert!(ahead.take(&span(5, 0, 3, 100)).is_none());
+        ahead.offer(5, 0, rx5);
+        assert!(ahead.take(5, 0, false).is_none());
         assert!(tx5.is_closed() && !ahead.has(5, 0));
         // Dropped (expired, forgotten): its producer sees the channel close.
         let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        let id2 = ahead.offer(span(0, 4, 0, 100), rx2);
+        let id2 = ahead.offer(0, 4, rx2);
         ahead.expire(id);
         assert!(ahead.has(0, 4), "expiring a claimed one drops nothing");
         ahead.expire(id2);
         assert!(tx2.is_closed() && !ahead.has(0, 4));
         let (tx3, rx3) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(span(2, 1, 0, 100), rx3);
-        ahead.forget(&span(2, 0, 0, 100));
+        ahead.offer(2, 1, rx3);
+        ahead.forget(2, 0);
         assert!(!tx3.is_closed(), "another epoch is kept");
-        ahead.forget(&span(2, 1, 0, 100));
+        ahead.forget(2, 1);
         assert!(tx3.is_closed());
         drop(tx);
-    }
-
-    #[test]
-    fn the_workers_of_a_rank_each_have_their_part_begun() {
-        // Two DataLoader workers share rank 0's 100 positions: 0..48 and
-        // 48..100. Each part is begun, kept beside the other, and claimed
-        // by its own worker.
-        let ahead = ReadAhead::default();
-        let (w0, w1) = (span(0, 1, 0, 48), span(0, 1, 48, 100));
-        for (w, epoch) in [(w0, 0), (w1, 0)] {
-            ahead.take(&Span { epoch, ..w });
-        }
-        assert!(ahead.repeats(&w0) && ahead.repeats(&w1));
-        assert!(!ahead.repeats(&span(0, 1, 0, 100)) && !ahead.repeats(&span(0, 0, 0, 48)));
-        let (tx0, rx0) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        let (tx1, rx1) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(w0, rx0);
-        ahead.offer(w1, rx1);
-        assert!(ahead.has_span(&w0) && ahead.has_span(&w1));
-        assert!(ahead.take(&w1).is_some());
-        assert!(!tx0.is_closed(), "the other worker's part is kept");
-        assert!(ahead.take(&w0).is_some());
-        assert!(ahead.was_asked(&span(0, 1, 40, 50)));
-        // An offer drops a waiting one that shares positions with it.
-        let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(span(0, 2, 0, 48), rx2);
-        let (_tx3, rx3) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(span(0, 3, 0, 100), rx3);
-        assert!(tx2.is_closed());
-        drop((tx0, tx1));
     }
 }

@@ -771,17 +771,22 @@ impl Job {
         let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
         self.lock().progress.start();
         self.touch();
-        // The span, begun ahead by the stream before it, or a new stream.
-        let span = Span {
-            rank,
-            epoch,
-            from: offset,
-            to: end,
-        };
-        let claimed = self.ahead.take(&span);
+        // The whole epoch, begun ahead by the stream before it, or a new
+        // stream.
+        let claimed = self.ahead.take(rank, epoch, offset == 0 && end == per_rank);
         tracing::debug!(job = %self.id, rank, epoch, offset, end,
             begun_ahead = claimed.is_some(), "a reader asks");
-        let batches = claimed.unwrap_or_else(|| self.stream(ready, span));
+        let batches = claimed.unwrap_or_else(|| {
+            self.stream(
+                ready,
+                Span {
+                    rank,
+                    epoch,
+                    from: offset,
+                    to: end,
+                },
+            )
+        });
         let job = Arc::clone(self);
         let finish = Arc::new(finish);
         Ok(futures::stream::unfold(batches, move |mut rx| {
@@ -820,10 +825,7 @@ impl Job {
                 // aborts them), not when the next batch finds no one to
                 // take it; so does the next epoch begun for it.
                 () = tx.closed() => {
-                    job.ahead.forget(&Span {
-                        epoch: span.epoch + 1,
-                        ..span
-                    });
+                    job.ahead.forget(span.rank, span.epoch + 1);
                     Ok(())
                 }
             };
@@ -842,35 +844,32 @@ impl Job {
         self.ahead.has(rank, epoch)
     }
 
-    /// Begins the positions of `span` in the next epoch for a reader yet
-    /// to ask (see [`super::ahead`]): those of a whole epoch, or of a part
-    /// a reader asked for in the epoch before too; dropped after
-    /// [`AHEAD_WAIT`] if no reader claims it.
-    pub(super) fn read_ahead(self: &Arc<Self>, ready: &Arc<Ready>, span: Span) {
-        let next = Span {
-            epoch: span.epoch + 1,
-            ..span
-        };
-        let whole = span.from == 0 && span.to == ready.layout.per_rank();
+    /// Begins `rank`'s `epoch` from offset 0 for a reader yet to ask (see
+    /// [`super::ahead`]); dropped after [`AHEAD_WAIT`] if none does.
+    pub(super) fn read_ahead(self: &Arc<Self>, ready: &Arc<Ready>, rank: u64, epoch: u64) {
         let readable = matches!(*self.state.borrow(), JobState::Running | JobState::Done);
         // Speculative work never takes the room readers' windows need: it
         // begins only while half the node's window budget is free.
         let budget = self.session.window_budget();
         let roomy = budget.available() >= (budget.bytes() / 2).max(AHEAD_ROOM);
-        if next.epoch >= self.spec.epochs
+        if epoch >= self.spec.epochs
             || !readable
             || !roomy
-            || !(whole || self.ahead.repeats(&span))
-            // A read-ahead no reader took yet begins nothing itself.
-            || self.ahead.has_span(&span)
-            || self.ahead.has_span(&next)
-            || self.ahead.was_asked(&next)
+            || self.ahead.has(rank, epoch)
+            || self.ahead.was_asked(rank, epoch)
         {
             return;
         }
-        tracing::debug!(job = %self.id, rank = next.rank, epoch = next.epoch, from = next.from,
-            to = next.to, "the next epoch begun ahead");
-        let id = self.ahead.offer(next, self.stream(Arc::clone(ready), next));
+        let span = Span {
+            rank,
+            epoch,
+            from: 0,
+            to: ready.layout.per_rank(),
+        };
+        tracing::debug!(job = %self.id, rank, epoch, "the next epoch begun ahead");
+        let id = self
+            .ahead
+            .offer(rank, epoch, self.stream(Arc::clone(ready), span));
         let job = Arc::downgrade(self);
         self.runtime.spawn(async move {
             tokio::time::sleep(AHEAD_WAIT).await;

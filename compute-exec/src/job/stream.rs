@@ -13,9 +13,8 @@
 //!    ─► in order (`InOrder`: a window done before an older one is held and the
 //!       next one starts, IN_FLIGHT + HELD at most) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
-//!  the last window issued ─► the same positions of the rank's next epoch begun
-//!    for its reader, for a whole epoch or a part read in the epoch before too
-//!    (`ahead`: taken over by the request for it, else dropped)
+//!  the last window of a whole epoch issued ─► the rank's next epoch begun for
+//!    its reader (`ahead`: taken over by the request for it, else dropped)
 //!  every window and batch feeds the job's per-stage statistics (samples made,
 //!    link bytes, windows ready, the reader's channel, time blocked on the reader:
 //!    see `stages`); the UDFs time themselves into the job's clock
@@ -70,7 +69,7 @@ pub const HELD: usize = 3;
 pub const CHANNEL_BATCHES: usize = 2;
 
 /// The positions `from..to` of rank `rank`'s share of `epoch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Span {
     /// The rank.
     pub rank: u64,
@@ -155,8 +154,8 @@ impl Retry {
 
 impl Job {
     /// Runs the windows of `span` and sends their batches until the span
-    /// ends or the reader leaves. When it issues its last window, it may
-    /// begin the same positions of the next epoch (see [`super::ahead`]).
+    /// ends or the reader leaves. A whole epoch's stream begins the next
+    /// epoch when it issues its last window (see [`super::ahead`]).
     pub(super) async fn produce(
         self: &Arc<Self>,
         ready: &Arc<Ready>,
@@ -229,13 +228,14 @@ impl Job {
         // Windows done and not yet taken by the loop below.
         let ready_windows = Arc::new(AtomicU64::new(0));
         let done = Arc::clone(&ready_windows);
-        let mut next_epoch = Some((Arc::clone(self), Arc::clone(ready)));
+        let mut next_epoch = (from == 0 && to == ready.layout.per_rank())
+            .then(|| (Arc::clone(self), Arc::clone(ready)));
         let windows = starts.map(move |(start, len)| {
             let stop = (start + len).min(to);
             if stop >= to
                 && let Some((job, ready)) = next_epoch.take()
             {
-                job.read_ahead(&ready, span);
+                job.read_ahead(&ready, rank, epoch + 1);
             }
             let samples = held.layout.rank_samples(&order, rank, start, stop);
             let takes = held.index.takes(&samples);
