@@ -13,7 +13,10 @@ trainer loop float32 batches of `--batch` with their labels:
 * sluice: `sluice serve` on this machine, the job
   `normalize(random_horizontal_flip(random_resized_crop(
   decode_image(data), 224, 224)), mean, std)` (float32 CHW), read by the
-  Python client;
+  Python client (`sluice`), and the same job through `sluice.torch.Dataset`
+  in a DataLoader of `--workers` persistent workers (`sluice-torch`: each
+  worker reads its range of the share, batches reach the trainer through
+  a shared-memory ring);
 * PyTorch DataLoader + torchvision transforms on PIL, `--workers` workers
   (persistent, as fast as DataLoader gets), and the same on Pillow-SIMD;
 * tf.data with AUTOTUNE: `sample_distorted_bounding_box` +
@@ -53,7 +56,7 @@ SQL = (
     "SELECT label, normalize(random_horizontal_flip(random_resized_crop("
     f"decode_image(data), 224, 224)), {MEAN}, {STD}) AS image FROM imagenet"
 )
-LOADERS = ("sluice", "torch-pil", "torch-pillow-simd", "tf.data", "dali")
+LOADERS = ("sluice", "sluice-torch", "torch-pil", "torch-pillow-simd", "tf.data", "dali")
 
 
 # ---- venvs -----------------------------------------------------------------
@@ -192,6 +195,35 @@ def run_sluice(a, paths, labels):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def run_sluice_torch(a, paths, labels):
+    """The same job through sluice's torch ``Dataset`` and a DataLoader of
+    ``workers`` persistent workers: each reads its range of the rank's
+    share and hands batches to the trainer in a shared-memory ring."""
+    import torch
+    from sluice.torch import Dataset
+
+    sys.path.insert(0, HERE)
+    from sluice_server import Server
+
+    work = tempfile.mkdtemp(prefix="sluice-bench-loaders-")
+    try:
+        with Server(a.sluice, work, a.data) as client:
+            client.ingest("imagenet", a.data)
+            job = client.submit(SQL, batch_size=a.batch, epochs=a.runs + 1, shuffle={"seed": 1})
+            job.wait()
+            ds = Dataset(job)
+            loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers,
+                                                 persistent_workers=True)
+
+            def epoch(e):
+                ds.set_epoch(e)
+                return sum(consume(b["image"], b["label"], a.batch) for b in loader)
+
+            return timed_epochs(epoch, a.runs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_torch(a, paths, labels):
     import torch
     from PIL import Image
@@ -267,8 +299,8 @@ def run_dali(a, paths, labels):
     return timed_epochs(lambda e: sum(consume(b[0]["x"], b[0]["y"], a.batch) for b in it), a.runs)
 
 
-RUNNERS = {"sluice": run_sluice, "torch-pil": run_torch, "torch-pillow-simd": run_torch,
-           "tf.data": run_tf, "dali": run_dali}
+RUNNERS = {"sluice": run_sluice, "sluice-torch": run_sluice_torch, "torch-pil": run_torch,
+           "torch-pillow-simd": run_torch, "tf.data": run_tf, "dali": run_dali}
 
 
 def worker(a):
@@ -349,6 +381,12 @@ def main():
         if "torch-pil" in results:
             print(f"  sluice / DataLoader + PIL: {ours / results['torch-pil']:.2f}x (goal 2.0x)")
         print(f"  sluice / decode-bound limit: {ours / limit:.2f} (goal 0.85)")
+    if "sluice-torch" in results:
+        ours = results["sluice-torch"]
+        peers = [results[n] for n in ("torch-pillow-simd", "tf.data", "dali") if n in results]
+        if peers:
+            print(f"  sluice-torch / best of tf.data, DALI, Pillow-SIMD: {ours / max(peers):.2f}x")
+        print(f"  sluice-torch / decode-bound limit: {ours / limit:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"title": f"{len(paths)} ImageNet-like JPEGs, the standard training transform, "
