@@ -66,6 +66,33 @@ where
         }
     }
 
+    /// Keeps the futures running while the caller is busy elsewhere (a
+    /// consumer sending the last result on): those that finish are held
+    /// and the next ones start, within the same bounds. Never ends: poll
+    /// it beside the other work (`select!`), and drop it with that.
+    pub fn keep_running(&mut self) -> impl Future<Output = std::convert::Infallible> + '_ {
+        std::future::poll_fn(move |cx| {
+            self.advance(cx);
+            Poll::Pending
+        })
+    }
+
+    /// Starts futures while there is room, and holds the results of
+    /// those that finish, until none finishes now.
+    fn advance(&mut self, cx: &mut Context<'_>) {
+        loop {
+            self.start(cx);
+            match self.running.poll_next_unpin(cx) {
+                Poll::Ready(Some((n, t))) => {
+                    self.held.insert(n, t);
+                }
+                // Nothing runs (the source ended or is not ready: `start`
+                // left its waker there), or nothing finished yet.
+                Poll::Ready(None) | Poll::Pending => return,
+            }
+        }
+    }
+
     /// Takes futures from the source while there is room to run them.
     fn start(&mut self, cx: &mut Context<'_>) {
         while self.running.len() < self.max_running
@@ -97,25 +124,18 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
         let this = self.get_mut();
-        loop {
-            this.start(cx);
-            if let Some(t) = this.held.remove(&this.next) {
-                this.next += 1;
-                return Poll::Ready(Some(t));
-            }
-            match this.running.poll_next_unpin(cx) {
-                Poll::Ready(Some((n, t))) => {
-                    this.held.insert(n, t);
-                }
-                // Nothing runs: the source ended (and so has the stream:
-                // every result was handed on) or is not ready yet.
-                Poll::Ready(None) if this.source.is_none() => return Poll::Ready(None),
-                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
-            }
+        this.advance(cx);
+        if let Some(t) = this.held.remove(&this.next) {
+            this.next += 1;
+            return Poll::Ready(Some(t));
         }
+        // Nothing runs and nothing is held: every result was handed on.
+        if this.running.is_empty() && this.source.is_none() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     }
 }
-
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -177,6 +197,27 @@ mod tests {
         }
         let out: Vec<usize> = futures::executor::block_on(s.collect());
         assert_eq!(out, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn keep_running_starts_the_next_while_the_consumer_is_away() {
+        let (source, mut senders, started) = gated(5);
+        let mut s = InOrder::new(source, 2, 1);
+        assert_eq!(poll(&mut s), None);
+        senders.remove(1).send(()).unwrap();
+        // The consumer is busy (it polls only `keep_running`): 1 is held
+        // and 2 starts; then the bound (2 + 1) holds.
+        assert!(s.keep_running().now_or_never().is_none());
+        assert_eq!(*started.lock().unwrap(), [0, 1, 2]);
+        senders.remove(1).send(()).unwrap();
+        assert!(s.keep_running().now_or_never().is_none());
+        assert_eq!(*started.lock().unwrap(), [0, 1, 2]);
+        assert_eq!((s.running.len(), s.held.len()), (1, 2));
+        for tx in senders {
+            tx.send(()).unwrap();
+        }
+        let out: Vec<usize> = futures::executor::block_on(s.collect());
+        assert_eq!(out, [0, 1, 2, 3, 4]);
     }
 
     #[test]

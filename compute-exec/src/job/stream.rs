@@ -321,7 +321,15 @@ impl Job {
             while let Some(cut) = rebatch.next(stop >= to)? {
                 let waiting = std::time::Instant::now();
                 let queued = (CHANNEL_BATCHES - tx.capacity().min(CHANNEL_BATCHES)) as u64;
-                if tx.send(Ok(cut)).await.is_err() {
+                // While the reader takes its time (a trainer's encoding
+                // runs as it receives), the windows go on: those done are
+                // held and the next ones start.
+                let sent = tokio::select! {
+                    biased;
+                    sent = tx.send(Ok(cut)) => sent,
+                    never = windows.keep_running() => match never {},
+                };
+                if sent.is_err() {
                     return Ok(());
                 }
                 stats.sent(queued, waiting.elapsed());
