@@ -25,9 +25,10 @@ trainer loop float32 batches of `--batch` with their labels:
   `resize`, `crop_mirror_normalize`.
 
 It also prints the decode-bound limit: sluice's kernel rate on one core
-(`sluice bench udf`, the same SQL over the same files in memory) times the
-cores. The peers are installed by this bench into venvs of its own (never
-by the test command): `python/requirements-bench.txt` in
+(`sluice bench udf`, the same SQL over the same files in memory, taken
+right before and right after sluice's run and averaged) times the cores.
+The peers are installed by this bench into venvs of its own (never by
+the test command): `python/requirements-bench.txt` in
 `<cache>/bench-venv`, and Pillow-SIMD in `<cache>/bench-venv-simd`, which
 sees the first venv's packages through a .pth file and shadows its PIL.
 Use the optimized build of sluice (`cargo build --release`): a debug
@@ -355,8 +356,13 @@ def main():
           f"{statistics.median(sizes) / 1e3:.0f} KB; batches of {a.batch}; {a.workers} workers/threads; "
           f"median of {a.runs} epochs after a warm-up; {os.cpu_count()} cores", flush=True)
     results = {}
+    # The kernel rate is taken right before and right after sluice's own
+    # run: this machine's speed drifts over the minutes the peers take.
+    kernel = []
     for name in a.loaders.split(","):
         python = spy if name == "torch-pillow-simd" else py
+        if name == "sluice":
+            kernel.append(kernel_rate(a))
         cmd = [python, __file__, "--sluice", a.sluice, "--worker", name, "--data", a.data,
                "--batch", str(a.batch), "--workers", str(a.workers), "--runs", str(a.runs)]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -367,9 +373,13 @@ def main():
         results[name] = statistics.median(rates)
         print(f"  {name:<20} {results[name]:8.1f} images/s  (epochs: "
               f"{', '.join(f'{r:.0f}' for r in rates)})", flush=True)
-    per_core = kernel_rate(a)
+        if name == "sluice":
+            kernel.append(kernel_rate(a))
+    kernel = kernel or [kernel_rate(a)]
+    per_core = statistics.mean(kernel)
     limit = per_core * os.cpu_count()
-    print(f"  decode-bound limit: {per_core:.1f} images/s per core x {os.cpu_count()} = {limit:.1f}")
+    print(f"  decode-bound limit: {per_core:.1f} images/s per core x {os.cpu_count()} = {limit:.1f} "
+          f"(per core before and after sluice's run: {', '.join(f'{k:.0f}' for k in kernel)})")
     if "sluice" in results:
         ours = results["sluice"]
         for name, r in results.items():
