@@ -5,7 +5,7 @@
 //!  plan + place the job's window plan once for the epoch
 //!  positions from..to ─► windows of whole batches, sized by bytes (the first one
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
-//!    at most WINDOW_MAX samples and an eighth of the stream)
+//!    at most WINDOW_MAX samples and a sixteenth of the stream)
 //!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
 //!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
@@ -95,12 +95,12 @@ impl<T> Drop for Abort<T> {
 /// link acts at the next window, so a window is never minutes of work.
 pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 
-/// A window holds at most this share of its stream's positions (1/8):
-/// the [`IN_FLIGHT`] windows asked for ahead never hold most of a short
-/// stream, so a re-plan (or a slower link than the last window saw) acts
-/// on the rest of it. A window is a message down an open feed, so small
+/// A window holds at most this share of its stream's positions (1/16):
+/// the [`IN_FLIGHT`] + [`HELD`] windows asked for ahead never hold most of
+/// a short stream, so a re-plan (or a slower link than the last window
+/// saw) acts on the rest of it. A window is a message down an open feed, so small
 /// windows of a short stream cost little.
-pub const WINDOW_SHARE: u64 = 8;
+pub const WINDOW_SHARE: u64 = 16;
 
 /// Samples the next window of a stream of `span` positions holds, for
 /// batches of `batch`, when a sample's output takes `bytes_per_sample`
@@ -454,9 +454,9 @@ mod tests {
         assert_eq!(window_len(16, 100, 10_000_000, long), 48);
         // A second a sample: still one batch.
         assert_eq!(window_len(16, 100, 1_000_000_000, long), 16);
-        // A stream of 240: an eighth of it, in whole batches of 8.
-        assert_eq!(window_len(8, 100, 0, 240), 24);
-        // Shorter than eight batches: one batch a window.
-        assert_eq!(window_len(8, 100, 0, 40), 8);
+        // A stream of 480: a sixteenth of it, in whole batches of 8.
+        assert_eq!(window_len(8, 100, 0, 480), 24);
+        // Shorter than sixteen batches: one batch a window.
+        assert_eq!(window_len(8, 100, 0, 80), 8);
     }
 }
