@@ -39,6 +39,7 @@ standard library; the loaders run in the venvs):
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -176,7 +177,10 @@ def consume(x, y, batch):
     return x.shape[0]
 
 
-def run_sluice(a, paths, labels):
+@contextlib.contextmanager
+def sluice_job(a):
+    """`sluice serve` on this machine over the images, and the job of SQL
+    on them, submitted and ready."""
     sys.path.insert(0, HERE)
     from sluice_server import Server
 
@@ -186,14 +190,18 @@ def run_sluice(a, paths, labels):
             client.ingest("imagenet", a.data)
             job = client.submit(SQL, batch_size=a.batch, epochs=a.runs + 1, shuffle={"seed": 1})
             job.wait()
-
-            def epoch(e):
-                return sum(consume(b["image"], b["label"], a.batch)
-                           for b in job.reader(0, e, numpy=True))
-
-            return timed_epochs(epoch, a.runs)
+            yield job
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def run_sluice(a, paths, labels):
+    with sluice_job(a) as job:
+        def epoch(e):
+            return sum(consume(b["image"], b["label"], a.batch)
+                       for b in job.reader(0, e, numpy=True))
+
+        return timed_epochs(epoch, a.runs)
 
 
 def run_sluice_torch(a, paths, labels):
@@ -203,26 +211,16 @@ def run_sluice_torch(a, paths, labels):
     import torch
     from sluice.torch import Dataset
 
-    sys.path.insert(0, HERE)
-    from sluice_server import Server
+    with sluice_job(a) as job:
+        ds = Dataset(job)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers,
+                                             persistent_workers=True)
 
-    work = tempfile.mkdtemp(prefix="sluice-bench-loaders-")
-    try:
-        with Server(a.sluice, work, a.data) as client:
-            client.ingest("imagenet", a.data)
-            job = client.submit(SQL, batch_size=a.batch, epochs=a.runs + 1, shuffle={"seed": 1})
-            job.wait()
-            ds = Dataset(job)
-            loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers,
-                                                 persistent_workers=True)
+        def epoch(e):
+            ds.set_epoch(e)
+            return sum(consume(b["image"], b["label"], a.batch) for b in loader)
 
-            def epoch(e):
-                ds.set_epoch(e)
-                return sum(consume(b["image"], b["label"], a.batch) for b in loader)
-
-            return timed_epochs(epoch, a.runs)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return timed_epochs(epoch, a.runs)
 
 
 def run_torch(a, paths, labels):
