@@ -439,6 +439,32 @@ async fn over_flight_a_stream_is_one_feed_per_node_and_reads_what_in_process_rea
     }
 }
 
+/// A bad sample counts when a reader receives the batch after it: the
+/// next epoch, begun ahead and not read yet, counts none of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_samples_count_when_delivered_not_when_begun_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut short = npy(&[1.0, 2.0, 3.0, 4.0]);
+    short.truncate(short.len() - 4);
+    let ids = (0..SAMPLES).collect();
+    let (_, node) = storage_node(dir.path(), "a", ids, &[("c1/bad.npy", short.as_slice())]).await;
+    let jobs = jobs(vec![node]);
+    let mut s = spec(1, false, "auto");
+    s.on_error = sluice_udfs::OnError::Skip;
+    // One batch holds the epoch: epoch 1's read-ahead decodes every
+    // sample, the bad one too, in its first window.
+    s.batch_size = 64;
+    let job = jobs.submit(s).await.unwrap();
+    read(&jobs, job.id(), 0, 0, 0).await;
+    assert!(job.begun_ahead(0, 1));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(job.status().skipped, 1, "{:?}", job.status().bad_samples);
+    read(&jobs, job.id(), 0, 1, 0).await;
+    let st = job.status();
+    assert_eq!(st.skipped, 2, "{:?}", st.bad_samples);
+    assert!(st.bad_samples.iter().all(|b| b.key.contains("bad.npy")));
+}
+
 /// A job reads the version it pinned at submit: an ingest during an epoch
 /// changes nothing it delivers, and a job submitted after reads the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

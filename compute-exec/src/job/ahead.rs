@@ -18,8 +18,9 @@
 //! sharded reader). What the read-ahead may hold is bounded as a reader's
 //! stream is (its windows in flight and its channel's batches: a stream
 //! no one reads stops when its channel is full), and nothing it made
-//! counts as delivered until a reader receives it, so exactly-once and
-//! resume are as without it. One not claimed within [`AHEAD_WAIT`], or whose
+//! counts as delivered until a reader receives it (nor do the bad samples
+//! it met: they travel with its batches), so exactly-once and resume are
+//! as without it. One not claimed within [`AHEAD_WAIT`], or whose
 //! epoch's reader left before the end, is dropped, which stops its windows,
 //! and so are a cancelled job's.
 

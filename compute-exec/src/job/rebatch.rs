@@ -165,6 +165,7 @@ impl Rebatcher {
             _holds: holds,
             from,
             next_offset,
+            bad: None,
         })
     }
 

@@ -58,6 +58,11 @@ pub struct Delivery {
     pub from: u64,
     /// The offset after it: ask for this one to resume.
     pub next_offset: u64,
+    /// The bad samples its stream met since the delivery before (how
+    /// many, and the first ones): counted in the job's log when a reader
+    /// receives it, so a stream no one reads (a read-ahead never claimed,
+    /// a reader gone) counts nothing.
+    pub(super) bad: Option<(u64, Vec<BadSample>)>,
 }
 
 impl std::fmt::Debug for Delivery {
@@ -575,6 +580,9 @@ impl Job {
     /// Records a batch handed to a reader.
     fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &Delivery) {
         self.touch();
+        if let Some((count, fresh)) = &d.bad {
+            self.record_bad(*count, fresh.clone());
+        }
         let mut inner = self.lock();
         inner
             .progress

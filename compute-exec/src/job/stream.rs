@@ -281,6 +281,8 @@ impl Job {
         let mut made = 0u64;
         let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
         let mut reported = 0;
+        // Bad samples met since the last batch sent (see `Delivery::bad`).
+        let mut unsent_bad = None;
         let mut missing_total = 0u64;
         let stats = self.stage_stats();
         let mut last_window = std::time::Instant::now();
@@ -299,8 +301,11 @@ impl Job {
             per_sample.store(((bytes / count) as u64).max(1), Ordering::Relaxed);
             let (total, bad) = query.udfs.errors.snapshot();
             if total > reported {
-                let fresh = bad.into_iter().skip(reported as usize).collect();
-                self.record_bad(total - reported, fresh);
+                // Counted when the next batch reaches a reader.
+                let fresh = bad.into_iter().skip(reported as usize);
+                let (count, kept) = unsent_bad.get_or_insert_with(|| (0, Vec::new()));
+                *count += total - reported;
+                kept.extend(fresh);
                 reported = total;
             }
             let link = query.prepared.tally().bytes.swap(0, Ordering::Relaxed);
@@ -318,7 +323,8 @@ impl Job {
             missing_total += missing.len() as u64;
             self.check_missing(&missing, &samples, start, missing_total, total)?;
             let stop = start + samples.len() as u64;
-            while let Some(cut) = rebatch.next(stop >= to)? {
+            while let Some(mut cut) = rebatch.next(stop >= to)? {
+                cut.bad = unsent_bad.take();
                 let waiting = std::time::Instant::now();
                 let queued = (CHANNEL_BATCHES - tx.capacity().min(CHANNEL_BATCHES)) as u64;
                 // While the reader takes its time (a trainer's encoding
@@ -339,8 +345,14 @@ impl Job {
             }
             last_window = std::time::Instant::now();
         }
-        if let Some(cut) = rebatch.finish(to)? {
+        if let Some(mut cut) = rebatch.finish(to)? {
+            cut.bad = unsent_bad.take();
             let _closed = tx.send(Ok(cut)).await;
+        }
+        // Met after the last batch (its samples all skipped): the reader
+        // has had every batch of the span.
+        if let Some((count, kept)) = unsent_bad {
+            self.record_bad(count, kept);
         }
         Ok(())
     }
