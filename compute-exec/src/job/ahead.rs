@@ -37,9 +37,11 @@ use super::run::Delivery;
 /// How long a read-ahead waits for its reader.
 pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
 
-/// Free window budget a read-ahead needs at least to begin (its windows
-/// in flight, about [`super::stream::WINDOW_BYTES`] each).
-pub const AHEAD_ROOM: u64 = super::stream::IN_FLIGHT as u64 * super::stream::WINDOW_BYTES;
+/// Free window budget a read-ahead needs at least to begin (the windows
+/// it may take ahead, running and held, about
+/// [`super::stream::WINDOW_BYTES`] each).
+pub const AHEAD_ROOM: u64 =
+    (super::stream::IN_FLIGHT + super::stream::HELD) as u64 * super::stream::WINDOW_BYTES;
 
 /// A stream's batches as its reader receives them.
 pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;

@@ -67,7 +67,8 @@ impl WindowBudget {
 }
 
 impl Default for WindowBudget {
-    /// 2 GiB: 16 readers' windows at full size.
+    /// 2 GiB: the windows of 10 readers at full size (each takes
+    /// `IN_FLIGHT + HELD` windows ahead of the one it cuts into batches).
     fn default() -> Self {
         Self::new(2 << 30)
     }

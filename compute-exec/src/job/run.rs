@@ -578,10 +578,10 @@ impl Job {
     }
 
     /// Records a batch handed to a reader.
-    fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &Delivery) {
+    fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &mut Delivery) {
         self.touch();
-        if let Some((count, fresh)) = &d.bad {
-            self.record_bad(*count, fresh.clone());
+        if let Some((count, fresh)) = d.bad.take() {
+            self.record_bad(count, fresh);
         }
         let mut inner = self.lock();
         inner
@@ -807,8 +807,8 @@ impl Job {
                     job.save_in_background();
                     return None;
                 };
-                let item = item.and_then(|d| {
-                    job.delivered(rank, epoch, &d);
+                let item = item.and_then(|mut d| {
+                    job.delivered(rank, epoch, &mut d);
                     finish(&d).map(|t| (d, t))
                 });
                 Some((item, rx))

@@ -95,12 +95,13 @@ impl<T> Drop for Abort<T> {
 /// link acts at the next window, so a window is never minutes of work.
 pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 
-/// A window holds at most this share of its stream's positions (1/16):
-/// the [`IN_FLIGHT`] + [`HELD`] windows asked for ahead never hold most of
-/// a short stream, so a re-plan (or a slower link than the last window
-/// saw) acts on the rest of it. A window is a message down an open feed, so small
-/// windows of a short stream cost little.
-pub const WINDOW_SHARE: u64 = 16;
+/// A window holds at most this share of its stream's positions: twice
+/// the [`IN_FLIGHT`] + [`HELD`] windows asked for ahead, rounded up to a
+/// power of two (1/16), so those never hold most of a short stream and a
+/// re-plan (or a slower link than the last window saw) acts on the rest
+/// of it. A window is a message down an open feed, so small windows of a
+/// short stream cost little.
+pub const WINDOW_SHARE: u64 = (2 * (IN_FLIGHT + HELD) as u64).next_power_of_two();
 
 /// Samples the next window of a stream of `span` positions holds, for
 /// batches of `batch`, when a sample's output takes `bytes_per_sample`
