@@ -67,6 +67,7 @@ pub mod kernels;
 pub mod panic_guard;
 pub mod probe;
 pub mod random;
+pub mod rebind;
 pub mod rewrite;
 pub mod stage_clock;
 pub mod tensor;

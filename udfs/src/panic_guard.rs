@@ -90,6 +90,11 @@ impl GuardedExpr {
         Self { inner, env }
     }
 
+    /// The same guard, reporting under `env` instead.
+    pub fn under(&self, env: &Arc<UdfEnv>) -> Self {
+        Self::new(Arc::clone(&self.inner), Arc::clone(env))
+    }
+
     /// The batch evaluated row by row after it panicked whole.
     fn recover(&self, batch: &RecordBatch, panic: Box<dyn Any + Send>) -> Result<ColumnarValue> {
         let field = self.inner.return_field(&batch.schema())?;

@@ -555,3 +555,92 @@ async fn huge_results_are_refused_when_planned() {
         );
     }
 }
+
+/// `sql`'s physical plan in `ctx`, guarded as compute plans are.
+async fn physical(
+    ctx: &SessionContext,
+    env: &Arc<UdfEnv>,
+    sql: &str,
+) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+    let plan = ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    sluice_udfs::panic_guard::guard_plan(plan, env).unwrap()
+}
+
+#[tokio::test]
+async fn a_plan_rebound_to_another_epoch_computes_what_one_planned_for_it_does() {
+    let mut rows = dataset(8);
+    rows.push(("bad.jpg".into(), b"\xff\xd8 not a jpeg".to_vec()));
+    let sql = "SELECT key, to_tensor(random_horizontal_flip(random_resized_crop(decode_image(data), 32, 32))) FROM ds ORDER BY key";
+    let options = |epoch| UdfOptions {
+        seed: 7,
+        epoch,
+        on_error: OnError::Null,
+        ..UdfOptions::default()
+    };
+    let owned = || rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let tensors = |batches: &[RecordBatch]| {
+        let b = one(batches);
+        let t = b.column(1).as_fixed_size_list().values().clone();
+        t.as_primitive::<UInt8Type>().values().to_vec()
+    };
+    // Planned once, for epoch 0.
+    let (ctx, planned_env) = session(owned(), options(0));
+    let plan = physical(&ctx, &planned_env, sql).await;
+    // Planned afresh for epoch 3: what the rebound plan must compute.
+    let (fresh_ctx, fresh_env) = session(owned(), options(3));
+    let fresh = physical(&fresh_ctx, &fresh_env, sql).await;
+    let want = tensors(
+        &datafusion::physical_plan::collect(fresh, fresh_ctx.task_ctx())
+            .await
+            .unwrap(),
+    );
+
+    let env = UdfEnv::new(options(3));
+    let rebound = sluice_udfs::rebind::rebind_plan(Arc::clone(&plan), &env).unwrap();
+    let got = tensors(
+        &datafusion::physical_plan::collect(rebound, ctx.task_ctx())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, want);
+    // The bad sample is the rebound stream's, not the planned one's.
+    assert_eq!(env.errors.snapshot().0, 1);
+    assert_eq!(planned_env.errors.snapshot().0, 0);
+    // The plan it came from still computes epoch 0, which differs.
+    let epoch0 = tensors(
+        &datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(epoch0, augmented_with(&rows, options(0), sql).await);
+    assert_ne!(epoch0, want);
+}
+
+async fn augmented_with(rows: &[(String, Vec<u8>)], options: UdfOptions, sql: &str) -> Vec<u8> {
+    let rows = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let (ctx, _) = session(rows, options);
+    let b = one(&query(&ctx, sql).await.unwrap());
+    let t = b.column(1).as_fixed_size_list();
+    t.values().as_primitive::<UInt8Type>().values().to_vec()
+}
+
+#[tokio::test]
+async fn a_node_other_than_a_projection_or_filter_holding_a_udf_call_is_not_rebound() {
+    let (ctx, env) = session(
+        vec![("a", encode(&gradient(16, 16), image::ImageFormat::Png))],
+        UdfOptions::default(),
+    );
+    let sql =
+        "SELECT key FROM ds ORDER BY to_tensor(random_resized_crop(decode_image(data), 8, 8))";
+    let plan = physical(&ctx, &env, sql).await;
+    let err = sluice_udfs::rebind::rebind_plan(plan, &UdfEnv::new(UdfOptions::default()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("SortExec holds sluice UDF calls"), "{err}");
+}

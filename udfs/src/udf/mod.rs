@@ -245,8 +245,14 @@ pub fn estimate(udf: &ScalarUDF, consts: &Consts, input: &SampleStats) -> Option
     estimate_any(udf.inner().as_ref(), consts, input)
 }
 
+/// The sluice UDF `udf` bound to `env` instead (`None`: `udf` is not one
+/// of sluice's).
+pub fn bound_to(udf: &ScalarUDF, env: &Arc<UdfEnv>) -> Option<ScalarUDF> {
+    bound_to_any(udf.inner().as_ref(), env)
+}
+
 /// The UDF types, listed once: their specs, their `ScalarUDF`s, and the
-/// downcast that reaches a `ScalarUDF`'s cost model.
+/// downcasts that reach a `ScalarUDF`'s cost model and bind it anew.
 macro_rules! functions {
     ($($f:ident),* $(,)?) => {
         /// Every UDF's spec.
@@ -259,6 +265,10 @@ macro_rules! functions {
 
         fn estimate_any(inner: &dyn Any, c: &Consts, s: &SampleStats) -> Option<Result<Estimate>> {
             None$(.or_else(|| inner.downcast_ref::<Udf<$f>>().map(|u| u.function.cost(c, s))))*
+        }
+
+        fn bound_to_any(inner: &dyn Any, env: &Arc<UdfEnv>) -> Option<ScalarUDF> {
+            None$(.or_else(|| inner.downcast_ref::<Udf<$f>>().map(|_| Udf::<$f>::udf(env))))*
         }
     };
 }
