@@ -219,6 +219,31 @@ pub struct RemoteFragmentExec {
     properties: Arc<PlanProperties>,
 }
 
+/// `plan` (a job's placed compute fragment) bound to one stream: its
+/// UDF calls and guards, and those of every storage fragment it sends, to
+/// `udfs` (the stream's epoch, bad-sample log and cancel: see
+/// [`sluice_udfs::rebind`]); each [`RemoteFragmentExec`] counting into
+/// `tally` through feeds of its own.
+pub fn for_stream(
+    plan: Arc<dyn ExecutionPlan>,
+    udfs: &Arc<UdfEnv>,
+    tally: &Arc<Tally>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|p| {
+        let Some(remote) = p.downcast_ref::<RemoteFragmentExec>() else {
+            return sluice_udfs::rebind::rebind_node(p, udfs);
+        };
+        let mut r = remote.clone();
+        r.fragment = sluice_udfs::rebind::rebind_plan(Arc::clone(&r.fragment), udfs)?;
+        r.udfs = Arc::clone(udfs);
+        r.tally = Arc::clone(tally);
+        r.feeds = Arc::default();
+        r.takes = None;
+        Ok(Transformed::yes(Arc::new(r) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
+}
+
 /// `plan` (a placed compute fragment) with every [`RemoteFragmentExec`]
 /// reading `takes`: one window of a job. The nodes above them are rebuilt,
 /// so the plan runs afresh.

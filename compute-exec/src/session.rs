@@ -11,7 +11,7 @@ use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
@@ -493,6 +493,7 @@ impl ComputeSession {
             },
             calibration: self.calibration,
             calibrations: Arc::clone(&self.calibrations),
+            query_memory: self.query_memory,
             tables: Tables {
                 holders,
                 udfs: Arc::clone(udfs),
@@ -549,6 +550,7 @@ impl ComputeSession {
 
 /// A query parsed and optimized against a snapshot of the datasets, with
 /// what placing it needs.
+#[derive(Clone)]
 pub struct Prepared {
     /// The optimized logical plan of the SQL.
     pub plan: LogicalPlan,
@@ -557,6 +559,7 @@ pub struct Prepared {
     ctx: SessionContext,
     calibration: Option<CalibrationOptions>,
     calibrations: Arc<CalibrationCache>,
+    query_memory: usize,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -576,6 +579,17 @@ impl Prepared {
     /// What the storage fragments of this query's placements sent.
     pub fn tally(&self) -> &Arc<Tally> {
         &self.tables.tally
+    }
+
+    /// A task context of this session with a memory pool of its own, under
+    /// the query's limit: a plan placed once and run by many streams (a
+    /// job's) gives each stream the pool a plan made for it alone had.
+    pub fn task_ctx(&self) -> Result<Arc<TaskContext>> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(self.query_memory, 1.0)
+            .build_arc()?;
+        let state = self.ctx.state();
+        Ok(Arc::new(TaskContext::from(&state).with_runtime(runtime)))
     }
 
     /// Plans from now on assume the storage→compute link carries
@@ -655,6 +669,7 @@ impl Prepared {
     }
 }
 
+#[derive(Clone)]
 struct Tables {
     holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
     udfs: Arc<UdfEnv>,

@@ -465,6 +465,81 @@ async fn bad_samples_count_when_delivered_not_when_begun_ahead() {
     assert!(st.bad_samples.iter().all(|b| b.key.contains("bad.npy")));
 }
 
+/// `key` → the bytes of its `x` (a uint8 tensor) in `batches`.
+fn tensors(batches: &[RecordBatch]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    for b in batches {
+        let keys = b.column_by_name("key").unwrap().as_string::<i32>();
+        let x = b.column_by_name("x").unwrap().as_fixed_size_list();
+        for i in 0..b.num_rows() {
+            let v = x.value(i);
+            let bytes = v
+                .as_primitive::<arrow::datatypes::UInt8Type>()
+                .values()
+                .to_vec();
+            out.insert(keys.value(i).to_string(), bytes);
+        }
+    }
+    out
+}
+
+/// A job is planned and placed once, at submit: each epoch's streams run
+/// that plan bound to their epoch, and compute exactly what a query
+/// planned for that epoch computes, wherever the random stages run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_epoch_runs_the_plan_of_submit_bound_to_its_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let pngs: Vec<(String, Vec<u8>)> = (0..10u32)
+        .map(|i| {
+            let img = image::RgbImage::from_fn(40 + i * 3, 32, |x, y| {
+                image::Rgb([(x * 5) as u8, (y * 7) as u8, ((x + y + i) * 3) as u8])
+            });
+            let mut png = std::io::Cursor::new(Vec::new());
+            img.write_to(&mut png, image::ImageFormat::Png).unwrap();
+            (format!("c{}/p{i}.png", i % 2), png.into_inner())
+        })
+        .collect();
+    let extra: Vec<(&str, &[u8])> = pngs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
+        .collect();
+    let (_, node) = storage_node(dir.path(), "imgs", Vec::new(), &extra).await;
+    let jobs = jobs(vec![node]);
+    let sql = "SELECT key, to_tensor(random_horizontal_flip(random_resized_crop(decode_image(data), 8, 8))) AS x FROM vecs";
+    for offload in ["storage", "compute"] {
+        let mut s = spec(2, false, offload);
+        s.sql = Some(sql.into());
+        s.epochs = 3;
+        let job = jobs.submit(s).await.unwrap();
+        let mut epochs = Vec::new();
+        for epoch in 0..3 {
+            let mut got = read(&jobs, job.id(), 0, epoch, 0).await;
+            got.extend(read(&jobs, job.id(), 1, epoch, 0).await);
+            let got = tensors(&got);
+            assert_eq!(got.len(), pngs.len());
+            // The same SQL planned afresh for this epoch, as one query.
+            let udfs = sluice_udfs::UdfEnv::new(sluice_udfs::UdfOptions {
+                seed: 11,
+                epoch,
+                ..Default::default()
+            });
+            let planned = jobs
+                .session()
+                .plan(sql, offload.parse().unwrap(), &udfs)
+                .await
+                .unwrap();
+            let want = datafusion::physical_plan::collect(planned.plan, planned.ctx.task_ctx())
+                .await
+                .unwrap();
+            assert_eq!(got, tensors(&want), "{offload}, epoch {epoch}");
+            epochs.push(got);
+        }
+        assert_ne!(epochs[0], epochs[1], "{offload}: epochs draw other crops");
+        assert_ne!(epochs[1], epochs[2], "{offload}: epochs draw other crops");
+        assert_eq!(job.placed().generation(), 0, "placed once, never again");
+    }
+}
+
 /// A job reads the version it pinned at submit: an ingest during an epoch
 /// changes nothing it delivers, and a job submitted after reads the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

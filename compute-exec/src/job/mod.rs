@@ -8,6 +8,8 @@
 //! - [`order`]: the job maths — every epoch's order and each rank's share;
 //! - [`query`]: the plan of a job — its SQL as a pipeline, and the plan
 //!   every window runs (with each row's slot);
+//! - [`placed`]: that plan prepared and placed once per job, bound to each
+//!   stream's epoch; a re-plan replaces it for every stream;
 //! - [`index`]: the samples resolved once, at submit, to row ids of the
 //!   versions the job pins;
 //! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
@@ -37,6 +39,7 @@ pub mod error;
 pub mod in_order;
 pub mod index;
 pub mod order;
+pub mod placed;
 pub mod plan;
 pub mod query;
 pub mod rebatch;

@@ -33,6 +33,7 @@ use super::ahead::{AHEAD_ROOM, AHEAD_WAIT, Batches, ReadAhead};
 use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
+use super::placed::JobPlan;
 use super::query::{JobQuery, udf_options};
 use super::report::{NodeReport, Reported};
 use super::spec::JobSpec;
@@ -134,6 +135,8 @@ pub struct Job {
     offload: Offload,
     created: SystemTime,
     session: Arc<ComputeSession>,
+    /// Its plan, prepared and placed once: every stream runs it.
+    placed: Arc<JobPlan>,
     /// Where its stages run now, and the moves that led there.
     adaptive: Adaptive,
     /// Where its time goes, stage by stage.
@@ -258,10 +261,10 @@ impl Job {
                 out
             }
         };
-        let plan = query.window_plan()?;
+        let window = query.window_plan()?;
         let placed = query
             .prepared
-            .place(plan, offload)
+            .place(window.clone(), offload)
             .await
             .map_err(|e| JobError::InvalidOptions(e.to_string()))?;
         let full = placed.plan.schema();
@@ -271,6 +274,10 @@ impl Job {
             .filter(|f| f.name() != SLOT)
             .cloned()
             .collect();
+        let table_schema = query.pipeline.scan.source.schema();
+        let filters = query.filters();
+        let plan = Arc::new(JobPlan::new(query.prepared, window, placed.plan));
+        let adaptive = Adaptive::new(placed.explanation);
         Ok(Self {
             id,
             spec,
@@ -278,7 +285,8 @@ impl Job {
             offload,
             created,
             session,
-            adaptive: Adaptive::new(placed.explanation),
+            adaptive,
+            placed: plan,
             stages: StageStats::default(),
             ahead: ReadAhead::default(),
             schema: Arc::new(Schema::new(fields)),
@@ -293,8 +301,8 @@ impl Job {
             bad: ErrorLog::default(),
             runtime,
             table,
-            table_schema: query.pipeline.scan.source.schema(),
-            filters: query.filters(),
+            table_schema,
+            filters,
             pins,
             store,
             next_save: std::sync::atomic::AtomicU64::new(0),
@@ -459,6 +467,11 @@ impl Job {
     /// Its placement as it runs: moves, measurements.
     pub fn adaptive(&self) -> &Adaptive {
         &self.adaptive
+    }
+
+    /// Its plan, prepared and placed once, that every stream runs.
+    pub fn placed(&self) -> &Arc<JobPlan> {
+        &self.placed
     }
 
     /// The storage nodes it reads, with the versions pinned.

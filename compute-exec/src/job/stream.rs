@@ -38,19 +38,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::collect;
 use futures::StreamExt;
 use sluice_flight::{SLOT, StorageEndpoint};
-use sluice_planner::Offload;
-use sluice_udfs::OnError;
+use sluice_udfs::{OnError, UdfEnv};
 use tokio::sync::mpsc;
 
 use super::Job;
 use super::adapt::{GAIN, Meter, choice_of, observed_link};
 use super::error::JobError;
 use super::in_order::InOrder;
-use super::query::{JobQuery, udf_options};
+use super::query::udf_options;
 use super::rebatch::Rebatcher;
 use super::run::{Delivery, Ready};
 use crate::remote::with_takes;
@@ -170,29 +168,18 @@ impl Job {
             to,
         } = span;
         let asked = std::time::Instant::now();
-        let mut query = JobQuery::prepare(
-            self.session(),
-            self.sql(),
+        let udfs = UdfEnv::timed(
             udf_options(self.spec(), epoch, self.session().limits()),
             self.stage_stats().clock(),
-        )
-        .await?;
+        );
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
-        let _stop = query.udfs.cancel.on_drop();
-        // A link an earlier stream of the job observed holds for this one.
-        if let Some(link) = self.adaptive().link() {
-            query.prepared.set_link(link);
-        }
-        let window_plan = query.window_plan()?;
-        let placed = query
-            .prepared
-            .place(window_plan.clone(), self.offload())
-            .await
-            .map_err(|e| JobError::running(&e))?;
+        let _stop = udfs.cancel.on_drop();
+        // The job's plan, placed at submit (or since re-placed), bound to
+        // this epoch: nothing is planned again.
+        let plan = Arc::new(self.placed().for_stream(&udfs)?);
         tracing::debug!(job = %self.id(), rank, epoch, from, to,
-            prepared_and_placed_ms = asked.elapsed().as_secs_f64() * 1e3, "a stream begins");
-        let task = placed.ctx.task_ctx();
+            bound_ms = asked.elapsed().as_secs_f64() * 1e3, "a stream begins");
         let order = ready.order(epoch);
         let batch = self.spec().batch_size;
         // Output bytes per sample of the last window done (0: none yet).
@@ -220,12 +207,11 @@ impl Job {
         let runtime = self.runtime().clone();
         let budget = self.session().window_budget().clone();
         let storage_wait = Duration::from_secs_f64(self.spec().storage_wait_s);
-        // The plan each new window runs: a re-plan replaces it, windows in
-        // flight finish under the one they started with.
-        let current = Arc::new(std::sync::RwLock::new(Arc::clone(&placed.plan)));
         let held = Arc::clone(ready);
         let estimate = Arc::clone(&per_sample);
-        let plan_of = Arc::clone(&current);
+        // Each new window runs the job's plan as it is then: a re-plan
+        // replaces it, windows in flight finish under the one they began.
+        let plan_of = Arc::clone(&plan);
         // Windows done and not yet taken by the loop below.
         let ready_windows = Arc::new(AtomicU64::new(0));
         let done = Arc::clone(&ready_windows);
@@ -240,8 +226,8 @@ impl Job {
             }
             let samples = held.layout.rank_samples(&order, rank, start, stop);
             let takes = held.index.takes(&samples);
-            let plan = Arc::clone(&plan_of.read().unwrap_or_else(|e| e.into_inner()));
-            let task = Arc::clone(&task);
+            let plan = plan_of.plan();
+            let task = Arc::clone(plan_of.task());
             let (runtime, budget, done) = (runtime.clone(), budget.clone(), Arc::clone(&done));
             let bytes = match estimate.load(Ordering::Relaxed) {
                 0 => WINDOW_BYTES,
@@ -249,6 +235,7 @@ impl Job {
             };
             async move {
                 // Room among all streams' windows first, then the work.
+                let plan = plan?;
                 let room = budget.reserve(bytes).await;
                 let began = std::time::Instant::now();
                 let mut retry = Retry::new(storage_wait);
@@ -300,7 +287,7 @@ impl Job {
             let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
             let count = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
             per_sample.store(((bytes / count) as u64).max(1), Ordering::Relaxed);
-            let (total, bad) = query.udfs.errors.snapshot();
+            let (total, bad) = udfs.errors.snapshot();
             if total > reported {
                 // Counted when the next batch reaches a reader.
                 let fresh = bad.into_iter().skip(reported as usize);
@@ -309,15 +296,14 @@ impl Job {
                 kept.extend(fresh);
                 reported = total;
             }
-            let link = query.prepared.tally().bytes.swap(0, Ordering::Relaxed);
+            let link = plan.tally().bytes.swap(0, Ordering::Relaxed);
             self.record_link(link);
             made += samples.len() as u64;
             stats.window(samples.len() as u64, link, ready_now, last_window.elapsed());
             if let Some(m) = meter.as_mut() {
                 m.window(samples.len() as u64, link);
                 if m.due() {
-                    self.review(m, &mut query, &window_plan, &current, &nodes, made)
-                        .await;
+                    self.review(m, &nodes, made).await;
                 }
             }
             let missing = rebatch.add(&rows, SLOT, start, samples.len(), Arc::new(room))?;
@@ -359,19 +345,12 @@ impl Job {
     }
 
     /// Reviews the plan with what `meter` measured: under an observed
-    /// link that contradicts the plan's, plans again, and takes the new
-    /// plan for the next windows if it promises [`GAIN`] × the observed
-    /// rate. A failed re-plan keeps the plan that runs.
-    async fn review(
-        &self,
-        meter: &mut Meter,
-        query: &mut JobQuery,
-        window_plan: &LogicalPlan,
-        current: &std::sync::RwLock<Arc<dyn ExecutionPlan>>,
-        nodes: &[Arc<dyn StorageEndpoint>],
-        made: u64,
-    ) {
-        let cores = query.prepared.resources().compute_cores;
+    /// link that contradicts the plan's, places the job's window plan
+    /// again, and makes it the job's plan (every stream's next windows run
+    /// it) if it promises [`GAIN`] × the observed rate. A failed re-plan
+    /// keeps the plan that runs.
+    async fn review(&self, meter: &mut Meter, nodes: &[Arc<dyn StorageEndpoint>], made: u64) {
+        let cores = self.placed().prepared().resources().compute_cores;
         let observed = meter.review(nodes, cores).await;
         if !self.adaptive().observed(&observed) {
             return;
@@ -379,12 +358,7 @@ impl Job {
         let Some(link) = observed_link(&observed, self.adaptive().assumed_link()) else {
             return;
         };
-        query.prepared.set_link(link);
-        let placed = match query
-            .prepared
-            .place(window_plan.clone(), Offload::Auto)
-            .await
-        {
+        let placed = match self.placed().place_under(link).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(
@@ -411,7 +385,7 @@ impl Job {
             observed.samples_per_s,
             observed.link_bytes_per_s
         );
-        *current.write().unwrap_or_else(|e| e.into_inner()) = placed.plan;
+        self.placed().replace(placed.plan);
         self.adaptive().moved(placed.explanation, observed, made);
     }
 
