@@ -2,7 +2,8 @@
 //! batches of `batch_size`, in the epoch's order.
 //!
 //! ```text
-//!  plan + place the job's window plan once for the epoch
+//!  the job's plan, placed once at submit, bound to the epoch's UDF environment
+//!    (`placed`: its seed/epoch literals, bad-sample log, cancel; nothing planned)
 //!  positions from..to ─► windows of whole batches, sized by bytes (the first one
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
 //!    at most WINDOW_MAX samples and a sixteenth of the stream)
@@ -20,7 +21,8 @@
 //!    see `stages`); the UDFs time themselves into the job's clock
 //!  an auto job on separate machines: every window feeds the job's meter; a
 //!    review that finds the plan contradicted places the window plan again,
-//!    and the next windows run the new placement (see `adapt`)
+//!    and the next windows of every stream of the job run the new placement
+//!    (see `adapt`, `placed`)
 //! ```
 //!
 //! Memory per reader is bounded by `IN_FLIGHT + HELD + 1` windows of about
