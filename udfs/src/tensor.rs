@@ -374,6 +374,41 @@ impl<'a> ArrayColumn<'a> {
         })
     }
 
+    /// The data of all rows as one buffer, when no row is NULL and every
+    /// row is a `dtype` array of `shape` (`bytes` bytes): then the data
+    /// buffer already is a `[rows, shape…]` tensor and can be shared
+    /// without a copy.
+    pub fn contiguous(&self, dtype: &str, shape: &[u32], bytes: usize) -> Option<Buffer> {
+        if self.array.null_count() > 0 {
+            return None;
+        }
+        let same = (0..self.array.len()).all(|i| {
+            let s = self.shapes.value(i);
+            self.dtypes.value(i) == dtype
+                && s.as_primitive::<arrow::datatypes::UInt32Type>().values() == shape
+        });
+        let offsets = self.data.value_offsets();
+        let uniform = offsets
+            .windows(2)
+            .all(|o| usize::try_from(o[1] - o[0]).ok() == Some(bytes));
+        let start = usize::try_from(offsets[0]).ok()?;
+        (same && uniform).then(|| {
+            self.data
+                .values()
+                .slice_with_length(start, bytes * self.array.len())
+        })
+    }
+
+    /// Its number of rows.
+    pub fn len(&self) -> usize {
+        self.array.len()
+    }
+
+    /// Whether it has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.array.is_empty()
+    }
+
     /// Row `i`, or `None` when it is NULL.
     pub fn get(&self, i: usize) -> Option<ArrayRefView<'a>> {
         if self.array.is_null(i) {
@@ -528,19 +563,36 @@ impl<T: ArrowPrimitiveType> TensorBuilder<T> {
 
 /// A uint8 tensor column typed as `field` over `values` (`rows * size` bytes), without a copy.
 pub fn u8_tensor_from_buffer(field: &Field, values: Buffer) -> Result<ArrayRef> {
+    // Bytes need no alignment: this is always a tensor.
+    tensor_from_buffer::<UInt8Type>(field, values)?
+        .ok_or_else(|| DataFusionError::Internal("a byte tensor was refused its buffer".into()))
+}
+
+/// A tensor column of `T` typed as `field` over `values` (`rows * size`
+/// native-endian elements), without a copy; `None` when `values` is not
+/// aligned for `T` (the caller copies instead).
+pub fn tensor_from_buffer<T: ArrowPrimitiveType>(
+    field: &Field,
+    values: Buffer,
+) -> Result<Option<ArrayRef>> {
     let DataType::FixedSizeList(item, size) = field.data_type() else {
         return Err(DataFusionError::Internal(format!(
             "tensor field of type {}",
             field.data_type()
         )));
     };
-    let values = PrimitiveArray::<UInt8Type>::new(ScalarBuffer::from(values), None);
-    Ok(Arc::new(FixedSizeListArray::try_new(
+    let width = std::mem::size_of::<T::Native>();
+    if values.as_ptr().align_offset(width) != 0 || !values.len().is_multiple_of(width) {
+        return Ok(None);
+    }
+    let elements = values.len() / width;
+    let values = PrimitiveArray::<T>::new(ScalarBuffer::new(values, 0, elements), None);
+    Ok(Some(Arc::new(FixedSizeListArray::try_new(
         Arc::clone(item),
         *size,
         Arc::new(values),
         None,
-    )?))
+    )?)))
 }
 
 /// uint8 tensor builder.
@@ -660,5 +712,62 @@ mod tests {
         assert!(images.contiguous(12).is_none());
         assert_eq!(images.get(0).unwrap().pixels, &[1; 12]);
         assert!(images.get(1).is_none());
+    }
+
+    #[test]
+    fn arrays_of_one_type_and_shape_are_already_a_tensor() {
+        let floats = |r: u8| -> Vec<u8> {
+            (0..6)
+                .flat_map(|i| f32::from(r * 10 + i).to_le_bytes())
+                .collect()
+        };
+        let mut b = ArrayBuilder::new(3);
+        for r in 0..3 {
+            b.append("float32", &[2, 3], &floats(r));
+        }
+        let col = b.finish();
+        let arrays = ArrayColumn::new(&col, "t").unwrap();
+        let shared = arrays.contiguous("float32", &[2, 3], 24).unwrap();
+        let data = col
+            .as_struct()
+            .column(2)
+            .as_binary::<i64>()
+            .values()
+            .as_ptr();
+        assert_eq!(shared.as_ptr(), data);
+        assert_eq!(shared.len(), 72);
+        // Another type, shape or size: no sharing.
+        assert!(arrays.contiguous("uint8", &[2, 3], 24).is_none());
+        assert!(arrays.contiguous("float32", &[3, 2], 24).is_none());
+        assert!(arrays.contiguous("float32", &[2, 3], 20).is_none());
+        let field = Field::new(
+            "t",
+            DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Float32, false)), 6),
+            true,
+        );
+        let t = tensor_from_buffer::<Float32Type>(&field, shared.clone())
+            .unwrap()
+            .unwrap();
+        let values = t
+            .as_fixed_size_list()
+            .values()
+            .as_primitive::<Float32Type>()
+            .clone();
+        assert_eq!(values.values()[7], 11.0);
+        assert_eq!(values.values().inner().as_ptr(), data);
+        // A buffer not aligned for floats is refused: the caller copies.
+        let odd = shared.slice_with_length(1, 24);
+        assert!(
+            tensor_from_buffer::<Float32Type>(&field, odd)
+                .unwrap()
+                .is_none()
+        );
+        // A NULL row breaks the layout.
+        let mut b = ArrayBuilder::new(2);
+        b.append("float32", &[2, 3], &floats(0));
+        b.append_null();
+        let col = b.finish();
+        let arrays = ArrayColumn::new(&col, "t").unwrap();
+        assert!(arrays.contiguous("float32", &[2, 3], 24).is_none());
     }
 }

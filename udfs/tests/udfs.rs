@@ -644,3 +644,62 @@ async fn a_node_other_than_a_projection_or_filter_holding_a_udf_call_is_not_rebo
         .to_string();
     assert!(err.contains("SortExec holds sluice UDF calls"), "{err}");
 }
+
+#[tokio::test]
+async fn whole_arrays_become_tensors_with_the_values_of_the_copying_path() {
+    let arrays: Vec<Vec<f32>> = (0..3)
+        .map(|r| (0..24).map(|i| (r * 100 + i) as f32).collect())
+        .collect();
+    let bytes = |a: &[f32]| -> Vec<u8> { a.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let mut rows: Vec<(String, Vec<u8>)> = arrays
+        .iter()
+        .enumerate()
+        .map(|(r, a)| {
+            (
+                format!("a{r}"),
+                npy::write(npy::DType::F32, &[2, 3, 4], &bytes(a)),
+            )
+        })
+        .collect();
+    rows.push(("bad".into(), b"not an npy".to_vec()));
+    let owned = rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let (ctx, _) = session(
+        owned,
+        UdfOptions {
+            on_error: OnError::Null,
+            ..UdfOptions::default()
+        },
+    );
+    let whole = "to_tensor(crop3d(npy(data), 0, 0, 0, 2, 3, 4), 'float32')";
+    // Good rows only: the whole boxes are the column as it is, and the
+    // tensor shares its bytes.
+    let sql = format!("SELECT key, {whole} FROM ds WHERE key <> 'bad' ORDER BY key");
+    let shared = tensor_f32(&one(&query(&ctx, &sql).await.unwrap()), 1);
+    assert_eq!(shared, arrays.concat());
+    // With the bad row NULL: the copying path, the same values.
+    let sql = format!("SELECT key, {whole} FROM ds ORDER BY key");
+    let b = one(&query(&ctx, &sql).await.unwrap());
+    assert!(b.column(1).is_null(3));
+    assert_eq!(tensor_f32(&b, 1)[..72], arrays.concat()[..]);
+    // A box that is not the whole: its own values.
+    let sql = "SELECT key, to_tensor(crop3d(npy(data), 1, 0, 0, 1, 3, 4), 'float32') FROM ds \
+               WHERE key <> 'bad' ORDER BY key";
+    let half = tensor_f32(&one(&query(&ctx, sql).await.unwrap()), 1);
+    let want: Vec<f32> = arrays.iter().flat_map(|a| a[12..].to_vec()).collect();
+    assert_eq!(half, want);
+    // A whole box of another element type: converted, not shared.
+    let sql = format!(
+        "SELECT key, {} FROM ds WHERE key <> 'bad' ORDER BY key",
+        whole.replace("float32", "uint8")
+    );
+    let b = one(&query(&ctx, &sql).await.unwrap());
+    let u8s = b
+        .column(1)
+        .as_fixed_size_list()
+        .values()
+        .as_primitive::<UInt8Type>()
+        .values()
+        .to_vec();
+    assert_eq!(u8s[..3], [0, 1, 2]);
+    assert_eq!(u8s[24], 100);
+}

@@ -156,15 +156,27 @@ fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
-/// A parsed array: type, shape, and its elements little-endian in C order.
+/// A parsed array: type, shape, and its elements little-endian in C order
+/// (borrowed from the file when it holds them so, made otherwise).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Parsed {
+pub struct Parsed<'a> {
     /// Element type.
     pub dtype: DType,
     /// Dimensions.
     pub shape: Vec<u32>,
     /// Elements.
-    pub data: Vec<u8>,
+    pub data: std::borrow::Cow<'a, [u8]>,
+}
+
+impl Parsed<'_> {
+    /// The same array, owning its elements.
+    pub fn into_owned(self) -> Parsed<'static> {
+        Parsed {
+            dtype: self.dtype,
+            shape: self.shape,
+            data: std::borrow::Cow::Owned(self.data.into_owned()),
+        }
+    }
 }
 
 /// What the header says, without the data.
@@ -250,7 +262,7 @@ fn dict_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Parses a `.npy` file, checking its size against `limits` before copying.
-pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Parsed, String> {
+pub fn parse<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Parsed<'a>, String> {
     let h = header(bytes)?;
     let n = h.elements();
     let size = n * h.dtype.size() as u64;
@@ -266,13 +278,14 @@ pub fn parse(bytes: &[u8], limits: &Limits) -> Result<Parsed, String> {
                 bytes.len().saturating_sub(h.data_offset)
             )
         })?;
-    let mut data = data[..size as usize].to_vec();
+    let mut data = std::borrow::Cow::Borrowed(&data[..size as usize]);
     if h.big_endian && h.dtype.size() > 1 {
-        data.chunks_exact_mut(h.dtype.size())
+        data.to_mut()
+            .chunks_exact_mut(h.dtype.size())
             .for_each(<[u8]>::reverse);
     }
     if h.fortran && h.shape.len() > 1 {
-        data = fortran_to_c(&data, &h.shape, h.dtype.size());
+        data = std::borrow::Cow::Owned(fortran_to_c(&data, &h.shape, h.dtype.size()));
     }
     Ok(Parsed {
         dtype: h.dtype,
@@ -365,9 +378,11 @@ mod tests {
         let file = write(DType::U16, &[2, 3, 2], &data);
         let p = parse(&file, &Limits::default()).unwrap();
         assert_eq!(
-            (p.dtype, p.shape.clone(), p.data.clone()),
+            (p.dtype, p.shape.clone(), p.data.to_vec()),
             (DType::U16, vec![2, 3, 2], data)
         );
+        // Little-endian C order is the file's own bytes, not a copy.
+        assert!(matches!(p.data, std::borrow::Cow::Borrowed(_)));
         // NumPy's own header for a 0-d and a 1-d array.
         let h = header(&write(DType::F32, &[], &[0; 4])).unwrap();
         assert!(h.shape.is_empty());

@@ -6,7 +6,7 @@ use crate::env::Limits;
 use crate::kernels::npy::{self, Parsed};
 
 /// Reads member `name` (with or without `.npy`) of an `.npz` archive.
-pub fn member(bytes: &[u8], name: &str, limits: &Limits) -> Result<Parsed, String> {
+pub fn member<'a>(bytes: &'a [u8], name: &str, limits: &Limits) -> Result<Parsed<'a>, String> {
     if bytes.is_empty() {
         return Err("empty object".into());
     }
@@ -67,7 +67,9 @@ pub fn member(bytes: &[u8], name: &str, limits: &Limits) -> Result<Parsed, Strin
             "npz member '{name}' inflates past max_decoded_bytes"
         ));
     }
-    npy::parse(&buf, limits).map_err(|e| format!("member '{name}': {e}"))
+    npy::parse(&buf, limits)
+        .map(Parsed::into_owned)
+        .map_err(|e| format!("member '{name}': {e}"))
 }
 
 /// Writes an `.npz` archive of `.npy` members (deflated when `compress`).
@@ -102,7 +104,7 @@ mod tests {
         for compress in [false, true] {
             let z = write(&[("image", a.clone()), ("mask", b.clone())], compress);
             let l = Limits::default();
-            assert_eq!(member(&z, "image", &l).unwrap().data, [1, 2, 3, 4]);
+            assert_eq!(*member(&z, "image", &l).unwrap().data, [1, 2, 3, 4]);
             assert_eq!(member(&z, "mask.npy", &l).unwrap().dtype, DType::F32);
             let e = member(&z, "label", &l).unwrap_err();
             assert!(

@@ -18,7 +18,7 @@ pub struct Npy;
 /// Appends each row's parse result (NULL and the policy on failure).
 pub(crate) fn build_arrays(
     call: &Call<'_>,
-    mut parse_row: impl FnMut(&[u8]) -> std::result::Result<Parsed, String>,
+    mut parse_row: impl for<'a> FnMut(&'a [u8]) -> std::result::Result<Parsed<'a>, String>,
 ) -> Result<ArrayRef> {
     let data = call.array(0)?;
     let mut out = ArrayBuilder::new(call.rows);

@@ -11,7 +11,7 @@ use crate::cost::{Estimate, SampleStats};
 use crate::kernels::npy::DType;
 use crate::tensor::{
     ArrayColumn, ImageColumn, TensorBuilder, array_dtype, array_shape, is_image, tensor_field,
-    u8_tensor_from_buffer,
+    tensor_from_buffer, u8_tensor_from_buffer,
 };
 
 /// Fixed-shape tensors (`arrow.fixed_shape_tensor`) from images or arrays.
@@ -111,6 +111,20 @@ impl Function for ToTensor {
             return out.finish(call.return_field);
         }
         let arrays = ArrayColumn::new(&input, Self::SPEC.name)?;
+        // Arrays already of the tensor's element type and shape, one after
+        // another in the data buffer (what `npy` makes of such files): the
+        // buffer is the tensor, shared (the values are little-endian).
+        if cfg!(target_endian = "little")
+            && let Some(values) = arrays.contiguous(dtype.name(), &shape, size * dtype.size())
+        {
+            let shared = match dtype {
+                DType::U8 => tensor_from_buffer::<UInt8Type>(call.return_field, values)?,
+                _ => tensor_from_buffer::<Float32Type>(call.return_field, values)?,
+            };
+            if let Some(tensor) = shared {
+                return Ok(tensor);
+            }
+        }
         let mut u8s = TensorBuilder::<UInt8Type>::new(call.rows, size);
         let mut f32s = TensorBuilder::<Float32Type>::new(call.rows, size);
         for row in 0..call.rows {
