@@ -20,13 +20,22 @@
 //!   part that fits rather than churning all of it). Each operation holds one mutex for a few map
 //!   operations (no I/O, no copy under it): eviction never waits on a
 //!   reader, and a miss is exactly the uncached path plus one copy.
+//! - **One read per object** ([`ObjectCache::begin_read`]): a scan that
+//!   misses registers the objects it is about to read until they have
+//!   entered the cache; a scan that misses one of them meanwhile (a job's
+//!   next epoch begun ahead while the last windows of this one still read,
+//!   two jobs over one dataset) waits for that read and is served from
+//!   memory instead of reading the device again. It waits once: a read it
+//!   still finds under way then (or objects the cache did not take) it
+//!   makes itself. A miss counts a device read, not a lookup.
 //! - A budget of 0 disables it.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::buffer::Buffer;
+use tokio::sync::watch;
 
 /// Where an object lies and what it must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +66,16 @@ struct State {
     tick: u64,
 }
 
+impl State {
+    /// Whether it holds the object `key` names (a different object at the
+    /// same place does not count).
+    fn holds(&self, key: &ObjectKey) -> bool {
+        self.entries
+            .get(&key.offset)
+            .is_some_and(|e| e.len == key.len && e.crc == key.crc)
+    }
+}
+
 /// Counters of a cache, for `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct CacheStats {
@@ -68,7 +87,8 @@ pub struct CacheStats {
     pub objects: u64,
     /// Lookups served from memory.
     pub hits: u64,
-    /// Lookups that went to the device.
+    /// Objects read from the device (a lookup that waited for another
+    /// scan's read of its objects is a hit).
     pub misses: u64,
     /// Entries dropped to stay within the budget.
     pub evictions: u64,
@@ -79,6 +99,8 @@ pub struct CacheStats {
 pub struct ObjectCache {
     budget: u64,
     state: Mutex<State>,
+    /// Reads under way, by device offset: closed when they are done.
+    reading: Mutex<HashMap<u64, watch::Receiver<()>>>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -90,6 +112,7 @@ impl ObjectCache {
         Self {
             budget,
             state: Mutex::new(State::default()),
+            reading: Mutex::default(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -130,14 +153,7 @@ impl ObjectCache {
             return None;
         }
         let mut s = self.lock();
-        let held = |s: &State, k: &ObjectKey| {
-            s.entries
-                .get(&k.offset)
-                .is_some_and(|e| e.len == k.len && e.crc == k.crc)
-        };
-        if !keys.iter().all(|k| held(&s, k)) {
-            drop(s);
-            self.misses.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        if !keys.iter().all(|k| s.holds(k)) {
             return None;
         }
         let mut out = Vec::with_capacity(keys.len());
@@ -157,6 +173,49 @@ impl ObjectCache {
         Some(out)
     }
 
+    /// Which of `keys` it holds now (not a lookup: no hit, no miss, no
+    /// use).
+    pub fn holds(&self, keys: &[ObjectKey]) -> Vec<bool> {
+        if !self.enabled() {
+            return vec![false; keys.len()];
+        }
+        let s = self.lock();
+        keys.iter().map(|k| s.holds(k)).collect()
+    }
+
+    /// A scan missed `keys` (see [`ObjectCache::get_all`]) and would read
+    /// them: [`Miss::Wait`] when `may_wait` and another scan is reading
+    /// any of them (look again once those reads are done), else
+    /// [`Miss::Read`], registered until its guard drops.
+    pub fn begin_read(self: &Arc<Self>, keys: &[ObjectKey], may_wait: bool) -> Miss {
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        if self.enabled() && may_wait {
+            let under_way: Vec<_> = keys
+                .iter()
+                .filter_map(|k| reading.get(&k.offset).cloned())
+                .collect();
+            if !under_way.is_empty() {
+                return Miss::Wait(under_way);
+            }
+        }
+        let (done, rx) = watch::channel(());
+        let mut offsets = Vec::new();
+        if self.enabled() {
+            self.misses.fetch_add(keys.len() as u64, Ordering::Relaxed);
+            for k in keys {
+                reading.entry(k.offset).or_insert_with(|| {
+                    offsets.push(k.offset);
+                    rx.clone()
+                });
+            }
+        }
+        Miss::Read(Reading {
+            cache: Arc::clone(self),
+            offsets,
+            done: Some(done),
+        })
+    }
+
     /// Whether `key` would be taken in now: not held already, and room
     /// for it, made if need be of entries unused for two cache-fulls of
     /// lookups (scan resistance: a cyclic scan of a dataset larger than
@@ -164,10 +223,7 @@ impl ObjectCache {
     /// instead of evicting each object just before its next use; a
     /// working set that moved on still ages out).
     fn admits(&self, s: &State, key: &ObjectKey) -> bool {
-        if s.entries
-            .get(&key.offset)
-            .is_some_and(|e| e.len == key.len && e.crc == key.crc)
-        {
+        if s.holds(key) {
             return false;
         }
         let horizon = s.tick.saturating_sub(2 * s.entries.len() as u64);
@@ -263,6 +319,49 @@ impl ObjectCache {
     }
 }
 
+/// What a scan that missed does (see [`ObjectCache::begin_read`]).
+#[derive(Debug)]
+pub enum Miss {
+    /// Read the objects from the device; others wait for this read until
+    /// the guard drops (after the objects entered the cache).
+    Read(Reading),
+    /// Other scans are reading some of them: wait for each
+    /// ([`Miss::wait`]), then look in the cache again.
+    Wait(Vec<watch::Receiver<()>>),
+}
+
+impl Miss {
+    /// Waits until the reads `receivers` stand for are done.
+    pub async fn wait(receivers: Vec<watch::Receiver<()>>) {
+        for mut r in receivers {
+            // Nothing is ever sent: `changed` ends when the read's guard
+            // drops, or at once if it already has.
+            let _closed = r.changed().await;
+        }
+    }
+}
+
+/// A read under way: its objects are no longer registered, and the scans
+/// waiting for it wake, when it drops.
+#[derive(Debug)]
+pub struct Reading {
+    cache: Arc<ObjectCache>,
+    offsets: Vec<u64>,
+    done: Option<watch::Sender<()>>,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut reading = self.cache.reading.lock().unwrap_or_else(|e| e.into_inner());
+        for o in &self.offsets {
+            reading.remove(o);
+        }
+        drop(reading);
+        // Closing the channel wakes every waiter.
+        drop(self.done.take());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,7 +389,44 @@ mod tests {
         other.crc ^= 1;
         assert!(c.get(&other).is_none());
         let s = c.stats();
-        assert_eq!((s.hits, s.misses, s.objects, s.bytes), (1, 2, 1, 100));
+        assert_eq!((s.hits, s.misses, s.objects, s.bytes), (1, 0, 1, 100));
+    }
+
+    #[tokio::test]
+    async fn a_second_scan_waits_for_a_read_under_way_and_reads_nothing() {
+        let c = Arc::new(ObjectCache::new(1 << 20));
+        let keys = [key(0, 10), key(4096, 10)];
+        let Miss::Read(first) = c.begin_read(&keys, true) else {
+            panic!("nothing is being read yet");
+        };
+        // Another scan wants one of them: it is told to wait.
+        let Miss::Wait(under_way) = c.begin_read(&keys[1..], true) else {
+            panic!("the first read is under way");
+        };
+        let waiter = tokio::spawn(async move { Miss::wait(under_way).await });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            !waiter.is_finished(),
+            "it waits while the read is under way"
+        );
+        put(&c, 0, 10);
+        put(&c, 4096, 10);
+        drop(first);
+        waiter.await.unwrap();
+        assert!(c.get_all(&keys[1..]).is_some());
+        // Two objects read from the device, once.
+        assert_eq!(c.stats().misses, 2);
+        // Done: nothing is registered, a later miss reads.
+        assert!(matches!(
+            c.begin_read(&[key(8192, 10)], true),
+            Miss::Read(_)
+        ));
+        // Asked not to wait, a scan reads even with a read under way.
+        let _under_way = c.begin_read(&[key(12288, 10)], true);
+        assert!(matches!(
+            c.begin_read(&[key(12288, 10)], false),
+            Miss::Read(_)
+        ));
     }
 
     #[test]

@@ -299,6 +299,44 @@ async fn the_node_cache_serves_later_reads_the_same_bytes_within_its_budget() {
     assert!(stats.objects > 0 && stats.bytes <= budget, "{stats:?}");
 }
 
+/// With a cache, each object is read from the device once: a scan reads
+/// only what the cache does not hold (a read partly cached is cut), and
+/// scans at once over the same objects wait for each other's reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_object_is_read_from_the_device_once_however_scans_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = samples(300);
+    let want: HashMap<String, Vec<u8>> = input.iter().cloned().collect();
+    let store = cached_store(&dir.path().join("a"));
+    ingest_mem(&store, "imgs", input.clone()).await;
+    let ctx = sluice_storage::session_context(Arc::clone(&store));
+    let third = query(&ctx, "SELECT key, data FROM imgs WHERE key < 's0100'").await;
+    assert_eq!(keyed(&third).len(), 100);
+    assert_eq!(store.cache().stats().misses, 100);
+    // The rest is read, the third comes from memory: its reads (which
+    // coalesce cached and uncached neighbours) are cut where the cache
+    // holds them.
+    let all = query(&ctx, "SELECT key, data FROM imgs").await;
+    assert_eq!(keyed(&all), want);
+    let stats = store.cache().stats();
+    assert_eq!((stats.misses, stats.hits), (300, 100), "{stats:?}");
+
+    // Eight scans at once on a cold cache: 300 device reads in all.
+    let store = cached_store(&dir.path().join("b"));
+    ingest_mem(&store, "imgs", input).await;
+    let scans: Vec<_> = (0..8)
+        .map(|_| {
+            let ctx = sluice_storage::session_context(Arc::clone(&store));
+            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
+        })
+        .collect();
+    for s in scans {
+        assert_eq!(keyed(&s.await.unwrap()), want);
+    }
+    let stats = store.cache().stats();
+    assert_eq!((stats.misses, stats.hits), (300, 7 * 300), "{stats:?}");
+}
+
 #[tokio::test]
 async fn large_cached_objects_are_served_over_the_cached_bytes() {
     let dir = tempfile::tempdir().unwrap();

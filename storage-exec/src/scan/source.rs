@@ -46,7 +46,7 @@ use sluice_flight::Take;
 use super::reads::{ReadPlan, plan_reads};
 use super::table::DatasetVersion;
 use super::take::{TakePart, VersionIndex, take_parts, with_slot};
-use crate::cache::ObjectKey;
+use crate::cache::{Miss, ObjectKey};
 use crate::device::DeviceExt;
 use crate::error::StorageError;
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
@@ -396,6 +396,11 @@ impl PartitionScan {
         if !cache.enabled() {
             return Ok(None);
         }
+        Ok(cache.get_all(&self.object_keys(job)?))
+    }
+
+    /// The cache keys of the job's objects, in its order.
+    fn object_keys(&self, job: &ReadJob) -> DFResult<Vec<ObjectKey>> {
         let crcs = job
             .batch
             .column(self.read_schema.index_of(CRC32C)?)
@@ -414,7 +419,122 @@ impl PartitionScan {
                 }
             })
             .collect();
-        Ok(cache.get_all(&keys))
+        Ok(keys)
+    }
+
+    /// The job's batches: from the cache when it holds all its objects;
+    /// else, when it holds some, the cached rows from memory and reads of
+    /// the rest only (`may_split`); else one device read, registered with
+    /// the cache while under way so that another scan missing these
+    /// objects waits for it rather than read them again (one device read
+    /// per object; a scan waits at most once).
+    fn fetch(
+        self: Arc<Self>,
+        job: ReadJob,
+        permits: Arc<tokio::sync::Semaphore>,
+        may_split: bool,
+    ) -> futures::future::BoxFuture<'static, DFResult<Vec<RecordBatch>>> {
+        Box::pin(async move {
+            let cache = Arc::clone(self.version.store.cache());
+            let mut may_wait = true;
+            loop {
+                if let Some(objects) = self.cached(&job)? {
+                    let reader = Arc::clone(&self);
+                    return tokio::task::spawn_blocking(move || {
+                        reader.assemble_cached(&job, objects)
+                    })
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                }
+                let keys = if cache.enabled() {
+                    self.object_keys(&job)?
+                } else {
+                    Vec::new()
+                };
+                if may_split && let Some(parts) = self.split_by_cache(&job, &keys) {
+                    let mut out = Vec::new();
+                    for part in parts {
+                        let permits = Arc::clone(&permits);
+                        out.extend(Arc::clone(&self).fetch(part, permits, false).await?);
+                    }
+                    return Ok(out);
+                }
+                let permit = Arc::clone(&permits)
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                let reading = match cache.begin_read(&keys, may_wait) {
+                    Miss::Read(reading) => reading,
+                    Miss::Wait(under_way) => {
+                        drop(permit);
+                        Miss::wait(under_way).await;
+                        may_wait = false;
+                        continue;
+                    }
+                };
+                // The read and its checks are a task of their own, begun
+                // as the read is registered: the objects reach the cache,
+                // and the scans waiting for them wake, whether or not this
+                // scan is polled on.
+                let reader = Arc::clone(&self);
+                return tokio::spawn(async move {
+                    let values = reader.read(&job).await;
+                    drop(permit);
+                    let values = values?;
+                    tokio::task::spawn_blocking(move || {
+                        let batches = reader.assemble(&job, values);
+                        // In the cache now (or not taken): the scans
+                        // waiting for this read look again.
+                        drop(reading);
+                        batches
+                    })
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?
+                })
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
+        })
+    }
+
+    /// The job cut where the cache holds some of its objects (`keys`, in
+    /// row order) and not others: maximal stretches of consecutive rows
+    /// all held or all not, each planned as reads of its own, in row
+    /// order; `None` when the cache holds all or none of them.
+    fn split_by_cache(&self, job: &ReadJob, keys: &[ObjectKey]) -> Option<Vec<ReadJob>> {
+        let held = self.version.store.cache().holds(keys);
+        if held.iter().all(|&h| h) || !held.iter().any(|&h| h) {
+            return None;
+        }
+        let rows: Vec<usize> = job.plan.runs.iter().flat_map(|r| r.rows.clone()).collect();
+        let mut parts = Vec::new();
+        let mut i = 0;
+        while i < rows.len() {
+            let mut j = i + 1;
+            while j < rows.len() && held[j] == held[i] && rows[j] == rows[j - 1] + 1 {
+                j += 1;
+            }
+            let first = rows[i];
+            let plans = plan_reads(
+                &job.extents[first..rows[j - 1] + 1],
+                self.version.store.device().block_size() as u64,
+                self.options.max_read,
+                self.options.max_gap,
+                self.batch_size,
+            );
+            for mut plan in plans {
+                for run in &mut plan.runs {
+                    run.rows = run.rows.start + first..run.rows.end + first;
+                }
+                parts.push(ReadJob {
+                    plan,
+                    batch: Arc::clone(&job.batch),
+                    extents: Arc::clone(&job.extents),
+                });
+            }
+            i = j;
+        }
+        Some(parts)
     }
 
     /// The job's output batches from cached objects (checked when they
@@ -648,25 +768,7 @@ impl DataSource for ExtentSource {
             .flatten()
             .map(move |job: DFResult<ReadJob>| {
                 let (reader, permits) = (Arc::clone(&reader), Arc::clone(&permits));
-                async move {
-                    let job = job?;
-                    if let Some(objects) = reader.cached(&job)? {
-                        return tokio::task::spawn_blocking(move || {
-                            reader.assemble_cached(&job, objects)
-                        })
-                        .await
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-                    }
-                    let permit = permits
-                        .acquire()
-                        .await
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?;
-                    let values = reader.read(&job).await?;
-                    drop(permit);
-                    tokio::task::spawn_blocking(move || reader.assemble(&job, values))
-                        .await
-                        .map_err(|e| DataFusionError::External(Box::new(e)))?
-                }
+                async move { reader.fetch(job?, permits, true).await }
             })
             .buffered(depth + 2)
             .map_ok(|batches| stream::iter(batches.into_iter().map(Ok)))
