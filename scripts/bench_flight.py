@@ -86,7 +86,15 @@ def main():
     ap.add_argument("--work")
     args = ap.parse_args()
     shape = tuple(int(s) for s in args.shape.split(","))
-    work = args.work or tempfile.mkdtemp(prefix="sluice-flight-")
+    if args.work:
+        run(args, shape, args.work)
+    else:
+        # Its device file and sources are half a GiB: gone after the run.
+        with tempfile.TemporaryDirectory(prefix="sluice-flight-") as work:
+            run(args, shape, work)
+
+
+def run(args, shape, work):
     src = os.path.join(work, "src", "arrays")
     os.makedirs(os.path.join(src, "c0"), exist_ok=True)
     rng = np.random.default_rng(0)
