@@ -109,7 +109,8 @@ def run(args, shape, work):
          "SELECT key, data FROM arrays"),
     ]
     rows = []
-    with Server(args.sluice, work, os.path.join(work, "src")) as client:
+    server = Server(args.sluice, work, os.path.join(work, "src"))
+    with server as client:
         client.ingest("arrays", src)
         fl = client.flight()
         for name, what, sql in pipelines:
@@ -124,19 +125,23 @@ def run(args, shape, work):
             # the batches pyarrow's server then serves from memory.
             _, _, _, batches = drain(fl, ticket(0))
             drain_shm(job, 0)
-            server = MemoryServer(batches)
-            threading.Thread(target=server.serve, daemon=True).start()
-            base_client = flight.FlightClient(f"grpc://127.0.0.1:{server.port}")
+            memory_server = MemoryServer(batches)
+            threading.Thread(target=memory_server.serve, daemon=True).start()
+            base_client = flight.FlightClient(f"grpc://127.0.0.1:{memory_server.port}")
             drain(base_client, flight.Ticket(b"x"))
             # Then each epoch from each server in turn: the client process
             # (its allocator, its gRPC windows) is in the same state for all.
-            ours, shm, base = [], [], []
+            ours, shm, base, cpu = [], [], [], []
             for epoch in range(1, args.runs + 1):
                 ours.append(drain(fl, ticket(epoch))[:3])
+                # The server's CPU over a shared-memory epoch: its own
+                # work (read, decode, batch), no socket.
+                before = server.cpu_seconds()
                 shm.append(drain_shm(job, epoch))
+                cpu.append(server.cpu_seconds() - before)
                 base.append(drain(base_client, flight.Ticket(b"x"))[:3])
-            server.shutdown()
-            rows.append((name, what, ours, shm, base))
+            memory_server.shutdown()
+            rows.append((name, what, ours, shm, base, statistics.median(cpu)))
 
     def summary(rows):
         mbps = statistics.median(b / s / 1e6 for s, b, _ in rows)
@@ -145,7 +150,7 @@ def run(args, shape, work):
 
     print(f"flight throughput: {args.samples} float32 arrays {list(shape)}, batches of {args.batch}, "
           f"median of {args.runs} epochs after a warm-up, same client code")
-    for name, what, ours, shm, base in rows:
+    for name, what, ours, shm, base, cpu in rows:
         o_mb, o_b = summary(ours)
         s_mb, s_b = summary(shm)
         b_mb, b_b = summary(base)
@@ -155,6 +160,8 @@ def run(args, shape, work):
         print(f"    sluice ({via_shm}){'':<{max(1, 40 - len(via_shm))}} {s_mb:9.1f} MB/s  {s_b:8.1f} batches/s")
         print(f"    pyarrow FlightServerBase (memory + Flight){'':<6} {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
         print(f"    ratio sluice / pyarrow: Flight {o_mb / b_mb:.2f}x, shared memory {s_mb / b_mb:.2f}x")
+        print(f"    sluice server CPU per shared-memory epoch: {cpu:.3f} s "
+              f"({ours[0][1] / 1e6 / cpu:.0f} MB per CPU second)")
 
 
 if __name__ == "__main__":

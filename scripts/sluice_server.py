@@ -37,6 +37,12 @@ class Server:
             sys.exit("sluice serve did not start")
         return sluice.Client(rest)
 
+    def cpu_seconds(self):
+        """CPU time (user + system) the server has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=60)
