@@ -27,10 +27,12 @@ says so and this bench skips the grid with that message.
 """
 
 import argparse
+import atexit
 import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -267,6 +269,8 @@ def main():
     a.sluice = os.path.abspath(a.sluice) if os.path.sep in a.sluice else a.sluice
 
     work = a.work or tempfile.mkdtemp(prefix="sluice-placement-")
+    if not a.work:
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     counts = {"small": a.small, "large": a.large, "vols": a.vols, "clips": a.clips}
     root = os.path.join(work, "root")
     if not os.path.exists(root):

@@ -18,8 +18,10 @@ shuffle beside `full` (the read-pattern trade-off).
 """
 
 import argparse
+import atexit
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +92,8 @@ def main():
     args = ap.parse_args()
     SIZE = args.size
     work = args.work or tempfile.mkdtemp(prefix="sluice-train-")
+    if not args.work:
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     src = os.path.join(work, "src", "pets")
     subprocess.run([args.sluice, "gen-sample", src, "--classes", str(args.classes),
                     "--per-class", str(args.per_class)], check=True, capture_output=True)

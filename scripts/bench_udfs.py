@@ -19,11 +19,13 @@ Prints samples/s (median of --runs) and sluice's ratio to each baseline.
 """
 
 import argparse
+import atexit
 import io
 import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,6 +171,7 @@ def main():
         return
 
     work = tempfile.mkdtemp(prefix="sluice-bench-udfs-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     sets = [
         ("images ~500x375", os.path.join(work, "small"), args.small, (500, 375)),
         ("images 12 MP", os.path.join(work, "large"), args.large, (4000, 3000)),
