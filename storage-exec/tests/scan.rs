@@ -251,6 +251,21 @@ fn keyed(batches: &[RecordBatch]) -> HashMap<String, Vec<u8>> {
     out
 }
 
+/// `n` scans of all of `imgs` on `store`, begun at once; their rows.
+async fn scans_at_once(store: &Arc<Store>, n: usize) -> Vec<Vec<RecordBatch>> {
+    let scans: Vec<_> = (0..n)
+        .map(|_| {
+            let ctx = sluice_storage::session_context(Arc::clone(store));
+            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for s in scans {
+        out.push(s.await.unwrap());
+    }
+    out
+}
+
 #[tokio::test]
 async fn the_node_cache_serves_later_reads_the_same_bytes_within_its_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,14 +300,8 @@ async fn the_node_cache_serves_later_reads_the_same_bytes_within_its_budget() {
         ..StoreOptions::new(dir.path())
     })
     .unwrap();
-    let scans: Vec<_> = (0..8)
-        .map(|_| {
-            let ctx = sluice_storage::session_context(Arc::clone(&store));
-            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
-        })
-        .collect();
-    for s in scans {
-        assert_eq!(keyed(&s.await.unwrap()), want);
+    for rows in scans_at_once(&store, 8).await {
+        assert_eq!(keyed(&rows), want);
         assert!(store.cache().stats().bytes <= budget);
     }
     let stats = store.cache().stats();
@@ -324,14 +333,8 @@ async fn each_object_is_read_from_the_device_once_however_scans_overlap() {
     // Eight scans at once on a cold cache: 300 device reads in all.
     let store = cached_store(&dir.path().join("b"));
     ingest_mem(&store, "imgs", input).await;
-    let scans: Vec<_> = (0..8)
-        .map(|_| {
-            let ctx = sluice_storage::session_context(Arc::clone(&store));
-            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
-        })
-        .collect();
-    for s in scans {
-        assert_eq!(keyed(&s.await.unwrap()), want);
+    for rows in scans_at_once(&store, 8).await {
+        assert_eq!(keyed(&rows), want);
     }
     let stats = store.cache().stats();
     assert_eq!((stats.misses, stats.hits), (300, 7 * 300), "{stats:?}");

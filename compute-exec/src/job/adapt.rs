@@ -16,8 +16,9 @@
 //! Only `auto` jobs move, and only where the sides are separate machines:
 //! co-located sides are one pool of cores, and no cut changes how many work.
 //! Each move is kept with the measurements that caused it (job status and
-//! `GET /v1/jobs/{id}/explain`); the observed link carries over to the job's
-//! later streams.
+//! `GET /v1/jobs/{id}/explain`); the new placement becomes the job's plan,
+//! which every stream of the job runs from its next window, and every
+//! later stream (see `placed`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,8 +116,8 @@ pub fn observed_link(o: &Observed, assumed: Option<f64>) -> Option<f64> {
     }
 }
 
-/// A job's placement as it runs: the current explanation, the observed
-/// link the later streams plan with, the moves so far.
+/// A job's placement as it runs: the current explanation and the moves
+/// so far.
 #[derive(Debug)]
 pub struct Adaptive {
     state: Mutex<State>,
@@ -126,7 +127,6 @@ pub struct Adaptive {
 #[derive(Debug)]
 struct State {
     explanation: Explanation,
-    link: Option<f64>,
     history: Vec<Replan>,
     last: Option<Observed>,
     moved: Option<Instant>,
@@ -138,7 +138,6 @@ impl Adaptive {
         Self {
             state: Mutex::new(State {
                 explanation,
-                link: None,
                 history: Vec::new(),
                 last: None,
                 moved: None,
@@ -159,11 +158,6 @@ impl Adaptive {
     /// The placement now.
     pub fn explanation(&self) -> Explanation {
         self.lock().explanation.clone()
-    }
-
-    /// The link observed by an earlier stream, if one moved the plan.
-    pub fn link(&self) -> Option<f64> {
-        self.lock().link
     }
 
     /// The moves so far.
@@ -204,7 +198,6 @@ impl Adaptive {
             estimated_per_s: estimated,
             measured,
         });
-        s.link = explanation.resources.link_bytes_per_s;
         s.explanation = explanation;
         s.moved = Some(Instant::now());
     }
