@@ -322,6 +322,17 @@ impl PartitionScan {
         )?)
     }
 
+    /// The device reads of `extents` under this scan's options.
+    fn plan_reads(&self, extents: &[(u64, u64)]) -> Vec<ReadPlan> {
+        plan_reads(
+            extents,
+            self.version.store.device().block_size() as u64,
+            self.options.max_read,
+            self.options.max_gap,
+            self.batch_size,
+        )
+    }
+
     /// Plans the device reads for one metadata batch, in row order.
     fn reads_for(&self, batch: RecordBatch) -> DFResult<Vec<ReadJob>> {
         let col = |name: &str| -> DFResult<&arrow::array::UInt64Array> {
@@ -339,13 +350,7 @@ impl PartitionScan {
                 )
             })
             .collect();
-        let plans = plan_reads(
-            &extents,
-            self.version.store.device().block_size() as u64,
-            self.options.max_read,
-            self.options.max_gap,
-            self.batch_size,
-        );
+        let plans = self.plan_reads(&extents);
         let (batch, extents) = (Arc::new(batch), Arc::new(extents));
         Ok(plans
             .into_iter()
@@ -389,16 +394,6 @@ impl PartitionScan {
         Ok(buf.into_arrow())
     }
 
-    /// Every object of the job from the node's cache, or `None` (the job
-    /// reads the device; a partial hit is a miss: the read is coalesced).
-    fn cached(&self, job: &ReadJob) -> DFResult<Option<Vec<Buffer>>> {
-        let cache = self.version.store.cache();
-        if !cache.enabled() {
-            return Ok(None);
-        }
-        Ok(cache.get_all(&self.object_keys(job)?))
-    }
-
     /// The cache keys of the job's objects, in its order.
     fn object_keys(&self, job: &ReadJob) -> DFResult<Vec<ObjectKey>> {
         let crcs = job
@@ -438,7 +433,13 @@ impl PartitionScan {
             let cache = Arc::clone(self.version.store.cache());
             let mut may_wait = true;
             loop {
-                if let Some(objects) = self.cached(&job)? {
+                // A partial hit is a miss here: the read is coalesced.
+                let keys = if cache.enabled() {
+                    self.object_keys(&job)?
+                } else {
+                    Vec::new()
+                };
+                if let Some(objects) = cache.get_all(&keys) {
                     let reader = Arc::clone(&self);
                     return tokio::task::spawn_blocking(move || {
                         reader.assemble_cached(&job, objects)
@@ -446,11 +447,6 @@ impl PartitionScan {
                     .await
                     .map_err(|e| DataFusionError::External(Box::new(e)))?;
                 }
-                let keys = if cache.enabled() {
-                    self.object_keys(&job)?
-                } else {
-                    Vec::new()
-                };
                 if may_split && let Some(parts) = self.split_by_cache(&job, &keys) {
                     let mut out = Vec::new();
                     for part in parts {
@@ -515,13 +511,7 @@ impl PartitionScan {
                 j += 1;
             }
             let first = rows[i];
-            let plans = plan_reads(
-                &job.extents[first..rows[j - 1] + 1],
-                self.version.store.device().block_size() as u64,
-                self.options.max_read,
-                self.options.max_gap,
-                self.batch_size,
-            );
+            let plans = self.plan_reads(&job.extents[first..rows[j - 1] + 1]);
             for mut plan in plans {
                 for run in &mut plan.runs {
                     run.rows = run.rows.start + first..run.rows.end + first;
