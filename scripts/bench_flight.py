@@ -76,6 +76,14 @@ def drain_shm(job, epoch):
     return time.perf_counter() - t0, nbytes, n
 
 
+def timed(server, read, cpu):
+    """Runs `read`, appending (server CPU s, client CPU s) it cost to `cpu`."""
+    s0, c0 = server.cpu_seconds() if server else 0.0, time.process_time()
+    out = read()
+    cpu.append(((server.cpu_seconds() - s0) if server else 0.0, time.process_time() - c0))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", required=True)
@@ -131,17 +139,22 @@ def run(args, shape, work):
             drain(base_client, flight.Ticket(b"x"))
             # Then each epoch from each server in turn: the client process
             # (its allocator, its gRPC windows) is in the same state for all.
-            ours, shm, base, cpu = [], [], [], []
+            # Each is timed with the CPU it cost: the sluice server's (over
+            # shared memory its own work alone: read, decode, batch; no
+            # socket) and this client process's (pyarrow's gRPC threads
+            # included). pyarrow's server runs in this process, so its
+            # row has the two together.
+            ours, shm, base = [], [], []
+            cpu = {"flight": [], "shm": [], "base": []}
             for epoch in range(1, args.runs + 1):
-                ours.append(drain(fl, ticket(epoch))[:3])
-                # The server's CPU over a shared-memory epoch: its own
-                # work (read, decode, batch), no socket.
-                before = server.cpu_seconds()
-                shm.append(drain_shm(job, epoch))
-                cpu.append(server.cpu_seconds() - before)
-                base.append(drain(base_client, flight.Ticket(b"x"))[:3])
+                ours.append(timed(server, lambda: drain(fl, ticket(epoch))[:3], cpu["flight"]))
+                shm.append(timed(server, lambda: drain_shm(job, epoch), cpu["shm"]))
+                base.append(timed(None, lambda: drain(base_client, flight.Ticket(b"x"))[:3],
+                                  cpu["base"]))
             memory_server.shutdown()
-            rows.append((name, what, ours, shm, base, statistics.median(cpu)))
+            medians = {k: tuple(statistics.median(c[i] for c in v) for i in range(2))
+                       for k, v in cpu.items()}
+            rows.append((name, what, ours, shm, base, medians))
 
     def summary(rows):
         mbps = statistics.median(b / s / 1e6 for s, b, _ in rows)
@@ -160,8 +173,12 @@ def run(args, shape, work):
         print(f"    sluice ({via_shm}){'':<{max(1, 40 - len(via_shm))}} {s_mb:9.1f} MB/s  {s_b:8.1f} batches/s")
         print(f"    pyarrow FlightServerBase (memory + Flight){'':<6} {b_mb:9.1f} MB/s  {b_b:8.1f} batches/s")
         print(f"    ratio sluice / pyarrow: Flight {o_mb / b_mb:.2f}x, shared memory {s_mb / b_mb:.2f}x")
-        print(f"    sluice server CPU per shared-memory epoch: {cpu:.3f} s "
-              f"({ours[0][1] / 1e6 / cpu:.0f} MB per CPU second)")
+        mb = ours[0][1] / 1e6
+        for label, key in (("Flight", "flight"), ("shared memory", "shm")):
+            srv, cli = cpu[key]
+            print(f"    CPU per epoch, sluice over {label}: server {srv:.3f} s "
+                  f"({mb / max(srv, 1e-9):.0f} MB per CPU second), client {cli:.3f} s")
+        print(f"    CPU per epoch, pyarrow (server and client in one process): {cpu['base'][1]:.3f} s")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::memory::MemoryStream;
@@ -437,9 +437,7 @@ impl ComputeSession {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_target_partitions(compute_cores);
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(self.query_memory, 1.0)
-            .build_arc()?;
+        let runtime = query_runtime(self.query_memory)?;
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime)
@@ -570,6 +568,14 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
+/// The runtime of one query (or one stream of a job's plan): a memory
+/// pool of its own, limited to `query_memory` bytes.
+fn query_runtime(query_memory: usize) -> Result<Arc<RuntimeEnv>> {
+    RuntimeEnvBuilder::new()
+        .with_memory_limit(query_memory, 1.0)
+        .build_arc()
+}
+
 impl Prepared {
     /// The session the plan was made in (its tables and UDFs).
     pub fn ctx(&self) -> &SessionContext {
@@ -585,9 +591,7 @@ impl Prepared {
     /// the query's limit: a plan placed once and run by many streams (a
     /// job's) gives each stream the pool a plan made for it alone had.
     pub fn task_ctx(&self) -> Result<Arc<TaskContext>> {
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_limit(self.query_memory, 1.0)
-            .build_arc()?;
+        let runtime = query_runtime(self.query_memory)?;
         let state = self.ctx.state();
         Ok(Arc::new(TaskContext::from(&state).with_runtime(runtime)))
     }

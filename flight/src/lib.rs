@@ -28,6 +28,8 @@
 //!   trainer on the same host, Flight carrying only control messages;
 //! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
 //!   tagged enum (job, query, checkpoint);
+//! - [`lru`]: [`Lru`], a map under a byte budget, scan-resistant: the
+//!   eviction policy of the node's caches;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
@@ -48,6 +50,7 @@ pub mod frames;
 pub mod gather;
 pub mod ingest;
 pub mod kept;
+pub mod lru;
 pub mod messages;
 pub mod scan;
 pub mod shm;
@@ -65,6 +68,7 @@ pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use fault::Fault;
 pub use feed::Feed;
+pub use lru::Lru;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use throttle::TokenBucket;
 pub use ticket::Ticket;

@@ -14,10 +14,11 @@
 //! - **Invalidation**: when the store frees chunks (a deleted checkpoint or
 //!   version), every entry in them goes ([`ObjectCache::forget`]); a freed
 //!   chunk's next owner cannot be served its predecessor's bytes.
-//! - **Budget and eviction**: at most `budget` bytes; the least recently
-//!   used entries go first, but only those unused for two cache-fulls of
-//!   lookups (so an epoch over a dataset larger than the cache keeps the
-//!   part that fits rather than churning all of it). Each operation holds one mutex for a few map
+//! - **Budget and eviction**: at most `budget` bytes, under
+//!   [`sluice_flight::Lru`]'s policy: the least recently used entries go
+//!   first, but only those unused for two cache-fulls of lookups (so an
+//!   epoch over a dataset larger than the cache keeps the part that fits
+//!   rather than churning all of it). Each operation holds one mutex for a few map
 //!   operations (no I/O, no copy under it): eviction never waits on a
 //!   reader, and a miss is exactly the uncached path plus one copy.
 //! - **One read per object** ([`ObjectCache::begin_read`]): a scan that
@@ -30,11 +31,12 @@
 //!   makes itself. A miss counts a device read, not a lookup.
 //! - A budget of 0 disables it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow::buffer::Buffer;
+use sluice_flight::Lru;
 use tokio::sync::watch;
 
 /// Where an object lies and what it must be.
@@ -53,25 +55,18 @@ struct Entry {
     len: u64,
     crc: u32,
     bytes: Buffer,
-    tick: u64,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    /// By device offset (range removal for freed chunks).
-    entries: BTreeMap<u64, Entry>,
-    /// Offsets by last use.
-    lru: BTreeMap<u64, u64>,
-    bytes: u64,
-    tick: u64,
-}
+/// The entries, by device offset (range removal for freed chunks).
+#[derive(Debug)]
+struct State(Lru<u64, Entry>);
 
 impl State {
     /// Whether it holds the object `key` names (a different object at the
     /// same place does not count).
     fn holds(&self, key: &ObjectKey) -> bool {
-        self.entries
-            .get(&key.offset)
+        self.0
+            .peek(&key.offset)
             .is_some_and(|e| e.len == key.len && e.crc == key.crc)
     }
 }
@@ -111,7 +106,7 @@ impl ObjectCache {
     pub fn new(budget: u64) -> Self {
         Self {
             budget,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State(Lru::new(budget))),
             reading: Mutex::default(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -156,18 +151,10 @@ impl ObjectCache {
         if !keys.iter().all(|k| s.holds(k)) {
             return None;
         }
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            s.tick += 1;
-            let tick = s.tick;
-            let Some(e) = s.entries.get_mut(&k.offset) else {
-                continue;
-            };
-            let old = std::mem::replace(&mut e.tick, tick);
-            out.push(e.bytes.clone());
-            s.lru.remove(&old);
-            s.lru.insert(tick, k.offset);
-        }
+        let out: Vec<Buffer> = keys
+            .iter()
+            .filter_map(|k| s.0.touch(&k.offset).map(|e| e.bytes.clone()))
+            .collect();
         drop(s);
         self.hits.fetch_add(keys.len() as u64, Ordering::Relaxed);
         Some(out)
@@ -217,28 +204,10 @@ impl ObjectCache {
     }
 
     /// Whether `key` would be taken in now: not held already, and room
-    /// for it, made if need be of entries unused for two cache-fulls of
-    /// lookups (scan resistance: a cyclic scan of a dataset larger than
-    /// the cache, an epoch after an epoch, then keeps the part that fits
-    /// instead of evicting each object just before its next use; a
-    /// working set that moved on still ages out).
-    fn admits(&self, s: &State, key: &ObjectKey) -> bool {
-        if s.holds(key) {
-            return false;
-        }
-        let horizon = s.tick.saturating_sub(2 * s.entries.len() as u64);
-        // A stale entry at the same place goes anyway.
-        let mut room =
-            self.budget.saturating_sub(s.bytes) + s.entries.get(&key.offset).map_or(0, |e| e.len);
-        for (&used, offset) in &s.lru {
-            if room >= key.len || used >= horizon {
-                break;
-            }
-            if *offset != key.offset {
-                room += s.entries.get(offset).map_or(0, |e| e.len);
-            }
-        }
-        room >= key.len
+    /// for it (see [`Lru::admits`]: a stale entry at the same place goes
+    /// anyway).
+    fn admits(s: &State, key: &ObjectKey) -> bool {
+        !s.holds(key) && s.0.admits(&key.offset, key.len)
     }
 
     /// Caches a copy of `bytes` (already checked against `key.crc`) under
@@ -249,42 +218,21 @@ impl ObjectCache {
         if !self.enabled() || key.len > self.budget / 8 || bytes.len() as u64 != key.len {
             return;
         }
-        if !self.admits(&self.lock(), &key) {
+        if !Self::admits(&self.lock(), &key) {
             return;
         }
         let owned = Buffer::from(bytes.to_vec());
         let mut s = self.lock();
         // Asked again: another reader may have changed it meanwhile.
-        if !self.admits(&s, &key) {
+        if !Self::admits(&s, &key) {
             return;
         }
-        if let Some(old) = s.entries.remove(&key.offset) {
-            s.lru.remove(&old.tick);
-            s.bytes -= old.len;
-        }
-        let mut evicted = 0;
-        while s.bytes + key.len > self.budget {
-            let Some((_, offset)) = s.lru.pop_first() else {
-                break;
-            };
-            if let Some(e) = s.entries.remove(&offset) {
-                s.bytes -= e.len;
-                evicted += 1;
-            }
-        }
-        s.tick += 1;
-        let tick = s.tick;
-        s.bytes += key.len;
-        s.lru.insert(tick, key.offset);
-        s.entries.insert(
-            key.offset,
-            Entry {
-                len: key.len,
-                crc: key.crc,
-                bytes: owned,
-                tick,
-            },
-        );
+        let entry = Entry {
+            len: key.len,
+            crc: key.crc,
+            bytes: owned,
+        };
+        let evicted = s.0.insert(key.offset, entry, key.len);
         drop(s);
         self.evictions.fetch_add(evicted, Ordering::Relaxed);
     }
@@ -295,14 +243,7 @@ impl ObjectCache {
         if !self.enabled() || start >= end {
             return;
         }
-        let mut s = self.lock();
-        let gone: Vec<u64> = s.entries.range(start..end).map(|(&o, _)| o).collect();
-        for o in gone {
-            if let Some(e) = s.entries.remove(&o) {
-                s.lru.remove(&e.tick);
-                s.bytes -= e.len;
-            }
-        }
+        self.lock().0.remove_range(start..end);
     }
 
     /// Its counters now.
@@ -310,8 +251,8 @@ impl ObjectCache {
         let s = self.lock();
         CacheStats {
             budget: self.budget,
-            bytes: s.bytes,
-            objects: s.entries.len() as u64,
+            bytes: s.0.bytes(),
+            objects: s.0.len() as u64,
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
