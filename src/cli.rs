@@ -278,6 +278,12 @@ pub struct QueryLimitFlags {
     /// being decoded or cut into batches); past it, windows wait for room.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
     pub stream_memory: u64,
+    /// Memory for the node-wide cache of deterministic jobs' output rows,
+    /// e.g. 4GiB: their later epochs skip the reads and stages for the rows
+    /// it holds (0: none; default: an eighth of the memory available at
+    /// start).
+    #[arg(long, env = "SLUICE_OUTPUT_CACHE_MEMORY", value_parser = parse_size)]
+    pub output_cache_memory: Option<u64>,
     /// The server's decoding limits: a query or job may ask for less, never more.
     #[command(flatten)]
     pub decode: DecodeLimitFlags,
@@ -288,6 +294,12 @@ pub struct QueryLimitFlags {
 }
 
 impl QueryLimitFlags {
+    /// The output cache's budget.
+    pub fn output_cache(&self) -> u64 {
+        self.output_cache_memory
+            .unwrap_or_else(sluice_compute::job::OutputCache::default_budget)
+    }
+
     /// The time limit, if there is one.
     pub fn timeout(&self) -> Option<std::time::Duration> {
         (self.query_timeout > 0.0)

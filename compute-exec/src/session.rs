@@ -28,7 +28,7 @@ use tokio::sync::Mutex;
 
 use crate::calibration::{CalibrationCache, calibrate};
 use crate::catalog::{ComputeSchema, UnknownDataset, base_name};
-use crate::job::WindowBudget;
+use crate::job::{OutputCache, WindowBudget};
 use crate::remote::{FragmentTable, Tally};
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
@@ -98,6 +98,7 @@ pub struct ComputeSession {
     known: Mutex<Known>,
     query_memory: usize,
     windows: WindowBudget,
+    outputs: Arc<OutputCache>,
     limits: sluice_udfs::Limits,
     calibration: Option<CalibrationOptions>,
     calibrations: Arc<CalibrationCache>,
@@ -139,6 +140,7 @@ impl ComputeSession {
             known: Mutex::new(Known::default()),
             query_memory: DEFAULT_QUERY_MEMORY,
             windows: WindowBudget::default(),
+            outputs: Arc::new(OutputCache::default()),
             limits: sluice_udfs::Limits::default(),
             calibration: Some(CalibrationOptions::default()),
             calibrations: Arc::new(CalibrationCache::default()),
@@ -159,6 +161,18 @@ impl ComputeSession {
     pub fn with_stream_memory(mut self, bytes: u64) -> Self {
         self.windows = WindowBudget::new(bytes);
         self
+    }
+
+    /// Deterministic jobs keep up to `bytes` of output rows for their
+    /// later epochs (see [`OutputCache`]; 0, the default: none).
+    pub fn with_output_cache(mut self, bytes: u64) -> Self {
+        self.outputs = Arc::new(OutputCache::new(bytes));
+        self
+    }
+
+    /// The node's cache of deterministic jobs' output rows.
+    pub fn output_cache(&self) -> &Arc<OutputCache> {
+        &self.outputs
     }
 
     /// The server's decoding limits: jobs run under them, and a query's

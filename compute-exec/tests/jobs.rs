@@ -763,3 +763,96 @@ async fn streams_share_the_window_budget_and_lose_nothing() {
         "every window gave its room back"
     );
 }
+
+/// A deterministic job's rows enter the node's output cache: the same
+/// rows, batches and bad samples, epoch by epoch, as without it, wherever
+/// the stages run; a second job of the same identity is served from it
+/// without reading the device (bad samples, never cached, are computed and
+/// counted again); a job with random stages does not use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deterministic_job_s_later_epochs_come_from_the_output_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut short = npy(&[1.0, 2.0, 3.0, 4.0]);
+    short.truncate(short.len() - 4);
+    let ids = (0..SAMPLES).collect();
+    let (store, node) =
+        storage_node(dir.path(), "a", ids, &[("c1/bad.npy", short.as_slice())]).await;
+    let node: Arc<dyn StorageEndpoint> = node;
+    let cached = Arc::new(
+        ComputeSession::new(
+            vec![Arc::clone(&node)],
+            sluice_udfs::cost::default_profiles(),
+            ResourceHints::default(),
+        )
+        .with_output_cache(64 << 20),
+    );
+    let cache = Arc::clone(cached.output_cache());
+    let cached = Jobs::new(cached).unwrap();
+    let plain = jobs(vec![node]);
+    assert!(!plain.session().output_cache().enabled());
+    let spec_of = |offload: &str| {
+        let mut s = spec(2, false, offload);
+        s.on_error = sluice_udfs::OnError::Skip;
+        s.epochs = 3;
+        s
+    };
+    let good = SAMPLES as u64;
+    for offload in ["storage", "compute"] {
+        let job = cached.submit(spec_of(offload)).await.unwrap();
+        let reference = plain.submit(spec_of(offload)).await.unwrap();
+        let before = cache.stats();
+        for epoch in 0..3 {
+            for rank in 0..2 {
+                let got = read(&cached, job.id(), rank, epoch, 0).await;
+                let want = read(&plain, reference.id(), rank, epoch, 0).await;
+                assert_eq!(got, want, "{offload}, rank {rank}, epoch {epoch}");
+            }
+        }
+        // Each epoch met the bad sample and counted it.
+        assert_eq!(job.status().skipped, 3, "{offload}");
+        assert_eq!(reference.status().skipped, 3, "{offload}");
+        let after = cache.stats();
+        let (hits, misses) = (after.hits - before.hits, after.misses - before.misses);
+        assert_eq!(
+            hits + misses,
+            3 * (good + 1),
+            "{offload}: every sample looked up"
+        );
+        // Epoch 2 began after epoch 0 of both ranks was done: every good
+        // sample a hit. (Epoch 1 began ahead, with rank 1's epoch 0 to come.)
+        assert!(hits >= good, "{offload}: {after:?}");
+        assert_eq!(after.rows, good, "{offload}: each good sample once, shared");
+
+        // A second job of the same identity: from memory, the device idle.
+        let device = store.cache().stats().misses;
+        let again = cached.submit(spec_of(offload)).await.unwrap();
+        let before = cache.stats();
+        for rank in 0..2 {
+            let got = read(&cached, again.id(), rank, 0, 0).await;
+            assert_eq!(got, read(&plain, reference.id(), rank, 0, 0).await);
+        }
+        let after = cache.stats();
+        assert!(after.hits - before.hits >= good, "{offload}: {after:?}");
+        assert_eq!(
+            store.cache().stats().misses,
+            device,
+            "{offload}: no device read"
+        );
+        assert_eq!(
+            again.status().skipped,
+            1,
+            "{offload}: the bad sample, computed again"
+        );
+    }
+    // Something volatile: not cached, not even looked up.
+    let before = cache.stats();
+    let mut random = spec_of("storage");
+    random.sql = Some("SELECT key, npy(data) AS x, random() AS r FROM vecs".into());
+    let job = cached.submit(random).await.unwrap();
+    read(&cached, job.id(), 0, 0, 0).await;
+    let after = cache.stats();
+    assert_eq!(
+        (after.hits, after.misses, after.rows),
+        (before.hits, before.misses, before.rows)
+    );
+}

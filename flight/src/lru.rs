@@ -19,6 +19,19 @@
 use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
+/// The memory available on this host now (`MemAvailable`), from which
+/// the caches' default budgets are shares; 0 where it cannot be read.
+pub fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 #[derive(Debug)]
 struct Slot<V> {
     value: V,

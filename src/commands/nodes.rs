@@ -102,6 +102,7 @@ pub async fn compute_node(
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
         .with_query_memory(limits.query_memory as usize)
         .with_stream_memory(limits.stream_memory)
+        .with_output_cache(limits.output_cache())
         .with_limits(limits.decode.limits())
         .with_calibration(place::calibration(limits.no_calibrate));
     let session = Arc::new(session);
@@ -238,6 +239,7 @@ pub async fn serve(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
             .with_query_memory(addrs.limits.query_memory as usize)
             .with_stream_memory(addrs.limits.stream_memory)
+            .with_output_cache(addrs.limits.output_cache())
             .with_limits(addrs.limits.decode.limits())
             .with_calibration(place::calibration(addrs.limits.no_calibrate)),
     );

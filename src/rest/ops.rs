@@ -116,6 +116,45 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             c.pending_uploads(),
         );
     }
+    let outputs = s.jobs.session().output_cache().stats();
+    for (name, help, value) in [
+        (
+            "sluice_output_cache_budget_bytes",
+            "Memory the cache of deterministic jobs' output rows may hold.",
+            outputs.budget,
+        ),
+        (
+            "sluice_output_cache_bytes",
+            "Memory the output rows in the cache count.",
+            outputs.bytes,
+        ),
+        (
+            "sluice_output_cache_rows",
+            "Output rows in the cache.",
+            outputs.rows,
+        ),
+    ] {
+        gauge(&mut out, name, help, value);
+    }
+    for (name, help, value) in [
+        (
+            "sluice_output_cache_hits_total",
+            "Samples of deterministic jobs served from the output cache.",
+            outputs.hits,
+        ),
+        (
+            "sluice_output_cache_misses_total",
+            "Samples of deterministic jobs computed (not in the output cache).",
+            outputs.misses,
+        ),
+        (
+            "sluice_output_cache_evictions_total",
+            "Rows evicted from the output cache.",
+            outputs.evictions,
+        ),
+    ] {
+        metric(&mut out, "counter", name, help, value);
+    }
     gauge(
         &mut out,
         "sluice_shm_mapped_bytes",

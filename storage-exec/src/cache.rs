@@ -116,14 +116,7 @@ impl ObjectCache {
 
     /// The default budget: a quarter of the memory available now.
     pub fn default_budget() -> u64 {
-        std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemAvailable:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-            .map_or(0, |kb| kb * 1024 / 4)
+        sluice_flight::lru::available_memory() / 4
     }
 
     /// Whether it holds anything ever.

@@ -19,12 +19,18 @@
 //! This is a walk of the plan: no SQL, no optimizer and no placement run
 //! again, and the result computes exactly the bytes a plan made afresh
 //! for that environment would.
+//!
+//! [`same_every_epoch`] tells when rebinding changes no value: a plan with
+//! no random call (none takes the seed and epoch) and nothing volatile
+//! computes the same row for a sample in every epoch, so its outputs may
+//! be kept from one epoch for the next.
 
 use std::sync::Arc;
 
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::ExecutionPlan;
@@ -156,4 +162,31 @@ pub fn rebind_plan(
 ) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| rebind_node(node, env))
         .map(|t| t.data)
+}
+
+/// Whether `plan` computes the same value for a row in every epoch: it
+/// calls no random UDF (one that draws from the seed and epoch) and
+/// nothing volatile (`random()`, `now()` …). Bad samples are another
+/// matter: the error policy decides what they become, every epoch.
+pub fn same_every_epoch(plan: &LogicalPlan) -> bool {
+    let mut same = true;
+    let varies = |e: &Expr| match e {
+        Expr::ScalarFunction(f) => {
+            spec(f.func.name()).is_some_and(|s| s.seed_index().is_some())
+                || f.func.signature().volatility == Volatility::Volatile
+        }
+        _ => false,
+    };
+    let walked = plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            e.apply(|e| {
+                if varies(e) {
+                    same = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    });
+    walked.is_ok() && same
 }

@@ -631,6 +631,33 @@ async fn augmented_with(rows: &[(String, Vec<u8>)], options: UdfOptions, sql: &s
 }
 
 #[tokio::test]
+async fn only_plans_without_random_or_volatile_calls_are_the_same_every_epoch() {
+    let (ctx, _) = session(
+        vec![("a", encode(&gradient(16, 16), image::ImageFormat::Png))],
+        UdfOptions::default(),
+    );
+    for (sql, same) in [
+        (
+            "SELECT key, to_tensor(resize(decode_image(data), 8, 8)) FROM ds WHERE key <> 'b'",
+            true,
+        ),
+        ("SELECT key, data FROM ds", true),
+        (
+            "SELECT key, to_tensor(random_resized_crop(decode_image(data), 8, 8)) FROM ds",
+            false,
+        ),
+        (
+            "SELECT key FROM ds WHERE random_horizontal_flip(decode_image(data)) IS NOT NULL",
+            false,
+        ),
+        ("SELECT key, random() AS r FROM ds", false),
+    ] {
+        let plan = ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap();
+        assert_eq!(sluice_udfs::rebind::same_every_epoch(&plan), same, "{sql}");
+    }
+}
+
+#[tokio::test]
 async fn a_node_other_than_a_projection_or_filter_holding_a_udf_call_is_not_rebound() {
     let (ctx, env) = session(
         vec![("a", encode(&gradient(16, 16), image::ImageFormat::Png))],

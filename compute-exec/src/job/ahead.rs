@@ -13,7 +13,10 @@
 //! ([`ReadAhead::offer`]), if no reader asked for that epoch yet and the
 //! node's window budget has room to spare: a stream like any other, whose
 //! batches wait in its channel. A request for exactly that (rank, epoch,
-//! offset 0, to the end) takes it over ([`ReadAhead::take`]); a request
+//! offset 0, to the end) takes it over ([`ReadAhead::take`]). One epoch
+//! ahead per rank, no more: a read-ahead begins the epoch after its own
+//! only once its reader has taken it over ([`NextEpoch`]: when it issued
+//! its last window before that, the take-over begins it). A request
 //! for any other part of it drops it and starts its own (a resumed or
 //! sharded reader). What the read-ahead may hold is bounded as a reader's
 //! stream is (its windows in flight and its channel's batches: a stream
@@ -46,11 +49,42 @@ pub const AHEAD_ROOM: u64 =
 /// A stream's batches as its reader receives them.
 pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
 
+/// When a whole epoch's stream begins its rank's next epoch: once it has
+/// issued its last window *and* a reader reads it, whichever comes second
+/// ([`NextEpoch::mark`]). A stream a reader asked for is read from the
+/// start; a read-ahead is when it is taken over. (Without the second
+/// condition a read-ahead that issued its last window would begin the
+/// epoch after it, whose offer drops the first, read-ahead and all.)
+#[derive(Debug, Default)]
+pub struct NextEpoch(std::sync::atomic::AtomicU8);
+
+impl NextEpoch {
+    /// The stream issued its last window.
+    pub const ISSUED: u8 = 1;
+    /// A reader reads the stream.
+    pub const READ: u8 = 2;
+
+    /// A stream a reader asked for.
+    pub fn read() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self(std::sync::atomic::AtomicU8::new(Self::READ)))
+    }
+
+    /// Marks `what` happened; true when this makes both (begin the next
+    /// epoch now), once.
+    pub fn mark(&self, what: u8) -> bool {
+        let before = self.0.fetch_or(what, Ordering::AcqRel);
+        before & what == 0 && (before | what) == Self::ISSUED | Self::READ
+    }
+}
+
+/// A stream begun ahead.
+pub type Begun = (Batches, std::sync::Arc<NextEpoch>);
+
 struct Ahead {
     id: u64,
     rank: u64,
     epoch: u64,
-    batches: Batches,
+    begun: Begun,
 }
 
 /// See the module docs.
@@ -83,7 +117,7 @@ impl ReadAhead {
 
     /// Keeps `batches`, the stream of `rank`'s `epoch` from offset 0, for
     /// its reader; returns its id for [`ReadAhead::expire`].
-    pub fn offer(&self, rank: u64, epoch: u64, batches: Batches) -> u64 {
+    pub fn offer(&self, rank: u64, epoch: u64, begun: Begun) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.lock();
         waiting.retain(|a| a.rank != rank);
@@ -91,7 +125,7 @@ impl ReadAhead {
             id,
             rank,
             epoch,
-            batches,
+            begun,
         });
         id
     }
@@ -99,7 +133,7 @@ impl ReadAhead {
     /// A reader asks for `rank`'s `epoch` (`whole`: from offset 0 to the
     /// end): the stream begun for it, if it was and `whole`; a stream
     /// begun for it and not taken is dropped.
-    pub fn take(&self, rank: u64, epoch: u64, whole: bool) -> Option<Batches> {
+    pub fn take(&self, rank: u64, epoch: u64, whole: bool) -> Option<Begun> {
         self.asked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -108,7 +142,7 @@ impl ReadAhead {
         let at = waiting
             .iter()
             .position(|a| a.rank == rank && a.epoch == epoch)?;
-        let begun = waiting.swap_remove(at).batches;
+        let begun = waiting.swap_remove(at).begun;
         whole.then_some(begun)
     }
 
@@ -139,12 +173,25 @@ impl ReadAhead {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_next_epoch_begins_once_when_issued_and_read() {
+        let asked = NextEpoch::read();
+        assert!(asked.mark(NextEpoch::ISSUED));
+        assert!(!asked.mark(NextEpoch::ISSUED) && !asked.mark(NextEpoch::READ));
+        // A read-ahead that issued its last window waits for its reader.
+        let ahead = NextEpoch::default();
+        assert!(!ahead.mark(NextEpoch::ISSUED));
+        assert!(ahead.mark(NextEpoch::READ));
+        assert!(!ahead.mark(NextEpoch::READ));
+    }
 
     #[test]
     fn a_read_ahead_is_claimed_once_by_its_rank_and_epoch() {
         let ahead = ReadAhead::default();
         let (tx, rx) = mpsc::channel(1);
-        let id = ahead.offer(0, 3, rx);
+        let id = ahead.offer(0, 3, (rx, Arc::default()));
         assert!(ahead.has(0, 3));
         assert!(ahead.take(1, 3, true).is_none() && ahead.take(0, 2, true).is_none());
         assert!(ahead.take(0, 3, true).is_some());
@@ -152,18 +199,18 @@ mod tests {
         assert!(ahead.was_asked(0, 3) && ahead.was_asked(1, 3) && !ahead.was_asked(0, 4));
         // A request for part of an epoch drops what was begun for it.
         let (tx5, rx5) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(5, 0, rx5);
+        ahead.offer(5, 0, (rx5, Arc::default()));
         assert!(ahead.take(5, 0, false).is_none());
         assert!(tx5.is_closed() && !ahead.has(5, 0));
         // Dropped (expired, forgotten): its producer sees the channel close.
         let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        let id2 = ahead.offer(0, 4, rx2);
+        let id2 = ahead.offer(0, 4, (rx2, Arc::default()));
         ahead.expire(id);
         assert!(ahead.has(0, 4), "expiring a claimed one drops nothing");
         ahead.expire(id2);
         assert!(tx2.is_closed() && !ahead.has(0, 4));
         let (tx3, rx3) = mpsc::channel::<Result<Delivery, JobError>>(1);
-        ahead.offer(2, 1, rx3);
+        ahead.offer(2, 1, (rx3, Arc::default()));
         ahead.forget(2, 0);
         assert!(!tx3.is_closed(), "another epoch is kept");
         ahead.forget(2, 1);

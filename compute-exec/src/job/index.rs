@@ -152,6 +152,15 @@ impl SampleIndex {
         Some((&pin.node, pin.version, self.rows[i]))
     }
 
+    /// Each of `samples`' place, as one number: its node (of the pins) and
+    /// its row id there (the key of its row in the output cache).
+    pub fn keys(&self, samples: &[u64]) -> Vec<u64> {
+        samples
+            .iter()
+            .map(|&s| (u64::from(self.nodes[s as usize]) << 32) | u64::from(self.rows[s as usize]))
+            .collect()
+    }
+
     /// The rows each node reads for `samples` (indices into the sorted
     /// samples), slot `i` being `samples[i]`'s.
     pub fn takes(&self, samples: &[u64]) -> Takes {

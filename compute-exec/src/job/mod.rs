@@ -10,6 +10,8 @@
 //!   every window runs (with each row's slot);
 //! - [`placed`]: that plan prepared and placed once per job, bound to each
 //!   stream's epoch; a re-plan replaces it for every stream;
+//! - [`outputs`]: [`OutputCache`], the node's cache of deterministic
+//!   jobs' output rows: later epochs skip the plan for the rows it holds;
 //! - [`index`]: the samples resolved once, at submit, to row ids of the
 //!   versions the job pins;
 //! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
@@ -20,6 +22,8 @@
 //! - [`ahead`]: each rank's next epoch, begun before its reader asks;
 //! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
 //!   may have in flight together;
+//! - [`window_rows`]: a window's output row by slot, from its plan, the
+//!   output cache or both;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
 //! - [`status`]: states, progress, rates, bytes per tier;
 //! - [`stages`]: per-stage statistics — rates, time per sample, queues,
@@ -39,6 +43,7 @@ pub mod error;
 pub mod in_order;
 pub mod index;
 pub mod order;
+pub mod outputs;
 pub mod placed;
 pub mod plan;
 pub mod query;
@@ -51,11 +56,13 @@ pub mod stages;
 pub mod status;
 pub mod store;
 pub mod stream;
+pub mod window_rows;
 
 pub use budget::WindowBudget;
 pub use cluster::{ComputeNodes, JobSource};
 pub use error::{Failure, JobError};
 pub use order::{Layout, Shuffle, ShuffleMode};
+pub use outputs::{OutputCache, OutputCacheStats};
 pub use plan::PlanSpec;
 pub use registry::Jobs;
 pub use run::{Delivery, Job};

@@ -75,6 +75,11 @@ impl JobPlan {
         &self.prepared
     }
 
+    /// The plan every window runs, before placement.
+    pub fn window(&self) -> &LogicalPlan {
+        &self.window
+    }
+
     fn current(&self) -> Generation {
         self.placed
             .read()

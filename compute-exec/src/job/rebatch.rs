@@ -7,21 +7,19 @@
 //! reservation in the node's window budget): a window's memory is counted
 //! until the last batch with a row of it is gone, as long as it lives.
 //!
-//! A window's rows arrive in whatever order the storage nodes and
-//! partitions produce them; each carries its slot (its position in the
-//! window) in a `UInt32` column. A slot with no row (a sample skipped by
-//! the error policy) is passed over; the batch after it still resumes
-//! right.
+//! A window comes as its rows by slot ([`WindowRows`]: from its plan, the
+//! output cache or both). A slot with no row (a sample skipped by the
+//! error policy) is passed over; the batch after it still resumes right.
 
 use std::sync::Arc;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use arrow::datatypes::UInt32Type;
 use sluice_flight::gather::Gathered;
 
 use super::error::JobError;
 use super::run::{Delivery, Hold};
+use super::window_rows::WindowRows;
 
 fn internal(e: impl std::fmt::Display) -> JobError {
     JobError::Internal(e.to_string())
@@ -34,7 +32,7 @@ pub struct Rebatcher {
     batch_size: usize,
     /// Each window batch with its window's hold (the same for all of a
     /// window's batches).
-    sources: Vec<(RecordBatch, Hold)>,
+    sources: Vec<(Arc<RecordBatch>, Hold)>,
     rows: Vec<(usize, usize)>,
     positions: Vec<u64>,
     next_from: u64,
@@ -53,64 +51,24 @@ impl Rebatcher {
         }
     }
 
-    /// Adds a window: `batches` (with each row's slot in `slot_column`)
-    /// holding the samples at positions `start..start + count`, slot `i`
-    /// at `start + i`, and `hold`, kept while any of its rows is. Returns
-    /// the slots that had no row.
-    pub fn add(
-        &mut self,
-        batches: &[RecordBatch],
-        slot_column: &str,
-        start: u64,
-        count: usize,
-        hold: Hold,
-    ) -> Result<Vec<u32>, JobError> {
+    /// Adds a window: `window`'s rows, slot `i` at position `start + i`,
+    /// and `hold`, kept while any of its rows is. Returns the slots that
+    /// had no row.
+    pub fn add(&mut self, window: WindowRows, start: u64, hold: Hold) -> Vec<u32> {
         let base = self.sources.len();
-        let mut at: Vec<Option<(usize, usize)>> = vec![None; count];
-        for (b, batch) in batches.iter().enumerate() {
-            let col = batch
-                .column_by_name(slot_column)
-                .and_then(|c| c.as_primitive_opt::<UInt32Type>())
-                .ok_or_else(|| internal("a window without its (UInt32) slot column"))?;
-            for (r, slot) in col.iter().enumerate() {
-                let Some(slot) = slot else { continue };
-                let Some(cell) = at.get_mut(slot as usize) else {
-                    return Err(internal(format!(
-                        "a row with slot {slot} in a window of {count}"
-                    )));
-                };
-                if cell.is_some() {
-                    return Err(internal(format!(
-                        "two rows for slot {slot}: the sample was read twice"
-                    )));
-                }
-                *cell = Some((base + b, r));
-            }
-            let columns =
-                self.schema
-                    .fields()
-                    .iter()
-                    .map(|f| {
-                        batch.column_by_name(f.name()).cloned().ok_or_else(|| {
-                            internal(format!("a window without column {}", f.name()))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-            let source =
-                RecordBatch::try_new(Arc::clone(&self.schema), columns).map_err(internal)?;
-            self.sources.push((source, Arc::clone(&hold)));
-        }
+        self.sources
+            .extend(window.sources.into_iter().map(|s| (s, Arc::clone(&hold))));
         let mut missing = Vec::new();
-        for (i, cell) in at.into_iter().enumerate() {
+        for (i, cell) in window.at.into_iter().enumerate() {
             match cell {
-                Some(row) => {
-                    self.rows.push(row);
+                Some((b, r)) => {
+                    self.rows.push((base + b, r));
                     self.positions.push(start + i as u64);
                 }
                 None => missing.push(i as u32),
             }
         }
-        Ok(missing)
+        missing
     }
 
     /// The next full batch, if there are enough rows; `last` holds back a
@@ -143,7 +101,7 @@ impl Rebatcher {
             if at[b] == usize::MAX {
                 let (source, hold) = &self.sources[b];
                 at[b] = sources.len();
-                sources.push(source.clone());
+                sources.push(RecordBatch::clone(source));
                 if !holds.iter().any(|h| Arc::ptr_eq(h, hold)) {
                     holds.push(Arc::clone(hold));
                 }
@@ -200,32 +158,34 @@ impl Rebatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int32Array, UInt32Array};
+    use arrow::array::{AsArray, Int32Array, UInt32Array};
     use arrow::datatypes::{DataType, Field, Schema};
 
-    fn window(slots: &[u32], values: &[i32]) -> RecordBatch {
-        RecordBatch::try_from_iter([
-            ("v", Arc::new(Int32Array::from(values.to_vec())) as _),
-            ("s", Arc::new(UInt32Array::from(slots.to_vec())) as _),
-        ])
-        .unwrap()
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]))
+    }
+
+    /// A window of `count` slots whose plan sent `batches` (values, slots).
+    fn window(batches: &[(&[u32], &[i32])], count: usize) -> WindowRows {
+        let batches: Vec<RecordBatch> = batches
+            .iter()
+            .map(|(slots, values)| {
+                RecordBatch::try_from_iter([
+                    ("v", Arc::new(Int32Array::from(values.to_vec())) as _),
+                    ("s", Arc::new(UInt32Array::from(slots.to_vec())) as _),
+                ])
+                .unwrap()
+            })
+            .collect();
+        WindowRows::from_plan(&batches, &schema(), "s", count).unwrap()
     }
 
     #[test]
     fn rows_come_back_in_slot_order_in_full_batches() {
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
-        let mut r = Rebatcher::new(schema, 2, 10);
+        let mut r = Rebatcher::new(schema(), 2, 10);
         // Positions 10..13 are slots 0, 1, 2; the window sends them
         // shuffled over two batches, and slot 2 is missing (skipped).
-        let missing = r
-            .add(
-                &[window(&[1], &[1]), window(&[0], &[3])],
-                "s",
-                10,
-                3,
-                Arc::new(()),
-            )
-            .unwrap();
+        let missing = r.add(window(&[(&[1], &[1]), (&[0], &[3])], 3), 10, Arc::new(()));
         assert_eq!(missing, vec![2]);
         let cut = r.next(false).unwrap().unwrap();
         assert_eq!(
@@ -237,8 +197,7 @@ mod tests {
             &[3, 1]
         );
         assert_eq!((cut.from, cut.next_offset), (10, 12));
-        r.add(&[window(&[1, 0], &[4, 5])], "s", 13, 2, Arc::new(()))
-            .unwrap();
+        r.add(window(&[(&[1, 0], &[4, 5])], 2), 13, Arc::new(()));
         // The last full batch is held back for finish, which ends the range.
         assert!(r.next(true).unwrap().is_none());
         let end = r.finish(16).unwrap().unwrap();
@@ -255,30 +214,13 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_twice_or_out_of_the_window_is_an_error() {
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
-        let mut r = Rebatcher::new(Arc::clone(&schema), 2, 0);
-        assert!(
-            r.add(&[window(&[0, 0], &[1, 2])], "s", 0, 2, Arc::new(()))
-                .is_err()
-        );
-        let mut r = Rebatcher::new(schema, 2, 0);
-        assert!(
-            r.add(&[window(&[5], &[1])], "s", 0, 2, Arc::new(()))
-                .is_err()
-        );
-    }
-
-    #[test]
     fn a_window_is_held_until_the_last_batch_with_its_rows_is_gone() {
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int32, false)]));
-        let mut r = Rebatcher::new(schema, 2, 0);
+        let mut r = Rebatcher::new(schema(), 2, 0);
         let (a, b): (Hold, Hold) = (Arc::new(()), Arc::new(()));
         let (wa, wb) = (Arc::downgrade(&a), Arc::downgrade(&b));
         // Window a: positions 0..3; window b: 3..5.
-        r.add(&[window(&[2, 0, 1], &[12, 10, 11])], "s", 0, 3, a)
-            .unwrap();
-        r.add(&[window(&[0, 1], &[13, 14])], "s", 3, 2, b).unwrap();
+        r.add(window(&[(&[2, 0, 1], &[12, 10, 11])], 3), 0, a);
+        r.add(window(&[(&[0, 1], &[13, 14])], 2), 3, b);
         let first = r.next(false).unwrap().unwrap();
         // Rows 0, 1: window a only.
         assert_eq!(first.rows.num_rows(), 2);

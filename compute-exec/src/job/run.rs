@@ -29,7 +29,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::adapt::Adaptive;
-use super::ahead::{AHEAD_ROOM, AHEAD_WAIT, Batches, ReadAhead};
+use super::ahead::{AHEAD_ROOM, AHEAD_WAIT, Batches, NextEpoch, ReadAhead};
 use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
@@ -797,17 +797,25 @@ impl Job {
         let claimed = self.ahead.take(rank, epoch, offset == 0 && end == per_rank);
         tracing::debug!(job = %self.id, rank, epoch, offset, end,
             begun_ahead = claimed.is_some(), "a reader asks");
-        let batches = claimed.unwrap_or_else(|| {
-            self.stream(
-                ready,
-                Span {
+        let batches = match claimed {
+            Some((batches, next)) => {
+                // Read now: if it issued its last window already, the
+                // epoch after it begins here.
+                if next.mark(NextEpoch::READ) {
+                    self.read_ahead(&ready, rank, epoch + 1);
+                }
+                batches
+            }
+            None => {
+                let span = Span {
                     rank,
                     epoch,
                     from: offset,
                     to: end,
-                },
-            )
-        });
+                };
+                self.stream(ready, span, NextEpoch::read())
+            }
+        };
         let job = Arc::clone(self);
         let finish = Arc::new(finish);
         Ok(futures::stream::unfold(batches, move |mut rx| {
@@ -831,12 +839,18 @@ impl Job {
 
     /// Starts the stream of `span` on the jobs' runtime: its batches, as
     /// made, in a channel of [`CHANNEL_BATCHES`].
-    pub(super) fn stream(self: &Arc<Self>, ready: Arc<Ready>, span: Span) -> Batches {
+    /// `next`: when it begins the epoch after it (see [`NextEpoch`]).
+    pub(super) fn stream(
+        self: &Arc<Self>,
+        ready: Arc<Ready>,
+        span: Span,
+        next: Arc<NextEpoch>,
+    ) -> Batches {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();
-            let work = job.produce(&ready, span, &tx);
+            let work = job.produce(&ready, span, next, &tx);
             let outcome = tokio::select! {
                 r = work => r,
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
@@ -888,9 +902,13 @@ impl Job {
             to: ready.layout.per_rank(),
         };
         tracing::debug!(job = %self.id, rank, epoch, "the next epoch begun ahead");
-        let id = self
-            .ahead
-            .offer(rank, epoch, self.stream(Arc::clone(ready), span));
+        let id = self.ahead.offer(rank, epoch, {
+            let next = Arc::new(NextEpoch::default());
+            (
+                self.stream(Arc::clone(ready), span, Arc::clone(&next)),
+                next,
+            )
+        });
         let job = Arc::downgrade(self);
         self.runtime.spawn(async move {
             tokio::time::sleep(AHEAD_WAIT).await;

@@ -7,15 +7,18 @@
 //!  positions from..to ─► windows of whole batches, sized by bytes (the first one
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
 //!    at most WINDOW_MAX samples and a sixteenth of the stream)
-//!    ─► per window: the rows each node reads (row ids + slots) ─► the placed plan, run
+//!    ─► per window: the rows the node's output cache holds (a deterministic job's,
+//!       `outputs`) come from memory; for the rest, the rows each node reads (row
+//!       ids + slots) ─► the placed plan, run ─► their rows into the cache
 //!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
 //!    ─► in order (`InOrder`: a window done before an older one is held and the
 //!       next one starts, IN_FLIGHT + HELD at most) ─► rows back at their slots ─► batches
 //!    ─► the reader's channel (full: the windows stop, then the reads)
-//!  the last window of a whole epoch issued ─► the rank's next epoch begun for
-//!    its reader (`ahead`: taken over by the request for it, else dropped)
+//!  the last window of a whole epoch issued (and a reader reading it) ─► the
+//!    rank's next epoch begun for its reader (`ahead`: taken over by the request
+//!    for it, else dropped; one epoch ahead, see `NextEpoch`)
 //!  every window and batch feeds the job's per-stage statistics (samples made,
 //!    link bytes, windows ready, the reader's channel, time blocked on the reader:
 //!    see `stages`); the UDFs time themselves into the job's clock
@@ -39,7 +42,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
 use datafusion::physical_plan::collect;
 use futures::StreamExt;
 use sluice_flight::{SLOT, StorageEndpoint};
@@ -48,11 +50,13 @@ use tokio::sync::mpsc;
 
 use super::Job;
 use super::adapt::{GAIN, Meter, choice_of, observed_link};
+use super::ahead::NextEpoch;
 use super::error::JobError;
 use super::in_order::InOrder;
 use super::query::udf_options;
 use super::rebatch::Rebatcher;
 use super::run::{Delivery, Ready};
+use super::window_rows::WindowRows;
 use crate::remote::with_takes;
 
 /// Output bytes a window aims at.
@@ -161,6 +165,7 @@ impl Job {
         self: &Arc<Self>,
         ready: &Arc<Ready>,
         span: Span,
+        next: Arc<NextEpoch>,
         tx: &mpsc::Sender<Result<Delivery, JobError>>,
     ) -> Result<(), JobError> {
         let Span {
@@ -219,43 +224,74 @@ impl Job {
         let done = Arc::clone(&ready_windows);
         let mut next_epoch = (from == 0 && to == ready.layout.per_rank())
             .then(|| (Arc::clone(self), Arc::clone(ready)));
+        // A deterministic job's rows are kept for its later epochs (and
+        // other jobs of the same identity): see `outputs`.
+        let outputs = self.output_cache(&ready.index);
+        let schema = Arc::clone(self.schema());
         let windows = starts.map(move |(start, len)| {
             let stop = (start + len).min(to);
             if stop >= to
                 && let Some((job, ready)) = next_epoch.take()
+                && next.mark(NextEpoch::ISSUED)
             {
                 job.read_ahead(&ready, rank, epoch + 1);
             }
             let samples = held.layout.rank_samples(&order, rank, start, stop);
-            let takes = held.index.takes(&samples);
             let plan = plan_of.plan();
             let task = Arc::clone(plan_of.task());
             let (runtime, budget, done) = (runtime.clone(), budget.clone(), Arc::clone(&done));
-            let bytes = match estimate.load(Ordering::Relaxed) {
-                0 => WINDOW_BYTES,
-                b => b.saturating_mul(stop - start),
-            };
+            let (ready, outputs, schema) =
+                (Arc::clone(&held), outputs.clone(), Arc::clone(&schema));
+            let per_sample = estimate.load(Ordering::Relaxed);
             async move {
-                // Room among all streams' windows first, then the work.
                 let plan = plan?;
+                // The rows the cache holds; the plan runs for the rest.
+                let (mut rows, keys) = match &outputs {
+                    Some((cache, id)) => {
+                        let keys = ready.index.keys(&samples);
+                        (WindowRows::from_cache(cache.lookup(*id, &keys)), keys)
+                    }
+                    None => (
+                        WindowRows::from_cache(vec![None; samples.len()]),
+                        Vec::new(),
+                    ),
+                };
+                let need: Vec<usize> = (0..samples.len())
+                    .filter(|&i| rows.at[i].is_none())
+                    .collect();
+                // Room among all streams' windows first, then the work.
+                let bytes = match per_sample {
+                    0 => WINDOW_BYTES,
+                    b => b.saturating_mul(need.len() as u64),
+                };
                 let room = budget.reserve(bytes).await;
                 let began = std::time::Instant::now();
-                let mut retry = Retry::new(storage_wait);
-                let rows = loop {
-                    let (plan, takes, task) = (Arc::clone(&plan), takes.clone(), Arc::clone(&task));
-                    let mut run = Abort(runtime.spawn(async move {
-                        let plan = with_takes(plan, &takes)?;
-                        collect(plan, task).await
-                    }));
-                    let attempt = (&mut run.0)
-                        .await
-                        .map_err(|e| JobError::Internal(e.to_string()))?
-                        .map_err(|e| JobError::running(&e));
-                    match attempt {
-                        Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
-                        other => break other?,
+                if !need.is_empty() {
+                    let run: Vec<u64> = need.iter().map(|&i| samples[i]).collect();
+                    let takes = ready.index.takes(&run);
+                    let mut retry = Retry::new(storage_wait);
+                    let batches = loop {
+                        let (plan, takes, task) =
+                            (Arc::clone(&plan), takes.clone(), Arc::clone(&task));
+                        let mut run = Abort(runtime.spawn(async move {
+                            let plan = with_takes(plan, &takes)?;
+                            collect(plan, task).await
+                        }));
+                        let attempt = (&mut run.0)
+                            .await
+                            .map_err(|e| JobError::Internal(e.to_string()))?
+                            .map_err(|e| JobError::running(&e));
+                        match attempt {
+                            Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
+                            other => break other?,
+                        }
+                    };
+                    let made = WindowRows::from_plan(&batches, &schema, SLOT, need.len())?;
+                    if let Some((cache, id)) = &outputs {
+                        cache.insert(*id, made.rows().map(|(slot, row)| (keys[need[slot]], row)));
                     }
-                };
+                    rows.fill(&need, made);
+                }
                 done.fetch_add(1, Ordering::Relaxed);
                 Ok::<_, JobError>((start, samples, rows, room, began.elapsed()))
             }
@@ -286,9 +322,8 @@ impl Job {
             let ready_now = ready_windows.fetch_sub(1, Ordering::Relaxed);
             let ns = took.as_nanos() as u64 / (samples.len() as u64).max(1);
             ns_per_sample.store(ns.max(1), Ordering::Relaxed);
-            let bytes: usize = rows.iter().map(RecordBatch::get_array_memory_size).sum();
-            let count = rows.iter().map(RecordBatch::num_rows).sum::<usize>().max(1);
-            per_sample.store(((bytes / count) as u64).max(1), Ordering::Relaxed);
+            let count = rows.len().max(1) as u64;
+            per_sample.store((rows.bytes() / count).max(1), Ordering::Relaxed);
             let (total, bad) = udfs.errors.snapshot();
             if total > reported {
                 // Counted when the next batch reaches a reader.
@@ -308,7 +343,7 @@ impl Job {
                     self.review(m, &nodes, made).await;
                 }
             }
-            let missing = rebatch.add(&rows, SLOT, start, samples.len(), Arc::new(room))?;
+            let missing = rebatch.add(rows, start, Arc::new(room));
             missing_total += missing.len() as u64;
             self.check_missing(&missing, &samples, start, missing_total, total)?;
             let stop = start + samples.len() as u64;
