@@ -14,9 +14,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "scripts", "rig.sh")
 
 
-def rig_cmd(*args, rig_dir, check=True):
-    """Runs `rig.sh ARGS` against the rig in `rig_dir`."""
-    env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=SLUICE)
+def rig_cmd(*args, rig_dir, check=True, extra_env=None):
+    """Runs `rig.sh ARGS` against the rig in `rig_dir`; the processes it
+    starts see `extra_env` too."""
+    env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=SLUICE, **(extra_env or {}))
     p = subprocess.run(["bash", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"rig.sh {' '.join(args)} failed ({p.returncode}): {p.stderr}")
@@ -28,11 +29,12 @@ def parse_env(stdout):
     return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
 
 
-def up(rig_dir, *args):
-    """Starts a rig, or skips the test where this machine cannot run one."""
+def up(rig_dir, *args, extra_env=None):
+    """Starts a rig (its processes seeing `extra_env`), or skips the test
+    where this machine cannot run one."""
     if os.geteuid() != 0:
         pytest.skip("the rig needs root (network namespaces, veth, tc)")
-    p = rig_cmd("up", *args, rig_dir=rig_dir, check=False)
+    p = rig_cmd("up", *args, rig_dir=rig_dir, check=False, extra_env=extra_env)
     if p.returncode == 3:
         pytest.skip(p.stderr.strip())
     if p.returncode != 0:

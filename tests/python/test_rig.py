@@ -19,6 +19,9 @@ import sluice
 from rig import compute_nodes, ours, parse_env, rig_cmd, up
 from serve import SLUICE
 
+# For a test whose later job would otherwise be served by the first's rows.
+NO_OUTPUT_CACHE = {"SLUICE_OUTPUT_CACHE_MEMORY": "0"}
+
 SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) AS img "
        "FROM pets ORDER BY key")
 
@@ -286,7 +289,10 @@ def test_a_job_told_to_wait_for_storage_reads_on_when_the_node_comes_back():
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 4, 25)
-        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        # The reference job's rows would serve the job under test from the
+        # output cache: it must read through the outage.
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root,
+                 extra_env=NO_OUTPUT_CACHE)
         try:
             c = sluice.Client(env["REST"])
             sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
@@ -337,8 +343,11 @@ def test_a_job_moves_its_cut_when_the_link_is_throttled_mid_run():
         rig_dir = os.path.join(d, "rig")
         root = os.path.join(d, "src")
         photos(os.path.join(root, "photos"), 240)
+        # The steady job's rows would serve the moved one from the output
+        # cache: it must run its plan over the link to be re-planned.
         env = up(rig_dir, "--storage", "1", "--compute", "0", "--link", "1Gbit",
-                 "--storage-cpus", "0", "--compute-cpus", "0-1", "--ingest-root", root)
+                 "--storage-cpus", "0", "--compute-cpus", "0-1", "--ingest-root", root,
+                 extra_env=NO_OUTPUT_CACHE)
         try:
             c = sluice.Client(env["REST"])
             steady = c.submit(sql, batch_size=8)
