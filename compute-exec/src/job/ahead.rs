@@ -28,8 +28,8 @@
 //! and so are a cancelled job's.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -56,7 +56,7 @@ pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
 /// condition a read-ahead that issued its last window would begin the
 /// epoch after it, whose offer drops the first, read-ahead and all.)
 #[derive(Debug, Default)]
-pub struct NextEpoch(std::sync::atomic::AtomicU8);
+pub struct NextEpoch(AtomicU8);
 
 impl NextEpoch {
     /// The stream issued its last window.
@@ -65,8 +65,8 @@ impl NextEpoch {
     pub const READ: u8 = 2;
 
     /// A stream a reader asked for.
-    pub fn read() -> std::sync::Arc<Self> {
-        std::sync::Arc::new(Self(std::sync::atomic::AtomicU8::new(Self::READ)))
+    pub fn read() -> Arc<Self> {
+        Arc::new(Self(AtomicU8::new(Self::READ)))
     }
 
     /// Marks `what` happened; true when this makes both (begin the next
@@ -78,7 +78,7 @@ impl NextEpoch {
 }
 
 /// A stream begun ahead.
-pub type Begun = (Batches, std::sync::Arc<NextEpoch>);
+pub type Begun = (Batches, Arc<NextEpoch>);
 
 struct Ahead {
     id: u64,
@@ -173,7 +173,6 @@ impl ReadAhead {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn the_next_epoch_begins_once_when_issued_and_read() {
