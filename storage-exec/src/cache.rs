@@ -18,9 +18,9 @@
 //!   [`sluice_flight::Lru`]'s policy: the least recently used entries go
 //!   first, but only those unused for two cache-fulls of lookups (so an
 //!   epoch over a dataset larger than the cache keeps the part that fits
-//!   rather than churning all of it). Each operation holds one mutex for a few map
-//!   operations (no I/O, no copy under it): eviction never waits on a
-//!   reader, and a miss is exactly the uncached path plus one copy.
+//!   rather than churning all of it). Each operation holds one mutex for
+//!   a few map operations (no I/O, no copy under it): eviction never waits
+//!   on a reader, and a miss is exactly the uncached path plus one copy.
 //! - **One read per object** ([`ObjectCache::begin_read`]): a scan that
 //!   misses registers the objects it is about to read until they have
 //!   entered the cache; a scan that misses one of them meanwhile (a job's
