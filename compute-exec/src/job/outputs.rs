@@ -142,16 +142,15 @@ impl OutputCache {
         found
     }
 
-    /// Caches `rows` (each with its sample key) under `identity`, those
-    /// admitted (see [`Lru::admits`]).
-    pub fn insert(&self, identity: u64, rows: impl IntoIterator<Item = (u64, CachedRow)>) {
+    /// Caches `rows` (each with its sample key and the bytes it counts)
+    /// under `identity`, those admitted (see [`Lru::admits`]).
+    pub fn insert(&self, identity: u64, rows: impl IntoIterator<Item = (u64, CachedRow, u64)>) {
         let mut s = self.lock();
         if s.rows.budget() == 0 {
             return;
         }
         let mut evicted = 0;
-        for (key, row) in rows {
-            let len = row_bytes(&row.batch);
+        for (key, row, len) in rows {
             let key = (identity, key);
             if s.rows.peek(&key).is_none() && s.rows.admits(&key, len) {
                 evicted += s.rows.insert(key, row, len);

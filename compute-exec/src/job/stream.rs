@@ -288,7 +288,12 @@ impl Job {
                     };
                     let made = WindowRows::from_plan(&batches, &schema, SLOT, need.len())?;
                     if let Some((cache, id)) = &outputs {
-                        cache.insert(*id, made.rows().map(|(slot, row)| (keys[need[slot]], row)));
+                        // Each batch's bytes per row are measured once,
+                        // by `rows`, before the cache's lock is taken.
+                        let rows = made
+                            .rows()
+                            .map(|(slot, row, len)| (keys[need[slot]], row, len));
+                        cache.insert(*id, rows);
                     }
                     rows.fill(&need, made);
                 }

@@ -115,12 +115,20 @@ impl WindowRows {
         }
     }
 
-    /// Each row with its slot, as the output cache keeps it.
-    pub fn rows(&self) -> impl Iterator<Item = (usize, CachedRow)> + '_ {
-        self.at.iter().enumerate().filter_map(|(slot, cell)| {
+    /// Each source's bytes per row (its memory over its rows), measured
+    /// once per source, not per row.
+    fn per_row(&self) -> Vec<u64> {
+        self.sources.iter().map(|s| row_bytes(s)).collect()
+    }
+
+    /// Each row with its slot, as the output cache keeps it, and the bytes
+    /// it counts.
+    pub fn rows(&self) -> impl Iterator<Item = (usize, CachedRow, u64)> + '_ {
+        let each = self.per_row();
+        self.at.iter().enumerate().filter_map(move |(slot, cell)| {
             cell.map(|(b, row)| {
                 let batch = Arc::clone(&self.sources[b]);
-                (slot, CachedRow { batch, row })
+                (slot, CachedRow { batch, row }, each[b])
             })
         })
     }
@@ -137,11 +145,8 @@ impl WindowRows {
 
     /// The bytes its rows count (each its batch's memory over its rows).
     pub fn bytes(&self) -> u64 {
-        self.at
-            .iter()
-            .flatten()
-            .map(|&(b, _)| row_bytes(&self.sources[b]))
-            .sum()
+        let each = self.per_row();
+        self.at.iter().flatten().map(|&(b, _)| each[b]).sum()
     }
 }
 
@@ -197,7 +202,7 @@ mod tests {
                 .collect();
         assert_eq!(values, vec![Some(8), Some(5), Some(7), None]);
         assert_eq!(w.len(), 3);
-        let slots: Vec<usize> = w.rows().map(|(s, _)| s).collect();
+        let slots: Vec<usize> = w.rows().map(|(s, _, _)| s).collect();
         assert_eq!(slots, vec![0, 1, 2]);
     }
 
