@@ -88,7 +88,7 @@ def main():
     on, off = results["output cache on"], results["output cache off"]
     later = [a[0] / b[0] for a, b in zip(on[0][1:], off[0][1:])]
     if later:
-        print(f"  later epochs, on / off: " + ", ".join(f"{r:.1f}x" for r in later))
+        print("  later epochs, on / off: " + ", ".join(f"{r:.1f}x" for r in later))
     same = all(d == on[1][0] for d in on[1] + off[1])
     print(f"  every row the same bytes in every epoch, on and off: {same}")
     if not same:
