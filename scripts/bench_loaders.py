@@ -26,7 +26,10 @@ trainer loop float32 batches of `--batch` with their labels:
 
 It also prints the decode-bound limit: sluice's kernel rate on one core
 (`sluice bench udf`, the same SQL over the same files in memory, taken
-right before and right after sluice's run and averaged) times the cores.
+right before and right after sluice's run and averaged) times the cores,
+and, for each of sluice's epochs, the two factors of its share of that
+limit: the kernels' CPU per image over the server's (the server's work
+besides the kernels), and the share of the cores left idle.
 The peers are installed by this bench into venvs of its own (never by
 the test command): `python/requirements-bench.txt` in
 `<cache>/bench-venv`, and Pillow-SIMD in `<cache>/bench-venv-simd`, which
@@ -160,15 +163,31 @@ def listing(d):
 
 # ---- loaders (each in a process of its own) --------------------------------
 
-def timed_epochs(epoch, runs):
-    """Runs epoch(e) once to warm up and `runs` times timed; images/s each."""
+def timed_epochs(epoch, runs, server=None):
+    """Runs epoch(e) once to warm up and `runs` times timed; images/s each.
+
+    With `server` (a sluice server), each timed epoch also records the
+    server's CPU milliseconds per image and the share of the machine's
+    cores that sat idle: the two factors of sluice's distance to the
+    decode-bound limit (see `where_the_gap_is`)."""
     epoch(0)
-    rates = []
+    rates, ms, idle = [], [], []
     for r in range(runs):
-        t = time.perf_counter()
+        c, i, t = server.cpu_seconds() if server else 0, idle_seconds(), time.perf_counter()
         n = epoch(r + 1)
-        rates.append(n / (time.perf_counter() - t))
-    return rates
+        wall = time.perf_counter() - t
+        rates.append(n / wall)
+        if server:
+            ms.append((server.cpu_seconds() - c) * 1e3 / n)
+            idle.append((idle_seconds() - i) / (wall * os.cpu_count()))
+    return {"rates": rates, "server_ms_per_image": ms, "idle_share": idle} if server else rates
+
+
+def idle_seconds():
+    """Seconds the machine's cores have been idle (or waiting on I/O) so far."""
+    with open("/proc/stat") as f:
+        cpu = f.readline().split()
+    return (int(cpu[4]) + int(cpu[5])) / os.sysconf("SC_CLK_TCK")
 
 
 def consume(x, y, batch):
@@ -180,28 +199,29 @@ def consume(x, y, batch):
 @contextlib.contextmanager
 def sluice_job(a):
     """`sluice serve` on this machine over the images, and the job of SQL
-    on them, submitted and ready."""
+    on them, submitted and ready: (the job, the server)."""
     sys.path.insert(0, HERE)
     from sluice_server import Server
 
     work = tempfile.mkdtemp(prefix="sluice-bench-loaders-")
     try:
-        with Server(a.sluice, work, a.data) as client:
+        server = Server(a.sluice, work, a.data)
+        with server as client:
             client.ingest("imagenet", a.data)
             job = client.submit(SQL, batch_size=a.batch, epochs=a.runs + 1, shuffle={"seed": 1})
             job.wait()
-            yield job
+            yield job, server
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def run_sluice(a, paths, labels):
-    with sluice_job(a) as job:
+    with sluice_job(a) as (job, server):
         def epoch(e):
             return sum(consume(b["image"], b["label"], a.batch)
                        for b in job.reader(0, e, numpy=True))
 
-        return timed_epochs(epoch, a.runs)
+        return timed_epochs(epoch, a.runs, server)
 
 
 def run_sluice_torch(a, paths, labels):
@@ -211,7 +231,7 @@ def run_sluice_torch(a, paths, labels):
     import torch
     from sluice.torch import Dataset
 
-    with sluice_job(a) as job:
+    with sluice_job(a) as (job, server):
         ds = Dataset(job)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers,
                                              persistent_workers=True)
@@ -220,7 +240,7 @@ def run_sluice_torch(a, paths, labels):
             ds.set_epoch(e)
             return sum(consume(b["image"], b["label"], a.batch) for b in loader)
 
-        return timed_epochs(epoch, a.runs)
+        return timed_epochs(epoch, a.runs, server)
 
 
 def run_torch(a, paths, labels):
@@ -325,6 +345,19 @@ def kernel_rate(a):
         shutil.rmtree(flat, ignore_errors=True)
 
 
+def where_the_gap_is(costs, per_core):
+    """Splits sluice's share of the decode-bound limit into its two factors:
+    the kernels' CPU per image over the server's (work the server does
+    besides the kernels: reads, the copy into the slot, scheduling) and
+    the share of the cores that were busy (waiting), epoch by epoch.
+    Their product is the epoch's share of the limit, less what the
+    trainer process and the rest of the machine used."""
+    kernel_ms = 1e3 / per_core
+    for i, (ms, idle) in enumerate(zip(costs["server_ms_per_image"], costs["idle_share"]), 1):
+        print(f"    epoch {i}: server {ms:.2f} ms of CPU per image (kernels {kernel_ms:.2f}: "
+              f"{kernel_ms / ms:.2f}), cores idle {idle:.0%}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sluice", required=True, help="the sluice binary (release build)")
@@ -353,7 +386,7 @@ def main():
     print(f"{len(paths)} JPEGs, mean {statistics.mean(sizes) / 1e3:.0f} KB, median "
           f"{statistics.median(sizes) / 1e3:.0f} KB; batches of {a.batch}; {a.workers} workers/threads; "
           f"median of {a.runs} epochs after a warm-up; {os.cpu_count()} cores", flush=True)
-    results = {}
+    results, costs = {}, {}
     # The kernel rate is taken right before and right after sluice's own
     # run: this machine's speed drifts over the minutes the peers take.
     kernel = []
@@ -368,6 +401,9 @@ def main():
             print(f"  {name}: failed\n{out.stderr[-2000:]}", flush=True)
             continue
         rates = json.loads(out.stdout.strip().splitlines()[-1])
+        if isinstance(rates, dict):
+            costs[name] = rates
+            rates = rates["rates"]
         results[name] = statistics.median(rates)
         print(f"  {name:<20} {results[name]:8.1f} images/s  (epochs: "
               f"{', '.join(f'{r:.0f}' for r in rates)})", flush=True)
@@ -389,12 +425,16 @@ def main():
         if "torch-pil" in results:
             print(f"  sluice / DataLoader + PIL: {ours / results['torch-pil']:.2f}x (goal 2.0x)")
         print(f"  sluice / decode-bound limit: {ours / limit:.2f} (goal 0.85)")
+        if "sluice" in costs:
+            where_the_gap_is(costs["sluice"], per_core)
     if "sluice-torch" in results:
         ours = results["sluice-torch"]
         peers = [results[n] for n in ("torch-pillow-simd", "tf.data", "dali") if n in results]
         if peers:
             print(f"  sluice-torch / best of tf.data, DALI, Pillow-SIMD: {ours / max(peers):.2f}x")
         print(f"  sluice-torch / decode-bound limit: {ours / limit:.2f}")
+        if "sluice-torch" in costs:
+            where_the_gap_is(costs["sluice-torch"], per_core)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"title": f"{len(paths)} ImageNet-like JPEGs, the standard training transform, "

@@ -19,11 +19,13 @@
 //! - **Identity**: the job's SQL, error policy, decoding limits and the
 //!   dataset versions it pinned (by node). Jobs with the same identity share
 //!   entries; a new version is a new identity (old entries age out).
-//! - **Entry**: one output row, as (its window's output batch, the row): the
-//!   batch's buffers are shared, never copied; an entry counts the batch's
-//!   memory over its rows. A window batch stays alive while any of its rows
-//!   is cached, so the bytes counted can be below those held when a batch
-//!   is partly evicted.
+//! - **Entry**: one output row, copied out of its window's batch when it is
+//!   admitted (one `take`, outside the lock): a batch of that row alone,
+//!   which holds and counts exactly its own bytes. No window batch stays
+//!   alive for the part of it that is cached, and no storage read buffer
+//!   (a row that passes the raw `data` through lies in one) is kept out of
+//!   its pool by the cache. The copy is made once, in the epoch that fills
+//!   the cache; a hit is served over the entry's buffers, never copied.
 //! - **Bad samples** have no row and are never cached: they are computed,
 //!   and reported, every epoch as before.
 //! - **Budget and eviction**: [`sluice_flight::Lru`] (scan-resistant); one
@@ -34,20 +36,34 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::error::ArrowError;
 use sluice_flight::Lru;
 use sluice_udfs::OnError;
 
 use super::Job;
 use super::index::SampleIndex;
 
-/// One cached output row: its window batch and its row there.
+/// One output row: a batch (the job's schema), shared, and the row there.
 #[derive(Debug, Clone)]
 pub struct CachedRow {
-    /// The window's output batch (the job's schema), shared.
+    /// The batch: a window's output, or, once cached, the row's own.
     pub batch: Arc<RecordBatch>,
     /// The row.
     pub row: usize,
+}
+
+impl CachedRow {
+    /// This row copied out of its batch: a batch of this row alone, over
+    /// buffers of its own.
+    pub fn own(&self) -> Result<CachedRow, ArrowError> {
+        let row = UInt32Array::from(vec![self.row as u32]);
+        Ok(CachedRow {
+            batch: Arc::new(take_record_batch(&self.batch, &row)?),
+            row: 0,
+        })
+    }
 }
 
 /// Counters of the cache, for `/metrics`.
@@ -142,16 +158,40 @@ impl OutputCache {
         found
     }
 
-    /// Caches `rows` (each with its sample key and the bytes it counts)
-    /// under `identity`, those admitted (see [`Lru::admits`]).
+    /// Caches `rows` (each with its sample key and its share of its
+    /// window batch's bytes, the estimate admission goes by) under
+    /// `identity`, those admitted (see [`Lru::admits`]), each copied out of
+    /// its window batch (see the module docs) between two short holds of
+    /// the lock.
     pub fn insert(&self, identity: u64, rows: impl IntoIterator<Item = (u64, CachedRow, u64)>) {
-        let mut s = self.lock();
+        let s = self.lock();
         if s.rows.budget() == 0 {
             return;
         }
+        let admitted: Vec<_> = rows
+            .into_iter()
+            .filter(|(key, _, share)| {
+                let key = (identity, *key);
+                s.rows.peek(&key).is_none() && s.rows.admits(&key, *share)
+            })
+            .collect();
+        drop(s);
+        let owned: Vec<_> = admitted
+            .into_iter()
+            .filter_map(|(key, row, _)| match row.own() {
+                Ok(row) => Some((key, row)),
+                Err(e) => {
+                    // The row is served as it is; only its caching is lost.
+                    tracing::warn!("output cache: a row not cached: {e}");
+                    None
+                }
+            })
+            .collect();
+        let mut s = self.lock();
         let mut evicted = 0;
-        for (key, row, len) in rows {
+        for (key, row) in owned {
             let key = (identity, key);
+            let len = row_bytes(&row.batch);
             if s.rows.peek(&key).is_none() && s.rows.admits(&key, len) {
                 evicted += s.rows.insert(key, row, len);
             }
@@ -174,7 +214,8 @@ impl OutputCache {
     }
 }
 
-/// The bytes one row of `batch` counts: its memory over its rows.
+/// The bytes one row of `batch` counts: its memory over its rows (a
+/// cached row's batch is that row alone).
 pub fn row_bytes(batch: &RecordBatch) -> u64 {
     (batch.get_array_memory_size() / batch.num_rows().max(1)) as u64
 }
@@ -205,5 +246,81 @@ impl Job {
         );
         let id = cache.identity(&identity);
         Some((Arc::clone(cache), id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{AsArray, BinaryArray};
+    use arrow::datatypes::BinaryType;
+
+    /// A window batch of `n` rows of 1 KiB, whose values lie in one buffer
+    /// of 1 MiB (as rows read into a pooled storage buffer do).
+    fn window(n: usize) -> Arc<RecordBatch> {
+        let mut big = vec![0u8; 1 << 20];
+        for (i, b) in big.iter_mut().enumerate() {
+            *b = (i / 1024) as u8;
+        }
+        let data = BinaryArray::from_iter_values(big.chunks(1024).take(n));
+        let data = data.slice(0, n);
+        Arc::new(RecordBatch::try_from_iter([("data", Arc::new(data) as _)]).unwrap())
+    }
+
+    #[test]
+    fn a_cached_row_holds_and_counts_its_own_bytes_not_its_window_s() {
+        let cache = OutputCache::new(1 << 30);
+        let id = cache.identity("job");
+        let batch = window(8);
+        let share = row_bytes(&batch);
+        cache.insert(
+            id,
+            [1, 5].map(|row| {
+                let cached = CachedRow {
+                    batch: Arc::clone(&batch),
+                    row,
+                };
+                (row as u64, cached, share)
+            }),
+        );
+        // Nothing in the cache keeps the window batch (or its buffer) alive.
+        assert_eq!(Arc::strong_count(&batch), 1);
+        let st = cache.stats();
+        assert_eq!(st.rows, 2);
+        assert!(st.bytes >= 2 * 1024, "{st:?}");
+        assert!(
+            st.bytes < 4 * 1024 + 1024,
+            "each row counts its own bytes: {st:?}"
+        );
+        let found = cache.lookup(id, &[5, 1, 3]);
+        let value = |r: &Option<CachedRow>| {
+            r.as_ref()
+                .map(|r| r.batch.column(0).as_bytes::<BinaryType>().value(r.row)[0])
+        };
+        assert_eq!(
+            found.iter().map(value).collect::<Vec<_>>(),
+            vec![Some(5), Some(1), None]
+        );
+    }
+
+    #[test]
+    fn rows_are_admitted_by_their_share_and_kept_within_the_budget() {
+        // Room for about three rows of 1 KiB.
+        let cache = OutputCache::new(3 * 1024 + 512);
+        let id = cache.identity("job");
+        let batch = window(8);
+        cache.insert(
+            id,
+            (0..8).map(|row| {
+                let cached = CachedRow {
+                    batch: Arc::clone(&batch),
+                    row,
+                };
+                (row as u64, cached, 1024)
+            }),
+        );
+        let st = cache.stats();
+        assert!(st.bytes <= st.budget, "{st:?}");
+        assert!((1..=3).contains(&st.rows), "{st:?}");
     }
 }

@@ -80,7 +80,8 @@ impl WindowRows {
     }
 
     /// The rows the output cache held for a window: slot `i` is
-    /// `cached[i]`'s. Rows of one cached batch share one source.
+    /// `cached[i]`'s. Rows of one batch in a run share one source (a
+    /// cached row's batch is its own, so each is a source).
     pub fn from_cache(cached: Vec<Option<CachedRow>>) -> Self {
         let mut out = Self {
             sources: Vec::new(),
@@ -88,10 +89,9 @@ impl WindowRows {
         };
         for row in cached {
             let cell = row.map(|CachedRow { batch, row }| {
-                // Windows' rows come in runs of one batch: look back first.
-                let source = match out.sources.iter().rposition(|s| Arc::ptr_eq(s, &batch)) {
-                    Some(s) => s,
-                    None => {
+                let source = match out.sources.last() {
+                    Some(last) if Arc::ptr_eq(last, &batch) => out.sources.len() - 1,
+                    _ => {
                         out.sources.push(batch);
                         out.sources.len() - 1
                     }
