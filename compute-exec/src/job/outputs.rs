@@ -253,6 +253,7 @@ impl Job {
 mod tests {
     use super::*;
     use arrow::array::{AsArray, BinaryArray};
+    use arrow::buffer::{Buffer, OffsetBuffer};
     use arrow::datatypes::BinaryType;
 
     /// A window batch of `n` rows of 1 KiB, whose values lie in one buffer
@@ -262,8 +263,8 @@ mod tests {
         for (i, b) in big.iter_mut().enumerate() {
             *b = (i / 1024) as u8;
         }
-        let data = BinaryArray::from_iter_values(big.chunks(1024).take(n));
-        let data = data.slice(0, n);
+        let offsets = OffsetBuffer::from_lengths(vec![1024; n]);
+        let data = BinaryArray::new(offsets, Buffer::from_vec(big), None);
         Arc::new(RecordBatch::try_from_iter([("data", Arc::new(data) as _)]).unwrap())
     }
 
@@ -273,6 +274,7 @@ mod tests {
         let id = cache.identity("job");
         let batch = window(8);
         let share = row_bytes(&batch);
+        assert!(share > 100 << 10, "the window's buffer over its 8 rows");
         cache.insert(
             id,
             [1, 5].map(|row| {
