@@ -152,6 +152,7 @@ impl UdfFlags {
             seed: self.seed,
             epoch: self.epoch,
             limits: self.limits.limits(),
+            cache_stages: false,
         }
     }
 }
@@ -260,6 +261,10 @@ pub struct NodeFlags {
     /// coordinator share a filesystem there.
     #[arg(long)]
     pub ingest_root: Vec<PathBuf>,
+    /// Memory for this node's cache of random jobs' decode stages (0:
+    /// none; default: an eighth of the memory available at start).
+    #[arg(long, env = "SLUICE_STAGE_CACHE_MEMORY", value_parser = parse_size)]
+    pub stage_cache_memory: Option<u64>,
 }
 
 /// Limits on each SQL query a compute node (or `serve`) runs.
@@ -284,6 +289,12 @@ pub struct QueryLimitFlags {
     /// start).
     #[arg(long, env = "SLUICE_OUTPUT_CACHE_MEMORY", value_parser = parse_size)]
     pub output_cache_memory: Option<u64>,
+    /// Memory for the node-wide cache of random jobs' decode stages, e.g.
+    /// 4GiB: the decode under a random crop or flip is done once per
+    /// object's bytes (0: none; default: an eighth of the memory available
+    /// at start).
+    #[arg(long, env = "SLUICE_STAGE_CACHE_MEMORY", value_parser = parse_size)]
+    pub stage_cache_memory: Option<u64>,
     /// The server's decoding limits: a query or job may ask for less, never more.
     #[command(flatten)]
     pub decode: DecodeLimitFlags,
@@ -298,6 +309,12 @@ impl QueryLimitFlags {
     pub fn output_cache(&self) -> u64 {
         self.output_cache_memory
             .unwrap_or_else(sluice_compute::job::OutputCache::default_budget)
+    }
+
+    /// The stage cache's budget.
+    pub fn stage_cache(&self) -> u64 {
+        self.stage_cache_memory
+            .unwrap_or_else(sluice_udfs::stage_cache::StageCache::default_budget)
     }
 
     /// The time limit, if there is one.

@@ -138,6 +138,7 @@ impl SqlService {
             seed: number("x-sluice-seed")?.unwrap_or(0),
             epoch: number("x-sluice-epoch")?.unwrap_or(0),
             limits: *self.queries.session().limits(),
+            cache_stages: false,
         };
         Ok(self.queries.capped(QueryTicket { sql, offload, udf }))
     }

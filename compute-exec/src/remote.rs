@@ -229,19 +229,27 @@ pub fn for_stream(
     udfs: &Arc<UdfEnv>,
     tally: &Arc<Tally>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|p| {
-        let Some(remote) = p.downcast_ref::<RemoteFragmentExec>() else {
-            return sluice_udfs::rebind::rebind_node(p, udfs);
-        };
-        let mut r = remote.clone();
-        r.fragment = sluice_udfs::rebind::rebind_plan(Arc::clone(&r.fragment), udfs)?;
-        r.udfs = Arc::clone(udfs);
-        r.tally = Arc::clone(tally);
-        r.feeds = Arc::default();
-        r.takes = None;
-        Ok(Transformed::yes(Arc::new(r) as Arc<dyn ExecutionPlan>))
-    })
-    .map(|t| t.data)
+    let bound = plan
+        .transform_up(|p| {
+            let Some(remote) = p.downcast_ref::<RemoteFragmentExec>() else {
+                return sluice_udfs::rebind::rebind_node(p, udfs);
+            };
+            let mut r = remote.clone();
+            r.fragment = sluice_udfs::rebind::rebind_plan(Arc::clone(&r.fragment), udfs)?;
+            r.udfs = Arc::clone(udfs);
+            r.tally = Arc::clone(tally);
+            r.feeds = Arc::default();
+            r.takes = None;
+            Ok(Transformed::yes(Arc::new(r) as Arc<dyn ExecutionPlan>))
+        })?
+        .data;
+    // The compute side's decode stages under random ones, from the node's
+    // stage cache (the storage side wraps its own fragment when it opens).
+    if udfs.options.cache_stages {
+        let cache = sluice_udfs::stage_cache::StageCache::global();
+        return sluice_udfs::stage_cache::cache_plan(bound, cache, &udfs.options.limits);
+    }
+    Ok(bound)
 }
 
 /// `plan` (a placed compute fragment) with every [`RemoteFragmentExec`]

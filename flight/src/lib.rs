@@ -29,7 +29,8 @@
 //! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
 //!   tagged enum (job, query, checkpoint);
 //! - [`lru`]: [`Lru`], a map under a byte budget, scan-resistant: the
-//!   eviction policy of the node's caches;
+//!   eviction policy of the node's caches (defined in `sluice_udfs`, whose
+//!   stage cache uses it too, and re-exported here);
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
@@ -50,7 +51,6 @@ pub mod frames;
 pub mod gather;
 pub mod ingest;
 pub mod kept;
-pub mod lru;
 pub mod messages;
 pub mod scan;
 pub mod shm;
@@ -68,8 +68,8 @@ pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use fault::Fault;
 pub use feed::Feed;
-pub use lru::Lru;
 pub use scan::{DatasetScanExec, SLOT, Take};
+pub use sluice_udfs::lru::{self, Lru};
 pub use throttle::TokenBucket;
 pub use ticket::Ticket;
 

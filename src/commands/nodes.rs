@@ -59,6 +59,10 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 
 pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     let storage = place::local_node(cli, node.cores, node.link_limit)?;
+    let stage_cache = node
+        .stage_cache_memory
+        .unwrap_or_else(sluice_udfs::stage_cache::StageCache::default_budget);
+    sluice_udfs::stage_cache::StageCache::global().configure(stage_cache);
     if !node.ingest_root.is_empty() {
         storage.allow_ingest(&node.ingest_root)?;
     }
@@ -99,6 +103,7 @@ pub async fn compute_node(
     hints: ResourceHints,
     limits: QueryLimitFlags,
 ) -> anyhow::Result<()> {
+    sluice_udfs::stage_cache::StageCache::global().configure(limits.stage_cache());
     let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
         .with_query_memory(limits.query_memory as usize)
         .with_stream_memory(limits.stream_memory)
@@ -235,6 +240,7 @@ pub async fn serve(
         };
         (vec![endpoint], Some(store))
     };
+    sluice_udfs::stage_cache::StageCache::global().configure(addrs.limits.stage_cache());
     let session = Arc::new(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
             .with_query_memory(addrs.limits.query_memory as usize)

@@ -155,6 +155,45 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     ] {
         metric(&mut out, "counter", name, help, value);
     }
+    let stages = sluice_udfs::stage_cache::StageCache::global().stats();
+    for (name, help, value) in [
+        (
+            "sluice_stage_cache_budget_bytes",
+            "Memory the cache of random jobs' decode stages may hold.",
+            stages.budget,
+        ),
+        (
+            "sluice_stage_cache_bytes",
+            "Memory the decoded values in the stage cache count.",
+            stages.bytes,
+        ),
+        (
+            "sluice_stage_cache_values",
+            "Decoded values in the stage cache.",
+            stages.values,
+        ),
+    ] {
+        gauge(&mut out, name, help, value);
+    }
+    for (name, help, value) in [
+        (
+            "sluice_stage_cache_hits_total",
+            "Decodes served from the stage cache.",
+            stages.hits,
+        ),
+        (
+            "sluice_stage_cache_misses_total",
+            "Decodes computed (not in the stage cache).",
+            stages.misses,
+        ),
+        (
+            "sluice_stage_cache_evictions_total",
+            "Decoded values evicted from the stage cache.",
+            stages.evictions,
+        ),
+    ] {
+        metric(&mut out, "counter", name, help, value);
+    }
     gauge(
         &mut out,
         "sluice_shm_mapped_bytes",

@@ -53,11 +53,17 @@ impl LocalFeed {
         link: Option<Arc<TokenBucket>>,
     ) -> Result<Self, LinkError> {
         let ctx = node.session(&udfs);
-        let fragment =
-            decode_fragment(plan, &ctx.task_ctx()).map_err(|e| LinkError::BadFragment {
-                node: IN_PROCESS.into(),
-                message: e.to_string(),
-            })?;
+        let bad = |e: datafusion::error::DataFusionError| LinkError::BadFragment {
+            node: IN_PROCESS.into(),
+            message: e.to_string(),
+        };
+        let mut fragment = decode_fragment(plan, &ctx.task_ctx()).map_err(bad)?;
+        // A random job's decode stages, from the node's stage cache.
+        if udfs.options.cache_stages {
+            let cache = sluice_udfs::stage_cache::StageCache::global();
+            fragment = sluice_udfs::stage_cache::cache_plan(fragment, cache, &udfs.options.limits)
+                .map_err(bad)?;
+        }
         node.opened();
         Ok(Self {
             node,

@@ -5,7 +5,10 @@
   turns it off;
 - the output cache: a deterministic job's later epochs, and a second job
   of the same SQL, are served its output rows without a read, with the
-  same bytes; a job with random stages does not use it."""
+  same bytes; a job with random stages does not use it;
+- the stage cache: a random job's decode is done once per sample, its
+  later epochs and a second job served the decoded images, with the same
+  bytes as a server without it."""
 
 import pyarrow as pa
 
@@ -14,11 +17,14 @@ from serve import metric, sample_server
 SQL = "SELECT key, label, data FROM pets"
 DECODED = "SELECT key, label, to_tensor(resize(decode_image(data), 24, 24)) AS x FROM pets"
 RANDOM = "SELECT key, to_tensor(random_resized_crop(decode_image(data), 24, 24)) AS x FROM pets"
+# The decode (and resize, fused with it) is the same every epoch; the flip is not.
+FLIPPED = "SELECT key, to_tensor(random_horizontal_flip(resize(decode_image(data), 24, 24))) AS x FROM pets"
 
 
-def epochs(cache_memory, sql=SQL, output_cache="0", n=2):
+def epochs(cache_memory, sql=SQL, output_cache="0", n=2, stage_cache="0"):
     """The epochs of a job on a fresh server, and its caches' counters."""
-    args = ["--cache-memory", cache_memory, "--output-cache-memory", output_cache]
+    args = ["--cache-memory", cache_memory, "--output-cache-memory", output_cache,
+            "--stage-cache-memory", stage_cache]
     with sample_server(2, 40, args) as (_, c, _, _):
         job = c.submit(sql, batch_size=16, epochs=n, shuffle={"seed": 9})
         job.wait()
@@ -36,6 +42,8 @@ def epochs(cache_memory, sql=SQL, output_cache="0", n=2):
         }
         for name in ("hits_total", "misses_total", "rows", "budget_bytes"):
             counters["out_" + name] = metric(c.url, "sluice_output_cache_" + name)
+        for name in ("hits_total", "misses_total", "values", "budget_bytes"):
+            counters["stage_" + name] = metric(c.url, "sluice_stage_cache_" + name)
         # The same SQL again: every row from the output cache, if it is on.
         again = c.submit(sql, batch_size=16, epochs=1, shuffle={"seed": 9})
         again.wait()
@@ -44,6 +52,8 @@ def epochs(cache_memory, sql=SQL, output_cache="0", n=2):
         counters["again_out_hits"] = metric(c.url, "sluice_output_cache_hits_total") - hits_before
         counters["again_misses"] = metric(c.url, "sluice_cache_misses_total") - counters["misses"]
         counters["again_hits"] = metric(c.url, "sluice_cache_hits_total") - counters["hits"]
+        counters["again_stage_hits"] = (metric(c.url, "sluice_stage_cache_hits_total")
+                                        - counters["stage_hits_total"])
         return [first, *later], second_job, counters
 
 
@@ -86,3 +96,25 @@ def test_a_deterministic_job_s_rows_come_from_the_output_cache_with_the_same_byt
 def test_a_job_with_random_stages_does_not_use_the_output_cache():
     _, _, on = epochs("0", RANDOM, "64MiB", n=2)
     assert on["out_hits_total"] == 0 and on["out_misses_total"] == 0 and on["out_rows"] == 0, on
+
+
+def test_a_random_job_s_decode_comes_from_the_stage_cache_with_the_same_bytes():
+    cached, again, on = epochs("64MiB", FLIPPED, "64MiB", n=3, stage_cache="64MiB")
+    plain, again_plain, off = epochs("64MiB", FLIPPED, "64MiB", n=3, stage_cache="0")
+    # Same seed, same data: the flips differ by epoch, the bytes do not
+    # differ by cache.
+    for e, (a, b) in enumerate(zip(cached, plain)):
+        assert a.equals(b), f"epoch {e}"
+    assert not cached[0].equals(cached[1])
+    assert again.equals(again_plain)
+    assert on["stage_budget_bytes"] == 64 << 20 and on["stage_values"] == 80, on
+    # Every sample looked up once an epoch; decoded once, in epoch 0 (a few
+    # again where epoch 1, begun ahead, reached a sample before epoch 0's
+    # window had cached it); the second job decodes none.
+    assert on["stage_hits_total"] + on["stage_misses_total"] == 3 * 80, on
+    assert 80 <= on["stage_misses_total"] < 120, on
+    assert on["again_stage_hits"] == 80, on
+    # A random job: the output cache holds none of its rows.
+    assert on["out_rows"] == 0 and on["out_hits_total"] == 0, on
+    assert off["stage_budget_bytes"] == 0 and off["stage_hits_total"] == 0, off
+    assert off["stage_misses_total"] == 0, off

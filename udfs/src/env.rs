@@ -141,6 +141,12 @@ pub struct UdfOptions {
     pub epoch: u64,
     /// Decoding limits.
     pub limits: Limits,
+    /// Whether the plan's deterministic decode subexpressions are served
+    /// from, and fill, the node's stage cache ([`crate::stage_cache`]): a
+    /// job whose plan is random sets it (its decode is the same every
+    /// epoch, the random stages after it are not).
+    #[serde(default)]
+    pub cache_stages: bool,
 }
 
 /// A sample that was skipped or nulled.

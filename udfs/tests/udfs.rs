@@ -730,3 +730,91 @@ async fn whole_arrays_become_tensors_with_the_values_of_the_copying_path() {
     assert_eq!(u8s[..3], [0, 1, 2]);
     assert_eq!(u8s[24], 100);
 }
+
+#[tokio::test]
+async fn a_random_plan_s_decode_served_from_the_stage_cache_gives_the_same_bytes() {
+    use sluice_udfs::stage_cache::{StageCache, cache_plan};
+    let mut rows = dataset(8);
+    rows.push(("bad.jpg".into(), b"\xff\xd8 not a jpeg".to_vec()));
+    let sql = "SELECT key, to_tensor(random_horizontal_flip(resize(decode_image(data), 24, 24))) FROM ds ORDER BY key";
+    let options = |epoch| UdfOptions {
+        seed: 7,
+        epoch,
+        on_error: OnError::Null,
+        cache_stages: true,
+        ..UdfOptions::default()
+    };
+    let owned = || rows.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let tensors = |batches: &[RecordBatch]| {
+        let b = one(batches);
+        let t = b.column(1).as_fixed_size_list();
+        (
+            t.values().as_primitive::<UInt8Type>().values().to_vec(),
+            t.null_count(),
+        )
+    };
+    let (ctx, env) = session(owned(), options(0));
+    let plan = physical(&ctx, &env, sql).await;
+    let run = |plan| datafusion::physical_plan::collect(plan, ctx.task_ctx());
+    let want = tensors(&run(Arc::clone(&plan)).await.unwrap());
+    assert_eq!(want.1, 1, "the bad sample's row is NULL");
+    let limits = env.options.limits;
+
+    // Room for all: the first run fills it, the second is served from it.
+    let cache = Arc::new(StageCache::new(64 << 20));
+    let cached = cache_plan(Arc::clone(&plan), &cache, &limits).unwrap();
+    assert_eq!(tensors(&run(Arc::clone(&cached)).await.unwrap()), want);
+    let first = cache.stats();
+    assert_eq!(
+        (first.hits, first.misses, first.values),
+        (0, 9, 8),
+        "{first:?}"
+    );
+    assert_eq!(tensors(&run(Arc::clone(&cached)).await.unwrap()), want);
+    let second = cache.stats();
+    assert_eq!((second.hits, second.misses), (8, 10), "{second:?}");
+    // The bad sample is decoded, and reported, every time.
+    assert_eq!(env.errors.snapshot().0, 3);
+
+    // Another epoch's stream (the plan rebound) decodes nothing again and
+    // computes what a plan made for that epoch does.
+    let (fresh_ctx, fresh_env) = session(owned(), options(3));
+    let fresh = physical(&fresh_ctx, &fresh_env, sql).await;
+    let epoch3 = tensors(
+        &datafusion::physical_plan::collect(fresh, fresh_ctx.task_ctx())
+            .await
+            .unwrap(),
+    );
+    assert_ne!(epoch3, want);
+    let rebound = sluice_udfs::rebind::rebind_plan(cached, &UdfEnv::new(options(3))).unwrap();
+    assert_eq!(tensors(&run(rebound).await.unwrap()), epoch3);
+    assert_eq!(cache.stats().hits, 16);
+
+    // Other limits are other keys: nothing decoded under these is served.
+    let stricter = sluice_udfs::Limits {
+        max_pixels: limits.max_pixels / 2,
+        ..limits
+    };
+    let other = cache_plan(Arc::clone(&plan), &cache, &stricter).unwrap();
+    assert_eq!(tensors(&run(other).await.unwrap()), want);
+    assert_eq!(cache.stats().hits, 16);
+
+    // Room for a few: a batch of hits and misses together, in its order.
+    let small = Arc::new(StageCache::new(8 << 10));
+    let partly = cache_plan(Arc::clone(&plan), &small, &limits).unwrap();
+    for _ in 0..2 {
+        assert_eq!(tensors(&run(Arc::clone(&partly)).await.unwrap()), want);
+    }
+    let st = small.stats();
+    assert!(
+        st.bytes <= st.budget && st.hits > 0 && st.misses > 9,
+        "{st:?}"
+    );
+
+    // A disabled cache leaves the plan as it is.
+    let off = Arc::new(StageCache::new(0));
+    assert!(Arc::ptr_eq(
+        &cache_plan(Arc::clone(&plan), &off, &limits).unwrap(),
+        &plan
+    ));
+}

@@ -37,6 +37,7 @@ pub fn udf_options(spec: &JobSpec, epoch: u64, limits: &sluice_udfs::Limits) -> 
         seed: spec.shuffle.map_or(0, |s| s.seed),
         epoch,
         limits: *limits,
+        cache_stages: false,
     }
 }
 

@@ -8,7 +8,8 @@
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
 //!    at most WINDOW_MAX samples and a sixteenth of the stream)
 //!    ─► per window: the rows the node's output cache holds (a deterministic job's,
-//!       `outputs`) come from memory; for the rest, the rows each node reads (row
+//!       `outputs`) come from memory; a random job's decode stages, from the
+//!       node's stage cache (`sluice_udfs::stage_cache`); for the rest, the rows each node reads (row
 //!       ids + slots) ─► the placed plan, run ─► their rows into the cache
 //!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
@@ -175,10 +176,12 @@ impl Job {
             to,
         } = span;
         let asked = std::time::Instant::now();
-        let udfs = UdfEnv::timed(
-            udf_options(self.spec(), epoch, self.session().limits()),
-            self.stage_stats().clock(),
-        );
+        let mut options = udf_options(self.spec(), epoch, self.session().limits());
+        // A random job's decode stages are the same every epoch: the node's
+        // stage cache keeps them (a deterministic job's whole rows are the
+        // output cache's).
+        options.cache_stages = !sluice_udfs::rebind::same_every_epoch(self.placed().window());
+        let udfs = UdfEnv::timed(options, self.stage_stats().clock());
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
         let _stop = udfs.cancel.on_drop();

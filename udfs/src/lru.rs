@@ -1,7 +1,7 @@
 //! [`Lru`]: a map under a byte budget, the eviction policy of the node's
 //! caches (raw objects on a storage node, `sluice_storage::cache`; a
 //! deterministic job's output rows on a compute node, `sluice_compute`'s
-//! output cache).
+//! output cache; decoded stage results, [`crate::stage_cache`]).
 //!
 //! - Every entry has a size; the map holds at most `budget` bytes.
 //! - Each hit ([`Lru::touch`]) and insert is a tick; the least recently
