@@ -186,6 +186,17 @@ fn clip(s: &str) -> String {
     out
 }
 
+/// The one child of a wrapper expression (`what`: the wrapper, for the
+/// error) being given new children.
+pub(crate) fn only_child(
+    children: Vec<Arc<dyn PhysicalExpr>>,
+    what: &str,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    let [inner] = <[_; 1]>::try_from(children)
+        .map_err(|c| DataFusionError::Internal(format!("{what} has one child, not {}", c.len())))?;
+    Ok(inner)
+}
+
 impl fmt::Display for GuardedExpr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.inner.fmt(f)
@@ -226,9 +237,7 @@ impl PhysicalExpr for GuardedExpr {
         self: Arc<Self>,
         children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn PhysicalExpr>> {
-        let [inner] = <[_; 1]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!("a guard has one child, not {}", c.len()))
-        })?;
+        let inner = only_child(children, "a guard")?;
         Ok(Arc::new(Self::new(inner, Arc::clone(&self.env))))
     }
 

@@ -59,6 +59,7 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 use crate::env::Limits;
 use crate::lru::Lru;
+use crate::panic_guard::only_child;
 use crate::rewrite::KEY_COLUMN;
 use crate::udf::spec;
 
@@ -430,11 +431,8 @@ impl PhysicalExpr for CachedExpr {
         self: Arc<Self>,
         children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn PhysicalExpr>> {
-        let [inner] = <[_; 1]>::try_from(children).map_err(|c| {
-            DataFusionError::Internal(format!("a cached part has one child, not {}", c.len()))
-        })?;
         Ok(Arc::new(Self {
-            inner,
+            inner: only_child(children, "a cached part")?,
             input: self.input.clone(),
             cache: Arc::clone(&self.cache),
             id: self.id,

@@ -8,9 +8,9 @@
 //!    batch; then about WINDOW_BYTES of output and at most WINDOW_TIME of work each,
 //!    at most WINDOW_MAX samples and a sixteenth of the stream)
 //!    ─► per window: the rows the node's output cache holds (a deterministic job's,
-//!       `outputs`) come from memory; a random job's decode stages, from the
-//!       node's stage cache (`sluice_udfs::stage_cache`); for the rest, the rows each node reads (row
-//!       ids + slots) ─► the placed plan, run ─► their rows into the cache
+//!       `outputs`) come from memory; for the rest, the rows each node reads (row
+//!       ids + slots) ─► the placed plan, run (a random job's decode stages from
+//!       the node's stage cache, `sluice_udfs::stage_cache`) ─► their rows into the cache
 //!       (each node's rows a message down the stream's feed on it: `crate::feeds`)
 //!       (IN_FLIGHT windows at once, each on the jobs' runtime; storage nodes split
 //!        theirs over their cores: no barrier at a window's end)
