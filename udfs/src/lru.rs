@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::RangeBounds;
+use std::sync::Mutex;
 
 /// The memory available on this host now (`MemAvailable`), from which
 /// the caches' default budgets are shares; 0 where it cannot be read.
@@ -30,6 +31,41 @@ pub fn available_memory() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Puts `items` (each a key, what its value is made from, and the bytes
+/// it is estimated at) in `lru`, behind its owner's mutex, between two
+/// short holds of the lock: the items [`Lru::admits`] at their estimates
+/// are chosen, made into their values by `own` with no lock held (a copy,
+/// say: `None` leaves the item out), then inserted at their values' exact
+/// sizes where still admitted. Returns the entries evicted.
+pub fn insert_owned<K: Ord + Clone, V, T>(
+    lru: &Mutex<Lru<K, V>>,
+    items: impl IntoIterator<Item = (K, T, u64)>,
+    mut own: impl FnMut(T) -> Option<(V, u64)>,
+) -> u64 {
+    let lock = || lru.lock().unwrap_or_else(|e| e.into_inner());
+    let held = lock();
+    if held.budget() == 0 {
+        return 0;
+    }
+    let admitted: Vec<_> = items
+        .into_iter()
+        .filter(|(key, _, estimate)| held.peek(key).is_none() && held.admits(key, *estimate))
+        .collect();
+    drop(held);
+    let owned: Vec<_> = admitted
+        .into_iter()
+        .filter_map(|(key, item, _)| own(item).map(|(value, len)| (key, value, len)))
+        .collect();
+    let mut held = lock();
+    let mut evicted = 0;
+    for (key, value, len) in owned {
+        if held.peek(&key).is_none() && held.admits(&key, len) {
+            evicted += held.insert(key, value, len);
+        }
+    }
+    evicted
 }
 
 #[derive(Debug)]

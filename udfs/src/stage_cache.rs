@@ -58,7 +58,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 use crate::env::Limits;
-use crate::lru::Lru;
+use crate::lru::{Lru, insert_owned};
 use crate::panic_guard::only_child;
 use crate::rewrite::KEY_COLUMN;
 use crate::udf::spec;
@@ -146,35 +146,25 @@ impl StageCache {
     }
 
     /// Caches row `i` of `values` under `key` for each `(key, i)` admitted
-    /// (see [`Lru::admits`]), each copied into an array of its own outside
+    /// (see [`insert_owned`]), each copied into an array of its own outside
     /// the lock.
-    fn insert(&self, values: &ArrayRef, rows: Vec<(Key, usize)>) -> Result<()> {
-        let lru = self.lock();
-        if lru.budget() == 0 {
-            return Ok(());
-        }
+    fn insert(&self, values: &ArrayRef, rows: Vec<(Key, usize)>) {
         let share = (values.get_array_memory_size() / values.len().max(1)) as u64;
-        let admitted: Vec<_> = rows
-            .into_iter()
-            .filter(|(k, _)| lru.peek(k).is_none() && lru.admits(k, share))
-            .collect();
-        drop(lru);
-        let mut owned = Vec::with_capacity(admitted.len());
-        for (key, i) in admitted {
-            let one = take(values.as_ref(), &UInt32Array::from(vec![i as u32]), None)?;
-            owned.push((key, one));
-        }
-        let mut lru = self.lock();
-        let mut evicted = 0;
-        for (key, value) in owned {
-            let len = value.get_array_memory_size() as u64;
-            if lru.peek(&key).is_none() && lru.admits(&key, len) {
-                evicted += lru.insert(key, value, len);
+        let items = rows.into_iter().map(|(key, i)| (key, i, share));
+        let evicted = insert_owned(&self.values, items, |i| {
+            match take(values.as_ref(), &UInt32Array::from(vec![i as u32]), None) {
+                Ok(one) => {
+                    let len = one.get_array_memory_size() as u64;
+                    Some((one, len))
+                }
+                Err(e) => {
+                    // The value is served as it is; only its caching is lost.
+                    tracing::warn!("stage cache: a value not cached: {e}");
+                    None
+                }
             }
-        }
-        drop(lru);
+        });
         self.evictions.fetch_add(evicted, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Its counters now.
@@ -397,14 +387,13 @@ impl PhysicalExpr for CachedExpr {
                 .filter_map(|(j, &i)| Some((keys[i as usize]?, j)))
                 .filter(|&(_, j)| values.is_valid(j))
                 .collect();
-            self.cache.insert(values, fresh)?;
+            self.cache.insert(values, fresh);
             if missed.len() == n {
                 return Ok(ColumnarValue::Array(Arc::clone(values)));
             }
         }
         // Array 0 is the computed rows (when any), then each hit's own.
         let mut arrays: Vec<&dyn Array> = computed.iter().map(|a| a.as_ref()).collect();
-        let base = arrays.len();
         let mut next_miss = 0;
         let mut at = Vec::with_capacity(n);
         for hit in &found {
@@ -419,7 +408,7 @@ impl PhysicalExpr for CachedExpr {
                 }
             }
         }
-        debug_assert!(base <= 1 && next_miss == missed.len());
+        debug_assert_eq!(next_miss, missed.len());
         Ok(ColumnarValue::Array(interleave(&arrays, &at)?))
     }
 

@@ -29,7 +29,8 @@
 //! - **Bad samples** have no row and are never cached: they are computed,
 //!   and reported, every epoch as before.
 //! - **Budget and eviction**: [`sluice_flight::Lru`] (scan-resistant); one
-//!   mutex over a few map operations per window, never held over work.
+//!   mutex over a few map operations per window, never held over work
+//!   (the copies are made between two holds: [`insert_owned`]).
 //!   A budget of 0 disables it.
 
 use std::collections::HashMap;
@@ -40,6 +41,7 @@ use arrow::array::{RecordBatch, UInt32Array};
 use arrow::compute::take_record_batch;
 use arrow::error::ArrowError;
 use sluice_flight::Lru;
+use sluice_flight::lru::insert_owned;
 use sluice_udfs::OnError;
 
 use super::Job;
@@ -83,18 +85,13 @@ pub struct OutputCacheStats {
     pub evictions: u64,
 }
 
-#[derive(Debug)]
-struct State {
-    /// By (identity, sample key).
-    rows: Lru<(u64, u64), CachedRow>,
-    /// Each identity's number.
-    identities: HashMap<String, u64>,
-}
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct OutputCache {
-    state: Mutex<State>,
+    /// By (identity, sample key).
+    rows: Mutex<Lru<(u64, u64), CachedRow>>,
+    /// Each identity's number.
+    identities: Mutex<HashMap<String, u64>>,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -111,10 +108,8 @@ impl OutputCache {
     /// A cache of at most `budget` bytes (0: disabled).
     pub fn new(budget: u64) -> Self {
         Self {
-            state: Mutex::new(State {
-                rows: Lru::new(budget),
-                identities: HashMap::new(),
-            }),
+            rows: Mutex::new(Lru::new(budget)),
+            identities: Mutex::new(HashMap::new()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -126,31 +121,31 @@ impl OutputCache {
         sluice_flight::lru::available_memory() / 8
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru<(u64, u64), CachedRow>> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether it holds anything ever.
     pub fn enabled(&self) -> bool {
-        self.lock().rows.budget() > 0
+        self.lock().budget() > 0
     }
 
     /// The number of `identity` (see the module docs).
     pub fn identity(&self, identity: &str) -> u64 {
-        let mut s = self.lock();
-        let next = s.identities.len() as u64;
-        *s.identities.entry(identity.to_string()).or_insert(next)
+        let mut ids = self.identities.lock().unwrap_or_else(|e| e.into_inner());
+        let next = ids.len() as u64;
+        *ids.entry(identity.to_string()).or_insert(next)
     }
 
     /// The cached row of each of `keys` under `identity`, if any (each a
     /// hit or a miss).
     pub fn lookup(&self, identity: u64, keys: &[u64]) -> Vec<Option<CachedRow>> {
-        let mut s = self.lock();
+        let mut rows = self.lock();
         let found: Vec<_> = keys
             .iter()
-            .map(|&k| s.rows.touch(&(identity, k)).cloned())
+            .map(|&k| rows.touch(&(identity, k)).cloned())
             .collect();
-        drop(s);
+        drop(rows);
         let hits = found.iter().filter(|r| r.is_some()).count() as u64;
         self.hits.fetch_add(hits, Ordering::Relaxed);
         self.misses
@@ -160,53 +155,33 @@ impl OutputCache {
 
     /// Caches `rows` (each with its sample key and its share of its
     /// window batch's bytes, the estimate admission goes by) under
-    /// `identity`, those admitted (see [`Lru::admits`]), each copied out of
-    /// its window batch (see the module docs) between two short holds of
-    /// the lock.
+    /// `identity`, those admitted, each copied out of its window batch
+    /// (see the module docs) outside the lock ([`insert_owned`]).
     pub fn insert(&self, identity: u64, rows: impl IntoIterator<Item = (u64, CachedRow, u64)>) {
-        let s = self.lock();
-        if s.rows.budget() == 0 {
-            return;
-        }
-        let admitted: Vec<_> = rows
+        let items = rows
             .into_iter()
-            .filter(|(key, _, share)| {
-                let key = (identity, *key);
-                s.rows.peek(&key).is_none() && s.rows.admits(&key, *share)
-            })
-            .collect();
-        drop(s);
-        let owned: Vec<_> = admitted
-            .into_iter()
-            .filter_map(|(key, row, _)| match row.own() {
-                Ok(row) => Some((key, row)),
-                Err(e) => {
-                    // The row is served as it is; only its caching is lost.
-                    tracing::warn!("output cache: a row not cached: {e}");
-                    None
-                }
-            })
-            .collect();
-        let mut s = self.lock();
-        let mut evicted = 0;
-        for (key, row) in owned {
-            let key = (identity, key);
-            let len = row_bytes(&row.batch);
-            if s.rows.peek(&key).is_none() && s.rows.admits(&key, len) {
-                evicted += s.rows.insert(key, row, len);
+            .map(|(key, row, share)| ((identity, key), row, share));
+        let evicted = insert_owned(&self.rows, items, |row| match row.own() {
+            Ok(row) => {
+                let len = row_bytes(&row.batch);
+                Some((row, len))
             }
-        }
-        drop(s);
+            Err(e) => {
+                // The row is served as it is; only its caching is lost.
+                tracing::warn!("output cache: a row not cached: {e}");
+                None
+            }
+        });
         self.evictions.fetch_add(evicted, Ordering::Relaxed);
     }
 
     /// Its counters now.
     pub fn stats(&self) -> OutputCacheStats {
-        let s = self.lock();
+        let rows = self.lock();
         OutputCacheStats {
-            budget: s.rows.budget(),
-            bytes: s.rows.bytes(),
-            rows: s.rows.len() as u64,
+            budget: rows.budget(),
+            bytes: rows.bytes(),
+            rows: rows.len() as u64,
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
@@ -228,7 +203,7 @@ impl Job {
         let cache = self.session().output_cache();
         if !cache.enabled()
             || self.spec().on_error == OnError::Null
-            || !sluice_udfs::rebind::same_every_epoch(self.placed().window())
+            || !self.placed().same_every_epoch()
         {
             return None;
         }

@@ -43,6 +43,10 @@ pub struct JobPlan {
     prepared: Prepared,
     /// The plan every window runs, before placement.
     window: LogicalPlan,
+    /// Whether `window` computes the same row for a sample every epoch
+    /// ([`sluice_udfs::rebind::same_every_epoch`]): its rows may be kept
+    /// (the output cache) or only its decode stages (the stage cache).
+    same_every_epoch: bool,
     /// The placement streams run now.
     placed: RwLock<Generation>,
 }
@@ -62,6 +66,7 @@ impl JobPlan {
     pub fn new(prepared: Prepared, window: LogicalPlan, placed: Arc<dyn ExecutionPlan>) -> Self {
         Self {
             prepared,
+            same_every_epoch: sluice_udfs::rebind::same_every_epoch(&window),
             window,
             placed: RwLock::new(Generation {
                 number: 0,
@@ -75,9 +80,10 @@ impl JobPlan {
         &self.prepared
     }
 
-    /// The plan every window runs, before placement.
-    pub fn window(&self) -> &LogicalPlan {
-        &self.window
+    /// Whether the window plan computes the same row for a sample every
+    /// epoch (see the field).
+    pub fn same_every_epoch(&self) -> bool {
+        self.same_every_epoch
     }
 
     fn current(&self) -> Generation {

@@ -180,7 +180,7 @@ impl Job {
         // A random job's decode stages are the same every epoch: the node's
         // stage cache keeps them (a deterministic job's whole rows are the
         // output cache's).
-        options.cache_stages = !sluice_udfs::rebind::same_every_epoch(self.placed().window());
+        options.cache_stages = !self.placed().same_every_epoch();
         let udfs = UdfEnv::timed(options, self.stage_stats().clock());
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
