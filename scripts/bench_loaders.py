@@ -171,16 +171,23 @@ def timed_epochs(epoch, runs, server=None):
     cores that sat idle: the two factors of sluice's distance to the
     decode-bound limit (see `where_the_gap_is`)."""
     epoch(0)
-    rates, ms, idle = [], [], []
+    rates, ms, idle, threads = [], [], [], []
     for r in range(runs):
         c, i, t = server.cpu_seconds() if server else 0, idle_seconds(), time.perf_counter()
+        by = server.cpu_by_thread() if server else {}
         n = epoch(r + 1)
         wall = time.perf_counter() - t
         rates.append(n / wall)
         if server:
             ms.append((server.cpu_seconds() - c) * 1e3 / n)
             idle.append((idle_seconds() - i) / (wall * os.cpu_count()))
-    return {"rates": rates, "server_ms_per_image": ms, "idle_share": idle} if server else rates
+            after = server.cpu_by_thread()
+            threads.append({k: (v - by.get(k, 0.0)) * 1e3 / n for k, v in after.items()
+                            if v > by.get(k, 0.0)})
+    if not server:
+        return rates
+    return {"rates": rates, "server_ms_per_image": ms, "idle_share": idle,
+            "thread_ms_per_image": threads}
 
 
 def idle_seconds():
@@ -353,9 +360,13 @@ def where_the_gap_is(costs, per_core):
     Their product is the epoch's share of the limit, less what the
     trainer process and the rest of the machine used."""
     kernel_ms = 1e3 / per_core
-    for i, (ms, idle) in enumerate(zip(costs["server_ms_per_image"], costs["idle_share"]), 1):
+    threads = costs.get("thread_ms_per_image") or [{}] * len(costs["rates"])
+    for i, (ms, idle, by) in enumerate(zip(costs["server_ms_per_image"], costs["idle_share"],
+                                          threads), 1):
+        split = ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])
+                          if v >= 0.01)
         print(f"    epoch {i}: server {ms:.2f} ms of CPU per image (kernels {kernel_ms:.2f}: "
-              f"{kernel_ms / ms:.2f}), cores idle {idle:.0%}")
+              f"{kernel_ms / ms:.2f}), cores idle {idle:.0%}; by thread: {split}")
 
 
 def main():

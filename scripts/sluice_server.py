@@ -43,6 +43,27 @@ class Server:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def cpu_by_thread(self):
+        """CPU seconds the server's threads have used so far, summed by
+        thread name: `sluice-cpu` (the executor its jobs and in-process
+        storage node compute on), `sluice-service` (the runtime that
+        answers Flight and REST, and its blocking pool, which writes the
+        shared-memory slots), `sluice-storage` (a storage node's own
+        executor), the I/O threads. Threads that ended are not counted."""
+        out = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        task = f"/proc/{self.proc.pid}/task"
+        for tid in os.listdir(task):
+            try:
+                with open(f"{task}/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=60)

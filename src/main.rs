@@ -56,9 +56,12 @@ fn main() -> std::process::ExitCode {
         )
         .init();
     // Planning recurses over expressions (`1+1+…+1` with hundreds of
-    // terms): every thread gets a stack deep ones fit in.
+    // terms): every thread gets a stack deep ones fit in. Named apart
+    // from the executors' threads (`sluice-cpu`, …): in `serve` this
+    // runtime answers REST and Flight and writes shared-memory slots.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .thread_stack_size(sluice_compute::job::registry::STACK_BYTES)
+        .thread_name("sluice-service")
+        .thread_stack_size(sluice_flight::executor::STACK_BYTES)
         .enable_all()
         .build()
     {

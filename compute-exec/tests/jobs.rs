@@ -856,3 +856,40 @@ async fn a_deterministic_job_s_later_epochs_come_from_the_output_cache() {
         (before.hits, before.misses, before.rows)
     );
 }
+
+/// `sluice serve`'s shape: the storage node's fragments and the jobs'
+/// windows on one executor. With one thread for both roles (windows wait
+/// on fragments queued behind them on that thread) and with two, every
+/// split reads exactly what separate executors read, and the node's cores
+/// are the executor's threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_executor_for_both_sides_reads_what_two_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, apart) = store_and_node(dir.path(), "all", (0..SAMPLES).collect()).await;
+    let apart = jobs(vec![apart]);
+    for threads in [1, 2] {
+        let cpu = sluice_flight::Executor::new("sluice-test-cpu", threads).unwrap();
+        let node = StorageNode::on(
+            Arc::clone(&cpu),
+            Arc::clone(&store),
+            ScanOptions::default(),
+            None,
+        );
+        assert_eq!(node.info().cores, threads);
+        let shared = Jobs::on(cpu, session(vec![node]), None);
+        for offload in ["storage", "compute", "auto"] {
+            let want = apart.submit(spec(2, false, offload)).await.unwrap();
+            let got = shared.submit(spec(2, false, offload)).await.unwrap();
+            for epoch in 0..2 {
+                for rank in 0..2 {
+                    assert_eq!(
+                        read(&shared, got.id(), rank, epoch, 0).await,
+                        read(&apart, want.id(), rank, epoch, 0).await,
+                        "{threads} thread(s), {offload}, rank {rank} epoch {epoch}"
+                    );
+                }
+            }
+            assert_eq!(got.state(), JobState::Done);
+        }
+    }
+}

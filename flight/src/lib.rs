@@ -31,6 +31,8 @@
 //! - [`lru`]: [`Lru`], a map under a byte budget, scan-resistant: the
 //!   eviction policy of the node's caches (defined in `sluice_udfs`, whose
 //!   stage cache uses it too, and re-exported here);
+//! - [`executor`]: [`Executor`], the named pool of threads a process
+//!   computes on, shared by the roles it plays;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
 //! - [`auth`]: bearer tokens for the services users reach;
@@ -45,6 +47,7 @@ pub mod cpu_time;
 pub mod endpoint;
 pub mod error;
 pub mod error_details;
+pub mod executor;
 pub mod fault;
 pub mod feed;
 pub mod frames;
@@ -66,6 +69,7 @@ pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use cpu_time::process_cpu_ns;
 pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
+pub use executor::Executor;
 pub use fault::Fault;
 pub use feed::Feed;
 pub use scan::{DatasetScanExec, SLOT, Take};

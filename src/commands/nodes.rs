@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{BearerAuth, StorageClient, StorageEndpoint};
+use sluice_flight::{BearerAuth, Executor, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
@@ -213,10 +213,17 @@ pub async fn serve(
     hints: ResourceHints,
 ) -> anyhow::Result<()> {
     let remote = addrs.remote_storage || !addrs.storage.is_empty();
+    // One executor for the process's CPU work: its jobs', and its
+    // in-process storage node's fragments (unless `--storage-cores`
+    // models a storage machine of its own), on the same cores.
+    let cpu = Executor::new("sluice-cpu", sluice_planner::resources::machine_cores())?;
     let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if remote {
         (place::remote_nodes(addrs.storage)?, None)
     } else {
-        let storage = place::local_node(cli, storage_cores, link_limit)?;
+        let storage = match storage_cores {
+            None => place::local_node_on(cli, Arc::clone(&cpu), link_limit)?,
+            Some(cores) => place::local_node(cli, Some(cores), link_limit)?,
+        };
         let store = Arc::clone(storage.store());
         let endpoint: Arc<dyn StorageEndpoint> = if loopback {
             let listener = bind("127.0.0.1:0").await?;
@@ -255,7 +262,7 @@ pub async fn serve(
     let auth = BearerAuth::new(cli.token.iter().cloned()).map_err(anyhow::Error::msg)?;
     // Jobs survive a restart: their records live beside the data.
     let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
-    let jobs = Arc::new(Jobs::with_store(Arc::clone(&session), Some(job_store))?);
+    let jobs = Arc::new(Jobs::on(cpu, Arc::clone(&session), Some(job_store)));
     match jobs.restore().await {
         Ok(0) => {}
         Ok(n) => eprintln!("{n} job(s) restored"),

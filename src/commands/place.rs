@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_compute::{ComputeSession, ResourceHints};
-use sluice_flight::{StorageClient, StorageEndpoint};
+use sluice_flight::{Executor, StorageClient, StorageEndpoint};
 use sluice_storage::StorageNode;
 use sluice_udfs::cost::{PROFILES_FILE, Profiles, load_profiles};
 
@@ -30,19 +30,31 @@ pub fn profiles(cli: &Cli) -> anyhow::Result<Profiles> {
     load_profiles(&cli.data_dir.join(PROFILES_FILE)).map_err(anyhow::Error::msg)
 }
 
-/// An in-process storage node over the data dir.
+/// An in-process storage node over the data dir, on an executor of its
+/// own of `cores` threads (default: one per core).
 pub fn local_node(
     cli: &Cli,
     cores: Option<usize>,
     link_limit: Option<RateArg>,
 ) -> anyhow::Result<Arc<StorageNode>> {
+    let cores = cores.unwrap_or_else(sluice_planner::resources::machine_cores);
+    local_node_on(cli, Executor::new("sluice-storage", cores)?, link_limit)
+}
+
+/// An in-process storage node over the data dir whose fragments run on
+/// `executor`.
+pub fn local_node_on(
+    cli: &Cli,
+    executor: Arc<Executor>,
+    link_limit: Option<RateArg>,
+) -> anyhow::Result<Arc<StorageNode>> {
     let store = open_store(cli)?;
-    Ok(StorageNode::new(
+    Ok(StorageNode::on(
+        executor,
         store,
         scan_options(cli),
-        cores.unwrap_or_else(sluice_planner::resources::machine_cores),
         link_limit.and_then(|r| r.0),
-    )?)
+    ))
 }
 
 /// Clients of remote storage nodes.

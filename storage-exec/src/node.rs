@@ -3,8 +3,9 @@
 //! A fragment arrives as a physical plan whose leaves are
 //! [`DatasetScanExec`]s (see `sluice-flight`). The node binds each to a
 //! scan of its own dataset, spreads the work over its cores, and drives
-//! the plan on its own runtime of `cores` threads — the storage CPU limit
-//! the planner reasons about. A job's scans carry a take (rows of a pinned
+//! the plan on its [`Executor`] of `cores` threads — the storage CPU limit
+//! the planner reasons about: its own, or, in `sluice serve` over its own
+//! data dir, the one its jobs compute on too (the same cores). A job's scans carry a take (rows of a pinned
 //! version): they are bound to the take scan over the version's metadata,
 //! which the node loads once and keeps for the next windows. The same node serves the Flight service
 //! ([`crate::flight_service`]) and, in `sluice serve`, the compute side of
@@ -26,11 +27,10 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_flight::{
-    DatasetScanExec, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint,
-    Take, TokenBucket,
+    DatasetScanExec, Executor, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset,
+    StorageEndpoint, Take, TokenBucket,
 };
 use sluice_udfs::{Site, UdfEnv};
-use tokio::runtime::{Handle, Runtime};
 use tokio::sync::mpsc;
 
 use crate::feed::LocalFeed;
@@ -51,10 +51,8 @@ pub const IN_PROCESS: &str = "in-process storage node";
 pub struct StorageNode {
     store: Arc<Store>,
     scan: ScanOptions,
-    cores: usize,
     link: Option<Arc<TokenBucket>>,
-    runtime: Option<Runtime>,
-    handle: Handle,
+    executor: Arc<Executor>,
     listed: Mutex<HashMap<(String, u64), RemoteDataset>>,
     indexes: Arc<IndexCache>,
     /// Where ingests sent to this node may read (none: it takes none).
@@ -68,36 +66,41 @@ pub struct StorageNode {
 }
 
 impl StorageNode {
-    /// A node serving `store` with `cores` threads for fragments and, if
-    /// given, its outgoing link limited to `link_limit` bytes per second.
+    /// A node serving `store` with an executor of its own of `cores`
+    /// threads for fragments and, if given, its outgoing link limited to
+    /// `link_limit` bytes per second.
     pub fn new(
         store: Arc<Store>,
         scan: ScanOptions,
         cores: usize,
         link_limit: Option<f64>,
     ) -> std::io::Result<Arc<Self>> {
-        let cores = cores.max(1);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cores)
-            .thread_name("sluice-storage")
-            // Fragments are decoded recursively: deep expressions need room.
-            .thread_stack_size(16 << 20)
-            .enable_all()
-            .build()?;
-        Ok(Arc::new(Self {
+        let executor = Executor::new("sluice-storage", cores)?;
+        Ok(Self::on(executor, store, scan, link_limit))
+    }
+
+    /// A node serving `store` whose fragments run on `executor` (shared
+    /// with the other roles of this process: its threads are the node's
+    /// cores), its outgoing link limited to `link_limit` bytes per second
+    /// if given.
+    pub fn on(
+        executor: Arc<Executor>,
+        store: Arc<Store>,
+        scan: ScanOptions,
+        link_limit: Option<f64>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             store,
             scan,
-            cores,
             link: link_limit.map(|r| Arc::new(TokenBucket::new(r))),
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
+            executor,
             listed: Mutex::new(HashMap::new()),
             indexes: Arc::new(IndexCache::default()),
             ingest_roots: std::sync::OnceLock::new(),
             pending: crate::ingest::PendingIngests::new(sluice_flight::ingest::PREPARED_TTL),
             fragments: std::sync::atomic::AtomicU64::new(0),
             streams: std::sync::atomic::AtomicU64::new(0),
-        }))
+        })
     }
 
     /// The store.
@@ -113,7 +116,7 @@ impl StorageNode {
     /// Cores and link limit.
     pub fn info(&self) -> NodeInfo {
         NodeInfo {
-            cores: self.cores,
+            cores: self.executor.threads(),
             link_limit: self.link.as_ref().map(|l| l.rate()),
             cpu_ns: sluice_flight::process_cpu_ns(),
             fragments: self.fragments.load(std::sync::atomic::Ordering::Relaxed),
@@ -201,7 +204,7 @@ impl StorageNode {
     /// this node's cores: the registry fragments are decoded against.
     pub fn session(&self, udfs: &Arc<UdfEnv>) -> SessionContext {
         let config = SessionConfig::new()
-            .with_target_partitions(self.cores)
+            .with_target_partitions(self.executor.threads())
             .with_batch_size(FRAGMENT_BATCH_ROWS);
         // Its UDFs' time is the storage tier's (a remote client files it
         // under the name it knows this node by).
@@ -250,10 +253,13 @@ impl StorageNode {
                 }
                 Some(take) => self.take_scan(ctx, s, take).await?,
             };
-            if plan.output_partitioning().partition_count() < self.cores {
+            if plan.output_partitioning().partition_count() < self.executor.threads() {
                 plan = Arc::new(
-                    RepartitionExec::try_new(plan, Partitioning::RoundRobinBatch(self.cores))
-                        .map_err(bad)?,
+                    RepartitionExec::try_new(
+                        plan,
+                        Partitioning::RoundRobinBatch(self.executor.threads()),
+                    )
+                    .map_err(bad)?,
                 );
             }
             bound.push(plan);
@@ -340,7 +346,7 @@ impl StorageNode {
         Ok(plan)
     }
 
-    /// Runs a bound fragment on the node's runtime, all partitions merged,
+    /// Runs a bound fragment on the node's executor, all partitions merged,
     /// with at most a few batches buffered ahead of the reader.
     pub fn run(
         &self,
@@ -356,7 +362,7 @@ impl StorageNode {
         // policy, reported back with the UDFs' bad samples.
         let guarded = sluice_udfs::panic_guard::guard_plan(Arc::clone(&plan), udfs);
         let (tx, rx) = mpsc::channel::<DFResult<RecordBatch>>(4);
-        self.handle.spawn(async move {
+        self.executor.handle().spawn(async move {
             let plan = match guarded {
                 Ok(plan) => plan,
                 Err(e) => {
@@ -431,14 +437,6 @@ impl StorageNode {
             wall_ns: started.elapsed().as_nanos() as u64,
             complete,
         })
-    }
-}
-
-impl Drop for StorageNode {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
     }
 }
 

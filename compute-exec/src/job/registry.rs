@@ -5,14 +5,16 @@
 //! cancelled job's record is removed. Finished jobs, and jobs nobody has
 //! read, expire after the registry's time to live ([`Jobs::expire`]),
 //! records and all. Their CPU work — listing samples, running windows, encoding
-//! batches — runs on a runtime of their own, so the runtime answering REST
-//! and Flight requests never waits behind decoding.
+//! batches — runs on an [`Executor`] (their own, or the one the process's
+//! in-process storage node runs its fragments on), so the runtime
+//! answering REST and Flight requests never waits behind decoding.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::runtime::{Handle, Runtime};
+use sluice_flight::Executor;
+use tokio::runtime::Handle;
 
 use super::cluster::{ComputeNodes, JobSource};
 use super::error::JobError;
@@ -26,9 +28,6 @@ use crate::session::ComputeSession;
 /// are forgotten, with their records, as new jobs arrive.
 pub const FINISHED_KEPT: usize = 256;
 
-/// Stack of each thread of the jobs' runtime.
-pub const STACK_BYTES: usize = 16 << 20;
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct Jobs {
@@ -38,57 +37,50 @@ pub struct Jobs {
     next: AtomicU64,
     instance: u32,
     finished_kept: usize,
-    runtime: Option<Runtime>,
-    handle: Handle,
+    executor: Arc<Executor>,
     source: Option<Arc<dyn JobSource>>,
     adopting: tokio::sync::Mutex<()>,
     nodes: Arc<ComputeNodes>,
 }
 
-impl Drop for Jobs {
-    fn drop(&mut self) {
-        // Dropping a runtime blocks, which is not allowed inside another
-        // runtime's task; its work is tied to jobs that are gone anyway.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 impl Jobs {
-    /// The jobs of `session`, with a runtime of one thread per core, kept
-    /// in memory only.
+    /// The jobs of `session`, on an executor of their own of one thread
+    /// per core, kept in memory only.
     pub fn new(session: Arc<ComputeSession>) -> std::io::Result<Self> {
         Self::with_store(session, None)
     }
 
-    /// The jobs of `session`, saved in `store` if given; call
-    /// [`Jobs::restore`] to bring back those an earlier run saved.
+    /// The jobs of `session`, saved in `store` if given, on an executor
+    /// of their own of one thread per core; call [`Jobs::restore`] to
+    /// bring back those an earlier run saved.
     pub fn with_store(
         session: Arc<ComputeSession>,
         store: Option<JobStore>,
     ) -> std::io::Result<Self> {
+        let executor = Executor::new("sluice-jobs", sluice_planner::resources::machine_cores())?;
+        Ok(Self::on(executor, session, store))
+    }
+
+    /// The jobs of `session`, saved in `store` if given, computing on
+    /// `executor` (shared with the other roles of this process).
+    pub fn on(
+        executor: Arc<Executor>,
+        session: Arc<ComputeSession>,
+        store: Option<JobStore>,
+    ) -> Self {
         let instance = getrandom::u32().unwrap_or_else(|_| std::process::id());
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(sluice_planner::resources::machine_cores())
-            .thread_name("sluice-jobs")
-            // Planning recurses over expressions: deep ones need room.
-            .thread_stack_size(STACK_BYTES)
-            .enable_all()
-            .build()?;
-        Ok(Self {
+        Self {
             session,
             store: store.map(Arc::new),
             jobs: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
             instance,
             finished_kept: FINISHED_KEPT,
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
+            executor,
             source: None,
             adopting: tokio::sync::Mutex::new(()),
             nodes: Arc::default(),
-        })
+        }
     }
 
     /// A compute node's jobs: one this node does not hold is looked up in
@@ -108,11 +100,11 @@ impl Jobs {
         &self.session
     }
 
-    /// The query runtime: jobs' windows and SQL queries are planned and
-    /// computed here, never on the runtime that answers REST, Flight
-    /// control calls and `/healthz` ([`crate::offthread`]).
+    /// The query runtime, the executor's: jobs' windows and SQL queries
+    /// are planned and computed here, never on the runtime that answers
+    /// REST, Flight control calls and `/healthz` ([`crate::offthread`]).
     pub fn handle(&self) -> &Handle {
-        &self.handle
+        self.executor.handle()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Job>>> {
@@ -129,18 +121,18 @@ impl Jobs {
             id,
             spec,
             Arc::clone(&self.session),
-            self.handle.clone(),
+            self.handle().clone(),
             self.store.clone(),
         );
         let job = Arc::new(
-            crate::offthread::plan_on(&self.handle, planned)
+            crate::offthread::plan_on(self.handle(), planned)
                 .await
                 .map_err(JobError::Internal)??,
         );
         job.save();
         self.lock().insert(n, Arc::clone(&job));
         let starting = Arc::clone(&job);
-        self.handle.spawn(async move { starting.start().await });
+        self.handle().spawn(async move { starting.start().await });
         self.forget_old();
         Ok(job)
     }
@@ -222,10 +214,10 @@ impl Jobs {
         let mut restored = 0;
         for record in store.load()? {
             let id = record.id.clone();
-            let planned = self.handle.spawn(Job::restore(
+            let planned = self.handle().spawn(Job::restore(
                 record,
                 Arc::clone(&self.session),
-                self.handle.clone(),
+                self.handle().clone(),
                 self.store.clone(),
             ));
             let job = match planned.await {
@@ -243,7 +235,7 @@ impl Jobs {
             self.lock().insert(n, Arc::clone(&job));
             if !job.state().is_final() {
                 let starting = Arc::clone(&job);
-                self.handle.spawn(async move { starting.start().await });
+                self.handle().spawn(async move { starting.start().await });
             }
             restored += 1;
         }
@@ -311,10 +303,10 @@ impl Jobs {
         record.progress = Default::default();
         record.skipped = 0;
         record.bad_samples.clear();
-        let planned = self.handle.spawn(Job::restore(
+        let planned = self.handle().spawn(Job::restore(
             record,
             Arc::clone(&self.session),
-            self.handle.clone(),
+            self.handle().clone(),
             None,
         ));
         let job = Arc::new(
@@ -327,7 +319,7 @@ impl Jobs {
         self.lock().insert(n, Arc::clone(&job));
         if !job.state().is_final() {
             let starting = Arc::clone(&job);
-            self.handle.spawn(async move { starting.start().await });
+            self.handle().spawn(async move { starting.start().await });
         }
         Ok(job)
     }
