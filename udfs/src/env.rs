@@ -294,10 +294,18 @@ impl UdfEnv {
     /// An environment with `options` whose UDFs record their time in
     /// `clock` (a job's, shared by all its streams).
     pub fn timed(options: UdfOptions, clock: Arc<StageClock>) -> Arc<Self> {
+        Self::cancelled_by(options, clock, Cancel::default())
+    }
+
+    /// The same as [`UdfEnv::timed`], stopped by `cancel`: a flag its
+    /// owner sets where the stop happens (a job's cancel, a reader's
+    /// stream dropped), not from a task that may wait for a thread behind
+    /// the very UDFs it would stop.
+    pub fn cancelled_by(options: UdfOptions, clock: Arc<StageClock>, cancel: Cancel) -> Arc<Self> {
         Arc::new(Self {
             options,
             errors: Arc::default(),
-            cancel: Cancel::default(),
+            cancel,
             clock,
             site: Site::default(),
         })

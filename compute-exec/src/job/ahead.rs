@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sluice_udfs::env::CancelOnDrop;
 use tokio::sync::mpsc;
 
 use super::error::JobError;
@@ -46,8 +47,27 @@ pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
 pub const AHEAD_ROOM: u64 =
     (super::stream::IN_FLIGHT + super::stream::HELD) as u64 * super::stream::WINDOW_BYTES;
 
-/// A stream's batches as its reader receives them.
-pub type Batches = mpsc::Receiver<Result<Delivery, JobError>>;
+/// A stream's batches as its reader receives them. Dropped (its reader
+/// left, or a read-ahead nobody took), it stops the stream's UDFs at their
+/// next row there and then: the stream's task, which would notice too,
+/// runs on the executor whose threads may all be inside those UDFs.
+#[derive(Debug)]
+pub struct Batches {
+    rx: mpsc::Receiver<Result<Delivery, JobError>>,
+    _stop: CancelOnDrop,
+}
+
+impl Batches {
+    /// The batches of `rx`, whose stream's UDFs `stop` stops.
+    pub fn new(rx: mpsc::Receiver<Result<Delivery, JobError>>, stop: CancelOnDrop) -> Self {
+        Self { rx, _stop: stop }
+    }
+
+    /// The next batch, or `None` at the stream's end.
+    pub async fn recv(&mut self) -> Option<Result<Delivery, JobError>> {
+        self.rx.recv().await
+    }
+}
 
 /// When a whole epoch's stream begins its rank's next epoch: once it has
 /// issued its last window *and* a reader reads it, whichever comes second
@@ -186,29 +206,41 @@ mod tests {
         assert!(!ahead.mark(NextEpoch::READ));
     }
 
+    type Sender = mpsc::Sender<Result<Delivery, JobError>>;
+
+    /// A stream's channel: its sender, its batches, and the flag that
+    /// stops its UDFs.
+    fn stream() -> (Sender, Batches, sluice_udfs::env::Cancel) {
+        let (tx, rx) = mpsc::channel(1);
+        let cancel = sluice_udfs::env::Cancel::default();
+        (tx, Batches::new(rx, cancel.on_drop()), cancel)
+    }
+
     #[test]
     fn a_read_ahead_is_claimed_once_by_its_rank_and_epoch() {
         let ahead = ReadAhead::default();
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx, _) = stream();
         let id = ahead.offer(0, 3, (rx, Arc::default()));
         assert!(ahead.has(0, 3));
         assert!(ahead.take(1, 3, true).is_none() && ahead.take(0, 2, true).is_none());
         assert!(ahead.take(0, 3, true).is_some());
         assert!(ahead.take(0, 3, true).is_none(), "claimed twice");
         assert!(ahead.was_asked(0, 3) && ahead.was_asked(1, 3) && !ahead.was_asked(0, 4));
-        // A request for part of an epoch drops what was begun for it.
-        let (tx5, rx5) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        // A request for part of an epoch drops what was begun for it, and
+        // its UDFs stop then, not when its task next runs.
+        let (tx5, rx5, stop5) = stream();
         ahead.offer(5, 0, (rx5, Arc::default()));
         assert!(ahead.take(5, 0, false).is_none());
-        assert!(tx5.is_closed() && !ahead.has(5, 0));
+        assert!(tx5.is_closed() && !ahead.has(5, 0) && stop5.is_cancelled());
         // Dropped (expired, forgotten): its producer sees the channel close.
-        let (tx2, rx2) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        let (tx2, rx2, stop2) = stream();
         let id2 = ahead.offer(0, 4, (rx2, Arc::default()));
         ahead.expire(id);
         assert!(ahead.has(0, 4), "expiring a claimed one drops nothing");
+        assert!(!stop2.is_cancelled());
         ahead.expire(id2);
-        assert!(tx2.is_closed() && !ahead.has(0, 4));
-        let (tx3, rx3) = mpsc::channel::<Result<Delivery, JobError>>(1);
+        assert!(tx2.is_closed() && !ahead.has(0, 4) && stop2.is_cancelled());
+        let (tx3, rx3, _) = stream();
         ahead.offer(2, 1, (rx3, Arc::default()));
         ahead.forget(2, 0);
         assert!(!tx3.is_closed(), "another epoch is kept");

@@ -24,7 +24,7 @@ use sluice_flight::gather::Gathered;
 use sluice_flight::{SLOT, StorageEndpoint};
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
-use sluice_udfs::env::BadSample;
+use sluice_udfs::env::{BadSample, Cancel};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
@@ -143,6 +143,9 @@ pub struct Job {
     stages: StageStats,
     /// Each rank's next epoch, begun before it is asked for.
     ahead: ReadAhead,
+    /// The flags that stop the UDFs of its streams running now (see
+    /// [`Job::cancel`]); a stream's is set when it ends, and pruned then.
+    live: Mutex<Vec<Cancel>>,
     schema: SchemaRef,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
@@ -289,6 +292,7 @@ impl Job {
             placed: plan,
             stages: StageStats::default(),
             ahead: ReadAhead::default(),
+            live: Mutex::default(),
             schema: Arc::new(Schema::new(fields)),
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
@@ -551,6 +555,17 @@ impl Job {
             inner.progress.release();
         }
         self.ahead.clear();
+        // Its streams' UDFs stop at their next row now: their tasks, which
+        // see the cancel too, run on the executor whose threads may all be
+        // inside those UDFs.
+        for stop in self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            stop.cancel();
+        }
         if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
             tracing::warn!("job {}: cannot remove its record: {e}", self.id);
         }
@@ -847,10 +862,17 @@ impl Job {
         next: Arc<NextEpoch>,
     ) -> Batches {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
+        let cancel = Cancel::default();
+        {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.retain(|c| !c.is_cancelled());
+            live.push(cancel.clone());
+        }
+        let batches = Batches::new(rx, cancel.on_drop());
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
             let mut cancelled = job.state.subscribe();
-            let work = job.produce(&ready, span, next, &tx);
+            let work = job.produce(&ready, span, next, &tx, cancel);
             let outcome = tokio::select! {
                 r = work => r,
                 _ = cancelled.wait_for(|s| *s == JobState::Cancelled) => {
@@ -871,7 +893,7 @@ impl Job {
                 let _closed = tx.send(Err(e)).await;
             }
         });
-        rx
+        batches
     }
 
     /// Whether `rank`'s `epoch` was begun ahead and waits for its reader.

@@ -46,6 +46,7 @@ use std::time::Duration;
 use datafusion::physical_plan::collect;
 use futures::StreamExt;
 use sluice_flight::{SLOT, StorageEndpoint};
+use sluice_udfs::env::Cancel;
 use sluice_udfs::{OnError, UdfEnv};
 use tokio::sync::mpsc;
 
@@ -168,6 +169,7 @@ impl Job {
         span: Span,
         next: Arc<NextEpoch>,
         tx: &mpsc::Sender<Result<Delivery, JobError>>,
+        cancel: Cancel,
     ) -> Result<(), JobError> {
         let Span {
             rank,
@@ -181,7 +183,7 @@ impl Job {
         // stage cache keeps them (a deterministic job's whole rows are the
         // output cache's).
         options.cache_stages = !self.placed().same_every_epoch();
-        let udfs = UdfEnv::timed(options, self.stage_stats().clock());
+        let udfs = UdfEnv::cancelled_by(options, self.stage_stats().clock(), cancel);
         // However this stream ends (the reader left, the job was cancelled,
         // a window failed), the UDFs of its windows stop at their next row.
         let _stop = udfs.cancel.on_drop();
