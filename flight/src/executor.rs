@@ -18,7 +18,11 @@
 //!
 //! Work spawned on an executor belongs to its caller: a job's windows are
 //! aborted when their stream goes (`compute-exec`'s `Abort`), a fragment's
-//! task ends when its receiver does. Dropping the last handle to an
+//! task ends when its receiver does. What stops work never waits for one
+//! of its threads: they may all be inside a UDF batch (one poll of many
+//! decodes), so a cancel or a departed reader sets the UDFs' cancel flag
+//! where it happens (`sluice_udfs::env::Cancel`), and the tasks that would
+//! notice later only tidy up. Dropping the last handle to an
 //! executor shuts its runtime down in the background (dropping a runtime
 //! blocks, which a runtime's own task must not).
 

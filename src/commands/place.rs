@@ -37,8 +37,12 @@ pub fn local_node(
     cores: Option<usize>,
     link_limit: Option<RateArg>,
 ) -> anyhow::Result<Arc<StorageNode>> {
-    let cores = cores.unwrap_or_else(sluice_planner::resources::machine_cores);
-    local_node_on(cli, Executor::new("sluice-storage", cores)?, link_limit)
+    Ok(StorageNode::new(
+        open_store(cli)?,
+        scan_options(cli),
+        cores.unwrap_or_else(sluice_planner::resources::machine_cores),
+        link_limit.and_then(|r| r.0),
+    )?)
 }
 
 /// An in-process storage node over the data dir whose fragments run on
@@ -48,10 +52,9 @@ pub fn local_node_on(
     executor: Arc<Executor>,
     link_limit: Option<RateArg>,
 ) -> anyhow::Result<Arc<StorageNode>> {
-    let store = open_store(cli)?;
     Ok(StorageNode::on(
         executor,
-        store,
+        open_store(cli)?,
         scan_options(cli),
         link_limit.and_then(|r| r.0),
     ))

@@ -231,18 +231,33 @@ pub const CANCELLED: &str = "the query was cancelled (its reader left or its job
 /// between frames, so the CPU stops within one row's (or one frame's)
 /// work of a cancel. Set by whoever owns the query's output stream, through
 /// [`Cancel::on_drop`].
+///
+/// A flag may be the [`Cancel::child`] of another (a job's stream of the
+/// job): cancelling the parent stops the child's work too, so whoever
+/// cancels a whole needs no list of its parts.
 #[derive(Debug, Clone, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+    parent: Option<Box<Cancel>>,
+}
 
 impl Cancel {
-    /// Stops the work.
+    /// Stops the work (and its children's).
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.flag.store(true, Ordering::Relaxed);
     }
 
-    /// Whether [`Cancel::cancel`] was called.
+    /// Whether [`Cancel::cancel`] was called on it or on a parent.
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.flag.load(Ordering::Relaxed) || self.parent.as_ref().is_some_and(|p| p.is_cancelled())
+    }
+
+    /// A flag of its own that this one's cancel sets too.
+    pub fn child(&self) -> Self {
+        Self {
+            flag: Arc::default(),
+            parent: Some(Box::new(self.clone())),
+        }
     }
 
     /// An error naming the cancel, once it happened.
@@ -327,6 +342,19 @@ impl UdfEnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parent_s_cancel_stops_its_children_and_not_the_other_way() {
+        let job = Cancel::default();
+        let (a, b) = (job.child(), job.child());
+        let guard = a.on_drop();
+        drop(guard);
+        assert!(a.is_cancelled() && !b.is_cancelled() && !job.is_cancelled());
+        assert!(b.check().is_ok());
+        job.cancel();
+        assert!(b.is_cancelled() && b.child().is_cancelled());
+        assert_eq!(b.check().unwrap_err(), CANCELLED);
+    }
 
     #[test]
     fn limits_name_the_one_exceeded() {

@@ -143,9 +143,8 @@ pub struct Job {
     stages: StageStats,
     /// Each rank's next epoch, begun before it is asked for.
     ahead: ReadAhead,
-    /// The flags that stop the UDFs of its streams running now (see
-    /// [`Job::cancel`]); a stream's is set when it ends, and pruned then.
-    live: Mutex<Vec<Cancel>>,
+    /// The parent of its streams' UDF cancel flags (see [`Job::cancel`]).
+    stop: Cancel,
     schema: SchemaRef,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
@@ -292,7 +291,7 @@ impl Job {
             placed: plan,
             stages: StageStats::default(),
             ahead: ReadAhead::default(),
-            live: Mutex::default(),
+            stop: Cancel::default(),
             schema: Arc::new(Schema::new(fields)),
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
@@ -558,14 +557,7 @@ impl Job {
         // Its streams' UDFs stop at their next row now: their tasks, which
         // see the cancel too, run on the executor whose threads may all be
         // inside those UDFs.
-        for stop in self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            stop.cancel();
-        }
+        self.stop.cancel();
         if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
             tracing::warn!("job {}: cannot remove its record: {e}", self.id);
         }
@@ -862,12 +854,7 @@ impl Job {
         next: Arc<NextEpoch>,
     ) -> Batches {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-        let cancel = Cancel::default();
-        {
-            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-            live.retain(|c| !c.is_cancelled());
-            live.push(cancel.clone());
-        }
+        let cancel = self.stop.child();
         let batches = Batches::new(rx, cancel.on_drop());
         let job = Arc::clone(self);
         self.runtime.spawn(async move {
