@@ -26,6 +26,7 @@
 //! Flight messages as above. `transport` in the ticket forces either way.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::{
@@ -207,18 +208,34 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
         })
         .await
         .map_err(|e| job_status(&e))?;
-    let messages = deliveries.flat_map(
-        move |d: Result<(Delivery, Vec<SlicedMessage>), JobError>| match d {
-            Ok((_, msgs)) => {
+    let messages = deliveries
+        .then(move |d: Result<(Delivery, Vec<SlicedMessage>), JobError>| {
+            let job = Arc::clone(&job);
+            async move {
+                let msgs = made(d.map_err(|e| job_status(&e))?.1).await?;
                 job.sent(flight_bytes(&msgs));
-                stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>())
+                Ok::<_, Status>(msgs)
             }
-            Err(e) => stream::iter(vec![Err(job_status(&e))]),
-        },
-    );
+        })
+        .flat_map(|m| match m {
+            Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
+            Err(s) => stream::iter(vec![Err(s)]),
+        });
     Ok(Box::pin(
         stream::once(async move { Ok(schema) }).chain(messages),
     ))
+}
+
+/// `msgs` with their computed pieces (finished columns, see
+/// [`crate::job::finish`]) made into bytes, on the blocking pool: the
+/// stage they run must not hold a thread that serves streams.
+async fn made(msgs: Vec<SlicedMessage>) -> Result<Vec<SlicedMessage>, Status> {
+    if !msgs.iter().any(SlicedMessage::has_computed) {
+        return Ok(msgs);
+    }
+    tokio::task::spawn_blocking(move || msgs.into_iter().map(SlicedMessage::made).collect())
+        .await
+        .map_err(|e| Status::internal(format!("cannot finish a batch: {e}")))
 }
 
 fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
@@ -333,7 +350,11 @@ impl ShmStream {
                 }
             }
         }
-        match encode(&d.rows, &meta) {
+        let msgs = match encode(&d.rows, &meta) {
+            Ok(msgs) => made(msgs).await,
+            Err(s) => Err(s),
+        };
+        match msgs {
             Ok(msgs) => {
                 self.job.sent(flight_bytes(&msgs));
                 out.extend(msgs.into_iter().map(Ok));

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::{Array, AsArray, RecordBatch};
 use futures::{StreamExt, TryStreamExt};
 use sluice_compute::job::{JobState, JobStore, PlanSpec, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
@@ -890,6 +890,152 @@ async fn one_executor_for_both_sides_reads_what_two_read() {
                 }
             }
             assert_eq!(got.state(), JobState::Done);
+        }
+    }
+}
+
+/// A PNG of `w`x`h` RGB pixels that vary with `seed`.
+fn png(w: u32, h: u32, seed: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([
+            (x * 37 + seed * 11) as u8,
+            (y * 53 + seed * 7) as u8,
+            ((x + y) * 29 + seed) as u8,
+        ])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// Rows by key: the bytes of column `x`'s values, or `None` for a NULL.
+fn rows_by_key(batches: &[RecordBatch]) -> std::collections::BTreeMap<String, Option<Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    for b in batches {
+        let keys = b.column_by_name("key").unwrap().as_string::<i32>();
+        let x = b.column_by_name("x").unwrap().as_fixed_size_list();
+        for i in 0..b.num_rows() {
+            let v = x.is_valid(i).then(|| {
+                let f = x.value(i);
+                f.as_primitive::<arrow::datatypes::Float32Type>()
+                    .values()
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            });
+            out.insert(keys.value(i).to_string(), v);
+        }
+    }
+    out
+}
+
+/// A batch's message read back, its body written as into a slot: each
+/// piece (a finished column's computed in place) into one buffer.
+fn read_back(
+    m: &sluice_flight::slices::SlicedMessage,
+    schema: &arrow::datatypes::SchemaRef,
+) -> RecordBatch {
+    let mut body = vec![0u8; m.body_len()];
+    let mut at = 0;
+    for p in &m.body {
+        p.write_to(&mut body[at..at + p.len()]);
+        at += p.len();
+    }
+    let msg = arrow::ipc::root_as_message(&m.header).unwrap();
+    arrow::ipc::reader::read_record_batch(
+        &arrow::buffer::Buffer::from(body),
+        msg.header_as_record_batch().unwrap(),
+        Arc::clone(schema),
+        &Default::default(),
+        None,
+        &msg.version(),
+    )
+    .unwrap()
+}
+
+/// A job whose last stage is `normalize` writes it as its batches are
+/// written out (see `job::finish`): whether the batch is made or encoded
+/// into a message, for every offload and error policy, the rows are those
+/// of the same SQL run as a query, where `normalize` is a stage of the
+/// plan; and the type the trainer sees is the query's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_normalize_gives_the_query_s_rows() {
+    use sluice_udfs::OnError as Policy;
+    let dir = tempfile::tempdir().unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = (0..11)
+        .map(|i| {
+            (
+                format!("c{}/img{i:02}.png", i % 2),
+                png(9 + i, 7 + i % 3, i),
+            )
+        })
+        .collect();
+    // A PNG whose header is whole and whose pixels are not: it ingests,
+    // and its decode fails.
+    let mut broken = png(8, 8, 99);
+    broken.truncate(60);
+    broken.extend_from_slice(&[0xAB; 40]);
+    files.push(("c0/broken.png".into(), broken));
+    let extra: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_slice()))
+        .collect();
+    let (_, node) = storage_node(dir.path(), "imgs", Vec::new(), &extra).await;
+    let node: Arc<dyn StorageEndpoint> = node;
+    let jobs = jobs(vec![node]);
+    // The broken image is NULL under `null`, skipped under `skip` (the
+    // check runs on the deferred column, NULL exactly where normalize's is).
+    let sql = "SELECT key, normalize(resize(decode_image(data), 6, 5), \
+               [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]) AS x FROM vecs";
+    for on_error in [Policy::Null, Policy::Skip] {
+        let udfs = sluice_udfs::UdfEnv::new(sluice_udfs::UdfOptions {
+            on_error: Policy::Null,
+            ..Default::default()
+        });
+        let stream = jobs
+            .session()
+            .execute(sql, sluice_planner::Offload::Auto, &udfs)
+            .await
+            .unwrap();
+        let queried: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+        let all = rows_by_key(&queried);
+        assert_eq!(all.len(), 12);
+        assert_eq!(all.values().filter(|v| v.is_none()).count(), 1);
+        let want: std::collections::BTreeMap<_, _> = all
+            .into_iter()
+            .filter(|(_, v)| on_error == Policy::Null || v.is_some())
+            .collect();
+        for offload in ["storage", "compute"] {
+            let mut s = JobSpec::sql(sql);
+            s.batch_size = 5;
+            s.on_error = on_error;
+            s.offload = sluice_compute::job::OffloadArg::Name(offload.into());
+            let job = jobs.submit(s).await.unwrap();
+            assert_eq!(
+                job.schema().field_with_name("x").unwrap(),
+                queried[0].schema().field_with_name("x").unwrap(),
+                "the trainer's type is the query's"
+            );
+            let deliveries: Vec<_> = job
+                .deliver(0, 0, 0, None)
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            assert!(
+                deliveries
+                    .iter()
+                    .all(|d| d.rows.encode().unwrap().has_computed()),
+                "normalize was deferred to the delivery"
+            );
+            let made: Vec<RecordBatch> = deliveries.iter().map(|d| d.batch().unwrap()).collect();
+            let encoded: Vec<RecordBatch> = deliveries
+                .iter()
+                .map(|d| read_back(&d.rows.encode().unwrap(), job.schema()))
+                .collect();
+            assert_eq!(made, encoded, "{on_error:?} {offload}");
+            assert_eq!(rows_by_key(&made), want, "{on_error:?} {offload}");
         }
     }
 }

@@ -74,13 +74,14 @@ pub fn frame(m: &SlicedMessage) -> Vec<Bytes> {
     }
     let mut out = Vec::new();
     for piece in &m.body {
+        let piece = piece.to_bytes();
         if piece.len() < COPY_BELOW {
-            head.put_slice(piece);
+            head.put_slice(&piece);
         } else {
             if !head.is_empty() {
                 out.push(head.split().freeze());
             }
-            out.push(piece.clone());
+            out.push(piece);
         }
     }
     if !head.is_empty() {
@@ -133,13 +134,18 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::piece::Piece;
 
     #[test]
     fn a_frame_is_the_protobuf_flight_data_prost_would_write() {
-        let body: Vec<Bytes> = vec![
-            Bytes::from(vec![7u8; 300]),
-            Bytes::from_static(&[0; 4]),
-            Bytes::from(vec![9u8; 70_000]),
+        let body: Vec<Piece> = vec![
+            Bytes::from(vec![7u8; 300]).into(),
+            Bytes::from_static(&[0; 4]).into(),
+            Bytes::from(vec![9u8; 70_000]).into(),
+            Piece::Computed {
+                len: 5000,
+                fill: std::sync::Arc::new(|d: &mut [u8]| d.fill(3)),
+            },
         ];
         for (header, meta, body) in [
             (Bytes::from_static(b"hdr"), Bytes::new(), body.clone()),
@@ -159,8 +165,10 @@ mod tests {
             let pieces = frame(&m);
             // The values go out as they are; the small pieces travel with
             // the prefix.
-            for big in m.body.iter().filter(|b| b.len() >= COPY_BELOW) {
-                assert!(pieces.iter().any(|p| p.as_ptr() == big.as_ptr()));
+            for big in m.body.iter().filter_map(|b| b.as_bytes()) {
+                if big.len() >= COPY_BELOW {
+                    assert!(pieces.iter().any(|p| p.as_ptr() == big.as_ptr()));
+                }
             }
             assert!(
                 pieces.len() <= 1 + 2 * m.body.iter().filter(|b| b.len() >= COPY_BELOW).count()

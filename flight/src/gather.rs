@@ -17,26 +17,37 @@
 //!
 //! Types [`crate::slices`] cannot lay out are interleaved and encoded the
 //! usual way, with the same bytes on the wire.
+//!
+//! A column may be *finished* ([`Gathered::finished`]): computed from the
+//! sources' column of the same place by a [`Finish`] as the body is
+//! written (a computed piece), so the stage that makes it writes its
+//! values once, where they are read.
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayData, RecordBatch};
-use arrow::buffer::{BooleanBuffer, Buffer};
-use arrow::compute::interleave_record_batch;
+use arrow::array::{Array, ArrayData, ArrayRef, FixedSizeListArray, RecordBatch, make_array};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
+use arrow::compute::{interleave, interleave_record_batch};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc;
 use bytes::Bytes;
 
+use crate::finish::{Finish, fixed_row_bytes};
+use crate::piece::Piece;
 use crate::slices::{ALIGN, PADDING, SlicedMessage, bytes_of, encode_copied, header, supported};
 
 /// Values shorter than this are copied into the body rather than shared.
 pub const SHARE_MIN: usize = 4096;
 
+/// Each column's finish, if it has one (see [`Gathered::finished`]).
+pub type Finishes = Arc<[Option<Arc<dyn Finish>>]>;
+
 /// Rows of `sources`, in order: see the module docs.
 #[derive(Debug, Clone)]
 pub struct Gathered {
     schema: SchemaRef,
+    finishes: Option<Finishes>,
     sources: Arc<Vec<RecordBatch>>,
     rows: Arc<[(usize, usize)]>,
     start: usize,
@@ -51,8 +62,30 @@ impl Gathered {
         sources: Vec<RecordBatch>,
         rows: Vec<(usize, usize)>,
     ) -> Result<Self, ArrowError> {
+        Self::finished(schema, None, sources, rows)
+    }
+
+    /// [`Gathered::new`], where column `c` of `schema` is computed by
+    /// `finishes[c]` (when it has one) from the sources' column `c`, as
+    /// the body is written.
+    pub fn finished(
+        schema: SchemaRef,
+        finishes: Option<Finishes>,
+        sources: Vec<RecordBatch>,
+        rows: Vec<(usize, usize)>,
+    ) -> Result<Self, ArrowError> {
+        if let Some(f) = &finishes {
+            check_finishes(&schema, f)?;
+        }
         for s in &sources {
-            if s.schema_ref().fields() != schema.fields() {
+            let fields = s.schema_ref().fields();
+            let same = fields.len() == schema.fields().len()
+                && fields
+                    .iter()
+                    .zip(schema.fields())
+                    .enumerate()
+                    .all(|(c, (a, b))| finish_of(finishes.as_ref(), c).is_some() || a == b);
+            if !same {
                 return Err(ArrowError::SchemaError(
                     "a gathered batch's sources must have its columns".into(),
                 ));
@@ -70,6 +103,7 @@ impl Gathered {
         let len = rows.len();
         Ok(Self {
             schema,
+            finishes,
             sources: Arc::new(sources),
             rows: rows.into(),
             start: 0,
@@ -82,6 +116,7 @@ impl Gathered {
         let rows: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
         Self {
             schema: batch.schema(),
+            finishes: None,
             sources: Arc::new(vec![batch.clone()]),
             len: rows.len(),
             rows: rows.into(),
@@ -93,6 +128,7 @@ impl Gathered {
     pub fn empty(schema: SchemaRef) -> Self {
         Self {
             schema,
+            finishes: None,
             sources: Arc::new(Vec::new()),
             rows: Arc::new([]),
             start: 0,
@@ -130,8 +166,29 @@ impl Gathered {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
         let refs: Vec<&RecordBatch> = self.sources.iter().collect();
-        let b = interleave_record_batch(&refs, self.rows())?;
-        RecordBatch::try_new(Arc::clone(&self.schema), b.columns().to_vec())
+        let Some(finishes) = &self.finishes else {
+            let b = interleave_record_batch(&refs, self.rows())?;
+            return RecordBatch::try_new(Arc::clone(&self.schema), b.columns().to_vec());
+        };
+        let runs = runs(self.rows());
+        let mut columns = Vec::with_capacity(self.schema.fields().len());
+        for (c, field) in self.schema.fields().iter().enumerate() {
+            let sources: Vec<ArrayRef> = self
+                .sources
+                .iter()
+                .map(|s| Arc::clone(s.column(c)))
+                .collect();
+            columns.push(match &finishes[c] {
+                None => {
+                    let arrays: Vec<&dyn Array> = sources.iter().map(|a| a.as_ref()).collect();
+                    interleave(&arrays, self.rows())?
+                }
+                Some(f) => {
+                    finished_column(field.data_type(), f.as_ref(), &sources, &runs, self.len)?
+                }
+            });
+        }
+        RecordBatch::try_new(Arc::clone(&self.schema), columns)
     }
 
     /// The record-batch message of these rows; see the module docs.
@@ -141,12 +198,9 @@ impl Gathered {
 
     /// [`Gathered::encode`], sharing values of `share_min` bytes or more.
     pub(crate) fn encode_sharing(&self, share_min: usize) -> Result<SlicedMessage, ArrowError> {
-        if !self
-            .schema
-            .fields()
-            .iter()
-            .all(|f| supported(f.data_type()))
-        {
+        if !self.schema.fields().iter().enumerate().all(|(c, f)| {
+            finish_of(self.finishes.as_ref(), c).is_some() || supported(f.data_type())
+        }) {
             return encode_copied(&self.to_batch()?);
         }
         let runs = runs(self.rows());
@@ -157,7 +211,10 @@ impl Gathered {
         for (c, field) in self.schema.fields().iter().enumerate() {
             let datas: Vec<ArrayData> =
                 self.sources.iter().map(|s| s.column(c).to_data()).collect();
-            write(field.data_type(), &datas, &runs, self.len, &mut body);
+            match finish_of(self.finishes.as_ref(), c) {
+                None => write(field.data_type(), &datas, &runs, self.len, &mut body),
+                Some(f) => self.write_finished(c, f, &datas, &runs, &mut body),
+            }
         }
         body.flush();
         Ok(SlicedMessage {
@@ -165,6 +222,52 @@ impl Gathered {
             body: body.pieces,
             app_metadata: Bytes::new(),
         })
+    }
+
+    /// Lays out finished column `c` (a fixed-size list, see
+    /// [`crate::finish`]): the sources' nulls, and its values as one
+    /// computed piece that `f` writes where the body goes.
+    fn write_finished(
+        &self,
+        c: usize,
+        f: &Arc<dyn Finish>,
+        datas: &[ArrayData],
+        runs: &[Run],
+        body: &mut Body,
+    ) {
+        let n = self.len;
+        let k = match self.schema.field(c).data_type() {
+            DataType::FixedSizeList(_, k) => *k as usize,
+            _ => unreachable!("a finished column is a fixed-size list (checked when made)"),
+        };
+        let null_count: usize = runs
+            .iter()
+            .map(|&(s, a, l)| nulls_in(&datas[s], a, l))
+            .sum();
+        body.nodes
+            .push(ipc::FieldNode::new(n as i64, null_count as i64));
+        if null_count > 0 {
+            body.owned(&bitmap(datas, runs, n, |d| {
+                d.nulls().map(|n| n.inner().clone())
+            }));
+        } else {
+            body.owned(&[]);
+        }
+        body.nodes.push(ipc::FieldNode::new((n * k) as i64, 0));
+        body.owned(&[]);
+        let row = f.row_bytes();
+        let columns: Vec<ArrayRef> = self
+            .sources
+            .iter()
+            .map(|s| Arc::clone(s.column(c)))
+            .collect();
+        let (f, runs) = (Arc::clone(f), runs.to_vec());
+        body.begin();
+        body.computed(
+            n * row,
+            Arc::new(move |out: &mut [u8]| write_runs(f.as_ref(), &columns, &runs, row, out)),
+        );
+        body.end();
     }
 
     /// The messages of these rows, cut by rows so that each body stays
@@ -185,6 +288,87 @@ impl Gathered {
     }
 }
 
+/// The finish of column `c`, if it has one.
+fn finish_of(finishes: Option<&Finishes>, c: usize) -> Option<&Arc<dyn Finish>> {
+    finishes.and_then(|f| f.get(c)).and_then(Option::as_ref)
+}
+
+/// Checks that `finishes` has one entry per column of `schema` and that
+/// each finished column is a fixed-size list of the finish's row size.
+fn check_finishes(schema: &SchemaRef, finishes: &Finishes) -> Result<(), ArrowError> {
+    if finishes.len() != schema.fields().len() {
+        return Err(ArrowError::SchemaError(format!(
+            "{} finishes for {} columns",
+            finishes.len(),
+            schema.fields().len()
+        )));
+    }
+    for (field, f) in schema.fields().iter().zip(finishes.iter()) {
+        if let Some(f) = f
+            && fixed_row_bytes(field.data_type()) != Some(f.row_bytes())
+        {
+            return Err(ArrowError::SchemaError(format!(
+                "column {} of type {} cannot be finished in rows of {} bytes",
+                field.name(),
+                field.data_type(),
+                f.row_bytes()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the runs' rows of `columns` (one per source), finished by `f`
+/// (`row` bytes each), one after another into `out`.
+fn write_runs(f: &dyn Finish, columns: &[ArrayRef], runs: &[Run], row: usize, out: &mut [u8]) {
+    let mut at = 0;
+    for &(s, start, len) in runs {
+        f.write(&columns[s], start, len, &mut out[at..at + len * row]);
+        at += len * row;
+    }
+}
+
+/// The finished column of type `dt` of the runs of `sources`, made.
+fn finished_column(
+    dt: &DataType,
+    f: &dyn Finish,
+    sources: &[ArrayRef],
+    runs: &[Run],
+    n: usize,
+) -> Result<ArrayRef, ArrowError> {
+    let DataType::FixedSizeList(item, k) = dt else {
+        unreachable!("a finished column is a fixed-size list (checked when made)");
+    };
+    let row = f.row_bytes();
+    let mut values = MutableBuffer::from_len_zeroed(n * row);
+    write_runs(f, sources, runs, row, values.as_slice_mut());
+    let values = make_array(
+        ArrayData::builder(item.data_type().clone())
+            .len(n * *k as usize)
+            .add_buffer(values.into())
+            .build()?,
+    );
+    let datas: Vec<ArrayData> = sources.iter().map(|a| a.to_data()).collect();
+    let nulls = runs
+        .iter()
+        .any(|&(s, a, l)| nulls_in(&datas[s], a, l) > 0)
+        .then(|| {
+            NullBuffer::new(BooleanBuffer::new(
+                Buffer::from(bitmap(&datas, runs, n, |d| {
+                    d.nulls().map(|n| n.inner().clone())
+                })),
+                0,
+                n,
+            ))
+        });
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        Arc::clone(item),
+        *k,
+        values,
+        nulls,
+    )?))
+}
+
 /// `(source, first row, rows)`: consecutive rows of one source as one run.
 type Run = (usize, usize, usize);
 
@@ -203,7 +387,7 @@ fn runs(rows: &[(usize, usize)]) -> Vec<Run> {
 /// piece between them, and the buffers' places.
 #[derive(Default)]
 struct Body {
-    pieces: Vec<Bytes>,
+    pieces: Vec<Piece>,
     small: Vec<u8>,
     buffers: Vec<ipc::Buffer>,
     nodes: Vec<ipc::FieldNode>,
@@ -231,14 +415,24 @@ impl Body {
         }
         self.flush();
         self.pieces
-            .push(bytes_of(buf.slice_with_length(offset, len)));
+            .push(Piece::Bytes(bytes_of(buf.slice_with_length(offset, len))));
+        self.len += len;
+    }
+
+    /// `len` bytes that `fill` writes where the body goes.
+    fn computed(&mut self, len: usize, fill: crate::piece::Fill) {
+        if len == 0 {
+            return;
+        }
+        self.flush();
+        self.pieces.push(Piece::Computed { len, fill });
         self.len += len;
     }
 
     fn flush(&mut self) {
         if !self.small.is_empty() {
             self.pieces
-                .push(Bytes::from(std::mem::take(&mut self.small)));
+                .push(Piece::Bytes(Bytes::from(std::mem::take(&mut self.small))));
         }
     }
 
@@ -474,10 +668,122 @@ mod tests {
         let g = Gathered::new(schema, vec![source], rows).unwrap();
         let m = g.encode().unwrap();
         let at = |off: usize| buffer.as_ptr() as usize + off;
-        assert!(m.body.iter().any(|p| p.as_ptr() as usize == at(4096 * 4)));
-        assert!(m.body.iter().any(|p| p.as_ptr() as usize == at(0)));
+        let shared = |want: usize| {
+            m.body
+                .iter()
+                .filter_map(|p| p.as_bytes())
+                .any(|p| p.as_ptr() as usize == want)
+        };
+        assert!(shared(at(4096 * 4)) && shared(at(0)));
         let got = decode(&m, g.schema());
         assert_eq!(got, g.to_batch().unwrap());
+    }
+
+    /// Finishes an Int32 column as `[v, -v]` float32 pairs.
+    #[derive(Debug)]
+    struct Pairs;
+
+    impl Finish for Pairs {
+        fn row_bytes(&self) -> usize {
+            8
+        }
+
+        fn write(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]) {
+            let a = source
+                .as_any()
+                .downcast_ref::<arrow::array::Int32Array>()
+                .unwrap();
+            for (r, o) in (start..start + len).zip(out.chunks_exact_mut(8)) {
+                let v = if a.is_null(r) { 0.0 } else { a.value(r) as f32 };
+                let w = if a.is_null(r) { 0.0 } else { -v };
+                o[..4].copy_from_slice(&v.to_ne_bytes());
+                o[4..].copy_from_slice(&w.to_ne_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn a_finished_column_is_computed_where_the_body_is_written() {
+        use arrow::array::{Float32Array, Int32Array, StringArray};
+        use arrow::datatypes::{Field, Schema};
+        let source = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, true),
+            Field::new("v", DataType::Int32, true),
+        ]));
+        let item = Arc::new(Field::new_list_field(DataType::Float32, false));
+        let out = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, true),
+            Field::new("v", DataType::FixedSizeList(Arc::clone(&item), 2), true),
+        ]));
+        let batch = |from: i32, n: i32| {
+            let v: Int32Array = (from..from + n)
+                .map(|i| (i % 5 != 0).then_some(i))
+                .collect();
+            let names: StringArray = (from..from + n).map(|i| Some(format!("s{i}"))).collect();
+            RecordBatch::try_new(Arc::clone(&source), vec![Arc::new(names), Arc::new(v)]).unwrap()
+        };
+        let sources = vec![batch(0, 9), batch(100, 7)];
+        let rows: Vec<(usize, usize)> = [
+            (1, 3),
+            (0, 0),
+            (0, 1),
+            (0, 2),
+            (1, 0),
+            (0, 5),
+            (1, 6),
+            (0, 8),
+        ]
+        .to_vec();
+        let finishes: Finishes = Arc::from(vec![None, Some(Arc::new(Pairs) as Arc<dyn Finish>)]);
+        let g = Gathered::finished(
+            Arc::clone(&out),
+            Some(finishes),
+            sources.clone(),
+            rows.clone(),
+        )
+        .unwrap();
+        // What the finished column is: the rows' values and their negatives,
+        // NULL (zeros underneath) where the source is.
+        let mut values = Vec::new();
+        let mut nulls = Vec::new();
+        for &(s, r) in &rows {
+            let a = sources[s]
+                .column(1)
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap();
+            let v = if a.is_null(r) { 0.0 } else { a.value(r) as f32 };
+            values.extend([v, if a.is_null(r) { 0.0 } else { -v }]);
+            nulls.push(a.is_valid(r));
+        }
+        let want = FixedSizeListArray::try_new(
+            item,
+            2,
+            Arc::new(Float32Array::from(values)),
+            Some(NullBuffer::from(nulls)),
+        )
+        .unwrap();
+        let made = g.to_batch().unwrap();
+        assert_eq!(made.column(1).as_ref(), &want as &dyn Array);
+        let m = g.encode().unwrap();
+        assert!(m.has_computed());
+        assert_eq!(decode(&m, g.schema()), made);
+        assert_eq!(decode(&m.clone().made(), g.schema()), made);
+        assert!(!m.made().has_computed());
+        for (start, len) in [(0, 1), (2, 5), (7, 1)] {
+            let s = g.slice(start, len);
+            assert_eq!(
+                decode(&s.encode().unwrap(), g.schema()),
+                made.slice(start, len)
+            );
+        }
+        // A column of another size is refused.
+        let wrong = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, true),
+            Field::new("v", DataType::Float64, true),
+        ]));
+        let finishes: Finishes = Arc::from(vec![None, Some(Arc::new(Pairs) as Arc<dyn Finish>)]);
+        assert!(Gathered::finished(wrong, Some(finishes), sources, rows).is_err());
     }
 
     #[test]

@@ -24,6 +24,9 @@
 //!   batch's own buffers, and their gRPC frames written without copying
 //!   them (the trainer streams); [`gather`]: the same for rows picked
 //!   from other batches, never made into a batch of their own;
+//!   [`piece`]: a stretch of such a body, which may be computed where it
+//!   is written; [`finish`]: a column so computed, the job's last
+//!   elementwise stage run as its rows are written out;
 //! - [`shm`]: shared-memory segments that carry a job's batches to a
 //!   trainer on the same host, Flight carrying only control messages;
 //! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
@@ -50,11 +53,13 @@ pub mod error_details;
 pub mod executor;
 pub mod fault;
 pub mod feed;
+pub mod finish;
 pub mod frames;
 pub mod gather;
 pub mod ingest;
 pub mod kept;
 pub mod messages;
+pub mod piece;
 pub mod scan;
 pub mod shm;
 pub mod slices;

@@ -383,7 +383,9 @@ impl Segment {
         dst[8 + m.header.len()..8 + meta_len].fill(0);
         let mut at = 8 + meta_len;
         for piece in &m.body {
-            dst[at..at + piece.len()].copy_from_slice(piece);
+            // A computed piece (a finished column) writes its values here,
+            // once.
+            piece.write_to(&mut dst[at..at + piece.len()]);
             at += piece.len();
         }
         len

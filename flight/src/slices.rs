@@ -23,15 +23,17 @@ use bytes::Bytes;
 use flatbuffers::FlatBufferBuilder;
 
 use crate::gather::Gathered;
+use crate::piece::Piece;
 
 /// One Flight message: an IPC flatbuffer header, its body in pieces (each
-/// buffer followed by its padding to 8 bytes), and app metadata.
+/// buffer followed by its padding to 8 bytes; a piece may be computed where
+/// it is written, see [`Piece`]), and app metadata.
 #[derive(Debug, Clone, Default)]
 pub struct SlicedMessage {
     /// The IPC `Message` flatbuffer (FlightData's `data_header`).
     pub header: Bytes,
     /// The body (FlightData's `data_body`) as consecutive pieces.
-    pub body: Vec<Bytes>,
+    pub body: Vec<Piece>,
     /// FlightData's `app_metadata`.
     pub app_metadata: Bytes,
 }
@@ -39,7 +41,29 @@ pub struct SlicedMessage {
 impl SlicedMessage {
     /// Bytes of the body.
     pub fn body_len(&self) -> usize {
-        self.body.iter().map(Bytes::len).sum()
+        self.body.iter().map(Piece::len).sum()
+    }
+
+    /// Whether a piece of its body is computed where it is written.
+    pub fn has_computed(&self) -> bool {
+        self.body.iter().any(Piece::is_computed)
+    }
+
+    /// The message with its computed pieces made into bytes (for a
+    /// consumer that sends bytes: call it off the runtime that serves
+    /// streams, the pieces run a stage).
+    pub fn made(self) -> Self {
+        if !self.has_computed() {
+            return self;
+        }
+        Self {
+            body: self
+                .body
+                .iter()
+                .map(|p| Piece::Bytes(p.to_bytes()))
+                .collect(),
+            ..self
+        }
     }
 
     /// The message as a [`FlightData`] for tonic's encoder (the body is
@@ -48,8 +72,16 @@ impl SlicedMessage {
     pub fn to_flight_data(&self) -> FlightData {
         let body = match self.body.as_slice() {
             [] => Bytes::new(),
-            [one] => one.clone(),
-            many => Bytes::from(many.concat()),
+            [one] => one.to_bytes(),
+            many => {
+                let mut out = vec![0u8; self.body_len()];
+                let mut at = 0;
+                for p in many {
+                    p.write_to(&mut out[at..at + p.len()]);
+                    at += p.len();
+                }
+                Bytes::from(out)
+            }
         };
         FlightData::new()
             .with_data_header(self.header.clone())
@@ -65,7 +97,7 @@ impl From<FlightData> for SlicedMessage {
             body: if d.data_body.is_empty() {
                 Vec::new()
             } else {
-                vec![d.data_body]
+                vec![Piece::Bytes(d.data_body)]
             },
             app_metadata: d.app_metadata,
         }
@@ -162,7 +194,7 @@ pub(crate) fn encode_copied(
     }
     Ok(SlicedMessage {
         header: Bytes::from(data.ipc_message),
-        body: vec![Bytes::from(data.arrow_data)],
+        body: vec![Piece::Bytes(Bytes::from(data.arrow_data))],
         app_metadata: Bytes::new(),
     })
 }
@@ -247,7 +279,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn decode(m: &SlicedMessage, schema: &Arc<Schema>) -> RecordBatch {
-        let body: Vec<u8> = m.body.iter().flat_map(|b| b.iter().copied()).collect();
+        let body: Vec<u8> = m.body.iter().flat_map(|b| b.to_bytes()).collect();
         let msg = root_as_message(&m.header).unwrap();
         assert_eq!(msg.bodyLength() as usize, body.len());
         let rb = msg.header_as_record_batch().unwrap();
@@ -279,7 +311,10 @@ pub(crate) mod tests {
         let m = encode_batch(&b.slice(8, 16)).unwrap();
         let want = values.as_ptr() as usize + 8 * 6 * 4;
         assert!(
-            m.body.iter().any(|p| p.as_ptr() as usize == want),
+            m.body
+                .iter()
+                .filter_map(|p| p.as_bytes())
+                .any(|p| p.as_ptr() as usize == want),
             "no body piece points into the tensor's buffer"
         );
     }

@@ -19,7 +19,7 @@ import pytest
 
 import sluice
 from sluice import _shm
-from serve import metric, sample_server
+from serve import SLUICE, metric, sample_server
 
 if not os.access("/dev/shm", os.W_OK):
     pytest.skip("no writable /dev/shm on this machine: shared-memory delivery cannot be used "
@@ -58,6 +58,35 @@ def test_shm_and_flight_deliver_the_same_bytes(server):
     assert mid["shm"] > before["shm"]
     assert after["shm"] == mid["shm"]
     assert after["trainer"] > mid["trainer"]
+
+
+NORMALIZED = ("SELECT key, normalize(resize(decode_image(data), 20, 16), [0.485, 0.456, 0.406], "
+              "[0.229, 0.224, 0.225]) AS image FROM pets")
+
+
+def test_a_normalize_written_into_the_slot_is_the_query_s_normalize(server):
+    """A job's last stage, normalize, runs as its rows are written out (into
+    the slot, or into the Flight message): the bytes are those of the same
+    SQL run as a query, where normalize is a stage of the plan."""
+    proc, c, _ = server
+    job = c.submit(NORMALIZED, batch_size=7, epochs=1)
+    job.wait()
+    r_shm = job.reader(0, 0, transport="shm")
+    shm = pa.Table.from_batches(list(r_shm.batches()))
+    fl = pa.Table.from_batches(list(job.reader(0, 0, transport="flight").batches()))
+    assert r_shm.transport_used == "shm"
+    assert shm.num_rows == 120
+    assert shm.equals(fl)
+    assert isinstance(shm.schema.field("image").type, pa.FixedShapeTensorType)
+    out = subprocess.run([SLUICE, "sql", "--connect",
+                          c.flight_address(), "--format", "arrow", NORMALIZED + " ORDER BY key"],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    want = pa.ipc.open_stream(out.stdout).read_all()
+    got = shm.sort_by("key")
+    assert got.schema.equals(want.schema)
+    assert got.column("key").equals(want.column("key"))
+    assert got.column("image").equals(want.column("image"))
 
 
 def test_forcing_shm_without_the_host_says_why(server):

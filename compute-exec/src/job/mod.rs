@@ -25,6 +25,8 @@
 //! - [`window_rows`]: a window's output row by slot, from its plan, the
 //!   output cache or both;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
+//! - [`finish`]: the last stage (normalize) run as batches are written
+//!   out, into the trainer's slot;
 //! - [`status`]: states, progress, rates, bytes per tier;
 //! - [`stages`]: per-stage statistics — rates, time per sample, queues,
 //!   the bottleneck and its headroom;
@@ -40,6 +42,7 @@ pub mod ahead;
 pub mod budget;
 pub mod cluster;
 pub mod error;
+pub mod finish;
 pub mod in_order;
 pub mod index;
 pub mod order;

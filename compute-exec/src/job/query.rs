@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::Schema;
+use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{Column, TableReference};
 use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
@@ -18,11 +18,13 @@ use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScan, TableScanBuilder,
 };
 use sluice_flight::SLOT;
+use sluice_flight::gather::Finishes;
 use sluice_flight::scan::slot_field;
 use sluice_planner::pipeline::Pipeline;
 use sluice_udfs::{StageClock, UdfEnv, UdfOptions};
 
 use super::error::JobError;
+use super::finish::{Deferred, defer};
 use super::spec::JobSpec;
 use crate::remote::RemoteDatasetTable;
 use crate::session::{ComputeSession, Prepared};
@@ -76,6 +78,19 @@ fn pipeline_of(prepared: &Prepared) -> Result<Pipeline, JobError> {
         ));
     }
     Ok(p)
+}
+
+/// The plan every window of a job runs, and how its rows become the
+/// job's columns.
+#[derive(Debug)]
+pub struct WindowPlan {
+    /// The plan (its outputs, then [`SLOT`]).
+    pub plan: LogicalPlan,
+    /// The job's columns, as its SQL names and types them.
+    pub columns: SchemaRef,
+    /// The columns finished as batches are written out, from the plan's
+    /// output of the same place (see [`super::finish`]).
+    pub finishes: Option<Finishes>,
 }
 
 /// A job's SQL, prepared on `session` under `options`, with its pipeline.
@@ -135,12 +150,21 @@ impl JobQuery {
     }
 
     /// The plan every window runs: the pipeline over the slotted scan,
-    /// its outputs and [`SLOT`]; optimized, not yet placed.
-    pub fn window_plan(&self) -> Result<LogicalPlan, JobError> {
+    /// its outputs (less the stages deferred to delivery: see
+    /// [`super::finish`]) and [`SLOT`]; optimized, not yet placed.
+    pub fn window_plan(&self) -> Result<WindowPlan, JobError> {
         let internal = |e: datafusion::error::DataFusionError| JobError::Internal(e.to_string());
         let scan = self.slotted_scan().map_err(internal)?;
         let qualifier = Some::<TableReference>(scan.table_name.clone());
-        let mut exprs = self.pipeline.projection.expr.clone();
+        let projection = &self.pipeline.projection;
+        let Deferred {
+            mut exprs,
+            finishes,
+        } = defer(
+            &projection.expr,
+            projection.input.schema(),
+            &projection.schema,
+        );
         exprs.push(Expr::Column(Column::new(qualifier, SLOT)));
         let mut b = LogicalPlanBuilder::from(LogicalPlan::TableScan(scan));
         b = b.project(exprs).map_err(internal)?;
@@ -148,8 +172,16 @@ impl JobQuery {
             b = b.filter(checks).map_err(internal)?;
         }
         let plan = b.build().map_err(internal)?;
-        self.prepared
+        let plan = self
+            .prepared
             .optimize(plan)
-            .map_err(|e| JobError::InvalidSql(e.to_string()))
+            .map_err(|e| JobError::InvalidSql(e.to_string()))?;
+        // The job's columns: the pipeline's, whatever the windows make.
+        let columns = Arc::new(projection.schema.as_arrow().clone());
+        Ok(WindowPlan {
+            plan,
+            columns,
+            finishes,
+        })
     }
 }

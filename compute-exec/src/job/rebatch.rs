@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use sluice_flight::gather::Gathered;
+use sluice_flight::gather::{Finishes, Gathered};
 
 use super::error::JobError;
 use super::run::{Delivery, Hold};
@@ -29,6 +29,7 @@ fn internal(e: impl std::fmt::Display) -> JobError {
 #[derive(Debug)]
 pub struct Rebatcher {
     schema: SchemaRef,
+    finishes: Option<Finishes>,
     batch_size: usize,
     /// Each window batch with its window's hold (the same for all of a
     /// window's batches).
@@ -39,10 +40,18 @@ pub struct Rebatcher {
 }
 
 impl Rebatcher {
-    /// Batches of `batch_size` rows of `schema`, from position `from`.
-    pub fn new(schema: SchemaRef, batch_size: usize, from: u64) -> Self {
+    /// Batches of `batch_size` rows of `schema` (its columns that have a
+    /// finish made by it from the windows', see [`Gathered::finished`]),
+    /// from position `from`.
+    pub fn new(
+        schema: SchemaRef,
+        finishes: Option<Finishes>,
+        batch_size: usize,
+        from: u64,
+    ) -> Self {
         Self {
             schema,
+            finishes,
             batch_size: batch_size.max(1),
             sources: Vec::new(),
             rows: Vec::new(),
@@ -111,7 +120,13 @@ impl Rebatcher {
         let rows = if n == 0 {
             Gathered::empty(Arc::clone(&self.schema))
         } else {
-            Gathered::new(Arc::clone(&self.schema), sources, rows).map_err(internal)?
+            Gathered::finished(
+                Arc::clone(&self.schema),
+                self.finishes.clone(),
+                sources,
+                rows,
+            )
+            .map_err(internal)?
         };
         self.rows.drain(..n);
         self.positions.drain(..n);
@@ -182,7 +197,7 @@ mod tests {
 
     #[test]
     fn rows_come_back_in_slot_order_in_full_batches() {
-        let mut r = Rebatcher::new(schema(), 2, 10);
+        let mut r = Rebatcher::new(schema(), None, 2, 10);
         // Positions 10..13 are slots 0, 1, 2; the window sends them
         // shuffled over two batches, and slot 2 is missing (skipped).
         let missing = r.add(window(&[(&[1], &[1]), (&[0], &[3])], 3), 10, Arc::new(()));
@@ -215,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_window_is_held_until_the_last_batch_with_its_rows_is_gone() {
-        let mut r = Rebatcher::new(schema(), 2, 0);
+        let mut r = Rebatcher::new(schema(), None, 2, 0);
         let (a, b): (Hold, Hold) = (Arc::new(()), Arc::new(()));
         let (wa, wb) = (Arc::downgrade(&a), Arc::downgrade(&b));
         // Window a: positions 0..3; window b: 3..5.

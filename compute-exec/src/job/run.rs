@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use futures::{Stream, TryStreamExt};
-use sluice_flight::gather::Gathered;
+use sluice_flight::gather::{Finishes, Gathered};
 use sluice_flight::{SLOT, StorageEndpoint};
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
@@ -34,7 +34,7 @@ use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::placed::JobPlan;
-use super::query::{JobQuery, udf_options};
+use super::query::{JobQuery, WindowPlan, udf_options};
 use super::report::{NodeReport, Reported};
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
@@ -145,7 +145,12 @@ pub struct Job {
     ahead: ReadAhead,
     /// The parent of its streams' UDF cancel flags (see [`Job::cancel`]).
     stop: Cancel,
+    /// Its columns, as trainers receive them.
     schema: SchemaRef,
+    /// The columns its windows make: [`Job::schema`]'s, but for those
+    /// finished as batches are written out (see [`super::finish`]).
+    rows_schema: SchemaRef,
+    finishes: Option<Finishes>,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
     bad: ErrorLog,
@@ -263,7 +268,11 @@ impl Job {
                 out
             }
         };
-        let window = query.window_plan()?;
+        let WindowPlan {
+            plan: window,
+            columns,
+            finishes,
+        } = query.window_plan()?;
         let placed = query
             .prepared
             .place(window.clone(), offload)
@@ -275,6 +284,18 @@ impl Job {
             .iter()
             .filter(|f| f.name() != SLOT)
             .cloned()
+            .collect();
+        // A finished column is the SQL's; the windows make its input.
+        let rows_schema = Arc::new(Schema::new(fields.clone()));
+        let fields: Vec<_> = fields
+            .into_iter()
+            .enumerate()
+            .map(
+                |(i, f)| match finishes.as_ref().and_then(|d| d[i].as_ref()) {
+                    Some(_) => Arc::clone(&columns.fields()[i]),
+                    None => f,
+                },
+            )
             .collect();
         let table_schema = query.pipeline.scan.source.schema();
         let filters = query.filters();
@@ -293,6 +314,8 @@ impl Job {
             ahead: ReadAhead::default(),
             stop: Cancel::default(),
             schema: Arc::new(Schema::new(fields)),
+            rows_schema,
+            finishes,
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
                 error: None,
@@ -460,6 +483,16 @@ impl Job {
     /// The schema of its batches.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// The columns its windows make, before the finishes.
+    pub(super) fn rows_schema(&self) -> &SchemaRef {
+        &self.rows_schema
+    }
+
+    /// The columns finished as its batches are written out.
+    pub(super) fn finishes(&self) -> Option<&Finishes> {
+        self.finishes.as_ref()
     }
 
     /// Why its stages run where they do now.

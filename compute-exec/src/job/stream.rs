@@ -232,7 +232,7 @@ impl Job {
         // A deterministic job's rows are kept for its later epochs (and
         // other jobs of the same identity): see `outputs`.
         let outputs = self.output_cache(&ready.index);
-        let schema = Arc::clone(self.schema());
+        let schema = Arc::clone(self.rows_schema());
         let windows = starts.map(move |(start, len)| {
             let stop = (start + len).min(to);
             if stop >= to
@@ -315,7 +315,12 @@ impl Job {
             None
         };
         let mut made = 0u64;
-        let mut rebatch = Rebatcher::new(Arc::clone(self.schema()), batch as usize, from);
+        let mut rebatch = Rebatcher::new(
+            Arc::clone(self.schema()),
+            self.finishes().cloned(),
+            batch as usize,
+            from,
+        );
         let mut reported = 0;
         // Bad samples met since the last batch sent (see `Delivery::bad`).
         let mut unsent_bad = None;

@@ -1,5 +1,7 @@
 //! uint8 HWC → float32 CHW with per-channel mean and standard deviation.
 
+use std::mem::MaybeUninit;
+
 use crate::tensor::ImageRef;
 
 /// `(x/255 - m)/s` for every byte value `x` of channel `ch`: `x * a + b`,
@@ -11,36 +13,50 @@ fn table(ch: usize, mean: &[f64], std: &[f64]) -> [f32; 256] {
     std::array::from_fn(|x| (x as f64 * a + b) as f32)
 }
 
-/// Per-channel `(x / 255 - mean) / std`, written planar (CHW) into `out`.
-/// `mean` and `std` have one value per channel (or one for all).
+/// Per-channel `(x / 255 - mean) / std`, written planar (CHW) into `out`
+/// (exactly the image's `c * h * w` elements; an RGB image is read in one
+/// pass that writes its three planes). `mean` and `std` have one value per
+/// channel (or one for all).
 pub fn normalize_into(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut [f32]) {
-    let c = usize::from(src.channels);
-    let plane = src.height as usize * src.width as usize;
-    for ch in 0..c {
-        let lut = table(ch, mean, std);
-        let dst = &mut out[ch * plane..(ch + 1) * plane];
-        for (d, p) in dst.iter_mut().zip(src.pixels[ch..].iter().step_by(c)) {
-            *d = lut[usize::from(*p)];
-        }
-    }
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and `planes` only
+    // writes initialised values through it, so `out` stays initialised.
+    let out = unsafe { &mut *(std::ptr::from_mut(out) as *mut [MaybeUninit<f32>]) };
+    planes(src, mean, std, out);
 }
 
 /// [`normalize_into`], appending the planes to `out` instead: nothing is
-/// zeroed first (every element is written once, where it stays), and an
-/// RGB image is read in one pass that writes its three planes.
+/// zeroed first (every element is written once, where it stays).
 pub fn normalize_append(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut Vec<f32>) {
+    let n = src.height as usize * src.width as usize * usize::from(src.channels);
+    if n == 0 {
+        return;
+    }
+    let start = out.len();
+    out.reserve(n);
+    planes(src, mean, std, &mut out.spare_capacity_mut()[..n]);
+    // SAFETY: the `n` elements after `start` are within the capacity
+    // reserved above and were each written by `planes`, which writes every
+    // element of the slice it is given.
+    unsafe { out.set_len(start + n) };
+}
+
+/// Writes every element of `out` (`c` planes of `h * w`): see
+/// [`normalize_append`].
+fn planes(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut [MaybeUninit<f32>]) {
     let c = usize::from(src.channels);
     let plane = src.height as usize * src.width as usize;
+    assert_eq!(
+        out.len(),
+        plane * c,
+        "normalize: an output of the wrong size"
+    );
     if c == 0 || plane == 0 {
         return;
     }
     let pixels = &src.pixels[..plane * c];
-    let start = out.len();
-    out.reserve(plane * c);
     let luts: Vec<[f32; 256]> = (0..c).map(|ch| table(ch, mean, std)).collect();
-    let spare = &mut out.spare_capacity_mut()[..plane * c];
     if c == 3 {
-        let (r, rest) = spare.split_at_mut(plane);
+        let (r, rest) = out.split_at_mut(plane);
         let (g, b) = rest.split_at_mut(plane);
         let (px, _) = pixels.as_chunks::<3>();
         for (((r, g), b), p) in r.iter_mut().zip(g).zip(b).zip(px) {
@@ -49,16 +65,12 @@ pub fn normalize_append(src: ImageRef<'_>, mean: &[f64], std: &[f64], out: &mut 
             b.write(luts[2][usize::from(p[2])]);
         }
     } else {
-        for (ch, dst) in spare.chunks_exact_mut(plane).enumerate() {
+        for (ch, dst) in out.chunks_exact_mut(plane).enumerate() {
             for (d, p) in dst.iter_mut().zip(pixels.chunks_exact(c)) {
                 d.write(luts[ch][usize::from(p[ch])]);
             }
         }
     }
-    // SAFETY: the `plane * c` elements after `start` are within the
-    // capacity reserved above and were each written by one of the loops:
-    // `c` planes of `plane` elements, each zipped with the `plane` pixels.
-    unsafe { out.set_len(start + plane * c) };
 }
 
 /// Checks mean/std against a channel count.
@@ -116,6 +128,15 @@ mod tests {
             out,
             "appending writes what writing in place does"
         );
+        let mut grey = [9f32; 2];
+        let px = [0, 255];
+        let one = ImageRef {
+            channels: 1,
+            pixels: &px,
+            ..src
+        };
+        normalize_into(one, &[0.5], &[0.5], &mut grey);
+        assert_eq!(grey, [-1.0, 1.0]);
         assert!(
             check_stats(&[0.5; 2], &[1.0], 3)
                 .unwrap_err()

@@ -42,7 +42,7 @@ pub use crop3d::Crop3d;
 pub use decode_image::DecodeImage;
 pub use decode_resize::{DecodeRandomResizedCrop, DecodeResize};
 pub use decode_video::DecodeVideo;
-pub use normalize::Normalize;
+pub use normalize::{Normalize, NormalizeRows};
 pub use npy::Npy;
 pub use npz::Npz;
 pub use random_flip::RandomHorizontalFlip;

@@ -2,12 +2,14 @@
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::{DataType, FieldRef};
+use datafusion::common::DFSchema;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, ExprSchemable};
 
 use super::Function;
 use crate::args::{ArgSpec, Call, Consts, Kind, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::normalize::{check_stats, normalize_append};
+use crate::kernels::normalize::{check_stats, normalize_append, normalize_into};
 use crate::tensor::{F32Tensor, ImageColumn, expect_image, tensor_field};
 
 /// `(x / 255 - mean) / std` per channel, planar, as torchvision's
@@ -82,5 +84,80 @@ impl Function for Normalize {
                 ..*input
             },
         })
+    }
+}
+
+/// A `normalize` call that can run where its rows are written out rather
+/// than as a stage of the plan (see `sluice_flight::finish`): its
+/// parameters are literals that fit its input, an image of one fixed
+/// size, so no row of it can fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormalizeRows {
+    mean: Vec<f64>,
+    std: Vec<f64>,
+    /// `[h, w, c]` of every input row.
+    dims: [u32; 3],
+}
+
+impl NormalizeRows {
+    /// The call `expr` (an alias of it too) when it is a `normalize` that
+    /// can be deferred, its input typed by `schema`: the input, and how.
+    pub fn of(expr: &Expr, schema: &DFSchema) -> Option<(Expr, Self)> {
+        let Expr::ScalarFunction(f) = expr.clone().unalias_nested().data else {
+            return None;
+        };
+        let inner: &dyn std::any::Any = f.func.inner().as_ref();
+        inner.downcast_ref::<super::Udf<Normalize>>()?;
+        let [img, mean, std] = f.args.as_slice() else {
+            return None;
+        };
+        let literal = |e: &Expr| match e {
+            Expr::Literal(v, _) => Some(v.clone()),
+            _ => None,
+        };
+        let consts = Consts::from_values(Normalize::SPEC, vec![None, literal(mean), literal(std)]);
+        let (mean, std) = (consts.floats(1).ok()?, consts.floats(2).ok()?);
+        let (_, field) = img.to_field(schema).ok()?;
+        let dims = fixed_dims(Normalize::SPEC.name, &field).ok()?;
+        check_stats(&mean, &std, u8::try_from(dims[2]).ok()?).ok()?;
+        Some((img.clone(), Self { mean, std, dims }))
+    }
+
+    /// The elements of one output row.
+    pub fn row_elements(&self) -> usize {
+        self.dims.iter().map(|&d| d as usize).product()
+    }
+
+    /// Normalizes rows `start..start + len` of the image column `input`
+    /// into `out` (`len` rows of [`NormalizeRows::row_elements`]); a NULL
+    /// row is zeros.
+    pub fn write(&self, input: &ArrayRef, start: usize, len: usize, out: &mut [f32]) {
+        let n = self.row_elements();
+        let images = match ImageColumn::new(input, Normalize::SPEC.name) {
+            Ok(images) => Some(images),
+            Err(e) => {
+                // `of` planned an image column: this is a bug, not data.
+                tracing::error!("normalize: deferred over a column that is not an image: {e}");
+                None
+            }
+        };
+        let [h, w, c] = self.dims;
+        for (row, dst) in (start..start + len).zip(out.chunks_exact_mut(n)) {
+            match images.as_ref().and_then(|i| i.get(row)) {
+                Some(img) if [img.height, img.width, u32::from(img.channels)] == [h, w, c] => {
+                    normalize_into(img, &self.mean, &self.std, dst);
+                }
+                Some(img) => {
+                    tracing::error!(
+                        "normalize: row {row} is {}x{}x{}, not the planned {h}x{w}x{c}; written as zeros",
+                        img.height,
+                        img.width,
+                        img.channels
+                    );
+                    dst.fill(0.0);
+                }
+                None => dst.fill(0.0),
+            }
+        }
     }
 }

@@ -1,0 +1,95 @@
+//! A job's last elementwise stage, run as its batches are written out.
+//!
+//! ```text
+//!  SQL outputs:   key, normalize(crop(decode(data)), mean, std) AS image
+//!  window plan:   key, crop(decode(data)) AS image          (uint8 rows)
+//!  delivery:      each batch's `image` normalized straight into the
+//!                 trainer's slot (or the Flight message), in epoch order
+//! ```
+//!
+//! `normalize` reads a byte a value and writes four. As a stage of the
+//! plan it makes a float batch per window, which the delivery then copies
+//! into the trainer's shared-memory slot; windows held for reordering,
+//! the output cache and any storage→compute link carry the floats. When
+//! an output is a `normalize` that cannot fail on any row
+//! ([`sluice_udfs::udf::NormalizeRows::of`]: literal statistics that fit
+//! an input of one fixed size), the job plans the window without it and
+//! delivers the column as a finished column ([`sluice_flight::finish`]):
+//! the floats are written once, where the trainer reads them, and
+//! everything before holds the bytes. The values are those of the
+//! stage (same kernel, same table per channel): placement transparency
+//! holds, and `tests/python/test_shm.py` checks it against the query.
+
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
+use datafusion::common::DFSchema;
+use datafusion::logical_expr::Expr;
+use sluice_flight::finish::Finish;
+use sluice_flight::gather::Finishes;
+use sluice_udfs::udf::NormalizeRows;
+
+/// A job's outputs with their last stage taken out where it can be.
+#[derive(Debug)]
+pub struct Deferred {
+    /// The outputs the window plan computes (a deferred output is its
+    /// stage's input, under the output's name).
+    pub exprs: Vec<Expr>,
+    /// Each output's finish (`None`: none deferred).
+    pub finishes: Option<Finishes>,
+}
+
+/// Defers the last stage of each output of `exprs` (the pipeline's
+/// projection, over `input`, named as `schema`) that can be.
+pub fn defer(exprs: &[Expr], input: &DFSchema, schema: &DFSchema) -> Deferred {
+    let mut out = Vec::with_capacity(exprs.len());
+    let mut finishes: Vec<Option<Arc<dyn Finish>>> = Vec::with_capacity(exprs.len());
+    for (i, e) in exprs.iter().enumerate() {
+        match NormalizeRows::of(e, input) {
+            Some((arg, rows)) => {
+                let (qualifier, field) = schema.qualified_field(i);
+                out.push(arg.alias_qualified(qualifier.cloned(), field.name()));
+                finishes.push(Some(Arc::new(NormalizeFinish(rows))));
+            }
+            None => {
+                out.push(e.clone());
+                finishes.push(None);
+            }
+        }
+    }
+    let finishes = finishes
+        .iter()
+        .any(Option::is_some)
+        .then(|| Finishes::from(finishes));
+    Deferred {
+        exprs: out,
+        finishes,
+    }
+}
+
+/// `normalize` as a [`Finish`]: float32 rows.
+#[derive(Debug)]
+struct NormalizeFinish(NormalizeRows);
+
+impl Finish for NormalizeFinish {
+    fn row_bytes(&self) -> usize {
+        self.0.row_elements() * 4
+    }
+
+    fn write(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]) {
+        // SAFETY: every bit pattern is a valid `f32`, and `align_to_mut`
+        // hands out only the part of `out` that is aligned for one.
+        let (head, floats, tail) = unsafe { out.align_to_mut::<f32>() };
+        if head.is_empty() && tail.is_empty() {
+            self.0.write(source, start, len, floats);
+            return;
+        }
+        // A body placed off a 4-byte boundary (no slot or message is, the
+        // IPC body is 8-aligned): write through an aligned buffer.
+        let mut aligned = vec![0f32; out.len() / 4];
+        self.0.write(source, start, len, &mut aligned);
+        for (o, v) in out.chunks_exact_mut(4).zip(aligned) {
+            o.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+}
