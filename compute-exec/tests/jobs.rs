@@ -1016,6 +1016,17 @@ async fn a_deferred_normalize_gives_the_query_s_rows() {
                 queried[0].schema().field_with_name("x").unwrap(),
                 "the trainer's type is the query's"
             );
+            // EXPLAIN says where normalize went.
+            let e = job.explanation();
+            assert_eq!(
+                e.at_delivery,
+                ["x = normalize(the window's x, [0.4, 0.5, 0.6], [0.2, 0.3, 0.25])"]
+            );
+            assert!(e.to_text().contains("at delivery"));
+            assert!(
+                !e.compute_fragment.contains("normalize")
+                    && !e.to_json().contains("normalize(resize")
+            );
             let deliveries: Vec<_> = job
                 .deliver(0, 0, 0, None)
                 .await
@@ -1035,6 +1046,15 @@ async fn a_deferred_normalize_gives_the_query_s_rows() {
                 .map(|d| read_back(&d.rows.encode().unwrap(), job.schema()))
                 .collect();
             assert_eq!(made, encoded, "{on_error:?} {offload}");
+            // The job's stages still show normalize, on the compute side.
+            let stages = job.status().stages.expect("stage statistics");
+            assert!(
+                stages
+                    .stages
+                    .iter()
+                    .any(|s| s.udf == "normalize" && s.tier == "compute"),
+                "{stages:?}"
+            );
             assert_eq!(rows_by_key(&made), want, "{on_error:?} {offload}");
         }
     }

@@ -91,6 +91,11 @@ pub struct Explanation {
     pub storage_fragments: Vec<String>,
     /// The compute fragment's plan, indented.
     pub compute_fragment: String,
+    /// A job's stages that run as its batches are written out (on the
+    /// compute side, into the trainer's slot or message), one line each:
+    /// not part of the fragments above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub at_delivery: Vec<String>,
 }
 
 fn rate(r: f64) -> String {
@@ -165,6 +170,15 @@ impl Explanation {
         let _ = writeln!(out, "\ncompute fragment:");
         for line in self.compute_fragment.lines() {
             let _ = writeln!(out, "  {line}");
+        }
+        if !self.at_delivery.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nat delivery (each batch's column written where the trainer reads it):"
+            );
+            for line in &self.at_delivery {
+                let _ = writeln!(out, "  {line}");
+            }
         }
         out
     }

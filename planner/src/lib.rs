@@ -191,6 +191,7 @@ impl Planner {
                 .map(|f| f.plan.display_indent().to_string())
                 .collect(),
             compute_fragment: compute.display_indent().to_string(),
+            at_delivery: Vec::new(),
         };
         Ok(Placement {
             compute,

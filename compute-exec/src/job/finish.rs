@@ -19,8 +19,11 @@
 //! everything before holds the bytes. The values are those of the
 //! stage (same kernel, same table per channel): placement transparency
 //! holds, and `tests/python/test_shm.py` checks it against the query.
+//! It times itself into the job's stage clock, as a compute-side stage:
+//! the job's status shows it where it was.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow::array::ArrayRef;
 use datafusion::common::DFSchema;
@@ -28,6 +31,7 @@ use datafusion::logical_expr::Expr;
 use sluice_flight::finish::Finish;
 use sluice_flight::gather::Finishes;
 use sluice_udfs::udf::NormalizeRows;
+use sluice_udfs::{Site, StageClock};
 
 /// A job's outputs with their last stage taken out where it can be.
 #[derive(Debug)]
@@ -37,19 +41,36 @@ pub struct Deferred {
     pub exprs: Vec<Expr>,
     /// Each output's finish (`None`: none deferred).
     pub finishes: Option<Finishes>,
+    /// Each deferred stage, as EXPLAIN shows it.
+    pub described: Vec<String>,
 }
 
 /// Defers the last stage of each output of `exprs` (the pipeline's
-/// projection, over `input`, named as `schema`) that can be.
-pub fn defer(exprs: &[Expr], input: &DFSchema, schema: &DFSchema) -> Deferred {
+/// projection, over `input`, named as `schema`) that can be; a deferred
+/// stage times itself into `clock` (the job's, as its UDFs do).
+pub fn defer(
+    exprs: &[Expr],
+    input: &DFSchema,
+    schema: &DFSchema,
+    clock: &Arc<StageClock>,
+) -> Deferred {
     let mut out = Vec::with_capacity(exprs.len());
     let mut finishes: Vec<Option<Arc<dyn Finish>>> = Vec::with_capacity(exprs.len());
+    let mut described = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
         match NormalizeRows::of(e, input) {
             Some((arg, rows)) => {
                 let (qualifier, field) = schema.qualified_field(i);
+                described.push(format!(
+                    "{} = {}",
+                    field.name(),
+                    rows.describe(&format!("the window's {}", field.name()))
+                ));
                 out.push(arg.alias_qualified(qualifier.cloned(), field.name()));
-                finishes.push(Some(Arc::new(NormalizeFinish(rows))));
+                finishes.push(Some(Arc::new(NormalizeFinish {
+                    rows,
+                    clock: Arc::clone(clock),
+                })));
             }
             None => {
                 out.push(e.clone());
@@ -64,30 +85,45 @@ pub fn defer(exprs: &[Expr], input: &DFSchema, schema: &DFSchema) -> Deferred {
     Deferred {
         exprs: out,
         finishes,
+        described,
     }
 }
 
 /// `normalize` as a [`Finish`]: float32 rows.
 #[derive(Debug)]
-struct NormalizeFinish(NormalizeRows);
+struct NormalizeFinish {
+    rows: NormalizeRows,
+    clock: Arc<StageClock>,
+}
 
 impl Finish for NormalizeFinish {
     fn row_bytes(&self) -> usize {
-        self.0.row_elements() * 4
+        self.rows.row_elements() * 4
     }
 
     fn write(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]) {
+        let began = Instant::now();
+        self.write_untimed(source, start, len, out);
+        let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // On the compute side, as the stage was.
+        self.clock
+            .record(&Site::default(), "normalize", len as u64, ns);
+    }
+}
+
+impl NormalizeFinish {
+    fn write_untimed(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]) {
         // SAFETY: every bit pattern is a valid `f32`, and `align_to_mut`
         // hands out only the part of `out` that is aligned for one.
         let (head, floats, tail) = unsafe { out.align_to_mut::<f32>() };
         if head.is_empty() && tail.is_empty() {
-            self.0.write(source, start, len, floats);
+            self.rows.write(source, start, len, floats);
             return;
         }
         // A body placed off a 4-byte boundary (no slot or message is, the
         // IPC body is 8-aligned): write through an aligned buffer.
         let mut aligned = vec![0f32; out.len() / 4];
-        self.0.write(source, start, len, &mut aligned);
+        self.rows.write(source, start, len, &mut aligned);
         for (o, v) in out.chunks_exact_mut(4).zip(aligned) {
             o.copy_from_slice(&v.to_ne_bytes());
         }

@@ -91,6 +91,8 @@ pub struct WindowPlan {
     /// The columns finished as batches are written out, from the plan's
     /// output of the same place (see [`super::finish`]).
     pub finishes: Option<Finishes>,
+    /// Those columns' stages, as EXPLAIN shows them.
+    pub at_delivery: Vec<String>,
 }
 
 /// A job's SQL, prepared on `session` under `options`, with its pipeline.
@@ -151,8 +153,9 @@ impl JobQuery {
 
     /// The plan every window runs: the pipeline over the slotted scan,
     /// its outputs (less the stages deferred to delivery: see
-    /// [`super::finish`]) and [`SLOT`]; optimized, not yet placed.
-    pub fn window_plan(&self) -> Result<WindowPlan, JobError> {
+    /// [`super::finish`], timed into `clock`) and [`SLOT`]; optimized, not
+    /// yet placed.
+    pub fn window_plan(&self, clock: &Arc<StageClock>) -> Result<WindowPlan, JobError> {
         let internal = |e: datafusion::error::DataFusionError| JobError::Internal(e.to_string());
         let scan = self.slotted_scan().map_err(internal)?;
         let qualifier = Some::<TableReference>(scan.table_name.clone());
@@ -160,10 +163,12 @@ impl JobQuery {
         let Deferred {
             mut exprs,
             finishes,
+            described,
         } = defer(
             &projection.expr,
             projection.input.schema(),
             &projection.schema,
+            clock,
         );
         exprs.push(Expr::Column(Column::new(qualifier, SLOT)));
         let mut b = LogicalPlanBuilder::from(LogicalPlan::TableScan(scan));
@@ -182,6 +187,7 @@ impl JobQuery {
             plan,
             columns,
             finishes,
+            at_delivery: described,
         })
     }
 }

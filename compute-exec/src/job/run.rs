@@ -151,6 +151,8 @@ pub struct Job {
     /// finished as batches are written out (see [`super::finish`]).
     rows_schema: SchemaRef,
     finishes: Option<Finishes>,
+    /// The finished columns' stages, as EXPLAIN shows them.
+    at_delivery: Vec<String>,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
     bad: ErrorLog,
@@ -268,11 +270,13 @@ impl Job {
                 out
             }
         };
+        let stages = StageStats::default();
         let WindowPlan {
             plan: window,
             columns,
             finishes,
-        } = query.window_plan()?;
+            at_delivery,
+        } = query.window_plan(&stages.clock())?;
         let placed = query
             .prepared
             .place(window.clone(), offload)
@@ -310,12 +314,13 @@ impl Job {
             session,
             adaptive,
             placed: plan,
-            stages: StageStats::default(),
+            stages,
             ahead: ReadAhead::default(),
             stop: Cancel::default(),
             schema: Arc::new(Schema::new(fields)),
             rows_schema,
             finishes,
+            at_delivery,
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
                 error: None,
@@ -497,7 +502,9 @@ impl Job {
 
     /// Why its stages run where they do now.
     pub fn explanation(&self) -> Explanation {
-        self.adaptive.explanation()
+        let mut e = self.adaptive.explanation();
+        e.at_delivery.clone_from(&self.at_delivery);
+        e
     }
 
     /// Its placement as it runs: moves, measurements.

@@ -123,6 +123,11 @@ impl NormalizeRows {
         Some((img.clone(), Self { mean, std, dims }))
     }
 
+    /// The call, as EXPLAIN shows it: `normalize(<input>, mean, std)`.
+    pub fn describe(&self, input: &str) -> String {
+        format!("normalize({input}, {:?}, {:?})", self.mean, self.std)
+    }
+
     /// The elements of one output row.
     pub fn row_elements(&self) -> usize {
         self.dims.iter().map(|&d| d as usize).product()
