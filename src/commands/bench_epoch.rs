@@ -91,14 +91,18 @@ pub async fn epoch(
         let first_batch_s = t.elapsed().as_secs_f64();
         let rss_added_bytes = rss_bytes().saturating_sub(rss0);
         // Each batch is laid out as a trainer's read lays it out (its
-        // message, borrowing the windows' buffers).
+        // message, borrowing the windows' buffers; a finished column, see
+        // `job::finish`, made as a read over Flight makes it).
         let mut got = match first {
-            Some(d) => d.rows.encode().map(|_| d.num_rows())?,
+            Some(d) => {
+                let _message = d.rows.encode()?.made();
+                d.num_rows()
+            }
             None => 0,
         };
         let t = Instant::now();
         while let Some(d) = stream.try_next().await? {
-            d.rows.encode()?;
+            let _message = d.rows.encode()?.made();
             got += d.num_rows();
         }
         let epoch_s = first_batch_s + t.elapsed().as_secs_f64();
