@@ -240,19 +240,7 @@ impl Gathered {
             DataType::FixedSizeList(_, k) => *k as usize,
             _ => unreachable!("a finished column is a fixed-size list (checked when made)"),
         };
-        let null_count: usize = runs
-            .iter()
-            .map(|&(s, a, l)| nulls_in(&datas[s], a, l))
-            .sum();
-        body.nodes
-            .push(ipc::FieldNode::new(n as i64, null_count as i64));
-        if null_count > 0 {
-            body.owned(&bitmap(datas, runs, n, |d| {
-                d.nulls().map(|n| n.inner().clone())
-            }));
-        } else {
-            body.owned(&[]);
-        }
+        node_and_validity(datas, runs, n, body);
         body.nodes.push(ipc::FieldNode::new((n * k) as i64, 0));
         body.owned(&[]);
         let row = f.row_bytes();
@@ -500,13 +488,9 @@ where
     ranges
 }
 
-/// Lays out `n` rows of type `dt`, the runs of `datas`, as the IPC
-/// format orders them.
-fn write(dt: &DataType, datas: &[ArrayData], runs: &[Run], n: usize, body: &mut Body) {
-    if *dt == DataType::Null {
-        body.nodes.push(ipc::FieldNode::new(n as i64, n as i64));
-        return;
-    }
+/// The field node of `n` rows, the runs of `datas`, and their validity
+/// bitmap (empty when none is NULL).
+fn node_and_validity(datas: &[ArrayData], runs: &[Run], n: usize, body: &mut Body) {
     let null_count: usize = runs
         .iter()
         .map(|&(s, a, l)| nulls_in(&datas[s], a, l))
@@ -520,6 +504,16 @@ fn write(dt: &DataType, datas: &[ArrayData], runs: &[Run], n: usize, body: &mut 
     } else {
         body.owned(&[]);
     }
+}
+
+/// Lays out `n` rows of type `dt`, the runs of `datas`, as the IPC
+/// format orders them.
+fn write(dt: &DataType, datas: &[ArrayData], runs: &[Run], n: usize, body: &mut Body) {
+    if *dt == DataType::Null {
+        body.nodes.push(ipc::FieldNode::new(n as i64, n as i64));
+        return;
+    }
+    node_and_validity(datas, runs, n, body);
     match dt {
         DataType::Boolean => {
             let values = bitmap(datas, runs, n, |d| {
