@@ -936,11 +936,7 @@ fn read_back(
     schema: &arrow::datatypes::SchemaRef,
 ) -> RecordBatch {
     let mut body = vec![0u8; m.body_len()];
-    let mut at = 0;
-    for p in &m.body {
-        p.write_to(&mut body[at..at + p.len()]);
-        at += p.len();
-    }
+    m.write_body(&mut body);
     let msg = arrow::ipc::root_as_message(&m.header).unwrap();
     arrow::ipc::reader::read_record_batch(
         &arrow::buffer::Buffer::from(body),

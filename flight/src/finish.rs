@@ -27,6 +27,9 @@ pub trait Finish: Send + Sync + std::fmt::Debug {
     /// Writes rows `start..start + len` of `source`, in order, into `out`
     /// (`len * row_bytes()` bytes); a NULL row's bytes are zeros.
     fn write(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]);
+
+    /// The stage, as EXPLAIN shows it, over the column named `input`.
+    fn describe(&self, input: &str) -> String;
 }
 
 /// The bytes per row of a column of type `t` when it is a fixed-size list

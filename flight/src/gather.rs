@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayData, ArrayRef, FixedSizeListArray, RecordBatch, make_array};
 use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
-use arrow::compute::{interleave, interleave_record_batch};
+use arrow::compute::interleave;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::error::ArrowError;
 use arrow::ipc;
@@ -165,11 +165,6 @@ impl Gathered {
         if self.len == 0 {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
-        let refs: Vec<&RecordBatch> = self.sources.iter().collect();
-        let Some(finishes) = &self.finishes else {
-            let b = interleave_record_batch(&refs, self.rows())?;
-            return RecordBatch::try_new(Arc::clone(&self.schema), b.columns().to_vec());
-        };
         let runs = runs(self.rows());
         let mut columns = Vec::with_capacity(self.schema.fields().len());
         for (c, field) in self.schema.fields().iter().enumerate() {
@@ -178,7 +173,7 @@ impl Gathered {
                 .iter()
                 .map(|s| Arc::clone(s.column(c)))
                 .collect();
-            columns.push(match &finishes[c] {
+            columns.push(match finish_of(self.finishes.as_ref(), c) {
                 None => {
                     let arrays: Vec<&dyn Array> = sources.iter().map(|a| a.as_ref()).collect();
                     interleave(&arrays, self.rows())?
@@ -693,6 +688,10 @@ mod tests {
                 o[..4].copy_from_slice(&v.to_ne_bytes());
                 o[4..].copy_from_slice(&w.to_ne_bytes());
             }
+        }
+
+        fn describe(&self, input: &str) -> String {
+            format!("pairs({input})")
         }
     }
 

@@ -381,13 +381,8 @@ impl Segment {
         dst[4..8].copy_from_slice(&(meta_len as i32).to_le_bytes());
         dst[8..8 + m.header.len()].copy_from_slice(&m.header);
         dst[8 + m.header.len()..8 + meta_len].fill(0);
-        let mut at = 8 + meta_len;
-        for piece in &m.body {
-            // A computed piece (a finished column) writes its values here,
-            // once.
-            piece.write_to(&mut dst[at..at + piece.len()]);
-            at += piece.len();
-        }
+        // A computed piece (a finished column) writes its values here, once.
+        m.write_body(&mut dst[8 + meta_len..len]);
         len
     }
 

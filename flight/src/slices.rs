@@ -59,10 +59,24 @@ impl SlicedMessage {
         Self {
             body: self
                 .body
-                .iter()
-                .map(|p| Piece::Bytes(p.to_bytes()))
+                .into_iter()
+                .map(|p| match p {
+                    Piece::Computed { .. } => Piece::Bytes(p.to_bytes()),
+                    bytes => bytes,
+                })
                 .collect(),
             ..self
+        }
+    }
+
+    /// Writes its body, piece after piece, into `dst` (of
+    /// [`SlicedMessage::body_len`] bytes): a computed piece writes its
+    /// values there, once.
+    pub fn write_body(&self, dst: &mut [u8]) {
+        let mut at = 0;
+        for p in &self.body {
+            p.write_to(&mut dst[at..at + p.len()]);
+            at += p.len();
         }
     }
 
@@ -73,13 +87,9 @@ impl SlicedMessage {
         let body = match self.body.as_slice() {
             [] => Bytes::new(),
             [one] => one.to_bytes(),
-            many => {
+            _ => {
                 let mut out = vec![0u8; self.body_len()];
-                let mut at = 0;
-                for p in many {
-                    p.write_to(&mut out[at..at + p.len()]);
-                    at += p.len();
-                }
+                self.write_body(&mut out);
                 Bytes::from(out)
             }
         };

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::ArrayRef;
+use arrow::datatypes::SchemaRef;
 use datafusion::common::DFSchema;
 use datafusion::logical_expr::Expr;
 use sluice_flight::finish::Finish;
@@ -41,8 +42,6 @@ pub struct Deferred {
     pub exprs: Vec<Expr>,
     /// Each output's finish (`None`: none deferred).
     pub finishes: Option<Finishes>,
-    /// Each deferred stage, as EXPLAIN shows it.
-    pub described: Vec<String>,
 }
 
 /// Defers the last stage of each output of `exprs` (the pipeline's
@@ -56,16 +55,10 @@ pub fn defer(
 ) -> Deferred {
     let mut out = Vec::with_capacity(exprs.len());
     let mut finishes: Vec<Option<Arc<dyn Finish>>> = Vec::with_capacity(exprs.len());
-    let mut described = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
         match NormalizeRows::of(e, input) {
             Some((arg, rows)) => {
                 let (qualifier, field) = schema.qualified_field(i);
-                described.push(format!(
-                    "{} = {}",
-                    field.name(),
-                    rows.describe(&format!("the window's {}", field.name()))
-                ));
                 out.push(arg.alias_qualified(qualifier.cloned(), field.name()));
                 finishes.push(Some(Arc::new(NormalizeFinish {
                     rows,
@@ -85,7 +78,6 @@ pub fn defer(
     Deferred {
         exprs: out,
         finishes,
-        described,
     }
 }
 
@@ -109,6 +101,28 @@ impl Finish for NormalizeFinish {
         self.clock
             .record(&Site::default(), "normalize", len as u64, ns);
     }
+
+    fn describe(&self, input: &str) -> String {
+        self.rows.describe(input)
+    }
+}
+
+/// The finished columns of `schema` and their stages, a line each, as
+/// EXPLAIN shows them ("at delivery").
+pub fn describe(schema: &SchemaRef, finishes: Option<&Finishes>) -> Vec<String> {
+    let Some(finishes) = finishes else {
+        return Vec::new();
+    };
+    schema
+        .fields()
+        .iter()
+        .zip(finishes.iter())
+        .filter_map(|(field, f)| {
+            let name = field.name();
+            f.as_ref()
+                .map(|f| format!("{name} = {}", f.describe(&format!("the window's {name}"))))
+        })
+        .collect()
 }
 
 impl NormalizeFinish {

@@ -91,8 +91,6 @@ pub struct WindowPlan {
     /// The columns finished as batches are written out, from the plan's
     /// output of the same place (see [`super::finish`]).
     pub finishes: Option<Finishes>,
-    /// Those columns' stages, as EXPLAIN shows them.
-    pub at_delivery: Vec<String>,
 }
 
 /// A job's SQL, prepared on `session` under `options`, with its pipeline.
@@ -163,7 +161,6 @@ impl JobQuery {
         let Deferred {
             mut exprs,
             finishes,
-            described,
         } = defer(
             &projection.expr,
             projection.input.schema(),
@@ -187,7 +184,6 @@ impl JobQuery {
             plan,
             columns,
             finishes,
-            at_delivery: described,
         })
     }
 }

@@ -151,8 +151,6 @@ pub struct Job {
     /// finished as batches are written out (see [`super::finish`]).
     rows_schema: SchemaRef,
     finishes: Option<Finishes>,
-    /// The finished columns' stages, as EXPLAIN shows them.
-    at_delivery: Vec<String>,
     state: watch::Sender<JobState>,
     inner: Mutex<Inner>,
     bad: ErrorLog,
@@ -275,7 +273,6 @@ impl Job {
             plan: window,
             columns,
             finishes,
-            at_delivery,
         } = query.window_plan(&stages.clock())?;
         let placed = query
             .prepared
@@ -320,7 +317,6 @@ impl Job {
             schema: Arc::new(Schema::new(fields)),
             rows_schema,
             finishes,
-            at_delivery,
             state: watch::Sender::new(JobState::Pending),
             inner: Mutex::new(Inner {
                 error: None,
@@ -503,7 +499,7 @@ impl Job {
     /// Why its stages run where they do now.
     pub fn explanation(&self) -> Explanation {
         let mut e = self.adaptive.explanation();
-        e.at_delivery.clone_from(&self.at_delivery);
+        e.at_delivery = super::finish::describe(&self.schema, self.finishes.as_ref());
         e
     }
 

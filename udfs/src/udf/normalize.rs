@@ -10,7 +10,7 @@ use super::Function;
 use crate::args::{ArgSpec, Call, Consts, Kind, req};
 use crate::cost::{Estimate, SampleStats};
 use crate::kernels::normalize::{check_stats, normalize_append, normalize_into};
-use crate::tensor::{F32Tensor, ImageColumn, expect_image, tensor_field};
+use crate::tensor::{F32Tensor, ImageColumn, ImageRef, expect_image, tensor_field};
 
 /// `(x / 255 - mean) / std` per channel, planar, as torchvision's
 /// `ToTensor` + `Normalize`.
@@ -50,23 +50,17 @@ impl Function for Normalize {
     }
 
     fn invoke(&self, call: &Call<'_>) -> Result<ArrayRef> {
-        let [h, w, c] = fixed_dims(Self::SPEC.name, &call.fields[0])?;
-        let (mean, std) = (call.consts.floats(1)?, call.consts.floats(2)?);
-        check_stats(&mean, &std, c as u8)
+        let dims = fixed_dims(Self::SPEC.name, &call.fields[0])?;
+        let how = NormalizeRows::new(call.consts.floats(1)?, call.consts.floats(2)?, dims)
             .map_err(|e| DataFusionError::Execution(format!("normalize: {e}")))?;
         let input = call.array(0)?;
         let images = ImageColumn::new(&input, Self::SPEC.name)?;
-        let mut out = F32Tensor::new(call.rows, (h * w * c) as usize);
+        let mut out = F32Tensor::new(call.rows, how.row_elements());
         for row in 0..call.rows {
             match images.get(row) {
-                Some(img) if [img.height, img.width, u32::from(img.channels)] == [h, w, c] => {
-                    out.append_pushed(|dst| normalize_append(img, &mean, &std, dst));
-                }
                 Some(img) => {
-                    return Err(DataFusionError::Execution(format!(
-                        "normalize: row {row} is {}x{}x{}, not the planned {h}x{w}x{c}",
-                        img.height, img.width, img.channels
-                    )));
+                    how.fits(row, img).map_err(DataFusionError::Execution)?;
+                    out.append_pushed(|dst| normalize_append(img, &how.mean, &how.std, dst));
                 }
                 None => out.append_null(),
             }
@@ -100,6 +94,14 @@ pub struct NormalizeRows {
 }
 
 impl NormalizeRows {
+    /// Statistics `mean` and `std` for images of `dims` (`[h, w, c]`), or
+    /// why they do not fit.
+    pub fn new(mean: Vec<f64>, std: Vec<f64>, dims: [u32; 3]) -> Result<Self, String> {
+        let channels = u8::try_from(dims[2]).map_err(|_| format!("{} channels", dims[2]))?;
+        check_stats(&mean, &std, channels)?;
+        Ok(Self { mean, std, dims })
+    }
+
     /// The call `expr` (an alias of it too) when it is a `normalize` that
     /// can be deferred, its input typed by `schema`: the input, and how.
     pub fn of(expr: &Expr, schema: &DFSchema) -> Option<(Expr, Self)> {
@@ -116,11 +118,10 @@ impl NormalizeRows {
             _ => None,
         };
         let consts = Consts::from_values(Normalize::SPEC, vec![None, literal(mean), literal(std)]);
-        let (mean, std) = (consts.floats(1).ok()?, consts.floats(2).ok()?);
         let (_, field) = img.to_field(schema).ok()?;
         let dims = fixed_dims(Normalize::SPEC.name, &field).ok()?;
-        check_stats(&mean, &std, u8::try_from(dims[2]).ok()?).ok()?;
-        Some((img.clone(), Self { mean, std, dims }))
+        let how = Self::new(consts.floats(1).ok()?, consts.floats(2).ok()?, dims).ok()?;
+        Some((img.clone(), how))
     }
 
     /// The call, as EXPLAIN shows it: `normalize(<input>, mean, std)`.
@@ -133,11 +134,22 @@ impl NormalizeRows {
         self.dims.iter().map(|&d| d as usize).product()
     }
 
+    /// Whether image `img` (row `row`) has the planned size.
+    pub fn fits(&self, row: usize, img: ImageRef<'_>) -> Result<(), String> {
+        let [h, w, c] = self.dims;
+        if [img.height, img.width, u32::from(img.channels)] == self.dims {
+            return Ok(());
+        }
+        Err(format!(
+            "normalize: row {row} is {}x{}x{}, not the planned {h}x{w}x{c}",
+            img.height, img.width, img.channels
+        ))
+    }
+
     /// Normalizes rows `start..start + len` of the image column `input`
     /// into `out` (`len` rows of [`NormalizeRows::row_elements`]); a NULL
     /// row is zeros.
     pub fn write(&self, input: &ArrayRef, start: usize, len: usize, out: &mut [f32]) {
-        let n = self.row_elements();
         let images = match ImageColumn::new(input, Normalize::SPEC.name) {
             Ok(images) => Some(images),
             Err(e) => {
@@ -146,21 +158,15 @@ impl NormalizeRows {
                 None
             }
         };
-        let [h, w, c] = self.dims;
-        for (row, dst) in (start..start + len).zip(out.chunks_exact_mut(n)) {
+        for (row, dst) in (start..start + len).zip(out.chunks_exact_mut(self.row_elements())) {
             match images.as_ref().and_then(|i| i.get(row)) {
-                Some(img) if [img.height, img.width, u32::from(img.channels)] == [h, w, c] => {
-                    normalize_into(img, &self.mean, &self.std, dst);
-                }
-                Some(img) => {
-                    tracing::error!(
-                        "normalize: row {row} is {}x{}x{}, not the planned {h}x{w}x{c}; written as zeros",
-                        img.height,
-                        img.width,
-                        img.channels
-                    );
-                    dst.fill(0.0);
-                }
+                Some(img) => match self.fits(row, img) {
+                    Ok(()) => normalize_into(img, &self.mean, &self.std, dst),
+                    Err(e) => {
+                        tracing::error!("{e}; written as zeros");
+                        dst.fill(0.0);
+                    }
+                },
                 None => dst.fill(0.0),
             }
         }
