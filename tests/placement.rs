@@ -427,6 +427,37 @@ fn calibration_on_the_datasets_objects_overrides_wrong_profiles() {
     assert!(text.contains("calibrated on "), "{text}");
 }
 
+/// Every stage of a pipeline is timed by itself: a cheap stage after an
+/// expensive one (flip and normalize after decode + crop) has a measured
+/// cost of its own, never the zero that the difference of two noisy runs
+/// gave.
+#[test]
+fn calibration_times_each_stage_by_itself() {
+    let env = Env::new();
+    let src = env.path("pets");
+    images(&env, &src, 0, 5);
+    let data = env.data_dir();
+    ingest(&data, "pets", &src);
+    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&data).args([
+        "explain",
+        PIPELINES[0].1,
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    let cal = &json["pipelines"][0]["calibration"];
+    assert_eq!(cal["kind"], "measured", "{cal}");
+    let levels = cal["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 4, "{cal}");
+    // Level 0, the read of a few small files, is the difference of two
+    // whole runs and may well be below their noise; the stages are not.
+    let stages: Vec<f64> = levels[1..]
+        .iter()
+        .map(|l| l["calibrated_ns"].as_f64().unwrap())
+        .collect();
+    assert!(stages.iter().all(|&t| t > 0.0), "{cal}");
+}
+
 /// A sample of nothing but bad objects cannot time the stages: EXPLAIN
 /// says so, names one, and plans with the profiles; an unknown offload is
 /// a clear error.

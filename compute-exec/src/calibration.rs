@@ -7,7 +7,9 @@
 //!  Planner::probes(plan) ─► per cut: physical fragment (one partition)
 //!     ─► StorageEndpoint::time on every node holding the dataset
 //!        (in process: timed here; remote: the `time_fragment` action)
-//!     ─► Calibration::Measured { storage CPU per object per cut }
+//!        with the time inside each UDF's calls
+//!     ─► Calibration::Measured { storage CPU per object per cut: the
+//!        read, plus each stage's own time (calibrate::from_stages) }
 //!        or Calibration::Fallback { why } — never an error of the query
 //! ```
 //!
@@ -129,6 +131,7 @@ async fn time_probe(
         }
     }
     let mut cuts = Vec::with_capacity(fragments.len());
+    let mut udf_ns = Vec::with_capacity(fragments.len());
     let (mut deepest_rows, mut deepest_bad) = (0, 0);
     let mut first_bad = None;
     for (k, fragment) in fragments.iter().enumerate() {
@@ -141,6 +144,7 @@ async fn time_probe(
             }
         };
         let mut cut = CutTiming::default();
+        let mut times = std::collections::BTreeMap::<String, u64>::new();
         let mut bad = 0;
         for (node, overhead) in nodes.iter().zip(&overhead) {
             let udfs = udf_env();
@@ -154,6 +158,9 @@ async fn time_probe(
                 Ok(t) => {
                     cut.objects += t.rows;
                     cut.cpu_ns += t.cpu_ns.saturating_sub(*overhead) as f64;
+                    for (udf, ns) in t.udf_ns {
+                        *times.entry(udf).or_default() += ns;
+                    }
                     bad += t.bad;
                     if first_bad.is_none() {
                         first_bad = udfs.errors.snapshot().1.into_iter().next();
@@ -173,6 +180,7 @@ async fn time_probe(
         }
         (deepest_rows, deepest_bad) = (cut.objects, bad);
         cuts.push(cut);
+        udf_ns.push(times);
     }
     if deepest_bad >= deepest_rows {
         let example = first_bad.map_or(String::new(), |b| {
@@ -184,6 +192,9 @@ async fn time_probe(
             ),
         };
     }
+    // Each stage at its own time where the levels can be told apart.
+    let cuts =
+        sluice_planner::calibrate::from_stages(&cuts, &udf_ns, &probe.stages).unwrap_or(cuts);
     Calibration::Measured {
         cuts,
         nodes: nodes.iter().map(|n| n.name().to_string()).collect(),

@@ -54,7 +54,7 @@ pub struct NodeInfo {
 
 /// What a storage node measured running a fragment without sending it
 /// (calibration, [`StorageEndpoint::time`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FragmentTiming {
     /// Rows the fragment made: one per object read (a fragment keeps a
     /// bad sample's row, NULL where its UDF refused it).
@@ -67,6 +67,11 @@ pub struct FragmentTiming {
     pub wall_ns: u64,
     /// Whether it ran to its end within the time it was given.
     pub complete: bool,
+    /// Time inside each UDF's calls, ns, by UDF name (the UDFs' own
+    /// clock): a stage's cost measured apart from the rest of the run.
+    /// Empty from a node that does not report it.
+    #[serde(default)]
+    pub udf_ns: std::collections::BTreeMap<String, u64>,
 }
 
 /// A storage node, seen from the compute side.

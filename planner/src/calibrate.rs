@@ -10,11 +10,19 @@
 //!      it without sending a byte and answers its CPU time and rows
 //!  (and the deepest over no object: the cost of a run, taken off each)
 //!  S_k = storage CPU per sample through cut k (S_0: the read alone)
+//!      = S_0 + the time inside level 1..k's UDF calls, per object, over
+//!        every run that ran them (each UDF times its own calls), where
+//!        the levels' UDFs are told apart by name; else S_k as measured
 //!  level j's measured cost S_j − S_{j−1} replaces the model's, row by row in
 //!  proportion to the model's estimate for that row (so per-sample splits
 //!  still see big and small objects), and both sides pay it: a stage costs
 //!  the same CPU whichever side runs it (the rig's hosts are one CPU type)
 //! ```
+//!
+//! Why a stage's own time rather than the difference of two runs: each
+//! cut's run is timed once over a few dozen objects, and a cheap stage
+//! after an expensive one (normalize, 0.3 ms, after a decode of 4 ms whose
+//! runs vary by ±10%) vanished in the difference: EXPLAIN called it free.
 //!
 //! What cannot be measured is said, never guessed: a sample of bad objects
 //! only, or a node that fails while timing, leaves the profiles' figures in
@@ -229,6 +237,64 @@ pub fn apply(table: &[Vec<SampleCost>], cuts: &[CutTiming]) -> Vec<Vec<SampleCos
         .collect()
 }
 
+/// Each cut's timing rebuilt from its parts: the read (cut 0's run, per
+/// object) plus, per level, the time inside that level's UDF calls per
+/// object, summed over every run that made them (runs of cut `j` and
+/// deeper). `udf_ns[k]` is cut `k`'s run's time per UDF name, `stages`
+/// the UDF names of each level (see [`crate::Probes::stages`]).
+///
+/// `None`, and the runs' totals stand, where the levels cannot be told
+/// apart: a UDF name at two levels, a stage that is not a timed UDF (no
+/// time under its name in a run that ran it), or cuts and levels that do
+/// not match.
+pub fn from_stages(
+    cuts: &[CutTiming],
+    udf_ns: &[std::collections::BTreeMap<String, u64>],
+    stages: &[Vec<String>],
+) -> Option<Vec<CutTiming>> {
+    if cuts.len() != stages.len() + 1 || udf_ns.len() != cuts.len() {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for level in stages {
+        let names: std::collections::HashSet<&String> = level.iter().collect();
+        if names.iter().any(|n| !seen.insert(*n)) {
+            return None;
+        }
+    }
+    let read = cuts[0].per_object()?;
+    let mut levels = Vec::with_capacity(stages.len());
+    for (j, level) in stages.iter().enumerate().map(|(i, l)| (i + 1, l)) {
+        let names: std::collections::BTreeSet<&String> = level.iter().collect();
+        let (mut ns, mut objects) = (0.0, 0u64);
+        for (cut, times) in cuts.iter().zip(udf_ns).skip(j) {
+            for name in &names {
+                ns += *times.get(*name)? as f64;
+            }
+            objects += cut.objects;
+        }
+        if objects == 0 {
+            return None;
+        }
+        levels.push(ns / objects as f64);
+    }
+    let mut through = read;
+    Some(
+        cuts.iter()
+            .enumerate()
+            .map(|(k, c)| {
+                if k > 0 {
+                    through += levels[k - 1];
+                }
+                CutTiming {
+                    objects: c.objects,
+                    cpu_ns: through * c.objects as f64,
+                }
+            })
+            .collect(),
+    )
+}
+
 /// Per level (0: the read, then each stage), the model's and the measured
 /// storage CPU per sample, ns: what EXPLAIN shows.
 pub fn levels(table: &[Vec<SampleCost>], calibrated: &[Vec<SampleCost>]) -> Vec<LevelCost> {
@@ -301,6 +367,47 @@ mod tests {
         let l = levels(&table, &t);
         assert!((l[1].calibrated_ns - 200e3).abs() < 1e-6);
         assert!((l[1].estimated_ns - 20e3).abs() < 1e-6);
+    }
+
+    #[test]
+    fn each_level_is_its_udfs_own_time_over_the_runs_that_made_it() {
+        let times = |pairs: &[(&str, u64)]| -> std::collections::BTreeMap<String, u64> {
+            pairs.iter().map(|(n, t)| (n.to_string(), *t)).collect()
+        };
+        // The read: 50 µs per object. decode: 4 ms per object in both runs
+        // that made it; normalize: 0.3 ms. The totals say normalize is
+        // free (cut 2 ran cheaper than cut 1): the difference lost it.
+        let cuts = [
+            CutTiming {
+                objects: 10,
+                cpu_ns: 500e3,
+            },
+            CutTiming {
+                objects: 10,
+                cpu_ns: 44_000e3,
+            },
+            CutTiming {
+                objects: 10,
+                cpu_ns: 43_000e3,
+            },
+        ];
+        let udf_ns = [
+            times(&[]),
+            times(&[("decode", 41_000_000)]),
+            times(&[("decode", 39_000_000), ("normalize", 3_000_000)]),
+        ];
+        let stages = vec![vec!["decode".to_string()], vec!["normalize".to_string()]];
+        let got = from_stages(&cuts, &udf_ns, &stages).unwrap();
+        let per = |c: &CutTiming| c.per_object().unwrap();
+        assert!((per(&got[0]) - 50e3).abs() < 1e-6);
+        assert!((per(&got[1]) - (50e3 + 4e6)).abs() < 1e-6);
+        assert!((per(&got[2]) - (50e3 + 4e6 + 0.3e6)).abs() < 1e-6);
+        // Not told apart: the same UDF at two levels, or a stage no run timed.
+        let twice = vec![vec!["resize".to_string()], vec!["resize".to_string()]];
+        assert!(from_stages(&cuts, &udf_ns, &twice).is_none());
+        let untimed = vec![vec!["decode".to_string()], vec!["abs".to_string()]];
+        assert!(from_stages(&cuts, &udf_ns, &untimed).is_none());
+        assert!(from_stages(&cuts[..2], &udf_ns[..2], &stages).is_none());
     }
 
     #[test]

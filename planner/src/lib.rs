@@ -116,6 +116,10 @@ pub struct Probes {
     pub fragments: Vec<LogicalPlan>,
     /// The deepest fragment over no object: what a run costs by itself.
     pub empty: LogicalPlan,
+    /// The UDFs of each stage (`stages[k - 1]`: those of height `k`), by
+    /// which each run's UDF times are told apart
+    /// ([`calibrate::from_stages`]).
+    pub stages: Vec<Vec<String>>,
 }
 
 impl Planner {
@@ -139,6 +143,7 @@ impl Planner {
                     dataset: p.dataset(),
                     fragments,
                     empty,
+                    stages: p.stages.clone(),
                 });
                 return Ok(TreeNodeRecursion::Jump);
             }

@@ -430,12 +430,17 @@ impl StorageNode {
         // Dropped, the stream stops the UDFs at their next row.
         drop(stream);
         let (bad, _) = udfs.errors.snapshot();
+        let mut udf_ns = std::collections::BTreeMap::new();
+        for s in udfs.clock.snapshot() {
+            *udf_ns.entry(s.udf).or_insert(0u64) += s.tally.nanos;
+        }
         Ok(FragmentTiming {
             rows,
             bad,
             cpu_ns: sluice_flight::process_cpu_ns().saturating_sub(cpu),
             wall_ns: started.elapsed().as_nanos() as u64,
             complete,
+            udf_ns,
         })
     }
 }
