@@ -29,7 +29,10 @@ It also prints the decode-bound limit: sluice's kernel rate on one core
 right before and right after sluice's run and averaged) times the cores,
 and, for each of sluice's epochs, the two factors of its share of that
 limit: the kernels' CPU per image over the server's (the server's work
-besides the kernels), and the share of the cores left idle.
+besides the kernels), and the share of the cores left idle. Beside it, the
+same kernels run on every core at once (one process per core, rates
+summed, also before and after sluice's run): the cores then share caches
+and memory bandwidth, as the server's threads do.
 The peers are installed by this bench into venvs of its own (never by
 the test command): `python/requirements-bench.txt` in
 `<cache>/bench-venv`, and Pillow-SIMD in `<cache>/bench-venv-simd`, which
@@ -336,18 +339,25 @@ def worker(a):
 
 # ---- the run ---------------------------------------------------------------
 
-def kernel_rate(a):
-    """sluice's per-core rate for the same SQL over the same files in memory."""
+def kernel_rate(a, at_once=1):
+    """sluice's per-core rate for the same SQL over the same files in memory;
+    with `at_once` > 1, that many one-core runs at the same time, and the
+    sum of their rates (what the machine's cores decode together, sharing
+    caches and memory bandwidth as the server's threads do)."""
     flat = tempfile.mkdtemp(prefix="sluice-bench-kernel-")
     try:
         paths, _ = listing(a.data)
         for p in paths:
             os.symlink(p, os.path.join(flat, os.path.basename(p)))
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            sql = SQL.replace("label, ", "").replace("FROM imagenet", "FROM files")
-            subprocess.run([a.sluice, "bench", "udf", "--dir", flat, "--sql", sql, "--runs",
-                            str(a.runs), "--json", out.name], check=True, stdout=subprocess.DEVNULL)
-            return json.load(open(out.name))["samples_per_s"]
+        sql = SQL.replace("label, ", "").replace("FROM imagenet", "FROM files")
+        outs = [os.path.join(flat, f"rate{i}.json") for i in range(at_once)]
+        runs = [subprocess.Popen([a.sluice, "bench", "udf", "--dir", flat, "--sql", sql, "--runs",
+                                  str(a.runs), "--json", out], stdout=subprocess.DEVNULL)
+                for out in outs]
+        for r in runs:
+            if r.wait() != 0:
+                sys.exit(f"bench_loaders: sluice bench udf failed ({r.returncode})")
+        return sum(json.load(open(out))["samples_per_s"] for out in outs)
     finally:
         shutil.rmtree(flat, ignore_errors=True)
 
@@ -400,11 +410,12 @@ def main():
     results, costs = {}, {}
     # The kernel rate is taken right before and right after sluice's own
     # run: this machine's speed drifts over the minutes the peers take.
-    kernel = []
+    kernel, together = [], []
     for name in a.loaders.split(","):
         python = spy if name == "torch-pillow-simd" else py
         if name == "sluice":
             kernel.append(kernel_rate(a))
+            together.append(kernel_rate(a, os.cpu_count()))
         cmd = [python, __file__, "--sluice", a.sluice, "--worker", name, "--data", a.data,
                "--batch", str(a.batch), "--workers", str(a.workers), "--runs", str(a.runs)]
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -420,11 +431,19 @@ def main():
               f"{', '.join(f'{r:.0f}' for r in rates)})", flush=True)
         if name == "sluice":
             kernel.append(kernel_rate(a))
+            together.append(kernel_rate(a, os.cpu_count()))
     kernel = kernel or [kernel_rate(a)]
     per_core = statistics.mean(kernel)
     limit = per_core * os.cpu_count()
     print(f"  decode-bound limit: {per_core:.1f} images/s per core x {os.cpu_count()} = {limit:.1f} "
           f"(per core before and after sluice's run: {', '.join(f'{k:.0f}' for k in kernel)})")
+    # The same kernels on every core at once: the cores share caches and
+    # memory bandwidth, as the server's threads do.
+    all_cores = statistics.mean(together) if together else None
+    if all_cores:
+        print(f"  decode-bound limit, every core at once: {all_cores:.1f} images/s "
+              f"(before and after: {', '.join(f'{k:.0f}' for k in together)}; "
+              f"{all_cores / limit:.2f} of the one-core figure x cores)")
     if "sluice" in results:
         ours = results["sluice"]
         for name, r in results.items():
@@ -435,7 +454,8 @@ def main():
             print(f"  sluice / best of tf.data, DALI, Pillow-SIMD: {ours / max(peers):.2f}x (goal 1.2x)")
         if "torch-pil" in results:
             print(f"  sluice / DataLoader + PIL: {ours / results['torch-pil']:.2f}x (goal 2.0x)")
-        print(f"  sluice / decode-bound limit: {ours / limit:.2f} (goal 0.85)")
+        print(f"  sluice / decode-bound limit: {ours / limit:.2f} (goal 0.85)"
+              + (f"; / every core at once: {ours / all_cores:.2f}" if all_cores else ""))
         if "sluice" in costs:
             where_the_gap_is(costs["sluice"], per_core)
     if "sluice-torch" in results:
@@ -443,7 +463,8 @@ def main():
         peers = [results[n] for n in ("torch-pillow-simd", "tf.data", "dali") if n in results]
         if peers:
             print(f"  sluice-torch / best of tf.data, DALI, Pillow-SIMD: {ours / max(peers):.2f}x")
-        print(f"  sluice-torch / decode-bound limit: {ours / limit:.2f}")
+        print(f"  sluice-torch / decode-bound limit: {ours / limit:.2f}"
+              + (f"; / every core at once: {ours / all_cores:.2f}" if all_cores else ""))
         if "sluice-torch" in costs:
             where_the_gap_is(costs["sluice-torch"], per_core)
     if a.json:
@@ -451,7 +472,9 @@ def main():
             json.dump({"title": f"{len(paths)} ImageNet-like JPEGs, the standard training transform, "
                                 f"batches of {a.batch}, {os.cpu_count()} cores, median of {a.runs} epochs",
                        "source": "scripts/bench_loaders.py --json",
-                       "images_per_s": {**results, "decode-bound limit": limit}}, f, indent=1)
+                       "images_per_s": {**results, "decode-bound limit": limit,
+                                        **({"decode-bound limit, every core at once": all_cores}
+                                           if all_cores else {})}}, f, indent=1)
 
 
 if __name__ == "__main__":
