@@ -502,6 +502,7 @@ impl ComputeSession {
                 resources,
                 stats,
                 calibrations: HashMap::new(),
+                delivery: HashMap::new(),
             },
             calibration: self.calibration,
             calibrations: Arc::clone(&self.calibrations),
@@ -650,8 +651,10 @@ impl Prepared {
     ) -> Result<PlannedQuery> {
         let placement = match self.calibration.filter(|_| calibrate_first) {
             // The query's own plan is what is timed: a plan derived from it
-            // (a job's window plan) has the same stages, and columns of its
-            // own (the slot) no plain scan can read.
+            // (a job's window plan) has its stages, or all but a last one
+            // run at delivery (`Planner::deferring` hands the window the
+            // query's calibration), and columns of its own (the slot) no
+            // plain scan can read.
             Some(settings) => {
                 let calibrations = calibrate(
                     &self.planner,
@@ -667,9 +670,17 @@ impl Prepared {
                     calibrations,
                     ..self.planner.clone()
                 };
-                planner.place(plan, offload, &self.tables)?
+                planner
+                    .deferring(&self.plan, &plan)
+                    .place(plan, offload, &self.tables)?
             }
-            None => self.planner.place(plan, offload, &self.tables)?,
+            // A job's window plan may defer the query's last stage to
+            // delivery: that stage is still costed, on the compute side.
+            None => self.planner.clone().deferring(&self.plan, &plan).place(
+                plan,
+                offload,
+                &self.tables,
+            )?,
         };
         let state = self.ctx.state();
         let physical = state

@@ -1023,6 +1023,10 @@ async fn a_deferred_normalize_gives_the_query_s_rows() {
                 ["x = normalize(the window's x, [0.4, 0.5, 0.6], [0.2, 0.3, 0.25])"]
             );
             assert!(e.to_text().contains("at delivery"));
+            // ... and the planner costed it there, on the compute side.
+            let d = e.pipelines[0].delivery.as_ref().expect("normalize costed");
+            assert_eq!(d.stages, ["normalize"]);
+            assert!(d.estimated_ns > 0.0);
             assert!(
                 !e.compute_fragment.contains("normalize")
                     && !e.to_json().contains("normalize(resize")

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::calibrate::CalibrationReport;
 use crate::choose::{Metric, Rates, Split};
+use crate::delivery::Delivery;
 use crate::offload::Offload;
 use crate::resources::Resources;
 
@@ -78,6 +79,10 @@ pub struct PipelineExplanation {
     /// (and what they were), or why not; `None`: not asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationReport>,
+    /// A job's last level, run at delivery: on the compute side at every
+    /// cut, in every candidate's compute rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
 }
 
 /// The whole placement: resources, pipelines, fragments.
@@ -208,6 +213,17 @@ impl PipelineExplanation {
         }
         for (i, s) in self.stages.iter().enumerate() {
             let _ = writeln!(out, "  stage {}: {}{}", i + 1, s.join(", "), cost(i + 1));
+        }
+        if let Some(d) = &self.delivery {
+            let measured = d
+                .calibrated_ns
+                .map_or(String::new(), |ns| format!(", calibrated {}", micros(ns)));
+            let _ = writeln!(
+                out,
+                "  at delivery: {}  (compute CPU/sample: estimated {}{measured}; every cut's compute side pays it)",
+                d.stages.join(", "),
+                micros(d.estimated_ns)
+            );
         }
         match &self.calibration {
             Some(CalibrationReport::Measured { objects, nodes, .. }) => {

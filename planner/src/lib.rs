@@ -22,6 +22,8 @@
 //!   where the stages would run, replacing the profiles' when they exist;
 //! - [`choose`]: candidate rates under the [`resources`], the pick, and the
 //!   per-sample split;
+//! - [`delivery`]: a job's last stage deferred to delivery, costed on the
+//!   compute side;
 //! - [`explain`]: the reasoning, as text or JSON;
 //! - [`Planner::place`]: the rewrite into fragments.
 //!
@@ -32,6 +34,7 @@
 pub mod calibrate;
 pub mod choose;
 pub mod cost;
+pub mod delivery;
 pub mod explain;
 pub mod offload;
 pub mod pipeline;
@@ -53,6 +56,7 @@ use sluice_udfs::cost::Profiles;
 
 pub use calibrate::{Calibration, CalibrationOptions, CalibrationReport, CutTiming};
 pub use choose::{Rates, Split};
+pub use delivery::Delivery;
 pub use explain::{Candidate, Choice, Explanation, PipelineExplanation};
 pub use offload::Offload;
 pub use pipeline::Pipeline;
@@ -60,7 +64,7 @@ pub use resources::Resources;
 pub use stats::DatasetStats;
 
 use crate::choose::{Metric, best_split};
-use crate::cost::{cost_table, mean};
+use crate::cost::{SampleCost, cost_table, mean};
 use crate::pipeline::shipped_name;
 
 /// A plan storage runs: a projection over a dataset scan.
@@ -92,6 +96,20 @@ pub struct Placement {
     pub explanation: Explanation,
 }
 
+/// The first pipeline of `plan`, top-down.
+fn first_pipeline(plan: &LogicalPlan) -> Option<Pipeline> {
+    let mut found = None;
+    let _ = plan.apply(|node| {
+        found = Pipeline::find(node);
+        Ok(if found.is_some() {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    found
+}
+
 /// The offload-aware planner.
 #[derive(Debug, Clone)]
 pub struct Planner {
@@ -103,6 +121,9 @@ pub struct Planner {
     pub stats: HashMap<String, DatasetStats>,
     /// Calibrations of pipelines, by [`calibrate::key`].
     pub calibrations: HashMap<String, Calibration>,
+    /// Stages run at delivery after a pipeline, by its [`calibrate::key`]
+    /// ([`Planner::deferring`]).
+    pub delivery: HashMap<String, Delivery>,
 }
 
 /// The fragments to time to calibrate one pipeline ([`Planner::probes`]).
@@ -150,6 +171,55 @@ impl Planner {
             Ok(TreeNodeRecursion::Continue)
         })?;
         Ok(out)
+    }
+
+    /// This planner for `window`, a job's window plan that computes the
+    /// pipeline of `query` less its last level, which the job runs at
+    /// delivery (see [`delivery`]): the window's pipeline takes the query's
+    /// calibration of the levels it keeps, and every candidate's compute
+    /// side pays the last level. Unchanged where `window`'s pipeline is not
+    /// exactly that (the same plan, or a level partly deferred: then the
+    /// window is planned as it is, with the profiles).
+    pub fn deferring(mut self, query: &LogicalPlan, window: &LogicalPlan) -> Self {
+        let (Some(q), Some(w)) = (first_pipeline(query), first_pipeline(window)) else {
+            return self;
+        };
+        let d = q.depth();
+        if d == 0 || w.depth() + 1 != d || w.stages[..] != q.stages[..d - 1] {
+            return self;
+        }
+        let Some(stats) = self.stats.get(&q.dataset()) else {
+            return self;
+        };
+        let modelled = cost_table(&q, &self.profiles, &stats.rows());
+        let estimated_ns = calibrate::levels(&modelled, &modelled)[d].estimated_ns;
+        let (key_q, key_w) = (calibrate::key(&q), calibrate::key(&w));
+        let calibrated_ns = match self.calibrations.get(&key_q).cloned() {
+            Some(Calibration::Measured { cuts, nodes }) if cuts.len() == d + 1 => {
+                let measured = calibrate::apply(&modelled, &cuts);
+                let ns = calibrate::levels(&modelled, &measured)[d].calibrated_ns;
+                let kept = Calibration::Measured {
+                    cuts: cuts[..d].to_vec(),
+                    nodes,
+                };
+                self.calibrations.insert(key_w.clone(), kept);
+                Some(ns)
+            }
+            Some(fallback @ Calibration::Fallback { .. }) => {
+                self.calibrations.insert(key_w.clone(), fallback);
+                None
+            }
+            _ => None,
+        };
+        self.delivery.insert(
+            key_w,
+            Delivery {
+                stages: q.stages[d - 1].clone(),
+                estimated_ns,
+                calibrated_ns,
+            },
+        );
+        self
     }
 
     /// Divides `plan` (optimized) per `offload`.
@@ -235,6 +305,22 @@ impl Planner {
             ),
             None => (modelled, None),
         };
+        // A job's stage at delivery: compute work at every cut.
+        let delivery = self.delivery.get(&calibrate::key(p)).cloned();
+        let table = match &delivery {
+            Some(d) => table
+                .into_iter()
+                .map(|cut| {
+                    cut.into_iter()
+                        .map(|c| SampleCost {
+                            compute_ns: c.compute_ns + d.ns(),
+                            ..c
+                        })
+                        .collect()
+                })
+                .collect(),
+            None => table,
+        };
         let candidates: Vec<Candidate> = table
             .iter()
             .enumerate()
@@ -307,6 +393,7 @@ impl Planner {
             choice,
             rates,
             calibration,
+            delivery,
         };
         Ok((plan, why))
     }

@@ -127,6 +127,7 @@ async fn place(sql: &str, res: Resources, offload: Offload) -> Placement {
         resources: res,
         stats: datasets(),
         calibrations: Default::default(),
+        delivery: Default::default(),
     };
     planner.place(plan, offload, &Tables).unwrap()
 }
@@ -230,6 +231,7 @@ async fn fixed_modes_and_bad_cuts() {
         resources: resources(1.0, None),
         stats: datasets(),
         calibrations: Default::default(),
+        delivery: Default::default(),
     };
     let e = planner.place(plan, Offload::Cut(7), &Tables).unwrap_err();
     assert!(
@@ -289,4 +291,108 @@ async fn co_located_sides_are_one_pool_and_never_split() {
         apart.explanation.pipelines[0].choice,
         Choice::Split(_)
     ));
+}
+
+/// A job's window plan without the query's last stage (normalize, run at
+/// delivery) keeps the query's calibration of the levels it computes, and
+/// every candidate's compute side pays the deferred stage: planned alone,
+/// the window found no calibration and costed normalize nowhere.
+#[tokio::test]
+async fn a_stage_deferred_to_delivery_is_costed_on_compute_with_the_query_s_calibration() {
+    let ctx = SessionContext::new();
+    sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
+    ctx.register_table(
+        "thumbs",
+        Arc::new(MemTable::try_new(table_schema(), vec![vec![]]).unwrap()),
+    )
+    .unwrap();
+    let optimized = |sql: &'static str| {
+        let ctx = ctx.clone();
+        async move { ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap() }
+    };
+    let query = optimized(CLASSIFY).await;
+    let window = optimized(
+        "SELECT key, label, random_horizontal_flip(random_resized_crop(decode_image(data), 224, 224)) \
+         AS image FROM thumbs",
+    )
+    .await;
+    let planner = Planner {
+        profiles: default_profiles(),
+        resources: resources(2.0, Some(10.0 * GBIT)),
+        stats: datasets(),
+        calibrations: Default::default(),
+        delivery: Default::default(),
+    };
+    // The query's calibration, as a job's session makes it: read 20 µs,
+    // decode + crop 3 ms, flip 100 µs, normalize 400 µs per object.
+    let probes = planner.probes(&query, 24).unwrap();
+    let through = [20e3, 3020e3, 3120e3, 3520e3];
+    let cuts = through
+        .iter()
+        .map(|ns| sluice_planner::CutTiming {
+            objects: 10,
+            cpu_ns: ns * 10.0,
+        })
+        .collect();
+    let mut calibrated = planner.clone();
+    calibrated.calibrations.insert(
+        probes[0].key.clone(),
+        sluice_planner::Calibration::Measured {
+            cuts,
+            nodes: vec!["a".into()],
+        },
+    );
+
+    let alone = calibrated
+        .clone()
+        .place(window.clone(), Offload::Auto, &Tables)
+        .unwrap();
+    let alone = &alone.explanation.pipelines[0];
+    assert!(alone.calibration.is_none() && alone.delivery.is_none());
+
+    let deferred = calibrated
+        .deferring(&query, &window)
+        .place(window.clone(), Offload::Auto, &Tables)
+        .unwrap();
+    let p = &deferred.explanation.pipelines[0];
+    let delivery = p.delivery.as_ref().expect("the deferred stage");
+    assert_eq!(delivery.stages, ["normalize"]);
+    assert!(
+        (delivery.calibrated_ns.unwrap() - 400e3).abs() < 1.0,
+        "{delivery:?}"
+    );
+    assert!(delivery.estimated_ns > 0.0);
+    let Some(sluice_planner::CalibrationReport::Measured { levels, .. }) = &p.calibration else {
+        panic!(
+            "the window's levels keep the query's calibration: {:?}",
+            p.calibration
+        );
+    };
+    assert_eq!(levels.len(), 3);
+    assert!((levels[1].calibrated_ns - 3000e3).abs() < 1.0, "{levels:?}");
+    // Every cut's compute side is slower by the deferred stage.
+    let plain = planner
+        .clone()
+        .deferring(&query, &query)
+        .place(window.clone(), Offload::Auto, &Tables)
+        .unwrap();
+    let costed = planner
+        .deferring(&query, &window)
+        .place(window, Offload::Auto, &Tables)
+        .unwrap();
+    for (with, without) in costed.explanation.pipelines[0]
+        .candidates
+        .iter()
+        .zip(&plain.explanation.pipelines[0].candidates)
+    {
+        assert!(
+            with.rates.compute_per_s < without.rates.compute_per_s,
+            "{with:?} {without:?}"
+        );
+    }
+    let text = deferred.explanation.to_text();
+    assert!(
+        text.contains("at delivery: normalize  (compute CPU/sample: estimated "),
+        "{text}"
+    );
 }
