@@ -8,6 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::TableProvider;
 use datafusion::datasource::MemTable;
 use datafusion::error::Result;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 use sluice_planner::{
     Choice, DatasetStats, FragmentTables, Offload, Placement, Planner, Resources, StorageFragment,
@@ -114,22 +115,32 @@ fn resources(storage_cores: f64, link: Option<f64>) -> Resources {
     }
 }
 
-async fn place(sql: &str, res: Resources, offload: Offload) -> Placement {
+/// `sql` optimized over empty tables of every dataset, with the UDFs.
+async fn optimized(sql: &str) -> LogicalPlan {
     let ctx = SessionContext::new();
     sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
     for name in datasets().keys() {
         let t = MemTable::try_new(table_schema(), vec![vec![]]).unwrap();
         ctx.register_table(name.as_str(), Arc::new(t)).unwrap();
     }
-    let plan = ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap();
-    let planner = Planner {
+    ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap()
+}
+
+/// A planner for `res`, with the default profiles and no calibration.
+fn planner(res: Resources) -> Planner {
+    Planner {
         profiles: default_profiles(),
         resources: res,
         stats: datasets(),
         calibrations: Default::default(),
         delivery: Default::default(),
-    };
-    planner.place(plan, offload, &Tables).unwrap()
+    }
+}
+
+async fn place(sql: &str, res: Resources, offload: Offload) -> Placement {
+    planner(res)
+        .place(optimized(sql).await, offload, &Tables)
+        .unwrap()
 }
 
 fn cut_of(p: &Placement) -> String {
@@ -213,26 +224,8 @@ async fn fixed_modes_and_bad_cuts() {
     assert_eq!(cut_of(&none), "cut 0");
     let two = place(CLASSIFY, resources(1.0, None), Offload::Cut(2)).await;
     assert_eq!(cut_of(&two), "cut 2");
-    let ctx = SessionContext::new();
-    sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
-    ctx.register_table(
-        "thumbs",
-        Arc::new(MemTable::try_new(table_schema(), vec![vec![]]).unwrap()),
-    )
-    .unwrap();
-    let plan = ctx
-        .sql(CLASSIFY)
-        .await
-        .unwrap()
-        .into_optimized_plan()
-        .unwrap();
-    let planner = Planner {
-        profiles: default_profiles(),
-        resources: resources(1.0, None),
-        stats: datasets(),
-        calibrations: Default::default(),
-        delivery: Default::default(),
-    };
+    let plan = optimized(CLASSIFY).await;
+    let planner = planner(resources(1.0, None));
     let e = planner.place(plan, Offload::Cut(7), &Tables).unwrap_err();
     assert!(
         e.to_string()
@@ -299,30 +292,13 @@ async fn co_located_sides_are_one_pool_and_never_split() {
 /// the window found no calibration and costed normalize nowhere.
 #[tokio::test]
 async fn a_stage_deferred_to_delivery_is_costed_on_compute_with_the_query_s_calibration() {
-    let ctx = SessionContext::new();
-    sluice_udfs::register(&ctx, &UdfEnv::new(UdfOptions::default()));
-    ctx.register_table(
-        "thumbs",
-        Arc::new(MemTable::try_new(table_schema(), vec![vec![]]).unwrap()),
-    )
-    .unwrap();
-    let optimized = |sql: &'static str| {
-        let ctx = ctx.clone();
-        async move { ctx.sql(sql).await.unwrap().into_optimized_plan().unwrap() }
-    };
     let query = optimized(CLASSIFY).await;
     let window = optimized(
         "SELECT key, label, random_horizontal_flip(random_resized_crop(decode_image(data), 224, 224)) \
          AS image FROM thumbs",
     )
     .await;
-    let planner = Planner {
-        profiles: default_profiles(),
-        resources: resources(2.0, Some(10.0 * GBIT)),
-        stats: datasets(),
-        calibrations: Default::default(),
-        delivery: Default::default(),
-    };
+    let planner = planner(resources(2.0, Some(10.0 * GBIT)));
     // The query's calibration, as a job's session makes it: read 20 µs,
     // decode + crop 3 ms, flip 100 µs, normalize 400 µs per object.
     let probes = planner.probes(&query, 24).unwrap();
