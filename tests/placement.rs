@@ -427,6 +427,15 @@ fn calibration_on_the_datasets_objects_overrides_wrong_profiles() {
     assert!(text.contains("calibrated on "), "{text}");
 }
 
+/// What `sluice explain --format json` says of the calibration of
+/// `sql`'s first pipeline over `data`.
+fn calibration_of(data: &Path, sql: &str) -> serde_json::Value {
+    let json: serde_json::Value =
+        serde_json::from_slice(&ok(sluice(data).args(["explain", sql, "--format", "json"])))
+            .unwrap();
+    json["pipelines"][0]["calibration"].clone()
+}
+
 /// Every stage of a pipeline is timed by itself: a cheap stage after an
 /// expensive one (flip and normalize after decode + crop) has a measured
 /// cost of its own, never the zero that the difference of two noisy runs
@@ -438,14 +447,7 @@ fn calibration_times_each_stage_by_itself() {
     images(&env, &src, 0, 5);
     let data = env.data_dir();
     ingest(&data, "pets", &src);
-    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&data).args([
-        "explain",
-        PIPELINES[0].1,
-        "--format",
-        "json",
-    ])))
-    .unwrap();
-    let cal = &json["pipelines"][0]["calibration"];
+    let cal = &calibration_of(&data, PIPELINES[0].1);
     assert_eq!(cal["kind"], "measured", "{cal}");
     let levels = cal["levels"].as_array().unwrap();
     assert_eq!(levels.len(), 4, "{cal}");
@@ -477,14 +479,7 @@ fn calibration_on_bad_objects_only_falls_back_and_says_why() {
     }
     let data = env.data_dir();
     ingest(&data, "pets", &src);
-    let json: serde_json::Value = serde_json::from_slice(&ok(sluice(&data).args([
-        "explain",
-        PIPELINES[1].1,
-        "--format",
-        "json",
-    ])))
-    .unwrap();
-    let cal = &json["pipelines"][0]["calibration"];
+    let cal = &calibration_of(&data, PIPELINES[1].1);
     assert_eq!(cal["kind"], "fallback", "{cal}");
     let reason = cal["reason"].as_str().unwrap();
     assert!(

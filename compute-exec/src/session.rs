@@ -649,14 +649,13 @@ impl Prepared {
         offload: Offload,
         calibrate_first: bool,
     ) -> Result<PlannedQuery> {
-        let placement = match self.calibration.filter(|_| calibrate_first) {
+        let planner = match self.calibration.filter(|_| calibrate_first) {
             // The query's own plan is what is timed: a plan derived from it
             // (a job's window plan) has its stages, or all but a last one
-            // run at delivery (`Planner::deferring` hands the window the
-            // query's calibration), and columns of its own (the slot) no
-            // plain scan can read.
-            Some(settings) => {
-                let calibrations = calibrate(
+            // run at delivery, and columns of its own (the slot) no plain
+            // scan can read.
+            Some(settings) => Planner {
+                calibrations: calibrate(
                     &self.planner,
                     &self.plan,
                     &self.tables.holders,
@@ -665,23 +664,17 @@ impl Prepared {
                     settings,
                     &self.calibrations,
                 )
-                .await;
-                let planner = Planner {
-                    calibrations,
-                    ..self.planner.clone()
-                };
-                planner
-                    .deferring(&self.plan, &plan)
-                    .place(plan, offload, &self.tables)?
-            }
-            // A job's window plan may defer the query's last stage to
-            // delivery: that stage is still costed, on the compute side.
-            None => self.planner.clone().deferring(&self.plan, &plan).place(
-                plan,
-                offload,
-                &self.tables,
-            )?,
+                .await,
+                ..self.planner.clone()
+            },
+            None => self.planner.clone(),
         };
+        // A job's window plan may defer the query's last stage to delivery:
+        // the window takes the query's calibration, and that stage is still
+        // costed, on the compute side.
+        let placement = planner
+            .deferring(&self.plan, &plan)
+            .place(plan, offload, &self.tables)?;
         let state = self.ctx.state();
         let physical = state
             .query_planner()

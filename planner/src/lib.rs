@@ -196,8 +196,9 @@ impl Planner {
         let (key_q, key_w) = (calibrate::key(&q), calibrate::key(&w));
         let calibrated_ns = match self.calibrations.get(&key_q).cloned() {
             Some(Calibration::Measured { cuts, nodes }) if cuts.len() == d + 1 => {
-                let measured = calibrate::apply(&modelled, &cuts);
-                let ns = calibrate::levels(&modelled, &measured)[d].calibrated_ns;
+                // The last level's measured cost (never below nothing).
+                let per = |k: usize| cuts[k].per_object().unwrap_or(0.0);
+                let ns = (per(d) - per(d - 1)).max(0.0);
                 let kept = Calibration::Measured {
                     cuts: cuts[..d].to_vec(),
                     nodes,
