@@ -57,6 +57,19 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub token: Vec<String>,
+    /// The memory every query and job of this process shares, e.g. 8GiB
+    /// (default: half the memory available at start): a query past it
+    /// fails, the process goes on.
+    #[arg(long, global = true, env = "SLUICE_MEMORY_LIMIT", value_parser = parse_size)]
+    pub memory_limit: Option<u64>,
+    /// The tokens file `serve` and the nodes accept (scoped tokens, kept
+    /// hashed; read again on SIGHUP): see `sluice tokens`.
+    #[arg(long, global = true, env = "SLUICE_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// Append every refused call (who, what, when, from where) to this
+    /// file, one JSON line each.
+    #[arg(long, global = true, env = "SLUICE_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
     /// How to start SPDK for `--device-backend spdk`.
     #[cfg(feature = "spdk")]
     #[command(flatten)]
@@ -632,10 +645,82 @@ pub enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// The nodes of a running coordinator: list them (with those in
+    /// quarantine), or take one out.
+    Nodes {
+        /// The coordinator's REST API.
+        #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// What to do.
+        #[command(subcommand)]
+        action: NodesAction,
+    },
+    /// Scoped tokens: make one (its secret printed once, its hash added to
+    /// the tokens file), hash a secret, or list a file's tokens.
+    Tokens {
+        /// What to do.
+        #[command(subcommand)]
+        action: TokensAction,
+    },
     /// Benchmarks of the storage path against the device's own limit.
     Bench {
         /// Which benchmark.
         #[command(subcommand)]
         which: crate::commands::bench::BenchCommand,
+    },
+}
+
+/// `sluice tokens` actions.
+#[derive(Debug, Subcommand)]
+pub enum TokensAction {
+    /// Make a token: its hash goes into FILE (created if missing), its
+    /// secret to stdout, once.
+    Add {
+        /// The tokens file.
+        file: PathBuf,
+        /// Who holds it (the audit log's name for its calls).
+        name: String,
+        /// Its scopes: read, ingest, admin, node (comma-separated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        scope: Vec<sluice_access::Scope>,
+        /// Dataset name patterns it may touch (`*` matches any run of
+        /// characters; repeatable; default: every dataset).
+        #[arg(long)]
+        dataset: Vec<String>,
+        /// Checkpoint name prefixes it may read and write (repeatable;
+        /// default: every checkpoint).
+        #[arg(long)]
+        checkpoint: Vec<String>,
+    },
+    /// Print the hash a tokens file keeps of the secret read from stdin.
+    Hash,
+    /// List the tokens of FILE (names, scopes, datasets; never secrets).
+    List {
+        /// The tokens file.
+        file: PathBuf,
+    },
+    /// Take the token NAME out of FILE (a running server forgets it on
+    /// SIGHUP).
+    Remove {
+        /// The tokens file.
+        file: PathBuf,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// `sluice nodes` actions.
+#[derive(Debug, Subcommand)]
+pub enum NodesAction {
+    /// The storage nodes (up or down), the compute nodes and the
+    /// quarantined storage nodes.
+    List,
+    /// Take node ID (its location or host:port) of KIND (storage or
+    /// compute) out of the cluster (an admin token).
+    Remove {
+        /// storage or compute.
+        kind: String,
+        /// Its location or host:port.
+        id: String,
     },
 }

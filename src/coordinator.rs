@@ -162,7 +162,8 @@ impl JobSource for Coordinator {
 
 /// `id` as one path segment: job ids are letters, digits and `-`; any
 /// other byte is percent-encoded.
-fn urlencode(id: &str) -> String {
+/// `id` as one URL path segment.
+pub fn urlencode(id: &str) -> String {
     id.bytes()
         .map(|b| match b {
             b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),

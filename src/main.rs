@@ -55,6 +55,11 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // One memory budget for every query and job of the process.
+    sluice_udfs::memory_budget::MemoryBudget::global().configure(
+        cli.memory_limit
+            .unwrap_or_else(sluice_udfs::memory_budget::MemoryBudget::default_size),
+    );
     // Planning recurses over expressions (`1+1+…+1` with hundreds of
     // terms): every thread gets a stack deep ones fit in. Named apart
     // from the executors' threads (`sluice-cpu`, …): in `serve` this

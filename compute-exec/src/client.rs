@@ -77,8 +77,7 @@ impl QueryClient {
             .as_ref()
             .and_then(|t| format!("Bearer {t}").parse().ok())
         {
-            r.metadata_mut()
-                .insert(sluice_flight::auth::AUTHORIZATION, v);
+            r.metadata_mut().insert(sluice_access::AUTHORIZATION, v);
         }
         r
     }

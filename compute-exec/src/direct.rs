@@ -9,7 +9,8 @@
 //! checkpoint reads, the other RPCs, and a request this layer does not
 //! read itself (a compressed one) — goes to the tonic service unchanged,
 //! with its interceptors. The bearer token is checked here as the tonic
-//! service checks it.
+//! service checks it, before the request's body is read, and the job's
+//! dataset against the token's grant.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -21,7 +22,8 @@ use bytes::{Buf, Bytes};
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use prost::Message;
-use sluice_flight::auth::{self, BearerAuth};
+use sluice_access::Auth;
+use sluice_access::auth::{AUTHORIZATION, forbidden, unauthenticated};
 use sluice_flight::frames;
 use tonic::Status;
 use tonic::body::Body;
@@ -42,12 +44,12 @@ const MAX_TICKET: usize = sluice_flight::MAX_MESSAGE;
 pub struct DirectJobStreams<S> {
     inner: S,
     jobs: Arc<Jobs>,
-    auth: BearerAuth,
+    auth: Auth,
 }
 
 impl<S> DirectJobStreams<S> {
     /// Answers job tickets for `jobs` in front of `inner`, checking `auth`.
-    pub fn new(inner: S, jobs: Arc<Jobs>, auth: BearerAuth) -> Self {
+    pub fn new(inner: S, jobs: Arc<Jobs>, auth: Auth) -> Self {
         Self { inner, jobs, auth }
     }
 }
@@ -98,6 +100,19 @@ where
         }
         let (jobs, auth) = (Arc::clone(&self.jobs), self.auth.clone());
         Box::pin(async move {
+            let headers = req.headers().get_all(AUTHORIZATION);
+            let who = match auth.authenticate_any(headers.iter().filter_map(|v| v.to_str().ok())) {
+                Ok(who) => who,
+                Err(unknown) => {
+                    auth.audit().refused(
+                        unknown.who(),
+                        None,
+                        "Flight DoGet",
+                        "no valid bearer token",
+                    );
+                    return Ok(unauthenticated().into_http());
+                }
+            };
             let (parts, body) = req.into_parts();
             let bytes = match Limited::new(body, MAX_TICKET).collect().await {
                 Ok(b) => b.to_bytes(),
@@ -112,15 +127,16 @@ where
                     _ => None,
                 });
             let Some(ticket) = job else {
+                // The interceptor behind checks the token again.
                 let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
                 return Ok(inner.call(req).await?.map(Body::new));
             };
-            let token = parts
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            if !auth.allows(token) {
-                return Ok(auth::unauthenticated().into_http());
+            if let Ok(job) = jobs.get(&ticket.job)
+                && let Err(why) = crate::access::may_read_job(&who, &job)
+            {
+                auth.audit()
+                    .refused(who.name(), None, "Flight DoGet of a job", &why);
+                return Ok(forbidden(&why).into_http());
             }
             Ok(match trainer::messages(&jobs, ticket).await {
                 Ok(messages) => frames::response(messages),

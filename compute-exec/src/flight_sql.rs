@@ -46,6 +46,8 @@ use arrow_flight::{
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
+use sluice_access::Grant;
+use sluice_access::auth::principal_of;
 use sluice_flight::ticket::QueryTicket;
 use sluice_planner::Offload;
 use sluice_udfs::{OnError, UdfOptions};
@@ -173,8 +175,12 @@ impl SqlService {
     }
 
     /// The rows of a ticket, without the closing report.
-    async fn rows(&self, t: QueryTicket) -> Result<Response<Boxed<FlightData>>, Status> {
-        let messages = self.queries.run(t).await?;
+    async fn rows(
+        &self,
+        who: &Grant,
+        t: QueryTicket,
+    ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let messages = self.queries.run(who, t).await?;
         let rows = messages.filter(|m| {
             let report =
                 matches!(m, Ok(d) if d.data_header.is_empty() && !d.app_metadata.is_empty());
@@ -200,7 +206,7 @@ impl SqlService {
                 )));
             }
         };
-        let schema = self.queries.schema_of(t).await?;
+        let schema = self.queries.schema_of(&principal_of(&request), t).await?;
         SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
@@ -314,7 +320,10 @@ impl FlightSqlService for SqlService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let t = self.ticket(query.query, request.metadata())?;
-        let schema = self.queries.schema_of(t.clone()).await?;
+        let schema = self
+            .queries
+            .schema_of(&principal_of(&request), t.clone())
+            .await?;
         let handle = Self::handle(&t)?;
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
@@ -329,10 +338,10 @@ impl FlightSqlService for SqlService {
     async fn do_get_statement(
         &self,
         ticket: TicketStatementQuery,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<Boxed<FlightData>>, Status> {
         let t = self.ticket_of(&ticket.statement_handle)?;
-        self.rows(t).await
+        self.rows(&principal_of(&request), t).await
     }
 
     async fn do_action_create_prepared_statement(
@@ -341,7 +350,10 @@ impl FlightSqlService for SqlService {
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let t = self.ticket(query.query, request.metadata())?;
-        let schema = self.queries.schema_of(t.clone()).await?;
+        let schema = self
+            .queries
+            .schema_of(&principal_of(&request), t.clone())
+            .await?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: Self::handle(&t)?.into(),
             dataset_schema: schema_bytes(&schema)?.into(),
@@ -364,17 +376,17 @@ impl FlightSqlService for SqlService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let t = self.ticket_of(&cmd.prepared_statement_handle)?;
-        let schema = self.queries.schema_of(t).await?;
+        let schema = self.queries.schema_of(&principal_of(&request), t).await?;
         Self::info(&schema, request.into_inner(), cmd.as_any().encode_to_vec())
     }
 
     async fn do_get_prepared_statement(
         &self,
         cmd: CommandPreparedStatementQuery,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<Boxed<FlightData>>, Status> {
         let t = self.ticket_of(&cmd.prepared_statement_handle)?;
-        self.rows(t).await
+        self.rows(&principal_of(&request), t).await
     }
 
     async fn do_put_prepared_statement_query(
@@ -457,10 +469,14 @@ impl FlightSqlService for SqlService {
     async fn do_get_tables(
         &self,
         query: CommandGetTables,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<Boxed<FlightData>>, Status> {
+        let who = principal_of(&request);
         let mut b: GetTablesBuilder = query.into_builder();
         for (name, schema) in self.tables().await? {
+            if !who.may_read(&name) {
+                continue;
+            }
             b.append(CATALOG, SCHEMA, name, TABLE_TYPE, &schema)
                 .map_err(|e| Status::internal(e.to_string()))?;
         }

@@ -36,6 +36,7 @@
 //! - [`direct`]: `DoGet` of job tickets answered in gRPC frames in front of
 //!   tonic, so tensor bytes are not copied on their way out.
 
+pub mod access;
 pub mod calibration;
 pub mod catalog;
 pub mod client;
@@ -47,6 +48,7 @@ pub mod feeds;
 pub mod flight_sql;
 pub mod ingest;
 pub mod job;
+pub mod ledger;
 pub mod offthread;
 pub mod remote;
 pub mod service;

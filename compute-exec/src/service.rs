@@ -33,7 +33,8 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, stream};
-use sluice_flight::BearerAuth;
+use sluice_access::auth::{forbidden, principal_of};
+use sluice_access::{Auth, Grant};
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, PutCommand};
 use sluice_flight::fault::status_of;
 use sluice_flight::messages::FragmentReport;
@@ -65,6 +66,8 @@ pub struct QueryService {
     jobs: Arc<Jobs>,
     checkpoints: Option<Arc<dyn CheckpointEndpoint>>,
     query_timeout: Option<Duration>,
+    /// Who may call (set by [`QueryService::serve`]), and the audit log.
+    auth: Auth,
 }
 
 impl QueryService {
@@ -75,6 +78,30 @@ impl QueryService {
             jobs,
             checkpoints: None,
             query_timeout: None,
+            auth: Auth::default(),
+        }
+    }
+
+    /// Lets `who` do `what` when `allowed` passes; otherwise writes the
+    /// refusal to the audit log and answers `PermissionDenied`.
+    pub(crate) fn allow(
+        &self,
+        who: &Grant,
+        what: &str,
+        allowed: Result<(), String>,
+    ) -> Result<(), Status> {
+        allowed.map_err(|why| {
+            self.auth.audit().refused(who.name(), None, what, &why);
+            forbidden(&why)
+        })
+    }
+
+    /// Lets `who` read the job of `id` (one it may not read answers as
+    /// refused, one that does not exist as not found).
+    fn allow_job(&self, who: &Grant, id: &str) -> Result<(), Status> {
+        match self.jobs.get(id) {
+            Ok(job) => self.allow(who, "read a job", crate::access::may_read_job(who, &job)),
+            Err(_) => Ok(()),
         }
     }
 
@@ -94,7 +121,12 @@ impl QueryService {
     /// Runs a query ticket: its result's Flight messages, ending with a
     /// message whose app metadata is the [`FragmentReport`] of what it
     /// met (bad samples, stage times).
-    pub(crate) async fn run(&self, t: QueryTicket) -> Result<Boxed<FlightData>, Status> {
+    pub(crate) async fn run(
+        &self,
+        who: &Grant,
+        t: QueryTicket,
+    ) -> Result<Boxed<FlightData>, Status> {
+        self.allow(who, "query", crate::access::may_query(who, &t.sql))?;
         let udfs = UdfEnv::new(t.udf);
         // Planned and run on the query runtime: this one stays free for
         // REST, Flight control calls and the deadline below.
@@ -122,7 +154,8 @@ impl QueryService {
     }
 
     /// The schema a query ticket's result will have (planned, not run).
-    pub(crate) async fn schema_of(&self, t: QueryTicket) -> Result<SchemaRef, Status> {
+    pub(crate) async fn schema_of(&self, who: &Grant, t: QueryTicket) -> Result<SchemaRef, Status> {
+        self.allow(who, "query", crate::access::may_query(who, &t.sql))?;
         let session = Arc::clone(&self.session);
         plan_on(self.jobs.handle(), async move {
             let udfs = UdfEnv::new(t.udf);
@@ -145,6 +178,26 @@ impl QueryService {
     /// The session it queries.
     pub(crate) fn session(&self) -> &Arc<ComputeSession> {
         &self.session
+    }
+
+    /// Lets `who` ask about descriptor `d`: a dataset by its path, or a
+    /// job by its id.
+    fn allow_descriptor(&self, who: &Grant, d: &FlightDescriptor) -> Result<(), Status> {
+        if let Some(dataset) = d.path.first() {
+            let allowed = if who.may_read(dataset) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "token {:?} may not read dataset {dataset:?}",
+                    who.name()
+                ))
+            };
+            return self.allow(who, "describe a dataset", allowed);
+        }
+        match std::str::from_utf8(&d.cmd) {
+            Ok(id) => self.allow_job(who, id),
+            Err(_) => Ok(()),
+        }
     }
 
     /// Caps a client's UDF limits by the server's.
@@ -172,9 +225,10 @@ impl QueryService {
     /// The service as nodes serve it: behind `auth`, with trainers' job
     /// streams answered by [`DirectJobStreams`] in front of tonic.
     pub fn serve(
-        self,
-        auth: BearerAuth,
-    ) -> DirectJobStreams<InterceptedService<FlightServiceServer<Self>, BearerAuth>> {
+        mut self,
+        auth: Auth,
+    ) -> DirectJobStreams<InterceptedService<FlightServiceServer<Self>, Auth>> {
+        self.auth = auth.clone();
         let jobs = Arc::clone(&self.jobs);
         DirectJobStreams::new(
             InterceptedService::new(self.server(), auth.clone()),
@@ -248,7 +302,7 @@ impl FlightService for QueryService {
             Response::new(Box::pin(stream::iter([Ok(reply)])));
         let bearer = headers
             .iter()
-            .find_map(|h| sluice_flight::auth::basic_password(h).map(|t| format!("Bearer {t}")))
+            .find_map(|h| sluice_access::auth::basic_password(h).map(|t| format!("Bearer {t}")))
             .or_else(|| {
                 headers
                     .iter()
@@ -266,12 +320,16 @@ impl FlightService for QueryService {
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let near = request.remote_addr().map(|a| a.ip());
+        let who = principal_of(&request);
         self.session
             .refresh()
             .await
             .map_err(|e| sluice_flight::fault::status(&e))?;
         let mut infos = Vec::new();
         for (name, schema, stats) in self.session.datasets().await {
+            if !who.may_read(&name) {
+                continue;
+            }
             let info = FlightInfo::new()
                 .try_with_schema(&schema)
                 .map_err(|e| Status::internal(e.to_string()))?
@@ -282,7 +340,9 @@ impl FlightService for QueryService {
         }
         // Jobs that can be read, by id (what GetFlightInfo takes).
         for job in self.jobs.list() {
-            if !matches!(job.state(), JobState::Running | JobState::Done) {
+            if !matches!(job.state(), JobState::Running | JobState::Done)
+                || crate::access::may_read_job(&who, &job).is_err()
+            {
                 continue;
             }
             let d = FlightDescriptor::new_cmd(job.id().to_string());
@@ -302,7 +362,9 @@ impl FlightService for QueryService {
         }
         // The trainer's host: ranks go to a compute node beside it.
         let near = request.remote_addr().map(|a| a.ip());
+        let who = principal_of(&request);
         let d = request.into_inner();
+        self.allow_descriptor(&who, &d)?;
         if let Some(info) = descriptors::flight_info(&self.session, &d).await? {
             return Ok(Response::new(info));
         }
@@ -328,7 +390,9 @@ impl FlightService for QueryService {
         if flight_sql::is_flight_sql(&request.get_ref().cmd) {
             return self.sql().schema(request).await.map(Response::new);
         }
+        let who = principal_of(&request);
         let d = request.get_ref();
+        self.allow_descriptor(&who, d)?;
         if let Some(schema) = descriptors::schema(&self.session, d).await? {
             return Ok(Response::new(schema));
         }
@@ -344,11 +408,19 @@ impl FlightService for QueryService {
         if flight_sql::is_flight_sql(&request.get_ref().ticket) {
             return FlightService::do_get(&self.sql(), request).await;
         }
+        let who = principal_of(&request);
         Ok(Response::new(
             match Ticket::parse(&request.into_inner().ticket)? {
-                Ticket::Job(t) => trainer::stream(&self.jobs, t).await?,
-                Ticket::Checkpoint(t) => self.checkpoints()?.get(t).await?,
-                Ticket::Query(t) => self.run(self.capped(t)).await?,
+                Ticket::Job(t) => {
+                    self.allow_job(&who, &t.job)?;
+                    trainer::stream(&self.jobs, t).await?
+                }
+                Ticket::Checkpoint(t) => {
+                    let allowed = crate::access::may_checkpoint(&who, &t.checkpoint);
+                    self.allow(&who, "read a checkpoint", allowed)?;
+                    self.checkpoints()?.get(t).await?
+                }
+                Ticket::Query(t) => self.run(&who, self.capped(t)).await?,
             },
         ))
     }
@@ -406,8 +478,13 @@ impl FlightService for QueryService {
         if flight_sql::ACTIONS.contains(&request.get_ref().r#type.as_str()) {
             return FlightService::do_action(&self.sql(), request).await;
         }
+        let who = principal_of(&request);
         let action = request.into_inner();
         if action.r#type.starts_with(ACTION_PREFIX) {
+            if let Some(name) = crate::access::checkpoint_of_action(&action.body) {
+                let allowed = crate::access::may_checkpoint(&who, &name);
+                self.allow(&who, &action.r#type, allowed)?;
+            }
             let body = self
                 .checkpoints()?
                 .action(&action.r#type, &action.body)
@@ -425,6 +502,8 @@ impl FlightService for QueryService {
             Status::invalid_argument(format!("explain: the body is a query ticket: {e}"))
         })?;
         let t = self.capped(t);
+        let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
+        self.allow(&who, "explain", crate::access::may_query(&who, sql))?;
         let udfs = UdfEnv::new(t.udf);
         let session = Arc::clone(&self.session);
         let body = plan_on(self.jobs.handle(), async move {

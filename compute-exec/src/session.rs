@@ -29,6 +29,7 @@ use tokio::sync::Mutex;
 use crate::calibration::{CalibrationCache, calibrate};
 use crate::catalog::{ComputeSchema, UnknownDataset, base_name};
 use crate::job::{OutputCache, WindowBudget};
+use crate::ledger::PartLedger;
 use crate::remote::{FragmentTable, Tally};
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
@@ -91,8 +92,17 @@ pub fn read_only() -> SQLOptions {
 pub struct ComputeSession {
     /// The storage nodes, in the order they became known: given at start,
     /// then as they register. Only ever appended to, so a node's index
-    /// (what [`Known`] records) never changes.
+    /// (what [`Known`] records) never changes; a node removed is set
+    /// apart in `removed`, and one that registered in `checked`.
     endpoints: std::sync::RwLock<Vec<Arc<dyn StorageEndpoint>>>,
+    /// Names of the nodes removed (`sluice nodes remove`): no longer read.
+    removed: std::sync::RwLock<std::collections::HashSet<String>>,
+    /// Names of the nodes that registered rather than being named at
+    /// start: each of their parts is read at the version the ledger
+    /// names, and only if it names one.
+    checked: std::sync::RwLock<std::collections::HashSet<String>>,
+    /// The parts of datasets this cluster wrote (see [`PartLedger`]).
+    ledger: Arc<PartLedger>,
     profiles: Profiles,
     hints: ResourceHints,
     known: Mutex<Known>,
@@ -103,6 +113,9 @@ pub struct ComputeSession {
     calibration: Option<CalibrationOptions>,
     calibrations: Arc<CalibrationCache>,
 }
+
+/// How long a refresh waits for a storage node's answer.
+pub const NODE_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Memory one query's operators may hold unless told otherwise.
 pub const DEFAULT_QUERY_MEMORY: usize = 4 << 30;
@@ -135,6 +148,9 @@ impl ComputeSession {
     ) -> Self {
         Self {
             endpoints: std::sync::RwLock::new(endpoints),
+            removed: Default::default(),
+            checked: Default::default(),
+            ledger: Arc::default(),
             profiles,
             hints,
             known: Mutex::new(Known::default()),
@@ -202,12 +218,71 @@ impl ComputeSession {
         self
     }
 
-    /// The storage nodes, as known now.
+    /// The storage nodes read now (those removed left out).
     pub fn endpoints(&self) -> Vec<Arc<dyn StorageEndpoint>> {
+        let removed = self.removed.read().unwrap_or_else(|e| e.into_inner());
+        self.indexed()
+            .into_iter()
+            .filter(|e| !removed.contains(e.name()))
+            .collect()
+    }
+
+    /// Every storage node ever known, by index (what [`Known`] records).
+    fn indexed(&self) -> Vec<Arc<dyn StorageEndpoint>> {
         self.endpoints
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Whether the node at index `i` of [`Self::indexed`] is removed.
+    fn is_removed(&self, e: &Arc<dyn StorageEndpoint>) -> bool {
+        self.removed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(e.name())
+    }
+
+    /// Keeps the cluster's parts in `ledger` (the coordinator's, in its
+    /// data dir).
+    pub fn with_ledger(mut self, ledger: Arc<PartLedger>) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// The parts of datasets this cluster wrote.
+    pub fn ledger(&self) -> &Arc<PartLedger> {
+        &self.ledger
+    }
+
+    /// Admits a storage node that registered and passed the ledger's
+    /// check: read from now on, each of its parts at the version the
+    /// ledger names. Whether it was new.
+    pub fn admit(&self, endpoint: Arc<dyn StorageEndpoint>) -> bool {
+        let name = endpoint.name().to_string();
+        self.checked
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone());
+        let returned = self
+            .removed
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&name);
+        self.add_endpoint(endpoint) || returned
+    }
+
+    /// Stops reading the storage node `name` (a node lost for good, or
+    /// taken out): queries and new jobs no longer wait for it. Whether it
+    /// was read.
+    pub fn remove_endpoint(&self, name: &str) -> bool {
+        let known = self.indexed().iter().any(|e| e.name() == name);
+        known
+            && self
+                .removed
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.to_string())
     }
 
     /// Adds a storage node that registered (`sluice storage-node
@@ -224,31 +299,58 @@ impl ComputeSession {
         true
     }
 
-    /// Asks every node for its datasets (and, the first time, its cores).
-    /// A node that does not answer keeps what it said last; its datasets
-    /// fail when a query needs them, with an error naming it.
+    /// Asks every node for its datasets (and, the first time, its cores),
+    /// all at once and each for at most [`NODE_ANSWER`]: one node that is
+    /// down costs a refresh that long, not a connect timeout per node. A
+    /// node that does not answer keeps what it said last; its datasets
+    /// fail when a query needs them, with an error naming it. A node that
+    /// registered is read only at the versions the ledger names.
     pub async fn refresh(&self) -> Result<(), LinkError> {
         let mut known = self.known.lock().await;
         let mut reached = 0;
         let mut last_err = None;
         let mut listed: BTreeMap<String, Holding> = BTreeMap::new();
-        let endpoints = self.endpoints();
-        for (i, e) in endpoints.iter().enumerate() {
-            if let std::collections::hash_map::Entry::Vacant(slot) = known.cores.entry(i) {
-                match e.node_info().await {
-                    Ok(info) => {
-                        slot.insert(info.cores);
+        let endpoints = self.indexed();
+        let checked = self
+            .checked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let asked = endpoints.iter().enumerate().map(|(i, e)| {
+            let first = !known.cores.contains_key(&i) && !self.is_removed(e);
+            let live = !self.is_removed(e);
+            async move {
+                if !live {
+                    return None;
+                }
+                let answer = async {
+                    let info = if first {
+                        Some(e.node_info().await?)
+                    } else {
+                        None
+                    };
+                    Ok::<_, LinkError>((info, e.datasets().await?))
+                };
+                Some(match tokio::time::timeout(NODE_ANSWER, answer).await {
+                    Ok(r) => r,
+                    Err(_) => Err(LinkError::Unavailable {
+                        node: e.name().to_string(),
+                        reason: format!("no answer within {} s", NODE_ANSWER.as_secs_f64()),
+                    }),
+                })
+            }
+        });
+        let answers = futures::future::join_all(asked).await;
+        for ((i, e), answer) in endpoints.iter().enumerate().zip(answers) {
+            let Some(answer) = answer else { continue };
+            let datasets = match answer {
+                Ok((info, d)) => {
+                    if let Some(info) = info {
+                        known.cores.insert(i, info.cores);
                         known.limits.insert(i, info.link_limit);
                     }
-                    Err(err) => {
-                        tracing::warn!("{err}");
-                        last_err = Some(err);
-                        continue;
-                    }
+                    d
                 }
-            }
-            let datasets = match e.datasets().await {
-                Ok(d) => d,
                 Err(err) => {
                     tracing::warn!("{err}");
                     for (name, h) in &known.datasets {
@@ -268,7 +370,24 @@ impl ComputeSession {
                 }
             };
             reached += 1;
+            let registered = checked.contains(e.name());
             for d in datasets {
+                let version = if registered {
+                    match self.ledger.version(&d.name, e.name()) {
+                        Some(v) => v,
+                        None => {
+                            tracing::warn!(
+                                "storage node {} holds dataset {}, which this cluster never \
+                                 wrote there: not read",
+                                e.name(),
+                                d.name
+                            );
+                            continue;
+                        }
+                    }
+                } else {
+                    d.version
+                };
                 let h = listed.entry(d.name.clone()).or_insert_with(|| Holding {
                     schema: Arc::clone(&d.schema),
                     parts: vec![],
@@ -283,7 +402,7 @@ impl ComputeSession {
                 }
                 h.parts.push(Part {
                     node: i,
-                    version: d.version,
+                    version,
                     stats: d.stats,
                 });
             }
@@ -300,7 +419,7 @@ impl ComputeSession {
     /// node's latest, or N.
     pub async fn pins(&self, table: &str) -> Vec<(Arc<dyn StorageEndpoint>, u64)> {
         let known = self.known.lock().await;
-        let endpoints = self.endpoints();
+        let endpoints = self.indexed();
         let (base, named) = match table.rsplit_once('@') {
             Some((d, v)) => (d, v.parse().ok()),
             None => (table, None),
@@ -336,7 +455,7 @@ impl ComputeSession {
     /// holds (what a job submitted now pins).
     pub async fn versions(&self, name: &str) -> Vec<(String, u64)> {
         let known = self.known.lock().await;
-        let endpoints = self.endpoints();
+        let endpoints = self.indexed();
         known.datasets.get(name).map_or_else(Vec::new, |h| {
             h.parts
                 .iter()
@@ -348,7 +467,7 @@ impl ComputeSession {
     /// The known datasets as the planner and the session's tables need them.
     async fn snapshot(&self) -> Snapshot {
         let known = self.known.lock().await;
-        let endpoints = self.endpoints();
+        let endpoints = self.indexed();
         let mut snap = Snapshot {
             nodes: 1,
             ..Snapshot::default()
@@ -372,7 +491,7 @@ impl ComputeSession {
     /// The resources to plan with.
     pub async fn resources(&self, nodes: usize) -> Resources {
         let mut known = self.known.lock().await;
-        let endpoints = self.endpoints();
+        let endpoints = self.indexed();
         let cores = sluice_planner::resources::machine_cores() as f64;
         let storage_cores = self.hints.storage_cores.unwrap_or_else(|| {
             known
@@ -393,6 +512,9 @@ impl ComputeSession {
             let mut total = None;
             let mut measured_any = false;
             for (i, e) in endpoints.iter().enumerate() {
+                if self.is_removed(e) {
+                    continue;
+                }
                 let m = match known.measured.get(&i) {
                     Some(m) => *m,
                     None => {
@@ -584,10 +706,15 @@ impl std::fmt::Debug for Prepared {
 }
 
 /// The runtime of one query (or one stream of a job's plan): a memory
-/// pool of its own, limited to `query_memory` bytes.
+/// pool of its own, limited to `query_memory` bytes, inside the process's
+/// budget (`sluice_udfs::memory_budget`).
 fn query_runtime(query_memory: usize) -> Result<Arc<RuntimeEnv>> {
+    let shared = sluice_udfs::memory_budget::MemoryBudget::global().pool();
     RuntimeEnvBuilder::new()
-        .with_memory_limit(query_memory, 1.0)
+        .with_memory_pool(Arc::new(sluice_udfs::memory_budget::QueryPool::new(
+            query_memory,
+            shared,
+        )))
         .build_arc()
 }
 

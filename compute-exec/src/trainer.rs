@@ -124,6 +124,8 @@ pub async fn flight_info(
         // this one; else this server (an endpoint without a location).
         let mut endpoint = FlightEndpoint::new().with_ticket(Ticket::new(body));
         if let Some(location) = node {
+            // That node's reports of the rank count (`job::routes`).
+            job.route(rank, &location);
             endpoint = endpoint.with_location(location);
         }
         info = info.with_endpoint(endpoint);

@@ -38,11 +38,9 @@
 //!   computes on, shared by the roles it plays;
 //! - [`throttle`]: a token bucket to limit the link (an experiment knob);
 //! - [`cpu_time`]: the process's CPU time, as nodes report it;
-//! - [`auth`]: bearer tokens for the services users reach;
 //! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
 //!   service, and [`CheckpointEndpoint`], what serves it.
 
-pub mod auth;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;
@@ -67,7 +65,6 @@ pub mod stream;
 pub mod throttle;
 pub mod ticket;
 
-pub use auth::BearerAuth;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};

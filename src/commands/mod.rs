@@ -12,9 +12,11 @@ mod gen_sample;
 mod info;
 mod ingest;
 mod job;
+mod membership;
 mod nodes;
 pub mod place;
 mod sql;
+mod tokens;
 mod udfs;
 
 use std::sync::Arc;
@@ -173,6 +175,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             per_class,
             seed,
         } => gen_sample::run(dir, *classes, *per_class, *seed),
+        Command::Nodes { url, action } => membership::run(&cli, url, action).await,
+        Command::Tokens { action } => tokens::run(action),
         Command::Bench { which } => bench::run(&cli, which).await,
     }
 }

@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
+use sluice_access::{Audit, Auth};
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{BearerAuth, Executor, StorageClient, StorageEndpoint};
+use sluice_flight::{Executor, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
@@ -50,6 +51,39 @@ fn flight_builder() -> Server {
 
 /// The HTTP/2 flow-control window of a Flight stream.
 const FLIGHT_WINDOW: u32 = 8 << 20;
+
+/// The tokens a server accepts: `given` (every scope) and the tokens
+/// file's (`--tokens`), read again on SIGHUP; refusals go to the audit
+/// log (`--audit-log`).
+fn accepted_tokens(cli: &Cli, given: &[String]) -> anyhow::Result<Auth> {
+    let audit = match &cli.audit_log {
+        Some(path) => Audit::to(path).map_err(anyhow::Error::msg)?,
+        None => Audit::default(),
+    };
+    let auth = Auth::new(given.iter().cloned(), cli.tokens.as_deref(), audit)
+        .map_err(anyhow::Error::msg)?;
+    if cli.tokens.is_some() {
+        reload_on_sighup(auth.clone());
+    }
+    Ok(auth)
+}
+
+/// Reads the tokens file again at each SIGHUP, until the process ends.
+fn reload_on_sighup(auth: Auth) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        eprintln!("warning: no SIGHUP: the tokens file is read only at start");
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match auth.reload() {
+                Ok(n) => eprintln!("tokens file read again: {n} token(s)"),
+                Err(e) => eprintln!("error: {e}; the tokens in use are kept"),
+            }
+        }
+    });
+}
 
 async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
@@ -166,7 +200,9 @@ pub async fn compute_node(
         .add_service(
             QueryService::new(jobs)
                 .with_query_timeout(limits.timeout())
-                .serve(BearerAuth::default()),
+                // Its own --token is what it sends; it accepts the
+                // tokens file's.
+                .serve(accepted_tokens(cli, &[])?),
         )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
@@ -248,8 +284,14 @@ pub async fn serve(
         (vec![endpoint], Some(store))
     };
     sluice_udfs::stage_cache::StageCache::global().configure(addrs.limits.stage_cache());
+    // The parts this cluster wrote: what a storage node that registers
+    // may bring (sluice_compute::ledger).
+    let ledger = Arc::new(sluice_compute::ledger::PartLedger::open(
+        &cli.data_dir.join("cluster"),
+    )?);
     let session = Arc::new(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
+            .with_ledger(ledger)
             .with_query_memory(addrs.limits.query_memory as usize)
             .with_stream_memory(addrs.limits.stream_memory)
             .with_output_cache(addrs.limits.output_cache())
@@ -259,7 +301,7 @@ pub async fn serve(
     if let Err(e) = session.refresh().await {
         eprintln!("warning: {e}");
     }
-    let auth = BearerAuth::new(cli.token.iter().cloned()).map_err(anyhow::Error::msg)?;
+    let auth = accepted_tokens(cli, &cli.token)?;
     // Jobs survive a restart: their records live beside the data.
     let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
     let jobs = Arc::new(Jobs::on(cpu, Arc::clone(&session), Some(job_store)));
@@ -288,6 +330,7 @@ pub async fn serve(
         started: std::time::Instant::now(),
         flight: flight_addr,
         ingests: Arc::default(),
+        quarantine: Arc::default(),
     });
     // One write, and no panic if whoever started us stopped reading.
     let announce = format!(

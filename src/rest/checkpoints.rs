@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
+use sluice_access::Principal;
 use sluice_storage::StorageError;
 use sluice_storage::checkpoint::{CheckpointInfo, Checkpoints};
 
@@ -72,7 +73,8 @@ fn api_error(e: StorageError) -> ApiError {
     ApiError::fault(&e)
 }
 
-/// Every version of the checkpoints under a prefix, by name then version.
+/// Every version of the checkpoints under a prefix, by name then version
+/// (those the caller's token may use).
 #[utoipa::path(get, path = "/v1/checkpoints", operation_id = "list_checkpoints", tag = "checkpoints",
     params(ListQuery),
     responses((status = 200, body = Vec<Checkpoint>), (status = 401, body = ApiError),
@@ -80,11 +82,17 @@ fn api_error(e: StorageError) -> ApiError {
     security(("bearer" = [])))]
 pub async fn list(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Checkpoint>>, ApiError> {
     let Query(q) = query?;
     let list = store(&s)?.list(&q.prefix).map_err(api_error)?;
-    Ok(Json(list.into_iter().map(Checkpoint::from).collect()))
+    Ok(Json(
+        list.into_iter()
+            .filter(|c| who.may_checkpoint(&c.name))
+            .map(Checkpoint::from)
+            .collect(),
+    ))
 }
 
 /// Deletes a checkpoint (every version, or one); its space is free at once.
@@ -96,9 +104,19 @@ pub async fn list(
     security(("bearer" = [])))]
 pub async fn delete(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     query: Result<Query<DeleteQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Checkpoint>>, ApiError> {
     let Query(q) = query?;
+    if !who.may_checkpoint(&q.name) {
+        let why = format!("token {:?} may not use checkpoint {:?}", who.name(), q.name);
+        return Err(super::access::refuse(
+            &s,
+            &who,
+            "DELETE /v1/checkpoints",
+            why,
+        ));
+    }
     let gone = store(&s)?.delete(&q.name, q.version).map_err(api_error)?;
     Ok(Json(gone.into_iter().map(Checkpoint::from).collect()))
 }

@@ -4,17 +4,19 @@
 
 use std::path::Path as FsPath;
 
-use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
+use sluice_access::Principal;
 use sluice_flight::Fault;
 use sluice_storage::ingest::Confinement;
 use sluice_storage::{IngestOptions, IngestSource, OnError};
 use tonic::Code;
 
 use super::AppState;
+use super::access::refuse;
 use super::error::{ApiError, http_status};
 
 /// A column of a dataset.
@@ -138,8 +140,13 @@ async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
 #[utoipa::path(get, path = "/v1/datasets", operation_id = "list_datasets", tag = "datasets",
     responses((status = 200, body = Vec<Dataset>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
-pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<Dataset>>, ApiError> {
-    Ok(Json(all(&s).await?))
+pub async fn list(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<Dataset>>, ApiError> {
+    let mut listed = all(&s).await?;
+    listed.retain(|d| who.may_read(&d.name));
+    Ok(Json(listed))
 }
 
 /// One dataset.
@@ -150,8 +157,13 @@ pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<Dataset>>, ApiEr
     security(("bearer" = [])))]
 pub async fn get(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Dataset>, ApiError> {
+    if !who.may_read(&name) {
+        let why = format!("token {:?} may not read dataset {name:?}", who.name());
+        return Err(refuse(&s, &who, "GET /v1/datasets/{name}", why));
+    }
     all(&s)
         .await?
         .into_iter()
@@ -199,9 +211,18 @@ fn ingest_error(e: &dyn Fault, req: &IngestRequest) -> ApiError {
     security(("bearer" = [])))]
 pub async fn ingest(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     body: Result<Json<IngestRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let Json(req) = body?;
+    if !who.may_ingest(&req.name) {
+        let why = format!(
+            "token {:?} may not ingest dataset {:?}",
+            who.name(),
+            req.name
+        );
+        return Err(refuse(&s, &who, "POST /v1/datasets", why));
+    }
     if s.ingest_roots.is_empty() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -263,6 +284,19 @@ pub async fn ingest(
                 .run(&nodes, &sharded)
                 .await
                 .map_err(|e| fail(&e))?;
+            // The parts are the cluster's: a node that registers later
+            // may bring them, and only them (`sluice_compute::ledger`).
+            let parts: Vec<(String, u64)> = report
+                .parts
+                .iter()
+                .map(|p| (p.node.clone(), p.version))
+                .collect();
+            if let Err(e) = s.jobs.session().ledger().committed(&req.name, &parts) {
+                tracing::error!(
+                    "ingest of {}: cannot note its parts in the ledger: {e}",
+                    req.name
+                );
+            }
             // The new parts are listed before the next job pins versions.
             if let Err(e) = s.jobs.session().refresh().await {
                 tracing::warn!("after ingesting {}: {e}", req.name);

@@ -1,18 +1,23 @@
 //! `/v1/jobs`: submit, list, look at, explain and cancel jobs.
 
-use axum::Json;
+use std::sync::Arc;
+
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
+use sluice_access::Principal;
 use sluice_compute::JobSpec;
+use sluice_compute::access::{may_query, may_read_job};
 use sluice_compute::job::adapt::Replan;
 use sluice_compute::job::report::NodeReport;
 use sluice_compute::job::stages::JobStages;
-use sluice_compute::job::{JobRecord, JobStatus, RankEndpoint};
+use sluice_compute::job::{Job, JobRecord, JobStatus, RankEndpoint};
 
 use std::net::IpAddr;
 
 use super::AppState;
+use super::access::check;
 use super::caller::Caller;
 use super::error::ApiError;
 
@@ -48,13 +53,19 @@ pub struct JobExplain {
     security(("bearer" = [])))]
 pub async fn submit(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Caller(near): Caller,
     body: Result<Json<JobSpec>, JsonRejection>,
 ) -> Result<(StatusCode, Json<JobStatus>), ApiError> {
     let Json(spec) = body?;
+    // Its datasets are checked before it is planned: a refused job asks
+    // no node anything.
+    if let Ok(sql) = spec.validate() {
+        check(&s, &who, "POST /v1/jobs", may_query(&who, &sql))?;
+    }
     let job = s.jobs.submit(spec).await?;
     tracing::info!("job {} submitted", job.id());
-    Ok((StatusCode::CREATED, Json(located(&s, job.status(), near))))
+    Ok((StatusCode::CREATED, Json(located(&s, &job, near))))
 }
 
 /// Ranks listed with their locations, at most this many.
@@ -63,14 +74,23 @@ pub const ENDPOINTS_LISTED: u64 = 4096;
 /// `status` with the location each rank reads at, for a caller at `near`:
 /// the registered compute node that serves it (one beside the caller, if
 /// there is one), or this server's own Flight.
-fn located(s: &AppState, mut status: JobStatus, near: Option<IpAddr>) -> JobStatus {
+/// Each rank sent to a compute node is noted on the job: that node's
+/// reports of it count.
+fn located(s: &AppState, job: &Job, near: Option<IpAddr>) -> JobStatus {
+    let mut status = job.status();
     let own = format!("grpc://{}", s.flight);
     let ranks = status.spec.world_size.min(ENDPOINTS_LISTED);
     status.endpoints = (0..ranks)
         .zip(s.jobs.compute_nodes().serving_ranks(ranks, near))
         .map(|(rank, node)| RankEndpoint {
             rank,
-            location: node.unwrap_or_else(|| own.clone()),
+            location: node.map_or_else(
+                || own.clone(),
+                |node| {
+                    job.route(rank, &node);
+                    node
+                },
+            ),
         })
         .collect();
     status
@@ -80,14 +100,26 @@ fn located(s: &AppState, mut status: JobStatus, near: Option<IpAddr>) -> JobStat
 #[utoipa::path(get, path = "/v1/jobs", operation_id = "list_jobs", tag = "jobs",
     responses((status = 200, body = Vec<JobStatus>), (status = 401, body = ApiError)),
     security(("bearer" = [])))]
-pub async fn list(State(s): State<AppState>, Caller(near): Caller) -> Json<Vec<JobStatus>> {
+pub async fn list(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    Caller(near): Caller,
+) -> Json<Vec<JobStatus>> {
     Json(
         s.jobs
             .list()
             .iter()
-            .map(|j| located(&s, j.status(), near))
+            .filter(|j| may_read_job(&who, j).is_ok())
+            .map(|j| located(&s, j, near))
             .collect(),
     )
+}
+
+/// The job `id`, if `who` may read it (a refusal is audited as `what`).
+fn readable(s: &AppState, who: &Principal, id: &str, what: &str) -> Result<Arc<Job>, ApiError> {
+    let job = s.jobs.get(id)?;
+    check(s, who, what, may_read_job(who, &job))?;
+    Ok(job)
 }
 
 /// A job's state, progress, samples/s, bytes per tier and skipped samples.
@@ -98,10 +130,12 @@ pub async fn list(State(s): State<AppState>, Caller(near): Caller) -> Json<Vec<J
     security(("bearer" = [])))]
 pub async fn get(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Caller(near): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
-    Ok(Json(located(&s, s.jobs.get(&id)?.status(), near)))
+    let job = readable(&s, &who, &id, "GET /v1/jobs/{id}")?;
+    Ok(Json(located(&s, &job, near)))
 }
 
 /// A job's record — its spec, the versions it pinned, its state and
@@ -129,13 +163,31 @@ pub async fn record(
     security(("bearer" = [])))]
 pub async fn report(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Result<Json<NodeReport>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(report) = body?;
     let job = s.jobs.get(&id)?;
+    // A node's own token reports only for the location it registered.
+    if !who.shared() {
+        let owner = s.jobs.compute_nodes().owner_of(&report.node);
+        if owner.as_deref() != Some(who.name()) {
+            let why = format!(
+                "token {:?} did not register the compute node {:?}",
+                who.name(),
+                report.node.chars().take(64).collect::<String>()
+            );
+            return Err(super::access::refuse(
+                &s,
+                &who,
+                "POST /v1/jobs/{id}/progress",
+                why,
+            ));
+        }
+    }
     let node = report.node.clone();
-    job.merge_report(report);
+    job.merge_report(report)?;
     tracing::debug!("job {id}: progress from {node}");
     Ok(Json(serde_json::json!({ "merged": true })))
 }
@@ -149,8 +201,10 @@ pub async fn report(
     security(("bearer" = [])))]
 pub async fn cancel(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<JobStatus>, ApiError> {
+    readable(&s, &who, &id, "DELETE /v1/jobs/{id}")?;
     let job = s.jobs.cancel(&id)?;
     tracing::info!("job {id} cancelled");
     Ok(Json(job.status()))
@@ -164,9 +218,10 @@ pub async fn cancel(
     security(("bearer" = [])))]
 pub async fn explain(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<JobExplain>, ApiError> {
-    let job = s.jobs.get(&id)?;
+    let job = readable(&s, &who, &id, "GET /v1/jobs/{id}/explain")?;
     let e = job.explanation();
     let placement = serde_json::from_str(&e.to_json()).map_err(|err| {
         ApiError::new(

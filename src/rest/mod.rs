@@ -22,6 +22,7 @@
 //! dashboard's static files needs `authorization: Bearer TOKEN` (401
 //! otherwise).
 
+mod access;
 mod caller;
 pub mod checkpoints;
 pub mod dashboard;
@@ -36,13 +37,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use sluice_access::Auth;
 use sluice_compute::Jobs;
-use sluice_flight::BearerAuth;
 use sluice_storage::Store;
 use sluice_storage::checkpoint::Checkpoints;
 use utoipa::OpenApi;
@@ -57,8 +58,8 @@ use error::ApiError;
 pub struct AppState {
     /// The jobs (and, through them, the compute session).
     pub jobs: Arc<Jobs>,
-    /// Accepted tokens.
-    pub auth: BearerAuth,
+    /// Accepted tokens, and the audit log.
+    pub auth: Auth,
     /// The store REST ingest writes to (embedded mode).
     pub ingest_store: Option<Arc<Store>>,
     /// The checkpoints of the data dir (embedded mode).
@@ -71,6 +72,9 @@ pub struct AppState {
     pub flight: std::net::SocketAddr,
     /// Sharded ingests over remote storage nodes, one at a time.
     pub ingests: Arc<sluice_compute::ingest::Ingests>,
+    /// Storage nodes that registered holding what the cluster did not
+    /// write there.
+    pub quarantine: Arc<nodes::Quarantine>,
 }
 
 struct BearerScheme;
@@ -115,37 +119,12 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(nodes::list))
         .routes(routes!(nodes::register))
         .routes(routes!(nodes::register_storage))
+        .routes(routes!(nodes::remove))
         .routes(routes!(jobs::record))
         .routes(routes!(jobs::report))
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::metrics))
         .split_for_parts()
-}
-
-async fn authorize(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    if path == "/healthz" || dashboard::PATHS.contains(&path) {
-        return next.run(req).await;
-    }
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if s.auth.allows(header) {
-        next.run(req).await
-    } else {
-        let mut r = ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required (authorization: Bearer TOKEN)",
-        )
-        .into_response();
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        r
-    }
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -202,8 +181,12 @@ pub fn app(state: AppState) -> Router {
         )
         .merge(dashboard::routes())
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        // Outermost first: the token is checked before a body is read.
         .layer(middleware::from_fn(refuse_oversized))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            access::authorize,
+        ))
         .with_state(state)
 }
 
@@ -229,6 +212,7 @@ mod tests {
             ("/v1/nodes", vec!["get"]),
             ("/v1/nodes/compute", vec!["post"]),
             ("/v1/nodes/storage", vec!["post"]),
+            ("/v1/nodes/{kind}/{id}", vec!["delete"]),
             ("/v1/jobs/{id}/record", vec!["get"]),
             ("/v1/jobs/{id}/progress", vec!["post"]),
             ("/healthz", vec!["get"]),

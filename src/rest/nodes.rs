@@ -5,12 +5,35 @@
 //! (capacity, free chunks, I/O counters) and object cache — what an
 //! operator checks first when a job is slow, and what the dashboard
 //! draws.
+//!
+//! Joining is the cluster's decision, not the caller's:
+//! - a registration needs a token of scope `node`; a node's own token
+//!   (from a tokens file) is bound to the location it registers
+//!   (`sluice_compute::job::cluster`);
+//! - a location must be a plain `grpc://` or `http://` address: a host,
+//!   a port in 1..=65535, no user or password, no path, and not a
+//!   link-local or unspecified address;
+//! - a storage node must answer before it is listed, and it joins only if
+//!   every dataset version it holds is one the cluster wrote there
+//!   (`sluice_compute::ledger`); otherwise it is quarantined: listed under
+//!   `quarantined` with what it holds, read by nothing;
+//! - `DELETE /v1/nodes/{kind}/{id}` (admin; `sluice nodes remove`) takes a
+//!   node out: queries and new jobs no longer wait for it.
 
-use axum::Json;
-use axum::extract::State;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
+use sluice_access::Principal;
+use sluice_compute::job::cluster::Refused;
+use sluice_compute::ledger::Unknown;
+use sluice_flight::StorageEndpoint;
 
 use super::AppState;
 use super::error::ApiError;
@@ -86,7 +109,71 @@ pub struct Cluster {
     pub nodes: Vec<NodeView>,
     /// The compute nodes registered with it (they serve trainer ranks).
     pub compute: Vec<ComputeView>,
+    /// Storage nodes that registered holding datasets the cluster did not
+    /// write there: read by nothing.
+    pub quarantined: Vec<QuarantineView>,
 }
+
+/// A storage node kept out of the cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct QuarantineView {
+    /// Its location.
+    pub location: String,
+    /// The token it registered with.
+    pub by: String,
+    /// When it last registered, seconds since the Unix epoch.
+    pub at: f64,
+    /// What it holds that the cluster did not write there.
+    #[schema(value_type = Vec<Object>)]
+    pub unknown: Vec<serde_json::Value>,
+}
+
+/// The storage nodes in quarantine, by location.
+#[derive(Debug, Default)]
+pub struct Quarantine(Mutex<BTreeMap<String, QuarantineView>>);
+
+impl Quarantine {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, QuarantineView>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn hold(&self, location: &str, by: &str, unknown: &[Unknown]) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let unknown = unknown
+            .iter()
+            .filter_map(|u| serde_json::to_value(u).ok())
+            .collect();
+        let mut q = self.lock();
+        // A flood of registrations holds a bounded list.
+        if q.len() >= MAX_QUARANTINED && !q.contains_key(location) {
+            return;
+        }
+        q.insert(
+            location.to_string(),
+            QuarantineView {
+                location: location.to_string(),
+                by: by.to_string(),
+                at,
+                unknown,
+            },
+        );
+    }
+
+    fn release(&self, location: &str) -> bool {
+        self.lock().remove(location).is_some()
+    }
+
+    fn list(&self) -> Vec<QuarantineView> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+/// Most storage nodes listed in quarantine at once.
+const MAX_QUARANTINED: usize = 256;
+/// How long a registering storage node has to answer.
+const STORAGE_ANSWER: Duration = Duration::from_secs(2);
 
 /// A compute node registered with this coordinator.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -116,12 +203,19 @@ pub struct Register {
     security(("bearer" = [])))]
 pub async fn register(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     body: Result<Json<Register>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
     well_formed(&r.location)?;
     let nodes = s.jobs.compute_nodes();
-    nodes.register(&r.location);
+    let owner = (!who.shared()).then(|| who.name());
+    nodes.register(owner, &r.location).map_err(|e| match e {
+        Refused::Taken { .. } => {
+            super::access::refuse(&s, &who, "POST /v1/nodes/compute", e.to_string())
+        }
+        Refused::Busy(why) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_nodes", why),
+    })?;
     // The storage nodes this coordinator reads, by the names other
     // processes reach them at (not asked now: the answer is a heartbeat's).
     let storage: Vec<String> = s
@@ -139,39 +233,96 @@ pub async fn register(
     })))
 }
 
-/// A node's location, if it is one: `grpc://`, `grpc+tcp://` or `http://`
-/// and a host, at most 256 bytes, no whitespace.
+/// A node's location, if it is one: `grpc://`, `grpc+tcp://` or
+/// `http://`, a host and a port in 1..=65535, nothing else (no user or
+/// password, path or query), at most 256 bytes, and not an address no
+/// node can have (unspecified, link-local — where clouds serve their
+/// metadata —, multicast or broadcast).
 fn well_formed(location: &str) -> Result<(), ApiError> {
-    let ok = ["grpc://", "grpc+tcp://", "http://"]
-        .iter()
-        .any(|p| location.strip_prefix(p).is_some_and(|a| !a.is_empty()))
-        && location.len() <= 256
-        && !location.chars().any(char::is_whitespace);
-    if ok {
-        return Ok(());
+    location_error(location).map_or(Ok(()), |why| {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_location",
+            format!(
+                "location {:?}: {why}; expected grpc://HOST:PORT",
+                location.chars().take(64).collect::<String>()
+            ),
+        ))
+    })
+}
+
+/// What is wrong with `location` as a node's (see [`well_formed`]).
+fn location_error(location: &str) -> Option<String> {
+    if location.len() > 256
+        || location
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Some("over 256 bytes, or with whitespace".into());
     }
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "invalid_location",
-        format!(
-            "location {:?}: expected grpc://HOST:PORT",
-            location.chars().take(64).collect::<String>()
-        ),
-    ))
+    let Some((scheme, rest)) = location.split_once("://") else {
+        return Some("no scheme".into());
+    };
+    if !matches!(scheme, "grpc" | "grpc+tcp" | "http") {
+        return Some(format!("scheme {scheme:?} is not grpc, grpc+tcp or http"));
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#']) {
+        return Some("a path, query or fragment".into());
+    }
+    if authority.contains('@') {
+        return Some("a user or password".into());
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once("]:") {
+            Some((h, p)) => (h, p),
+            None => return Some("no port".into()),
+        },
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h, p),
+            None => return Some("no port".into()),
+        },
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => {}
+        _ => return Some(format!("port {port:?} is not in 1..=65535")),
+    }
+    if host.is_empty() {
+        return Some("no host".into());
+    }
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        let unusable = ip.is_unspecified()
+            || ip.is_multicast()
+            || match ip {
+                IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+                IpAddr::V6(v6) => v6.is_unicast_link_local(),
+            };
+        if unusable {
+            return Some(format!("{ip} is not a node's address"));
+        }
+    } else if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    {
+        return Some(format!("host {host:?} is not a name or an address"));
+    }
+    None
 }
 
 /// A storage node says where the coordinator reaches it (`sluice
-/// storage-node --coordinator`). A node not known yet is added: the next
-/// refresh lists its datasets and the next ingest spreads over it. A
-/// storage node holds data, so one that stops registering stays listed
-/// (a job that needs it fails naming it) rather than being forgotten.
+/// storage-node --coordinator`). A node not read yet must answer within
+/// two seconds, and is read only if every dataset version it holds is
+/// one the cluster wrote there; otherwise it is quarantined (400, kind
+/// `quarantined`, and listed by `GET /v1/nodes`). A node already read
+/// answers nothing new: its registration is a heartbeat.
 #[utoipa::path(post, path = "/v1/nodes/storage", operation_id = "register_storage_node",
     tag = "ops", request_body = Register,
     responses((status = 200, body = Object), (status = 400, body = ApiError),
-        (status = 401, body = ApiError)),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn register_storage(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     body: Result<Json<Register>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
@@ -181,17 +332,124 @@ pub async fn register_storage(
         Some(("grpc" | "grpc+tcp", rest)) => format!("http://{rest}"),
         _ => r.location.clone(),
     };
+    let session = s.jobs.session();
+    if session.endpoints().iter().any(|e| e.name() == url) {
+        return Ok(Json(serde_json::json!({ "location": url, "new": false })));
+    }
     let client = sluice_flight::StorageClient::new(&url)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_location", e.to_string()))?;
-    let session = s.jobs.session();
-    let new = session.add_endpoint(std::sync::Arc::new(client));
+    let unreachable = |why: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "node_unreachable",
+            format!("storage node {url} did not answer: {why}"),
+        )
+    };
+    let held = tokio::time::timeout(STORAGE_ANSWER, client.datasets())
+        .await
+        .map_err(|_| unreachable(format!("nothing within {} s", STORAGE_ANSWER.as_secs())))?
+        .map_err(|e| unreachable(e.to_string()))?;
+    let held: Vec<(String, u64)> = held.into_iter().map(|d| (d.name, d.version)).collect();
+    let unknown = session.ledger().unknown(&url, &held);
+    if !unknown.is_empty() {
+        s.quarantine.hold(&url, who.name(), &unknown);
+        let names: Vec<String> = unknown
+            .iter()
+            .map(|u| format!("{}@{}", u.dataset, u.version))
+            .collect();
+        let why = format!(
+            "storage node {url} holds dataset versions this cluster did not write there ({}): \
+             quarantined; remove them from the node (or ingest through the coordinator)",
+            names.join(", ")
+        );
+        s.auth
+            .audit()
+            .refused(who.name(), None, "POST /v1/nodes/storage", &why);
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "quarantined", why));
+    }
+    s.quarantine.release(&url);
+    let new = session.admit(Arc::new(client));
     if new {
+        tracing::info!("storage node {url} joined (registered by {})", who.name());
         // Its datasets are known before the next request needs them.
         if let Err(e) = session.refresh().await {
             tracing::warn!("after {} registered: {e}", r.location);
         }
     }
     Ok(Json(serde_json::json!({ "location": url, "new": new })))
+}
+
+/// Takes node `id` (its location, or its `host:port`) of `kind`
+/// (`storage` or `compute`) out of the cluster: a storage node is no
+/// longer read (queries and new jobs stop waiting for it; it may
+/// register again), a compute node is given no more ranks. A quarantined
+/// storage node is forgotten.
+#[utoipa::path(delete, path = "/v1/nodes/{kind}/{id}", operation_id = "remove_node", tag = "ops",
+    params(("kind" = String, Path, description = "storage or compute"),
+        ("id" = String, Path, description = "The node's location or host:port")),
+    responses((status = 200, body = Object), (status = 404, body = ApiError),
+        (status = 401, body = ApiError), (status = 403, body = ApiError)),
+    security(("bearer" = [])))]
+pub async fn remove(
+    State(s): State<AppState>,
+    Path((kind, id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let is = |location: &str| {
+        location == id
+            || location
+                .split_once("://")
+                .is_some_and(|(_, a)| a.trim_end_matches('/') == id)
+    };
+    let removed: Vec<String> = match kind.as_str() {
+        "storage" => {
+            let session = s.jobs.session();
+            let mut gone: Vec<String> = session
+                .endpoints()
+                .iter()
+                .map(|e| e.name().to_string())
+                .filter(|n| is(n))
+                .filter(|n| session.remove_endpoint(n))
+                .collect();
+            let held: Vec<String> = s
+                .quarantine
+                .list()
+                .into_iter()
+                .map(|q| q.location)
+                .filter(|l| is(l))
+                .collect();
+            for l in held {
+                s.quarantine.release(&l);
+                gone.push(l);
+            }
+            gone
+        }
+        "compute" => {
+            let nodes = s.jobs.compute_nodes();
+            nodes
+                .live()
+                .into_iter()
+                .map(|(l, _)| l)
+                .filter(|l| is(l))
+                .filter(|l| nodes.remove(l))
+                .collect()
+        }
+        other => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_kind",
+                format!("kind {other:?}: storage or compute"),
+            ));
+        }
+    };
+    if removed.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "node_not_found",
+            format!("no {kind} node {id:?}"),
+        ));
+    }
+    tracing::info!("{kind} node(s) removed: {}", removed.join(", "));
+    Ok(Json(serde_json::json!({ "removed": removed })))
 }
 
 /// The storage nodes (each asked now, a second at most) and the device.
@@ -260,5 +518,41 @@ pub async fn list(State(s): State<AppState>) -> Json<Cluster> {
         device,
         nodes,
         compute,
+        quarantined: s.quarantine.list(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_is_a_host_and_a_port_and_nothing_else() {
+        for ok in [
+            "grpc://10.0.0.7:50052",
+            "grpc+tcp://node-3.example:1",
+            "http://127.0.0.1:65535/",
+            "grpc://[::1]:7",
+        ] {
+            assert_eq!(location_error(ok), None, "{ok}");
+        }
+        for (bad, needle) in [
+            ("http://user:pw@169.254.169.254/latest", "path"),
+            ("http://user:pw@10.0.0.1:80", "user or password"),
+            ("grpc://x:99999999", "port"),
+            ("grpc://x:0", "port"),
+            ("grpc://x", "no port"),
+            ("grpc://169.254.169.254:80", "not a node's address"),
+            ("grpc://0.0.0.0:80", "not a node's address"),
+            ("grpc://[fe80::1]:80", "not a node's address"),
+            ("grpc://:80", "no host"),
+            ("ftp://x:1", "scheme"),
+            ("x:1", "no scheme"),
+            ("grpc://x y:1", "whitespace"),
+            ("grpc://a_b:1", "not a name"),
+        ] {
+            let e = location_error(bad).unwrap_or_else(|| panic!("{bad} passed"));
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+    }
 }

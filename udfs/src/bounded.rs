@@ -14,6 +14,9 @@
 //! (`replace`, `regexp_replace`: every byte a match) and it is past the
 //! limit, the real matches are counted before anything is refused. The
 //! `||` operator is bounded the same way by [`crate::concat_operator`].
+//! Within that limit, a call also reserves its output in the process's
+//! memory budget while it runs ([`crate::memory_budget`]): one that does
+//! not fit what is left is refused the same way.
 
 use std::sync::Arc;
 
@@ -472,6 +475,12 @@ impl ScalarUDFImpl for Bounded {
                 self.limit
             )));
         }
+        // Held while the inner function allocates (see
+        // `crate::memory_budget`).
+        let _held = crate::memory_budget::MemoryBudget::global().reserve(
+            self.inner.name(),
+            bytes.saturating_mul(crate::memory_budget::COPIES),
+        )?;
         self.inner.invoke_with_args(args)
     }
 }

@@ -107,6 +107,9 @@ impl ScalarUDFImpl for ConcatOperator {
                 self.limit
             )));
         }
+        // Held while the result is built (see `crate::memory_budget`).
+        let _held = crate::memory_budget::MemoryBudget::global()
+            .reserve(NAME, bytes.saturating_mul(crate::memory_budget::COPIES))?;
         if let (ColumnarValue::Scalar(l), ColumnarValue::Scalar(r)) = (left, right) {
             let joined = concat_elements_dyn(&l.to_array()?, &r.to_array()?)?;
             return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(

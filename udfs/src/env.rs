@@ -207,7 +207,7 @@ impl ErrorLog {
     /// `kept` were kept there.
     pub fn merge(&self, total: u64, kept: Vec<BadSample>) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        g.0 += total;
+        g.0 = g.0.saturating_add(total);
         let room = Self::KEEP.saturating_sub(g.1.len());
         g.1.extend(kept.into_iter().take(room));
     }

@@ -65,6 +65,7 @@ pub mod cost;
 pub mod env;
 pub mod kernels;
 pub mod lru;
+pub mod memory_budget;
 pub mod panic_guard;
 pub mod probe;
 pub mod random;

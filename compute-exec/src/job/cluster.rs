@@ -10,6 +10,13 @@
 //!   coordinator itself when none is live. A job's `GetFlightInfo`
 //!   answers one endpoint per rank with that location (the Arrow Flight
 //!   convention) and its REST status lists them; trainers follow them.
+//! - A node that joins with a token of its own (a tokens file's, scope
+//!   `node`) is bound to it: that token holds one compute location at a
+//!   time (registering another moves it), no other token may take that
+//!   location, and only that token may report progress for it. New
+//!   locations are let in at a bounded rate ([`NEW_PER_SECOND`]) and up to
+//!   [`MAX_NODES`] at once: a flood of registrations is refused, not
+//!   routed to.
 //! - [`JobSource`] is where a compute node finds a job it does not hold:
 //!   the coordinator's record of it (spec, pinned versions, created). The
 //!   node plans the job again from the record over the same versions
@@ -30,11 +37,41 @@ use super::store::JobRecord;
 /// How often a compute node tells the coordinator it is alive.
 pub const REGISTER_EVERY: Duration = Duration::from_secs(2);
 
+/// Most compute nodes a coordinator holds at once.
+pub const MAX_NODES: usize = 4096;
+/// New compute locations let in per second (and twice that at once).
+pub const NEW_PER_SECOND: f64 = 20.0;
+
 /// The compute nodes a coordinator knows, by their Flight location.
 #[derive(Debug)]
 pub struct ComputeNodes {
-    seen: Mutex<BTreeMap<String, Instant>>,
+    seen: Mutex<Seen>,
     ttl: Duration,
+}
+
+#[derive(Debug)]
+struct Seen {
+    /// Location → when it last spoke.
+    at: BTreeMap<String, Instant>,
+    /// Location → the token that registered it, for tokens of their own.
+    owners: BTreeMap<String, String>,
+    /// Room for new locations (a token bucket).
+    room: f64,
+    filled: Instant,
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Another token holds that location.
+    #[error("location {location} is registered by another node's token")]
+    Taken {
+        /// The location.
+        location: String,
+    },
+    /// Too many new locations too fast, or too many nodes.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl Default for ComputeNodes {
@@ -47,9 +84,18 @@ impl ComputeNodes {
     /// An empty list whose nodes are dropped after `ttl` without a word.
     pub fn new(ttl: Duration) -> Self {
         Self {
-            seen: Mutex::new(BTreeMap::new()),
+            seen: Mutex::new(Seen {
+                at: BTreeMap::new(),
+                owners: BTreeMap::new(),
+                room: 2.0 * NEW_PER_SECOND,
+                filled: Instant::now(),
+            }),
             ttl,
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How long a node may stay silent.
@@ -57,17 +103,75 @@ impl ComputeNodes {
         self.ttl
     }
 
-    /// Notes that the node at `location` (`grpc://host:port`) is alive.
-    pub fn register(&self, location: &str) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.insert(location.to_string(), Instant::now());
+    /// Notes that the node at `location` (`grpc://host:port`) is alive,
+    /// registered by the token named `owner` when that token is the
+    /// node's own (see the module docs).
+    pub fn register(&self, owner: Option<&str>, location: &str) -> Result<(), Refused> {
+        let mut seen = self.lock();
+        let ttl = self.ttl;
+        seen.at.retain(|_, at| at.elapsed() <= ttl);
+        if let Some(holder) = seen.owners.get(location)
+            && owner != Some(holder.as_str())
+        {
+            return Err(Refused::Taken {
+                location: location.to_string(),
+            });
+        }
+        if !seen.at.contains_key(location) {
+            if seen.at.len() >= MAX_NODES {
+                return Err(Refused::Busy(format!(
+                    "{MAX_NODES} compute nodes are registered already"
+                )));
+            }
+            let now = Instant::now();
+            let refill = (now - seen.filled).as_secs_f64() * NEW_PER_SECOND;
+            seen.room = (seen.room + refill).min(2.0 * NEW_PER_SECOND);
+            seen.filled = now;
+            if seen.room < 1.0 {
+                return Err(Refused::Busy(format!(
+                    "new compute nodes register at most {NEW_PER_SECOND} a second: try again"
+                )));
+            }
+            seen.room -= 1.0;
+        }
+        if let Some(owner) = owner {
+            // A token holds one location: a node that moved leaves its old one.
+            let old: Vec<String> = seen
+                .owners
+                .iter()
+                .filter(|(l, o)| o.as_str() == owner && l.as_str() != location)
+                .map(|(l, _)| l.clone())
+                .collect();
+            for l in old {
+                seen.owners.remove(&l);
+                seen.at.remove(&l);
+            }
+            seen.owners.insert(location.to_string(), owner.to_string());
+        }
+        seen.at.insert(location.to_string(), Instant::now());
+        Ok(())
+    }
+
+    /// The token that registered `location`, when it was a node's own.
+    pub fn owner_of(&self, location: &str) -> Option<String> {
+        self.lock().owners.get(location).cloned()
+    }
+
+    /// Forgets the node at `location` (`sluice nodes remove`): whether it
+    /// was known. A node that is still running registers again.
+    pub fn remove(&self, location: &str) -> bool {
+        let mut seen = self.lock();
+        let owned = seen.owners.remove(location).is_some();
+        seen.at.remove(location).is_some() || owned
     }
 
     /// The live nodes, by location, with the seconds since each spoke.
     pub fn live(&self) -> Vec<(String, f64)> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.retain(|_, at| at.elapsed() <= self.ttl);
-        seen.iter()
+        let mut seen = self.lock();
+        let ttl = self.ttl;
+        seen.at.retain(|_, at| at.elapsed() <= ttl);
+        seen.at
+            .iter()
             .map(|(l, at)| (l.clone(), at.elapsed().as_secs_f64()))
             .collect()
     }
@@ -138,8 +242,8 @@ mod tests {
     fn ranks_spread_over_the_live_nodes_in_order() {
         let nodes = ComputeNodes::new(Duration::from_millis(200));
         assert_eq!(nodes.serving_ranks(1, None), [None]);
-        nodes.register("grpc://10.0.0.101:50053");
-        nodes.register("grpc://10.0.0.100:50053");
+        nodes.register(None, "grpc://10.0.0.101:50053").unwrap();
+        nodes.register(None, "grpc://10.0.0.100:50053").unwrap();
         let of: Vec<_> = nodes.serving_ranks(4, None).into_iter().flatten().collect();
         assert_eq!(
             of,
@@ -152,12 +256,53 @@ mod tests {
         );
         // A node that stops speaking is dropped; its ranks move.
         std::thread::sleep(Duration::from_millis(250));
-        nodes.register("grpc://10.0.0.101:50053");
+        nodes.register(None, "grpc://10.0.0.101:50053").unwrap();
         assert_eq!(nodes.live().len(), 1);
         assert_eq!(
             nodes.serving_ranks(1, None),
             [Some("grpc://10.0.0.101:50053".to_string())]
         );
+    }
+
+    #[test]
+    fn a_node_s_own_token_holds_one_location_and_no_other_token_takes_it() {
+        let nodes = ComputeNodes::new(Duration::from_secs(60));
+        nodes.register(Some("c1"), "grpc://10.0.0.1:1").unwrap();
+        assert_eq!(nodes.owner_of("grpc://10.0.0.1:1").as_deref(), Some("c1"));
+        assert_eq!(
+            nodes.register(Some("c2"), "grpc://10.0.0.1:1"),
+            Err(Refused::Taken {
+                location: "grpc://10.0.0.1:1".into()
+            })
+        );
+        assert!(nodes.register(None, "grpc://10.0.0.1:1").is_err());
+        // c1 moves: its old location is gone.
+        nodes.register(Some("c1"), "grpc://10.0.0.1:2").unwrap();
+        let live: Vec<String> = nodes.live().into_iter().map(|(l, _)| l).collect();
+        assert_eq!(live, ["grpc://10.0.0.1:2"]);
+        assert_eq!(nodes.owner_of("grpc://10.0.0.1:1"), None);
+        assert!(nodes.remove("grpc://10.0.0.1:2"));
+        assert!(!nodes.remove("grpc://10.0.0.1:2"));
+        assert!(nodes.live().is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_new_locations_is_refused_and_heartbeats_are_not() {
+        let nodes = ComputeNodes::new(Duration::from_secs(60));
+        let mut taken = 0;
+        for i in 0..10_000 {
+            if nodes
+                .register(None, &format!("grpc://10.1.{}.{}:1", i / 250, i % 250))
+                .is_ok()
+            {
+                taken += 1;
+            }
+        }
+        assert!(taken <= 2 * NEW_PER_SECOND as usize + 2, "{taken} let in");
+        // Those let in keep registering.
+        for (l, _) in nodes.live() {
+            nodes.register(None, &l).unwrap();
+        }
     }
 
     #[test]
@@ -168,7 +313,7 @@ mod tests {
             "grpc://10.0.0.101:50053",
             "grpc://10.0.0.101:50054",
         ] {
-            nodes.register(l);
+            nodes.register(None, l).unwrap();
         }
         let near = |ip: &str| Some(ip.parse().unwrap());
         // On host .100: every rank from the node there.

@@ -55,6 +55,17 @@ pub enum JobError {
         /// The first past the job's.
         end: u64,
     },
+    /// A compute node's progress report that this job cannot have: a
+    /// rank, epoch or position outside it, a node the rank was never
+    /// routed to, counts past what a report may carry. Refused whole:
+    /// nothing of it is merged.
+    #[error("progress report from {node} refused: {reason}")]
+    BadReport {
+        /// The node the report names.
+        node: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The job was cancelled.
     #[error("job {job} was cancelled")]
     Cancelled {
@@ -107,7 +118,8 @@ impl Fault for JobError {
             | Self::InvalidPlan(_)
             | Self::InvalidSql(_)
             | Self::NotAPipeline(_)
-            | Self::OutOfRange { .. } => Code::InvalidArgument,
+            | Self::OutOfRange { .. }
+            | Self::BadReport { .. } => Code::InvalidArgument,
             Self::DatasetNotFound { .. } | Self::JobNotFound { .. } => Code::NotFound,
             Self::Cancelled { .. } => Code::Cancelled,
             Self::Failed { code, .. } | Self::Running { code, .. } => *code,
@@ -126,6 +138,7 @@ impl Fault for JobError {
             Self::DatasetNotFound { .. } => "dataset_not_found",
             Self::JobNotFound { .. } => "job_not_found",
             Self::OutOfRange { .. } => "out_of_range",
+            Self::BadReport { .. } => "bad_report",
             Self::Cancelled { .. } => "job_cancelled",
             Self::Failed { .. } => "job_failed",
             Self::Unavailable { .. } => "unavailable",
@@ -286,6 +299,14 @@ mod tests {
                 },
                 Code::InvalidArgument,
                 "out_of_range",
+            ),
+            (
+                JobError::BadReport {
+                    node: "grpc://10.0.0.9:1".into(),
+                    reason: "rank 7 of a job with ranks 0..2".into(),
+                },
+                Code::InvalidArgument,
+                "bad_report",
             ),
             (
                 JobError::Cancelled { job: "j-1".into() },

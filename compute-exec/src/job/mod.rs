@@ -53,6 +53,7 @@ pub mod query;
 pub mod rebatch;
 pub mod registry;
 pub mod report;
+pub mod routes;
 pub mod run;
 pub mod spec;
 pub mod stages;

@@ -11,7 +11,7 @@
 //! counters of that report count twice.
 
 use serde::{Deserialize, Serialize};
-use sluice_udfs::BadSample;
+use sluice_udfs::{BadSample, ErrorLog};
 
 use super::status::{Ranges, TierBytes};
 
@@ -36,6 +36,81 @@ pub struct NodeReport {
     pub bad_samples: Vec<BadSample>,
 }
 
+/// Most ranges one report may carry (a node's ranks × epochs, plus the
+/// gaps of readers that resumed elsewhere; far below this in practice).
+pub const MAX_RANGES: usize = 1 << 16;
+/// Longest node name a report may give.
+pub const MAX_NODE_NAME: usize = 256;
+
+/// What a job lets a report say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportBounds {
+    /// Ranks `0..world_size`.
+    pub world_size: u64,
+    /// Epochs `0..epochs`.
+    pub epochs: u64,
+    /// Positions `0..per_rank` of each rank's epoch.
+    pub per_rank: u64,
+}
+
+impl NodeReport {
+    /// Whether this report fits a job of `bounds`, every rank of it routed
+    /// to the reporting node (`routed(rank)`): why not, when it does not.
+    /// Nothing is merged before this passes.
+    pub fn check(&self, bounds: &ReportBounds, routed: impl Fn(u64) -> bool) -> Result<(), String> {
+        if self.node.is_empty() || self.node.len() > MAX_NODE_NAME {
+            return Err(format!(
+                "the node name must have 1 to {MAX_NODE_NAME} bytes"
+            ));
+        }
+        let ranges: usize = self.ranges.iter().map(|(_, r)| r.spans().len()).sum();
+        if ranges > MAX_RANGES {
+            return Err(format!(
+                "{ranges} ranges, over the {MAX_RANGES} a report may carry"
+            ));
+        }
+        for &((rank, epoch), ref r) in &self.ranges {
+            if rank >= bounds.world_size {
+                return Err(format!(
+                    "rank {rank} of a job with ranks 0..{}",
+                    bounds.world_size
+                ));
+            }
+            if epoch >= bounds.epochs {
+                return Err(format!(
+                    "epoch {epoch} of a job with epochs 0..{}",
+                    bounds.epochs
+                ));
+            }
+            if let Some(&(from, to)) = r.spans().iter().find(|&&(_, to)| to > bounds.per_rank) {
+                return Err(format!(
+                    "positions {from}..{to} of rank {rank}, epoch {epoch}: a rank's epoch \
+                     has positions 0..{}",
+                    bounds.per_rank
+                ));
+            }
+            if !routed(rank) {
+                return Err(format!("rank {rank} was never routed to this node"));
+            }
+        }
+        if self.bad_samples.len() > ErrorLog::KEEP {
+            return Err(format!(
+                "{} bad samples named, over the {} a report may name",
+                self.bad_samples.len(),
+                ErrorLog::KEEP
+            ));
+        }
+        if (self.bad_samples.len() as u64) > self.skipped {
+            return Err(format!(
+                "{} bad samples named of {} counted",
+                self.bad_samples.len(),
+                self.skipped
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a node's reports of one job have said so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Reported {
@@ -47,4 +122,80 @@ pub struct Reported {
     pub skipped: u64,
     /// Bad samples named.
     pub named: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUNDS: ReportBounds = ReportBounds {
+        world_size: 2,
+        epochs: 1,
+        per_rank: 10,
+    };
+
+    fn report(ranges: Vec<((u64, u64), Ranges)>) -> NodeReport {
+        NodeReport {
+            node: "grpc://10.0.0.2:50053".into(),
+            ranges,
+            delivered: 10,
+            bytes: TierBytes::default(),
+            skipped: 0,
+            bad_samples: vec![],
+        }
+    }
+
+    fn ranges(r: &[(u64, u64)]) -> Ranges {
+        serde_json::from_value(serde_json::json!(r)).unwrap()
+    }
+
+    #[test]
+    fn a_report_inside_the_job_passes() {
+        let r = report(vec![((1, 0), ranges(&[(0, 10)]))]);
+        assert_eq!(r.check(&BOUNDS, |_| true), Ok(()));
+    }
+
+    #[test]
+    fn a_report_outside_the_job_is_refused_naming_what() {
+        for (ranges, needle) in [
+            (vec![((7, 0), ranges(&[(0, 1)]))], "rank 7"),
+            (vec![((0, 9), ranges(&[(0, 1)]))], "epoch 9"),
+            (
+                vec![((0, 0), ranges(&[(0, 1_000_000)]))],
+                "positions 0..1000000",
+            ),
+            (
+                vec![((0, 0), ranges(&[(u64::MAX - 1, u64::MAX)]))],
+                "positions",
+            ),
+        ] {
+            let e = report(ranges).check(&BOUNDS, |_| true).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+        let e = report(vec![((1, 0), ranges(&[(0, 2)]))])
+            .check(&BOUNDS, |rank| rank == 0)
+            .unwrap_err();
+        assert!(e.contains("never routed"), "{e}");
+        let mut r = report(vec![]);
+        r.bad_samples = vec![BadSample {
+            udf: "decode_image".into(),
+            key: "a".into(),
+            reason: "x".into(),
+        }];
+        assert!(
+            r.check(&BOUNDS, |_| true)
+                .unwrap_err()
+                .contains("of 0 counted")
+        );
+        r.node = String::new();
+        assert!(r.check(&BOUNDS, |_| true).is_err());
+    }
+
+    #[test]
+    fn a_range_that_runs_backwards_is_not_a_range() {
+        let e = serde_json::from_value::<Ranges>(serde_json::json!([[5, 2]])).unwrap_err();
+        assert!(e.to_string().contains("5..2"), "{e}");
+        // Unsorted and overlapping ranges are put in order.
+        assert_eq!(ranges(&[(8, 9), (0, 3), (2, 5)]), ranges(&[(0, 5), (8, 9)]));
+    }
 }

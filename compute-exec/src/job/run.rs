@@ -35,7 +35,8 @@ use super::index::{Pin, SampleIndex};
 use super::order::Layout;
 use super::placed::JobPlan;
 use super::query::{JobQuery, WindowPlan, udf_options};
-use super::report::{NodeReport, Reported};
+use super::report::{NodeReport, ReportBounds, Reported};
+use super::routes::RankRoutes;
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus, Progress, TierBytes};
@@ -124,6 +125,7 @@ struct Inner {
     ready: Option<Arc<Ready>>,
     progress: Progress,
     warnings: Vec<String>,
+    routes: RankRoutes,
 }
 
 /// See the module docs.
@@ -220,6 +222,7 @@ impl Job {
         {
             let mut inner = job.lock();
             inner.progress = Progress::restore(&record.progress);
+            inner.routes = record.routes.clone();
             inner.error = record.error.clone();
             inner.failure = record.failure.clone();
         }
@@ -329,6 +332,7 @@ impl Job {
                 ready: None,
                 progress: Progress::default(),
                 warnings: Vec::new(),
+                routes: RankRoutes::default(),
             }),
             bad: ErrorLog::default(),
             runtime,
@@ -421,6 +425,7 @@ impl Job {
             progress: inner.progress.record(),
             skipped,
             bad_samples,
+            routes: inner.routes.clone(),
         }
     }
 
@@ -521,6 +526,12 @@ impl Job {
     /// The storage nodes it reads, with the versions pinned.
     pub fn pins(&self) -> &[(Arc<dyn StorageEndpoint>, u64)] {
         &self.pins
+    }
+
+    /// The dataset it reads (as its SQL names it: `name` or
+    /// `name@version`).
+    pub fn dataset(&self) -> &str {
+        &self.table
     }
 
     /// Its SQL (the plan form compiled).
@@ -707,15 +718,40 @@ impl Job {
         Some((report, now))
     }
 
-    /// Adds a compute node's report (see [`NodeReport`]).
-    pub fn merge_report(self: &Arc<Self>, report: NodeReport) {
-        self.touch();
-        self.bad.merge(report.skipped, report.bad_samples);
+    /// Notes that `rank` is served by the compute node at `node` (what a
+    /// trainer was just told): that node's reports of it count.
+    pub fn route(&self, rank: u64, node: &str) {
+        self.lock().routes.note(rank, node);
+    }
+
+    /// Adds a compute node's report (see [`NodeReport`]), once it is
+    /// checked against this job and the nodes its ranks were sent to; a
+    /// report that does not fit is refused whole and changes nothing.
+    pub fn merge_report(self: &Arc<Self>, report: NodeReport) -> Result<(), JobError> {
+        let refused = |reason: String| JobError::BadReport {
+            node: report.node.chars().take(64).collect(),
+            reason,
+        };
         let mut inner = self.lock();
+        let Some(ready) = inner.ready.as_ref() else {
+            return Err(refused("the job is still being planned here".into()));
+        };
+        let bounds = ReportBounds {
+            world_size: ready.layout.world_size,
+            epochs: self.spec.epochs,
+            per_rank: ready.layout.per_rank(),
+        };
+        let routes = &inner.routes;
+        report
+            .check(&bounds, |rank| routes.sent(rank, &report.node))
+            .map_err(refused)?;
         inner
             .progress
             .merge(&report.ranges, report.delivered, report.bytes);
+        self.bad.merge(report.skipped, report.bad_samples);
+        self.touch();
         self.settle(inner);
+        Ok(())
     }
 
     /// Records Flight bytes sent to a trainer.

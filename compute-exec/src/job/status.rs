@@ -152,10 +152,37 @@ pub struct Progress {
 /// by a reader that resumed elsewhere: the job's record grows with the
 /// gaps, not with the samples (a bitmap was a word per 64 samples of
 /// every (rank, epoch) ever read, saved every second).
+///
+/// Read from a record or a node's report, ranges are checked (none runs
+/// backwards) and put in that form, so that no count over them can
+/// overflow.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<(u64, u64)>")]
 pub struct Ranges(Vec<(u64, u64)>);
 
+impl TryFrom<Vec<(u64, u64)>> for Ranges {
+    type Error = String;
+
+    fn try_from(mut spans: Vec<(u64, u64)>) -> Result<Self, String> {
+        if let Some((from, to)) = spans.iter().find(|(from, to)| from > to) {
+            return Err(format!("the range {from}..{to} runs backwards"));
+        }
+        // In order, each insert merges at the end: n log n in all.
+        spans.sort_unstable();
+        let mut r = Self::default();
+        for (from, to) in spans {
+            r.insert(from, to);
+        }
+        Ok(r)
+    }
+}
+
 impl Ranges {
+    /// The ranges, sorted and disjoint.
+    pub fn spans(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+
     /// Adds `from..to`; returns how many positions were new.
     fn insert(&mut self, from: u64, to: u64) -> u64 {
         if from >= to {
@@ -262,13 +289,15 @@ impl Progress {
         for (key, r) in ranges {
             let mine = self.covered.entry(*key).or_default();
             for &(from, to) in &r.0 {
-                self.positions += mine.insert(from, to);
+                self.positions = self.positions.saturating_add(mine.insert(from, to));
             }
         }
-        self.delivered += rows;
-        self.bytes.link += bytes.link;
-        self.bytes.trainer += bytes.trainer;
-        self.bytes.shm += bytes.shm;
+        // Saturating: a node's counters are its word, and no word of it
+        // may wrap a counter or panic the coordinator.
+        self.delivered = self.delivered.saturating_add(rows);
+        self.bytes.link = self.bytes.link.saturating_add(bytes.link);
+        self.bytes.trainer = self.bytes.trainer.saturating_add(bytes.trainer);
+        self.bytes.shm = self.bytes.shm.saturating_add(bytes.shm);
         if rows > 0 {
             let now = Instant::now();
             self.first.get_or_insert(now);
@@ -325,7 +354,10 @@ impl Progress {
                 ranges.insert(s, e);
             }
         }
-        let positions = covered.values().map(Ranges::len).sum();
+        let positions = covered
+            .values()
+            .map(Ranges::len)
+            .fold(0u64, u64::saturating_add);
         Self {
             covered,
             positions,

@@ -9,6 +9,11 @@
 //! positions were delivered. The samples' row ids are not kept: they are
 //! listed again from the pinned versions, which never change, so the
 //! same job reads the same samples in the same order, bit-identical.
+//!
+//! A record that cannot be read back (a file cut short by a disk, written
+//! by a newer sluice, or holding numbers no job can have) is set aside in
+//! `rejected/` beside a `.error` file naming what is wrong with it, and
+//! the server starts without it: no record can stop a start.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -47,6 +52,10 @@ pub struct JobRecord {
     pub skipped: u64,
     /// The first of them, named.
     pub bad_samples: Vec<BadSample>,
+    /// The compute nodes its ranks were sent to (absent in records
+    /// written before they were kept).
+    #[serde(default, skip_serializing_if = "super::routes::RankRoutes::is_empty")]
+    pub routes: super::routes::RankRoutes,
 }
 
 /// See the module docs.
@@ -102,8 +111,8 @@ impl JobStore {
         }
     }
 
-    /// Every record saved, oldest first; unreadable ones are logged and
-    /// left where they are.
+    /// Every record saved, oldest first; unreadable ones are set aside
+    /// (see the module docs).
     pub fn load(&self) -> std::io::Result<Vec<JobRecord>> {
         let mut out = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
@@ -116,11 +125,35 @@ impl JobStore {
                 .and_then(|b| serde_json::from_slice::<JobRecord>(&b).map_err(|e| e.to_string()))
             {
                 Ok(r) => out.push(r),
-                Err(e) => tracing::warn!("job record {}: {e}; ignored", path.display()),
+                Err(e) => match self.set_aside(&path, &e) {
+                    Ok(to) => tracing::warn!(
+                        "job record {}: {e}; set aside as {}",
+                        path.display(),
+                        to.display()
+                    ),
+                    Err(moved) => tracing::warn!(
+                        "job record {}: {e}; ignored (cannot set it aside: {moved})",
+                        path.display()
+                    ),
+                },
             }
         }
         out.sort_by(|a, b| a.created.total_cmp(&b.created).then(a.id.cmp(&b.id)));
         Ok(out)
+    }
+}
+
+impl JobStore {
+    /// Moves the record at `path` into `rejected/`, with `why` beside it
+    /// in a `.error` file; where it went.
+    fn set_aside(&self, path: &Path, why: &str) -> std::io::Result<PathBuf> {
+        let aside = self.dir.join("rejected");
+        fs::create_dir_all(&aside)?;
+        let name = path.file_name().unwrap_or_default();
+        let to = aside.join(name);
+        fs::write(to.with_extension("error"), format!("{why}\n"))?;
+        fs::rename(path, &to)?;
+        Ok(to)
     }
 }
 
@@ -143,7 +176,33 @@ mod tests {
             progress: ProgressRecord::default(),
             skipped: 0,
             bad_samples: vec![],
+            routes: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_back_is_set_aside_naming_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JobStore::open(dir.path().join("jobs")).unwrap();
+        store.save(&record("job-1", 1.0)).unwrap();
+        let mut bad = serde_json::to_value(record("job-2", 2.0)).unwrap();
+        // What a report near u64::MAX left in a record before reports
+        // were checked: a range that wraps.
+        bad["progress"]["ranges"] = serde_json::json!([[[7, 9], [[18446744073709551615u64, 1]]]]);
+        fs::write(store.dir().join("job-2.json"), bad.to_string()).unwrap();
+        fs::write(store.dir().join("job-3.json"), b"{\"id\": ").unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].id, "job-1");
+        let why = fs::read_to_string(store.dir().join("rejected/job-2.error")).unwrap();
+        assert!(why.contains("runs backwards"), "{why}");
+        assert!(store.dir().join("rejected/job-3.json").exists());
+        assert!(!store.dir().join("job-2.json").exists());
+        assert_eq!(
+            store.load().unwrap().len(),
+            1,
+            "set aside once, not read again"
+        );
     }
 
     #[test]

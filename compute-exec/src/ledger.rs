@@ -1,0 +1,175 @@
+//! [`PartLedger`]: the parts of datasets this cluster wrote, by node — what
+//! a storage node that registers may bring.
+//!
+//! A dataset belongs to the cluster, not to whoever registers a node. The
+//! coordinator's sharded ingest (`crate::ingest`) writes a version's parts
+//! under its own transaction and, once every part has committed, notes
+//! each (dataset, node, version) here. A storage node that registers
+//! (`POST /v1/nodes/storage`) is admitted only if every dataset version it
+//! holds is one the ledger gave it; one holding anything else (a dataset
+//! ingested behind the cluster's back, a version the cluster never wrote)
+//! is quarantined: listed with what it holds, read by no query. A node the
+//! operator named at start (`serve --storage`) is the operator's word and
+//! is not checked.
+//!
+//! Once admitted, a node is read at the version the ledger names for each
+//! of its parts, whatever newer version it may list (`ComputeSession`'s
+//! refresh asks [`PartLedger::version`]).
+//!
+//! The ledger is one JSON file (`<data dir>/cluster/parts.json`), replaced
+//! atomically at each commit (written beside, flushed, renamed), so a
+//! coordinator that restarts still knows its cluster's parts.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct PartLedger {
+    path: Option<PathBuf>,
+    parts: Mutex<Parts>,
+}
+
+/// (dataset, node) → the version the cluster wrote there last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Parts {
+    parts: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// A node's dataset version the ledger does not know.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Unknown {
+    /// The dataset.
+    pub dataset: String,
+    /// The version the node holds.
+    pub version: u64,
+    /// The version the cluster wrote there, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known: Option<u64>,
+}
+
+impl PartLedger {
+    /// The ledger kept in `dir` (created if missing; read if there).
+    pub fn open(dir: &Path) -> std::io::Result<Self> {
+        fs::create_dir_all(dir)?;
+        let path = dir.join("parts.json");
+        let parts = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Parts::default(),
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            path: Some(path),
+            parts: Mutex::new(parts),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Parts> {
+        self.parts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that the cluster committed `version` of `dataset` on each of
+    /// `nodes`, and saves the ledger.
+    pub fn committed(&self, dataset: &str, parts: &[(String, u64)]) -> std::io::Result<()> {
+        let mut p = self.lock();
+        let of = p.parts.entry(dataset.to_string()).or_default();
+        for (node, version) in parts {
+            of.insert(node.clone(), *version);
+        }
+        self.save(&p)
+    }
+
+    /// The version of `dataset` the cluster wrote on `node`, if any.
+    pub fn version(&self, dataset: &str, node: &str) -> Option<u64> {
+        self.lock().parts.get(dataset)?.get(node).copied()
+    }
+
+    /// What of `held` (a node's datasets and their latest versions) the
+    /// cluster did not write on `node`: a version newer than the ledger's,
+    /// or a dataset it never wrote there. Empty: the node may join.
+    pub fn unknown(&self, node: &str, held: &[(String, u64)]) -> Vec<Unknown> {
+        held.iter()
+            .filter_map(|(dataset, version)| {
+                let known = self.version(dataset, node);
+                (known.is_none_or(|k| *version > k)).then(|| Unknown {
+                    dataset: dataset.clone(),
+                    version: *version,
+                    known,
+                })
+            })
+            .collect()
+    }
+
+    fn save(&self, parts: &Parts) -> std::io::Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let tmp = path.with_extension("tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(parts)?)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_may_bring_only_what_the_cluster_wrote_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = PartLedger::open(dir.path()).unwrap();
+        let a = "http://10.0.0.11:50051";
+        ledger
+            .committed(
+                "pets",
+                &[(a.into(), 3), ("http://10.0.0.12:50051".into(), 2)],
+            )
+            .unwrap();
+        assert!(ledger.unknown(a, &[("pets".into(), 3)]).is_empty());
+        assert!(
+            ledger.unknown(a, &[("pets".into(), 2)]).is_empty(),
+            "an older one"
+        );
+        assert_eq!(
+            ledger.unknown(a, &[("pets".into(), 4), ("cats".into(), 1)]),
+            [
+                Unknown {
+                    dataset: "pets".into(),
+                    version: 4,
+                    known: Some(3)
+                },
+                Unknown {
+                    dataset: "cats".into(),
+                    version: 1,
+                    known: None
+                }
+            ]
+        );
+        assert_eq!(
+            ledger
+                .unknown("http://10.0.0.99:1", &[("pets".into(), 3)])
+                .len(),
+            1,
+            "another node's part is not this one's"
+        );
+        // A restarted coordinator knows its parts.
+        let again = PartLedger::open(dir.path()).unwrap();
+        assert_eq!(again.version("pets", a), Some(3));
+    }
+}
