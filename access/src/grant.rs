@@ -129,10 +129,16 @@ impl Grant {
         self.scopes.iter().copied()
     }
 
-    /// Whether it holds `scope` (`admin` holds `read` and `ingest`).
+    /// Whether it holds `scope` (`ingest` holds `read`; `admin` holds
+    /// both).
     pub fn has(&self, scope: Scope) -> bool {
-        self.scopes.contains(&scope)
-            || (matches!(scope, Scope::Read | Scope::Ingest) && self.scopes.contains(&Scope::Admin))
+        let held = |s| self.scopes.contains(&s);
+        held(scope)
+            || match scope {
+                Scope::Read => held(Scope::Ingest) || held(Scope::Admin),
+                Scope::Ingest => held(Scope::Admin),
+                Scope::Admin | Scope::Node => false,
+            }
     }
 
     /// Whether it names `dataset` (a name, or `name@version`).
@@ -153,7 +159,7 @@ impl Grant {
 
     /// Whether it may read and write the checkpoint `name`.
     pub fn may_checkpoint(&self, name: &str) -> bool {
-        (self.has(Scope::Read) || self.has(Scope::Ingest))
+        self.has(Scope::Read)
             && self
                 .checkpoints
                 .iter()
@@ -225,6 +231,9 @@ mod tests {
         let admin = Grant::new("a", [Scope::Admin], vec!["*".into()], vec![String::new()]);
         assert!(admin.may_read("x") && admin.may_ingest("x") && admin.may_checkpoint("any"));
         assert!(!admin.has(Scope::Node), "an operator is not a node");
+        let ingester = Grant::new("i", [Scope::Ingest], vec!["pets".into()], vec![]);
+        assert!(ingester.may_read("pets") && ingester.may_ingest("pets"));
+        assert!(!ingester.has(Scope::Admin));
         let node = Grant::new("n", [Scope::Node], vec!["*".into()], vec![]);
         assert!(
             !node.may_read("x"),

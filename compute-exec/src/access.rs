@@ -143,8 +143,8 @@ mod tests {
             may_query(&reader(&["*"]), "SELECT * FROM information_schema.tables"),
             Ok(())
         );
-        let ingest_only = Grant::new("i", [Scope::Ingest], vec!["*".into()], vec![]);
-        assert!(may_query(&ingest_only, "SELECT * FROM pets").is_err());
+        let node = Grant::new("n", [Scope::Node], vec!["*".into()], vec![]);
+        assert!(may_query(&node, "SELECT * FROM pets").is_err());
     }
 
     #[test]

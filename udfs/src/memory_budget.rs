@@ -22,12 +22,23 @@
 //!   counted cover what the planner's constant folding and the encoders
 //!   make of it.
 //!
+//! Accounting is approximate: an accumulator reports its string's length,
+//! not the capacity its doublings left, and batches are copied on their way
+//! in (`string_agg` over a cast held twice what it accounted). So the pool
+//! also holds the process's resident memory to the budget: a reservation
+//! is refused when the process already holds the budget less what it asks
+//! ([`Resident`], read from `/proc/self/statm` at most every
+//! [`RESIDENT_EVERY`]). Before refusing, freed memory that the allocator
+//! kept is given back to the system (`malloc_trim`), so memory a failed
+//! query freed does not refuse the next one.
+//!
 //! One query over the budget fails with an error that says so; the
 //! process and its other streams go on.
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{
@@ -108,7 +119,148 @@ impl MemoryBudget {
 fn new_pool(bytes: u64) -> Arc<dyn MemoryPool> {
     let bytes = usize::try_from(bytes.max(64 << 20)).unwrap_or(usize::MAX);
     let top = NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN);
-    Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(bytes), top))
+    Arc::new(BudgetPool {
+        limit: bytes,
+        accounted: TrackConsumersPool::new(GreedyMemoryPool::new(bytes), top),
+        resident: Resident::default(),
+    })
+}
+
+/// How stale a reading of the process's resident memory may be.
+pub const RESIDENT_EVERY: Duration = Duration::from_millis(10);
+
+/// The process's resident memory, read at most every [`RESIDENT_EVERY`].
+#[derive(Debug)]
+pub struct Resident {
+    bytes: AtomicU64,
+    /// Microseconds since `epoch` of the last reading (0: never).
+    read_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for Resident {
+    fn default() -> Self {
+        Self {
+            bytes: AtomicU64::new(0),
+            read_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Resident {
+    /// Bytes resident now (0 where `/proc` cannot be read).
+    pub fn now(&self) -> u64 {
+        let at = self.epoch.elapsed().as_micros() as u64 + 1;
+        let last = self.read_at.load(Ordering::Relaxed);
+        if last != 0 && at.saturating_sub(last) < RESIDENT_EVERY.as_micros() as u64 {
+            return self.bytes.load(Ordering::Relaxed);
+        }
+        self.read()
+    }
+
+    /// Reads it afresh.
+    pub fn read(&self) -> u64 {
+        let bytes = resident_bytes();
+        self.bytes.store(bytes, Ordering::Relaxed);
+        self.read_at.store(
+            self.epoch.elapsed().as_micros() as u64 + 1,
+            Ordering::Relaxed,
+        );
+        bytes
+    }
+}
+
+/// The resident set of this process, from `/proc/self/statm`.
+fn resident_bytes() -> u64 {
+    // SAFETY: sysconf reads a constant of the system; it has no
+    // preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = u64::try_from(page).unwrap_or(4096);
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+/// The process's pool: accounted reservations under the limit, and the
+/// resident memory too (see the module docs).
+#[derive(Debug)]
+struct BudgetPool {
+    limit: usize,
+    accounted: TrackConsumersPool<GreedyMemoryPool>,
+    resident: Resident,
+}
+
+impl BudgetPool {
+    /// Whether `additional` more bytes leave the process under its limit,
+    /// once memory the allocator kept is given back if need be.
+    fn resident_room(&self, additional: usize) -> Result<()> {
+        let fits = |held: u64| held.saturating_add(additional as u64) <= self.limit as u64;
+        if fits(self.resident.now()) {
+            return Ok(());
+        }
+        // SAFETY: malloc_trim only returns free heap memory to the
+        // system; it may be called from any thread at any time.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        let held = self.resident.read();
+        if fits(held) {
+            return Ok(());
+        }
+        Err(DataFusionError::ResourcesExhausted(format!(
+            "the process holds {held} bytes: {additional} more would take it past its \
+             memory budget of {} bytes",
+            self.limit
+        )))
+    }
+}
+
+impl std::fmt::Display for BudgetPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (resident: {} bytes)",
+            self.accounted,
+            self.resident.now()
+        )
+    }
+}
+
+impl MemoryPool for BudgetPool {
+    fn name(&self) -> &str {
+        "memory budget"
+    }
+
+    fn register(&self, consumer: &MemoryConsumer) {
+        self.accounted.register(consumer);
+    }
+
+    fn unregister(&self, consumer: &MemoryConsumer) {
+        self.accounted.unregister(consumer);
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.accounted.grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.accounted.shrink(reservation, shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
+        self.resident_room(additional)?;
+        self.accounted.try_grow(reservation, additional)
+    }
+
+    fn reserved(&self) -> usize {
+        self.accounted.reserved()
+    }
+
+    fn memory_limit(&self) -> MemoryLimit {
+        MemoryLimit::Finite(self.limit)
+    }
 }
 
 fn limit_of(pool: &dyn MemoryPool) -> usize {
@@ -210,22 +362,43 @@ mod tests {
 
     #[test]
     fn a_query_is_held_by_its_limit_and_by_the_budget() {
-        let shared = new_pool(100 << 20);
-        let a: Arc<dyn MemoryPool> = Arc::new(QueryPool::new(80 << 20, Arc::clone(&shared)));
-        let b: Arc<dyn MemoryPool> = Arc::new(QueryPool::new(80 << 20, Arc::clone(&shared)));
+        const MIB: usize = 1 << 20;
+        let shared = new_pool(1000 << 20);
+        let a: Arc<dyn MemoryPool> = Arc::new(QueryPool::new(800 * MIB, Arc::clone(&shared)));
+        let b: Arc<dyn MemoryPool> = Arc::new(QueryPool::new(800 * MIB, Arc::clone(&shared)));
         let ra = MemoryConsumer::new("sort a").register(&a);
-        ra.try_grow(70 << 20).unwrap();
-        let e = ra.try_grow(20 << 20).unwrap_err().to_string();
+        ra.try_grow(700 * MIB).unwrap();
+        let e = ra.try_grow(200 * MIB).unwrap_err().to_string();
         assert!(e.contains("its limit"), "{e}");
         let rb = MemoryConsumer::new("sort b").register(&b);
-        let e = rb.try_grow(40 << 20).unwrap_err().to_string();
+        let e = rb.try_grow(400 * MIB).unwrap_err().to_string();
         assert!(e.contains("memory budget"), "{e}");
         assert_eq!(b.reserved(), 0, "a refused grow takes nothing");
-        rb.try_grow(30 << 20).unwrap();
-        assert_eq!(shared.reserved(), 100 << 20);
+        rb.try_grow(300 * MIB).unwrap();
+        assert_eq!(shared.reserved(), 1000 * MIB);
         drop(ra);
-        assert_eq!(shared.reserved(), 30 << 20);
+        assert_eq!(shared.reserved(), 300 * MIB);
         assert_eq!(a.reserved(), 0);
+    }
+
+    #[test]
+    fn the_resident_memory_is_read_and_held_to_the_limit() {
+        let r = Resident::default();
+        let now = r.now();
+        assert!(now > 1 << 20, "{now}");
+        // Under a limit below what the process holds already, nothing fits.
+        let pool = BudgetPool {
+            limit: (now / 2) as usize,
+            accounted: TrackConsumersPool::new(GreedyMemoryPool::new(1 << 40), NonZeroUsize::MIN),
+            resident: Resident::default(),
+        };
+        let pool: Arc<dyn MemoryPool> = Arc::new(pool);
+        let e = MemoryConsumer::new("x")
+            .register(&pool)
+            .try_grow(1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the process holds"), "{e}");
     }
 
     #[test]
@@ -233,12 +406,12 @@ mod tests {
         let budget = MemoryBudget {
             pool: OnceLock::new(),
         };
-        assert_eq!(budget.configure(100 << 20), 100 << 20);
-        assert_eq!(budget.configure(1 << 40), 100 << 20, "the first size holds");
-        let held = budget.reserve("repeat", 60 << 20).unwrap();
-        let e = budget.reserve("lpad", 60 << 20).unwrap_err().to_string();
+        assert_eq!(budget.configure(1000 << 20), 1000 << 20);
+        assert_eq!(budget.configure(1 << 40), 1000 << 20, "the first size holds");
+        let held = budget.reserve("repeat", 600 << 20).unwrap();
+        let e = budget.reserve("lpad", 600 << 20).unwrap_err().to_string();
         assert!(e.contains("lpad") && e.contains("memory budget"), "{e}");
         drop(held);
-        assert!(budget.reserve("lpad", 60 << 20).is_ok());
+        assert!(budget.reserve("lpad", 600 << 20).is_ok());
     }
 }
