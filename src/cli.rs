@@ -62,6 +62,11 @@ pub struct Cli {
     /// fails, the process goes on.
     #[arg(long, global = true, env = "SLUICE_MEMORY_LIMIT", value_parser = parse_size)]
     pub memory_limit: Option<u64>,
+    /// The token this process presents to the other nodes of its cluster
+    /// (a tokens file's `node` token: registration, progress reports,
+    /// calls to storage nodes); default: the first --token.
+    #[arg(long, global = true, env = "SLUICE_NODE_TOKEN", hide_env_values = true)]
+    pub node_token: Option<String>,
     /// The tokens file `serve` and the nodes accept (scoped tokens, kept
     /// hashed; read again on SIGHUP): see `sluice tokens`.
     #[arg(long, global = true, env = "SLUICE_TOKENS")]

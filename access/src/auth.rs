@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use tonic::{Request, Status};
 
 use crate::audit::Audit;
-use crate::grant::{Grant, Principal};
+use crate::grant::{Grant, Principal, Scope};
 use crate::tokens::{TokenFile, hash};
 
 /// The header carrying the token.
@@ -35,6 +35,8 @@ pub struct Auth {
     tokens: Arc<RwLock<Tokens>>,
     file: Option<PathBuf>,
     audit: Audit,
+    /// A scope every call must hold (a storage node's service: `node`).
+    need: Option<Scope>,
 }
 
 #[derive(Debug, Default)]
@@ -95,9 +97,17 @@ impl Auth {
             })),
             file: file.map(Path::to_path_buf),
             audit,
+            need: None,
         };
         auth.reload()?;
         Ok(auth)
+    }
+
+    /// The same check, refusing (`PermissionDenied`) every call whose
+    /// token lacks `scope`: a storage node's service takes only nodes.
+    pub fn requiring(mut self, scope: Scope) -> Self {
+        self.need = Some(scope);
+        self
     }
 
     /// Reads the tokens file again (SIGHUP): how many tokens are accepted
@@ -241,6 +251,14 @@ impl tonic::service::Interceptor for Auth {
             .collect();
         match self.authenticate_any(headers) {
             Ok(p) => {
+                if let Some(scope) = self.need
+                    && !p.has(scope)
+                {
+                    let why = format!("token {:?} lacks the {} scope", p.name(), scope.name());
+                    let from = request.remote_addr().map(|a| a.ip().to_string());
+                    self.audit.refused(p.name(), from, "Flight call", &why);
+                    return Err(forbidden(&why));
+                }
                 request.extensions_mut().insert(p);
                 Ok(request)
             }
@@ -257,7 +275,6 @@ impl tonic::service::Interceptor for Auth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grant::Scope;
     use crate::tokens::{TokenEntry, new_secret};
 
     #[test]
@@ -295,6 +312,46 @@ mod tests {
                 .unwrap()
                 .has(Scope::Node)
         );
+    }
+
+    #[test]
+    fn a_service_that_takes_only_nodes_refuses_a_user() {
+        use tonic::service::Interceptor;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.yaml");
+        let (user, node) = (new_secret().unwrap(), new_secret().unwrap());
+        let entry = |name: &str, secret: &str, scope| TokenEntry {
+            name: name.into(),
+            hash: hash(secret),
+            scopes: vec![scope],
+            datasets: vec!["*".into()],
+            checkpoints: vec![String::new()],
+        };
+        TokenFile {
+            tokens: vec![
+                entry("u", &user, Scope::Admin),
+                entry("n", &node, Scope::Node),
+            ],
+        }
+        .write(&path)
+        .unwrap();
+        let mut auth = Auth::new(Vec::<String>::new(), Some(&path), Audit::default())
+            .unwrap()
+            .requiring(Scope::Node);
+        let call = |auth: &mut Auth, token: Option<&str>| {
+            let mut r = Request::new(());
+            if let Some(t) = token {
+                r.metadata_mut()
+                    .insert(AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+            }
+            auth.call(r).map(|_| ()).map_err(|s| s.code())
+        };
+        assert_eq!(call(&mut auth, Some(&node)), Ok(()));
+        assert_eq!(
+            call(&mut auth, Some(&user)),
+            Err(tonic::Code::PermissionDenied)
+        );
+        assert_eq!(call(&mut auth, None), Err(tonic::Code::Unauthenticated));
     }
 
     #[test]

@@ -7,12 +7,11 @@ use arrow::datatypes::SchemaRef;
 use arrow_flight::Action;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::{connect, read_reported};
+use sluice_flight::{Credential, FlightClient};
 use sluice_planner::Explanation;
-use tonic::transport::Channel;
 
 use sluice_flight::ticket::{QueryTicket, Ticket};
 
@@ -45,14 +44,14 @@ pub struct QueryResult {
 #[derive(Debug, Clone)]
 pub struct QueryClient {
     node: String,
-    inner: FlightServiceClient<Channel>,
+    inner: FlightClient,
     token: Option<String>,
 }
 
 impl QueryClient {
     /// A client of the node at `url`.
     pub fn new(url: &str) -> Result<Self, QueryError> {
-        let (node, inner) = connect(url).map_err(|message| QueryError {
+        let (node, inner) = connect(url, Credential::default()).map_err(|message| QueryError {
             node: url.to_string(),
             code: tonic::Code::InvalidArgument,
             message,

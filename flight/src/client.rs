@@ -6,7 +6,6 @@ use std::time::Instant;
 use arrow::datatypes::SchemaRef;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{Action, Criteria, FlightDescriptor};
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
@@ -16,9 +15,9 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use sluice_udfs::UdfEnv;
-use tonic::transport::Channel;
 
 use crate::codec::encode_fragment;
+use crate::credential::{Credential, FlightClient};
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
 use crate::feed::{Feed, RemoteFeed};
@@ -36,13 +35,20 @@ use crate::stream::{connect, read_reported};
 #[derive(Debug, Clone)]
 pub struct StorageClient {
     pub(crate) node: String,
-    pub(crate) inner: FlightServiceClient<Channel>,
+    pub(crate) inner: FlightClient,
 }
 
 impl StorageClient {
-    /// A client of the node at `url` (`http://host:port`).
+    /// A client of the node at `url` (`http://host:port`) that presents no
+    /// credential.
     pub fn new(url: &str) -> Result<Self, LinkError> {
-        let (node, inner) = connect(url).map_err(LinkError::Protocol)?;
+        Self::with_credential(url, Credential::default())
+    }
+
+    /// A client of the node at `url` presenting `credential` (this node's
+    /// token) on every call.
+    pub fn with_credential(url: &str, credential: Credential) -> Result<Self, LinkError> {
+        let (node, inner) = connect(url, credential).map_err(LinkError::Protocol)?;
         Ok(Self { node, inner })
     }
 

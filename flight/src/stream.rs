@@ -24,8 +24,9 @@ use bytes::Bytes;
 use datafusion::error::DataFusionError;
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
+use crate::credential::{Credential, FlightClient};
 use crate::messages::FragmentReport;
 use crate::throttle::TokenBucket;
 use crate::{MAX_FLIGHT_DATA, MAX_MESSAGE};
@@ -132,8 +133,9 @@ where
 }
 
 /// A lazily connecting Flight client of `url` (`host:port` means
-/// `http://host:port`) with sluice's message limits, and the URL it uses.
-pub fn connect(url: &str) -> Result<(String, FlightServiceClient<Channel>), String> {
+/// `http://host:port`) with sluice's message limits, presenting
+/// `credential` on every call, and the URL it uses.
+pub fn connect(url: &str, credential: Credential) -> Result<(String, FlightClient), String> {
     let url = if url.contains("://") {
         url.to_string()
     } else {
@@ -143,7 +145,7 @@ pub fn connect(url: &str) -> Result<(String, FlightServiceClient<Channel>), Stri
         .map_err(|e| format!("bad URL {url}: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    let client = FlightServiceClient::new(endpoint.connect_lazy())
+    let client = FlightServiceClient::with_interceptor(endpoint.connect_lazy(), credential)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     Ok((url, client))

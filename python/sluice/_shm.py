@@ -128,7 +128,18 @@ class Segment:
         lease = _Lease(self, slot)
         buf = pa.foreign_buffer(self.address + HEADER + slot * self.slot_bytes, length,
                                 base=lease)
-        return pa.ipc.read_record_batch(pa.ipc.read_message(buf), schema)
+        # The slot is memory another process writes: a slot overwritten or
+        # cut short must be an exception here, never a read out of bounds
+        # in pyarrow later (its offsets and lengths are checked against
+        # the buffers before any value is touched).
+        try:
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(buf), schema)
+            batch.validate(full=True)
+        except (pa.ArrowException, ValueError, OSError) as e:
+            raise ValueError(
+                f"shared-memory slot {slot} of {self.path} does not hold a valid batch "
+                f"(overwritten?): {e}") from e
+        return batch
 
     @property
     def retired(self) -> bool:

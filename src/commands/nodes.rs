@@ -6,13 +6,14 @@
 
 use std::sync::Arc;
 
-use sluice_access::{Audit, Auth};
+use sluice_access::{Audit, Auth, Scope};
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
 use sluice_flight::{Executor, StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -109,7 +110,7 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         storage.info().cores
     );
     if let Some(url) = &node.coordinator {
-        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
+        let coordinator = crate::coordinator::Coordinator::new(url, place::node_token(cli))?;
         let location = node
             .advertise
             .clone()
@@ -117,12 +118,16 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         coordinator.keep_registered("storage", location.clone(), None);
         println!("registering with the coordinator at {url} as {location}");
     }
+    // Only nodes of the cluster call a storage node (with a tokens file:
+    // tokens of scope `node`).
+    let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
     Server::builder()
-        .add_service(
+        .add_service(InterceptedService::new(
             StorageFlightService::new(storage)
                 .with_limits(node.decode.limits())
                 .server(),
-        )
+            auth,
+        ))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("storage node stopped");
@@ -138,27 +143,32 @@ pub async fn compute_node(
     limits: QueryLimitFlags,
 ) -> anyhow::Result<()> {
     sluice_udfs::stage_cache::StageCache::global().configure(limits.stage_cache());
-    let session = ComputeSession::new(place::remote_nodes(storage)?, place::profiles(cli)?, hints)
-        .with_query_memory(limits.query_memory as usize)
-        .with_stream_memory(limits.stream_memory)
-        .with_output_cache(limits.output_cache())
-        .with_limits(limits.decode.limits())
-        .with_calibration(place::calibration(limits.no_calibrate));
+    let session = ComputeSession::new(
+        place::remote_nodes(cli, storage)?,
+        place::profiles(cli)?,
+        hints,
+    )
+    .with_query_memory(limits.query_memory as usize)
+    .with_stream_memory(limits.stream_memory)
+    .with_output_cache(limits.output_cache())
+    .with_limits(limits.decode.limits())
+    .with_calibration(place::calibration(limits.no_calibrate));
     let session = Arc::new(session);
     let listener = bind(listen).await?;
     let addr = listener.local_addr()?;
     let mut jobs = Jobs::new(Arc::clone(&session))?;
     let mut reporter = None;
     if let Some(url) = cluster.coordinator {
-        let coordinator = crate::coordinator::Coordinator::new(url, cli.token.first().cloned())?;
+        let coordinator = crate::coordinator::Coordinator::new(url, place::node_token(cli))?;
         let location = cluster
             .advertise
             .map_or_else(|| format!("grpc://{addr}"), str::to_string);
         // The storage nodes the coordinator reads are this node's too.
         let learner = Arc::clone(&session);
+        let credential = place::node_credential(cli)?;
         let learn = move |reply: &serde_json::Value| {
             for url in crate::coordinator::storage_urls(reply) {
-                match StorageClient::new(&url) {
+                match StorageClient::with_credential(&url, credential.clone()) {
                     Ok(c) => {
                         learner.add_endpoint(Arc::new(c));
                     }
@@ -254,7 +264,7 @@ pub async fn serve(
     // models a storage machine of its own), on the same cores.
     let cpu = Executor::new("sluice-cpu", sluice_planner::resources::machine_cores())?;
     let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if remote {
-        (place::remote_nodes(addrs.storage)?, None)
+        (place::remote_nodes(cli, addrs.storage)?, None)
     } else {
         let storage = match storage_cores {
             None => place::local_node_on(cli, Arc::clone(&cpu), link_limit)?,
@@ -331,6 +341,7 @@ pub async fn serve(
         flight: flight_addr,
         ingests: Arc::default(),
         quarantine: Arc::default(),
+        node_credential: place::node_credential(cli)?,
     });
     // One write, and no panic if whoever started us stopped reading.
     let announce = format!(

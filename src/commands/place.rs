@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_compute::{ComputeSession, ResourceHints};
-use sluice_flight::{Executor, StorageClient, StorageEndpoint};
+use sluice_flight::{Credential, Executor, StorageClient, StorageEndpoint};
 use sluice_storage::StorageNode;
 use sluice_udfs::cost::{PROFILES_FILE, Profiles, load_profiles};
 
@@ -61,10 +61,29 @@ pub fn local_node_on(
 }
 
 /// Clients of remote storage nodes.
-pub fn remote_nodes(urls: &[String]) -> anyhow::Result<Vec<Arc<dyn StorageEndpoint>>> {
+pub fn remote_nodes(cli: &Cli, urls: &[String]) -> anyhow::Result<Vec<Arc<dyn StorageEndpoint>>> {
+    let credential = node_credential(cli)?;
     urls.iter()
-        .map(|u| Ok(Arc::new(StorageClient::new(u)?) as Arc<dyn StorageEndpoint>))
+        .map(|u| {
+            Ok(
+                Arc::new(StorageClient::with_credential(u, credential.clone())?)
+                    as Arc<dyn StorageEndpoint>,
+            )
+        })
         .collect()
+}
+
+/// The token this process presents to other nodes (`--node-token`, else
+/// the first `--token`).
+pub fn node_token(cli: &Cli) -> Option<String> {
+    cli.node_token
+        .clone()
+        .or_else(|| cli.token.first().cloned())
+}
+
+/// [`node_token`] as a Flight client's credential.
+pub fn node_credential(cli: &Cli) -> anyhow::Result<Credential> {
+    Credential::bearer(node_token(cli).as_deref()).map_err(anyhow::Error::msg)
 }
 
 /// The compute session the flags describe.
@@ -72,7 +91,7 @@ pub fn session(cli: &Cli, place: &PlaceFlags) -> anyhow::Result<ComputeSession> 
     let endpoints: Vec<Arc<dyn StorageEndpoint>> = if place.storage.is_empty() {
         vec![local_node(cli, place.storage_cores, place.link_limit)?]
     } else {
-        remote_nodes(&place.storage)?
+        remote_nodes(cli, &place.storage)?
     };
     let storage_cores = if place.storage.is_empty() {
         None

@@ -75,6 +75,8 @@ pub struct AppState {
     /// Storage nodes that registered holding what the cluster did not
     /// write there.
     pub quarantine: Arc<nodes::Quarantine>,
+    /// What this coordinator presents to the storage nodes it calls.
+    pub node_credential: sluice_flight::Credential,
 }
 
 struct BearerScheme;

@@ -336,7 +336,7 @@ pub async fn register_storage(
     if session.endpoints().iter().any(|e| e.name() == url) {
         return Ok(Json(serde_json::json!({ "location": url, "new": false })));
     }
-    let client = sluice_flight::StorageClient::new(&url)
+    let client = sluice_flight::StorageClient::with_credential(&url, s.node_credential.clone())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_location", e.to_string()))?;
     let unreachable = |why: String| {
         ApiError::new(

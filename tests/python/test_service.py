@@ -351,6 +351,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/jobs/{id}/progress": ["post"],
         "/v1/nodes/compute": ["post"],
         "/v1/nodes/storage": ["post"],
+        "/v1/nodes/{kind}/{id}": ["delete"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],

@@ -188,3 +188,30 @@ def test_dataloader_workers_read_every_sample_once_through_shm(server):
             keys.extend(b["key"])
         assert len(keys) == 120 and len(set(keys)) == 120, workers
     assert job.status()["bytes"]["shm"] > before
+
+
+def test_a_slot_overwritten_is_an_exception_not_a_crash(tmp_path):
+    """A slot whose batch was overwritten (offsets past the values) raises
+    in Python; pyarrow never reads out of bounds."""
+    keys = pa.array([f"key-{i:04d}" for i in range(64)])
+    batch = pa.record_batch([keys], names=["key"])
+    message = batch.serialize().to_pybytes()
+    offsets = (pa.array(range(0, 8 * 65, 8), pa.int32())).buffers()[1].to_pybytes()
+    at = message.find(offsets)
+    assert at > 0
+    bad = bytearray(message)
+    bad[at + 4 * 10: at + 4 * 11] = (1 << 30).to_bytes(4, "little")
+    slot_bytes = 1 << 16
+    path = tmp_path / "segment"
+    image = bytearray(_shm.HEADER + 2 * slot_bytes)
+    image[:8] = _shm.MAGIC
+    image[_shm.HEADER:_shm.HEADER + len(message)] = message
+    image[_shm.HEADER + slot_bytes:_shm.HEADER + slot_bytes + len(bad)] = bad
+    path.write_bytes(bytes(image))
+    seg = _shm.Segment({"path": str(path), "size": len(image), "slots": 2,
+                        "slot_bytes": slot_bytes})
+    assert seg.batch(0, len(message), batch.schema).equals(batch)
+    with pytest.raises(ValueError, match="slot 1"):
+        seg.batch(1, len(bad), batch.schema)
+    with pytest.raises(ValueError, match="slot 0"):
+        seg.batch(0, 40, batch.schema)

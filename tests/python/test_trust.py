@@ -342,3 +342,46 @@ def test_queries_past_the_memory_budget_fail_and_the_process_stays_under_it():
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
+
+
+def test_a_storage_node_takes_calls_only_from_nodes_of_the_cluster():
+    with tempfile.TemporaryDirectory() as d:
+        tokens = os.path.join(d, "tokens.yaml")
+        coord = add_token(tokens, "coordinator", ["node"])
+        admin = add_token(tokens, "ops", ["admin"])
+        env = serve_env(d)
+        env["SLUICE_DATA_DIR"] = os.path.join(d, "storage")
+        src = generate(d, env, "pets", 2, 3)
+        subprocess.run([SLUICE, "ingest", "pets", src], env=env, check=True, capture_output=True)
+        node = subprocess.Popen([SLUICE, "storage-node", "--listen", "127.0.0.1:0", "--tokens", tokens],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            addr = node.stdout.readline().split(" listening on ")[1].split()[0]
+            # A user's token, even an admin's, is not a node's.
+            raw = flight.FlightClient(f"grpc://{addr}")
+            for token, error in [(admin, flight.FlightUnauthorizedError),
+                                 (None, flight.FlightUnauthenticatedError)]:
+                headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+                with pytest.raises(error):
+                    list(raw.list_flights(options=flight.FlightCallOptions(headers=headers)))
+            # A coordinator that presents the cluster's node token reads it.
+            for node_token, want in [(coord, 6), (None, None)]:
+                cenv = serve_env(os.path.join(d, f"c{want}"))
+                os.makedirs(os.path.join(d, f"c{want}"), exist_ok=True)
+                args = ["--storage", f"http://{addr}", "--tokens", tokens]
+                if node_token:
+                    args += ["--node-token", node_token]
+                proc, rest = start_serve(os.path.join(d, f"c{want}"), cenv, args)
+                try:
+                    if want is not None:
+                        got = flight_query(rest, admin, "SELECT count(*) AS n FROM pets")
+                        assert got.column("n")[0].as_py() == want
+                    else:
+                        with pytest.raises(pa.ArrowException):
+                            flight_query(rest, admin, "SELECT count(*) AS n FROM pets")
+                finally:
+                    proc.terminate()
+                    assert proc.wait(timeout=30) == 0
+        finally:
+            node.kill()
+            node.wait()

@@ -407,7 +407,11 @@ mod tests {
             pool: OnceLock::new(),
         };
         assert_eq!(budget.configure(1000 << 20), 1000 << 20);
-        assert_eq!(budget.configure(1 << 40), 1000 << 20, "the first size holds");
+        assert_eq!(
+            budget.configure(1 << 40),
+            1000 << 20,
+            "the first size holds"
+        );
         let held = budget.reserve("repeat", 600 << 20).unwrap();
         let e = budget.reserve("lpad", 600 << 20).unwrap_err().to_string();
         assert!(e.contains("lpad") && e.contains("memory budget"), "{e}");
