@@ -9,7 +9,7 @@
 #
 #   bash scripts/rig.sh up --storage N --compute M [--link 1Gbit] [--delay 1ms]
 #                          [--ingest-root DIR] [--storage-cpus 0] [--compute-cpus 1]
-#                          [--bin PATH] [-- EXTRA SERVE ARGS]
+#                          [--tokens] [--bin PATH] [-- EXTRA SERVE ARGS]
 #   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
 #   bash scripts/rig.sh add-storage             # one more storage node; it registers itself
 #   bash scripts/rig.sh restart-storage I       # kill -9 storage node I, start it again over its data
@@ -26,6 +26,15 @@
 # exactly what one data dir would hold. Storage nodes take ingests beneath
 # DIR (`storage-node --ingest-root`) and register with the coordinator
 # (`--coordinator`), which is also given their list.
+#
+# --tokens: the rig runs as a cluster with identities. `up` writes a tokens
+# file ($SLUICE_RIG_DIR/tokens.yaml, hashes only) with an admin token, a
+# node token of the coordinator's, one of each compute node's and one the
+# storage nodes share; every process is given the file and its own node
+# token (SLUICE_TOKENS, SLUICE_NODE_TOKEN, never on a command line), the
+# storage nodes take calls only from node tokens, and `rig.env` has
+# TOKEN=<the admin token> for clients. Secrets are in
+# $SLUICE_RIG_DIR/secrets/ (0600).
 #
 # CPUs: storage nodes share --storage-cpus and the coordinator and compute
 # nodes share --compute-cpus; by default the machine's CPUs are cut in two
@@ -165,6 +174,24 @@ start() {
   echo "$! $out" >> "$RIG_DIR/pids"
 }
 
+# With --tokens: a new token NAME of SCOPE in the rig's tokens file, its
+# secret kept in secrets/NAME.
+add_token() {
+  local bin="$1" name="$2" scope="$3"
+  mkdir -p -m 700 "$RIG_DIR/secrets"
+  (umask 077; "$bin" tokens add "$RIG_DIR/tokens.yaml" "$name" --scope "$scope" \
+    > "$RIG_DIR/secrets/$name" 2> /dev/null)
+}
+
+# The environment a process of the rig runs with, as `env` arguments: with
+# --tokens, the tokens file and the node token NAME.
+identity() {
+  local name="$1"
+  [ -f "$RIG_DIR/tokens.yaml" ] || return 0
+  echo "SLUICE_TOKENS=$RIG_DIR/tokens.yaml SLUICE_AUDIT_LOG=$RIG_DIR/audit.jsonl" \
+    "SLUICE_NODE_TOKEN=$(cat "$RIG_DIR/secrets/$name")"
+}
+
 # Waits for `pattern` in log $1 (the process prints it once it listens).
 wait_for() {
   local out="$1" pattern="$2" pid
@@ -199,8 +226,10 @@ run_storage() {
   local dir="$RIG_DIR/storage$i" roots=()
   [ -n "$root" ] && roots=(--ingest-root "$root")
   # Its log says what it does with ingest parts (prepared, committed, dropped).
+  # shellcheck disable=SC2046
   start "$PREFIX-s$i" "$cpus" "$dir/node.log" \
-    env SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" "$bin" --data-dir "$dir/data" \
+    env $(identity storage) SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" \
+    "$bin" --data-dir "$dir/data" \
     storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$cores" \
     --coordinator "http://$NET.2:$REST_PORT" --advertise "http://$NET.$((10 + i)):$STORAGE_PORT" \
     "${roots[@]}"
@@ -208,7 +237,7 @@ run_storage() {
 
 cmd_up() {
   local storage=1 compute=1 link="" delay="" ingest_root="" storage_cpus="" compute_cpus=""
-  local bin="${SLUICE_BIN:-}" serve_extra=()
+  local bin="${SLUICE_BIN:-}" serve_extra=() tokens=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --storage) storage="$2"; shift 2 ;;
@@ -219,6 +248,7 @@ cmd_up() {
       --storage-cpus) storage_cpus="$2"; shift 2 ;;
       --compute-cpus) compute_cpus="$2"; shift 2 ;;
       --bin) bin="$2"; shift 2 ;;
+      --tokens) tokens=1; shift ;;
       --) shift; serve_extra=("$@"); break ;;
       *) die "unknown option $1 (see the top of scripts/rig.sh)" ;;
     esac
@@ -254,6 +284,13 @@ cmd_up() {
   # Failing half-way leaves nothing behind.
   trap 'if [ $? -ne 0 ]; then log "up failed; removing what it made"; cmd_down > /dev/null 2>&1 || true; fi' EXIT
 
+  if [ -n "$tokens" ]; then
+    add_token "$bin" admin admin
+    add_token "$bin" coordinator node
+    add_token "$bin" storage node
+    for ((j = 0; j < compute; j++)); do add_token "$bin" "compute$j" node; done
+  fi
+
   ip link add "$BRIDGE" type bridge
   echo "$BRIDGE" > "$RIG_DIR/bridge"
   ip addr add "$NET.1/24" dev "$BRIDGE"
@@ -278,8 +315,9 @@ cmd_up() {
   shape "$PREFIX-coord" "" "$delay"
   local ingest_args=()
   [ -n "$ingest_root" ] && ingest_args=(--ingest-root "$ingest_root")
+  # shellcheck disable=SC2046
   start "$PREFIX-coord" "$compute_cpus" "$RIG_DIR/coordinator/serve.log" \
-    "$bin" --data-dir "$RIG_DIR/coordinator/data" serve --storage "$storage_list" \
+    env $(identity coordinator) "$bin" --data-dir "$RIG_DIR/coordinator/data" serve --storage "$storage_list" \
     --rest "$NET.2:$REST_PORT" --flight "$NET.2:$FLIGHT_PORT" --compute-cores "$compute_cores" \
     "${ingest_args[@]}" "${serve_extra[@]}"
 
@@ -292,8 +330,9 @@ cmd_up() {
     mkdir -p "$dir"
     add_host "$PREFIX-c$j" $((100 + j))
     shape "$PREFIX-c$j" "" "$delay"
+    # shellcheck disable=SC2046
     start "$PREFIX-c$j" "$compute_cpus" "$dir/node.log" \
-      "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
+      env $(identity "compute$j") "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
       --compute-cores "$compute_cores" \
       --coordinator "http://$NET.2:$REST_PORT" --advertise "grpc://$NET.$((100 + j)):$COMPUTE_PORT"
     compute_urls+=("http://$NET.$((100 + j)):$COMPUTE_PORT")
@@ -306,7 +345,9 @@ cmd_up() {
     local ds
     for ds in "$ingest_root"/*/; do
       ds="${ds%/}"
-      "$bin" ingest "$(basename "$ds")" "$ds" --url "http://$NET.2:$REST_PORT" \
+      # shellcheck disable=SC2046
+      env $([ -n "$tokens" ] && echo "SLUICE_TOKEN=$(cat "$RIG_DIR/secrets/admin")") \
+        "$bin" ingest "$(basename "$ds")" "$ds" --url "http://$NET.2:$REST_PORT" \
         >> "$RIG_DIR/ingest.log" 2>&1 || { cat "$RIG_DIR/ingest.log" >&2; die "ingest of $ds over REST failed"; }
     done
   fi
@@ -322,6 +363,7 @@ cmd_up() {
     echo "COMPUTE=$(IFS=,; echo "${compute_urls[*]}")"
     echo "FLIGHT=http://$NET.2:$FLIGHT_PORT"
     echo "REST=http://$NET.2:$REST_PORT"
+    if [ -n "$tokens" ]; then echo "TOKEN=$(cat "$RIG_DIR/secrets/admin")"; fi
   } > "$RIG_DIR/rig.env"
   log "up: $storage storage node(s) on CPUs $storage_cpus, coordinator and $compute compute node(s) on CPUs $compute_cpus, link ${link:-unlimited}, delay ${delay:-0}; logs in $RIG_DIR"
   cat "$RIG_DIR/rig.env"

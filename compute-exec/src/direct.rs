@@ -131,7 +131,9 @@ where
                 let req = http::Request::from_parts(parts, Body::new(Full::new(bytes)));
                 return Ok(inner.call(req).await?.map(Body::new));
             };
-            if let Ok(job) = jobs.get(&ticket.job)
+            // Found (adopted from the coordinator, on a compute node)
+            // before its dataset is checked.
+            if let Ok(job) = jobs.find(&ticket.job).await
                 && let Err(why) = crate::access::may_read_job(&who, &job)
             {
                 auth.audit()

@@ -44,7 +44,7 @@ use arrow_flight::{
     SchemaResult, Ticket,
 };
 use datafusion::arrow::record_batch::RecordBatch;
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt, TryStreamExt, stream};
 use prost::Message;
 use sluice_access::Grant;
 use sluice_access::auth::principal_of;
@@ -212,6 +212,56 @@ impl SqlService {
             .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
     }
 
+    /// Binds the parameters a client put for a prepared statement (the
+    /// first row of `data`'s batches): the answer carries the statement
+    /// with its values, the handle the client uses from then on
+    /// (`crate::sql_params`).
+    pub async fn bind_parameters(
+        &self,
+        cmd: &[u8],
+        data: impl Stream<Item = Result<FlightData, Status>> + Send + 'static,
+    ) -> Result<arrow_flight::PutResult, Status> {
+        let any = Any::decode(cmd)
+            .map_err(|e| Status::invalid_argument(format!("bad Flight SQL command: {e}")))?;
+        let prepared =
+            match Command::try_from(any).map_err(|e| Status::invalid_argument(e.to_string()))? {
+                Command::CommandPreparedStatementQuery(p) => p,
+                _ => return Err(refused_update()),
+            };
+        let t = self.ticket_of(&prepared.prepared_statement_handle)?;
+        let batches: Vec<RecordBatch> =
+            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+                data.map_err(arrow_flight::error::FlightError::from),
+            )
+            .try_collect()
+            .await
+            .map_err(|e| Status::invalid_argument(format!("cannot read the parameters: {e}")))?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let Some(batch) = batches.iter().find(|b| b.num_rows() > 0) else {
+            return Err(Status::invalid_argument("no parameter values were sent"));
+        };
+        if rows > 1 {
+            return Err(Status::invalid_argument(format!(
+                "{rows} rows of parameters: sluice binds one row per execution"
+            )));
+        }
+        let values = batch
+            .columns()
+            .iter()
+            .map(|c| datafusion::common::ScalarValue::try_from_array(c, 0))
+            .collect::<datafusion::error::Result<Vec<_>>>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let sql = crate::sql_params::bind(&t.sql, &values)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let bound = QueryTicket { sql, ..t };
+        let result = arrow_flight::sql::DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(Self::handle(&bound)?.into()),
+        };
+        Ok(arrow_flight::PutResult {
+            app_metadata: result.encode_to_vec().into(),
+        })
+    }
+
     /// One built batch as a stream of Flight messages.
     fn batch<E: std::fmt::Display>(
         built: Result<RecordBatch, E>,
@@ -350,13 +400,20 @@ impl FlightSqlService for SqlService {
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let t = self.ticket(query.query, request.metadata())?;
-        let schema = self
-            .queries
-            .schema_of(&principal_of(&request), t.clone())
-            .await?;
+        // A statement with parameters is planned once they are bound (its
+        // result's schema then comes with its FlightInfo).
+        let dataset_schema = if crate::sql_params::placeholders(&t.sql) > 0 {
+            Default::default()
+        } else {
+            let schema = self
+                .queries
+                .schema_of(&principal_of(&request), t.clone())
+                .await?;
+            schema_bytes(&schema)?.into()
+        };
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: Self::handle(&t)?.into(),
-            dataset_schema: schema_bytes(&schema)?.into(),
+            dataset_schema,
             parameter_schema: Default::default(),
         })
     }
@@ -394,8 +451,10 @@ impl FlightSqlService for SqlService {
         _query: CommandPreparedStatementQuery,
         _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
     ) -> Result<arrow_flight::sql::DoPutPreparedStatementResult, Status> {
-        Err(Status::invalid_argument(
-            "sluice's prepared statements take no parameters: write the values in the SQL",
+        // The service's DoPut binds parameters itself (`bind_parameters`),
+        // before this trait would see the stream.
+        Err(Status::internal(
+            "parameters are bound by QueryService::do_put",
         ))
     }
 

@@ -53,6 +53,7 @@ pub mod offthread;
 pub mod remote;
 pub mod service;
 pub mod session;
+pub mod sql_params;
 pub mod statement_limits;
 pub mod trainer;
 

@@ -97,9 +97,10 @@ impl QueryService {
     }
 
     /// Lets `who` read the job of `id` (one it may not read answers as
-    /// refused, one that does not exist as not found).
-    fn allow_job(&self, who: &Grant, id: &str) -> Result<(), Status> {
-        match self.jobs.get(id) {
+    /// refused, one that does not exist as not found). On a compute node
+    /// the job is found (adopted from the coordinator) first.
+    async fn allow_job(&self, who: &Grant, id: &str) -> Result<(), Status> {
+        match self.jobs.find(id).await {
             Ok(job) => self.allow(who, "read a job", crate::access::may_read_job(who, &job)),
             Err(_) => Ok(()),
         }
@@ -195,7 +196,15 @@ impl QueryService {
             return self.allow(who, "describe a dataset", allowed);
         }
         match std::str::from_utf8(&d.cmd) {
-            Ok(id) => self.allow_job(who, id),
+            // Held here only: GetFlightInfo answers jobs this node holds.
+            Ok(id) => match self.jobs.get(id) {
+                Ok(job) => self.allow(
+                    who,
+                    "describe a job",
+                    crate::access::may_read_job(who, &job),
+                ),
+                Err(_) => Ok(()),
+            },
             Err(_) => Ok(()),
         }
     }
@@ -412,7 +421,7 @@ impl FlightService for QueryService {
         Ok(Response::new(
             match Ticket::parse(&request.into_inner().ticket)? {
                 Ticket::Job(t) => {
-                    self.allow_job(&who, &t.job)?;
+                    self.allow_job(&who, &t.job).await?;
                     trainer::stream(&self.jobs, t).await?
                 }
                 Ticket::Checkpoint(t) => {
@@ -434,14 +443,16 @@ impl FlightService for QueryService {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?;
-        if first
+        if let Some(d) = first
             .flight_descriptor
             .as_ref()
-            .is_some_and(|d| flight_sql::is_flight_sql(&d.cmd))
+            .filter(|d| flight_sql::is_flight_sql(&d.cmd))
         {
-            return Err(Status::invalid_argument(
-                "sluice's SQL is read-only and its prepared statements take no parameters:                  updates, ingest and parameter bindings are refused",
-            ));
+            // A prepared statement's parameters; every update is refused.
+            let cmd = d.cmd.clone();
+            let rest = stream::once(async { Ok(first) }).chain(data);
+            let reply = self.sql().bind_parameters(&cmd, rest).await?;
+            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
         }
         let checkpoints = Arc::clone(self.checkpoints()?);
         let command = first

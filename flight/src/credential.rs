@@ -27,7 +27,7 @@ impl Credential {
             .map(|t| {
                 format!("Bearer {}", t.trim())
                     .parse::<AsciiMetadataValue>()
-                    .map_err(|_| "a token must be printable ASCII".to_string())
+                    .map_err(|_| "a token must be one line of visible characters".to_string())
             })
             .transpose()
             .map(Self)
@@ -55,6 +55,6 @@ mod tests {
         assert_eq!(r.metadata().get("authorization").unwrap(), "Bearer slc_ab");
         let mut none = Credential::bearer(None).unwrap();
         assert!(none.call(Request::new(())).unwrap().metadata().is_empty());
-        assert!(Credential::bearer(Some("é")).is_err());
+        assert!(Credential::bearer(Some("a\nb")).is_err());
     }
 }

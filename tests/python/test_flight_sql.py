@@ -96,6 +96,24 @@ def test_prepared_statements_run_what_was_prepared(server):
     assert first.equals(cli(env, address, CROPS, "--seed", "7"))
 
 
+def test_parameters_are_bound_as_literals(server):
+    _, address, _ = server
+    with connect(address) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) AS n FROM pets WHERE label = ?", parameters=("class_0",))
+        n0 = cur.fetch_arrow_table().column("n").to_pylist()[0]
+        cur.execute("SELECT count(*) AS n FROM pets WHERE label <> ?", parameters=("class_0",))
+        n1 = cur.fetch_arrow_table().column("n").to_pylist()[0]
+        cur.execute("SELECT count(*) AS n FROM pets")
+        assert n0 > 0 and n0 + n1 == cur.fetch_arrow_table().column("n").to_pylist()[0]
+        # A value is a value, never SQL.
+        cur.execute("SELECT ? AS s, ? + 1 AS n", parameters=("'; DROP TABLE pets; --", 41))
+        row = cur.fetch_arrow_table().to_pylist()[0]
+        assert row == {"s": "'; DROP TABLE pets; --", "n": 42}, row
+        with pytest.raises(AdbcError):
+            cur.execute("SELECT ?, ?", parameters=(1,))
+            cur.fetch_arrow_table()
+
+
 def test_catalogs_schemas_tables_and_info(server):
     c, address, _ = server
     with connect(address) as conn:

@@ -519,3 +519,46 @@ def test_a_storage_node_killed_mid_ingest_leaves_no_version_anywhere():
                 log
         finally:
             rig_cmd("down", rig_dir=rig_dir)
+
+
+def test_a_rig_with_identities_serves_ranks_and_refuses_strangers():
+    """`rig.sh up --tokens`: every node joins with a node token of its own
+    and storage nodes take only node tokens; a trainer with the admin
+    token reads each rank from its compute node, the coordinator's job is
+    done from the nodes' reports, and a caller without a node token can
+    neither register nor reach a storage node."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 2, 5)
+        env = up(rig_dir, "--tokens", "--storage", "2", "--compute", "1", "--ingest-root", root)
+        try:
+            assert env["TOKEN"].startswith("slc_")
+            assert env["TOKEN"] not in open(os.path.join(rig_dir, "tokens.yaml")).read()
+            with pytest.raises(sluice.SluiceError) as e:
+                sluice.Client(env["REST"]).datasets()
+            assert e.value.status == 401
+            c = sluice.Client(env["REST"], token=env["TOKEN"])
+            node = "grpc://" + env["COMPUTE"].split("://")[1]
+            assert compute_nodes(c, 1) == {node}
+            job = c.submit("SELECT key, label FROM pets", batch_size=2, world_size=2)
+            assert job.wait()["samples"] == 10
+            assert {e["location"] for e in job.status()["endpoints"]} == {node}
+            keys = [k for rank in range(2) for b in job.reader(rank).batches()
+                    for k in b.column("key").to_pylist()]
+            assert sorted(keys) == sorted(want_keys(c))
+            deadline = time.monotonic() + 20
+            while job.status()["state"] != "done":
+                assert time.monotonic() < deadline, f"no report reached the coordinator: {job.status()}"
+                time.sleep(0.5)
+            # The admin token is not a node's: it registers nothing.
+            with pytest.raises(sluice.SluiceError) as e:
+                c._request("POST", "/v1/nodes/compute", {"location": "grpc://10.213.0.250:1"})
+            assert e.value.status == 403
+            # A storage node answers only node tokens.
+            storage = "grpc://" + env["STORAGE"].split(",")[0].split("://")[1]
+            headers = [(b"authorization", f"Bearer {env['TOKEN']}".encode())]
+            with pytest.raises(flight.FlightUnauthorizedError):
+                list(flight.FlightClient(storage).list_flights(
+                    options=flight.FlightCallOptions(headers=headers)))
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
