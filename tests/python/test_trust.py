@@ -155,6 +155,23 @@ def test_flight_calls_see_only_the_datasets_of_their_token(cluster):
     assert all(t["reader"] not in json.dumps(l) for l in lines), "no secret is written"
 
 
+def test_a_flight_sql_login_carries_its_token_s_scope(cluster):
+    """ADBC's username/password login (Flight's Basic handshake) with a
+    scoped token: its datasets and nothing else."""
+    adbc = pytest.importorskip("adbc_driver_flightsql.dbapi")
+    from adbc_driver_manager import Error as AdbcError
+
+    address = sluice.Client(cluster["rest"], token=cluster["tokens"]["admin"]).flight_address()
+    login = {"username": "alice", "password": cluster["tokens"]["reader"]}
+    with adbc.connect(address, db_kwargs=login) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) AS n FROM pets")
+        assert cur.fetch_arrow_table().column("n").to_pylist() == [20]
+        with pytest.raises(AdbcError) as e:
+            cur.execute("SELECT count(*) FROM cats")
+            cur.fetch_arrow_table()
+        assert "may not read" in str(e.value)
+
+
 def test_a_progress_report_out_of_range_is_refused_and_changes_nothing(cluster):
     rest, t = cluster["rest"], cluster["tokens"]
     reader = sluice.Client(rest, token=t["reader"])
