@@ -354,6 +354,12 @@ function drawStorage(c) {
   fill($("compute").tBodies[0], compute.map((n) => el("tr", {},
     el("td", {}, n.location),
     el("td", { class: "num" }, `${n.last_seen_s.toFixed(1)} s ago`))));
+  const held = c.quarantined || [];
+  $("quarantine").hidden = held.length === 0;
+  fill($("quarantined").tBodies[0], held.map((q) => el("tr", {},
+    el("td", {}, q.location),
+    el("td", {}, q.by),
+    el("td", {}, q.unknown.map((u) => `${u.dataset}@${u.version}`).join(", ")))));
 }
 
 start();
