@@ -235,7 +235,7 @@ impl ComputeSession {
             .clone()
     }
 
-    /// Whether the node at index `i` of [`Self::indexed`] is removed.
+    /// Whether the node `e` is removed.
     fn is_removed(&self, e: &Arc<dyn StorageEndpoint>) -> bool {
         self.removed
             .read()
