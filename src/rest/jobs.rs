@@ -187,7 +187,17 @@ pub async fn report(
         }
     }
     let node = report.node.clone();
-    job.merge_report(report)?;
+    // A report a node cannot have made honestly is audited as well as
+    // refused.
+    if let Err(e) = job.merge_report(report) {
+        s.auth.audit().refused(
+            who.name(),
+            None,
+            "POST /v1/jobs/{id}/progress",
+            &e.to_string(),
+        );
+        return Err(e.into());
+    }
     tracing::debug!("job {id}: progress from {node}");
     Ok(Json(serde_json::json!({ "merged": true })))
 }

@@ -200,6 +200,8 @@ def test_a_progress_report_out_of_range_is_refused_and_changes_nothing(cluster):
     ]:
         status, body = report(ranges, delivered)
         assert status in (400, 422), (ranges, status, body)
+    lines = [json.loads(l) for l in open(cluster["audit"])]
+    assert any(l["who"] == "compute-1" and "rank 7" in l["why"] for l in lines), lines[-3:]
     after = job.status()
     for k in ("state", "progress", "delivered", "ranks"):
         assert after.get(k) == before.get(k), k
