@@ -17,7 +17,7 @@ use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use sluice_flight::fault::external;
-use sluice_flight::{LinkError, StorageEndpoint};
+use sluice_flight::{LinkError, NodeInfo, RemoteDataset, StorageEndpoint};
 use sluice_planner::{
     CalibrationOptions, DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources,
     StorageFragment,
@@ -317,27 +317,14 @@ impl ComputeSession {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let asked = endpoints.iter().enumerate().map(|(i, e)| {
-            let first = !known.cores.contains_key(&i) && !self.is_removed(e);
+            let first = !known.cores.contains_key(&i);
             let live = !self.is_removed(e);
             async move {
-                if !live {
-                    return None;
+                if live {
+                    Some(ask(e, first).await)
+                } else {
+                    None
                 }
-                let answer = async {
-                    let info = if first {
-                        Some(e.node_info().await?)
-                    } else {
-                        None
-                    };
-                    Ok::<_, LinkError>((info, e.datasets().await?))
-                };
-                Some(match tokio::time::timeout(NODE_ANSWER, answer).await {
-                    Ok(r) => r,
-                    Err(_) => Err(LinkError::Unavailable {
-                        node: e.name().to_string(),
-                        reason: format!("no answer within {} s", NODE_ANSWER.as_secs_f64()),
-                    }),
-                })
             }
         });
         let answers = futures::future::join_all(asked).await;
@@ -372,21 +359,8 @@ impl ComputeSession {
             reached += 1;
             let registered = checked.contains(e.name());
             for d in datasets {
-                let version = if registered {
-                    match self.ledger.version(&d.name, e.name()) {
-                        Some(v) => v,
-                        None => {
-                            tracing::warn!(
-                                "storage node {} holds dataset {}, which this cluster never \
-                                 wrote there: not read",
-                                e.name(),
-                                d.name
-                            );
-                            continue;
-                        }
-                    }
-                } else {
-                    d.version
+                let Some(version) = self.version_to_read(registered, e.name(), &d) else {
+                    continue;
                 };
                 let h = listed.entry(d.name.clone()).or_insert_with(|| Holding {
                     schema: Arc::clone(&d.schema),
@@ -412,6 +386,24 @@ impl ComputeSession {
             Some(e) if reached == 0 && !endpoints.is_empty() => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// The version of `d` to read on `node`: the one it lists, or, for a
+    /// node that `registered`, the one the ledger names there (`None`: the
+    /// cluster never wrote it there, and it is not read).
+    fn version_to_read(&self, registered: bool, node: &str, d: &RemoteDataset) -> Option<u64> {
+        if !registered {
+            return Some(d.version);
+        }
+        let version = self.ledger.version(&d.name, node);
+        if version.is_none() {
+            tracing::warn!(
+                "storage node {node} holds dataset {}, which this cluster never wrote there: \
+                 not read",
+                d.name
+            );
+        }
+        version
     }
 
     /// The nodes holding `table` (`dataset`, or `dataset@N`) as last
@@ -703,6 +695,30 @@ impl std::fmt::Debug for Prepared {
             .field("plan", &self.plan)
             .finish_non_exhaustive()
     }
+}
+
+/// A node's answer to a refresh: its information (asked the `first` time
+/// only) and its datasets, within [`NODE_ANSWER`].
+async fn ask(
+    e: &Arc<dyn StorageEndpoint>,
+    first: bool,
+) -> Result<(Option<NodeInfo>, Vec<RemoteDataset>), LinkError> {
+    let answer = async {
+        let info = if first {
+            Some(e.node_info().await?)
+        } else {
+            None
+        };
+        Ok::<_, LinkError>((info, e.datasets().await?))
+    };
+    tokio::time::timeout(NODE_ANSWER, answer)
+        .await
+        .unwrap_or_else(|_| {
+            Err(LinkError::Unavailable {
+                node: e.name().to_string(),
+                reason: format!("no answer within {} s", NODE_ANSWER.as_secs_f64()),
+            })
+        })
 }
 
 /// The runtime of one query (or one stream of a job's plan): a memory
