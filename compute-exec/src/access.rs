@@ -47,15 +47,23 @@ pub fn may_query(who: &Grant, sql: &str) -> Result<(), String> {
             if r.schema().is_none() && TABLE_FUNCTIONS.contains(&table) {
                 continue;
             }
-            if !who.may_read(table) {
-                return Err(format!(
-                    "token {:?} may not read dataset {table:?}",
-                    who.name()
-                ));
-            }
+            may_read(who, table)?;
         }
     }
     Ok(())
+}
+
+/// Whether `who` may read `dataset` (a name, or `name@version`): the one
+/// wording of that refusal, over REST and Flight alike.
+pub fn may_read(who: &Grant, dataset: &str) -> Result<(), String> {
+    if who.may_read(dataset) {
+        Ok(())
+    } else {
+        Err(format!(
+            "token {:?} may not read dataset {dataset:?}",
+            who.name()
+        ))
+    }
 }
 
 /// Whether `who` may read `job`'s streams, status and plan.

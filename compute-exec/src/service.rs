@@ -185,14 +185,7 @@ impl QueryService {
     /// job by its id.
     fn allow_descriptor(&self, who: &Grant, d: &FlightDescriptor) -> Result<(), Status> {
         if let Some(dataset) = d.path.first() {
-            let allowed = if who.may_read(dataset) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "token {:?} may not read dataset {dataset:?}",
-                    who.name()
-                ))
-            };
+            let allowed = crate::access::may_read(who, dataset);
             return self.allow(who, "describe a dataset", allowed);
         }
         match std::str::from_utf8(&d.cmd) {

@@ -160,8 +160,7 @@ pub async fn get(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Dataset>, ApiError> {
-    if !who.may_read(&name) {
-        let why = format!("token {:?} may not read dataset {name:?}", who.name());
+    if let Err(why) = sluice_compute::access::may_read(&who, &name) {
         return Err(refuse(&s, &who, "GET /v1/datasets/{name}", why));
     }
     all(&s)
