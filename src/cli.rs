@@ -75,6 +75,23 @@ pub struct Cli {
     /// file, one JSON line each.
     #[arg(long, global = true, env = "SLUICE_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
+    /// This process's certificate (PEM; `sluice certs node`): its
+    /// listeners serve TLS with it, and it presents it to the nodes it
+    /// calls. Given with --tls-key.
+    #[arg(long, global = true, env = "SLUICE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, global = true, env = "SLUICE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster's CA certificate (PEM; `sluice certs ca`): the servers
+    /// this process calls over `https://` and `grpc+tls://` are checked
+    /// against it, and so are the nodes that call a storage node.
+    #[arg(long, global = true, env = "SLUICE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Serve plain text on an address other than loopback (on a network
+    /// you trust; without it such a listener needs --tls-cert).
+    #[arg(long, global = true, env = "SLUICE_INSECURE")]
+    pub insecure: bool,
     /// How to start SPDK for `--device-backend spdk`.
     #[cfg(feature = "spdk")]
     #[command(flatten)]
@@ -667,11 +684,48 @@ pub enum Command {
         #[command(subcommand)]
         action: TokensAction,
     },
+    /// The cluster's TLS certificates: a CA, and a certificate per node
+    /// signed by it (for --tls-ca, --tls-cert and --tls-key).
+    Certs {
+        /// What to make.
+        #[command(subcommand)]
+        action: CertsAction,
+    },
     /// Benchmarks of the storage path against the device's own limit.
     Bench {
         /// Which benchmark.
         #[command(subcommand)]
         which: crate::commands::bench::BenchCommand,
+    },
+}
+
+/// `sluice certs` actions.
+#[derive(Debug, Subcommand)]
+pub enum CertsAction {
+    /// Make the cluster's CA: DIR/ca.pem (what every node and client is
+    /// given as --tls-ca) and DIR/ca.key (kept where certificates are
+    /// issued, and nowhere else).
+    Ca {
+        /// The directory (created if missing).
+        dir: PathBuf,
+        /// Years the CA is valid.
+        #[arg(long, default_value_t = 10)]
+        years: u32,
+    },
+    /// Issue a node's certificate, signed by DIR's CA: DIR/NAME.pem and
+    /// DIR/NAME.key, valid for the host names and addresses given (the
+    /// ones in the node's locations), as server and as client.
+    Node {
+        /// The directory holding the CA.
+        dir: PathBuf,
+        /// The node's name (letters, digits, `.`, `-`, `_`).
+        name: String,
+        /// Its host names and IP addresses.
+        #[arg(required = true)]
+        hosts: Vec<String>,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
     },
 }
 

@@ -69,12 +69,12 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// The coordinator whose REST API is at `url`, asked with `token`.
-    pub fn new(url: &str, token: Option<String>) -> anyhow::Result<Self> {
-        Ok(Self {
+    /// The coordinator whose REST API is at `url`, asked with `client`.
+    pub fn new(url: &str, client: RestClient) -> Self {
+        Self {
             url: url.trim_end_matches('/').to_string(),
-            client: RestClient::new(url, token)?,
-        })
+            client,
+        }
     }
 
     /// Registers `location` as a node of `role` (`compute` or `storage`)

@@ -1,16 +1,20 @@
 //! A small client of the REST API for the CLI's `job` commands and a
 //! compute node's calls to its coordinator: one
-//! HTTP/1.1 request per call over hyper's connection API (no TLS: `serve`
-//! speaks plain HTTP; put a proxy in front for more), the bearer token
-//! when there is one, and the server's `{code, message}` errors as one
-//! line.
+//! HTTP/1.1 request per call over hyper's connection API, over TLS for an
+//! `https://` URL (the server checked against the cluster's CA,
+//! `--tls-ca`), the bearer token when there is one, and the server's
+//! `{code, message}` errors as one line.
+
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use sluice_flight::Tls;
 use tokio::net::TcpStream;
 
 /// Where the REST API is, and the token it wants.
@@ -18,19 +22,37 @@ use tokio::net::TcpStream;
 pub struct RestClient {
     authority: String,
     token: Option<String>,
+    /// The TLS of an `https://` URL.
+    tls: Option<Arc<Tls>>,
 }
 
 impl RestClient {
-    /// A client of `url` (`http://host:port`).
-    pub fn new(url: &str, token: Option<String>) -> anyhow::Result<Self> {
-        let Some(rest) = url.strip_prefix("http://") else {
-            bail!("{url}: only http:// URLs are served by `sluice serve`");
+    /// A client of `url` (`http://host:port`, or `https://host:port` with
+    /// `tls` holding the CA the server is checked against).
+    pub fn new(url: &str, token: Option<String>, tls: Option<Arc<Tls>>) -> anyhow::Result<Self> {
+        let (rest, tls) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(rest), _) => (rest, None),
+            (None, Some(rest)) => match tls {
+                Some(t) if t.trusts() => (rest, Some(t)),
+                _ => bail!("{url}: an https:// URL needs the cluster's CA (--tls-ca)"),
+            },
+            (None, None) => bail!("{url}: expected http://HOST:PORT or https://HOST:PORT"),
         };
         let authority = rest.trim_end_matches('/').to_string();
         if authority.is_empty() || authority.contains('/') {
-            bail!("{url}: expected http://HOST:PORT");
+            bail!("{url}: expected http(s)://HOST:PORT");
         }
-        Ok(Self { authority, token })
+        Ok(Self {
+            authority,
+            token,
+            tls,
+        })
+    }
+
+    /// The URL it calls.
+    fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.authority)
     }
 
     /// `method path` with an optional JSON body; the JSON answer, or an
@@ -64,18 +86,21 @@ impl RestClient {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<(StatusCode, Value)> {
-        let stream = TcpStream::connect(&self.authority).await.with_context(|| {
-            format!(
-                "cannot reach the sluice server at http://{}",
-                self.authority
-            )
-        })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .with_context(|| format!("http://{}: not an HTTP server", self.authority))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let mut sender = match &self.tls {
+            Some(tls) => {
+                let stream = tls
+                    .connect(&self.authority)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("the sluice server at {}: {e}", self.url()))?;
+                self.handshake(stream).await?
+            }
+            None => {
+                let stream = TcpStream::connect(&self.authority)
+                    .await
+                    .with_context(|| format!("cannot reach the sluice server at {}", self.url()))?;
+                self.handshake(stream).await?
+            }
+        };
         let mut req = Request::builder()
             .method(method.clone())
             .uri(path)
@@ -99,6 +124,22 @@ impl RestClient {
         let value: Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).trim().to_string()));
         Ok((status, value))
+    }
+}
+
+impl RestClient {
+    /// HTTP/1.1 over `io`, its connection driven on a task of its own.
+    async fn handshake<I>(&self, io: I) -> anyhow::Result<SendRequest<Full<Bytes>>>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .with_context(|| format!("{}: not an HTTP server", self.url()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
     }
 }
 

@@ -20,6 +20,10 @@
 //!   status details;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
+//! - [`credential`]: [`Credential`], what a node presents on the calls it
+//!   makes (its token, and its certificate); [`tls`]: [`Tls`], the
+//!   cluster's CA and a node's certificate as tonic's and rustls's
+//!   configurations;
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
 //!   batch's own buffers, and their gRPC frames written without copying
 //!   them (the trainer streams); [`gather`]: the same for rows picked
@@ -65,6 +69,7 @@ pub mod slices;
 pub mod stream;
 pub mod throttle;
 pub mod ticket;
+pub mod tls;
 
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
@@ -80,6 +85,7 @@ pub use scan::{DatasetScanExec, SLOT, Take};
 pub use sluice_udfs::lru::{self, Lru};
 pub use throttle::TokenBucket;
 pub use ticket::Ticket;
+pub use tls::{ClientCerts, Tls};
 
 /// Largest Flight message body the storage side sends; batches are sliced
 /// to stay under it (tonic refuses messages over 4 MiB by default).

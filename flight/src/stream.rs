@@ -133,18 +133,24 @@ where
 }
 
 /// A lazily connecting Flight client of `url` (`host:port` means
-/// `http://host:port`) with sluice's message limits, presenting
+/// `http://host:port`; `grpc+tls://` and `https://` are dialled with the
+/// credential's TLS) with sluice's message limits, presenting
 /// `credential` on every call, and the URL it uses.
 pub fn connect(url: &str, credential: Credential) -> Result<(String, FlightClient), String> {
-    let url = if url.contains("://") {
-        url.to_string()
-    } else {
-        format!("http://{url}")
-    };
-    let endpoint = Endpoint::from_shared(url.clone())
+    let url = crate::tls::dial_url(url);
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| format!("bad URL {url}: {e}"))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
+    if crate::tls::is_tls(&url) {
+        let tls = credential
+            .tls()
+            .ok_or_else(|| format!("{url}: a TLS location needs the cluster's CA (--tls-ca)"))?
+            .tonic_client()?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("{url}: {e}"))?;
+    }
     let client = FlightServiceClient::with_interceptor(endpoint.connect_lazy(), credential)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);

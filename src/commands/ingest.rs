@@ -85,14 +85,13 @@ pub async fn run(
 /// `sluice ingest --url URL`: `POST /v1/datasets` on the server at `url`.
 pub async fn remote(
     url: &str,
-    token: Option<String>,
+    client: crate::rest_client::RestClient,
     dataset: &str,
     source: &Path,
     manifest: Option<&Path>,
     on_error: OnError,
     format: DocFormat,
 ) -> anyhow::Result<()> {
-    let client = crate::rest_client::RestClient::new(url, token)?;
     // The server reads the path on its host: made absolute here, since a
     // relative one would resolve against the server's directory.
     let path = std::path::absolute(source)?;

@@ -11,11 +11,10 @@ use http::Method;
 use serde_json::{Value, json};
 
 use crate::cli::{Cli, JobAction};
-use crate::rest_client::RestClient;
 
 /// Runs `action` against the REST API at `url`.
 pub async fn run(cli: &Cli, url: &str, action: &JobAction) -> anyhow::Result<()> {
-    let client = RestClient::new(url, cli.token.first().cloned())?;
+    let client = super::place::rest_client(cli, url, cli.token.first().cloned())?;
     match action {
         JobAction::Submit {
             file,

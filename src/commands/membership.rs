@@ -7,11 +7,10 @@ use serde_json::Value;
 
 use crate::cli::{Cli, NodesAction};
 use crate::coordinator::urlencode;
-use crate::rest_client::RestClient;
 
 /// Runs `action` against the REST API at `url`.
 pub async fn run(cli: &Cli, url: &str, action: &NodesAction) -> anyhow::Result<()> {
-    let client = RestClient::new(url, cli.token.first().cloned())?;
+    let client = crate::commands::place::rest_client(cli, url, cli.token.first().cloned())?;
     match action {
         NodesAction::List => {
             let c = client.call(Method::GET, "/v1/nodes", None).await?;

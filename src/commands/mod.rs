@@ -4,6 +4,7 @@ pub mod bench;
 mod bench_device;
 mod bench_epoch;
 mod bench_udf;
+mod certs;
 mod checkpoints;
 mod datasets;
 mod explain;
@@ -70,7 +71,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             ingest::remote(
                 url,
-                cli.token.first().cloned(),
+                place::rest_client(&cli, url, cli.token.first().cloned())?,
                 dataset,
                 source,
                 manifest.as_deref(),
@@ -177,6 +178,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => gen_sample::run(dir, *classes, *per_class, *seed),
         Command::Nodes { url, action } => membership::run(&cli, url, action).await,
         Command::Tokens { action } => tokens::run(action),
+        Command::Certs { action } => certs::run(action),
         Command::Bench { which } => bench::run(&cli, which).await,
     }
 }

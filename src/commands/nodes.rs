@@ -9,7 +9,8 @@ use std::sync::Arc;
 use sluice_access::{Audit, Auth, Scope};
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{Executor, StorageClient, StorageEndpoint};
+use axum::serve::ListenerExt;
+use sluice_flight::{ClientCerts, Executor, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
@@ -92,6 +93,41 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
 }
 
+/// A listener for `what` on `addr`: plain text only on loopback, unless
+/// this process serves TLS (`--tls-cert`) or is told `--insecure`.
+async fn listen(
+    cli: &Cli,
+    tls: Option<&Tls>,
+    addr: &str,
+    what: &str,
+) -> anyhow::Result<TcpListener> {
+    let listener = bind(addr).await?;
+    let at = listener.local_addr()?;
+    if !at.ip().is_loopback() && !tls.is_some_and(Tls::serves) && !cli.insecure {
+        anyhow::bail!(
+            "refusing to serve {what} in plain text on {at}, which is not loopback: give \
+             --tls-cert and --tls-key (`sluice certs` makes them), listen on 127.0.0.1, \
+             or pass --insecure on a network you trust"
+        );
+    }
+    Ok(listener)
+}
+
+/// `builder` serving TLS when this process has a certificate, asking
+/// callers for one of the cluster's as `client_certs` says.
+fn with_tls(builder: Server, tls: Option<&Tls>, client_certs: ClientCerts) -> anyhow::Result<Server> {
+    match tls.filter(|t| t.serves()) {
+        Some(t) => Ok(builder.tls_config(t.tonic_server(client_certs).map_err(anyhow::Error::msg)?)?),
+        None => Ok(builder),
+    }
+}
+
+/// `scheme://addr`, the TLS scheme when this process serves TLS.
+fn location(tls: Option<&Tls>, plain: &str, secure: &str, addr: std::net::SocketAddr) -> String {
+    let scheme = if tls.is_some_and(Tls::serves) { secure } else { plain };
+    format!("{scheme}://{addr}")
+}
+
 pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     let storage = place::local_node(cli, node.cores, node.link_limit)?;
     let stage_cache = node
@@ -101,7 +137,14 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     if !node.ingest_root.is_empty() {
         storage.allow_ingest(&node.ingest_root)?;
     }
-    let listener = bind(node.listen.as_deref().unwrap_or("127.0.0.1:50051")).await?;
+    let tls = place::tls(cli)?;
+    let listener = listen(
+        cli,
+        tls.as_deref(),
+        node.listen.as_deref().unwrap_or("127.0.0.1:50051"),
+        "Flight",
+    )
+    .await?;
     let addr = listener.local_addr()?;
     let datasets = storage.list()?;
     println!(
@@ -110,18 +153,22 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         storage.info().cores
     );
     if let Some(url) = &node.coordinator {
-        let coordinator = crate::coordinator::Coordinator::new(url, place::node_token(cli))?;
+        let coordinator = crate::coordinator::Coordinator::new(
+            url,
+            place::rest_client(cli, url, place::node_token(cli))?,
+        );
         let location = node
             .advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{addr}"));
+            .unwrap_or_else(|| location(tls.as_deref(), "http", "https", addr));
         coordinator.keep_registered("storage", location.clone(), None);
         println!("registering with the coordinator at {url} as {location}");
     }
-    // Only nodes of the cluster call a storage node (with a tokens file:
-    // tokens of scope `node`).
+    // Only nodes of the cluster call a storage node: with a tokens file,
+    // tokens of scope `node`; with the cluster's CA, callers holding a
+    // certificate it issued.
     let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
-    Server::builder()
+    with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?
         .add_service(InterceptedService::new(
             StorageFlightService::new(storage)
                 .with_limits(node.decode.limits())
@@ -154,15 +201,19 @@ pub async fn compute_node(
     .with_limits(limits.decode.limits())
     .with_calibration(place::calibration(limits.no_calibrate));
     let session = Arc::new(session);
-    let listener = bind(listen).await?;
+    let tls = place::tls(cli)?;
+    let listener = self::listen(cli, tls.as_deref(), listen, "Flight").await?;
     let addr = listener.local_addr()?;
     let mut jobs = Jobs::new(Arc::clone(&session))?;
     let mut reporter = None;
     if let Some(url) = cluster.coordinator {
-        let coordinator = crate::coordinator::Coordinator::new(url, place::node_token(cli))?;
+        let coordinator = crate::coordinator::Coordinator::new(
+            url,
+            place::rest_client(cli, url, place::node_token(cli))?,
+        );
         let location = cluster
             .advertise
-            .map_or_else(|| format!("grpc://{addr}"), str::to_string);
+            .map_or_else(|| location(tls.as_deref(), "grpc", "grpc+tls", addr), str::to_string);
         // The storage nodes the coordinator reads are this node's too.
         let learner = Arc::clone(&session);
         let credential = place::node_credential(cli)?;
@@ -206,7 +257,7 @@ pub async fn compute_node(
     if let Some((coordinator, location)) = reporter {
         crate::coordinator::report_progress(coordinator, Arc::clone(&jobs), location);
     }
-    flight_builder()
+    with_tls(flight_builder(), tls.as_deref(), ClientCerts::Optional)?
         .add_service(
             QueryService::new(jobs)
                 .with_query_timeout(limits.timeout())
@@ -327,10 +378,12 @@ pub async fn serve(
         Checkpoints::spawn_reaper(&c);
         c
     });
-    let flight = bind(addrs.flight).await?;
+    let tls = place::tls(cli)?;
+    let flight = listen(cli, tls.as_deref(), addrs.flight, "Flight").await?;
     let flight_addr = flight.local_addr()?;
-    let rest = bind(addrs.rest).await?;
+    let rest = listen(cli, tls.as_deref(), addrs.rest, "the REST API").await?;
     let rest_addr = rest.local_addr()?;
+    let rest_url = location(tls.as_deref(), "http", "https", rest_addr);
     let app = crate::rest::app(crate::rest::AppState {
         jobs: Arc::clone(&jobs),
         auth: auth.clone(),
@@ -338,7 +391,7 @@ pub async fn serve(
         checkpoints: checkpoints.clone(),
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
-        flight: flight_addr,
+        flight: location(tls.as_deref(), "grpc", "grpc+tls", flight_addr),
         ingests: Arc::default(),
         quarantine: Arc::default(),
         node_credential: place::node_credential(cli)?,
@@ -346,7 +399,7 @@ pub async fn serve(
     // One write, and no panic if whoever started us stopped reading.
     let announce = format!(
         "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)\n\
-         REST API on http://{rest_addr} (OpenAPI at /openapi.json){}\n",
+         REST API on {rest_url} (OpenAPI at /openapi.json){}\n",
         session.datasets().await.len(),
         if auth.enabled() {
             "; bearer tokens required"
@@ -365,15 +418,29 @@ pub async fn serve(
     if let Some(c) = checkpoints {
         query = query.with_checkpoints(c);
     }
-    let flight_server = flight_builder()
+    let flight_server = with_tls(flight_builder(), tls.as_deref(), ClientCerts::Optional)?
         .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
     // With connect info: a trainer's ranks go to a compute node beside it.
-    let rest_server = axum::serve(
-        rest,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown());
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let rest_server = async {
+        match tls.as_deref().filter(|t| t.serves()) {
+            Some(t) => {
+                let config = t.rustls_server().map_err(anyhow::Error::msg)?;
+                // `tap_io`: the listener axum knows the peer address of.
+                let tls_rest = crate::rest::tls::TlsListener::new(rest, config)?.tap_io(|_| {});
+                axum::serve(tls_rest, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+            }
+            None => {
+                axum::serve(rest, app)
+                    .with_graceful_shutdown(shutdown())
+                    .await?;
+            }
+        }
+        anyhow::Ok(())
+    };
     let servers = async {
         let (f, r) = tokio::join!(flight_server, rest_server);
         f?;

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use sluice_compute::{ComputeSession, ResourceHints};
-use sluice_flight::{Credential, Executor, StorageClient, StorageEndpoint};
+use sluice_flight::{Credential, Executor, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageNode;
 use sluice_udfs::cost::{PROFILES_FILE, Profiles, load_profiles};
 
 use super::{open_store, scan_options};
 use crate::cli::{Cli, PlaceFlags, RateArg};
+use crate::rest_client::RestClient;
 
 /// Resource hints from flags.
 pub fn hints(
@@ -81,9 +82,28 @@ pub fn node_token(cli: &Cli) -> Option<String> {
         .or_else(|| cli.token.first().cloned())
 }
 
-/// [`node_token`] as a Flight client's credential.
+/// [`node_token`] and [`tls`] as a Flight client's credential.
 pub fn node_credential(cli: &Cli) -> anyhow::Result<Credential> {
-    Credential::bearer(node_token(cli).as_deref()).map_err(anyhow::Error::msg)
+    Ok(Credential::bearer(node_token(cli).as_deref())
+        .map_err(anyhow::Error::msg)?
+        .with_tls(tls(cli)?))
+}
+
+/// A client of the REST API at `url` presenting `token`, over TLS when
+/// `url` is `https://`.
+pub fn rest_client(cli: &Cli, url: &str, token: Option<String>) -> anyhow::Result<RestClient> {
+    RestClient::new(url, token, tls(cli)?)
+}
+
+/// The TLS the flags give (`--tls-ca`, `--tls-cert`, `--tls-key`).
+pub fn tls(cli: &Cli) -> anyhow::Result<Option<Arc<Tls>>> {
+    Ok(Tls::load(
+        cli.tls_ca.as_deref(),
+        cli.tls_cert.as_deref(),
+        cli.tls_key.as_deref(),
+    )
+    .map_err(anyhow::Error::msg)?
+    .map(Arc::new))
 }
 
 /// The compute session the flags describe.

@@ -78,7 +78,7 @@ pub const ENDPOINTS_LISTED: u64 = 4096;
 /// reports of it count.
 fn located(s: &AppState, job: &Job, near: Option<IpAddr>) -> JobStatus {
     let mut status = job.status();
-    let own = format!("grpc://{}", s.flight);
+    let own = s.flight.clone();
     let ranks = status.spec.world_size.min(ENDPOINTS_LISTED);
     status.endpoints = (0..ranks)
         .zip(s.jobs.compute_nodes().serving_ranks(ranks, near))

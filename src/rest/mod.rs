@@ -31,6 +31,7 @@ pub mod error;
 pub mod jobs;
 pub mod nodes;
 pub mod ops;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -68,8 +69,9 @@ pub struct AppState {
     pub ingest_roots: Vec<PathBuf>,
     /// When the server started.
     pub started: Instant,
-    /// The Flight address.
-    pub flight: std::net::SocketAddr,
+    /// The Flight location trainers are sent to (`grpc://` or, serving
+    /// TLS, `grpc+tls://`).
+    pub flight: String,
     /// Sharded ingests over remote storage nodes, one at a time.
     pub ingests: Arc<sluice_compute::ingest::Ingests>,
     /// Storage nodes that registered holding what the cluster did not

@@ -10,9 +10,13 @@
 //! - a registration needs a token of scope `node`; a node's own token
 //!   (from a tokens file) is bound to the location it registers
 //!   (`sluice_compute::job::cluster`);
-//! - a location must be a plain `grpc://` or `http://` address: a host,
-//!   a port in 1..=65535, no user or password, no path, and not a
-//!   link-local or unspecified address;
+//! - a location must be a `grpc://`, `grpc+tls://`, `http://` or
+//!   `https://` address: a host, a port in 1..=65535, no user or
+//!   password, no path, and not a link-local or unspecified address;
+//! - on a cluster with a CA (`--tls-ca`), a location must be a TLS one,
+//!   and the node there must present a certificate the CA issued for the
+//!   location's host: checked at each registration (a compute node's
+//!   heartbeat included) and on every call the coordinator makes;
 //! - a storage node must answer before it is listed, and it joins only if
 //!   every dataset version it holds is one the cluster wrote there
 //!   (`sluice_compute::ledger`); otherwise it is quarantined: listed under
@@ -208,6 +212,7 @@ pub async fn register(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
     well_formed(&r.location)?;
+    identified(&s, &who, "POST /v1/nodes/compute", &r.location).await?;
     let nodes = s.jobs.compute_nodes();
     let owner = (!who.shared()).then(|| who.name());
     nodes.register(owner, &r.location).map_err(|e| match e {
@@ -233,8 +238,47 @@ pub async fn register(
     })))
 }
 
-/// A node's location, if it is one: `grpc://`, `grpc+tcp://` or
-/// `http://`, a host and a port in 1..=65535, nothing else (no user or
+/// On a cluster with a CA, whether the node at `location` holds a
+/// certificate the CA issued for its host (a TLS handshake that checks
+/// it); a plain location is refused there. Refusals are audited.
+async fn identified(
+    s: &AppState,
+    who: &Principal,
+    call: &str,
+    location: &str,
+) -> Result<(), ApiError> {
+    let Some(tls) = s.node_credential.tls().filter(|t| t.trusts()) else {
+        return Ok(());
+    };
+    let refuse = |kind: &str, why: String| {
+        s.auth.audit().refused(who.name(), None, call, &why);
+        Err(ApiError::new(StatusCode::BAD_REQUEST, kind, why))
+    };
+    if !sluice_flight::tls::is_tls(location) {
+        return refuse(
+            "tls_required",
+            format!(
+                "this cluster speaks TLS: register a grpc+tls:// location, served with a \
+                 certificate of the cluster's CA (not {location})"
+            ),
+        );
+    }
+    let authority = location
+        .split_once("://")
+        .map_or(location, |(_, a)| a.trim_end_matches('/'));
+    match tls.connect(authority).await {
+        Ok(_) => Ok(()),
+        Err(e) => refuse(
+            "node_identity",
+            format!(
+                "the node at {location} holds no certificate of this cluster for its host: {e}"
+            ),
+        ),
+    }
+}
+
+/// A node's location, if it is one: `grpc://`, `grpc+tcp://`,
+/// `grpc+tls://`, `http://` or `https://`, a host and a port in 1..=65535, nothing else (no user or
 /// password, path or query), at most 256 bytes, and not an address no
 /// node can have (unspecified, link-local — where clouds serve their
 /// metadata —, multicast or broadcast).
@@ -263,8 +307,10 @@ fn location_error(location: &str) -> Option<String> {
     let Some((scheme, rest)) = location.split_once("://") else {
         return Some("no scheme".into());
     };
-    if !matches!(scheme, "grpc" | "grpc+tcp" | "http") {
-        return Some(format!("scheme {scheme:?} is not grpc, grpc+tcp or http"));
+    if !matches!(scheme, "grpc" | "grpc+tcp" | "grpc+tls" | "http" | "https") {
+        return Some(format!(
+            "scheme {scheme:?} is not grpc, grpc+tcp, grpc+tls, http or https"
+        ));
     }
     let authority = rest.strip_suffix('/').unwrap_or(rest);
     if authority.contains(['/', '?', '#']) {
@@ -327,11 +373,9 @@ pub async fn register_storage(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
     well_formed(&r.location)?;
-    // Flight over gRPC is HTTP/2: the client speaks `http://`.
-    let url = match r.location.split_once("://") {
-        Some(("grpc" | "grpc+tcp", rest)) => format!("http://{rest}"),
-        _ => r.location.clone(),
-    };
+    identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
+    // Flight over gRPC is HTTP/2: the client speaks `http://` (`https://`).
+    let url = sluice_flight::tls::dial_url(&r.location);
     let session = s.jobs.session();
     if session.endpoints().iter().any(|e| e.name() == url) {
         return Ok(Json(serde_json::json!({ "location": url, "new": false })));

@@ -28,7 +28,7 @@ pub struct ServiceInfo {
 pub async fn info(State(s): State<AppState>) -> axum::Json<ServiceInfo> {
     axum::Json(ServiceInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        flight: format!("grpc://{}", s.flight),
+        flight: s.flight.clone(),
         auth: s.auth.enabled(),
     })
 }
