@@ -18,7 +18,7 @@ def main() -> None:
     req = json.loads(sys.stdin.readline())
     from .client import Client, Job, Reader
 
-    client = Client(req["url"], req.get("token"))
+    client = Client(req["url"], req.get("token"), ca=req.get("ca"))
     client._flight_address = req["flight"]
     job = Job(client, req["job"])
     reader = Reader(job, req["rank"], req["epoch"], req["offset"], req.get("limit"), False,

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import queue
+import ssl
 import subprocess
 import sys
 import threading
@@ -60,13 +61,20 @@ def _is_sql(text: str) -> bool:
 
 class Client:
     """A client of a ``sluice serve`` REST API at ``url``; ``token`` is
-    sent as a bearer token on REST and Flight."""
+    sent as a bearer token on REST and Flight.
+
+    Over TLS (an ``https://`` URL, ``grpc+tls://`` Flight locations) the
+    server's certificate is checked against ``ca``, the cluster's CA file
+    (PEM; default: ``SLUICE_TLS_CA``, else the system's CAs)."""
 
     def __init__(self, url: str = "http://127.0.0.1:8080", token: Optional[str] = None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, ca: Optional[str] = None):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.ca = ca or os.environ.get("SLUICE_TLS_CA") or None
+        self._ca_pem: Optional[bytes] = None
+        self._ssl: Optional[ssl.SSLContext] = None
         self._flight: Dict[int, flight.FlightClient] = {}
         self._flight_pid = 0
         self._flight_address: Optional[str] = None
@@ -81,7 +89,7 @@ class Client:
         if self.token:
             req.add_header("authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as r:
                 text = r.read().decode()
                 ctype = r.headers.get("content-type", "")
         except urllib.error.HTTPError as e:
@@ -92,6 +100,23 @@ class Client:
             except ValueError:
                 raise SluiceError(e.code, "error", text) from None
         return json.loads(text) if "json" in ctype else text
+
+    def _context(self) -> Optional[ssl.SSLContext]:
+        """The TLS context of an ``https://`` URL: the server checked
+        against ``ca``."""
+        if not self.url.startswith("https://"):
+            return None
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context(cafile=self.ca)
+        return self._ssl
+
+    def _tls_roots(self) -> Optional[bytes]:
+        """The CA certificates a ``grpc+tls://`` Flight client checks the
+        server against (``None``: gRPC's own roots)."""
+        if self.ca and self._ca_pem is None:
+            with open(self.ca, "rb") as f:
+                self._ca_pem = f.read()
+        return self._ca_pem
 
     def info(self) -> Dict[str, Any]:
         """The service's version and Flight address."""
@@ -161,13 +186,17 @@ class Client:
             if lane:
                 # Its own subchannel, hence its own TCP connection.
                 options.append(("grpc.use_local_subchannel_pool", 1))
-            client = flight.FlightClient(address, generic_options=options)
+            tls = {}
+            if address.startswith("grpc+tls://") and self._tls_roots() is not None:
+                tls["tls_root_certs"] = self._tls_roots()
+            client = flight.FlightClient(address, generic_options=options, **tls)
             self._flight[key] = client
             _grpc_used = True
         return client
 
     def flight_address(self) -> str:
-        """The ``grpc://host:port`` of the service's Flight endpoint."""
+        """The ``grpc://host:port`` (``grpc+tls://``) of the service's
+        Flight endpoint."""
         if self._flight_address is None:
             self._flight_address = self._reachable(self.info()["flight"])
         return self._flight_address
@@ -179,13 +208,15 @@ class Client:
         host = parsed.hostname
         if host in ("0.0.0.0", "::", None):
             host = urllib.parse.urlparse(self.url).hostname
-        return f"grpc://{host}:{parsed.port}"
+        scheme = "grpc+tls" if parsed.scheme == "grpc+tls" else "grpc"
+        return f"{scheme}://{host}:{parsed.port}"
 
     def __getstate__(self) -> Dict[str, Any]:
         # A Flight client cannot be pickled (to 'spawn' DataLoader workers).
         state = dict(self.__dict__)
         state["_flight"] = {}
         state["_flight_pid"] = 0
+        state["_ssl"] = None
         return state
 
     def call_options(self) -> flight.FlightCallOptions:
@@ -460,7 +491,7 @@ class Reader:
     def _relayed(self) -> Iterator[Tuple[pa.RecordBatch, int, int]]:
         """The same through ``python -m sluice._relay`` (see there)."""
         c = self.job.client
-        req = {"url": c.url, "token": c.token, "flight": self.job.location(self.rank),
+        req = {"url": c.url, "token": c.token, "ca": c.ca, "flight": self.job.location(self.rank),
                "job": self.job.id,
                "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
                "limit": self.limit, "transport": self.transport}

@@ -14,6 +14,7 @@ and finds the service through the environment:
 
 - ``SLUICE_URL`` (required): the REST URL of ``sluice serve``;
 - ``SLUICE_TOKEN``: its bearer token, if it has one;
+- ``SLUICE_TLS_CA``: the cluster's CA file, for an ``https://`` URL;
 - ``SLUICE_DLIO_DATASET``: the dataset to read (default ``dlio``; the
   validation set is ``<name>_valid``). If it does not exist, rank 0
   ingests DLIO's ``<data_folder>/train`` (``valid``) into it, which must
