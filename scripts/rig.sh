@@ -9,7 +9,7 @@
 #
 #   bash scripts/rig.sh up --storage N --compute M [--link 1Gbit] [--delay 1ms]
 #                          [--ingest-root DIR] [--storage-cpus 0] [--compute-cpus 1]
-#                          [--tokens] [--bin PATH] [-- EXTRA SERVE ARGS]
+#                          [--tokens] [--tls] [--bin PATH] [-- EXTRA SERVE ARGS]
 #   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
 #   bash scripts/rig.sh add-storage             # one more storage node; it registers itself
 #   bash scripts/rig.sh restart-storage I       # kill -9 storage node I, start it again over its data
@@ -17,7 +17,7 @@
 #   bash scripts/rig.sh down                    # every namespace, link, process and dir it made
 #
 # `up` prints, as its last lines, the coordinator's `REST=http://…` and
-# `FLIGHT=http://…`, then `STORAGE=` and `COMPUTE=` (comma-separated node
+# `FLIGHT=http://…` (`https://` with --tls), then `STORAGE=` and `COMPUTE=` (comma-separated node
 # URLs); the same lines are in $SLUICE_RIG_DIR/rig.env. With
 # --ingest-root, every directory below DIR is ingested as a dataset of its
 # name over REST on the coordinator (`sluice ingest --url`), which spreads
@@ -35,6 +35,15 @@
 # storage nodes take calls only from node tokens, and `rig.env` has
 # TOKEN=<the admin token> for clients. Secrets are in
 # $SLUICE_RIG_DIR/secrets/ (0600).
+#
+# --tls: every link of the rig is TLS. `up` makes the rig's CA with
+# `sluice certs` ($SLUICE_RIG_DIR/pki) and a certificate per host for its
+# address; every process is given the CA and its own certificate
+# (SLUICE_TLS_CA, SLUICE_TLS_CERT, SLUICE_TLS_KEY), URLs are `https://`
+# and Flight locations `grpc+tls://`, storage nodes serve only callers
+# holding a certificate of the CA, and `rig.env` has CA=<the CA file> for
+# clients. Without it the rig's processes serve plain text on the rig's
+# own bridge (SLUICE_INSECURE).
 #
 # CPUs: storage nodes share --storage-cpus and the coordinator and compute
 # nodes share --compute-cpus; by default the machine's CPUs are cut in two
@@ -183,10 +192,31 @@ add_token() {
     > "$RIG_DIR/secrets/$name" 2> /dev/null)
 }
 
+# With --tls: the schemes of the rig's URLs (REST, storage nodes) and of
+# its Flight locations.
+web() { if [ -d "$RIG_DIR/pki" ]; then echo https; else echo http; fi; }
+grpc() { if [ -d "$RIG_DIR/pki" ]; then echo grpc+tls; else echo grpc; fi; }
+
+# With --tls: a certificate of the rig's CA for host NAME at ADDRESS
+# (made once; binary $1).
+issue_cert() {
+  local bin="$1" name="$2" addr="$3"
+  [ -d "$RIG_DIR/pki" ] || return 0
+  [ -f "$RIG_DIR/pki/$name.pem" ] || "$bin" certs node "$RIG_DIR/pki" "$name" "$addr" > /dev/null
+}
+
 # The environment a process of the rig runs with, as `env` arguments: with
-# --tokens, the tokens file and the node token NAME.
+# --tls, the CA and the certificate CERT (default NAME), else leave to
+# serve plain text off loopback; with --tokens, the tokens file and the
+# node token NAME.
 identity() {
-  local name="$1"
+  local name="$1" cert="${2:-$1}"
+  if [ -d "$RIG_DIR/pki" ]; then
+    echo "SLUICE_TLS_CA=$RIG_DIR/pki/ca.pem SLUICE_TLS_CERT=$RIG_DIR/pki/$cert.pem" \
+      "SLUICE_TLS_KEY=$RIG_DIR/pki/$cert.key"
+  else
+    echo "SLUICE_INSECURE=true"
+  fi
   [ -f "$RIG_DIR/tokens.yaml" ] || return 0
   echo "SLUICE_TOKENS=$RIG_DIR/tokens.yaml SLUICE_AUDIT_LOG=$RIG_DIR/audit.jsonl" \
     "SLUICE_NODE_TOKEN=$(cat "$RIG_DIR/secrets/$name")"
@@ -225,19 +255,20 @@ run_storage() {
   local i="$1" cpus="$2" cores="$3" bin="$4" root="${5:-}"
   local dir="$RIG_DIR/storage$i" roots=()
   [ -n "$root" ] && roots=(--ingest-root "$root")
+  issue_cert "$bin" "storage$i" "$NET.$((10 + i))"
   # Its log says what it does with ingest parts (prepared, committed, dropped).
   # shellcheck disable=SC2046
   start "$PREFIX-s$i" "$cpus" "$dir/node.log" \
-    env $(identity storage) SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" \
+    env $(identity storage "storage$i") SLUICE_LOG="${SLUICE_LOG:-warn,sluice_storage::ingest=info}" \
     "$bin" --data-dir "$dir/data" \
     storage-node --listen "$NET.$((10 + i)):$STORAGE_PORT" --cores "$cores" \
-    --coordinator "http://$NET.2:$REST_PORT" --advertise "http://$NET.$((10 + i)):$STORAGE_PORT" \
+    --coordinator "$(web)://$NET.2:$REST_PORT" --advertise "$(grpc)://$NET.$((10 + i)):$STORAGE_PORT" \
     "${roots[@]}"
 }
 
 cmd_up() {
   local storage=1 compute=1 link="" delay="" ingest_root="" storage_cpus="" compute_cpus=""
-  local bin="${SLUICE_BIN:-}" serve_extra=() tokens=""
+  local bin="${SLUICE_BIN:-}" serve_extra=() tokens="" tls=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --storage) storage="$2"; shift 2 ;;
@@ -249,6 +280,7 @@ cmd_up() {
       --compute-cpus) compute_cpus="$2"; shift 2 ;;
       --bin) bin="$2"; shift 2 ;;
       --tokens) tokens=1; shift ;;
+      --tls) tls=1; shift ;;
       --) shift; serve_extra=("$@"); break ;;
       *) die "unknown option $1 (see the top of scripts/rig.sh)" ;;
     esac
@@ -284,6 +316,10 @@ cmd_up() {
   # Failing half-way leaves nothing behind.
   trap 'if [ $? -ne 0 ]; then log "up failed; removing what it made"; cmd_down > /dev/null 2>&1 || true; fi' EXIT
 
+  if [ -n "$tls" ]; then
+    "$bin" certs ca "$RIG_DIR/pki" > /dev/null
+    issue_cert "$bin" coordinator "$NET.2"
+  fi
   if [ -n "$tokens" ]; then
     add_token "$bin" admin admin
     add_token "$bin" coordinator node
@@ -302,7 +338,7 @@ cmd_up() {
   local urls=() i j
   for ((i = 0; i < storage; i++)); do
     start_storage "$i" "$link" "$delay" "$storage_cpus" "$storage_cores" "$bin" "$ingest_root"
-    urls+=("http://$NET.$((10 + i)):$STORAGE_PORT")
+    urls+=("$(web)://$NET.$((10 + i)):$STORAGE_PORT")
   done
   for ((i = 0; i < storage; i++)); do wait_for "$RIG_DIR/storage$i/node.log" "listening on"; done
   local storage_list
@@ -329,13 +365,14 @@ cmd_up() {
     local dir="$RIG_DIR/compute$j"
     mkdir -p "$dir"
     add_host "$PREFIX-c$j" $((100 + j))
+    issue_cert "$bin" "compute$j" "$NET.$((100 + j))"
     shape "$PREFIX-c$j" "" "$delay"
     # shellcheck disable=SC2046
     start "$PREFIX-c$j" "$compute_cpus" "$dir/node.log" \
       env $(identity "compute$j") "$bin" --data-dir "$dir/data" compute-node --listen "$NET.$((100 + j)):$COMPUTE_PORT" \
       --compute-cores "$compute_cores" \
-      --coordinator "http://$NET.2:$REST_PORT" --advertise "grpc://$NET.$((100 + j)):$COMPUTE_PORT"
-    compute_urls+=("http://$NET.$((100 + j)):$COMPUTE_PORT")
+      --coordinator "$(web)://$NET.2:$REST_PORT" --advertise "$(grpc)://$NET.$((100 + j)):$COMPUTE_PORT"
+    compute_urls+=("$(web)://$NET.$((100 + j)):$COMPUTE_PORT")
   done
   for ((j = 0; j < compute; j++)); do wait_for "$RIG_DIR/compute$j/node.log" "listening on"; done
 
@@ -347,7 +384,8 @@ cmd_up() {
       ds="${ds%/}"
       # shellcheck disable=SC2046
       env $([ -n "$tokens" ] && echo "SLUICE_TOKEN=$(cat "$RIG_DIR/secrets/admin")") \
-        "$bin" ingest "$(basename "$ds")" "$ds" --url "http://$NET.2:$REST_PORT" \
+        $([ -n "$tls" ] && echo "SLUICE_TLS_CA=$RIG_DIR/pki/ca.pem") \
+        "$bin" ingest "$(basename "$ds")" "$ds" --url "$(web)://$NET.2:$REST_PORT" \
         >> "$RIG_DIR/ingest.log" 2>&1 || { cat "$RIG_DIR/ingest.log" >&2; die "ingest of $ds over REST failed"; }
     done
   fi
@@ -361,9 +399,10 @@ cmd_up() {
     echo "COMPUTE_CPUS=$compute_cpus"
     echo "STORAGE=$storage_list"
     echo "COMPUTE=$(IFS=,; echo "${compute_urls[*]}")"
-    echo "FLIGHT=http://$NET.2:$FLIGHT_PORT"
-    echo "REST=http://$NET.2:$REST_PORT"
+    echo "FLIGHT=$(web)://$NET.2:$FLIGHT_PORT"
+    echo "REST=$(web)://$NET.2:$REST_PORT"
     if [ -n "$tokens" ]; then echo "TOKEN=$(cat "$RIG_DIR/secrets/admin")"; fi
+    if [ -n "$tls" ]; then echo "CA=$RIG_DIR/pki/ca.pem"; fi
   } > "$RIG_DIR/rig.env"
   log "up: $storage storage node(s) on CPUs $storage_cpus, coordinator and $compute compute node(s) on CPUs $compute_cpus, link ${link:-unlimited}, delay ${delay:-0}; logs in $RIG_DIR"
   cat "$RIG_DIR/rig.env"
@@ -416,8 +455,8 @@ cmd_add_storage() {
   root="$(sed -n 's/^INGEST_ROOT=//p' "$RIG_DIR/rig.env")"
   start_storage "$i" "$env_link" "$env_delay" "$cpus" "$cores" "$bin" "$root"
   wait_for "$RIG_DIR/storage$i/node.log" "listening on"
-  log "storage node $i up at http://$NET.$((10 + i)):$STORAGE_PORT; it registers with the coordinator"
-  echo "STORAGE_URL=http://$NET.$((10 + i)):$STORAGE_PORT"
+  log "storage node $i up at $(web)://$NET.$((10 + i)):$STORAGE_PORT; it registers with the coordinator"
+  echo "STORAGE_URL=$(web)://$NET.$((10 + i)):$STORAGE_PORT"
 }
 
 # Storage node $1 stopped (SIGKILL, if it still runs) and started again

@@ -525,23 +525,27 @@ def test_a_storage_node_killed_mid_ingest_leaves_no_version_anywhere():
 
 
 def test_a_rig_with_identities_serves_ranks_and_refuses_strangers():
-    """`rig.sh up --tokens`: every node joins with a node token of its own
-    and storage nodes take only node tokens; a trainer with the admin
-    token reads each rank from its compute node, the coordinator's job is
-    done from the nodes' reports, and a caller without a node token can
-    neither register nor reach a storage node."""
+    """`rig.sh up --tokens --tls`: every node joins with a node token of its
+    own and a certificate of the rig's CA, every link is TLS, and storage
+    nodes take only node tokens from holders of the CA's certificates; a
+    trainer with the admin token and the CA reads each rank from its
+    compute node, the coordinator's job is done from the nodes' reports,
+    and a caller without a node token or a certificate can neither
+    register nor reach a storage node."""
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 2, 5)
-        env = up(rig_dir, "--tokens", "--storage", "2", "--compute", "1", "--ingest-root", root)
+        env = up(rig_dir, "--tokens", "--tls", "--storage", "2", "--compute", "1",
+                 "--ingest-root", root)
         try:
             assert env["TOKEN"].startswith("slc_")
             assert env["TOKEN"] not in open(os.path.join(rig_dir, "tokens.yaml")).read()
+            assert env["REST"].startswith("https://"), env
             with pytest.raises(sluice.SluiceError) as e:
-                sluice.Client(env["REST"]).datasets()
+                sluice.Client(env["REST"], ca=env["CA"]).datasets()
             assert e.value.status == 401
-            c = sluice.Client(env["REST"], token=env["TOKEN"])
-            node = "grpc://" + env["COMPUTE"].split("://")[1]
+            c = sluice.Client(env["REST"], token=env["TOKEN"], ca=env["CA"])
+            node = "grpc+tls://" + env["COMPUTE"].split("://")[1]
             assert compute_nodes(c, 1) == {node}
             job = c.submit("SELECT key, label FROM pets", batch_size=2, world_size=2)
             assert job.wait()["samples"] == 10
@@ -555,13 +559,23 @@ def test_a_rig_with_identities_serves_ranks_and_refuses_strangers():
                 time.sleep(0.5)
             # The admin token is not a node's: it registers nothing.
             with pytest.raises(sluice.SluiceError) as e:
-                c._request("POST", "/v1/nodes/compute", {"location": "grpc://10.213.0.250:1"})
+                c._request("POST", "/v1/nodes/compute", {"location": "grpc+tls://10.213.0.250:1"})
             assert e.value.status == 403
-            # A storage node answers only node tokens.
-            storage = "grpc://" + env["STORAGE"].split(",")[0].split("://")[1]
+            # A storage node answers only holders of a certificate of the
+            # CA, and of those only node tokens.
+            storage = "grpc+tls://" + env["STORAGE"].split(",")[0].split("://")[1]
             headers = [(b"authorization", f"Bearer {env['TOKEN']}".encode())]
+            options = flight.FlightCallOptions(headers=headers)
+            with open(env["CA"], "rb") as f:
+                ca = f.read()
+            with pytest.raises(flight.FlightUnavailableError):
+                list(flight.FlightClient(storage, tls_root_certs=ca).list_flights(options=options))
+            pki = os.path.join(rig_dir, "pki")
+            with open(os.path.join(pki, "compute0.pem"), "rb") as fc, \
+                    open(os.path.join(pki, "compute0.key"), "rb") as fk:
+                member = flight.FlightClient(storage, tls_root_certs=ca, cert_chain=fc.read(),
+                                             private_key=fk.read())
             with pytest.raises(flight.FlightUnauthorizedError):
-                list(flight.FlightClient(storage).list_flights(
-                    options=flight.FlightCallOptions(headers=headers)))
+                list(member.list_flights(options=options))
         finally:
             rig_cmd("down", rig_dir=rig_dir)
