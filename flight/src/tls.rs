@@ -66,9 +66,8 @@ impl Tls {
         cert: Option<&Path>,
         key: Option<&Path>,
     ) -> Result<Option<Self>, String> {
-        let read = |p: &Path| {
-            std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-        };
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
         let ca = match ca {
             Some(p) => {
                 let pem = read(p)?;
@@ -234,9 +233,7 @@ fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 
 /// The host of `host:port` (`[v6]:port` gives the bare address).
 fn host_of(authority: &str) -> &str {
-    let host = authority
-        .rsplit_once(':')
-        .map_or(authority, |(h, _)| h);
+    let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
@@ -278,7 +275,10 @@ mod tests {
         let junk = dir.path().join("ca.pem");
         std::fs::write(&junk, "not a certificate").unwrap();
         let err = Tls::load(Some(&junk), None, None).unwrap_err();
-        assert!(err.contains("ca.pem") && err.contains("no certificate"), "{err}");
+        assert!(
+            err.contains("ca.pem") && err.contains("no certificate"),
+            "{err}"
+        );
         let err = Tls::load(None, Some(&junk), None).unwrap_err();
         assert!(err.contains("together"), "{err}");
         assert!(Tls::load(None, None, None).unwrap().is_none());

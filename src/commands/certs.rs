@@ -84,7 +84,10 @@ pub fn run(action: &CertsAction) -> anyhow::Result<()> {
 
 /// Where node `name`'s certificate and key go.
 fn paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")))
+    (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    )
 }
 
 /// The CA's parameters: the same every time, so that a node's issuer can
@@ -115,7 +118,12 @@ fn make_ca(years: u32) -> anyhow::Result<(String, String)> {
 
 /// A node certificate for `hosts`, signed with the CA key `ca_key`
 /// (PEM): the certificate and its new key, PEM.
-fn issue(ca_key: &str, name: &str, hosts: &[String], days: u32) -> anyhow::Result<(String, String)> {
+fn issue(
+    ca_key: &str,
+    name: &str,
+    hosts: &[String],
+    days: u32,
+) -> anyhow::Result<(String, String)> {
     let ca_key = KeyPair::from_pem(ca_key).context("ca.key is not a private key")?;
     let issuer = Issuer::new(ca_params(1)?, ca_key);
     let mut params = CertificateParams::new(hosts.to_vec())
@@ -171,10 +179,9 @@ mod tests {
                 .unwrap();
             let provider =
                 std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-            let verifier =
-                WebPkiServerVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .unwrap();
+            let verifier = WebPkiServerVerifier::builder_with_provider(roots.into(), provider)
+                .build()
+                .unwrap();
             let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).unwrap();
             verifier.verify_server_cert(
                 &cert,

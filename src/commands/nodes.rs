@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use sluice_access::{Audit, Auth, Scope};
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use axum::serve::ListenerExt;
 use sluice_flight::{ClientCerts, Executor, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
@@ -115,16 +115,26 @@ async fn listen(
 
 /// `builder` serving TLS when this process has a certificate, asking
 /// callers for one of the cluster's as `client_certs` says.
-fn with_tls(builder: Server, tls: Option<&Tls>, client_certs: ClientCerts) -> anyhow::Result<Server> {
+fn with_tls(
+    builder: Server,
+    tls: Option<&Tls>,
+    client_certs: ClientCerts,
+) -> anyhow::Result<Server> {
     match tls.filter(|t| t.serves()) {
-        Some(t) => Ok(builder.tls_config(t.tonic_server(client_certs).map_err(anyhow::Error::msg)?)?),
+        Some(t) => {
+            Ok(builder.tls_config(t.tonic_server(client_certs).map_err(anyhow::Error::msg)?)?)
+        }
         None => Ok(builder),
     }
 }
 
 /// `scheme://addr`, the TLS scheme when this process serves TLS.
 fn location(tls: Option<&Tls>, plain: &str, secure: &str, addr: std::net::SocketAddr) -> String {
-    let scheme = if tls.is_some_and(Tls::serves) { secure } else { plain };
+    let scheme = if tls.is_some_and(Tls::serves) {
+        secure
+    } else {
+        plain
+    };
     format!("{scheme}://{addr}")
 }
 
@@ -211,9 +221,10 @@ pub async fn compute_node(
             url,
             place::rest_client(cli, url, place::node_token(cli))?,
         );
-        let location = cluster
-            .advertise
-            .map_or_else(|| location(tls.as_deref(), "grpc", "grpc+tls", addr), str::to_string);
+        let location = cluster.advertise.map_or_else(
+            || location(tls.as_deref(), "grpc", "grpc+tls", addr),
+            str::to_string,
+        );
         // The storage nodes the coordinator reads are this node's too.
         let learner = Arc::clone(&session);
         let credential = place::node_credential(cli)?;

@@ -120,6 +120,9 @@ def test_plain_text_off_loopback_needs_insecure():
         try:
             lines = [proc.stdout.readline() for _ in range(2)]
             assert lines[1].startswith("REST API on http://0.0.0.0:"), lines
+            port = lines[1].split()[3].rsplit(":", 1)[1]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+                assert r.status == 200
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
