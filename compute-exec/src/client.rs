@@ -10,7 +10,7 @@ use arrow_flight::error::FlightError;
 use futures::StreamExt;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::{connect, read_reported};
-use sluice_flight::{Credential, FlightClient};
+use sluice_flight::{Credential, FlightClient, Tls};
 use sluice_planner::Explanation;
 
 use sluice_flight::ticket::{QueryTicket, Ticket};
@@ -49,9 +49,11 @@ pub struct QueryClient {
 }
 
 impl QueryClient {
-    /// A client of the node at `url`.
-    pub fn new(url: &str) -> Result<Self, QueryError> {
-        let (node, inner) = connect(url, Credential::default()).map_err(|message| QueryError {
+    /// A client of the node at `url` (a `grpc+tls://` one checked against
+    /// `tls`'s CA).
+    pub fn new(url: &str, tls: Option<Arc<Tls>>) -> Result<Self, QueryError> {
+        let credential = Credential::default().with_tls(tls);
+        let (node, inner) = connect(url, credential).map_err(|message| QueryError {
             node: url.to_string(),
             code: tonic::Code::InvalidArgument,
             message,

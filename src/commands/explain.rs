@@ -21,7 +21,7 @@ pub async fn run(
                 offload: flags.offload,
                 udf: udf.options(),
             };
-            QueryClient::new(url)?
+            QueryClient::new(url, super::place::tls(cli)?)?
                 .with_token(cli.token.first().cloned())
                 .explain(&ticket)
                 .await?

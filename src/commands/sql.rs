@@ -37,7 +37,7 @@ pub async fn run(
                 offload: flags.offload,
                 udf: udf.options(),
             };
-            let r = QueryClient::new(url)?
+            let r = QueryClient::new(url, super::place::tls(cli)?)?
                 .with_token(cli.token.first().cloned())
                 .query(&ticket)
                 .await?;

@@ -577,6 +577,8 @@ mod tests {
             "grpc+tcp://node-3.example:1",
             "http://127.0.0.1:65535/",
             "grpc://[::1]:7",
+            "grpc+tls://node-3.example:443",
+            "https://10.0.0.7:50051",
         ] {
             assert_eq!(location_error(ok), None, "{ok}");
         }
