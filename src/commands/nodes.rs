@@ -334,22 +334,7 @@ pub async fn serve(
         };
         let store = Arc::clone(storage.store());
         let endpoint: Arc<dyn StorageEndpoint> = if loopback {
-            let listener = bind("127.0.0.1:0").await?;
-            let addr = listener.local_addr()?;
-            let service = StorageFlightService::new(storage)
-                .with_limits(addrs.limits.decode.limits())
-                .server();
-            tokio::spawn(async move {
-                let served = Server::builder()
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
-                    .await;
-                if let Err(e) = served {
-                    eprintln!("error: loopback storage service: {e}");
-                }
-            });
-            eprintln!("storage side on loopback Flight at {addr}");
-            Arc::new(StorageClient::new(&format!("http://{addr}"))?)
+            over_loopback(storage, addrs.limits.decode.limits()).await?
         } else {
             storage
         };
@@ -432,26 +417,7 @@ pub async fn serve(
     let flight_server = with_tls(flight_builder(), tls.as_deref(), ClientCerts::Optional)?
         .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
-    // With connect info: a trainer's ranks go to a compute node beside it.
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let rest_server = async {
-        match tls.as_deref().filter(|t| t.serves()) {
-            Some(t) => {
-                let config = t.rustls_server().map_err(anyhow::Error::msg)?;
-                // `tap_io`: the listener axum knows the peer address of.
-                let tls_rest = crate::rest::tls::TlsListener::new(rest, config)?.tap_io(|_| {});
-                axum::serve(tls_rest, app)
-                    .with_graceful_shutdown(shutdown())
-                    .await?;
-            }
-            None => {
-                axum::serve(rest, app)
-                    .with_graceful_shutdown(shutdown())
-                    .await?;
-            }
-        }
-        anyhow::Ok(())
-    };
+    let rest_server = serve_rest(rest, app, tls.as_deref());
     let servers = async {
         let (f, r) = tokio::join!(flight_server, rest_server);
         f?;
@@ -474,6 +440,54 @@ pub async fn serve(
     // Progress delivered since the last periodic save is kept.
     jobs.save_all();
     eprintln!("sluice serve stopped");
+    Ok(())
+}
+
+/// `storage` served on a loopback Flight port of its own, and a client of
+/// it (`serve --loopback`: both sides of a cut in one process, with the
+/// wire between them).
+async fn over_loopback(
+    storage: Arc<sluice_storage::StorageNode>,
+    limits: sluice_udfs::Limits,
+) -> anyhow::Result<Arc<dyn StorageEndpoint>> {
+    let listener = bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let service = StorageFlightService::new(storage)
+        .with_limits(limits)
+        .server();
+    tokio::spawn(async move {
+        let served = Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+            .await;
+        if let Err(e) = served {
+            eprintln!("error: loopback storage service: {e}");
+        }
+    });
+    eprintln!("storage side on loopback Flight at {addr}");
+    Ok(Arc::new(StorageClient::new(&format!("http://{addr}"))?))
+}
+
+/// Serves the REST API `app` on `rest` (over TLS when this process has a
+/// certificate) until the process is told to stop.
+async fn serve_rest(rest: TcpListener, app: axum::Router, tls: Option<&Tls>) -> anyhow::Result<()> {
+    // With connect info: a trainer's ranks go to a compute node beside it.
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    match tls.filter(|t| t.serves()) {
+        Some(t) => {
+            let config = t.rustls_server().map_err(anyhow::Error::msg)?;
+            // `tap_io`: the listener axum knows the peer address of.
+            let tls_rest = crate::rest::tls::TlsListener::new(rest, config)?.tap_io(|_| {});
+            axum::serve(tls_rest, app)
+                .with_graceful_shutdown(shutdown())
+                .await?;
+        }
+        None => {
+            axum::serve(rest, app)
+                .with_graceful_shutdown(shutdown())
+                .await?;
+        }
+    }
     Ok(())
 }
 
