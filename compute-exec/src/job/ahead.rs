@@ -23,29 +23,20 @@
 //! no one reads stops when its channel is full), and nothing it made
 //! counts as delivered until a reader receives it (nor do the bad samples
 //! it met: they travel with its batches), so exactly-once and resume are
-//! as without it. One not claimed within [`AHEAD_WAIT`], or whose
+//! as without it. One not claimed within
+//! [`super::pipeline::options::AHEAD_WAIT`], or whose
 //! epoch's reader left before the end, is dropped, which stops its windows,
 //! and so are a cancelled job's.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use sluice_udfs::env::CancelOnDrop;
 use tokio::sync::mpsc;
 
 use super::error::JobError;
 use super::run::Delivery;
-
-/// How long a read-ahead waits for its reader.
-pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
-
-/// Free window budget a read-ahead needs at least to begin (the windows
-/// it may take ahead, running and held, about
-/// [`super::stream::WINDOW_BYTES`] each).
-pub const AHEAD_ROOM: u64 =
-    (super::stream::IN_FLIGHT + super::stream::HELD) as u64 * super::stream::WINDOW_BYTES;
 
 /// A stream's batches as its reader receives them. Dropped (its reader
 /// left, or a read-ahead nobody took), it stops the stream's UDFs at their

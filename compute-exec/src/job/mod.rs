@@ -16,8 +16,9 @@
 //!   versions the job pins;
 //! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
 //!   any offset;
-//! - [`stream`]: the stream of an epoch — windows in flight, in order,
-//!   bounded;
+//! - [`pipeline`]: the stream of an epoch as one staged pipeline —
+//!   windows, fetch, in order, rebatch, sink — its knobs in one place and
+//!   what the job learns from it behind an observer;
 //! - [`in_order`]: windows run as cores free up, handed on in order;
 //! - [`ahead`]: each rank's next epoch, begun before its reader asks;
 //! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
@@ -47,6 +48,7 @@ pub mod in_order;
 pub mod index;
 pub mod order;
 pub mod outputs;
+pub mod pipeline;
 pub mod placed;
 pub mod plan;
 pub mod query;
@@ -59,7 +61,6 @@ pub mod spec;
 pub mod stages;
 pub mod status;
 pub mod store;
-pub mod stream;
 pub mod window_rows;
 
 pub use budget::WindowBudget;

@@ -29,10 +29,13 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
 use super::adapt::Adaptive;
-use super::ahead::{AHEAD_ROOM, AHEAD_WAIT, Batches, NextEpoch, ReadAhead};
+use super::ahead::{Batches, NextEpoch, ReadAhead};
 use super::error::{Failure, JobError};
 use super::index::{Pin, SampleIndex};
 use super::order::Layout;
+use super::pipeline::options::CHANNEL_BATCHES;
+use super::pipeline::options::{AHEAD_ROOM, AHEAD_WAIT};
+use super::pipeline::windows::Span;
 use super::placed::JobPlan;
 use super::query::{JobQuery, WindowPlan, udf_options};
 use super::report::{NodeReport, ReportBounds, Reported};
@@ -41,7 +44,6 @@ use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus, Progress, TierBytes};
 use super::store::{JobRecord, JobStore};
-use super::stream::{CHANNEL_BATCHES, Span};
 use crate::session::ComputeSession;
 
 /// What a batch keeps alive besides its rows' memory: its windows'

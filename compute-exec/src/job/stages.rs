@@ -31,7 +31,7 @@ use sluice_planner::choose::Rates;
 use sluice_planner::resources::Resources;
 use sluice_udfs::{StageClock, StageTiming, Tier};
 
-use super::stream::{CHANNEL_BATCHES, HELD, IN_FLIGHT};
+use super::pipeline::options::{CHANNEL_BATCHES, HELD, IN_FLIGHT};
 
 /// The span the statistics of a running job cover.
 pub const RECENT: Duration = Duration::from_secs(5);

@@ -1,0 +1,231 @@
+//! The second stage: a window's rows, fetched. In this order:
+//!
+//! 1. **cache**: the rows the node's output cache holds (a deterministic
+//!    job's, `crate::job::outputs`) come from memory;
+//! 2. **budget**: room among all streams' windows is reserved
+//!    (`crate::job::WindowBudget`): the bytes the last window measured
+//!    per sample, or a whole window's before any;
+//! 3. **executor**: for the rest, the job's plan as it is now (a re-plan
+//!    replaces it; windows in flight finish under the one they began)
+//!    runs on the jobs' runtime (the stream's own) over those rows' ids, each storage node's
+//!    share a message down the stream's feed on it;
+//! 4. **retry**: a storage node that cannot be reached is tried again
+//!    ([`Retry`]) until the job's `storage_wait_s` has passed;
+//!
+//! and what the plan made goes into the cache. A window's task is
+//! aborted when its future is dropped (the reader left, the job was
+//! cancelled, an earlier window failed).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::physical_plan::collect;
+use sluice_flight::SLOT;
+
+use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
+use super::windows::Sizing;
+use crate::job::budget::{Reservation, WindowBudget};
+use crate::job::error::JobError;
+use crate::job::outputs::OutputCache;
+use crate::job::placed::StreamPlan;
+use crate::job::run::Ready;
+use crate::job::window_rows::WindowRows;
+use crate::remote::with_takes;
+
+/// A window, fetched: its rows by slot, and the room they hold.
+#[derive(Debug)]
+pub struct Fetched {
+    /// Its first position.
+    pub start: u64,
+    /// The sample of each of its positions.
+    pub samples: Vec<u64>,
+    /// Its rows, by slot.
+    pub rows: WindowRows,
+    /// Its room in the node's window budget, given back when the last
+    /// batch with a row of it is gone.
+    pub room: Reservation,
+    /// Wall time from its reservation to its rows.
+    pub took: Duration,
+}
+
+/// What fetches a stream's windows (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Fetch {
+    pub(super) ready: Arc<Ready>,
+    pub(super) order: Arc<Vec<u64>>,
+    pub(super) rank: u64,
+    pub(super) plan: Arc<StreamPlan>,
+    pub(super) budget: WindowBudget,
+    pub(super) outputs: Option<(Arc<OutputCache>, u64)>,
+    pub(super) schema: SchemaRef,
+    pub(super) storage_wait: Duration,
+    pub(super) sizing: Sizing,
+    /// Windows fetched and not yet taken by the stage after.
+    pub(super) fetched: Arc<AtomicU64>,
+}
+
+impl Fetch {
+    /// The window of positions `start..stop`, fetched.
+    pub fn window(
+        &self,
+        start: u64,
+        stop: u64,
+    ) -> impl Future<Output = Result<Fetched, JobError>> + Send + 'static + use<> {
+        let samples = self
+            .ready
+            .layout
+            .rank_samples(&self.order, self.rank, start, stop);
+        let this = self.clone();
+        // Its plan and estimate are the stream's when it is cut.
+        let plan = self.plan.plan();
+        let per_sample = self.sizing.bytes_per_sample();
+        async move {
+            let plan = plan?;
+            let (mut rows, keys) = this.cached(&samples);
+            let need: Vec<usize> = (0..samples.len())
+                .filter(|&i| rows.at[i].is_none())
+                .collect();
+            let bytes = match per_sample {
+                0 => WINDOW_BYTES,
+                b => b.saturating_mul(need.len() as u64),
+            };
+            let room = this.budget.reserve(bytes).await;
+            let began = Instant::now();
+            if !need.is_empty() {
+                let run: Vec<u64> = need.iter().map(|&i| samples[i]).collect();
+                let made = this.run(plan, &run).await?;
+                if let Some((cache, id)) = &this.outputs {
+                    // Each batch's bytes per row are measured once, by
+                    // `rows`, before the cache's lock is taken.
+                    let rows = made
+                        .rows()
+                        .map(|(slot, row, len)| (keys[need[slot]], row, len));
+                    cache.insert(*id, rows);
+                }
+                rows.fill(&need, made);
+            }
+            this.fetched.fetch_add(1, Ordering::Relaxed);
+            Ok(Fetched {
+                start,
+                samples,
+                rows,
+                room,
+                took: began.elapsed(),
+            })
+        }
+    }
+
+    /// The rows of `samples` the output cache holds, and their keys.
+    fn cached(&self, samples: &[u64]) -> (WindowRows, Vec<u64>) {
+        match &self.outputs {
+            Some((cache, id)) => {
+                let keys = self.ready.index.keys(samples);
+                (WindowRows::from_cache(cache.lookup(*id, &keys)), keys)
+            }
+            None => (
+                WindowRows::from_cache(vec![None; samples.len()]),
+                Vec::new(),
+            ),
+        }
+    }
+
+    /// `plan` run over the rows of `samples` on the jobs' runtime, retried
+    /// while a storage node cannot be reached (see [`Retry`]).
+    async fn run(
+        &self,
+        plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        samples: &[u64],
+    ) -> Result<WindowRows, JobError> {
+        let takes = self.ready.index.takes(samples);
+        let mut retry = Retry::new(self.storage_wait);
+        let batches = loop {
+            let (plan, takes, task) = (
+                Arc::clone(&plan),
+                takes.clone(),
+                Arc::clone(self.plan.task()),
+            );
+            // On the jobs' runtime, which the stream runs on; aborted when
+            // dropped: the stream no longer wants it.
+            let run = SpawnedTask::spawn(async move {
+                let plan = with_takes(plan, &takes)?;
+                collect(plan, task).await
+            });
+            let attempt = run
+                .join()
+                .await
+                .map_err(|e| JobError::Internal(e.to_string()))?
+                .map_err(|e| JobError::running(&e));
+            match attempt {
+                Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
+                other => break other?,
+            }
+        };
+        WindowRows::from_plan(&batches, &self.schema, SLOT, samples.len())
+    }
+}
+
+/// How a window waits for a storage node that cannot be reached: it runs
+/// again after [`RETRY_FIRST`], then twice as long each time (at most
+/// [`RETRY_MAX`]), until the job's `storage_wait_s` has passed since the
+/// first failure.
+#[derive(Debug)]
+pub struct Retry {
+    until: Option<Instant>,
+    wait: Duration,
+    pause: Duration,
+}
+
+impl Retry {
+    /// Waiting at most `wait` in all.
+    pub fn new(wait: Duration) -> Self {
+        Self {
+            until: None,
+            wait,
+            pause: RETRY_FIRST,
+        }
+    }
+
+    /// Sleeps before the next attempt, or gives `e` back when the wait is
+    /// over (or there is none).
+    pub async fn after(&mut self, e: JobError) -> Result<(), JobError> {
+        let now = Instant::now();
+        let until = *self.until.get_or_insert(now + self.wait);
+        if now + self.pause > until {
+            return Err(e);
+        }
+        tracing::warn!("{e}; retrying the window in {:?}", self.pause);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(RETRY_MAX);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost() -> JobError {
+        JobError::Unavailable {
+            node: "http://10.0.0.9:1".into(),
+            reason: "connection refused".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_node_is_retried_with_growing_pauses_until_the_wait_is_over() {
+        let began = Instant::now();
+        let mut retry = Retry::new(Duration::from_millis(600));
+        // The first pause (0.25 s) fits in 0.6 s; the next (0.5 s) would
+        // not: the error is given back at once.
+        retry.after(lost()).await.unwrap();
+        assert!(began.elapsed() >= RETRY_FIRST);
+        let e = retry.after(lost()).await.unwrap_err();
+        assert!(began.elapsed() < RETRY_FIRST * 2, "{:?}", began.elapsed());
+        assert!(matches!(e, JobError::Unavailable { .. }), "{e}");
+        // No wait: the first failure is the error.
+        assert!(Retry::new(Duration::ZERO).after(lost()).await.is_err());
+    }
+}
