@@ -44,7 +44,7 @@ use sluice_flight::stream::FlightStream;
 use sluice_flight::ticket::JobTicket;
 use tonic::Status;
 
-use crate::job::{Delivery, JobError, Jobs};
+use crate::job::{JobError, Jobs, RankBatch};
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
@@ -211,14 +211,16 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
         .await
         .map_err(|e| job_status(&e))?;
     let messages = deliveries
-        .then(move |d: Result<(Delivery, Vec<SlicedMessage>), JobError>| {
-            let job = Arc::clone(&job);
-            async move {
-                let msgs = made(d.map_err(|e| job_status(&e))?.1).await?;
-                job.sent(flight_bytes(&msgs));
-                Ok::<_, Status>(msgs)
-            }
-        })
+        .then(
+            move |d: Result<(RankBatch, Vec<SlicedMessage>), JobError>| {
+                let job = Arc::clone(&job);
+                async move {
+                    let msgs = made(d.map_err(|e| job_status(&e))?.1).await?;
+                    job.sent(flight_bytes(&msgs));
+                    Ok::<_, Status>(msgs)
+                }
+            },
+        )
         .flat_map(|m| match m {
             Ok(msgs) => stream::iter(msgs.into_iter().map(Ok).collect::<Vec<_>>()),
             Err(s) => stream::iter(vec![Err(s)]),
@@ -302,7 +304,7 @@ impl ShmStream {
         }
     }
 
-    async fn messages(&mut self, d: &Delivery) -> Vec<Result<SlicedMessage, Status>> {
+    async fn messages(&mut self, d: &RankBatch) -> Vec<Result<SlicedMessage, Status>> {
         let meta = BatchMeta {
             from: d.from,
             next_offset: d.next_offset,

@@ -36,7 +36,7 @@ use sluice_udfs::env::CancelOnDrop;
 use tokio::sync::mpsc;
 
 use super::error::JobError;
-use super::run::Delivery;
+use super::rank_batch::RankBatch;
 
 /// A stream's batches as its reader receives them. Dropped (its reader
 /// left, or a read-ahead nobody took), it stops the stream's UDFs at their
@@ -44,18 +44,18 @@ use super::run::Delivery;
 /// runs on the executor whose threads may all be inside those UDFs.
 #[derive(Debug)]
 pub struct Batches {
-    rx: mpsc::Receiver<Result<Delivery, JobError>>,
+    rx: mpsc::Receiver<Result<RankBatch, JobError>>,
     _stop: CancelOnDrop,
 }
 
 impl Batches {
     /// The batches of `rx`, whose stream's UDFs `stop` stops.
-    pub fn new(rx: mpsc::Receiver<Result<Delivery, JobError>>, stop: CancelOnDrop) -> Self {
+    pub fn new(rx: mpsc::Receiver<Result<RankBatch, JobError>>, stop: CancelOnDrop) -> Self {
         Self { rx, _stop: stop }
     }
 
     /// The next batch, or `None` at the stream's end.
-    pub async fn recv(&mut self) -> Option<Result<Delivery, JobError>> {
+    pub async fn recv(&mut self) -> Option<Result<RankBatch, JobError>> {
         self.rx.recv().await
     }
 }
@@ -197,7 +197,7 @@ mod tests {
         assert!(!ahead.mark(NextEpoch::READ));
     }
 
-    type Sender = mpsc::Sender<Result<Delivery, JobError>>;
+    type Sender = mpsc::Sender<Result<RankBatch, JobError>>;
 
     /// A stream's channel: its sender, its batches, and the flag that
     /// stops its UDFs.

@@ -14,6 +14,8 @@
 //!   jobs' output rows: later epochs skip the plan for the rows it holds;
 //! - [`index`]: the samples resolved once, at submit, to row ids of the
 //!   versions the job pins;
+//! - [`rank_batch`]: [`RankBatch`], a batch of a rank's stream as its
+//!   reader gets it;
 //! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
 //!   any offset;
 //! - [`pipeline`]: the stream of an epoch as one staged pipeline —
@@ -52,6 +54,7 @@ pub mod pipeline;
 pub mod placed;
 pub mod plan;
 pub mod query;
+pub mod rank_batch;
 pub mod rebatch;
 pub mod registry;
 pub mod report;
@@ -69,8 +72,9 @@ pub use error::{Failure, JobError};
 pub use order::{Layout, Shuffle, ShuffleMode};
 pub use outputs::{OutputCache, OutputCacheStats};
 pub use plan::PlanSpec;
+pub use rank_batch::RankBatch;
 pub use registry::Jobs;
-pub use run::{Delivery, Job};
+pub use run::Job;
 pub use spec::{JobSpec, OffloadArg, PlanInput};
 pub use status::{JobState, JobStatus, RankEndpoint, TierBytes};
 pub use store::{JobRecord, JobStore};

@@ -3,7 +3,7 @@
 //! batch is a [`Gathered`] list of (window batch, row), which the reader's
 //! encoding lays out straight from the windows' buffers (each value is
 //! copied once, into the trainer's slot or the socket). A batch holds only
-//! the window batches its rows lie in, and each window's hold (its
+//! the window batches its rows lie in, and each window's room (its
 //! reservation in the node's window budget): a window's memory is counted
 //! until the last batch with a row of it is gone, as long as it lives.
 //!
@@ -18,7 +18,7 @@ use arrow::datatypes::SchemaRef;
 use sluice_flight::gather::{Finishes, Gathered};
 
 use super::error::JobError;
-use super::run::{Delivery, Hold};
+use super::rank_batch::{RankBatch, Room};
 use super::window_rows::WindowRows;
 
 fn internal(e: impl std::fmt::Display) -> JobError {
@@ -31,9 +31,9 @@ pub struct Rebatcher {
     schema: SchemaRef,
     finishes: Option<Finishes>,
     batch_size: usize,
-    /// Each window batch with its window's hold (the same for all of a
+    /// Each window batch with its window's room (the same for all of a
     /// window's batches).
-    sources: Vec<(Arc<RecordBatch>, Hold)>,
+    sources: Vec<(Arc<RecordBatch>, Room)>,
     rows: Vec<(usize, usize)>,
     positions: Vec<u64>,
     next_from: u64,
@@ -61,12 +61,12 @@ impl Rebatcher {
     }
 
     /// Adds a window: `window`'s rows, slot `i` at position `start + i`,
-    /// and `hold`, kept while any of its rows is. Returns the slots that
-    /// had no row.
-    pub fn add(&mut self, window: WindowRows, start: u64, hold: Hold) -> Vec<u32> {
+    /// and its `room`, kept while any of its rows is. Returns the slots
+    /// that had no row.
+    pub fn add(&mut self, window: WindowRows, start: u64, room: Room) -> Vec<u32> {
         let base = self.sources.len();
         self.sources
-            .extend(window.sources.into_iter().map(|s| (s, Arc::clone(&hold))));
+            .extend(window.sources.into_iter().map(|s| (s, Arc::clone(&room))));
         let mut missing = Vec::new();
         for (i, cell) in window.at.into_iter().enumerate() {
             match cell {
@@ -82,7 +82,7 @@ impl Rebatcher {
 
     /// The next full batch, if there are enough rows; `last` holds back a
     /// final full batch so that [`Rebatcher::finish`] can end the range.
-    pub fn next(&mut self, last: bool) -> Result<Option<Delivery>, JobError> {
+    pub fn next(&mut self, last: bool) -> Result<Option<RankBatch>, JobError> {
         let n = self.batch_size;
         if self.rows.len() < n || (last && self.rows.len() == n) {
             return Ok(None);
@@ -94,25 +94,25 @@ impl Rebatcher {
 
     /// The rows left, as the range's last batch ending at `to` (none when
     /// nothing is left to say).
-    pub fn finish(&mut self, to: u64) -> Result<Option<Delivery>, JobError> {
+    pub fn finish(&mut self, to: u64) -> Result<Option<RankBatch>, JobError> {
         if self.rows.is_empty() && self.next_from >= to {
             return Ok(None);
         }
         self.cut(self.rows.len(), to).map(Some)
     }
 
-    fn cut(&mut self, n: usize, next_offset: u64) -> Result<Delivery, JobError> {
-        // Only the sources these rows lie in, and their windows' holds.
+    fn cut(&mut self, n: usize, next_offset: u64) -> Result<RankBatch, JobError> {
+        // Only the sources these rows lie in, and their windows' room.
         let mut at = vec![usize::MAX; self.sources.len()];
-        let (mut sources, mut holds) = (Vec::new(), Vec::<Hold>::new());
+        let (mut sources, mut rooms) = (Vec::new(), Vec::<Room>::new());
         let mut rows = Vec::with_capacity(n);
         for &(b, r) in &self.rows[..n] {
             if at[b] == usize::MAX {
-                let (source, hold) = &self.sources[b];
+                let (source, room) = &self.sources[b];
                 at[b] = sources.len();
                 sources.push(RecordBatch::clone(source));
-                if !holds.iter().any(|h| Arc::ptr_eq(h, hold)) {
-                    holds.push(Arc::clone(hold));
+                if !rooms.iter().any(|h| Arc::ptr_eq(h, room)) {
+                    rooms.push(Arc::clone(room));
                 }
             }
             rows.push((at[b], r));
@@ -133,9 +133,9 @@ impl Rebatcher {
         let from = self.next_from;
         self.next_from = next_offset;
         self.compact();
-        Ok(Delivery {
+        Ok(RankBatch {
             rows,
-            _holds: holds,
+            _rooms: rooms,
             from,
             next_offset,
             bad: None,
@@ -231,7 +231,7 @@ mod tests {
     #[test]
     fn a_window_is_held_until_the_last_batch_with_its_rows_is_gone() {
         let mut r = Rebatcher::new(schema(), None, 2, 0);
-        let (a, b): (Hold, Hold) = (Arc::new(()), Arc::new(()));
+        let (a, b): (Room, Room) = (Arc::new(()), Arc::new(()));
         let (wa, wb) = (Arc::downgrade(&a), Arc::downgrade(&b));
         // Window a: positions 0..3; window b: 3..5.
         r.add(window(&[(&[2, 0, 1], &[12, 10, 11])], 3), 0, a);

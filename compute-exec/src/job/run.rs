@@ -4,7 +4,7 @@
 //! ```text
 //!  submit ─► plan the SQL (errors → 4xx), pin each node's version ─► Pending
 //!         ─► index: the samples' row ids, sorted by key (once) ─► Running
-//!  deliver(rank, epoch, offset) ─► the epoch's stream (see `stream`) ─► Done
+//!  deliver(rank, epoch, offset) ─► the epoch's stream (see `pipeline`) ─► Done
 //!                                    when every position has been read
 //! ```
 //!
@@ -17,10 +17,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use futures::{Stream, TryStreamExt};
-use sluice_flight::gather::{Finishes, Gathered};
+use sluice_flight::gather::Finishes;
 use sluice_flight::{SLOT, StorageEndpoint};
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
@@ -38,6 +37,7 @@ use super::pipeline::options::{AHEAD_ROOM, AHEAD_WAIT};
 use super::pipeline::windows::Span;
 use super::placed::JobPlan;
 use super::query::{JobQuery, WindowPlan, udf_options};
+use super::rank_batch::RankBatch;
 use super::report::{NodeReport, ReportBounds, Reported};
 use super::routes::RankRoutes;
 use super::spec::JobSpec;
@@ -45,54 +45,6 @@ use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus, Progress, TierBytes};
 use super::store::{JobRecord, JobStore};
 use crate::session::ComputeSession;
-
-/// What a batch keeps alive besides its rows' memory: its windows'
-/// reservations in the node's window budget.
-pub type Hold = Arc<dyn std::any::Any + Send + Sync>;
-
-/// A batch of a rank's stream: the positions it covers and the offset to
-/// resume after it.
-#[derive(Clone)]
-pub struct Delivery {
-    /// The rows, not yet made into a batch (see [`Gathered`]).
-    pub rows: Gathered,
-    /// Its windows' holds, given back when the last batch of each is gone.
-    pub(super) _holds: Vec<Hold>,
-    /// The first position it covers.
-    pub from: u64,
-    /// The offset after it: ask for this one to resume.
-    pub next_offset: u64,
-    /// The bad samples its stream met since the delivery before (how
-    /// many, and the first ones): counted in the job's log when a reader
-    /// receives it, so a stream no one reads (a read-ahead never claimed,
-    /// a reader gone) counts nothing.
-    pub(super) bad: Option<(u64, Vec<BadSample>)>,
-}
-
-impl std::fmt::Debug for Delivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Delivery")
-            .field("rows", &self.rows.num_rows())
-            .field("from", &self.from)
-            .field("next_offset", &self.next_offset)
-            .finish()
-    }
-}
-
-impl Delivery {
-    /// Rows.
-    pub fn num_rows(&self) -> usize {
-        self.rows.num_rows()
-    }
-
-    /// The rows as a batch (each value copied once: readers that encode
-    /// the rows for a trainer use [`Gathered::encode`] instead).
-    pub fn batch(&self) -> Result<RecordBatch, JobError> {
-        self.rows
-            .to_batch()
-            .map_err(|e| JobError::Internal(format!("cannot make a batch of its rows: {e}")))
-    }
-}
 
 /// What a running job holds: its samples' row ids and its layout.
 #[derive(Debug)]
@@ -652,7 +604,7 @@ impl Job {
     }
 
     /// Records a batch handed to a reader.
-    fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &mut Delivery) {
+    fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &mut RankBatch) {
         self.touch();
         if let Some((count, fresh)) = d.bad.take() {
             self.record_bad(count, fresh);
@@ -831,7 +783,7 @@ impl Job {
         epoch: u64,
         offset: u64,
         limit: Option<u64>,
-    ) -> Result<impl Stream<Item = Result<Delivery, JobError>> + Send + 'static, JobError> {
+    ) -> Result<impl Stream<Item = Result<RankBatch, JobError>> + Send + 'static, JobError> {
         let s = self
             .deliver_with(rank, epoch, offset, limit, |_| Ok(()))
             .await?;
@@ -847,10 +799,10 @@ impl Job {
         offset: u64,
         limit: Option<u64>,
         finish: F,
-    ) -> Result<impl Stream<Item = Result<(Delivery, T), JobError>> + Send + 'static, JobError>
+    ) -> Result<impl Stream<Item = Result<(RankBatch, T), JobError>> + Send + 'static, JobError>
     where
         T: Send + 'static,
-        F: Fn(&Delivery) -> Result<T, JobError> + Send + Sync + 'static,
+        F: Fn(&RankBatch) -> Result<T, JobError> + Send + Sync + 'static,
     {
         if rank >= self.spec.world_size {
             return Err(JobError::OutOfRange {

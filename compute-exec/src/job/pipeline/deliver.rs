@@ -18,15 +18,15 @@ use super::fetch::Fetched;
 use super::observe::Observe;
 use crate::job::error::JobError;
 use crate::job::in_order::InOrder;
+use crate::job::rank_batch::RankBatch;
 use crate::job::rebatch::Rebatcher;
-use crate::job::run::Delivery;
 
 /// Where a stream's batches go: the reader's channel, which a Flight
 /// response or a shared-memory writer drains.
 pub trait Sink: Send + Sync {
     /// Hands `batch` on, waiting for room; `Err(Gone)` when the reader
     /// left.
-    fn send(&self, batch: Delivery) -> impl Future<Output = Result<(), Gone>> + Send;
+    fn send(&self, batch: RankBatch) -> impl Future<Output = Result<(), Gone>> + Send;
 
     /// Batches handed on and not yet taken.
     fn queued(&self) -> u64;
@@ -36,8 +36,8 @@ pub trait Sink: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gone;
 
-impl Sink for mpsc::Sender<Result<Delivery, JobError>> {
-    async fn send(&self, batch: Delivery) -> Result<(), Gone> {
+impl Sink for mpsc::Sender<Result<RankBatch, JobError>> {
+    async fn send(&self, batch: RankBatch) -> Result<(), Gone> {
         mpsc::Sender::send(self, Ok(batch)).await.map_err(|_| Gone)
     }
 
