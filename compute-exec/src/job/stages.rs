@@ -375,91 +375,20 @@ fn compute(
     estimate: Option<&Rates>,
 ) -> JobStages {
     let seconds = seconds.max(1e-3);
+    let rate = c.made as f64 / seconds;
+    let tiers = tier_views(seconds, c, stages, res, estimate);
+    let bottleneck = bottleneck(&tiers, stages);
+    let flagged = bottleneck
+        .as_ref()
+        .and_then(|b| busiest_stage(stages, &b.tier))
+        .map(|s| (s.site.clone(), s.udf.clone()));
     let colocated = res.colocated.is_some();
-    let storage_cores = (res.storage_cores * res.storage_nodes.max(1) as f64).max(1.0);
     let compute_cores = res.compute_cores.max(1.0);
     let cores = |tier: Tier| match tier {
         _ if colocated => compute_cores,
         Tier::Storage => res.storage_cores.max(1.0),
         Tier::Compute => compute_cores,
     };
-    let busy_ns = |tier: Option<Tier>| -> f64 {
-        stages
-            .iter()
-            .filter(|s| tier.is_none_or(|t| s.site.tier == t))
-            .map(|s| s.tally.nanos as f64)
-            .sum()
-    };
-    let rate = c.made as f64 / seconds;
-    let capacity = |busy: f64| (busy > 0.0).then(|| rate / busy);
-    let mut tiers = Vec::new();
-    if colocated {
-        let busy = busy_ns(None) / 1e9 / (seconds * compute_cores);
-        tiers.push(TierView {
-            tier: "cpu".into(),
-            busy: Some(busy),
-            capacity_per_s: capacity(busy),
-            estimated_per_s: estimate.map(|e| e.compute_per_s.min(e.storage_per_s)),
-            bytes_per_s: None,
-        });
-    } else {
-        let storage = busy_ns(Some(Tier::Storage)) / 1e9 / (seconds * storage_cores);
-        tiers.push(TierView {
-            tier: "storage".into(),
-            busy: Some(storage),
-            capacity_per_s: capacity(storage),
-            estimated_per_s: estimate.map(|e| e.storage_per_s),
-            bytes_per_s: None,
-        });
-        let link_bps = c.link as f64 / seconds;
-        let link = res.link_bytes_per_s.map(|l| link_bps / l.max(1.0));
-        tiers.push(TierView {
-            tier: "link".into(),
-            busy: link,
-            capacity_per_s: link.and_then(capacity),
-            estimated_per_s: estimate.and_then(|e| e.link_per_s),
-            bytes_per_s: Some(link_bps),
-        });
-        let compute = busy_ns(Some(Tier::Compute)) / 1e9 / (seconds * compute_cores);
-        tiers.push(TierView {
-            tier: "compute".into(),
-            busy: Some(compute),
-            capacity_per_s: capacity(compute),
-            estimated_per_s: estimate.map(|e| e.compute_per_s),
-            bytes_per_s: None,
-        });
-    }
-    let trainer =
-        (c.streamed > Duration::ZERO).then(|| c.waited.as_secs_f64() / c.streamed.as_secs_f64());
-    tiers.push(TierView {
-        tier: "trainer".into(),
-        busy: trainer,
-        capacity_per_s: None,
-        estimated_per_s: None,
-        bytes_per_s: None,
-    });
-    let mut ranked: Vec<(&TierView, f64)> = tiers
-        .iter()
-        .filter_map(|t| t.busy.map(|b| (t, b)))
-        .filter(|(_, b)| *b > 0.0)
-        .collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let busiest_stage = |tier: &str| -> Option<&StageTiming> {
-        stages
-            .iter()
-            .filter(|s| tier == "cpu" || s.site.tier.as_str() == tier)
-            .max_by_key(|s| s.tally.nanos)
-    };
-    let bottleneck = ranked.first().map(|(t, busy)| Bottleneck {
-        tier: t.tier.clone(),
-        stage: busiest_stage(&t.tier).map(|s| s.udf.clone()),
-        busy: *busy,
-        headroom: ranked.get(1).map(|(_, next)| busy / next),
-    });
-    let flagged = bottleneck
-        .as_ref()
-        .and_then(|b| busiest_stage(&b.tier))
-        .map(|s| (s.site.clone(), s.udf.clone()));
     let stages = stages
         .iter()
         .filter(|s| s.tally.rows > 0)
@@ -497,6 +426,96 @@ fn compute(
         ],
         bottleneck,
     }
+}
+
+/// How busy each tier was over `seconds`, and what it could carry at
+/// that: one `cpu` tier where the sides share a machine, else storage,
+/// link and compute; and the trainer (the share of the stream's time it
+/// kept the windows waiting).
+fn tier_views(
+    seconds: f64,
+    c: &Counters,
+    stages: &[StageTiming],
+    res: &Resources,
+    estimate: Option<&Rates>,
+) -> Vec<TierView> {
+    let storage_cores = (res.storage_cores * res.storage_nodes.max(1) as f64).max(1.0);
+    let compute_cores = res.compute_cores.max(1.0);
+    let busy_ns = |tier: Option<Tier>| -> f64 {
+        stages
+            .iter()
+            .filter(|s| tier.is_none_or(|t| s.site.tier == t))
+            .map(|s| s.tally.nanos as f64)
+            .sum()
+    };
+    let rate = c.made as f64 / seconds;
+    let capacity = |busy: f64| (busy > 0.0).then(|| rate / busy);
+    let view = |tier: &str, busy: Option<f64>, estimated_per_s, bytes_per_s| TierView {
+        tier: tier.into(),
+        busy,
+        capacity_per_s: busy.and_then(capacity),
+        estimated_per_s,
+        bytes_per_s,
+    };
+    let mut tiers = Vec::new();
+    if res.colocated.is_some() {
+        let busy = busy_ns(None) / 1e9 / (seconds * compute_cores);
+        let estimated = estimate.map(|e| e.compute_per_s.min(e.storage_per_s));
+        tiers.push(view("cpu", Some(busy), estimated, None));
+    } else {
+        let storage = busy_ns(Some(Tier::Storage)) / 1e9 / (seconds * storage_cores);
+        tiers.push(view(
+            "storage",
+            Some(storage),
+            estimate.map(|e| e.storage_per_s),
+            None,
+        ));
+        let link_bps = c.link as f64 / seconds;
+        let link = res.link_bytes_per_s.map(|l| link_bps / l.max(1.0));
+        let estimated = estimate.and_then(|e| e.link_per_s);
+        tiers.push(view("link", link, estimated, Some(link_bps)));
+        let compute = busy_ns(Some(Tier::Compute)) / 1e9 / (seconds * compute_cores);
+        tiers.push(view(
+            "compute",
+            Some(compute),
+            estimate.map(|e| e.compute_per_s),
+            None,
+        ));
+    }
+    let trainer =
+        (c.streamed > Duration::ZERO).then(|| c.waited.as_secs_f64() / c.streamed.as_secs_f64());
+    tiers.push(TierView {
+        tier: "trainer".into(),
+        busy: trainer,
+        capacity_per_s: None,
+        estimated_per_s: None,
+        bytes_per_s: None,
+    });
+    tiers
+}
+
+/// The busiest tier, its busiest stage, and its headroom over the next.
+fn bottleneck(tiers: &[TierView], stages: &[StageTiming]) -> Option<Bottleneck> {
+    let mut ranked: Vec<(&TierView, f64)> = tiers
+        .iter()
+        .filter_map(|t| t.busy.map(|b| (t, b)))
+        .filter(|(_, b)| *b > 0.0)
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ranked.first().map(|(t, busy)| Bottleneck {
+        tier: t.tier.clone(),
+        stage: busiest_stage(stages, &t.tier).map(|s| s.udf.clone()),
+        busy: *busy,
+        headroom: ranked.get(1).map(|(_, next)| busy / next),
+    })
+}
+
+/// The stage of `tier` (every stage for `cpu`) that took the most time.
+fn busiest_stage<'a>(stages: &'a [StageTiming], tier: &str) -> Option<&'a StageTiming> {
+    stages
+        .iter()
+        .filter(|s| tier == "cpu" || s.site.tier.as_str() == tier)
+        .max_by_key(|s| s.tally.nanos)
 }
 
 #[cfg(test)]

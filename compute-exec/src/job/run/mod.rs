@@ -1,0 +1,430 @@
+//! [`Job`]: a submitted pipeline with its options — its states, and the
+//! delivery of a rank's share of an epoch ([`Job::deliver`]).
+//!
+//! ```text
+//!  submit ─► plan the SQL (errors → 4xx), pin each node's version ─► Pending
+//!         ─► index: the samples' row ids, sorted by key (once) ─► Running
+//!  deliver(rank, epoch, offset) ─► the epoch's stream (see `pipeline`) ─► Done
+//!                                    when every position has been read
+//! ```
+//!
+//! Here: the job, its states and what it reads. Beside it:
+//! - [`create`]: planned at submit, or restored from its record;
+//! - [`reader`]: a rank's share of an epoch for its reader, and the next
+//!   epoch begun ahead;
+//! - [`progress`]: batches received, compute nodes' reports, done;
+//! - [`record`]: the record that survives a restart, and its saving, so
+//!   that a restarted server serves the same job: same versions, same
+//!   order, same bytes, and the progress it had.
+
+mod create;
+mod progress;
+mod reader;
+mod record;
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arrow::datatypes::SchemaRef;
+use sluice_flight::StorageEndpoint;
+use sluice_flight::gather::Finishes;
+use sluice_planner::{Explanation, Offload};
+use sluice_udfs::ErrorLog;
+use sluice_udfs::env::{BadSample, Cancel};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::adapt::Adaptive;
+use super::ahead::ReadAhead;
+use super::error::{Failure, JobError};
+use super::index::SampleIndex;
+use super::order::Layout;
+use super::placed::JobPlan;
+use super::routes::RankRoutes;
+use super::spec::JobSpec;
+use super::stages::{JobStages, StageStats};
+use super::status::{JobState, JobStatus, Progress};
+use super::store::JobStore;
+use crate::session::ComputeSession;
+
+/// What a running job holds: its samples' row ids and its layout.
+#[derive(Debug)]
+pub struct Ready {
+    /// Where each sample is.
+    pub index: SampleIndex,
+    /// Samples per epoch and rank.
+    pub layout: Layout,
+    orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
+}
+
+impl Ready {
+    /// The order of `epoch` (the last few are kept).
+    pub fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
+        let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, o)) = orders.iter().find(|(e, _)| *e == epoch) {
+            return Arc::clone(o);
+        }
+        let o = Arc::new(self.layout.epoch_order(epoch));
+        orders.push((epoch, Arc::clone(&o)));
+        if orders.len() > 4 {
+            orders.remove(0);
+        }
+        o
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    error: Option<String>,
+    failure: Option<Failure>,
+    ready: Option<Arc<Ready>>,
+    progress: Progress,
+    warnings: Vec<String>,
+    routes: RankRoutes,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Job {
+    id: String,
+    spec: JobSpec,
+    sql: String,
+    offload: Offload,
+    created: SystemTime,
+    session: Arc<ComputeSession>,
+    /// Its plan, prepared and placed once: every stream runs it.
+    placed: Arc<JobPlan>,
+    /// Where its stages run now, and the moves that led there.
+    adaptive: Adaptive,
+    /// Where its time goes, stage by stage.
+    stages: StageStats,
+    /// Each rank's next epoch, begun before it is asked for.
+    ahead: ReadAhead,
+    /// The parent of its streams' UDF cancel flags (see [`Job::cancel`]).
+    stop: Cancel,
+    /// Its columns, as trainers receive them.
+    schema: SchemaRef,
+    /// The columns its windows make: [`Job::schema`]'s, but for those
+    /// finished as batches are written out (see [`super::finish`]).
+    rows_schema: SchemaRef,
+    finishes: Option<Finishes>,
+    state: watch::Sender<JobState>,
+    inner: Mutex<Inner>,
+    bad: ErrorLog,
+    /// Where its CPU work runs (off the runtime serving requests).
+    runtime: Handle,
+    /// The table it reads and the versions it pinned on each node.
+    table: String,
+    /// The table's schema and the filters choosing the samples, as planned.
+    table_schema: SchemaRef,
+    filters: Vec<datafusion::logical_expr::Expr>,
+    pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    store: Option<Arc<JobStore>>,
+    /// Records are numbered as made; the newest written is kept here, so
+    /// that a record written late never replaces a newer one.
+    next_save: std::sync::atomic::AtomicU64,
+    saved: Mutex<u64>,
+    /// When it last did anything (planned, read): an idle job expires.
+    active: Mutex<std::time::Instant>,
+}
+
+impl Job {
+    /// Resolves the samples to row ids of the pinned versions and makes
+    /// the job readable.
+    pub async fn start(&self) {
+        match self.index().await {
+            Ok(index) => {
+                if index.duplicates() > 0 {
+                    let warning = format!(
+                        "{} row(s) not delivered: their keys are on more than one storage \
+                         node, and each key is read once",
+                        index.duplicates()
+                    );
+                    tracing::warn!("job {}: {warning}", self.id);
+                    self.lock().warnings.push(warning);
+                }
+                let layout = self.spec.layout(index.len() as u64);
+                let ready = Arc::new(Ready {
+                    index,
+                    layout,
+                    orders: Mutex::new(Vec::new()),
+                });
+                let empty = layout.per_rank() == 0;
+                let done = {
+                    let mut inner = self.lock();
+                    inner.ready = Some(ready);
+                    empty || inner.progress.positions >= self.total(&layout)
+                };
+                self.state.send_if_modified(|s| {
+                    if *s == JobState::Pending {
+                        *s = if done {
+                            JobState::Done
+                        } else {
+                            JobState::Running
+                        };
+                        true
+                    } else {
+                        false
+                    }
+                });
+                self.save();
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    async fn index(&self) -> Result<SampleIndex, JobError> {
+        SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
+    }
+
+    /// Positions every rank reads over all epochs.
+    fn total(&self, layout: &Layout) -> u64 {
+        layout.per_rank() * layout.world_size * self.spec.epochs
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// What was submitted.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Its state now.
+    pub fn state(&self) -> JobState {
+        *self.state.borrow()
+    }
+
+    /// How long since it was planned (or restored) or last read.
+    pub fn idle_for(&self) -> std::time::Duration {
+        self.active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+
+    fn touch(&self) {
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
+    /// The schema of its batches.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The columns its windows make, before the finishes.
+    pub(super) fn rows_schema(&self) -> &SchemaRef {
+        &self.rows_schema
+    }
+
+    /// The columns finished as its batches are written out.
+    pub(super) fn finishes(&self) -> Option<&Finishes> {
+        self.finishes.as_ref()
+    }
+
+    /// Why its stages run where they do now.
+    pub fn explanation(&self) -> Explanation {
+        let mut e = self.adaptive.explanation();
+        e.at_delivery = super::finish::describe(&self.schema, self.finishes.as_ref());
+        e
+    }
+
+    /// Its placement as it runs: moves, measurements.
+    pub fn adaptive(&self) -> &Adaptive {
+        &self.adaptive
+    }
+
+    /// Its plan, prepared and placed once, that every stream runs.
+    pub fn placed(&self) -> &Arc<JobPlan> {
+        &self.placed
+    }
+
+    /// The storage nodes it reads, with the versions pinned.
+    pub fn pins(&self) -> &[(Arc<dyn StorageEndpoint>, u64)] {
+        &self.pins
+    }
+
+    /// The dataset it reads (as its SQL names it: `name` or
+    /// `name@version`).
+    pub fn dataset(&self) -> &str {
+        &self.table
+    }
+
+    /// Its SQL (the plan form compiled).
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// Where its stages may run.
+    pub fn offload(&self) -> Offload {
+        self.offload
+    }
+
+    /// The session it plans in.
+    pub fn session(&self) -> &Arc<ComputeSession> {
+        &self.session
+    }
+
+    /// The runtime of its CPU work.
+    pub fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// Where sample `s` (in key order) is: node, version and row id.
+    pub fn locate(&self, s: u64) -> Option<(String, u64, u32)> {
+        let ready = self.lock().ready.clone()?;
+        ready.index.locate(s).map(|(n, v, r)| (n.to_string(), v, r))
+    }
+
+    /// Adds `count` bad samples (the first of them in `fresh`) to its log.
+    pub(super) fn record_bad(&self, count: u64, fresh: Vec<BadSample>) {
+        self.bad.merge(count, fresh);
+    }
+
+    /// Adds bytes storage nodes sent to the compute side.
+    pub(super) fn record_link(&self, bytes: u64) {
+        self.lock().progress.bytes.link += bytes;
+    }
+
+    /// Marks it failed by `e`.
+    fn fail(&self, e: &JobError) {
+        let changed = self.state.send_if_modified(|s| {
+            if s.is_final() {
+                false
+            } else {
+                *s = JobState::Failed;
+                true
+            }
+        });
+        if changed {
+            tracing::warn!("job {} failed: {e}", self.id);
+            let mut inner = self.lock();
+            inner.error = Some(e.to_string());
+            inner.failure = Some(e.failure());
+            drop(inner);
+            self.save();
+        }
+    }
+
+    /// Cancels it: streams in flight end, its listing is freed.
+    pub fn cancel(&self) {
+        self.state.send_if_modified(|s| {
+            if s.is_final() {
+                false
+            } else {
+                *s = JobState::Cancelled;
+                true
+            }
+        });
+        {
+            let mut inner = self.lock();
+            inner.ready = None;
+            inner.progress.release();
+        }
+        self.ahead.clear();
+        // Its streams' UDFs stop at their next row now: their tasks, which
+        // see the cancel too, run on the executor whose threads may all be
+        // inside those UDFs.
+        self.stop.cancel();
+        if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
+            tracing::warn!("job {}: cannot remove its record: {e}", self.id);
+        }
+    }
+
+    /// Waits until the job is readable.
+    async fn ready(&self) -> Result<Arc<Ready>, JobError> {
+        let mut rx = self.state.subscribe();
+        let state = *rx
+            .wait_for(|s| *s != JobState::Pending)
+            .await
+            .map_err(|e| JobError::Internal(e.to_string()))?;
+        match state {
+            JobState::Cancelled => Err(JobError::Cancelled {
+                job: self.id.clone(),
+            }),
+            JobState::Failed => {
+                let inner = self.lock();
+                Err(JobError::failed(
+                    &self.id,
+                    inner.error.as_deref().unwrap_or_default(),
+                    inner.failure.as_ref(),
+                ))
+            }
+            _ => self
+                .lock()
+                .ready
+                .clone()
+                .ok_or_else(|| JobError::Cancelled {
+                    job: self.id.clone(),
+                }),
+        }
+    }
+
+    /// Samples per epoch and per rank, once known.
+    pub async fn layout(&self) -> Result<Layout, JobError> {
+        Ok(self.ready().await?.layout)
+    }
+
+    /// Its status.
+    pub fn status(&self) -> JobStatus {
+        let state = self.state();
+        let inner = self.lock();
+        let layout = inner.ready.as_ref().map(|r| r.layout);
+        let total = layout.map(|l| l.per_rank() * l.world_size * self.spec.epochs);
+        let progress = match (state, total) {
+            (JobState::Done, _) => 1.0,
+            (_, Some(t)) if t > 0 => inner.progress.positions as f64 / t as f64,
+            _ => 0.0,
+        };
+        let (skipped, bad_samples) = self.bad.snapshot();
+        JobStatus {
+            id: self.id.clone(),
+            state,
+            error: inner.error.clone(),
+            error_kind: inner.failure.as_ref().map(|f| f.kind.clone()),
+            endpoints: Vec::new(),
+            created: self
+                .created
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            spec: self.spec.clone(),
+            sql: self.spec.sql.is_none().then(|| self.sql.clone()),
+            samples: layout.map(|l| l.samples),
+            samples_per_rank: layout.map(|l| l.per_rank()),
+            progress,
+            delivered: inner.progress.delivered,
+            samples_per_s: inner.progress.rate(),
+            bytes: inner.progress.bytes,
+            skipped,
+            bad_samples,
+            warnings: inner.warnings.clone(),
+            observed: self.adaptive.last(),
+            replans: self.adaptive.history(),
+            ranks: layout.map_or_else(Vec::new, |l| inner.progress.ranks(l.per_rank())),
+            stages: self.stage_view(false),
+        }
+    }
+
+    /// Its per-stage statistics: of the last seconds, or of the whole job
+    /// (`total`, EXPLAIN ANALYZE); `None` before its first window.
+    pub fn stage_view(&self, total: bool) -> Option<JobStages> {
+        let e = self.explanation();
+        let estimate = e.pipelines.first().map(|p| &p.rates);
+        if total {
+            self.stages.total(&e.resources, estimate)
+        } else {
+            self.stages.view(&e.resources, estimate)
+        }
+    }
+
+    /// Where the streams of the job record what they do.
+    pub(super) fn stage_stats(&self) -> &StageStats {
+        &self.stages
+    }
+}
