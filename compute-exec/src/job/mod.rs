@@ -33,6 +33,8 @@
 //! - [`status`]: states, progress, rates, bytes per tier;
 //! - [`stages`]: per-stage statistics — rates, time per sample, queues,
 //!   the bottleneck and its headroom;
+//! - [`stage_view`]: what those statistics say, as status and EXPLAIN
+//!   ANALYZE show them;
 //! - [`adapt`]: re-planning under load — tiers measured as the job runs,
 //!   the cut moved at a window when they contradict the plan;
 //! - [`store`]: the job records that survive a restart;
@@ -61,6 +63,7 @@ pub mod report;
 pub mod routes;
 pub mod run;
 pub mod spec;
+pub mod stage_view;
 pub mod stages;
 pub mod status;
 pub mod store;
