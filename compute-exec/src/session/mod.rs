@@ -6,31 +6,31 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::catalog::TableProvider;
 use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
-use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
-use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
+use datafusion::physical_plan::execute_stream;
 use datafusion::physical_plan::memory::MemoryStream;
-use datafusion::physical_plan::{ExecutionPlan, execute_stream};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_flight::StorageEndpoint;
 use sluice_flight::fault::external;
-use sluice_flight::{LinkError, NodeInfo, RemoteDataset, StorageEndpoint};
-use sluice_planner::{
-    CalibrationOptions, DatasetStats, Explanation, FragmentTables, Offload, Planner, Resources,
-    StorageFragment,
-};
+use sluice_planner::{CalibrationOptions, DatasetStats, Offload, Planner, Resources};
 use sluice_udfs::UdfEnv;
 use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
-use crate::calibration::{CalibrationCache, calibrate};
+use crate::calibration::CalibrationCache;
 use crate::catalog::{ComputeSchema, UnknownDataset, base_name};
 use crate::job::{OutputCache, WindowBudget};
 use crate::ledger::PartLedger;
-use crate::remote::{FragmentTable, Tally};
+use crate::remote::Tally;
+
+pub use self::prepared::{PlannedQuery, Prepared};
+use self::prepared::{Tables, query_runtime};
+
+mod nodes;
+mod prepared;
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
 pub const PROBE_BYTES: u64 = 32 << 20;
@@ -120,25 +120,6 @@ pub const NODE_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Memory one query's operators may hold unless told otherwise.
 pub const DEFAULT_QUERY_MEMORY: usize = 4 << 30;
 
-/// A planned query.
-pub struct PlannedQuery {
-    /// Why it was placed so.
-    pub explanation: Explanation,
-    /// The compute fragment, physical.
-    pub plan: Arc<dyn ExecutionPlan>,
-    /// The session it runs in.
-    pub ctx: SessionContext,
-}
-
-impl std::fmt::Debug for PlannedQuery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlannedQuery")
-            .field("explanation", &self.explanation)
-            .field("plan", &self.plan)
-            .finish_non_exhaustive()
-    }
-}
-
 impl ComputeSession {
     /// A session over `endpoints`, costing UDFs with `profiles`.
     pub fn new(
@@ -218,31 +199,6 @@ impl ComputeSession {
         self
     }
 
-    /// The storage nodes read now (those removed left out).
-    pub fn endpoints(&self) -> Vec<Arc<dyn StorageEndpoint>> {
-        let removed = self.removed.read().unwrap_or_else(|e| e.into_inner());
-        self.indexed()
-            .into_iter()
-            .filter(|e| !removed.contains(e.name()))
-            .collect()
-    }
-
-    /// Every storage node ever known, by index (what [`Known`] records).
-    fn indexed(&self) -> Vec<Arc<dyn StorageEndpoint>> {
-        self.endpoints
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Whether the node `e` is removed.
-    fn is_removed(&self, e: &Arc<dyn StorageEndpoint>) -> bool {
-        self.removed
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(e.name())
-    }
-
     /// Keeps the cluster's parts in `ledger` (the coordinator's, in its
     /// data dir).
     pub fn with_ledger(mut self, ledger: Arc<PartLedger>) -> Self {
@@ -253,157 +209,6 @@ impl ComputeSession {
     /// The parts of datasets this cluster wrote.
     pub fn ledger(&self) -> &Arc<PartLedger> {
         &self.ledger
-    }
-
-    /// Admits a storage node that registered and passed the ledger's
-    /// check: read from now on, each of its parts at the version the
-    /// ledger names. Whether it was new.
-    pub fn admit(&self, endpoint: Arc<dyn StorageEndpoint>) -> bool {
-        let name = endpoint.name().to_string();
-        self.checked
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone());
-        let returned = self
-            .removed
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&name);
-        self.add_endpoint(endpoint) || returned
-    }
-
-    /// Stops reading the storage node `name` (a node lost for good, or
-    /// taken out): queries and new jobs no longer wait for it. Whether it
-    /// was read.
-    pub fn remove_endpoint(&self, name: &str) -> bool {
-        let known = self.indexed().iter().any(|e| e.name() == name);
-        known
-            && self
-                .removed
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(name.to_string())
-    }
-
-    /// Adds a storage node that registered (`sluice storage-node
-    /// --coordinator`), unless one of that name is known: whether it was
-    /// new. Its datasets are listed at the next refresh; the next ingest
-    /// spreads over it.
-    pub fn add_endpoint(&self, endpoint: Arc<dyn StorageEndpoint>) -> bool {
-        let mut endpoints = self.endpoints.write().unwrap_or_else(|e| e.into_inner());
-        if endpoints.iter().any(|e| e.name() == endpoint.name()) {
-            return false;
-        }
-        tracing::info!("storage node {} registered", endpoint.name());
-        endpoints.push(endpoint);
-        true
-    }
-
-    /// Asks every node for its datasets (and, the first time, its cores),
-    /// all at once and each for at most [`NODE_ANSWER`]: one node that is
-    /// down costs a refresh that long, not a connect timeout per node. A
-    /// node that does not answer keeps what it said last; its datasets
-    /// fail when a query needs them, with an error naming it. A node that
-    /// registered is read only at the versions the ledger names.
-    pub async fn refresh(&self) -> Result<(), LinkError> {
-        let mut known = self.known.lock().await;
-        let mut reached = 0;
-        let mut last_err = None;
-        let mut listed: BTreeMap<String, Holding> = BTreeMap::new();
-        let endpoints = self.indexed();
-        let checked = self
-            .checked
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let asked = endpoints.iter().enumerate().map(|(i, e)| {
-            let first = !known.cores.contains_key(&i);
-            let live = !self.is_removed(e);
-            async move {
-                if live {
-                    Some(ask(e, first).await)
-                } else {
-                    None
-                }
-            }
-        });
-        let answers = futures::future::join_all(asked).await;
-        for ((i, e), answer) in endpoints.iter().enumerate().zip(answers) {
-            let Some(answer) = answer else { continue };
-            let datasets = match answer {
-                Ok((info, d)) => {
-                    if let Some(info) = info {
-                        known.cores.insert(i, info.cores);
-                        known.limits.insert(i, info.link_limit);
-                    }
-                    d
-                }
-                Err(err) => {
-                    tracing::warn!("{err}");
-                    for (name, h) in &known.datasets {
-                        if let Some(p) = h.parts.iter().find(|p| p.node == i) {
-                            listed
-                                .entry(name.clone())
-                                .or_insert_with(|| Holding {
-                                    schema: Arc::clone(&h.schema),
-                                    parts: vec![],
-                                })
-                                .parts
-                                .push(p.clone());
-                        }
-                    }
-                    last_err = Some(err);
-                    continue;
-                }
-            };
-            reached += 1;
-            let registered = checked.contains(e.name());
-            for d in datasets {
-                let Some(version) = self.version_to_read(registered, e.name(), &d) else {
-                    continue;
-                };
-                let h = listed.entry(d.name.clone()).or_insert_with(|| Holding {
-                    schema: Arc::clone(&d.schema),
-                    parts: vec![],
-                });
-                if h.schema.fields() != d.schema.fields() {
-                    tracing::warn!(
-                        "dataset {} on {} has another schema than on other nodes; ignoring that part",
-                        d.name,
-                        e.name()
-                    );
-                    continue;
-                }
-                h.parts.push(Part {
-                    node: i,
-                    version,
-                    stats: d.stats,
-                });
-            }
-        }
-        known.datasets = listed;
-        match last_err {
-            Some(e) if reached == 0 && !endpoints.is_empty() => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// The version of `d` to read on `node`: the one it lists, or, for a
-    /// node that `registered`, the one the ledger names there (`None`: the
-    /// cluster never wrote it there, and it is not read).
-    fn version_to_read(&self, registered: bool, node: &str, d: &RemoteDataset) -> Option<u64> {
-        if !registered {
-            return Some(d.version);
-        }
-        let version = self.ledger.version(&d.name, node);
-        if version.is_none() {
-            tracing::warn!(
-                "storage node {node} holds dataset {}, which this cluster never wrote there: \
-                 not read",
-                d.name
-            );
-        }
-        version
     }
 
     /// The nodes holding `table` (`dataset`, or `dataset@N`) as last
@@ -672,189 +477,5 @@ impl ComputeSession {
         }
         let q = self.plan(sql, offload, udfs).await?;
         execute_stream(q.plan, q.ctx.task_ctx())
-    }
-}
-
-/// A query parsed and optimized against a snapshot of the datasets, with
-/// what placing it needs.
-#[derive(Clone)]
-pub struct Prepared {
-    /// The optimized logical plan of the SQL.
-    pub plan: LogicalPlan,
-    planner: Planner,
-    tables: Tables,
-    ctx: SessionContext,
-    calibration: Option<CalibrationOptions>,
-    calibrations: Arc<CalibrationCache>,
-    query_memory: usize,
-}
-
-impl std::fmt::Debug for Prepared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared")
-            .field("plan", &self.plan)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A node's answer to a refresh: its information (asked the `first` time
-/// only) and its datasets, within [`NODE_ANSWER`].
-async fn ask(
-    e: &Arc<dyn StorageEndpoint>,
-    first: bool,
-) -> Result<(Option<NodeInfo>, Vec<RemoteDataset>), LinkError> {
-    let answer = async {
-        let info = if first {
-            Some(e.node_info().await?)
-        } else {
-            None
-        };
-        Ok::<_, LinkError>((info, e.datasets().await?))
-    };
-    tokio::time::timeout(NODE_ANSWER, answer)
-        .await
-        .unwrap_or_else(|_| {
-            Err(LinkError::Unavailable {
-                node: e.name().to_string(),
-                reason: format!("no answer within {} s", NODE_ANSWER.as_secs_f64()),
-            })
-        })
-}
-
-/// The runtime of one query (or one stream of a job's plan): a memory
-/// pool of its own, limited to `query_memory` bytes, inside the process's
-/// budget (`sluice_udfs::memory_budget`).
-fn query_runtime(query_memory: usize) -> Result<Arc<RuntimeEnv>> {
-    let shared = sluice_udfs::memory_budget::MemoryBudget::global().pool();
-    RuntimeEnvBuilder::new()
-        .with_memory_pool(Arc::new(sluice_udfs::memory_budget::QueryPool::new(
-            query_memory,
-            shared,
-        )))
-        .build_arc()
-}
-
-impl Prepared {
-    /// The session the plan was made in (its tables and UDFs).
-    pub fn ctx(&self) -> &SessionContext {
-        &self.ctx
-    }
-
-    /// What the storage fragments of this query's placements sent.
-    pub fn tally(&self) -> &Arc<Tally> {
-        &self.tables.tally
-    }
-
-    /// A task context of this session with a memory pool of its own, under
-    /// the query's limit: a plan placed once and run by many streams (a
-    /// job's) gives each stream the pool a plan made for it alone had.
-    pub fn task_ctx(&self) -> Result<Arc<TaskContext>> {
-        let runtime = query_runtime(self.query_memory)?;
-        let state = self.ctx.state();
-        Ok(Arc::new(TaskContext::from(&state).with_runtime(runtime)))
-    }
-
-    /// Plans from now on assume the storage→compute link carries
-    /// `bytes_per_s`, as a running job observed it.
-    pub fn set_link(&mut self, bytes_per_s: f64) {
-        self.planner.resources.link_bytes_per_s = Some(bytes_per_s);
-        self.planner.resources.link_source = "observed by the running job".into();
-    }
-
-    /// The resources it plans for.
-    pub fn resources(&self) -> &Resources {
-        &self.planner.resources
-    }
-
-    /// Optimizes `plan` (one derived from [`Prepared::plan`]) again.
-    pub fn optimize(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
-        self.ctx.state().optimize(&plan)
-    }
-
-    /// Places `plan` under `offload` and plans its compute fragment; an
-    /// `auto` placement across machines is calibrated first (when
-    /// calibration is on).
-    pub async fn place(&self, plan: LogicalPlan, offload: Offload) -> Result<PlannedQuery> {
-        // Co-located, every cut costs the one pool of cores the same stage
-        // work and differs only by the hand-over (`Rates::of`): measured
-        // stage costs cannot change the choice, so a run does not pay for
-        // timing them (EXPLAIN still does, to show them).
-        let calibrate =
-            matches!(offload, Offload::Auto) && self.planner.resources.colocated.is_none();
-        self.place_with(plan, offload, calibrate).await
-    }
-
-    /// [`Prepared::place`], calibrating when `calibrate` (and calibration
-    /// is on).
-    pub async fn place_with(
-        &self,
-        plan: LogicalPlan,
-        offload: Offload,
-        calibrate_first: bool,
-    ) -> Result<PlannedQuery> {
-        let planner = match self.calibration.filter(|_| calibrate_first) {
-            // The query's own plan is what is timed: a plan derived from it
-            // (a job's window plan) has its stages, or all but a last one
-            // run at delivery, and columns of its own (the slot) no plain
-            // scan can read.
-            Some(settings) => Planner {
-                calibrations: calibrate(
-                    &self.planner,
-                    &self.plan,
-                    &self.tables.holders,
-                    &self.ctx.state(),
-                    &self.tables.udfs.options,
-                    settings,
-                    &self.calibrations,
-                )
-                .await,
-                ..self.planner.clone()
-            },
-            None => self.planner.clone(),
-        };
-        // A job's window plan may defer the query's last stage to delivery:
-        // the window takes the query's calibration, and that stage is still
-        // costed, on the compute side.
-        let placement = planner
-            .deferring(&self.plan, &plan)
-            .place(plan, offload, &self.tables)?;
-        let state = self.ctx.state();
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&placement.compute, &state)
-            .await?;
-        // A built-in function's panic is a named sample under the
-        // query's policy (storage fragments are guarded where they run).
-        let physical = sluice_udfs::panic_guard::guard_plan(physical, &self.tables.udfs)?;
-        Ok(PlannedQuery {
-            explanation: placement.explanation,
-            plan: physical,
-            ctx: self.ctx.clone(),
-        })
-    }
-}
-
-#[derive(Clone)]
-struct Tables {
-    holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
-    udfs: Arc<UdfEnv>,
-    compute_cores: usize,
-    tally: Arc<Tally>,
-}
-
-impl FragmentTables for Tables {
-    fn table(&self, fragment: &StorageFragment) -> Result<Arc<dyn TableProvider>> {
-        let endpoints = self
-            .holders
-            .get(&fragment.dataset)
-            .cloned()
-            .unwrap_or_default();
-        Ok(Arc::new(FragmentTable::new(
-            fragment.clone(),
-            endpoints,
-            Arc::clone(&self.udfs),
-            self.compute_cores,
-            Arc::clone(&self.tally),
-        )))
     }
 }
