@@ -25,6 +25,8 @@
 //!   and `/healthz` never wait on query CPU;
 //! - [`service`] and [`client`]: a compute node's Flight service (queries
 //!   and job streams on one port), and its typed query client;
+//! - [`queries`]: its SQL queries — who may run one, limits, deadline —
+//!   run for `DoGet` and for Flight SQL alike;
 //! - [`flight_sql`]: Flight SQL on the same port — statements, prepared
 //!   statements, catalogs, schemas, tables, SQL info;
 //! - [`descriptors`]: dataset descriptors `ListFlights` lists, followed by
@@ -50,6 +52,7 @@ pub mod ingest;
 pub mod job;
 pub mod ledger;
 pub mod offthread;
+pub mod queries;
 pub mod remote;
 pub mod service;
 pub mod session;

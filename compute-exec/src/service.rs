@@ -23,26 +23,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult,
 };
 use datafusion::error::DataFusionError;
-use datafusion::execution::SendableRecordBatchStream;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{Stream, StreamExt, stream};
-use sluice_access::auth::{forbidden, principal_of};
+use sluice_access::auth::principal_of;
 use sluice_access::{Auth, Grant};
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, PutCommand};
 use sluice_flight::fault::status_of;
-use sluice_flight::messages::FragmentReport;
-use sluice_flight::stream::send_reported;
 use sluice_flight::ticket::{QueryTicket, Ticket};
 use sluice_flight::{CheckpointEndpoint, MAX_MESSAGE};
 use sluice_udfs::UdfEnv;
-use sluice_udfs::env::Cancel;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -50,8 +44,8 @@ use crate::descriptors;
 use crate::direct::DirectJobStreams;
 use crate::flight_sql;
 use crate::job::{JobState, Jobs};
-use crate::offthread::{plan_on, run_query};
-use crate::session::ComputeSession;
+use crate::offthread::plan_on;
+use crate::queries::Queries;
 use crate::trainer;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -62,38 +56,20 @@ pub const EXPLAIN: &str = "explain";
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct QueryService {
-    session: Arc<ComputeSession>,
+    /// SQL queries: who may run them, and how they run.
+    queries: Queries,
     jobs: Arc<Jobs>,
     checkpoints: Option<Arc<dyn CheckpointEndpoint>>,
-    query_timeout: Option<Duration>,
-    /// Who may call (set by [`QueryService::serve`]), and the audit log.
-    auth: Auth,
 }
 
 impl QueryService {
     /// The service of `jobs` and, for queries, of their session.
     pub fn new(jobs: Arc<Jobs>) -> Self {
         Self {
-            session: Arc::clone(jobs.session()),
+            queries: Queries::new(Arc::clone(jobs.session()), jobs.handle().clone()),
             jobs,
             checkpoints: None,
-            query_timeout: None,
-            auth: Auth::default(),
         }
-    }
-
-    /// Lets `who` do `what` when `allowed` passes; otherwise writes the
-    /// refusal to the audit log and answers `PermissionDenied`.
-    pub(crate) fn allow(
-        &self,
-        who: &Grant,
-        what: &str,
-        allowed: Result<(), String>,
-    ) -> Result<(), Status> {
-        allowed.map_err(|why| {
-            self.auth.audit().refused(who.name(), None, what, &why);
-            forbidden(&why)
-        })
     }
 
     /// Lets `who` read the job of `id` (one it may not read answers as
@@ -101,7 +77,10 @@ impl QueryService {
     /// the job is found (adopted from the coordinator) first.
     async fn allow_job(&self, who: &Grant, id: &str) -> Result<(), Status> {
         match self.jobs.find(id).await {
-            Ok(job) => self.allow(who, "read a job", crate::access::may_read_job(who, &job)),
+            Ok(job) => {
+                self.queries
+                    .allow(who, "read a job", crate::access::may_read_job(who, &job))
+            }
             Err(_) => Ok(()),
         }
     }
@@ -109,7 +88,7 @@ impl QueryService {
     /// Stops a SQL query that runs past `limit` with an error (job
     /// streams are not queries and have no limit).
     pub fn with_query_timeout(mut self, limit: Option<Duration>) -> Self {
-        self.query_timeout = limit;
+        self.queries.query_timeout = limit;
         self
     }
 
@@ -119,66 +98,9 @@ impl QueryService {
         self
     }
 
-    /// Runs a query ticket: its result's Flight messages, ending with a
-    /// message whose app metadata is the [`FragmentReport`] of what it
-    /// met (bad samples, stage times).
-    pub(crate) async fn run(
-        &self,
-        who: &Grant,
-        t: QueryTicket,
-    ) -> Result<Boxed<FlightData>, Status> {
-        self.allow(who, "query", crate::access::may_query(who, &t.sql))?;
-        let udfs = UdfEnv::new(t.udf);
-        // Planned and run on the query runtime: this one stays free for
-        // REST, Flight control calls and the deadline below.
-        let (session, env) = (Arc::clone(&self.session), Arc::clone(&udfs));
-        let mut batches = run_query(self.jobs.handle(), async move {
-            session.execute(&t.sql, t.offload, &env).await
-        })
-        .await
-        .map_err(|e| status_of(&e, true))?;
-        if let Some(limit) = self.query_timeout {
-            batches = with_deadline(batches, limit, udfs.cancel.clone());
-        }
-        // Dropping the stream (the client left) stops the UDFs at their next row.
-        let stop = udfs.cancel.on_drop();
-        Ok(send_reported(
-            batches.schema(),
-            batches,
-            |e| status_of(e, false),
-            None,
-            move |rows, bytes| {
-                let _ = &stop;
-                FragmentReport::of(&udfs, rows, bytes)
-            },
-        ))
-    }
-
-    /// The schema a query ticket's result will have (planned, not run).
-    pub(crate) async fn schema_of(&self, who: &Grant, t: QueryTicket) -> Result<SchemaRef, Status> {
-        self.allow(who, "query", crate::access::may_query(who, &t.sql))?;
-        let session = Arc::clone(&self.session);
-        plan_on(self.jobs.handle(), async move {
-            let udfs = UdfEnv::new(t.udf);
-            if crate::explain::explained(&t.sql).is_some() {
-                return Ok(crate::explain::explain_schema());
-            }
-            let q = session.plan(&t.sql, t.offload, &udfs).await?;
-            Ok::<_, DataFusionError>(q.plan.schema())
-        })
-        .await
-        .map_err(Status::internal)?
-        .map_err(|e| status_of(&e, true))
-    }
-
     /// Its Flight SQL side.
     fn sql(&self) -> flight_sql::SqlService {
-        flight_sql::SqlService::new(self.clone())
-    }
-
-    /// The session it queries.
-    pub(crate) fn session(&self) -> &Arc<ComputeSession> {
-        &self.session
+        flight_sql::SqlService::new(self.queries.clone())
     }
 
     /// Lets `who` ask about descriptor `d`: a dataset by its path, or a
@@ -186,12 +108,12 @@ impl QueryService {
     fn allow_descriptor(&self, who: &Grant, d: &FlightDescriptor) -> Result<(), Status> {
         if let Some(dataset) = d.path.first() {
             let allowed = crate::access::may_read(who, dataset);
-            return self.allow(who, "describe a dataset", allowed);
+            return self.queries.allow(who, "describe a dataset", allowed);
         }
         match std::str::from_utf8(&d.cmd) {
             // Held here only: GetFlightInfo answers jobs this node holds.
             Ok(id) => match self.jobs.get(id) {
-                Ok(job) => self.allow(
+                Ok(job) => self.queries.allow(
                     who,
                     "describe a job",
                     crate::access::may_read_job(who, &job),
@@ -200,12 +122,6 @@ impl QueryService {
             },
             Err(_) => Ok(()),
         }
-    }
-
-    /// Caps a client's UDF limits by the server's.
-    pub(crate) fn capped(&self, mut t: QueryTicket) -> QueryTicket {
-        t.udf.limits = t.udf.limits.capped_by(self.session.limits());
-        t
     }
 
     fn checkpoints(&self) -> Result<&Arc<dyn CheckpointEndpoint>, Status> {
@@ -230,7 +146,7 @@ impl QueryService {
         mut self,
         auth: Auth,
     ) -> DirectJobStreams<InterceptedService<FlightServiceServer<Self>, Auth>> {
-        self.auth = auth.clone();
+        self.queries.auth = auth.clone();
         let jobs = Arc::clone(&self.jobs);
         DirectJobStreams::new(
             InterceptedService::new(self.server(), auth.clone()),
@@ -238,38 +154,6 @@ impl QueryService {
             auth,
         )
     }
-}
-
-/// `batches`, ending with an error once `limit` has passed since now;
-/// `cancel` then stops the UDF batch being evaluated at its next row, and
-/// dropping the stream stops the query's tasks.
-fn with_deadline(
-    batches: SendableRecordBatchStream,
-    limit: Duration,
-    cancel: Cancel,
-) -> SendableRecordBatchStream {
-    let schema = batches.schema();
-    let deadline = tokio::time::Instant::now() + limit;
-    let limited = stream::unfold(Some(batches), move |state| {
-        let cancel = cancel.clone();
-        async move {
-            let mut batches = state?;
-            match tokio::time::timeout_at(deadline, batches.next()).await {
-                Ok(Some(item)) => Some((item, Some(batches))),
-                Ok(None) => None,
-                Err(_) => {
-                    cancel.cancel();
-                    let e = DataFusionError::ResourcesExhausted(format!(
-                        "the query ran past its time limit of {:.0} s (--query-timeout) \
-                         and was stopped",
-                        limit.as_secs_f64()
-                    ));
-                    Some((Err(e), None))
-                }
-            }
-        }
-    });
-    Box::pin(RecordBatchStreamAdapter::new(schema, limited))
 }
 
 #[tonic::async_trait]
@@ -323,12 +207,13 @@ impl FlightService for QueryService {
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
         let near = request.remote_addr().map(|a| a.ip());
         let who = principal_of(&request);
-        self.session
+        self.queries
+            .session()
             .refresh()
             .await
             .map_err(|e| sluice_flight::fault::status(&e))?;
         let mut infos = Vec::new();
-        for (name, schema, stats) in self.session.datasets().await {
+        for (name, schema, stats) in self.queries.session().datasets().await {
             if !who.may_read(&name) {
                 continue;
             }
@@ -367,7 +252,7 @@ impl FlightService for QueryService {
         let who = principal_of(&request);
         let d = request.into_inner();
         self.allow_descriptor(&who, &d)?;
-        if let Some(info) = descriptors::flight_info(&self.session, &d).await? {
+        if let Some(info) = descriptors::flight_info(self.queries.session(), &d).await? {
             return Ok(Response::new(info));
         }
         let info = trainer::flight_info(&self.jobs, d.clone(), near)
@@ -395,7 +280,7 @@ impl FlightService for QueryService {
         let who = principal_of(&request);
         let d = request.get_ref();
         self.allow_descriptor(&who, d)?;
-        if let Some(schema) = descriptors::schema(&self.session, d).await? {
+        if let Some(schema) = descriptors::schema(self.queries.session(), d).await? {
             return Ok(Response::new(schema));
         }
         Ok(Response::new(
@@ -419,10 +304,10 @@ impl FlightService for QueryService {
                 }
                 Ticket::Checkpoint(t) => {
                     let allowed = crate::access::may_checkpoint(&who, &t.checkpoint);
-                    self.allow(&who, "read a checkpoint", allowed)?;
+                    self.queries.allow(&who, "read a checkpoint", allowed)?;
                     self.checkpoints()?.get(t).await?
                 }
-                Ticket::Query(t) => self.run(&who, self.capped(t)).await?,
+                Ticket::Query(t) => self.queries.run(&who, self.queries.capped(t)).await?,
             },
         ))
     }
@@ -487,7 +372,7 @@ impl FlightService for QueryService {
         if action.r#type.starts_with(ACTION_PREFIX) {
             if let Some(name) = crate::access::checkpoint_of_action(&action.body) {
                 let allowed = crate::access::may_checkpoint(&who, &name);
-                self.allow(&who, &action.r#type, allowed)?;
+                self.queries.allow(&who, &action.r#type, allowed)?;
             }
             let body = self
                 .checkpoints()?
@@ -505,11 +390,12 @@ impl FlightService for QueryService {
         let t: QueryTicket = serde_json::from_slice(&action.body).map_err(|e| {
             Status::invalid_argument(format!("explain: the body is a query ticket: {e}"))
         })?;
-        let t = self.capped(t);
+        let t = self.queries.capped(t);
         let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
-        self.allow(&who, "explain", crate::access::may_query(&who, sql))?;
+        self.queries
+            .allow(&who, "explain", crate::access::may_query(&who, sql))?;
         let udfs = UdfEnv::new(t.udf);
-        let session = Arc::clone(&self.session);
+        let session = Arc::clone(self.queries.session());
         let body = plan_on(self.jobs.handle(), async move {
             let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);
             let q = session.explain(sql, t.offload, &udfs).await?;

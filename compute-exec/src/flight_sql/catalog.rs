@@ -18,7 +18,7 @@ use sluice_access::Grant;
 use tonic::Status;
 
 use super::{CATALOG, SCHEMA, TABLE_TYPE, internal};
-use crate::service::QueryService;
+use crate::queries::Queries;
 
 /// A catalog command.
 #[derive(Debug, Clone)]
@@ -59,7 +59,7 @@ impl Catalog {
     }
 
     /// Its rows, for `who`, over the datasets `queries` reads.
-    pub async fn rows(self, queries: &QueryService, who: &Grant) -> Result<RecordBatch, Status> {
+    pub async fn rows(self, queries: &Queries, who: &Grant) -> Result<RecordBatch, Status> {
         let built = match self {
             Self::Catalogs(q) => {
                 let mut b = q.into_builder();
@@ -94,7 +94,7 @@ impl Catalog {
 
 /// The datasets as tables: each under its name, and each node's latest
 /// version as `name@V`, sorted by name.
-async fn tables(queries: &QueryService) -> Result<Vec<(String, Arc<Schema>)>, Status> {
+async fn tables(queries: &Queries) -> Result<Vec<(String, Arc<Schema>)>, Status> {
     let session = queries.session();
     session
         .refresh()

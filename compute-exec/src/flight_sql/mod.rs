@@ -48,7 +48,7 @@ use sluice_flight::ticket::QueryTicket;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use crate::service::QueryService;
+use crate::queries::Queries;
 
 use self::catalog::Catalog;
 use self::read_only::{refuse_writes, refused_update};
@@ -103,12 +103,12 @@ pub fn is_flight_sql(bytes: &[u8]) -> bool {
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct SqlService {
-    queries: QueryService,
+    queries: Queries,
 }
 
 impl SqlService {
     /// Flight SQL over the queries of `queries`.
-    pub fn new(queries: QueryService) -> Self {
+    pub fn new(queries: Queries) -> Self {
         Self { queries }
     }
 
