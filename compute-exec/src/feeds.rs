@@ -13,7 +13,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use sluice_flight::{Feed, LinkError, StorageEndpoint, Take};
 use sluice_udfs::UdfEnv;
 
-use crate::remote::endpoint_id;
+use sluice_flight::endpoint::endpoint_id;
 
 /// See the module docs.
 #[derive(Debug, Default)]

@@ -29,6 +29,7 @@ use datafusion::physical_plan::{
     displayable,
 };
 use futures::{StreamExt, TryStreamExt, stream};
+use sluice_flight::endpoint::endpoint_id;
 use sluice_flight::scan::filter_pushdown;
 use sluice_flight::stream::link_bytes;
 use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
@@ -193,14 +194,8 @@ impl TableProvider for FragmentTable {
 }
 
 /// The rows each storage node reads for one window of a job, by node
-/// ([`endpoint_id`]).
+/// (`sluice_flight::endpoint::endpoint_id`).
 pub type Takes = Arc<HashMap<usize, Take>>;
-
-/// A storage node's identity within a session: its endpoint's address in
-/// memory (names need not be unique: every in-process node has the same).
-pub fn endpoint_id(endpoint: &Arc<dyn StorageEndpoint>) -> usize {
-    Arc::as_ptr(endpoint).cast::<()>() as usize
-}
 
 /// Runs a storage fragment on each storage node holding its dataset; its
 /// partition `i` is node `i`'s stream. With [`Takes`] (a job's window), each

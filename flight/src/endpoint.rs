@@ -157,6 +157,12 @@ pub fn is_loopback(address: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// A storage node's identity within a process: its endpoint's address in
+/// memory (names need not be unique: every in-process node has the same).
+pub fn endpoint_id(endpoint: &std::sync::Arc<dyn StorageEndpoint>) -> usize {
+    std::sync::Arc::as_ptr(endpoint).cast::<()>() as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_loopback;

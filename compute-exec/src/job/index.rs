@@ -24,7 +24,8 @@ use sluice_udfs::UdfEnv;
 
 use super::error::JobError;
 use super::query::KEY;
-use crate::remote::{Takes, endpoint_id};
+use crate::remote::Takes;
+use sluice_flight::endpoint::endpoint_id;
 
 /// A dataset version a job reads on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
