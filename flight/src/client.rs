@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
-use arrow_flight::error::FlightError;
 use arrow_flight::{Action, Criteria, FlightDescriptor};
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
@@ -17,25 +16,25 @@ use prost::Message;
 use sluice_udfs::UdfEnv;
 
 use crate::codec::encode_fragment;
-use crate::credential::{Credential, FlightClient};
+use crate::credential::Credential;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
 use crate::feed::{Feed, RemoteFeed};
 use crate::ingest::{
     FINISH_INGEST, FinishIngest, IngestPart, IngestedPart, PREPARE_INGEST, PreparedPart,
 };
+use crate::link::Link;
 use crate::messages::{
     FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
-use crate::stream::{connect, read_reported};
+use crate::stream::read_reported;
 
 /// A typed Flight client of one storage node. Connections are made on
 /// first use, so a node that is down fails the requests that need it (with
 /// an error naming it), not the client's creation.
 #[derive(Debug, Clone)]
 pub struct StorageClient {
-    pub(crate) node: String,
-    pub(crate) inner: FlightClient,
+    link: Link,
 }
 
 impl StorageClient {
@@ -48,19 +47,9 @@ impl StorageClient {
     /// A client of the node at `url` presenting `credential` (this node's
     /// token) on every call.
     pub fn with_credential(url: &str, credential: Credential) -> Result<Self, LinkError> {
-        let (node, inner) = connect(url, credential).map_err(LinkError::Protocol)?;
-        Ok(Self { node, inner })
-    }
-
-    pub(crate) fn status(&self, s: &tonic::Status) -> LinkError {
-        LinkError::from_status(&self.node, s)
-    }
-
-    pub(crate) fn flight(&self, e: FlightError) -> LinkError {
-        match e {
-            FlightError::Tonic(s) => self.status(&s),
-            other => LinkError::internal(&self.node, other.to_string()),
-        }
+        Ok(Self {
+            link: Link::connect(url, credential)?,
+        })
     }
 
     /// Runs action `kind` with `body`; its one reply, as JSON (`None`:
@@ -75,18 +64,19 @@ impl StorageClient {
             body: body.into(),
         };
         let mut replies = self
+            .link
             .inner
             .clone()
             .do_action(action)
             .await
-            .map_err(|s| self.status(&s))?
+            .map_err(|s| self.link.status(&s))?
             .into_inner();
-        let Some(reply) = replies.message().await.map_err(|s| self.status(&s))? else {
+        let Some(reply) = replies.message().await.map_err(|s| self.link.status(&s))? else {
             return Ok(None);
         };
-        serde_json::from_slice(&reply.body)
-            .map(Some)
-            .map_err(|e| LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", self.node)))
+        serde_json::from_slice(&reply.body).map(Some).map_err(|e| {
+            LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", self.link.node))
+        })
     }
 
     /// [`StorageClient::action`] with a JSON `body`.
@@ -107,11 +97,12 @@ impl StorageClient {
             ticket: ticket.encode_to_vec().into(),
         };
         Ok(self
+            .link
             .inner
             .clone()
             .do_get(ticket)
             .await
-            .map_err(|s| self.status(&s))?
+            .map_err(|s| self.link.status(&s))?
             .into_inner())
     }
 }
@@ -131,27 +122,28 @@ fn fragment_ticket(
 #[async_trait]
 impl StorageEndpoint for StorageClient {
     fn name(&self) -> &str {
-        &self.node
+        &self.link.node
     }
 
     async fn node_info(&self) -> Result<NodeInfo, LinkError> {
         self.json_action(NODE_INFO, &())
             .await?
-            .ok_or_else(|| LinkError::Protocol(format!("{} sent no node info", self.node)))
+            .ok_or_else(|| LinkError::Protocol(format!("{} sent no node info", self.link.node)))
     }
 
     async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
         let mut infos = self
+            .link
             .inner
             .clone()
             .list_flights(Criteria::default())
             .await
-            .map_err(|s| self.status(&s))?
+            .map_err(|s| self.link.status(&s))?
             .into_inner();
         let mut out = Vec::new();
-        while let Some(info) = infos.message().await.map_err(|s| self.status(&s))? {
+        while let Some(info) = infos.message().await.map_err(|s| self.link.status(&s))? {
             let bad = |what: &str| {
-                LinkError::Protocol(format!("{} listed a dataset with {what}", self.node))
+                LinkError::Protocol(format!("{} listed a dataset with {what}", self.link.node))
             };
             let path = info
                 .flight_descriptor
@@ -194,22 +186,26 @@ impl StorageEndpoint for StorageClient {
         tokio::time::timeout(wait, self.action(TIME_FRAGMENT, body.encode_to_vec()))
             .await
             .map_err(|_| LinkError::Unavailable {
-                node: self.node.clone(),
+                node: self.link.node.clone(),
                 reason: format!("timing a fragment took over {} s", wait.as_secs()),
             })??
-            .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.node)))
+            .ok_or_else(|| LinkError::Protocol(format!("{} sent no timing", self.link.node)))
     }
 
     async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
         let reply = self
+            .link
             .inner
             .clone()
             .get_schema(FlightDescriptor::new_path(vec![table.to_string()]))
             .await
-            .map_err(|s| self.status(&s))?
+            .map_err(|s| self.link.status(&s))?
             .into_inner();
         let schema = arrow::datatypes::Schema::try_from(&reply).map_err(|e| {
-            LinkError::Protocol(format!("{} sent a bad schema for {table}: {e}", self.node))
+            LinkError::Protocol(format!(
+                "{} sent a bad schema for {table}: {e}",
+                self.link.node
+            ))
         })?;
         Ok(Arc::new(schema))
     }
@@ -226,14 +222,14 @@ impl StorageEndpoint for StorageClient {
                 kind: Some(TicketKind::Fragment(ticket)),
             })
             .await?;
-        let node = self.node.clone();
+        let node = self.link.node.clone();
         let data = read_reported(raw, move |r| {
             udfs.errors.merge(r.bad_total, r.bad);
             udfs.clock.merge(&node, &r.stages);
         });
         let this = self.clone();
         let batches = FlightDataDecoder::new(data)
-            .map_err(move |e| DataFusionError::from(this.flight(e)))
+            .map_err(move |e| DataFusionError::from(this.link.flight(e)))
             .try_filter_map(|d| async move {
                 Ok(match d.payload {
                     DecodedPayload::RecordBatch(b) => Some(b),
@@ -250,7 +246,7 @@ impl StorageEndpoint for StorageClient {
     ) -> Result<Arc<dyn Feed>, LinkError> {
         let ticket = fragment_ticket(Arc::clone(&fragment), &udfs)?;
         Ok(Arc::new(RemoteFeed::new(
-            self.as_ref().clone(),
+            self.link.clone(),
             ticket,
             udfs,
             fragment.schema(),
@@ -266,7 +262,7 @@ impl StorageEndpoint for StorageClient {
             .await?;
         let mut got = 0u64;
         while let Some(d) = raw.next().await {
-            let d = d.map_err(|s| self.status(&s))?;
+            let d = d.map_err(|s| self.link.status(&s))?;
             got += (d.data_body.len() + d.data_header.len()) as u64;
         }
         let secs = start.elapsed().as_secs_f64().max(1e-6);
@@ -278,7 +274,7 @@ impl StorageEndpoint for StorageClient {
         // a node that dies while preparing breaks the connection.
         self.json_action(PREPARE_INGEST, part)
             .await?
-            .ok_or_else(|| LinkError::Protocol(format!("{} prepared nothing", self.node)))
+            .ok_or_else(|| LinkError::Protocol(format!("{} prepared nothing", self.link.node)))
     }
 
     async fn finish_ingest(
@@ -294,7 +290,7 @@ impl StorageEndpoint for StorageClient {
         tokio::time::timeout(std::time::Duration::from_secs(60), ask)
             .await
             .map_err(|_| LinkError::Unavailable {
-                node: self.node.clone(),
+                node: self.link.node.clone(),
                 reason: "no answer to finish an ingest within 60 s".into(),
             })?
     }

@@ -41,8 +41,8 @@ use prost::Message;
 use sluice_udfs::UdfEnv;
 use tokio::sync::mpsc;
 
-use crate::client::StorageClient;
 use crate::error::LinkError;
+use crate::link::Link;
 use crate::messages::{FragmentTicket, Ticket, TicketKind, WindowTicket};
 use crate::scan::Take;
 use crate::stream::read_reported;
@@ -157,7 +157,7 @@ impl Drop for Exchange {
 /// A feed on a storage node over Flight (see the module docs).
 #[derive(Debug)]
 pub struct RemoteFeed {
-    client: StorageClient,
+    link: Link,
     ticket: FragmentTicket,
     udfs: Arc<UdfEnv>,
     schema: SchemaRef,
@@ -165,17 +165,17 @@ pub struct RemoteFeed {
 }
 
 impl RemoteFeed {
-    /// A feed of `ticket`'s fragment (output `schema`) on `client`'s
+    /// A feed of `ticket`'s fragment (output `schema`) on `link`'s
     /// node; bad samples and stage times it reports go to `udfs`. The
     /// exchange opens at the first window.
     pub(crate) fn new(
-        client: StorageClient,
+        link: Link,
         ticket: FragmentTicket,
         udfs: Arc<UdfEnv>,
         schema: SchemaRef,
     ) -> Self {
         Self {
-            client,
+            link,
             ticket,
             udfs,
             schema,
@@ -203,7 +203,7 @@ impl RemoteFeed {
                 |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
             );
         let reader = tokio::spawn(read(
-            self.client.clone(),
+            self.link.clone(),
             asked,
             Arc::clone(&owed),
             Arc::clone(&self.udfs),
@@ -219,15 +219,15 @@ impl RemoteFeed {
 /// Reads an exchange's answers into the windows it owes, until it ends;
 /// then fails every window still owed with the reason it ended.
 async fn read(
-    client: StorageClient,
+    link: Link,
     asked: impl futures::Stream<Item = FlightData> + Send + 'static,
     owed: Arc<Mutex<Owed>>,
     udfs: Arc<UdfEnv>,
 ) {
-    let failed = match client.inner.clone().do_exchange(asked).await {
-        Err(s) => client.status(&s),
+    let failed = match link.inner.clone().do_exchange(asked).await {
+        Err(s) => link.status(&s),
         Ok(answers) => {
-            let node = client.node.clone();
+            let node = link.node.clone();
             let done = Arc::clone(&owed);
             // A report ends its window: the window's bad samples are the
             // job's before its last batch is seen to end.
@@ -243,11 +243,11 @@ async fn read(
                 match decoded.next().await {
                     None => {
                         break LinkError::Unavailable {
-                            node: client.node.clone(),
+                            node: link.node.clone(),
                             reason: "the feed ended before answering every window".into(),
                         };
                     }
-                    Some(Err(e)) => break client.flight(e),
+                    Some(Err(e)) => break link.flight(e),
                     Some(Ok(d)) => {
                         let DecodedPayload::RecordBatch(batch) = d.payload else {
                             continue;
@@ -260,7 +260,7 @@ async fn read(
                             None => {
                                 break LinkError::Protocol(format!(
                                     "{} sent rows no window asked for",
-                                    client.node
+                                    link.node
                                 ));
                             }
                         }
@@ -286,15 +286,15 @@ impl Feed for RemoteFeed {
             // The open exchange, or (it failed) a new one; a new one that
             // fails at once fails this window with its reason.
             let asked = match open.as_ref() {
-                Some(ex) => ex.ask(message.clone(), &tx, &self.client.node),
+                Some(ex) => ex.ask(message.clone(), &tx, &self.link.node),
                 None => Err(LinkError::Protocol("no exchange yet".into())),
             };
             if asked.is_err() {
                 let ex = open.insert(self.start());
-                ex.ask(message, &tx, &self.client.node)?;
+                ex.ask(message, &tx, &self.link.node)?;
             }
         }
-        let node = self.client.node.clone();
+        let node = self.link.node.clone();
         let batches = futures::stream::unfold(Some(rx), move |rx| {
             let node = node.clone();
             async move {

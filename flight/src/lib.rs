@@ -61,6 +61,7 @@ pub mod frames;
 pub mod gather;
 pub mod ingest;
 pub mod kept;
+pub mod link;
 pub mod messages;
 pub mod piece;
 pub mod scan;
