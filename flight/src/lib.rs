@@ -45,6 +45,7 @@
 //! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
 //!   service, and [`CheckpointEndpoint`], what serves it.
 
+pub mod body;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;

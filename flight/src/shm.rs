@@ -24,7 +24,7 @@
 //!
 //! The server marks a free slot USED, writes the batch's encapsulated IPC
 //! message into it — the one copy of its bytes on this path, straight from
-//! the arrays' buffers ([`crate::slices::encode_batch`], [`crate::gather`]) — and sends the slot's number in
+//! the arrays' buffers ([`crate::gather::encode_batch`], [`crate::gather`]) — and sends the slot's number in
 //! the batch's app metadata. The trainer builds Arrow arrays over its
 //! mapping (no copy) and marks the slot FREE when the last of them is
 //! garbage. A trainer that holds every slot does not make the server wait
@@ -464,7 +464,7 @@ pub fn sweep() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slices::encode_batch;
+    use crate::gather::encode_batch;
     use arrow::array::RecordBatch;
     use arrow::array::{Int64Array, StringArray};
     use arrow::ipc::reader::StreamReader;

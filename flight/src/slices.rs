@@ -3,7 +3,7 @@
 //! arrow-rs's IPC writer copies every buffer of a batch into one `Vec`
 //! (the message body), and tonic's protobuf encoder copies that again into
 //! the gRPC frame. Arrow's C++ Flight server does neither: it hands gRPC
-//! the buffers as slices. [`encode_batch`] does the same here: it writes
+//! the buffers as slices. `crate::gather::encode_batch` does the same: it writes
 //! the flatbuffer header (field nodes and buffer offsets, as the IPC format
 //! lays them out) and returns the body as a list of [`Bytes`] that borrow
 //! the arrays' memory — no byte of a tensor or an image is copied. The
@@ -22,7 +22,6 @@ use arrow_flight::FlightData;
 use bytes::Bytes;
 use flatbuffers::FlatBufferBuilder;
 
-use crate::gather::Gathered;
 use crate::piece::Piece;
 
 /// One Flight message: an IPC flatbuffer header, its body in pieces (each
@@ -150,16 +149,6 @@ pub(crate) fn supported(t: &DataType) -> bool {
     }
 }
 
-/// The record-batch message of `batch`. See the module docs.
-pub fn encode_batch(batch: &RecordBatch) -> Result<SlicedMessage, arrow::error::ArrowError> {
-    let fields = batch.schema_ref().fields();
-    if !fields.iter().all(|f| supported(f.data_type())) {
-        return encode_copied(batch);
-    }
-    // The batch's rows, in order: one run, every buffer shared.
-    Gathered::whole(batch).encode_sharing(0)
-}
-
 /// The IPC `Message` flatbuffer of a record batch of `rows` rows whose
 /// body (`body_len` bytes) is laid out as `nodes` and `buffers` say.
 pub(crate) fn header(
@@ -225,6 +214,7 @@ pub(crate) mod tests {
     use arrow::ipc::root_as_message;
 
     use super::*;
+    use crate::gather::encode_batch;
 
     pub(crate) fn batch() -> RecordBatch {
         let n = 37;
