@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use datafusion::common::runtime::SpawnedTask;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -25,7 +26,8 @@ pub const HANDSHAKES: usize = 256;
 pub struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
-    accepting: tokio::task::JoinHandle<()>,
+    /// The accept loop, aborted when the listener is dropped.
+    _accepting: SpawnedTask<()>,
 }
 
 impl TlsListener {
@@ -33,18 +35,12 @@ impl TlsListener {
     pub fn new(tcp: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_loop(tcp, TlsAcceptor::from(config), tx));
+        let accepting = SpawnedTask::spawn(accept_loop(tcp, TlsAcceptor::from(config), tx));
         Ok(Self {
             ready,
             local,
-            accepting,
+            _accepting: accepting,
         })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accepting.abort();
     }
 }
 
