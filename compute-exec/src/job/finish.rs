@@ -31,7 +31,7 @@ use datafusion::common::DFSchema;
 use datafusion::logical_expr::Expr;
 use sluice_flight::finish::Finish;
 use sluice_flight::gather::Finishes;
-use sluice_udfs::udf::NormalizeRows;
+use sluice_udfs::udf::{Function, Normalize, NormalizeRows};
 use sluice_udfs::{Site, StageClock};
 
 /// A job's outputs with their last stage taken out where it can be.
@@ -98,8 +98,8 @@ impl Finish for NormalizeFinish {
         self.write_untimed(source, start, len, out);
         let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
         // On the compute side, as the stage was.
-        self.clock
-            .record(&Site::default(), "normalize", len as u64, ns);
+        let stage = <Normalize as Function>::SPEC.name;
+        self.clock.record(&Site::default(), stage, len as u64, ns);
     }
 
     fn describe(&self, input: &str) -> String {
