@@ -11,11 +11,9 @@ use arrow::datatypes::DataType;
 use arrow::ipc;
 use bytes::Bytes;
 
+use crate::finish::{Finished, Run};
 use crate::piece::Piece;
 use crate::slices::{ALIGN, PADDING, bytes_of};
-
-/// `(source, first row, rows)`: consecutive rows of one source as one run.
-pub(crate) type Run = (usize, usize, usize);
 
 pub(crate) fn runs(rows: &[(usize, usize)]) -> Vec<Run> {
     let mut out: Vec<Run> = Vec::new();
@@ -64,13 +62,14 @@ impl Body {
         self.len += len;
     }
 
-    /// `len` bytes that `fill` writes where the body goes.
-    pub(crate) fn computed(&mut self, len: usize, fill: crate::piece::Fill) {
+    /// The bytes `finished` makes, where the body goes.
+    pub(crate) fn computed(&mut self, finished: Finished) {
+        let len = finished.len();
         if len == 0 {
             return;
         }
         self.flush();
-        self.pieces.push(Piece::Computed { len, fill });
+        self.pieces.push(Piece::Computed(finished));
         self.len += len;
     }
 

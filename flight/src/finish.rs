@@ -16,6 +16,8 @@
 //! NULL row of zeros. A finish must not fail: whoever defers a stage to
 //! one has checked at planning what could (shapes, parameters).
 
+use std::sync::Arc;
+
 use arrow::array::ArrayRef;
 use arrow::datatypes::DataType;
 
@@ -30,6 +32,62 @@ pub trait Finish: Send + Sync + std::fmt::Debug {
 
     /// The stage, as EXPLAIN shows it, over the column named `input`.
     fn describe(&self, input: &str) -> String;
+}
+
+/// `(source, first row, rows)`: consecutive rows of one source as one run.
+pub type Run = (usize, usize, usize);
+
+/// A finished column's bytes, not made yet: its stage over runs of rows
+/// of its sources' column. A computed body piece carries one
+/// (`crate::piece`): a value that names its stage
+/// ([`Finish::describe`]), made where the body is written.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    stage: Arc<dyn Finish>,
+    columns: Vec<ArrayRef>,
+    runs: Vec<Run>,
+}
+
+impl Finished {
+    /// `stage` over the `runs` of `columns` (one per source).
+    pub fn new(stage: Arc<dyn Finish>, columns: Vec<ArrayRef>, runs: Vec<Run>) -> Self {
+        Self {
+            stage,
+            columns,
+            runs,
+        }
+    }
+
+    /// Its stage.
+    pub fn stage(&self) -> &Arc<dyn Finish> {
+        &self.stage
+    }
+
+    /// The bytes it makes.
+    pub fn len(&self) -> usize {
+        self.runs.iter().map(|r| r.2).sum::<usize>() * self.stage.row_bytes()
+    }
+
+    /// Whether it makes no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes its rows, one after another, into `out` (of its length).
+    pub fn write(&self, out: &mut [u8]) {
+        write_runs(self.stage.as_ref(), &self.columns, &self.runs, out);
+    }
+}
+
+/// Writes the runs' rows of `columns` (one per source), finished by `f`,
+/// one after another into `out`.
+pub fn write_runs(f: &dyn Finish, columns: &[ArrayRef], runs: &[Run], out: &mut [u8]) {
+    let row = f.row_bytes();
+    let mut at = 0;
+    for &(s, start, len) in runs {
+        f.write(&columns[s], start, len, &mut out[at..at + len * row]);
+        at += len * row;
+    }
 }
 
 /// The bytes per row of a column of type `t` when it is a fixed-size list

@@ -142,10 +142,13 @@ mod tests {
             Bytes::from(vec![7u8; 300]).into(),
             Bytes::from_static(&[0; 4]).into(),
             Bytes::from(vec![9u8; 70_000]).into(),
-            Piece::Computed {
-                len: 5000,
-                fill: std::sync::Arc::new(|d: &mut [u8]| d.fill(3)),
-            },
+            Piece::Computed(crate::finish::Finished::new(
+                std::sync::Arc::new(crate::piece::tests::Triple),
+                vec![std::sync::Arc::new(arrow::array::UInt8Array::from(
+                    vec![1u8; 5000],
+                ))],
+                vec![(0, 0, 5000)],
+            )),
         ];
         for (header, meta, body) in [
             (Bytes::from_static(b"hdr"), Bytes::new(), body.clone()),

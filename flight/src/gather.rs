@@ -33,8 +33,8 @@ use arrow::error::ArrowError;
 use arrow::ipc;
 use bytes::Bytes;
 
-use crate::body::{Body, Run, bitmap, node_and_validity, nulls_in, runs, write};
-use crate::finish::{Finish, fixed_row_bytes};
+use crate::body::{Body, bitmap, node_and_validity, nulls_in, runs, write};
+use crate::finish::{Finish, Finished, Run, fixed_row_bytes, write_runs};
 use crate::slices::{SlicedMessage, encode_copied, header, supported};
 
 /// Values shorter than this are copied into the body rather than shared.
@@ -249,18 +249,13 @@ impl Gathered {
         node_and_validity(datas, runs, n, body);
         body.nodes.push(ipc::FieldNode::new((n * k) as i64, 0));
         body.owned(&[]);
-        let row = f.row_bytes();
         let columns: Vec<ArrayRef> = self
             .sources
             .iter()
             .map(|s| Arc::clone(s.column(c)))
             .collect();
-        let (f, runs) = (Arc::clone(f), runs.to_vec());
         body.begin();
-        body.computed(
-            n * row,
-            Arc::new(move |out: &mut [u8]| write_runs(f.as_ref(), &columns, &runs, row, out)),
-        );
+        body.computed(Finished::new(Arc::clone(f), columns, runs.to_vec()));
         body.end();
     }
 
@@ -312,16 +307,6 @@ fn check_finishes(schema: &SchemaRef, finishes: &Finishes) -> Result<(), ArrowEr
     Ok(())
 }
 
-/// Writes the runs' rows of `columns` (one per source), finished by `f`
-/// (`row` bytes each), one after another into `out`.
-fn write_runs(f: &dyn Finish, columns: &[ArrayRef], runs: &[Run], row: usize, out: &mut [u8]) {
-    let mut at = 0;
-    for &(s, start, len) in runs {
-        f.write(&columns[s], start, len, &mut out[at..at + len * row]);
-        at += len * row;
-    }
-}
-
 /// The finished column of type `dt` of the runs of `sources`, made.
 fn finished_column(
     dt: &DataType,
@@ -335,7 +320,7 @@ fn finished_column(
     };
     let row = f.row_bytes();
     let mut values = MutableBuffer::from_len_zeroed(n * row);
-    write_runs(f, sources, runs, row, values.as_slice_mut());
+    write_runs(f, sources, runs, values.as_slice_mut());
     let values = make_array(
         ArrayData::builder(item.data_type().clone())
             .len(n * *k as usize)

@@ -8,32 +8,24 @@
 //! of its own between the stage and the slot. A consumer that needs the
 //! bytes themselves (a socket) makes them with [`Piece::to_bytes`].
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 
-/// Writes a computed piece's bytes into a buffer of exactly its length.
-pub type Fill = Arc<dyn Fn(&mut [u8]) + Send + Sync>;
+use crate::finish::Finished;
 
 /// See the module docs.
 #[derive(Clone)]
 pub enum Piece {
     /// Bytes that exist.
     Bytes(Bytes),
-    /// `len` bytes that `fill` writes where they are wanted.
-    Computed {
-        /// Its length.
-        len: usize,
-        /// What writes them.
-        fill: Fill,
-    },
+    /// Bytes a finish stage makes where they are wanted.
+    Computed(Finished),
 }
 
 impl std::fmt::Debug for Piece {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Bytes(b) => write!(f, "Bytes({})", b.len()),
-            Self::Computed { len, .. } => write!(f, "Computed({len})"),
+            Self::Computed(c) => write!(f, "Computed({}, {})", c.stage().describe("…"), c.len()),
         }
     }
 }
@@ -49,7 +41,7 @@ impl Piece {
     pub fn len(&self) -> usize {
         match self {
             Self::Bytes(b) => b.len(),
-            Self::Computed { len, .. } => *len,
+            Self::Computed(c) => c.len(),
         }
     }
 
@@ -67,7 +59,7 @@ impl Piece {
         );
         match self {
             Self::Bytes(b) => dst.copy_from_slice(b),
-            Self::Computed { fill, .. } => fill(dst),
+            Self::Computed(c) => c.write(dst),
         }
     }
 
@@ -75,9 +67,9 @@ impl Piece {
     pub fn to_bytes(&self) -> Bytes {
         match self {
             Self::Bytes(b) => b.clone(),
-            Self::Computed { len, fill } => {
-                let mut v = vec![0u8; *len];
-                fill(&mut v);
+            Self::Computed(c) => {
+                let mut v = vec![0u8; c.len()];
+                c.write(&mut v);
                 Bytes::from(v)
             }
         }
@@ -87,30 +79,55 @@ impl Piece {
     pub fn as_bytes(&self) -> Option<&Bytes> {
         match self {
             Self::Bytes(b) => Some(b),
-            Self::Computed { .. } => None,
+            Self::Computed(_) => None,
         }
     }
 
     /// Whether it is computed where it is written.
     pub fn is_computed(&self) -> bool {
-        matches!(self, Self::Computed { .. })
+        matches!(self, Self::Computed(_))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, UInt8Array};
+
     use super::*;
+    use crate::finish::Finish;
+
+    /// Each value times three.
+    #[derive(Debug)]
+    pub(crate) struct Triple;
+
+    impl Finish for Triple {
+        fn row_bytes(&self) -> usize {
+            1
+        }
+
+        fn write(&self, source: &ArrayRef, start: usize, len: usize, out: &mut [u8]) {
+            let v = source.as_any().downcast_ref::<UInt8Array>().unwrap();
+            for (i, o) in out.iter_mut().enumerate().take(len) {
+                *o = v.value(start + i) * 3;
+            }
+        }
+
+        fn describe(&self, input: &str) -> String {
+            format!("triple({input})")
+        }
+    }
 
     #[test]
     fn a_computed_piece_writes_the_bytes_it_makes() {
-        let p = Piece::Computed {
-            len: 5,
-            fill: Arc::new(|d: &mut [u8]| {
-                for (i, b) in d.iter_mut().enumerate() {
-                    *b = i as u8 * 3;
-                }
-            }),
-        };
+        let column: ArrayRef = Arc::new(UInt8Array::from(vec![9, 0, 1, 2, 3, 4]));
+        let p = Piece::Computed(Finished::new(
+            Arc::new(Triple),
+            vec![column],
+            vec![(0, 1, 5)],
+        ));
+        assert_eq!(format!("{p:?}"), "Computed(triple(…), 5)");
         let mut dst = [9u8; 5];
         p.write_to(&mut dst);
         assert_eq!(dst, [0, 3, 6, 9, 12]);
