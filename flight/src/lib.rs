@@ -67,6 +67,7 @@ pub mod messages;
 pub mod piece;
 pub mod scan;
 pub mod shm;
+pub mod shm_handshake;
 pub mod slices;
 pub mod stream;
 pub mod throttle;
