@@ -20,6 +20,7 @@ use sluice_flight::ticket::QueryTicket;
 use sluice_udfs::UdfEnv;
 use tonic::Status;
 
+use crate::service_error::ServiceError;
 use crate::session::ComputeSession;
 
 /// The column that holds the objects.
@@ -62,7 +63,7 @@ async fn target(session: &ComputeSession, d: &FlightDescriptor) -> Result<Option
         }));
     };
     let version: u64 = version.parse().map_err(|_| {
-        Status::invalid_argument(format!(
+        ServiceError::bad_request(format!(
             "descriptor [{name:?}, {version:?}]: the version is not a number"
         ))
     })?;
@@ -118,7 +119,7 @@ pub async fn flight_info(
     };
     let mut info = FlightInfo::new()
         .try_with_schema(&t.metadata())
-        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| ServiceError::encoding(e.to_string()))?
         .with_descriptor(d.clone())
         .with_endpoint(FlightEndpoint::new().with_ticket(t.ticket()?));
     if let Some(n) = t.samples {
@@ -139,7 +140,7 @@ pub async fn schema(
     SchemaAsIpc::new(&t.metadata(), &opts)
         .try_into()
         .map(Some)
-        .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
+        .map_err(|e: arrow::error::ArrowError| ServiceError::encoding(e.to_string()))
 }
 
 /// NOT_FOUND for a descriptor that names neither a dataset nor a job.
@@ -152,8 +153,9 @@ pub fn not_found(d: &FlightDescriptor, job: Status) -> Status {
     } else {
         format!("command {:?}", String::from_utf8_lossy(&d.cmd))
     };
-    Status::not_found(format!(
+    ServiceError::NotFound(format!(
         "descriptor {what} names no dataset and no job ({})",
         job.message()
     ))
+    .status()
 }

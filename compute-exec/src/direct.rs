@@ -25,12 +25,12 @@ use prost::Message;
 use sluice_access::Auth;
 use sluice_access::auth::{AUTHORIZATION, forbidden, unauthenticated};
 use sluice_flight::frames;
-use tonic::Status;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
 
 use crate::job::Jobs;
+use crate::service_error::ServiceError;
 use crate::trainer;
 
 /// The path of Flight's `DoGet`.
@@ -117,7 +117,8 @@ where
             let bytes = match Limited::new(body, MAX_TICKET).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => {
-                    let s = Status::invalid_argument(format!("cannot read the DoGet request: {e}"));
+                    let s =
+                        ServiceError::bad_request(format!("cannot read the DoGet request: {e}"));
                     return Ok(s.into_http());
                 }
             };

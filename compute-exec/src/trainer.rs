@@ -45,6 +45,7 @@ use sluice_flight::ticket::JobTicket;
 use tonic::Status;
 
 use crate::job::{JobError, Jobs, RankBatch};
+use crate::service_error::ServiceError;
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
@@ -68,12 +69,12 @@ pub fn job_status(e: &JobError) -> Status {
 fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
     let id = if !d.cmd.is_empty() {
         String::from_utf8(d.cmd.to_vec())
-            .map_err(|_| Status::invalid_argument("the descriptor's cmd is not a job id"))?
+            .map_err(|_| ServiceError::bad_request("the descriptor's cmd is not a job id"))?
     } else {
         d.path.first().cloned().unwrap_or_default()
     };
     if id.is_empty() {
-        return Err(Status::invalid_argument("the descriptor names no job"));
+        return Err(ServiceError::bad_request("the descriptor names no job"));
     }
     Ok(id)
 }
@@ -83,8 +84,8 @@ fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
 fn encode(rows: &Gathered, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
     let mut out = rows
         .encode_split(MAX_TRAINER_MESSAGE)
-        .map_err(|e| Status::internal(format!("cannot encode a batch: {e}")))?;
-    let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
+        .map_err(|e| ServiceError::encoding(format!("cannot encode a batch: {e}")))?;
+    let json = serde_json::to_vec(meta).map_err(|e| ServiceError::encoding(e.to_string()))?;
     if let Some(last) = out.last_mut() {
         last.app_metadata = Bytes::from(json);
     }
@@ -103,7 +104,7 @@ pub async fn flight_info(
     let layout = job.layout().await.map_err(|e| job_status(&e))?;
     let mut info = FlightInfo::new()
         .try_with_schema(job.schema())
-        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| ServiceError::encoding(e.to_string()))?
         .with_descriptor(descriptor)
         .with_ordered(true)
         .with_total_records((layout.per_rank() * layout.world_size) as i64);
@@ -139,7 +140,7 @@ pub fn schema(jobs: &Jobs, descriptor: &FlightDescriptor) -> Result<SchemaResult
     let opts = IpcWriteOptions::default();
     SchemaAsIpc::new(job.schema(), &opts)
         .try_into()
-        .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))
+        .map_err(|e: arrow::error::ArrowError| ServiceError::encoding(e.to_string()))
 }
 
 /// A job stream's messages.
@@ -151,11 +152,11 @@ fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
     match (t.transport, checked) {
         (Transport::Flight, _) | (Transport::Auto, None | Some(Err(_))) => Ok(false),
         (_, Some(Ok(()))) => Ok(true),
-        (Transport::Shm, None) => Err(Status::invalid_argument(
+        (Transport::Shm, None) => Err(ServiceError::bad_request(
             "transport shm needs the trainer's probe of /dev/shm",
         )),
         (Transport::Shm, Some(Err(why))) => {
-            Err(Status::failed_precondition(format!("transport shm: {why}")))
+            Err(ServiceError::NoSharedMemory(format!("transport shm: {why}")).status())
         }
     }
 }
@@ -239,7 +240,7 @@ async fn made(msgs: Vec<SlicedMessage>) -> Result<Vec<SlicedMessage>, Status> {
     }
     tokio::task::spawn_blocking(move || msgs.into_iter().map(SlicedMessage::made).collect())
         .await
-        .map_err(|e| Status::internal(format!("cannot finish a batch: {e}")))
+        .map_err(|e| ServiceError::encoding(format!("cannot finish a batch: {e}")))
 }
 
 fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
@@ -250,7 +251,7 @@ fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
 
 /// A message with app metadata only.
 fn control(meta: &impl Serialize) -> Result<SlicedMessage, Status> {
-    let json = serde_json::to_vec(meta).map_err(|e| Status::internal(e.to_string()))?;
+    let json = serde_json::to_vec(meta).map_err(|e| ServiceError::encoding(e.to_string()))?;
     Ok(SlicedMessage {
         app_metadata: Bytes::from(json),
         ..SlicedMessage::default()
@@ -312,7 +313,11 @@ impl ShmStream {
         let mut out = Vec::with_capacity(2);
         let whole = match d.rows.encode() {
             Ok(m) => m,
-            Err(e) => return vec![Err(Status::internal(format!("cannot encode a batch: {e}")))],
+            Err(e) => {
+                return vec![Err(ServiceError::encoding(format!(
+                    "cannot encode a batch: {e}"
+                )))];
+            }
         };
         if !self.tried {
             self.tried = true;
@@ -329,10 +334,11 @@ impl ShmStream {
                         "batches too large for a shared-memory segment: Flight it is");
                 }
                 Err(e) if self.forced => {
-                    return vec![Err(Status::unavailable(format!(
+                    return vec![Err(ServiceError::NoSharedMemory(format!(
                         "transport shm: cannot make a segment in {}: {e}",
                         sluice_flight::shm::SHM_DIR
-                    )))];
+                    ))
+                    .status())];
                 }
                 Err(e) => {
                     tracing::warn!(job = %self.job.id(), error = %e,
@@ -349,7 +355,7 @@ impl ShmStream {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    out.push(Err(Status::internal(e)));
+                    out.push(Err(ServiceError::encoding(e)));
                     return out;
                 }
             }
