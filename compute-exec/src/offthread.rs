@@ -30,19 +30,22 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{FutureExt, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::JoinSet;
 
 /// Batches in the channel between the query runtime and the service
 /// runtime: enough to keep both busy, few enough to bound memory.
-const IN_FLIGHT: usize = 2;
+const BATCHES_AHEAD: usize = 2;
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// `work` spawned on `runtime`, aborted when the set is dropped (a
+/// `JoinSet` of one: tokio's own owner of spawned work, as DataFusion's
+/// `SpawnedTask` is, but on the runtime named rather than the current).
+fn owned_on<F>(runtime: &Handle, work: F) -> JoinSet<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut set = JoinSet::new();
+    set.spawn_on(work, runtime);
+    set
 }
 
 /// The error for a panic caught while running a query.
@@ -62,9 +65,9 @@ where
     F: Future<Output = T> + Send + 'static,
 {
     let (tx, rx) = oneshot::channel();
-    let _task = AbortOnDrop(runtime.spawn(async move {
+    let _task = owned_on(runtime, async move {
         let _ = tx.send(AssertUnwindSafe(work).catch_unwind().await);
-    }));
+    });
     match rx.await {
         Ok(Ok(out)) => Ok(out),
         Ok(Err(payload)) => Err(format!(
@@ -83,7 +86,7 @@ pub async fn run_query<F>(runtime: &Handle, plan: F) -> Result<SendableRecordBat
 where
     F: Future<Output = Result<SendableRecordBatchStream>> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(IN_FLIGHT);
+    let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(BATCHES_AHEAD);
     let (planned_tx, planned_rx) = oneshot::channel();
     let drive = async move {
         let planned = AssertUnwindSafe(plan).catch_unwind().await;
@@ -120,7 +123,7 @@ where
             }
         }
     };
-    let task = AbortOnDrop(runtime.spawn(drive));
+    let task = owned_on(runtime, drive);
     let schema = match planned_rx.await {
         Ok(planned) => planned?,
         Err(_) => {

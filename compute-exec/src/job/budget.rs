@@ -1,7 +1,7 @@
 //! The output bytes that all job streams of a node may have in flight
 //! together.
 //!
-//! A reader bounds its own memory (`IN_FLIGHT + HELD` windows of about
+//! A reader bounds its own memory (`WINDOWS_RUNNING + WINDOWS_WAITING` windows of about
 //! `WINDOW_BYTES` plus a channel of batches), but a node serving 64
 //! trainers would still hold 64 times that. Each window reserves its
 //! expected output bytes here before it runs and gives them back once
@@ -68,7 +68,7 @@ impl WindowBudget {
 
 impl Default for WindowBudget {
     /// 2 GiB: the windows of 10 readers at full size (each takes
-    /// `IN_FLIGHT + HELD` windows ahead of the one it cuts into batches).
+    /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it cuts into batches).
     fn default() -> Self {
         Self::new(2 << 30)
     }

@@ -30,7 +30,7 @@ use sluice_planner::choose::Rates;
 use sluice_planner::resources::Resources;
 use sluice_udfs::{StageClock, StageTiming, Tier};
 
-use super::pipeline::options::{CHANNEL_BATCHES, HELD, IN_FLIGHT};
+use super::pipeline::options::{CHANNEL_BATCHES, WINDOWS_RUNNING, WINDOWS_WAITING};
 pub use super::stage_view::{Bottleneck, JobStages, QueueView, StageView, TierView};
 
 /// The span the statistics of a running job cover.
@@ -249,7 +249,7 @@ fn compute(
             QueueView {
                 queue: "windows".into(),
                 mean: mean(c.ready_sum, c.ready_n),
-                capacity: (IN_FLIGHT + HELD) as u64,
+                capacity: (WINDOWS_RUNNING + WINDOWS_WAITING) as u64,
             },
             QueueView {
                 queue: "reader".into(),

@@ -11,7 +11,7 @@
 //!  fetch     per window: output cache ─► window budget ─► the plan, run on
 //!            the jobs' runtime over the rows' ids ─► retry a lost node
 //!            (`fetch`)
-//!  in order  IN_FLIGHT windows at once, HELD more done early and waiting
+//!  in order  WINDOWS_RUNNING windows at once, WINDOWS_WAITING more done early and waiting
 //!            (`crate::job::in_order`)
 //!  rebatch   rows back at their slots ─► batches; the finish stage
 //!            (normalize) runs as they are cut (`crate::job::rebatch`)
@@ -42,7 +42,7 @@ use sluice_udfs::env::Cancel;
 use self::deliver::{Sink, deliver};
 use self::fetch::Fetch;
 use self::observe::JobObserver;
-use self::options::{HELD, IN_FLIGHT};
+use self::options::{WINDOWS_RUNNING, WINDOWS_WAITING};
 use self::windows::{Sizing, Span, windows};
 use super::Job;
 use super::ahead::NextEpoch;
@@ -91,7 +91,11 @@ impl Job {
         };
         let last = self.next_epoch_after(ready, span, next);
         let cut = windows(span, batch, sizing.clone(), last);
-        let windows = InOrder::new(cut.map(move |(a, b)| fetch.window(a, b)), IN_FLIGHT, HELD);
+        let windows = InOrder::new(
+            cut.map(move |(a, b)| fetch.window(a, b)),
+            WINDOWS_RUNNING,
+            WINDOWS_WAITING,
+        );
         let rebatch = Rebatcher::new(
             Arc::clone(self.schema()),
             self.finishes().cloned(),

@@ -3,7 +3,7 @@
 //! once, how many batches wait for the reader, how a window retries a
 //! storage node it cannot reach, and what an epoch begun ahead may take.
 //!
-//! Memory per reader is bounded by `IN_FLIGHT + HELD + 1` windows of
+//! Memory per reader is bounded by `WINDOWS_RUNNING + WINDOWS_WAITING + 1` windows of
 //! about `WINDOW_BYTES` each and the channel's `CHANNEL_BATCHES` batches,
 //! whatever the size of a sample; the windows of all readers together by
 //! the node's [`crate::job::WindowBudget`].
@@ -27,20 +27,20 @@ pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 /// Windows running at once per reader: enough to keep every core of a
 /// storage node busy across a window's end (each node splits a window
 /// over its cores), few enough that a reader holds little.
-pub const IN_FLIGHT: usize = 3;
+pub const WINDOWS_RUNNING: usize = 3;
 
-/// Windows a reader may have beyond [`IN_FLIGHT`], done before an older
+/// Windows a reader may have beyond [`WINDOWS_RUNNING`], done before an older
 /// one and waiting for it (see [`crate::job::in_order::InOrder`]): the
 /// cores go on with later windows while one is late.
-pub const HELD: usize = 3;
+pub const WINDOWS_WAITING: usize = 3;
 
 /// A window holds at most this share of its stream's positions: twice
-/// the [`IN_FLIGHT`] + [`HELD`] windows asked for ahead, rounded up to a
+/// the [`WINDOWS_RUNNING`] + [`WINDOWS_WAITING`] windows asked for ahead, rounded up to a
 /// power of two (1/16), so those never hold most of a short stream and a
 /// re-plan (or a slower link than the last window saw) acts on the rest
 /// of it. A window is a message down an open feed, so small windows of a
 /// short stream cost little.
-pub const WINDOW_SHARE: u64 = (2 * (IN_FLIGHT + HELD) as u64).next_power_of_two();
+pub const WINDOW_SHARE: u64 = (2 * (WINDOWS_RUNNING + WINDOWS_WAITING) as u64).next_power_of_two();
 
 /// Batches made ahead of the reader: one being encoded while the next is
 /// ready; more would only hold memory a slow reader does not use.
@@ -61,4 +61,4 @@ pub const AHEAD_WAIT: Duration = Duration::from_secs(30);
 /// Free window budget a read-ahead needs at least to begin (the windows
 /// it may take ahead, running and held, about [`WINDOW_BYTES`] each):
 /// speculative work never takes the room readers' windows need.
-pub const AHEAD_ROOM: u64 = (IN_FLIGHT + HELD) as u64 * WINDOW_BYTES;
+pub const AHEAD_ROOM: u64 = (WINDOWS_RUNNING + WINDOWS_WAITING) as u64 * WINDOW_BYTES;
