@@ -29,6 +29,7 @@ pub mod dashboard;
 pub mod datasets;
 pub mod error;
 pub mod jobs;
+pub mod metrics;
 pub mod nodes;
 pub mod ops;
 pub mod tls;
