@@ -258,11 +258,11 @@ impl Readings {
                     ("tier", b.tier.clone()),
                     ("stage", stage),
                 ];
-                (labels, 1.0)
+                (labels, 1u64)
             })
         });
         let help = "1 for the tier (and stage) holding the job back.";
-        gauges(e, "sluice_job_bottleneck", help, rows)
+        family(e, "sluice_job_bottleneck", help, MetricType::Gauge, rows)
     }
 }
 
