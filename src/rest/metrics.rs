@@ -86,73 +86,103 @@ impl Readings {
         }
         if let Some(c) = &self.cache {
             let what = "the node-wide object cache";
-            gauge(
+            cache(
                 e,
-                "sluice_cache_budget_bytes",
-                &format!("Memory {what} may hold."),
-                c.budget,
+                "sluice_cache",
+                [
+                    (
+                        "budget_bytes",
+                        &format!("Memory {what} may hold."),
+                        c.budget,
+                    ),
+                    ("bytes", &format!("Memory {what} holds."), c.bytes),
+                    ("objects", &format!("Objects in {what}."), c.objects),
+                ],
+                [
+                    (
+                        "hits",
+                        "Object reads served from the node-wide cache.",
+                        c.hits,
+                    ),
+                    ("misses", "Object reads that went to the device.", c.misses),
+                    (
+                        "evictions",
+                        "Objects evicted from the node-wide cache.",
+                        c.evictions,
+                    ),
+                ],
             )?;
-            gauge(
-                e,
-                "sluice_cache_bytes",
-                &format!("Memory {what} holds."),
-                c.bytes,
-            )?;
-            gauge(
-                e,
-                "sluice_cache_objects",
-                &format!("Objects in {what}."),
-                c.objects,
-            )?;
-            let help = "Object reads served from the node-wide cache.";
-            counter(e, "sluice_cache_hits", help, c.hits)?;
-            counter(
-                e,
-                "sluice_cache_misses",
-                "Object reads that went to the device.",
-                c.misses,
-            )?;
-            let help = "Objects evicted from the node-wide cache.";
-            counter(e, "sluice_cache_evictions", help, c.evictions)?;
         }
         if let Some(n) = self.uploads {
             let help = "Checkpoint uploads begun and not yet committed or aborted.";
             gauge(e, "sluice_checkpoint_uploads", help, n)?;
         }
         let o = &self.outputs;
-        let help = "Memory the cache of deterministic jobs' output rows may hold.";
-        gauge(e, "sluice_output_cache_budget_bytes", help, o.budget)?;
-        let help = "Memory the output rows in the cache count.";
-        gauge(e, "sluice_output_cache_bytes", help, o.bytes)?;
-        gauge(
+        cache(
             e,
-            "sluice_output_cache_rows",
-            "Output rows in the cache.",
-            o.rows,
+            "sluice_output_cache",
+            [
+                (
+                    "budget_bytes",
+                    "Memory the cache of deterministic jobs' output rows may hold.",
+                    o.budget,
+                ),
+                (
+                    "bytes",
+                    "Memory the output rows in the cache count.",
+                    o.bytes,
+                ),
+                ("rows", "Output rows in the cache.", o.rows),
+            ],
+            [
+                (
+                    "hits",
+                    "Samples of deterministic jobs served from the output cache.",
+                    o.hits,
+                ),
+                (
+                    "misses",
+                    "Samples of deterministic jobs computed (not in the output cache).",
+                    o.misses,
+                ),
+                (
+                    "evictions",
+                    "Rows evicted from the output cache.",
+                    o.evictions,
+                ),
+            ],
         )?;
-        let help = "Samples of deterministic jobs served from the output cache.";
-        counter(e, "sluice_output_cache_hits", help, o.hits)?;
-        let help = "Samples of deterministic jobs computed (not in the output cache).";
-        counter(e, "sluice_output_cache_misses", help, o.misses)?;
-        let help = "Rows evicted from the output cache.";
-        counter(e, "sluice_output_cache_evictions", help, o.evictions)?;
         let st = &self.stages;
-        let help = "Memory the cache of random jobs' decode stages may hold.";
-        gauge(e, "sluice_stage_cache_budget_bytes", help, st.budget)?;
-        let help = "Memory the decoded values in the stage cache count.";
-        gauge(e, "sluice_stage_cache_bytes", help, st.bytes)?;
-        gauge(
+        cache(
             e,
-            "sluice_stage_cache_values",
-            "Decoded values in the stage cache.",
-            st.values,
+            "sluice_stage_cache",
+            [
+                (
+                    "budget_bytes",
+                    "Memory the cache of random jobs' decode stages may hold.",
+                    st.budget,
+                ),
+                (
+                    "bytes",
+                    "Memory the decoded values in the stage cache count.",
+                    st.bytes,
+                ),
+                ("values", "Decoded values in the stage cache.", st.values),
+            ],
+            [
+                ("hits", "Decodes served from the stage cache.", st.hits),
+                (
+                    "misses",
+                    "Decodes computed (not in the stage cache).",
+                    st.misses,
+                ),
+                (
+                    "evictions",
+                    "Decoded values evicted from the stage cache.",
+                    st.evictions,
+                ),
+            ],
         )?;
-        let help = "Decodes served from the stage cache.";
-        counter(e, "sluice_stage_cache_hits", help, st.hits)?;
-        let help = "Decodes computed (not in the stage cache).";
-        counter(e, "sluice_stage_cache_misses", help, st.misses)?;
-        let help = "Decoded values evicted from the stage cache.";
-        counter(e, "sluice_stage_cache_evictions", help, st.evictions)?;
         let help = "Bytes of the shared-memory segments open to trainers on this host.";
         gauge(e, "sluice_shm_mapped_bytes", help, self.shm)
     }
@@ -280,6 +310,23 @@ where
     ConstGauge<N>: EncodeMetric,
 {
     ConstGauge::new(value).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// A cache's gauges and counters (`(suffix, help, value)` each) under
+/// `prefix`.
+fn cache(
+    e: &mut DescriptorEncoder<'_>,
+    prefix: &str,
+    gauges: [(&str, &str, u64); 3],
+    counters: [(&str, &str, u64); 3],
+) -> Result<(), Error> {
+    for (suffix, help, value) in gauges {
+        gauge(e, &format!("{prefix}_{suffix}"), help, value)?;
+    }
+    for (suffix, help, value) in counters {
+        counter(e, &format!("{prefix}_{suffix}"), help, value)?;
+    }
+    Ok(())
 }
 
 /// One unlabelled counter (`name` without its `_total`).
