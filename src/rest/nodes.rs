@@ -15,8 +15,9 @@
 //!   password, no path, and not a link-local or unspecified address;
 //! - on a cluster with a CA (`--tls-ca`), a location must be a TLS one,
 //!   and the node there must present a certificate the CA issued for the
-//!   location's host: checked at each registration (a compute node's
-//!   heartbeat included) and on every call the coordinator makes;
+//!   location's host: checked when a node joins (or rejoins after its
+//!   time to live), and on every connection made to it since, which
+//!   dials with the CA;
 //! - a storage node must answer before it is listed, and it joins only if
 //!   every dataset version it holds is one the cluster wrote there
 //!   (`sluice_compute::ledger`); otherwise it is quarantined: listed under
@@ -212,8 +213,12 @@ pub async fn register(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
     well_formed(&r.location)?;
-    identified(&s, &who, "POST /v1/nodes/compute", &r.location).await?;
     let nodes = s.jobs.compute_nodes();
+    // A heartbeat of a live node is not checked again (its trainers'
+    // connections are, each with the CA).
+    if !nodes.is_live(&r.location) {
+        identified(&s, &who, "POST /v1/nodes/compute", &r.location).await?;
+    }
     let owner = (!who.shared()).then(|| who.name());
     nodes.register(owner, &r.location).map_err(|e| match e {
         Refused::Taken { .. } => {
@@ -278,8 +283,9 @@ async fn identified(
 }
 
 /// A node's location, if it is one: `grpc://`, `grpc+tcp://`,
-/// `grpc+tls://`, `http://` or `https://`, a host and a port in 1..=65535, nothing else (no user or
-/// password, path or query), at most 256 bytes, and not an address no
+/// `grpc+tls://`, `http://` or `https://`, a host and a port in
+/// 1..=65535, nothing else (no user or password, path or query), at most
+/// 256 bytes, and not an address no
 /// node can have (unspecified, link-local — where clouds serve their
 /// metadata —, multicast or broadcast).
 fn well_formed(location: &str) -> Result<(), ApiError> {
@@ -373,13 +379,13 @@ pub async fn register_storage(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(r) = body?;
     well_formed(&r.location)?;
-    identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
     // Flight over gRPC is HTTP/2: the client speaks `http://` (`https://`).
     let url = sluice_flight::tls::dial_url(&r.location);
     let session = s.jobs.session();
     if session.endpoints().iter().any(|e| e.name() == url) {
         return Ok(Json(serde_json::json!({ "location": url, "new": false })));
     }
+    identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
     let client = sluice_flight::StorageClient::with_credential(&url, s.node_credential.clone())
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_location", e.to_string()))?;
     let unreachable = |why: String| {

@@ -152,6 +152,14 @@ impl ComputeNodes {
         Ok(())
     }
 
+    /// Whether the node at `location` registered within the time to live.
+    pub fn is_live(&self, location: &str) -> bool {
+        self.lock()
+            .at
+            .get(location)
+            .is_some_and(|at| at.elapsed() <= self.ttl)
+    }
+
     /// The token that registered `location`, when it was a node's own.
     pub fn owner_of(&self, location: &str) -> Option<String> {
         self.lock().owners.get(location).cloned()
