@@ -20,8 +20,8 @@ use sluice_flight::ticket::QueryTicket;
 use sluice_udfs::UdfEnv;
 use tonic::Status;
 
-use crate::service_error::ServiceError;
 use crate::session::ComputeSession;
+use sluice_flight::CallError;
 
 /// The column that holds the objects.
 const DATA: &str = "data";
@@ -63,7 +63,7 @@ async fn target(session: &ComputeSession, d: &FlightDescriptor) -> Result<Option
         }));
     };
     let version: u64 = version.parse().map_err(|_| {
-        ServiceError::bad_request(format!(
+        CallError::bad_request(format!(
             "descriptor [{name:?}, {version:?}]: the version is not a number"
         ))
     })?;
@@ -119,7 +119,7 @@ pub async fn flight_info(
     };
     let mut info = FlightInfo::new()
         .try_with_schema(&t.metadata())
-        .map_err(|e| ServiceError::encoding(e.to_string()))?
+        .map_err(|e| CallError::encoding(e.to_string()))?
         .with_descriptor(d.clone())
         .with_endpoint(FlightEndpoint::new().with_ticket(t.ticket()?));
     if let Some(n) = t.samples {
@@ -140,7 +140,7 @@ pub async fn schema(
     SchemaAsIpc::new(&t.metadata(), &opts)
         .try_into()
         .map(Some)
-        .map_err(|e: arrow::error::ArrowError| ServiceError::encoding(e.to_string()))
+        .map_err(|e: arrow::error::ArrowError| CallError::encoding(e.to_string()))
 }
 
 /// NOT_FOUND for a descriptor that names neither a dataset nor a job.
@@ -153,7 +153,7 @@ pub fn not_found(d: &FlightDescriptor, job: Status) -> Status {
     } else {
         format!("command {:?}", String::from_utf8_lossy(&d.cmd))
     };
-    ServiceError::NotFound(format!(
+    CallError::NotFound(format!(
         "descriptor {what} names no dataset and no job ({})",
         job.message()
     ))

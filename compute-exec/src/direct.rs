@@ -30,8 +30,8 @@ use tonic::server::NamedService;
 use tower_service::Service;
 
 use crate::job::Jobs;
-use crate::service_error::ServiceError;
 use crate::trainer;
+use sluice_flight::CallError;
 
 /// The path of Flight's `DoGet`.
 const DO_GET: &str = "/arrow.flight.protocol.FlightService/DoGet";
@@ -117,8 +117,7 @@ where
             let bytes = match Limited::new(body, MAX_TICKET).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => {
-                    let s =
-                        ServiceError::bad_request(format!("cannot read the DoGet request: {e}"));
+                    let s = CallError::bad_request(format!("cannot read the DoGet request: {e}"));
                     return Ok(s.into_http());
                 }
             };

@@ -25,8 +25,6 @@
 //!   and `/healthz` never wait on query CPU;
 //! - [`service`] and [`client`]: a compute node's Flight service (queries
 //!   and job streams on one port), and its typed query client;
-//! - [`service_error`]: what the service answers when a call itself is
-//!   wrong, each with its code and kind;
 //! - [`queries`]: its SQL queries — who may run one, limits, deadline —
 //!   run for `DoGet` and for Flight SQL alike;
 //! - [`flight_sql`]: Flight SQL on the same port — statements, prepared
@@ -57,7 +55,6 @@ pub mod offthread;
 pub mod queries;
 pub mod remote;
 pub mod service;
-pub mod service_error;
 pub mod session;
 pub mod sql_params;
 pub mod statement_limits;

@@ -46,8 +46,8 @@ use crate::flight_sql;
 use crate::job::{JobState, Jobs};
 use crate::offthread::plan_on;
 use crate::queries::Queries;
-use crate::service_error::ServiceError;
 use crate::trainer;
+use sluice_flight::CallError;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -127,7 +127,7 @@ impl QueryService {
 
     fn checkpoints(&self) -> Result<&Arc<dyn CheckpointEndpoint>, Status> {
         self.checkpoints.as_ref().ok_or_else(|| {
-            ServiceError::NotServed(
+            CallError::NotServed(
                 "this server keeps no checkpoints: they live in the data dir of a `sluice serve` \
                  without --storage"
                     .into(),
@@ -222,7 +222,7 @@ impl FlightService for QueryService {
             }
             let info = FlightInfo::new()
                 .try_with_schema(&schema)
-                .map_err(|e| ServiceError::encoding(e.to_string()))?
+                .map_err(|e| CallError::encoding(e.to_string()))?
                 .with_descriptor(FlightDescriptor::new_path(vec![name]))
                 .with_total_records(stats.samples as i64)
                 .with_total_bytes(stats.bytes as i64);
@@ -268,7 +268,7 @@ impl FlightService for QueryService {
         &self,
         _request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(ServiceError::NotServed(
+        Err(CallError::NotServed(
             "send a query ticket to DoGet, or a job id to GetFlightInfo".into(),
         )
         .status())
@@ -324,7 +324,7 @@ impl FlightService for QueryService {
         let first = data
             .message()
             .await?
-            .ok_or_else(|| ServiceError::bad_request("an empty DoPut stream"))?;
+            .ok_or_else(|| CallError::bad_request("an empty DoPut stream"))?;
         if let Some(d) = first
             .flight_descriptor
             .as_ref()
@@ -342,7 +342,7 @@ impl FlightService for QueryService {
             .as_ref()
             .and_then(|d| PutCommand::parse(&d.cmd))
             .ok_or_else(|| {
-                ServiceError::bad_request(
+                CallError::bad_request(
                     "DoPut takes checkpoint parts: a descriptor command \
                      {\"checkpoint_upload\", \"offset\"}",
                 )
@@ -351,7 +351,7 @@ impl FlightService for QueryService {
         let bytes = checkpoints.put(command, rest).await?;
         let reply = PutResult {
             app_metadata: serde_json::to_vec(&serde_json::json!({ "bytes": bytes }))
-                .map_err(|e| ServiceError::encoding(e.to_string()))?
+                .map_err(|e| CallError::encoding(e.to_string()))?
                 .into(),
         };
         Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
@@ -361,7 +361,7 @@ impl FlightService for QueryService {
         &self,
         _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(ServiceError::NotServed("DoExchange is not used".into()).status())
+        Err(CallError::NotServed("DoExchange is not used".into()).status())
     }
 
     async fn do_action(
@@ -386,13 +386,13 @@ impl FlightService for QueryService {
             return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
         }
         if action.r#type != EXPLAIN {
-            return Err(ServiceError::bad_request(format!(
+            return Err(CallError::bad_request(format!(
                 "unknown action {:?} (known: {EXPLAIN})",
                 action.r#type
             )));
         }
         let t: QueryTicket = serde_json::from_slice(&action.body).map_err(|e| {
-            ServiceError::bad_request(format!("explain: the body is a query ticket: {e}"))
+            CallError::bad_request(format!("explain: the body is a query ticket: {e}"))
         })?;
         let t = self.queries.capped(t);
         let sql = crate::explain::explained(&t.sql).unwrap_or(&t.sql);

@@ -45,7 +45,7 @@ use sluice_flight::ticket::JobTicket;
 use tonic::Status;
 
 use crate::job::{JobError, Jobs, RankBatch};
-use crate::service_error::ServiceError;
+use sluice_flight::CallError;
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
@@ -69,12 +69,12 @@ pub fn job_status(e: &JobError) -> Status {
 fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
     let id = if !d.cmd.is_empty() {
         String::from_utf8(d.cmd.to_vec())
-            .map_err(|_| ServiceError::bad_request("the descriptor's cmd is not a job id"))?
+            .map_err(|_| CallError::bad_request("the descriptor's cmd is not a job id"))?
     } else {
         d.path.first().cloned().unwrap_or_default()
     };
     if id.is_empty() {
-        return Err(ServiceError::bad_request("the descriptor names no job"));
+        return Err(CallError::bad_request("the descriptor names no job"));
     }
     Ok(id)
 }
@@ -84,8 +84,8 @@ fn job_id(d: &FlightDescriptor) -> Result<String, Status> {
 fn encode(rows: &Gathered, meta: &BatchMeta) -> Result<Vec<SlicedMessage>, Status> {
     let mut out = rows
         .encode_split(MAX_TRAINER_MESSAGE)
-        .map_err(|e| ServiceError::encoding(format!("cannot encode a batch: {e}")))?;
-    let json = serde_json::to_vec(meta).map_err(|e| ServiceError::encoding(e.to_string()))?;
+        .map_err(|e| CallError::encoding(format!("cannot encode a batch: {e}")))?;
+    let json = serde_json::to_vec(meta).map_err(|e| CallError::encoding(e.to_string()))?;
     if let Some(last) = out.last_mut() {
         last.app_metadata = Bytes::from(json);
     }
@@ -104,7 +104,7 @@ pub async fn flight_info(
     let layout = job.layout().await.map_err(|e| job_status(&e))?;
     let mut info = FlightInfo::new()
         .try_with_schema(job.schema())
-        .map_err(|e| ServiceError::encoding(e.to_string()))?
+        .map_err(|e| CallError::encoding(e.to_string()))?
         .with_descriptor(descriptor)
         .with_ordered(true)
         .with_total_records((layout.per_rank() * layout.world_size) as i64);
@@ -140,7 +140,7 @@ pub fn schema(jobs: &Jobs, descriptor: &FlightDescriptor) -> Result<SchemaResult
     let opts = IpcWriteOptions::default();
     SchemaAsIpc::new(job.schema(), &opts)
         .try_into()
-        .map_err(|e: arrow::error::ArrowError| ServiceError::encoding(e.to_string()))
+        .map_err(|e: arrow::error::ArrowError| CallError::encoding(e.to_string()))
 }
 
 /// A job stream's messages.
@@ -152,11 +152,11 @@ fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
     match (t.transport, checked) {
         (Transport::Flight, _) | (Transport::Auto, None | Some(Err(_))) => Ok(false),
         (_, Some(Ok(()))) => Ok(true),
-        (Transport::Shm, None) => Err(ServiceError::bad_request(
+        (Transport::Shm, None) => Err(CallError::bad_request(
             "transport shm needs the trainer's probe of /dev/shm",
         )),
         (Transport::Shm, Some(Err(why))) => {
-            Err(ServiceError::NoSharedMemory(format!("transport shm: {why}")).status())
+            Err(CallError::NoSharedMemory(format!("transport shm: {why}")).status())
         }
     }
 }
@@ -240,7 +240,7 @@ async fn made(msgs: Vec<SlicedMessage>) -> Result<Vec<SlicedMessage>, Status> {
     }
     tokio::task::spawn_blocking(move || msgs.into_iter().map(SlicedMessage::made).collect())
         .await
-        .map_err(|e| ServiceError::encoding(format!("cannot finish a batch: {e}")))
+        .map_err(|e| CallError::encoding(format!("cannot finish a batch: {e}")))
 }
 
 fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
@@ -251,7 +251,7 @@ fn flight_bytes(msgs: &[SlicedMessage]) -> u64 {
 
 /// A message with app metadata only.
 fn control(meta: &impl Serialize) -> Result<SlicedMessage, Status> {
-    let json = serde_json::to_vec(meta).map_err(|e| ServiceError::encoding(e.to_string()))?;
+    let json = serde_json::to_vec(meta).map_err(|e| CallError::encoding(e.to_string()))?;
     Ok(SlicedMessage {
         app_metadata: Bytes::from(json),
         ..SlicedMessage::default()
@@ -314,7 +314,7 @@ impl ShmStream {
         let whole = match d.rows.encode() {
             Ok(m) => m,
             Err(e) => {
-                return vec![Err(ServiceError::encoding(format!(
+                return vec![Err(CallError::encoding(format!(
                     "cannot encode a batch: {e}"
                 )))];
             }
@@ -334,7 +334,7 @@ impl ShmStream {
                         "batches too large for a shared-memory segment: Flight it is");
                 }
                 Err(e) if self.forced => {
-                    return vec![Err(ServiceError::NoSharedMemory(format!(
+                    return vec![Err(CallError::NoSharedMemory(format!(
                         "transport shm: cannot make a segment in {}: {e}",
                         sluice_flight::shm::SHM_DIR
                     ))
@@ -355,7 +355,7 @@ impl ShmStream {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    out.push(Err(ServiceError::encoding(e)));
+                    out.push(Err(CallError::encoding(e)));
                     return out;
                 }
             }

@@ -16,6 +16,8 @@
 //!   for every window of a job stream (one `DoExchange` per node);
 //! - [`fault`]: [`Fault`], the one error vocabulary (a gRPC code and a
 //!   stable kind per error) and the one mapping to `tonic::Status`;
+//!   [`call_error`]: [`CallError`], what a node's service answers when a
+//!   call itself is wrong;
 //! - [`error_details`]: the kind as a `google.rpc.ErrorInfo` in the
 //!   status details;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
@@ -46,6 +48,7 @@
 //!   service, and [`CheckpointEndpoint`], what serves it.
 
 pub mod body;
+pub mod call_error;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;
@@ -74,6 +77,7 @@ pub mod throttle;
 pub mod ticket;
 pub mod tls;
 
+pub use call_error::CallError;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};

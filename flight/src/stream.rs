@@ -26,6 +26,7 @@ use futures::{Stream, StreamExt, TryStreamExt, stream};
 use tonic::Status;
 use tonic::transport::Endpoint;
 
+use crate::call_error::CallError;
 use crate::credential::{Credential, FlightClient};
 use crate::messages::FragmentReport;
 use crate::throttle::TokenBucket;
@@ -92,7 +93,7 @@ where
         .build(batches)
         .map_err(|e| match e {
             FlightError::Tonic(s) => *s,
-            other => Status::internal(other.to_string()),
+            other => CallError::encoding(other.to_string()),
         })
         .and_then(move |d| {
             let n = d.data_body.len() + d.data_header.len();
@@ -107,7 +108,7 @@ where
         });
     let last = stream::once(async move {
         let r = report(rows.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
-        let json = serde_json::to_vec(&r).map_err(|e| Status::internal(e.to_string()))?;
+        let json = serde_json::to_vec(&r).map_err(|e| CallError::encoding(e.to_string()))?;
         Ok(FlightData::new().with_app_metadata(Bytes::from(json)))
     });
     Box::pin(data.chain(last))

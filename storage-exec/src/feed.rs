@@ -21,6 +21,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
+use sluice_flight::CallError;
 use sluice_flight::fault::status_of;
 use sluice_flight::feed::{FEED_AHEAD, Feed, window_take};
 use sluice_flight::messages::{FragmentReport, Ticket, TicketKind};
@@ -114,17 +115,17 @@ pub async fn serve(
     let first = requests
         .message()
         .await?
-        .ok_or_else(|| Status::invalid_argument("an exchange with no message"))?;
+        .ok_or_else(|| CallError::bad_request("an exchange with no message"))?;
     let cmd = first.flight_descriptor.map(|d| d.cmd).unwrap_or_default();
     let ticket =
-        Ticket::decode(cmd).map_err(|e| Status::invalid_argument(format!("bad ticket: {e}")))?;
+        Ticket::decode(cmd).map_err(|e| CallError::bad_request(format!("bad ticket: {e}")))?;
     let Some(TicketKind::Feed(t)) = ticket.kind else {
-        return Err(Status::invalid_argument(
+        return Err(CallError::bad_request(
             "a DoExchange opens a feed: its first message's descriptor command is a feed ticket",
         ));
     };
     let mut options: UdfOptions = serde_json::from_str(&t.udf_options)
-        .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+        .map_err(|e| CallError::bad_request(format!("bad UDF options: {e}")))?;
     options.limits = options.limits.capped_by(&limits);
     let udfs = UdfEnv::new(options);
     let feed = Arc::new(
@@ -140,7 +141,7 @@ pub async fn serve(
             let run = match requests.message().await {
                 Ok(None) | Err(_) => return,
                 Ok(Some(m)) => match window_take(&m) {
-                    Err(e) => tokio::spawn(std::future::ready(Err(Status::invalid_argument(e)))),
+                    Err(e) => tokio::spawn(std::future::ready(Err(CallError::bad_request(e)))),
                     Ok(take) => {
                         let feed = Arc::clone(&feed);
                         tokio::spawn(async move {
@@ -168,7 +169,7 @@ pub async fn serve(
         .then(|run| async move {
             match run.await {
                 Ok(ran) => ran,
-                Err(e) => Err(Status::internal(format!("a window's task failed: {e}"))),
+                Err(e) => Err(CallError::encoding(format!("a window's task failed: {e}"))),
             }
         })
         .map(move |ran| {

@@ -32,6 +32,7 @@ use arrow_flight::{
 use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
+use sluice_flight::CallError;
 use sluice_flight::fault::{self, status_of};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
@@ -79,7 +80,7 @@ impl StorageFlightService {
 
     async fn fragment(&self, t: FragmentTicket) -> Result<FlightStream, Status> {
         let mut options: UdfOptions = serde_json::from_str(&t.udf_options)
-            .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+            .map_err(|e| CallError::bad_request(format!("bad UDF options: {e}")))?;
         options.limits = options.limits.capped_by(&self.limits);
         let udfs = UdfEnv::new(options);
         let ctx = self.node.session(&udfs);
@@ -105,12 +106,12 @@ impl StorageFlightService {
     /// Times a fragment for calibration (`time_fragment`).
     async fn time(&self, body: &[u8]) -> Result<FragmentTiming, Status> {
         let t = TimeTicket::decode(body)
-            .map_err(|e| Status::invalid_argument(format!("bad time_fragment body: {e}")))?;
+            .map_err(|e| CallError::bad_request(format!("bad time_fragment body: {e}")))?;
         let f = t
             .fragment
-            .ok_or_else(|| Status::invalid_argument("time_fragment without a fragment"))?;
+            .ok_or_else(|| CallError::bad_request("time_fragment without a fragment"))?;
         let mut options: UdfOptions = serde_json::from_str(&f.udf_options)
-            .map_err(|e| Status::invalid_argument(format!("bad UDF options: {e}")))?;
+            .map_err(|e| CallError::bad_request(format!("bad UDF options: {e}")))?;
         options.limits = options.limits.capped_by(&self.limits);
         let udfs = UdfEnv::new(options);
         let ctx = self.node.session(&udfs);
@@ -144,7 +145,7 @@ impl StorageFlightService {
 /// An action's JSON body, or INVALID_ARGUMENT naming the action.
 fn json_body<T: serde::de::DeserializeOwned>(action: &Action) -> Result<T, Status> {
     serde_json::from_slice(&action.body)
-        .map_err(|e| Status::invalid_argument(format!("bad {} body: {e}", action.r#type)))
+        .map_err(|e| CallError::bad_request(format!("bad {} body: {e}", action.r#type)))
 }
 
 #[tonic::async_trait]
@@ -161,7 +162,7 @@ impl FlightService for StorageFlightService {
         &self,
         _request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented("storage nodes need no handshake"))
+        Err(CallError::NotServed("storage nodes need no handshake".into()).status())
     }
 
     async fn list_flights(
@@ -171,15 +172,15 @@ impl FlightService for StorageFlightService {
         let node = Arc::clone(&self.node);
         let datasets = tokio::task::spawn_blocking(move || node.list())
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| CallError::encoding(e.to_string()))?
             .map_err(Status::from)?;
         let mut infos = Vec::new();
         for d in datasets {
             let stats =
-                serde_json::to_vec(&d.stats).map_err(|e| Status::internal(e.to_string()))?;
+                serde_json::to_vec(&d.stats).map_err(|e| CallError::encoding(e.to_string()))?;
             let info = FlightInfo::new()
                 .try_with_schema(&d.schema)
-                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| CallError::encoding(e.to_string()))?
                 .with_descriptor(FlightDescriptor::new_path(vec![
                     d.name.clone(),
                     d.version.to_string(),
@@ -196,16 +197,14 @@ impl FlightService for StorageFlightService {
         &self,
         _request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Err(Status::unimplemented("use ListFlights to list datasets"))
+        Err(CallError::NotServed("use ListFlights to list datasets".into()).status())
     }
 
     async fn poll_flight_info(
         &self,
         _request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented(
-            "fragments are not long-running queries",
-        ))
+        Err(CallError::NotServed("fragments are not long-running queries".into()).status())
     }
 
     async fn get_schema(
@@ -221,12 +220,12 @@ impl FlightService for StorageFlightService {
         let node = Arc::clone(&self.node);
         let schema = tokio::task::spawn_blocking(move || node.table_schema(&name))
             .await
-            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| CallError::encoding(e.to_string()))?
             .map_err(Status::from)?;
         let options = arrow::ipc::writer::IpcWriteOptions::default();
         let result: SchemaResult = SchemaAsIpc::new(&schema, &options)
             .try_into()
-            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+            .map_err(|e: arrow::error::ArrowError| CallError::encoding(e.to_string()))?;
         Ok(Response::new(result))
     }
 
@@ -235,16 +234,16 @@ impl FlightService for StorageFlightService {
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let ticket = Ticket::decode(request.into_inner().ticket)
-            .map_err(|e| Status::invalid_argument(format!("bad ticket: {e}")))?;
+            .map_err(|e| CallError::bad_request(format!("bad ticket: {e}")))?;
         let stream = match ticket.kind {
             Some(TicketKind::Fragment(t)) => self.fragment(t).await?,
             Some(TicketKind::Probe(p)) => self.probe(p),
             Some(TicketKind::Feed(_)) => {
-                return Err(Status::invalid_argument(
+                return Err(CallError::bad_request(
                     "a feed ticket opens a DoExchange, not a DoGet",
                 ));
             }
-            None => return Err(Status::invalid_argument("empty ticket")),
+            None => return Err(CallError::bad_request("empty ticket")),
         };
         Ok(Response::new(stream))
     }
@@ -253,9 +252,7 @@ impl FlightService for StorageFlightService {
         &self,
         _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(Status::unimplemented(
-            "ingest with `sluice ingest` on the storage node",
-        ))
+        Err(CallError::NotServed("ingest with `sluice ingest` on the storage node".into()).status())
     }
 
     async fn do_exchange(
@@ -297,13 +294,13 @@ impl FlightService for StorageFlightService {
                 }
             }
             other => {
-                return Err(Status::invalid_argument(format!(
+                return Err(CallError::bad_request(format!(
                     "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT}, \
                      {PREPARE_INGEST}, {FINISH_INGEST})"
                 )));
             }
         }
-        .map_err(|e| Status::internal(e.to_string()))?;
+        .map_err(|e| CallError::encoding(e.to_string()))?;
         let reply = arrow_flight::Result { body: body.into() };
         Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
     }

@@ -15,6 +15,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
+use sluice_flight::CallError;
 use sluice_flight::MAX_MESSAGE;
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data_schema};
 use sluice_flight::stream::FlightStream;
@@ -31,13 +32,13 @@ pub fn status(e: StorageError) -> Status {
 }
 
 fn body<'a, T: Deserialize<'a>>(kind: &str, bytes: &'a [u8]) -> Result<T, Status> {
-    serde_json::from_slice(bytes).map_err(|e| Status::invalid_argument(format!("{kind}: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| CallError::bad_request(format!("{kind}: {e}")))
 }
 
 fn json_bytes(v: &impl serde::Serialize) -> Result<Bytes, Status> {
     serde_json::to_vec(v)
         .map(Bytes::from)
-        .map_err(|e| Status::internal(e.to_string()))
+        .map_err(|e| CallError::encoding(e.to_string()))
 }
 
 /// The value buffers of a batch's first (binary) column, in row order.
@@ -147,7 +148,7 @@ impl CheckpointEndpoint for Checkpoints {
             .build(batches)
             .map_err(|e| match e {
                 FlightError::Tonic(s) => *s,
-                other => Status::internal(other.to_string()),
+                other => CallError::encoding(other.to_string()),
             });
         Ok(Box::pin(data))
     }
@@ -181,7 +182,7 @@ impl CheckpointEndpoint for Checkpoints {
                 let n: Named = body(kind, bytes)?;
                 json_bytes(&self.delete(&n.name, n.version).map_err(status)?)
             }
-            other => Err(Status::invalid_argument(format!(
+            other => Err(CallError::bad_request(format!(
                 "unknown checkpoint action {:?}",
                 other.chars().take(64).collect::<String>()
             ))),

@@ -1,36 +1,38 @@
-//! [`ServiceError`]: what a compute node's Flight service answers when a
-//! call itself is wrong or cannot be served — as opposed to an error of a
-//! job, a query or a storage node, which carry their own codes and kinds.
+//! [`CallError`]: what a node's Flight service (a compute node's or a
+//! storage node's) answers when a call itself is wrong or cannot be
+//! served — as opposed to an error of a job, a query or the storage
+//! engine, which carry their own codes and kinds.
 //! Each variant chooses its gRPC code and stable kind in one exhaustive
 //! `match` ([`Fault`]), and becomes a `tonic::Status` only through
-//! [`sluice_flight::fault::status`] (see [`ServiceError::status`]).
+//! [`crate::fault::status`] (see [`CallError::status`]).
 
-use sluice_flight::Fault;
+use crate::fault::Fault;
 use tonic::{Code, Status};
 
 /// See the module docs.
 #[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
+pub enum CallError {
     /// The request is malformed: a descriptor, ticket, body or header
     /// this service cannot read.
     #[error("{0}")]
     BadRequest(String),
-    /// The service does not do this (`DoExchange`, checkpoints where none
-    /// are kept).
+    /// The service does not do this (`DoExchange` on a compute node,
+    /// `Handshake` on a storage node, checkpoints where none are kept).
     #[error("{0}")]
     NotServed(String),
-    /// A descriptor names neither a dataset nor a job.
+    /// A descriptor or ticket names nothing this node has.
     #[error("{0}")]
     NotFound(String),
     /// Shared memory was asked for and this host cannot give it.
     #[error("{0}")]
     NoSharedMemory(String),
-    /// A batch, schema or message could not be written.
+    /// A batch, schema or message could not be written, or a task of the
+    /// call's failed.
     #[error("{0}")]
     Encoding(String),
 }
 
-impl Fault for ServiceError {
+impl Fault for CallError {
     fn code(&self) -> Code {
         match self {
             Self::BadRequest(_) => Code::InvalidArgument,
@@ -52,10 +54,10 @@ impl Fault for ServiceError {
     }
 }
 
-impl ServiceError {
+impl CallError {
     /// The status it answers with.
     pub fn status(self) -> Status {
-        sluice_flight::fault::status(&self)
+        crate::fault::status(&self)
     }
 
     /// A malformed request, as a status.
@@ -72,36 +74,28 @@ impl ServiceError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_flight::fault::kind_of;
+    use crate::fault::kind_of;
 
     #[test]
     fn every_variant_has_its_code_and_kind_on_the_wire() {
         let cases = [
             (
-                ServiceError::BadRequest("x".into()),
+                CallError::BadRequest("x".into()),
                 Code::InvalidArgument,
                 "invalid_request",
             ),
             (
-                ServiceError::NotServed("x".into()),
+                CallError::NotServed("x".into()),
                 Code::Unimplemented,
                 "not_served",
             ),
+            (CallError::NotFound("x".into()), Code::NotFound, "not_found"),
             (
-                ServiceError::NotFound("x".into()),
-                Code::NotFound,
-                "not_found",
-            ),
-            (
-                ServiceError::NoSharedMemory("x".into()),
+                CallError::NoSharedMemory("x".into()),
                 Code::FailedPrecondition,
                 "shm_unavailable",
             ),
-            (
-                ServiceError::Encoding("x".into()),
-                Code::Internal,
-                "encoding",
-            ),
+            (CallError::Encoding("x".into()), Code::Internal, "encoding"),
         ];
         for (e, code, kind) in cases {
             let s = e.status();
