@@ -1,9 +1,9 @@
 //! The output bytes that all job streams of a node may have in flight
 //! together.
 //!
-//! A reader bounds its own memory (`WINDOWS_RUNNING + WINDOWS_WAITING` windows of about
-//! `WINDOW_BYTES` plus a channel of batches), but a node serving 64
-//! trainers would still hold 64 times that. Each window reserves its
+//! A reader bounds its own memory (`WINDOWS_RUNNING + WINDOWS_WAITING`
+//! windows of about `WINDOW_BYTES` plus a channel of batches), but a node
+//! serving 64 trainers would still hold 64 times that. Each window reserves its
 //! expected output bytes here before it runs and gives them back once
 //! its rows are cut into batches and sent: past the budget, windows wait
 //! (first come, first served) instead of growing the process. A window
@@ -68,7 +68,8 @@ impl WindowBudget {
 
 impl Default for WindowBudget {
     /// 2 GiB: the windows of 10 readers at full size (each takes
-    /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it cuts into batches).
+    /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it
+    /// cuts into batches).
     fn default() -> Self {
         Self::new(2 << 30)
     }

@@ -11,8 +11,8 @@
 //!  fetch     per window: output cache ─► window budget ─► the plan, run on
 //!            the jobs' runtime over the rows' ids ─► retry a lost node
 //!            (`fetch`)
-//!  in order  WINDOWS_RUNNING windows at once, WINDOWS_WAITING more done early and waiting
-//!            (`crate::job::in_order`)
+//!  in order  WINDOWS_RUNNING windows at once, WINDOWS_WAITING more done
+//!            early and waiting (`crate::job::in_order`)
 //!  rebatch   rows back at their slots ─► batches; the finish stage
 //!            (normalize) runs as they are cut (`crate::job::rebatch`)
 //!  sink      the reader's channel (`deliver`): full, the windows stop,

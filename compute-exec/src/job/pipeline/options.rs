@@ -3,10 +3,10 @@
 //! once, how many batches wait for the reader, how a window retries a
 //! storage node it cannot reach, and what an epoch begun ahead may take.
 //!
-//! Memory per reader is bounded by `WINDOWS_RUNNING + WINDOWS_WAITING + 1` windows of
-//! about `WINDOW_BYTES` each and the channel's `CHANNEL_BATCHES` batches,
-//! whatever the size of a sample; the windows of all readers together by
-//! the node's [`crate::job::WindowBudget`].
+//! Memory per reader is bounded by `WINDOWS_RUNNING + WINDOWS_WAITING + 1`
+//! windows of about `WINDOW_BYTES` each and the channel's
+//! `CHANNEL_BATCHES` batches, whatever the size of a sample; the windows
+//! of all readers together by the node's [`crate::job::WindowBudget`].
 
 use std::time::Duration;
 
@@ -29,14 +29,14 @@ pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 /// over its cores), few enough that a reader holds little.
 pub const WINDOWS_RUNNING: usize = 3;
 
-/// Windows a reader may have beyond [`WINDOWS_RUNNING`], done before an older
-/// one and waiting for it (see [`crate::job::in_order::InOrder`]): the
-/// cores go on with later windows while one is late.
+/// Windows a reader may have beyond [`WINDOWS_RUNNING`], done before an
+/// older one and waiting for it (see [`crate::job::in_order::InOrder`]):
+/// the cores go on with later windows while one is late.
 pub const WINDOWS_WAITING: usize = 3;
 
 /// A window holds at most this share of its stream's positions: twice
-/// the [`WINDOWS_RUNNING`] + [`WINDOWS_WAITING`] windows asked for ahead, rounded up to a
-/// power of two (1/16), so those never hold most of a short stream and a
+/// the [`WINDOWS_RUNNING`] + [`WINDOWS_WAITING`] windows asked for ahead,
+/// rounded up to a power of two (1/16), so those never hold most of a short stream and a
 /// re-plan (or a slower link than the last window saw) acts on the rest
 /// of it. A window is a message down an open feed, so small windows of a
 /// short stream cost little.
