@@ -117,6 +117,14 @@ impl Readings {
             let help = "Checkpoint uploads begun and not yet committed or aborted.";
             gauge(e, "sluice_checkpoint_uploads", help, n)?;
         }
+        self.job_caches(e)?;
+        let help = "Bytes of the shared-memory segments open to trainers on this host.";
+        gauge(e, "sluice_shm_mapped_bytes", help, self.shm)
+    }
+
+    /// The caches jobs read through: deterministic jobs' output rows, and
+    /// random jobs' decode stages.
+    fn job_caches(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), Error> {
         let o = &self.outputs;
         cache(
             e,
@@ -183,8 +191,7 @@ impl Readings {
                 ),
             ],
         )?;
-        let help = "Bytes of the shared-memory segments open to trainers on this host.";
-        gauge(e, "sluice_shm_mapped_bytes", help, self.shm)
+        Ok(())
     }
 
     /// Jobs by state, and each job's delivery.
