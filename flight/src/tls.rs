@@ -86,7 +86,19 @@ impl Tls {
             }
             _ => return Err("--tls-cert and --tls-key are given together".into()),
         };
-        Ok((ca.is_some() || identity.is_some()).then_some(Self { ca, identity }))
+        let tls = Self { ca, identity };
+        if let (Some(c), Some(k)) = (cert, key) {
+            // A key that is not the certificate's is refused now, naming
+            // both, not when the first connection arrives.
+            tls.rustls_server().map_err(|e| {
+                format!(
+                    "--tls-cert {} and --tls-key {}: {e}",
+                    c.display(),
+                    k.display()
+                )
+            })?;
+        }
+        Ok((tls.ca.is_some() || tls.identity.is_some()).then_some(tls))
     }
 
     /// Whether this process has a certificate to serve TLS with.

@@ -60,6 +60,12 @@ pub fn run(action: &CertsAction) -> anyhow::Result<()> {
                     && name != "ca",
                 "{name:?}: a node's name is letters, digits, '.', '-' and '_' (and not \"ca\")"
             );
+            for h in hosts {
+                anyhow::ensure!(
+                    rustls_pki_types::ServerName::try_from(h.as_str()).is_ok(),
+                    "{h:?} is not a host name or an IP address"
+                );
+            }
             let ca_key = std::fs::read_to_string(dir.join("ca.key")).with_context(|| {
                 format!(
                     "cannot read {}: make the CA first (sluice certs ca {})",
@@ -200,6 +206,40 @@ mod tests {
         assert!(verify(&ca, &cert, "10.0.0.9").is_err());
         let (other, _) = make_ca(10).unwrap();
         assert!(verify(&other, &cert, "127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_and_a_host_that_is_none_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        run(&CertsAction::Ca {
+            dir: pki.clone(),
+            years: 1,
+        })
+        .unwrap();
+        for name in ["a", "b"] {
+            run(&CertsAction::Node {
+                dir: pki.clone(),
+                name: name.into(),
+                hosts: vec!["127.0.0.1".into()],
+                days: 1,
+            })
+            .unwrap();
+        }
+        let err =
+            sluice_flight::Tls::load(None, Some(&pki.join("a.pem")), Some(&pki.join("b.key")))
+                .unwrap_err();
+        assert!(err.contains("a.pem") && err.contains("b.key"), "{err}");
+        assert!(err.contains("do not go together"), "{err}");
+        let bad = run(&CertsAction::Node {
+            dir: pki.clone(),
+            name: "c".into(),
+            hosts: vec!["not a host!".into()],
+            days: 1,
+        })
+        .unwrap_err();
+        assert!(bad.to_string().contains("not a host name"), "{bad}");
+        assert!(!pki.join("c.pem").exists() && !pki.join("c.key").exists());
     }
 
     #[test]
