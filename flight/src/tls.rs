@@ -41,6 +41,9 @@ pub struct Tls {
     ca: Option<(Vec<u8>, Vec<CertificateDer<'static>>)>,
     /// This process's certificate chain and key, PEM.
     identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The rustls client configuration, made once at load (every REST
+    /// call and identity probe dials with it).
+    client: Option<Arc<ClientConfig>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -86,7 +89,14 @@ impl Tls {
             }
             _ => return Err("--tls-cert and --tls-key are given together".into()),
         };
-        let tls = Self { ca, identity };
+        let mut tls = Self {
+            ca,
+            identity,
+            client: None,
+        };
+        if tls.ca.is_some() {
+            tls.client = Some(tls.make_client()?);
+        }
         if let (Some(c), Some(k)) = (cert, key) {
             // A key that is not the certificate's is refused now, naming
             // both, not when the first connection arrives.
@@ -172,6 +182,13 @@ impl Tls {
     /// servers checked against the CA; this process's certificate
     /// presented when it has one.
     pub fn rustls_client(&self) -> Result<Arc<ClientConfig>, String> {
+        self.client
+            .clone()
+            .ok_or_else(|| "an https:// URL needs the cluster's CA (--tls-ca)".to_string())
+    }
+
+    /// Builds [`Tls::rustls_client`]'s configuration.
+    fn make_client(&self) -> Result<Arc<ClientConfig>, String> {
         let (_, anchors) = self
             .ca
             .as_ref()
