@@ -28,7 +28,7 @@ use crate::rest_client::RestClient;
 /// process ends. A report the coordinator did not take is folded into the
 /// next; a job the coordinator no longer knows is no longer reported.
 pub fn report_progress(coordinator: Coordinator, jobs: Arc<Jobs>, node: String) {
-    tokio::spawn(async move {
+    sluice_base::task::detach(async move {
         let mut said: HashMap<String, Reported> = HashMap::new();
         loop {
             tokio::time::sleep(REPORT_EVERY).await;
@@ -99,7 +99,7 @@ impl Coordinator {
         let client = self.client.clone();
         let url = self.url.clone();
         let path = format!("/v1/nodes/{role}");
-        tokio::spawn(async move {
+        sluice_base::task::detach(async move {
             let body = serde_json::json!({ "location": location });
             let mut down = false;
             loop {

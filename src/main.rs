@@ -66,7 +66,7 @@ fn main() -> std::process::ExitCode {
     // runtime answers REST and Flight and writes shared-memory slots.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .thread_name("sluice-service")
-        .thread_stack_size(sluice_flight::executor::STACK_BYTES)
+        .thread_stack_size(sluice_base::executor::STACK_BYTES)
         .enable_all()
         .build()
     {
@@ -102,7 +102,7 @@ fn one_line(e: &anyhow::Error) -> String {
     for cause in e.chain() {
         let ours = cause
             .downcast_ref::<datafusion::error::DataFusionError>()
-            .and_then(sluice_flight::fault::fault_of);
+            .and_then(sluice_base::fault::fault_of);
         let text = ours.map_or_else(|| cause.to_string(), ToString::to_string);
         if msg.contains(&text) {
             continue;

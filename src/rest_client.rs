@@ -136,7 +136,7 @@ impl RestClient {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .with_context(|| format!("{}: not an HTTP server", self.url()))?;
-        tokio::spawn(async move {
+        sluice_base::task::detach(async move {
             let _ = conn.await;
         });
         Ok(sender)

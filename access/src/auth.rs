@@ -218,7 +218,7 @@ pub fn basic_password(header: &str) -> Option<String> {
 /// The status of a call without a valid token (kind `unauthorized`, as
 /// REST's 401 says it).
 pub fn unauthenticated() -> Status {
-    sluice_flight::fault::status_with(
+    sluice_base::fault::status_with(
         tonic::Code::Unauthenticated,
         "unauthorized",
         "a valid bearer token is required (authorization: Bearer TOKEN)",
@@ -228,7 +228,7 @@ pub fn unauthenticated() -> Status {
 /// The status of a call its token does not allow (kind `forbidden`, as
 /// REST's 403 says it).
 pub fn forbidden(why: &str) -> Status {
-    sluice_flight::fault::status_with(tonic::Code::PermissionDenied, "forbidden", why)
+    sluice_base::fault::status_with(tonic::Code::PermissionDenied, "forbidden", why)
 }
 
 /// The caller of a Flight request, as the interceptor left it (the open

@@ -15,13 +15,13 @@ use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, SchemaAsIpc, SchemaResult, Ticket,
 };
-use sluice_flight::fault::status_of;
+use sluice_base::fault::status_of;
 use sluice_flight::ticket::QueryTicket;
 use sluice_udfs::UdfEnv;
 use tonic::Status;
 
 use crate::session::ComputeSession;
-use sluice_flight::CallError;
+use sluice_base::CallError;
 
 /// The column that holds the objects.
 const DATA: &str = "data";
@@ -45,7 +45,7 @@ async fn target(session: &ComputeSession, d: &FlightDescriptor) -> Result<Option
     session
         .refresh()
         .await
-        .map_err(|e| sluice_flight::fault::status(&e))?;
+        .map_err(|e| sluice_base::fault::status(&e))?;
     let name = &d.path[0];
     let Some((_, latest, stats)) = session
         .datasets()

@@ -31,7 +31,7 @@ use tower_service::Service;
 
 use crate::job::Jobs;
 use crate::trainer;
-use sluice_flight::CallError;
+use sluice_base::CallError;
 
 /// The path of Flight's `DoGet`.
 const DO_GET: &str = "/arrow.flight.protocol.FlightService/DoGet";

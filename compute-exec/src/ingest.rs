@@ -29,8 +29,9 @@ use std::time::Instant;
 
 use futures::future::join_all;
 use serde::Serialize;
+use sluice_base::Fault;
 use sluice_flight::ingest::{IngestPart, SkippedObject};
-use sluice_flight::{Fault, LinkError, StorageEndpoint};
+use sluice_flight::{LinkError, StorageEndpoint};
 use tonic::Code;
 
 /// What to ingest: a source on a filesystem every storage node sees at

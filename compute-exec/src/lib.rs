@@ -11,11 +11,13 @@
 //!
 //! - [`session`]: [`ComputeSession`] — learns the storage nodes' datasets and
 //!   statistics, plans a query, runs the compute fragment;
+//! - [`compute_schema`] ([`ComputeSchema`](compute_schema::ComputeSchema)):
+//!   the datasets the storage nodes listed as a session's tables;
 //! - [`calibration`]: the planner's probes timed on the storage nodes, so
 //!   auto placement and EXPLAIN use the dataset's own costs;
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
-//! - [`feeds`]: a job stream's feeds, one per storage node, each carrying
+//! - [`plan_feeds`]: a job stream's feeds, one per storage node, each carrying
 //!   every window of the stream to its node;
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
 //! - [`cooperative`]: joins yield between batches, so a query stops
@@ -34,24 +36,25 @@
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
 //!   by epoch, shuffled, resumable;
 //! - [`trainer`]: job streams to trainers (ticket, Flight info, batches
-//!   with resume offsets);
+//!   with resume offsets), each through its sink: Flight messages, or
+//!   shared-memory slots;
 //! - [`direct`]: `DoGet` of job tickets answered in gRPC frames in front of
 //!   tonic, so tensor bytes are not copied on their way out.
 
 pub mod access;
 pub mod calibration;
-pub mod catalog;
 pub mod client;
+pub mod compute_schema;
 pub mod cooperative;
 pub mod descriptors;
 pub mod direct;
 pub mod explain;
-pub mod feeds;
 pub mod flight_sql;
 pub mod ingest;
 pub mod job;
 pub mod ledger;
 pub mod offthread;
+pub mod plan_feeds;
 pub mod queries;
 pub mod remote;
 pub mod service;

@@ -15,7 +15,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, stream};
 use sluice_access::auth::forbidden;
 use sluice_access::{Auth, Grant};
-use sluice_flight::fault::status_of;
+use sluice_base::fault::status_of;
 use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::send_reported;
 use sluice_flight::ticket::QueryTicket;

@@ -36,7 +36,7 @@ use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
 
-use crate::feeds::Feeds;
+use crate::plan_feeds::Feeds;
 
 /// A dataset as the compute side sees it: its schema, planned over
 /// without its extents. Metadata filters are taken exactly (the storage

@@ -32,8 +32,8 @@ use datafusion::error::DataFusionError;
 use futures::{Stream, StreamExt, stream};
 use sluice_access::auth::principal_of;
 use sluice_access::{Auth, Grant};
+use sluice_base::fault::status_of;
 use sluice_flight::checkpoint::{ACTION_PREFIX, ACTIONS, PutCommand};
-use sluice_flight::fault::status_of;
 use sluice_flight::ticket::{QueryTicket, Ticket};
 use sluice_flight::{CheckpointEndpoint, MAX_MESSAGE};
 use sluice_udfs::UdfEnv;
@@ -47,7 +47,7 @@ use crate::job::{JobState, Jobs};
 use crate::offthread::plan_on;
 use crate::queries::Queries;
 use crate::trainer;
-use sluice_flight::CallError;
+use sluice_base::CallError;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -214,7 +214,7 @@ impl FlightService for QueryService {
             .session()
             .refresh()
             .await
-            .map_err(|e| sluice_flight::fault::status(&e))?;
+            .map_err(|e| sluice_base::fault::status(&e))?;
         let mut infos = Vec::new();
         for (name, schema, stats) in self.queries.session().datasets().await {
             if !who.may_read(&name) {

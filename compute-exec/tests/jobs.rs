@@ -9,9 +9,11 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use futures::{StreamExt, TryStreamExt};
+use sluice_base::Fault;
+use sluice_base::task::SpawnedTask;
 use sluice_compute::job::{JobState, JobStore, PlanSpec, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobError, JobSpec, Jobs, ResourceHints};
-use sluice_flight::{Fault, StorageClient, StorageEndpoint};
+use sluice_flight::{StorageClient, StorageEndpoint};
 use sluice_storage::flight_service::StorageFlightService;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{IngestOptions, IngestSource, OnError, StorageNode, Store, StoreOptions};
@@ -375,11 +377,12 @@ async fn over_flight(node: Arc<StorageNode>) -> Arc<dyn StorageEndpoint> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let service = StorageFlightService::new(node).server();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let serve = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    sluice_base::task::detach(async move {
+        let _ = serve.await;
+    });
     Arc::new(StorageClient::new(&format!("http://{addr}")).unwrap())
 }
 
@@ -728,7 +731,7 @@ async fn streams_share_the_window_budget_and_lose_nothing() {
     let reference = roomy.submit(spec(4, false, "auto")).await.unwrap();
     let watch = {
         let budget = budget.clone();
-        tokio::spawn(async move {
+        SpawnedTask::spawn(async move {
             let mut least = budget.available();
             for _ in 0..2000 {
                 least = least.min(budget.available());
@@ -740,7 +743,7 @@ async fn streams_share_the_window_budget_and_lose_nothing() {
     let readers: Vec<_> = (0..8u64)
         .map(|i| {
             let job = tight.get(job.id()).unwrap();
-            tokio::spawn(async move {
+            SpawnedTask::spawn(async move {
                 job.deliver(i % 4, i / 4, 0, None)
                     .await
                     .unwrap()
@@ -752,12 +755,12 @@ async fn streams_share_the_window_budget_and_lose_nothing() {
         })
         .collect();
     for (i, r) in readers.into_iter().enumerate() {
-        let got = r.await.unwrap();
+        let got = r.join().await.unwrap();
         let want = read(&roomy, reference.id(), i as u64 % 4, i as u64 / 4, 0).await;
         assert_eq!(got, want, "reader {i}");
     }
     assert_eq!(
-        watch.await.unwrap(),
+        watch.join().await.unwrap(),
         0,
         "the windows reserved from the budget"
     );
@@ -872,7 +875,7 @@ async fn one_executor_for_both_sides_reads_what_two_read() {
     let (store, apart) = store_and_node(dir.path(), "all", (0..SAMPLES).collect()).await;
     let apart = jobs(vec![apart]);
     for threads in [1, 2] {
-        let cpu = sluice_flight::Executor::new("sluice-test-cpu", threads).unwrap();
+        let cpu = sluice_base::Executor::new("sluice-test-cpu", threads).unwrap();
         let node = StorageNode::on(
             Arc::clone(&cpu),
             Arc::clone(&store),

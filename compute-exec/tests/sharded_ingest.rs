@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use sluice_base::Fault;
 use sluice_compute::ingest::{IngestError, IngestRequest, Ingests};
-use sluice_flight::{Fault, StorageEndpoint};
+use sluice_flight::StorageEndpoint;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
 use sluice_udfs::kernels::npy::{self, DType};

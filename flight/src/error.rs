@@ -5,7 +5,7 @@
 use datafusion::error::DataFusionError;
 use tonic::{Code, Status};
 
-use crate::fault::{Fault, fault_of, kind_of};
+use sluice_base::fault::{Fault, fault_of, kind_of};
 
 /// An error on the link or on the far side of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum LinkError {
         node: String,
         /// The node's gRPC code.
         code: Code,
-        /// The node's kind of error (see [`crate::fault`]).
+        /// The node's kind of error (see [`sluice_base::fault`]).
         kind: String,
         /// The node's message.
         message: String,
@@ -83,12 +83,12 @@ impl LinkError {
     }
 
     /// A fragment's failure on `node` with a DataFusion error: ours inside
-    /// it keeps its code and kind (see [`crate::fault::code_of`]).
+    /// it keeps its code and kind (see [`sluice_base::fault::code_of`]).
     pub fn running(node: &str, e: &DataFusionError) -> Self {
         match fault_of(e) {
             Some(f) => Self::execution(node, f),
             None => {
-                let (code, kind) = crate::fault::engine(e, false);
+                let (code, kind) = sluice_base::fault::engine(e, false);
                 Self::Execution {
                     node: node.to_string(),
                     code,
@@ -100,7 +100,7 @@ impl LinkError {
     }
 
     /// The error a client sees for `status` from `node`: the node's kind
-    /// (as [`crate::fault::status`] sent it) decides, else its code.
+    /// (as [`sluice_base::fault::status`] sent it) decides, else its code.
     pub fn from_status(node: &str, status: &Status) -> Self {
         let node = node.to_string();
         let (kind, message) = kind_of(status);
@@ -174,7 +174,7 @@ impl Fault for LinkError {
 /// What a storage node answers for its own error: the code and kind of
 /// [`Fault`], without the node's name (the client names the node it
 /// asked). A compute node relaying a node's error to a trainer uses
-/// [`crate::fault::status`], which names it.
+/// [`sluice_base::fault::status`], which names it.
 impl From<LinkError> for Status {
     fn from(e: LinkError) -> Status {
         let (code, kind) = (e.code(), e.kind().to_string());
@@ -186,13 +186,15 @@ impl From<LinkError> for Status {
             | LinkError::Unauthenticated { message, .. }
             | LinkError::Protocol(message) => message,
         };
-        crate::fault::status_with(code, &kind, &message)
+        sluice_base::fault::status_with(code, &kind, &message)
     }
 }
 
+/// Inside DataFusion, a link error keeps its code and kind: `fault_of`
+/// finds it again however the engine wrapped it.
 impl From<LinkError> for DataFusionError {
     fn from(e: LinkError) -> Self {
-        DataFusionError::External(Box::new(e))
+        sluice_base::fault::external(e)
     }
 }
 
@@ -253,7 +255,7 @@ mod tests {
             kind: "checksum_mismatch".into(),
             message: "stored crc32c 1, read 2".into(),
         };
-        let s = crate::fault::status(&e);
+        let s = sluice_base::fault::status(&e);
         assert_eq!(s.code(), Code::DataLoss);
         assert_eq!(
             s.message(),
@@ -261,7 +263,10 @@ mod tests {
         );
         // Inside a DataFusion error, as a window's failure reaches a job.
         let df = DataFusionError::from(e).context("window 2");
-        assert_eq!(crate::fault::status_of(&df, false).code(), Code::DataLoss);
+        assert_eq!(
+            sluice_base::fault::status_of(&df, false).code(),
+            Code::DataLoss
+        );
     }
 
     #[test]

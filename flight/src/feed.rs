@@ -38,6 +38,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use prost::Message;
+use sluice_base::task::SpawnedTask;
 use sluice_udfs::UdfEnv;
 use tokio::sync::mpsc;
 
@@ -124,7 +125,9 @@ fn lock(owed: &Mutex<Owed>) -> std::sync::MutexGuard<'_, Owed> {
 struct Exchange {
     requests: mpsc::UnboundedSender<FlightData>,
     owed: Arc<Mutex<Owed>>,
-    reader: tokio::task::JoinHandle<()>,
+    /// Held to be dropped with the exchange: dropping it (the response
+    /// stream) aborts the reader, which cancels the call on the node.
+    _reader: SpawnedTask<()>,
 }
 
 impl Exchange {
@@ -144,13 +147,6 @@ impl Exchange {
         }
         owed.windows.push_back(window.clone());
         Ok(())
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        // Dropping the response stream cancels the call on the node.
-        self.reader.abort();
     }
 }
 
@@ -202,7 +198,7 @@ impl RemoteFeed {
                 asked,
                 |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
             );
-        let reader = tokio::spawn(read(
+        let reader = SpawnedTask::spawn(read(
             self.link.clone(),
             asked,
             Arc::clone(&owed),
@@ -211,7 +207,7 @@ impl RemoteFeed {
         Exchange {
             requests,
             owed,
-            reader,
+            _reader: reader,
         }
     }
 }

@@ -1,6 +1,9 @@
-//! # sluice-flight: the storage→compute link
+//! # sluice-flight: the wire
 //!
-//! Everything the two sides of sluice say to each other over Arrow Flight:
+//! What sluice's nodes and trainers say to each other over Arrow Flight,
+//! and how it is laid out on the wire. The error vocabulary and the
+//! executor are below it (`sluice-base`), the shared-memory transport
+//! above it (`sluice-shm`).
 //!
 //! - [`messages`]: tickets (a fragment to run, or a link probe) and the
 //!   per-dataset and per-node descriptions a storage node lists;
@@ -11,17 +14,13 @@
 //!   are resolved in the storage node's registry);
 //! - [`endpoint`]: [`StorageEndpoint`], what the compute side needs of a
 //!   storage node, implemented over Flight by [`StorageClient`] and
-//!   in-process by the storage crate;
+//!   in-process by the storage crate; [`ingest`]: the parts of a sharded
+//!   ingest as they travel;
 //! - [`feed`]: [`Feed`], a fragment bound once on a storage node and run
 //!   for every window of a job stream (one `DoExchange` per node);
-//! - [`fault`]: [`Fault`], the one error vocabulary (a gRPC code and a
-//!   stable kind per error) and the one mapping to `tonic::Status`;
-//!   [`call_error`]: [`CallError`], what a node's service answers when a
-//!   call itself is wrong;
-//! - [`error_details`]: the kind as a `google.rpc.ErrorInfo` in the
-//!   status details;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
+//!   [`link`]: a dialled node, retried alike everywhere;
 //! - [`credential`]: [`Credential`], what a node presents on the calls it
 //!   makes (its token, and its certificate); [`tls`]: [`Tls`], the
 //!   cluster's CA and a node's certificate as tonic's and rustls's
@@ -29,47 +28,38 @@
 //! - [`slices`] and [`frames`]: Flight messages whose IPC body is the
 //!   batch's own buffers, and their gRPC frames written without copying
 //!   them (the trainer streams); [`gather`]: the same for rows picked
-//!   from other batches, never made into a batch of their own;
-//!   [`piece`]: a stretch of such a body, which may be computed where it
-//!   is written; [`finish`]: a column so computed, the job's last
-//!   elementwise stage run as its rows are written out;
-//! - [`shm`]: shared-memory segments that carry a job's batches to a
-//!   trainer on the same host, Flight carrying only control messages;
+//!   from other batches, never made into a batch of their own, laid out
+//!   by [`body`]; [`piece`]: a stretch of such a body, which may be
+//!   computed where it is written; [`finish`]: a column so computed, the
+//!   job's last elementwise stage run as its rows are written out;
+//! - [`shm_handshake`]: what a trainer and its server say to set up
+//!   shared memory;
 //! - [`ticket`]: [`Ticket`], every `DoGet` ticket of a compute node as one
 //!   tagged enum (job, query, checkpoint);
+//! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
+//!   service, and [`CheckpointEndpoint`], the service's side of it (the
+//!   store that serves it is the storage crate's `checkpoint`);
 //! - [`lru`]: [`Lru`], a map under a byte budget, scan-resistant: the
 //!   eviction policy of the node's caches (defined in `sluice_udfs`, whose
 //!   stage cache uses it too, and re-exported here);
-//! - [`executor`]: [`Executor`], the named pool of threads a process
-//!   computes on, shared by the roles it plays;
-//! - [`throttle`]: a token bucket to limit the link (an experiment knob);
-//! - [`cpu_time`]: the process's CPU time, as nodes report it;
-//! - [`checkpoint`]: the checkpoint protocol trainers speak to the same
-//!   service, and [`CheckpointEndpoint`], what serves it.
+//! - [`throttle`]: a token bucket to limit the link (an experiment knob).
 
 pub mod body;
-pub mod call_error;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;
-pub mod cpu_time;
 pub mod credential;
 pub mod endpoint;
 pub mod error;
-pub mod error_details;
-pub mod executor;
-pub mod fault;
 pub mod feed;
 pub mod finish;
 pub mod frames;
 pub mod gather;
 pub mod ingest;
-pub mod kept;
 pub mod link;
 pub mod messages;
 pub mod piece;
 pub mod scan;
-pub mod shm;
 pub mod shm_handshake;
 pub mod slices;
 pub mod stream;
@@ -77,16 +67,12 @@ pub mod throttle;
 pub mod ticket;
 pub mod tls;
 
-pub use call_error::CallError;
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
-pub use cpu_time::process_cpu_ns;
 pub use credential::{Credential, FlightClient};
 pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
-pub use executor::Executor;
-pub use fault::Fault;
 pub use feed::Feed;
 pub use scan::{DatasetScanExec, SLOT, Take};
 pub use sluice_udfs::lru::{self, Lru};

@@ -20,8 +20,8 @@
 //!   [`FragmentReport`] (JSON): the bad samples the node met.
 
 use serde::{Deserialize, Serialize};
+use sluice_base::BadSample;
 use sluice_udfs::StageTiming;
-use sluice_udfs::env::BadSample;
 
 /// A Flight ticket.
 #[derive(Clone, PartialEq, prost::Message)]

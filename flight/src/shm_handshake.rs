@@ -1,14 +1,9 @@
-//! What a trainer and its server say to set up shared memory
-//! (`crate::shm`): the [`Transport`] a trainer asks for, the [`Probe`]
-//! that proves it shares this host's `/dev/shm`, where the stream's
-//! segment is ([`SegmentInfo`]) and which slot holds a batch
-//! ([`SlotRef`]); and [`sweep`], which removes what processes killed
-//! before they could clean up left in `/dev/shm`.
-
-use std::ffi::CString;
-use std::fs::File;
-use std::io::Read;
-use std::path::Path;
+//! What a trainer and its server say to set up shared memory (the
+//! transport itself is the `sluice-shm` crate): the [`Transport`] a
+//! trainer asks for, the [`Probe`] that proves it shares this host's
+//! `/dev/shm`, where the stream's segment is ([`SegmentInfo`]), which slot
+//! holds a batch ([`SlotRef`]), and the segments a trainer still maps
+//! ([`Held`]), which a server may reuse for its next stream.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,38 +38,6 @@ pub struct Probe {
     pub nonce: String,
 }
 
-impl Probe {
-    /// Whether the file exists here and holds the nonce; `Err` says why
-    /// not, naming the file.
-    pub fn verify(&self) -> Result<(), String> {
-        let valid = self.name.starts_with(PROBE_PREFIX)
-            && self.name.len() <= 128
-            && self.name[PROBE_PREFIX.len()..]
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if !valid || self.nonce.is_empty() || self.nonce.len() > 64 {
-            return Err(format!("probe {:?} is not a sluice probe", self.name));
-        }
-        let path = Path::new(SHM_DIR).join(&self.name);
-        let mut held = Vec::with_capacity(64);
-        File::open(&path)
-            .and_then(|f| f.take(65).read_to_end(&mut held))
-            .map_err(|e| {
-                format!(
-                    "the trainer's probe {} is not on this host ({e})",
-                    path.display()
-                )
-            })?;
-        if held != self.nonce.as_bytes() {
-            return Err(format!(
-                "the trainer's probe {} holds another nonce: another host's {SHM_DIR}",
-                path.display()
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// Where a segment is, as the stream's first control message says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentInfo {
@@ -97,31 +60,25 @@ pub struct SlotRef {
     pub len: u64,
 }
 
-/// Removes segment files whose server process is gone (killed before it
-/// could unlink them), and probes whose trainer process is gone (killed
-/// between making one and its server's answer).
-pub fn sweep() {
-    let Ok(dir) = std::fs::read_dir(SHM_DIR) else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| {
-            n.strip_prefix(SEGMENT_PREFIX)
-                .or_else(|| n.strip_prefix(PROBE_PREFIX))
-        }) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(c) = CString::new(format!("/proc/{pid}")) else {
-            continue;
-        };
-        // SAFETY: `c` is a valid NUL-terminated path; access only stats it.
-        let alive = unsafe { libc::access(c.as_ptr(), libc::F_OK) } == 0;
-        if !alive {
-            let _ = std::fs::remove_file(entry.path());
-        }
+/// Paths a ticket may name.
+const HELD_MAX: usize = 8;
+
+/// What a trainer's ticket says of the segments it maps: the id it gives
+/// itself (one per process) and the paths of the segments it still maps.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Held {
+    /// The trainer process's id: random, unique per process.
+    pub trainer: String,
+    /// Segments it maps.
+    #[serde(default)]
+    pub paths: Vec<String>,
+}
+
+impl Held {
+    /// Whether it is a well-formed claim (an id of at most 64 characters,
+    /// at most eight paths): a malformed one keeps nothing.
+    pub fn valid(&self) -> bool {
+        !self.trainer.is_empty() && self.trainer.len() <= 64 && self.paths.len() <= HELD_MAX
     }
 }

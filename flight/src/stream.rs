@@ -26,11 +26,11 @@ use futures::{Stream, StreamExt, TryStreamExt, stream};
 use tonic::Status;
 use tonic::transport::Endpoint;
 
-use crate::call_error::CallError;
 use crate::credential::{Credential, FlightClient};
 use crate::messages::FragmentReport;
 use crate::throttle::TokenBucket;
 use crate::{MAX_FLIGHT_DATA, MAX_MESSAGE};
+use sluice_base::CallError;
 
 /// A stream of Flight messages as a service answers it.
 pub type FlightStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;

@@ -13,8 +13,8 @@ use sluice_udfs::UdfOptions;
 use tonic::Status;
 
 use crate::checkpoint::GetTicket;
-use crate::kept::Held;
-use crate::shm::{Probe, Transport};
+use crate::shm_handshake::Held;
+use crate::shm_handshake::{Probe, Transport};
 
 /// See the module docs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,7 +32,7 @@ impl Ticket {
     /// The ticket in `bytes`, or `INVALID_ARGUMENT` saying what a ticket is.
     pub fn parse(bytes: &[u8]) -> Result<Self, Status> {
         serde_json::from_slice(bytes).map_err(|e| {
-            crate::fault::status_with(
+            sluice_base::fault::status_with(
                 tonic::Code::InvalidArgument,
                 "bad_ticket",
                 &format!(
@@ -77,7 +77,7 @@ pub struct JobTicket {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<Probe>,
     /// The segments the trainer still maps from its earlier streams: one
-    /// of them may carry this stream too (see [`crate::kept`]).
+    /// of them may carry this stream too (see `sluice_shm::kept`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
 }

@@ -1,4 +1,4 @@
-"""The trainer's side of shared-memory delivery (see ``flight/src/shm.rs``).
+"""The trainer's side of shared-memory delivery (see ``shm/src/segment.rs``).
 
 A reader on the server's host proves it with a :class:`Probe`: a file in
 ``/dev/shm`` holding a nonce, named in its ticket, that the server reads

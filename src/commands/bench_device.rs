@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use sluice_base::task::SpawnedTask;
 use sluice_storage::device::{Device, DeviceOptions, open_device};
 
 use crate::cli::Cli;
@@ -147,7 +148,7 @@ async fn measure(
                 Arc::clone(&done),
                 Arc::clone(&next),
             );
-            tokio::spawn(async move {
+            SpawnedTask::spawn(async move {
                 let mut x = (seed << 32 | w).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                 let mut buf = device.pool().get(io_size as usize)?;
                 while !stop.load(Ordering::Relaxed) {
@@ -172,7 +173,7 @@ async fn measure(
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for w in workers {
-        w.await??;
+        w.join().await??;
     }
     Ok(count as f64 / elapsed)
 }

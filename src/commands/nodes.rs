@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use sluice_access::{Audit, Auth, Scope};
+use sluice_base::Executor;
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{ClientCerts, Executor, StorageClient, StorageEndpoint, Tls};
+use sluice_flight::{ClientCerts, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
@@ -77,7 +78,7 @@ fn reload_on_sighup(auth: Auth) {
         eprintln!("warning: no SIGHUP: the tokens file is read only at start");
         return;
     };
-    tokio::spawn(async move {
+    sluice_base::task::detach(async move {
         while hup.recv().await.is_some() {
             match auth.reload() {
                 Ok(n) => eprintln!("tokens file read again: {n} token(s)"),
@@ -455,7 +456,7 @@ async fn over_loopback(
     let service = StorageFlightService::new(storage)
         .with_limits(limits)
         .server();
-    tokio::spawn(async move {
+    sluice_base::task::detach(async move {
         let served = Server::builder()
             .add_service(service)
             .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
@@ -499,7 +500,7 @@ fn spawn_job_expiry(jobs: Arc<Jobs>, ttl: std::time::Duration) {
     );
     let weak = Arc::downgrade(&jobs);
     drop(jobs);
-    tokio::spawn(async move {
+    sluice_base::task::detach(async move {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;

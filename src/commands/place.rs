@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
+use sluice_base::Executor;
 use sluice_compute::{ComputeSession, ResourceHints};
-use sluice_flight::{Credential, Executor, StorageClient, StorageEndpoint, Tls};
+use sluice_flight::{Credential, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageNode;
 use sluice_udfs::cost::{PROFILES_FILE, Profiles, load_profiles};
 

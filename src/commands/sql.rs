@@ -11,9 +11,9 @@
 //! under `skip` and `null` a summary of them goes to stderr.
 
 use futures::TryStreamExt;
+use sluice_base::BadSample;
 use sluice_compute::{QueryClient, QueryTicket};
 use sluice_udfs::UdfEnv;
-use sluice_udfs::env::BadSample;
 
 use super::place;
 use crate::cli::{BinaryFormat, Cli, PlaceFlags, RowFormat, UdfFlags};

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
-use sluice_flight::Fault;
+use sluice_base::Fault;
 use sluice_storage::ingest::Confinement;
 use sluice_storage::{IngestOptions, IngestSource, OnError};
 use tonic::Code;

@@ -8,8 +8,8 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use sluice_base::Fault;
 use sluice_compute::JobError;
-use sluice_flight::Fault;
 use tonic::Code;
 
 /// See the module docs.

@@ -57,7 +57,7 @@ impl Readings {
             uploads: s.checkpoints.as_ref().map(|c| c.pending_uploads() as u64),
             outputs: s.jobs.session().output_cache().stats(),
             stages: sluice_udfs::stage_cache::StageCache::global().stats(),
-            shm: sluice_flight::shm::mapped_bytes(),
+            shm: sluice_shm::segment::mapped_bytes(),
             jobs: s.jobs.counts().into_iter().collect(),
             statuses: s.jobs.list().iter().map(|j| j.status()).collect(),
         }

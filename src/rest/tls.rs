@@ -69,7 +69,7 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let ready = ready.clone();
-        tokio::spawn(async move {
+        sluice_base::task::detach(async move {
             let shake =
                 tokio::time::timeout(sluice_flight::tls::HANDSHAKE, acceptor.accept(stream)).await;
             drop(slot);

@@ -337,7 +337,7 @@ mod tests {
         let Miss::Wait(under_way) = c.begin_read(&keys[1..], true) else {
             panic!("the first read is under way");
         };
-        let waiter = tokio::spawn(async move { Miss::wait(under_way).await });
+        let waiter = sluice_base::task::to_end(async move { Miss::wait(under_way).await });
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(
             !waiter.is_finished(),

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use sluice_flight::Fault;
+use sluice_base::Fault;
 use tonic::Code;
 
 /// Errors raised by devices, the extent store, the catalog and ingest.
@@ -288,7 +288,7 @@ impl From<StorageError> for datafusion::error::DataFusionError {
             StorageError::DataFusion(e) => e,
             // Keeps its code and kind: a checksum mismatch inside a plan
             // still answers DATA_LOSS.
-            other => sluice_flight::fault::external(other),
+            other => sluice_base::fault::external(other),
         }
     }
 }
@@ -329,7 +329,7 @@ impl Fault for StorageError {
             | Self::Catalog { .. }
             | Self::Parquet { .. }
             | Self::Arrow(_) => Code::Internal,
-            Self::DataFusion(e) => sluice_flight::fault::code_of(e, false).0,
+            Self::DataFusion(e) => sluice_base::fault::code_of(e, false).0,
         }
     }
 
@@ -362,7 +362,7 @@ impl Fault for StorageError {
             Self::UnknownUpload(_) => "upload_not_found",
             Self::BadUpload { .. } => "bad_upload",
             Self::CheckpointCorrupt { .. } => "checkpoint_corrupt",
-            Self::DataFusion(e) => sluice_flight::fault::code_of(e, false).1,
+            Self::DataFusion(e) => sluice_base::fault::code_of(e, false).1,
         }
     }
 }
@@ -595,7 +595,7 @@ mod tests {
         for (e, code, kind) in cases {
             let text = e.to_string();
             assert_eq!((e.code(), e.kind()), (code, kind), "{text}");
-            let status = sluice_flight::fault::status(&e);
+            let status = sluice_base::fault::status(&e);
             assert_eq!(status.code(), code, "{text}");
             let back = LinkError::from_status("http://10.0.0.7:50051", &status);
             assert_eq!(back.code(), code, "{text}");
@@ -605,7 +605,7 @@ mod tests {
         }
         // DataFusion's own errors keep the engine's code and kind.
         let df = datafusion::error::DataFusionError::ResourcesExhausted(s());
-        let want = sluice_flight::fault::code_of(&df, false);
+        let want = sluice_base::fault::code_of(&df, false);
         let (code, kind) = (want.0, want.1.to_string());
         let e = StorageError::DataFusion(df);
         assert_eq!((e.code(), e.kind()), (code, kind.as_str()));

@@ -10,7 +10,7 @@
 //!   an ingest spread over several nodes, prepared beneath the node's own
 //!   ingest roots and then committed or dropped (`sluice_flight::ingest`);
 //! - `DoExchange`: a feed — a job stream's fragment bound once, then run
-//!   for every window asked for down the same stream (`crate::feed`);
+//!   for every window asked for down the same stream (`crate::node_feed`);
 //! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
 //!   job's UDF options, bound to local scans, run, and streamed in messages
 //!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
@@ -32,8 +32,8 @@ use arrow_flight::{
 use bytes::Bytes;
 use futures::{Stream, StreamExt, stream};
 use prost::Message;
-use sluice_flight::CallError;
-use sluice_flight::fault::{self, status_of};
+use sluice_base::CallError;
+use sluice_base::fault::{self, status_of};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
@@ -260,7 +260,8 @@ impl FlightService for StorageFlightService {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
         let answers =
-            crate::feed::serve(Arc::clone(&self.node), self.limits, request.into_inner()).await?;
+            crate::node_feed::serve(Arc::clone(&self.node), self.limits, request.into_inner())
+                .await?;
         Ok(Response::new(answers))
     }
 

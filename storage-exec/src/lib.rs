@@ -28,7 +28,7 @@
 //! - [`node`] and [`flight_service`]: the storage node, which binds storage
 //!   fragments to local scans, runs them on its own cores and streams them
 //!   over Arrow Flight (or in-process);
-//! - [`feed`]: a job stream's fragment bound once and run for each of its
+//! - [`node_feed`]: a job stream's fragment bound once and run for each of its
 //!   windows (one `DoExchange` per stream and node over Flight).
 //!
 //! This crate does not decide what runs where (that is `sluice-planner`);
@@ -53,12 +53,12 @@ pub mod catalog;
 pub mod checkpoint;
 pub mod device;
 mod error;
-pub mod feed;
 pub mod flight_service;
 pub mod ingest;
 pub mod layout;
 pub mod metadata;
 pub mod node;
+pub mod node_feed;
 pub mod scan;
 mod session;
 pub mod space;

@@ -26,14 +26,15 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
+use sluice_base::Executor;
 use sluice_flight::{
-    DatasetScanExec, Executor, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset,
-    StorageEndpoint, Take, TokenBucket,
+    DatasetScanExec, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint,
+    Take, TokenBucket,
 };
 use sluice_udfs::{Site, UdfEnv};
 use tokio::sync::mpsc;
 
-use crate::feed::LocalFeed;
+use crate::node_feed::LocalFeed;
 use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
@@ -118,7 +119,7 @@ impl StorageNode {
         NodeInfo {
             cores: self.executor.threads(),
             link_limit: self.link.as_ref().map(|l| l.rate()),
-            cpu_ns: sluice_flight::process_cpu_ns(),
+            cpu_ns: sluice_base::process_cpu_ns(),
             fragments: self.fragments.load(std::sync::atomic::Ordering::Relaxed),
             streams: self.streams.load(std::sync::atomic::Ordering::Relaxed),
         }
@@ -409,7 +410,7 @@ impl StorageNode {
         budget: std::time::Duration,
     ) -> Result<FragmentTiming, LinkError> {
         let started = std::time::Instant::now();
-        let cpu = sluice_flight::process_cpu_ns();
+        let cpu = sluice_base::process_cpu_ns();
         let mut stream = self.run(plan, ctx, udfs);
         let mut rows = 0u64;
         let mut complete = true;
@@ -437,7 +438,7 @@ impl StorageNode {
         Ok(FragmentTiming {
             rows,
             bad,
-            cpu_ns: sluice_flight::process_cpu_ns().saturating_sub(cpu),
+            cpu_ns: sluice_base::process_cpu_ns().saturating_sub(cpu),
             wall_ns: started.elapsed().as_nanos() as u64,
             complete,
             udf_ns,

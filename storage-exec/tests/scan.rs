@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::prelude::SessionContext;
+use sluice_base::task::SpawnedTask;
 use sluice_storage::device::Backend;
 use sluice_storage::{
     IngestOptions, IngestSource, OnError, StorageError, Store, StoreOptions, ingest,
@@ -227,7 +228,7 @@ async fn a_flipped_byte_is_a_checksum_error_naming_the_key() {
             "{msg}"
         );
         // Whatever wraps it, the services answer it as lost data.
-        let status = sluice_flight::fault::status_of(&err, false);
+        let status = sluice_base::fault::status_of(&err, false);
         assert_eq!(status.code(), tonic::Code::DataLoss, "{status}");
         assert!(
             status.message().starts_with("checksum_mismatch: "),
@@ -256,12 +257,12 @@ async fn scans_at_once(store: &Arc<Store>, n: usize) -> Vec<Vec<RecordBatch>> {
     let scans: Vec<_> = (0..n)
         .map(|_| {
             let ctx = sluice_storage::session_context(Arc::clone(store));
-            tokio::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
+            SpawnedTask::spawn(async move { query(&ctx, "SELECT key, data FROM imgs").await })
         })
         .collect();
     let mut out = Vec::with_capacity(n);
     for s in scans {
-        out.push(s.await.unwrap());
+        out.push(s.join().await.unwrap());
     }
     out
 }

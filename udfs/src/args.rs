@@ -15,7 +15,9 @@ use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, Expr, ReturnFieldArgs, ScalarFunctionArgs, lit};
 
-use crate::env::{BadSample, OnError, UdfEnv};
+use sluice_base::BadSample;
+
+use crate::env::{OnError, UdfEnv};
 use crate::random::SampleRng;
 
 /// What an argument must be.

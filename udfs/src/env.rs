@@ -6,6 +6,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use sluice_base::BadSample;
+
 use crate::stage_clock::{Site, StageClock};
 
 /// What to do with a sample that cannot be decoded.
@@ -147,34 +149,6 @@ pub struct UdfOptions {
     /// epoch, the random stages after it are not).
     #[serde(default)]
     pub cache_stages: bool,
-}
-
-/// A sample that was skipped or nulled.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct BadSample {
-    /// The UDF that refused it.
-    pub udf: String,
-    /// The sample key (or `row N` when no key was in scope).
-    pub key: String,
-    /// Why.
-    pub reason: String,
-}
-
-impl std::fmt::Display for BadSample {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: sample '{}': {}", self.udf, self.key, self.reason)
-    }
-}
-
-/// A bad sample is the error of a batch under the `fail` policy.
-impl std::error::Error for BadSample {}
-
-impl BadSample {
-    /// The error that fails a batch on this sample (under `fail`): the
-    /// services answer it as `bad_sample`, naming the sample.
-    pub fn into_error(self) -> datafusion::error::DataFusionError {
-        datafusion::error::DataFusionError::External(Box::new(self))
-    }
 }
 
 /// Samples skipped or nulled by the UDFs of a session (the first

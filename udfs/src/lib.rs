@@ -81,7 +81,7 @@ use std::sync::Arc;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
 
-pub use env::{BadSample, ErrorLog, Limits, OnError, UdfEnv, UdfOptions};
+pub use env::{ErrorLog, Limits, OnError, UdfEnv, UdfOptions};
 pub use rewrite::SluiceRewrite;
 pub use stage_clock::{Site, StageClock, StageTiming, Tier};
 

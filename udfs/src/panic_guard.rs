@@ -38,7 +38,9 @@ use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
-use crate::env::{BadSample, OnError, UdfEnv};
+use sluice_base::BadSample;
+
+use crate::env::{OnError, UdfEnv};
 use crate::rewrite::KEY_COLUMN;
 use crate::udf::panic_message;
 

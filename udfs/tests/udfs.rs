@@ -9,6 +9,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, RecordBatch, StringArr
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, UInt8Type};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::SessionContext;
+use sluice_base::task::SpawnedTask;
 use sluice_udfs::kernels::{npy, npz, video};
 use sluice_udfs::tensor::{ImageColumn, tensor_shape};
 use sluice_udfs::{OnError, UdfEnv, UdfOptions};
@@ -174,11 +175,11 @@ async fn random_augmentations_are_a_function_of_seed_epoch_and_key() {
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let rows = rows.clone();
-            tokio::spawn(async move { augmented(&rows, 7, 0, AUGMENT).await })
+            SpawnedTask::spawn(async move { augmented(&rows, 7, 0, AUGMENT).await })
         })
         .collect();
     for h in handles {
-        assert_eq!(h.await.unwrap(), base);
+        assert_eq!(h.join().await.unwrap(), base);
     }
     // Row order and batch composition do not matter: reversed input, one row alone.
     let mut reversed = rows.clone();

@@ -21,7 +21,7 @@
 //!
 //! Options a pipeline query needs travel as request headers (`headers`).
 //! The token is the bearer `authorization` header every Flight call of
-//! this port needs. The catalog commands are one handler (`catalog`);
+//! this port needs. The catalog commands are one handler (`catalog_commands`);
 //! writes are refused by their first word (`read_only`).
 
 use std::pin::Pin;
@@ -50,10 +50,10 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::queries::Queries;
 
-use self::catalog::Catalog;
+use self::catalog_commands::Catalog;
 use self::read_only::{refuse_writes, refused_update};
 
-mod catalog;
+mod catalog_commands;
 mod headers;
 mod read_only;
 
@@ -83,13 +83,13 @@ pub const ACTIONS: [&str; 8] = [
 /// A request this service cannot answer as asked (kind
 /// `invalid_request`).
 fn invalid(why: impl std::fmt::Display) -> Status {
-    sluice_flight::fault::status_with(Code::InvalidArgument, "invalid_request", &why.to_string())
+    sluice_base::fault::status_with(Code::InvalidArgument, "invalid_request", &why.to_string())
 }
 
 /// An error of ours or of the Arrow library while answering (kind
 /// `internal`).
 fn internal(e: &dyn std::fmt::Display) -> Status {
-    sluice_flight::fault::status_with(Code::Internal, "internal", &e.to_string())
+    sluice_base::fault::status_with(Code::Internal, "internal", &e.to_string())
 }
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -369,7 +369,7 @@ impl FlightSqlService for SqlService {
         Err(refused_update())
     }
 
-    // The catalog commands: one handler (`catalog`), a line each here.
+    // The catalog commands: one handler (`catalog_commands`), a line each here.
     async fn get_flight_info_catalogs(
         &self,
         query: CommandGetCatalogs,

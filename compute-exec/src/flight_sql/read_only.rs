@@ -23,7 +23,7 @@ pub fn refuse_writes(sql: &str) -> Result<(), Status> {
         .unwrap_or("")
         .to_ascii_uppercase();
     if WRITES.contains(&first.as_str()) {
-        return Err(sluice_flight::fault::status_with(
+        return Err(sluice_base::fault::status_with(
             Code::InvalidArgument,
             KIND,
             &format!(
@@ -37,7 +37,7 @@ pub fn refuse_writes(sql: &str) -> Result<(), Status> {
 
 /// The answer to an update command.
 pub fn refused_update() -> Status {
-    sluice_flight::fault::status_with(
+    sluice_base::fault::status_with(
         Code::InvalidArgument,
         KIND,
         "sluice's SQL is read-only: DDL, DML, COPY and SET are refused (datasets change by \
@@ -59,7 +59,7 @@ mod tests {
         ] {
             let e = refuse_writes(sql).unwrap_err();
             assert!(e.message().contains("read-only"), "{sql}: {e}");
-            assert_eq!(sluice_flight::fault::kind_of(&e).0.as_deref(), Some(KIND));
+            assert_eq!(sluice_base::fault::kind_of(&e).0.as_deref(), Some(KIND));
         }
         for sql in [
             "SELECT 1",

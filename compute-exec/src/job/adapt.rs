@@ -234,7 +234,7 @@ impl Meter {
             samples: 0,
             link_bytes: 0,
             waited: Duration::ZERO,
-            compute_cpu: sluice_flight::process_cpu_ns(),
+            compute_cpu: sluice_base::process_cpu_ns(),
             storage_cpu: storage_cpu(nodes).await.map(|(ns, _)| ns),
         }
     }
@@ -264,7 +264,7 @@ impl Meter {
         compute_cores: f64,
     ) -> Observed {
         let seconds = self.since.elapsed().as_secs_f64().max(1e-3);
-        let compute = sluice_flight::process_cpu_ns().saturating_sub(self.compute_cpu);
+        let compute = sluice_base::process_cpu_ns().saturating_sub(self.compute_cpu);
         let storage = storage_cpu(nodes).await;
         let storage_busy = match (self.storage_cpu, storage) {
             (Some(before), Some((now, cores))) if cores > 0 => {
@@ -288,7 +288,7 @@ impl Meter {
             samples: 0,
             link_bytes: 0,
             waited: Duration::ZERO,
-            compute_cpu: sluice_flight::process_cpu_ns(),
+            compute_cpu: sluice_base::process_cpu_ns(),
             storage_cpu: storage.map(|(ns, _)| ns),
         };
         o

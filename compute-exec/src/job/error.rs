@@ -12,11 +12,11 @@ use std::error::Error;
 
 use datafusion::error::DataFusionError;
 use serde::{Deserialize, Serialize};
+use sluice_base::fault::{Fault, engine, fault_of};
 use sluice_flight::LinkError;
-use sluice_flight::fault::{Fault, engine, fault_of};
 use tonic::Code;
 
-use crate::catalog::UnknownDataset;
+use crate::compute_schema::UnknownDataset;
 
 /// See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,7 +244,7 @@ impl JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_flight::fault::{external, status};
+    use sluice_base::fault::{external, status};
 
     fn node_error(code: Code, kind: &str) -> LinkError {
         LinkError::Execution {

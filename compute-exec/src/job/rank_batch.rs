@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use sluice_base::BadSample;
 use sluice_flight::gather::Gathered;
-use sluice_udfs::env::BadSample;
 
 use super::error::JobError;
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_flight::Executor;
+use sluice_base::Executor;
 use tokio::runtime::Handle;
 
 use super::cluster::{ComputeNodes, JobSource};

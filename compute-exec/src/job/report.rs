@@ -11,7 +11,8 @@
 //! counters of that report count twice.
 
 use serde::{Deserialize, Serialize};
-use sluice_udfs::{BadSample, ErrorLog};
+use sluice_base::BadSample;
+use sluice_udfs::ErrorLog;
 
 use super::status::{Ranges, TierBytes};
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use sluice_udfs::env::BadSample;
+use sluice_base::BadSample;
 
 use super::JobSpec;
 use super::adapt::{Observed, Replan};

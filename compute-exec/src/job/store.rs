@@ -20,7 +20,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sluice_udfs::env::BadSample;
+use sluice_base::BadSample;
 
 use super::error::Failure;
 use super::index::Pin;

@@ -13,15 +13,15 @@ use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
 use datafusion::physical_plan::execute_stream;
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use sluice_base::fault::external;
 use sluice_flight::StorageEndpoint;
-use sluice_flight::fault::external;
 use sluice_planner::{CalibrationOptions, DatasetStats, Offload, Planner, Resources};
 use sluice_udfs::UdfEnv;
 use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
 use crate::calibration::CalibrationCache;
-use crate::catalog::{ComputeSchema, UnknownDataset, base_name};
+use crate::compute_schema::{ComputeSchema, UnknownDataset, base_name};
 use crate::job::{OutputCache, WindowBudget};
 use crate::ledger::PartLedger;
 use crate::remote::Tally;

@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_flight::CallError;
+use sluice_base::CallError;
 use sluice_flight::MAX_MESSAGE;
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data_schema};
 use sluice_flight::stream::FlightStream;
@@ -24,11 +24,11 @@ use tonic::Status;
 use super::Checkpoints;
 use crate::error::StorageError;
 
-/// The status a checkpoint error answers (its [`sluice_flight::Fault`]
+/// The status a checkpoint error answers (its [`sluice_base::Fault`]
 /// code and kind: a corrupt checkpoint is `DATA_LOSS`, a full device
 /// `RESOURCE_EXHAUSTED`).
 pub fn status(e: StorageError) -> Status {
-    sluice_flight::fault::status(&e)
+    sluice_base::fault::status(&e)
 }
 
 fn body<'a, T: Deserialize<'a>>(kind: &str, bytes: &'a [u8]) -> Result<T, Status> {

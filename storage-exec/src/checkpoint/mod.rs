@@ -203,7 +203,7 @@ impl Checkpoints {
     pub fn spawn_reaper(this: &Arc<Self>) {
         let weak = Arc::downgrade(this);
         let period = (this.opts.idle_timeout / 4).max(Duration::from_millis(100));
-        tokio::spawn(async move {
+        sluice_base::task::detach(async move {
             let mut tick = tokio::time::interval(period);
             loop {
                 tick.tick().await;

@@ -153,7 +153,7 @@ impl Upload {
                         }
                     }
                     let this = Arc::clone(self);
-                    writes.push(tokio::spawn(async move {
+                    writes.push(sluice_base::task::to_end(async move {
                         this.write_extent(start, buf, filled).await
                     }));
                 }

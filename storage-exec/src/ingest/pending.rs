@@ -45,7 +45,7 @@ impl PendingIngests {
         }
         let weak: Weak<Mutex<HashMap<String, Prepared>>> = Arc::downgrade(&self.parts);
         let (txn, ttl) = (txn.to_string(), self.ttl);
-        tokio::spawn(async move {
+        sluice_base::task::detach(async move {
             tokio::time::sleep(ttl).await;
             let Some(parts) = weak.upgrade() else { return };
             let expired = parts.lock().unwrap_or_else(|e| e.into_inner()).remove(&txn);

@@ -215,7 +215,8 @@ impl ExtentWriter {
         }
         // A task of its own: the write goes on while the next chunk fills.
         let device = Arc::clone(&self.device);
-        let write = tokio::spawn(async move { device.write_at(start, buf).await.map(drop) });
+        let write =
+            sluice_base::task::to_end(async move { device.write_at(start, buf).await.map(drop) });
         self.writes.push(Box::pin(async move {
             write.await.map_err(|e| {
                 StorageError::io("write a chunk", "(task)", std::io::Error::other(e))

@@ -473,7 +473,7 @@ impl PartitionScan {
                 // and the scans waiting for them wake, whether or not this
                 // scan is polled on.
                 let reader = Arc::clone(&self);
-                return tokio::spawn(async move {
+                return sluice_base::task::to_end(async move {
                     let values = reader.read(&job).await;
                     drop(permit);
                     let values = values?;

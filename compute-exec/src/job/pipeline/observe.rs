@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_base::BadSample;
 use sluice_flight::StorageEndpoint;
 use sluice_udfs::OnError;
-use sluice_udfs::env::BadSample;
 
 use super::fetch::Fetched;
 use super::windows::Sizing;

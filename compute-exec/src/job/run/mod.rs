@@ -26,11 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arrow::datatypes::SchemaRef;
+use sluice_base::BadSample;
 use sluice_flight::StorageEndpoint;
 use sluice_flight::gather::Finishes;
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
-use sluice_udfs::env::{BadSample, Cancel};
+use sluice_udfs::env::Cancel;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use futures::{Stream, TryStreamExt};
+use futures::Stream;
 use tokio::sync::mpsc;
 
 use super::{Job, Ready};
@@ -19,7 +19,9 @@ use crate::job::status::JobState;
 
 impl Job {
     /// Rank `rank`'s share of `epoch` from position `offset`, at most
-    /// `limit` positions: batches of `batch_size` rows in the epoch's order.
+    /// `limit` positions: batches of `batch_size` rows in the epoch's
+    /// order, each counted as delivered when its reader takes it. How
+    /// they travel on is the reader's (`crate::trainer`'s sinks).
     pub async fn deliver(
         self: &Arc<Self>,
         rank: u64,
@@ -27,26 +29,6 @@ impl Job {
         offset: u64,
         limit: Option<u64>,
     ) -> Result<impl Stream<Item = Result<RankBatch, JobError>> + Send + 'static, JobError> {
-        let s = self
-            .deliver_with(rank, epoch, offset, limit, |_| Ok(()))
-            .await?;
-        Ok(s.map_ok(|(d, ())| d))
-    }
-
-    /// [`Job::deliver`], with `finish` applied to each batch as its reader
-    /// receives it: the reader's encoding, say.
-    pub async fn deliver_with<T, F>(
-        self: &Arc<Self>,
-        rank: u64,
-        epoch: u64,
-        offset: u64,
-        limit: Option<u64>,
-        finish: F,
-    ) -> Result<impl Stream<Item = Result<(RankBatch, T), JobError>> + Send + 'static, JobError>
-    where
-        T: Send + 'static,
-        F: Fn(&RankBatch) -> Result<T, JobError> + Send + Sync + 'static,
-    {
         if rank >= self.spec.world_size {
             return Err(JobError::OutOfRange {
                 what: "rank",
@@ -98,10 +80,8 @@ impl Job {
             }
         };
         let job = Arc::clone(self);
-        let finish = Arc::new(finish);
         Ok(futures::stream::unfold(batches, move |mut rx| {
             let job = Arc::clone(&job);
-            let finish = Arc::clone(&finish);
             async move {
                 let Some(item) = rx.recv().await else {
                     // The stream ended: what it delivered is saved now,
@@ -109,9 +89,9 @@ impl Job {
                     job.save_in_background();
                     return None;
                 };
-                let item = item.and_then(|mut d| {
+                let item = item.map(|mut d| {
                     job.delivered(rank, epoch, &mut d);
-                    finish(&d).map(|t| (d, t))
+                    d
                 });
                 Some((item, rx))
             }

@@ -99,7 +99,7 @@ async fn tables(queries: &Queries) -> Result<Vec<(String, Arc<Schema>)>, Status>
     session
         .refresh()
         .await
-        .map_err(|e| sluice_flight::fault::status(&e))?;
+        .map_err(|e| sluice_base::fault::status(&e))?;
     let mut out = Vec::new();
     for (name, schema, _) in session.datasets().await {
         let mut versions: Vec<u64> = session

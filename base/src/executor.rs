@@ -17,7 +17,7 @@
 //! and the kernel would time-slice decodes against each other.
 //!
 //! Work spawned on an executor belongs to its caller: a job's windows are
-//! aborted when their stream goes (`compute-exec`'s `Abort`), a fragment's
+//! aborted when their stream goes (a `SpawnedTask`, see [`crate::task`]), a fragment's
 //! task ends when its receiver does. What stops work never waits for one
 //! of its threads: they may all be inside a UDF batch (one poll of many
 //! decodes), so a cancel or a departed reader sets the UDFs' cancel flag
@@ -96,9 +96,10 @@ mod tests {
         let names = ex.handle().block_on(async {
             let mut names = Vec::new();
             for _ in 0..4 {
-                let name = tokio::spawn(async { std::thread::current().name().map(str::to_owned) })
-                    .await
-                    .unwrap();
+                let name =
+                    crate::task::to_end(async { std::thread::current().name().map(str::to_owned) })
+                        .await
+                        .unwrap();
                 names.push(name);
             }
             names

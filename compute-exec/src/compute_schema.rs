@@ -16,7 +16,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::{DataFusionError, Result};
-use sluice_flight::Fault;
+use sluice_base::Fault;
 use sluice_flight::{LinkError, StorageEndpoint};
 use tonic::Code;
 

@@ -4,7 +4,7 @@
 //! does not need: the server's socket copy, HTTP/2 framing, the kernel's
 //! copy into the client and the client's IPC read, all on the cores that
 //! decode. When the trainer proves it shares the server's `/dev/shm` (a
-//! [`Probe`]: a file it made there holding a nonce the server reads back),
+//! `Probe`: a file it made there holding a nonce the server reads back),
 //! the job's stream becomes control messages only and the batches travel
 //! through a [`Segment`]:
 //!
@@ -24,7 +24,7 @@
 //!
 //! The server marks a free slot USED, writes the batch's encapsulated IPC
 //! message into it — the one copy of its bytes on this path, straight from
-//! the arrays' buffers ([`crate::gather::encode_batch`], [`crate::gather`]) — and sends the slot's number in
+//! the arrays' buffers (`sluice_flight::gather::encode_batch`) — and sends the slot's number in
 //! the batch's app metadata. The trainer builds Arrow arrays over its
 //! mapping (no copy) and marks the slot FREE when the last of them is
 //! garbage. A trainer that holds every slot does not make the server wait
@@ -45,11 +45,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use crate::slices::SlicedMessage;
+use sluice_flight::shm_handshake::{SEGMENT_PREFIX, SHM_DIR, SegmentInfo, SlotRef};
+use sluice_flight::slices::SlicedMessage;
 
-pub use crate::shm_handshake::{
-    PROBE_PREFIX, Probe, SEGMENT_PREFIX, SHM_DIR, SegmentInfo, SlotRef, Transport, sweep,
-};
+use crate::host::sweep;
 
 /// Bytes before the first slot.
 pub const HEADER: usize = 4096;
@@ -350,10 +349,10 @@ impl Drop for Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gather::encode_batch;
     use arrow::array::RecordBatch;
     use arrow::array::{Int64Array, StringArray};
     use arrow::ipc::reader::StreamReader;
+    use sluice_flight::gather::encode_batch;
     use std::sync::Arc;
 
     fn batch() -> RecordBatch {
@@ -437,55 +436,5 @@ mod tests {
         assert!(mapped_bytes() >= before + seg.size as u64);
         drop(seg);
         assert!(!path.exists());
-    }
-
-    #[test]
-    fn probes_are_checked_and_named() {
-        let name = format!("{PROBE_PREFIX}test-{}", std::process::id());
-        let path = Path::new(SHM_DIR).join(&name);
-        std::fs::write(&path, b"n0nce").unwrap();
-        let ok = Probe {
-            name: name.clone(),
-            nonce: "n0nce".into(),
-        };
-        assert_eq!(ok.verify(), Ok(()));
-        let wrong = Probe {
-            name: name.clone(),
-            nonce: "other".into(),
-        };
-        assert!(wrong.verify().unwrap_err().contains("another nonce"));
-        std::fs::remove_file(&path).unwrap();
-        assert!(ok.verify().unwrap_err().contains("not on this host"));
-        for bad in ["../etc/passwd", "sluice-probe-../../x", "passwd"] {
-            let p = Probe {
-                name: bad.into(),
-                nonce: "x".into(),
-            };
-            assert!(
-                p.verify().unwrap_err().contains("not a sluice probe"),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn sweep_removes_the_files_of_dead_processes_only() {
-        // Above the kernel's largest pid: never a live process.
-        let dead = 4_194_400;
-        let names = [
-            format!("{SEGMENT_PREFIX}{dead}-0"),
-            format!("{PROBE_PREFIX}{dead}-ab12"),
-            format!("{PROBE_PREFIX}{}-cd34", std::process::id()),
-        ];
-        for n in &names {
-            std::fs::write(Path::new(SHM_DIR).join(n), b"x").unwrap();
-        }
-        sweep();
-        let left: Vec<bool> = names
-            .iter()
-            .map(|n| Path::new(SHM_DIR).join(n).exists())
-            .collect();
-        let _ = std::fs::remove_file(Path::new(SHM_DIR).join(&names[2]));
-        assert_eq!(left, [false, false, true]);
     }
 }

@@ -21,8 +21,9 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
-use sluice_flight::CallError;
-use sluice_flight::fault::status_of;
+use sluice_base::CallError;
+use sluice_base::fault::status_of;
+use sluice_base::task::SpawnedTask;
 use sluice_flight::feed::{FEED_AHEAD, Feed, window_take};
 use sluice_flight::messages::{FragmentReport, Ticket, TicketKind};
 use sluice_flight::scan::with_take;
@@ -135,16 +136,20 @@ pub async fn serve(
     let schema = feed.fragment.schema();
     // Windows asked for start at once (FEED_AHEAD of them beyond the one
     // being sent); their results are handed on in the order asked.
-    let (started, runs) = mpsc::channel::<tokio::task::JoinHandle<Ran>>(FEED_AHEAD);
-    let asker = tokio::spawn(async move {
+    // Each window is a task owned by the answer: the compute side leaving
+    // drops the channel and with it the windows still running.
+    let (started, runs) = mpsc::channel::<SpawnedTask<Ran>>(FEED_AHEAD);
+    let asker = SpawnedTask::spawn(async move {
         loop {
             let run = match requests.message().await {
                 Ok(None) | Err(_) => return,
                 Ok(Some(m)) => match window_take(&m) {
-                    Err(e) => tokio::spawn(std::future::ready(Err(CallError::bad_request(e)))),
+                    Err(e) => {
+                        SpawnedTask::spawn(std::future::ready(Err(CallError::bad_request(e))))
+                    }
                     Ok(take) => {
                         let feed = Arc::clone(&feed);
-                        tokio::spawn(async move {
+                        SpawnedTask::spawn(async move {
                             let stream = feed.window(&take).await.map_err(Status::from)?;
                             stream.try_collect().await.map_err(|e| status_of(&e, false))
                         })
@@ -156,7 +161,6 @@ pub async fn serve(
             }
         }
     });
-    let asker = AbortOnDrop(asker);
     // Dropping the answer (the compute side left) stops the UDFs of the
     // windows still running at their next row.
     let stop = udfs.cancel.on_drop();
@@ -167,7 +171,7 @@ pub async fn serve(
     });
     let answers = runs
         .then(|run| async move {
-            match run.await {
+            match run.join().await {
                 Ok(ran) => ran,
                 Err(e) => Err(CallError::encoding(format!("a window's task failed: {e}"))),
             }
@@ -212,14 +216,5 @@ fn status_of_window(e: &datafusion::error::DataFusionError) -> Status {
             None => status_of(e, false),
         },
         _ => status_of(e, false),
-    }
-}
-
-/// A task aborted when the stream owning it is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -25,8 +25,8 @@
 use std::error::Error;
 use std::fmt;
 
-use datafusion::error::DataFusionError;
-use sluice_udfs::BadSample;
+use crate::BadSample;
+use datafusion_common::DataFusionError;
 use tonic::{Code, Status};
 
 use crate::error_details;
@@ -108,9 +108,6 @@ pub fn fault_of(e: &DataFusionError) -> Option<&dyn Fault> {
     while let Some(s) = source {
         if let Some(c) = s.downcast_ref::<Coded>() {
             return Some(c.fault());
-        }
-        if let Some(link) = s.downcast_ref::<crate::LinkError>() {
-            return Some(link);
         }
         if let Some(bad) = s.downcast_ref::<BadSample>() {
             return Some(bad);
@@ -205,9 +202,9 @@ mod tests {
             external(Corrupt),
             external(Corrupt).context("reading window 3"),
             DataFusionError::ArrowError(
-                Box::new(arrow::error::ArrowError::ExternalError(Box::new(external(
-                    Corrupt,
-                )))),
+                Box::new(datafusion_common::arrow::error::ArrowError::ExternalError(
+                    Box::new(external(Corrupt)),
+                )),
                 None,
             ),
             DataFusionError::Shared(std::sync::Arc::new(external(Corrupt))),

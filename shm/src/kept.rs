@@ -19,7 +19,7 @@
 //!
 //! A trainer that leaves mid-stream (killed, or stopped reading) keeps
 //! nothing: its segment goes with its stream. A dropped segment marks
-//! itself retired in its header ([`crate::shm::RETIRED_AT`]) so the
+//! itself retired in its header ([`crate::segment::RETIRED_AT`]) so the
 //! trainer lets go of its own mapping too. Slots the trainer still holds
 //! from the earlier stream stay USED and are skipped until it frees them.
 
@@ -27,37 +27,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use sluice_flight::shm_handshake::Held;
 
-use crate::shm::Segment;
+use crate::segment::Segment;
 
 /// How long a segment waits for its trainer's next stream.
 pub const KEEP_FOR: Duration = Duration::from_secs(10);
 /// Segments kept at once on this process, over all trainers.
 pub const KEEP_MAX: usize = 4;
-/// Paths a ticket may name.
-const HELD_MAX: usize = 8;
-
-/// What a trainer's ticket says of the segments it maps: the id it gives
-/// itself (one per process) and the paths of the segments it still maps.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Held {
-    /// The trainer process's id: random, unique per process.
-    pub trainer: String,
-    /// Segments it maps.
-    #[serde(default)]
-    pub paths: Vec<String>,
-}
-
-impl Held {
-    /// Whether it is a well-formed claim (an id of at most 64 characters,
-    /// at most eight paths): a malformed one keeps nothing.
-    pub fn valid(&self) -> bool {
-        !self.trainer.is_empty() && self.trainer.len() <= 64 && self.paths.len() <= HELD_MAX
-    }
-}
-
 struct Entry {
     trainer: String,
     segment: Arc<Segment>,
@@ -141,8 +118,8 @@ impl KeptSegments {
             entries.drain(..over).collect::<Vec<_>>()
         };
         drop(evicted);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            sluice_base::task::detach(async move {
                 tokio::time::sleep(KEEP_FOR + Duration::from_millis(10)).await;
                 self.expire();
             });
@@ -163,7 +140,7 @@ impl KeptSegments {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::RETIRED_AT;
+    use crate::segment::RETIRED_AT;
     use std::os::fd::AsRawFd;
 
     fn held(trainer: &str, seg: &Segment) -> Held {
