@@ -71,6 +71,9 @@ pub async fn run(
                 rate,
                 human((report.bytes as f64 / report.seconds.max(1e-9)) as u64),
             );
+            if !report.columns.is_empty() {
+                println!("columns: {}", report.columns.join(", "));
+            }
             if !report.skipped.is_empty() {
                 println!("skipped {}:", report.skipped.len());
                 for s in &report.skipped {

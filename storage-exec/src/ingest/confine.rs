@@ -73,7 +73,15 @@ impl Confinement {
     /// same way whether or not it exists on the host (nothing is learnt
     /// about the host's files): [`StorageError::OutsideRoots`]; inside, a
     /// missing one is [`StorageError::BadSource`].
+    ///
+    /// A glob in the last part (`shards/train-*.tar`) is admitted by its
+    /// directory; what it matches is opened beneath the roots when read.
     pub fn admit(&self, path: &Path) -> Result<PathBuf> {
+        if let (Some(dir), Some(pattern)) = (path.parent(), path.file_name())
+            && pattern.to_string_lossy().contains(['*', '?', '['])
+        {
+            return Ok(self.admit(dir)?.join(pattern));
+        }
         let outside = || StorageError::OutsideRoots {
             path: path.to_owned(),
             roots: self

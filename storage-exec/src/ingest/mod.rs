@@ -27,6 +27,7 @@ mod parts;
 mod pending;
 mod prepared;
 mod shard;
+pub mod shard_files;
 mod source;
 mod writer;
 
@@ -156,6 +157,9 @@ pub struct IngestReport {
     pub chunks: u64,
     /// Objects left out.
     pub skipped: Vec<Skipped>,
+    /// The metadata columns the source gave (a manifest's, an
+    /// ImageFolder's `label`, a shard's members and features).
+    pub columns: Vec<String>,
     /// Wall time in seconds.
     pub seconds: f64,
 }
@@ -265,6 +269,32 @@ fn read_whole(f: std::fs::File, len: u64, path: &Path) -> std::result::Result<Ve
     Ok(out)
 }
 
+/// Reads `len` bytes at `offset` of a shard (opened beneath the roots).
+fn read_range(
+    path: &Path,
+    offset: u64,
+    len: u64,
+    confine: Option<&Confinement>,
+) -> std::result::Result<Vec<u8>, String> {
+    use std::os::unix::fs::FileExt;
+    if len > MAX_OBJECT_BYTES {
+        return Err(too_large(len));
+    }
+    let f = match confine {
+        Some(c) => c.open(path)?,
+        None => open_no_follow(path)?,
+    };
+    let mut out = vec![0u8; len as usize];
+    f.read_exact_at(&mut out, offset).map_err(|e| {
+        format!(
+            "cannot read bytes {offset}..{} of {}: {e}",
+            offset + len,
+            path.display()
+        )
+    })?;
+    Ok(out)
+}
+
 fn load(
     entry: Entry,
     confine: Option<&Confinement>,
@@ -275,6 +305,10 @@ fn load(
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
+        Origin::Range { path, offset, len } => match read_range(&path, offset, len, confine) {
+            Ok(bytes) => bytes,
+            Err(reason) => return (entry.key, Err(reason)),
+        },
         Origin::Path(p) => {
             let opened = open_source(&p, confine).and_then(|(f, len)| {
                 if len <= STREAM_ABOVE {
@@ -424,6 +458,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
             Origin::Path(p) => std::fs::symlink_metadata(p)
                 .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),
+            Origin::Range { len, .. } => (*len).min(LOAD_BUDGET),
             Origin::Refused(_) => 0,
         })
         .sum()
@@ -460,7 +495,7 @@ pub async fn prepare(
         Some(s) => format!("{} (shard {s})", source.describe()),
         None => source.describe(),
     };
-    let mut enumerated = enumerate(source).await?;
+    let mut enumerated = enumerate(source, opts.confine.clone()).await?;
     refuse_duplicate_keys(&mut enumerated.entries);
     if let Some(s) = opts.shard {
         enumerated = s.apply(enumerated)?;
@@ -591,6 +626,11 @@ pub async fn prepare(
 
     // Metadata: key, user columns (rows of accepted objects), system columns.
     let schema = metadata_schema(&enumerated.user_fields);
+    let column_names: Vec<String> = enumerated
+        .user_fields
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let indices = arrow::array::UInt64Array::from(accepted);
     let mut columns: Vec<ArrayRef> = vec![Arc::new(keys.finish())];
     for col in &enumerated.user_columns {
@@ -642,6 +682,7 @@ pub async fn prepare(
         bytes: bytes_total,
         chunks: chunk_count,
         skipped,
+        columns: column_names,
         seconds: started.elapsed().as_secs_f64(),
     };
     Ok(Prepared::new(

@@ -9,6 +9,8 @@
 //!   `key` column; every other column is carried into the metadata as is.
 //!   The manifest is read with DataFusion, so types are inferred the same
 //!   way `sluice sql` would infer them.
+//! - **Shards**: WebDataset tars or TFRecord files (`super::shard_files`),
+//!   each sample read in place from its shard.
 //! - **Memory**: (key, bytes) pairs, for programs and benchmarks.
 //!
 //! Keys default to the path relative to the source, with `/` separators;
@@ -25,6 +27,7 @@ use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use futures::FutureExt;
 
+use super::confine::Confinement;
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
 
@@ -40,15 +43,21 @@ pub enum IngestSource {
         /// Directory that relative paths are relative to.
         base: PathBuf,
     },
+    /// Shard files: one, a directory of them, or a glob
+    /// (`shards/train-*.tar`).
+    Shards(PathBuf),
     /// Objects already in memory, as (key, bytes).
     Memory(Vec<(String, Vec<u8>)>),
 }
 
 impl IngestSource {
-    /// The source for a CLI argument: a manifest file when `path` is a file
-    /// or `manifest` is given, a directory otherwise.
+    /// The source for a CLI argument: shards when `path` names them (a
+    /// `.tar` or `.tfrecord` file, a directory of them, a glob), a
+    /// manifest file when `path` is another file or `manifest` is given,
+    /// a directory otherwise.
     pub fn from_cli(path: &Path, manifest: Option<&Path>) -> Self {
         match manifest {
+            None if super::shard_files::is_shards(path) => Self::Shards(path.to_owned()),
             Some(m) => Self::Manifest {
                 manifest: m.to_owned(),
                 base: path.to_owned(),
@@ -66,6 +75,7 @@ impl IngestSource {
         match self {
             Self::Directory(p) => format!("directory {}", p.display()),
             Self::Manifest { manifest, .. } => format!("manifest {}", manifest.display()),
+            Self::Shards(p) => format!("shards {}", p.display()),
             Self::Memory(s) => format!("{} in-memory objects", s.len()),
         }
     }
@@ -75,12 +85,12 @@ impl IngestSource {
     /// confined to the ingest roots: that happens when it is opened). A
     /// manifest is parsed and checked as an ingest checks it.
     pub async fn list(self) -> Result<Vec<(String, Option<PathBuf>)>> {
-        Ok(enumerate(self)
+        Ok(enumerate(self, None)
             .await?
             .entries
             .into_iter()
             .map(|e| match e.origin {
-                Origin::Path(p) => (e.key, Some(p)),
+                Origin::Path(p) | Origin::Range { path: p, .. } => (e.key, Some(p)),
                 Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
             })
             .collect())
@@ -91,6 +101,12 @@ impl IngestSource {
 #[derive(Debug)]
 pub(crate) enum Origin {
     Path(PathBuf),
+    /// `len` bytes at `offset` of a shard file.
+    Range {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
     Inline(Vec<u8>),
     /// Refused before a byte is read, and why (a duplicate key).
     Refused(String),
@@ -111,8 +127,18 @@ pub(crate) struct Enumerated {
     pub user_columns: Vec<ArrayRef>,
 }
 
-pub(crate) async fn enumerate(source: IngestSource) -> Result<Enumerated> {
+/// The samples of `source`; shards are opened beneath `confine`'s roots
+/// when it is given (every object is, when it is read).
+pub(crate) async fn enumerate(
+    source: IngestSource,
+    confine: Option<Arc<Confinement>>,
+) -> Result<Enumerated> {
     match source {
+        IngestSource::Shards(path) => tokio::task::spawn_blocking(move || {
+            super::shard_files::enumerate(&path, confine.as_deref())
+        })
+        .await
+        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
         IngestSource::Directory(dir) => tokio::task::spawn_blocking(move || enumerate_dir(&dir))
             .await
             .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
@@ -391,7 +417,7 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, b"x").unwrap();
         }
-        let e = enumerate(IngestSource::Directory(dir.path().into()))
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None)
             .await
             .unwrap();
         let keys: Vec<_> = e.entries.iter().map(|e| e.key.as_str()).collect();
@@ -410,7 +436,7 @@ mod tests {
         std::fs::write(dir.path().join("a.png"), b"x").unwrap();
         std::fs::create_dir(dir.path().join("more")).unwrap();
         std::fs::write(dir.path().join("more/b.png"), b"x").unwrap();
-        let e = enumerate(IngestSource::Directory(dir.path().into()))
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None)
             .await
             .unwrap();
         assert!(e.user_fields.is_empty());
@@ -422,10 +448,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = dir.path().join("m.csv");
         std::fs::write(&m, "path,label,split\nx/a.png,3,train\nb.png,4,val\n").unwrap();
-        let e = enumerate(IngestSource::Manifest {
-            manifest: m.clone(),
-            base: dir.path().into(),
-        })
+        let e = enumerate(
+            IngestSource::Manifest {
+                manifest: m.clone(),
+                base: dir.path().into(),
+            },
+            None,
+        )
         .await
         .unwrap();
         assert_eq!(e.entries[0].key, "x/a.png");
@@ -434,19 +463,25 @@ mod tests {
         assert_eq!(e.user_fields[0].data_type(), &DataType::Int64);
 
         std::fs::write(&m, "path,width\na.png,3\n").unwrap();
-        let err = enumerate(IngestSource::Manifest {
-            manifest: m.clone(),
-            base: dir.path().into(),
-        })
+        let err = enumerate(
+            IngestSource::Manifest {
+                manifest: m.clone(),
+                base: dir.path().into(),
+            },
+            None,
+        )
         .await
         .unwrap_err();
         assert!(err.to_string().contains("'width' is reserved"), "{err}");
 
         std::fs::write(&m, "file,label\na.png,3\n").unwrap();
-        let err = enumerate(IngestSource::Manifest {
-            manifest: m,
-            base: dir.path().into(),
-        })
+        let err = enumerate(
+            IngestSource::Manifest {
+                manifest: m,
+                base: dir.path().into(),
+            },
+            None,
+        )
         .await
         .unwrap_err();
         assert!(err.to_string().contains("no 'path' column"), "{err}");

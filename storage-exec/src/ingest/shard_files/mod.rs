@@ -1,0 +1,283 @@
+//! Datasets as they already are: samples read out of shard files (WebDataset
+//! tars, TFRecord) in place, never unpacked. (Not to be confused with
+//! `super::shard`, one storage node's part of a source.)
+//!
+//! - [`webdataset`]: `.tar` shards, members grouped into samples by key;
+//! - [`tfrecord`]: `.tfrecord` files of `tf.train.Example`;
+//! - [`columns`]: the metadata columns their small members and features
+//!   become, and the columns that trace a sample to its shard
+//!   (`source_shard`, `source_index`, `source_offset`).
+//!
+//! A source is one shard file, a directory of them (every visible file a
+//! shard, TFRecord `.index` companions ignored) or a glob in the last
+//! part of a path (`shards/train-*.tar`). Shards are read in name order,
+//! one at a time: a tar's headers are read and its objects skipped over,
+//! a TFRecord's records read one by one. What the enumeration keeps is
+//! each sample's place in its shard (the object is read from there when
+//! it is written, under the ingest's load budget) and its small values:
+//! memory grows with the number of samples, never with a shard's size.
+//! Every shard is opened beneath the ingest roots when the ingest has
+//! them, as each object later is.
+//!
+//! Compressed shards (`.tar.gz`, `.tgz`) are refused with how to read
+//! them: an object must be a range of a file to be read in place, and a
+//! gzip stream has no ranges.
+
+pub mod columns;
+pub mod tfrecord;
+pub mod webdataset;
+
+use std::path::{Path, PathBuf};
+
+use self::columns::{Columns, SourceOf, Value};
+use super::confine::Confinement;
+use super::source::{Entry, Enumerated, Origin};
+use crate::error::{Result, StorageError};
+
+/// The layout of a shard file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardKind {
+    /// A WebDataset tar.
+    Tar,
+    /// A TFRecord file.
+    TfRecord,
+}
+
+impl ShardKind {
+    /// The kind of the file `name`, by its extension; `Err` for a shard
+    /// sluice cannot read in place, saying what to do.
+    pub fn of(name: &str) -> Option<std::result::Result<Self, String>> {
+        let lower = name.to_ascii_lowercase();
+        if lower.ends_with(".tar") {
+            Some(Ok(Self::Tar))
+        } else if [".tfrecord", ".tfrecords", ".tfrec"]
+            .iter()
+            .any(|e| lower.ends_with(e))
+        {
+            Some(Ok(Self::TfRecord))
+        } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+            Some(Err(format!(
+                "{name}: a compressed shard cannot be read in place (a gzip stream has \
+                 no ranges to read an object from); decompress it first (`gunzip -k {name}`) \
+                 and ingest the .tar"
+            )))
+        } else {
+            None
+        }
+    }
+}
+
+/// One sample of a shard.
+#[derive(Debug)]
+pub(crate) struct Sample {
+    pub key: String,
+    pub origin: Origin,
+    pub values: Vec<(String, Value)>,
+    pub source: SourceOf,
+}
+
+impl Sample {
+    /// A sample refused before a byte of its object is read.
+    pub(crate) fn refused(key: String, reason: String, source: SourceOf) -> Self {
+        Self {
+            key,
+            origin: Origin::Refused(reason),
+            values: Vec::new(),
+            source,
+        }
+    }
+}
+
+/// Whether `path` (a file, a directory, or a glob) names shards: a shard
+/// file, a directory whose visible files are all shards, or a pattern.
+pub fn is_shards(path: &Path) -> bool {
+    if has_glob(path) {
+        return true;
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    if path.is_file() {
+        return ShardKind::of(&name).is_some();
+    }
+    let Ok(dir) = std::fs::read_dir(path) else {
+        return false;
+    };
+    let mut any = false;
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.ends_with(".index") {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_file()) || ShardKind::of(&name).is_none() {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+fn has_glob(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().contains(['*', '?', '[']))
+}
+
+/// Whether `name` matches `pattern` (`*` any run, `?` one character,
+/// `[abc]` / `[a-z]` one of a set).
+fn matches(pattern: &[char], name: &[char]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((&'*', rest)) => (0..=name.len()).any(|i| matches(rest, &name[i..])),
+        Some((&'?', rest)) => !name.is_empty() && matches(rest, &name[1..]),
+        Some((&'[', rest)) => {
+            let Some(close) = rest.iter().position(|&c| c == ']') else {
+                return name.first() == Some(&'[') && matches(rest, &name[1..]);
+            };
+            let (set, rest) = (&rest[..close], &rest[close + 1..]);
+            let Some(&c) = name.first() else {
+                return false;
+            };
+            let hit = set
+                .windows(3)
+                .any(|w| w[1] == '-' && w[0] <= c && c <= w[2])
+                || set.contains(&c);
+            hit && matches(rest, &name[1..])
+        }
+        Some((p, rest)) => name.first() == Some(p) && matches(rest, &name[1..]),
+    }
+}
+
+/// The shard files `path` names, in name order, each with its name under
+/// the source (relative to the directory they are in).
+pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let bad = |reason: String| StorageError::BadSource {
+        path: path.to_owned(),
+        reason,
+    };
+    let (dir, pattern): (PathBuf, Option<Vec<char>>) = if has_glob(path) {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        let pattern = path
+            .file_name()
+            .map(|n| n.to_string_lossy().chars().collect());
+        (parent.unwrap_or(Path::new(".")).to_owned(), pattern)
+    } else if path.is_file() {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        return Ok(vec![(path.to_owned(), name.unwrap_or_default())]);
+    } else {
+        (path.to_owned(), None)
+    };
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(&dir).map_err(|e| StorageError::io("list", &dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StorageError::io("list", &dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.ends_with(".index") {
+            continue;
+        }
+        if let Some(p) = &pattern
+            && !matches(p, &name.chars().collect::<Vec<_>>())
+        {
+            continue;
+        }
+        match ShardKind::of(&name) {
+            Some(Ok(_)) => out.push((entry.path(), name)),
+            Some(Err(why)) => return Err(bad(why)),
+            None if pattern.is_some() => {
+                return Err(bad(format!(
+                    "{name} matches but is not a shard (.tar or .tfrecord)"
+                )));
+            }
+            None => {}
+        }
+    }
+    if out.is_empty() {
+        return Err(bad("no shards (.tar, .tfrecord) there".into()));
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
+}
+
+/// Every sample of the shards `path` names, and their columns.
+pub(crate) fn enumerate(path: &Path, confine: Option<&Confinement>) -> Result<Enumerated> {
+    let mut samples = Vec::new();
+    for (file, name) in list(path)? {
+        let kind = match ShardKind::of(&name) {
+            Some(Ok(kind)) => kind,
+            _ => continue,
+        };
+        let opened = match confine {
+            Some(c) => c.open(&file),
+            None => std::fs::File::open(&file)
+                .map_err(|e| format!("cannot open {}: {e}", file.display())),
+        };
+        let handle = match opened {
+            Ok(f) => f,
+            Err(reason) => {
+                samples.push(Sample::refused(
+                    format!("{name}@0"),
+                    reason,
+                    SourceOf {
+                        shard: name.clone(),
+                        index: 0,
+                        offset: 0,
+                    },
+                ));
+                continue;
+            }
+        };
+        match kind {
+            ShardKind::Tar => webdataset::samples(&file, &name, handle, &mut samples),
+            ShardKind::TfRecord => tfrecord::samples(&file, &name, handle, &mut samples),
+        }
+    }
+    let mut columns = Columns::default();
+    let mut entries = Vec::with_capacity(samples.len());
+    for s in samples {
+        columns.push(s.values, s.source);
+        entries.push(Entry {
+            key: s.key,
+            origin: s.origin,
+        });
+    }
+    let (user_fields, user_columns) = columns.finish();
+    Ok(Enumerated {
+        entries,
+        user_fields,
+        user_columns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(p: &str, n: &str) -> bool {
+        matches(
+            &p.chars().collect::<Vec<_>>(),
+            &n.chars().collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn globs_match_as_a_shell_would() {
+        assert!(m("train-*.tar", "train-000.tar"));
+        assert!(!m("train-*.tar", "val-000.tar"));
+        assert!(m("s-??.tfrecord", "s-01.tfrecord"));
+        assert!(m("s-[0-4].tar", "s-3.tar") && !m("s-[0-4].tar", "s-7.tar"));
+        assert!(m("*", "anything"));
+    }
+
+    #[test]
+    fn kinds_by_extension_and_compressed_shards_say_what_to_do() {
+        assert_eq!(ShardKind::of("a.TAR"), Some(Ok(ShardKind::Tar)));
+        assert_eq!(ShardKind::of("a.tfrecords"), Some(Ok(ShardKind::TfRecord)));
+        assert!(
+            ShardKind::of("a.tar.gz")
+                .unwrap()
+                .unwrap_err()
+                .contains("gunzip")
+        );
+        assert_eq!(ShardKind::of("a.jpg"), None);
+    }
+}

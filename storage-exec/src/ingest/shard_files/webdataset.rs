@@ -1,0 +1,307 @@
+//! WebDataset shards: tar files whose members are grouped into samples by
+//! key (`000123.jpg`, `000123.cls`, `000123.json` are one sample).
+//!
+//! A member's key is its path up to the first `.` of its file name, and
+//! its extension the rest (`a/000123.seg.png` → key `a/000123`, extension
+//! `seg.png`); consecutive members with one key are one sample. Of a
+//! sample's members:
+//!
+//! - the **object** is the first whose extension is a format sluice reads
+//!   (an image, a video, an array: [`OBJECT_EXTENSIONS`]); it is not read
+//!   here: the sample's bytes are the member's range of the shard, read in
+//!   place when the object is written ([`Origin::Range`]); the sample's
+//!   key is the object member's path, as an ImageFolder ingest of the
+//!   unpacked files would key it;
+//! - every other member of at most [`MAX_VALUE_BYTES`] that is UTF-8 is a
+//!   metadata value ([`super::columns`]): `cls` as the column `label`
+//!   (ImageFolder's name for it), `json` kept as JSON text, the rest by
+//!   extension; other members (binary, or larger) are left out, and said
+//!   once per shard in the log.
+//!
+//! What breaks a sample is that sample's error under the ingest's policy,
+//! never the shard's: a sample without an object member, a member twice
+//! in one sample. What breaks the shard (a corrupt header, a shard cut
+//! short) is named at the byte where it happens, and the shard's samples
+//! before it are kept. Headers are read with the `tar` crate (ustar, GNU
+//! and PAX long names); object bytes are skipped over, never read here.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use super::Sample;
+use super::columns::{SourceOf, Value, column_name};
+use crate::ingest::source::Origin;
+
+/// Extensions of the objects a sample carries (the last part of a
+/// member's extension, any case).
+pub const OBJECT_EXTENSIONS: &[&str] = &[
+    "jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "avif",
+    "ico", "tga", "qoi", "exr", "hdr", "mp4", "webm", "mkv", "avi", "mov", "npy", "npz",
+];
+
+/// Largest member read as a metadata value.
+pub const MAX_VALUE_BYTES: u64 = 1 << 20;
+
+/// One member of the sample being grouped.
+struct Member {
+    name: String,
+    extension: String,
+    offset: u64,
+    len: u64,
+    /// Its bytes, for a value member.
+    value: Option<Vec<u8>>,
+}
+
+/// The members of one key.
+struct Group {
+    key: String,
+    header: u64,
+    members: Vec<Member>,
+}
+
+/// Appends the samples of the tar `file` (`shard`: its name under the
+/// source, `path`: where ingest reads it) to `out`.
+pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample>) {
+    let size = match file.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return out.push(broken(shard, 0, format!("cannot read the shard: {e}"))),
+    };
+    let mut left_out = BTreeSet::new();
+    let mut index = 0u64;
+    let mut group: Option<Group> = None;
+    let emit =
+        |g: Group, index: &mut u64, out: &mut Vec<Sample>, left_out: &mut BTreeSet<String>| {
+            out.push(sample(path, shard, *index, g, left_out));
+            *index += 1;
+        };
+    let mut archive = tar::Archive::new(file);
+    let entries = match archive.entries_with_seek() {
+        Ok(e) => e,
+        Err(e) => return out.push(broken(shard, 0, format!("not a tar file: {e}"))),
+    };
+    let mut at = 0u64;
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                if let Some(g) = group.take() {
+                    emit(g, &mut index, out, &mut left_out);
+                }
+                out.push(broken(
+                    shard,
+                    at,
+                    format!("corrupt tar header after byte {at} ({e}); the rest of the shard is not read"),
+                ));
+                return;
+            }
+        };
+        let header = entry.raw_header_position();
+        let (offset, len) = (entry.raw_file_position(), entry.size());
+        at = offset.saturating_add(len);
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = match entry.path() {
+            Ok(p) => crate::ingest::source::key_part(p.as_os_str()),
+            Err(e) => {
+                out.push(broken(
+                    shard,
+                    header,
+                    format!("a member's name is unreadable: {e}"),
+                ));
+                continue;
+            }
+        };
+        let name = name.trim_start_matches("./").to_owned();
+        let Some((key, extension)) = split(&name) else {
+            continue;
+        };
+        if at > size {
+            if let Some(g) = group.take() {
+                emit(g, &mut index, out, &mut left_out);
+            }
+            out.push(Sample::refused(
+                name,
+                format!("truncated shard: this member ends at byte {at}, the shard at byte {size}"),
+                SourceOf {
+                    shard: shard.to_owned(),
+                    index,
+                    offset: header,
+                },
+            ));
+            return;
+        }
+        let value = value_of(&mut entry, extension, len);
+        if group.as_ref().is_some_and(|g| g.key != key)
+            && let Some(g) = group.take()
+        {
+            emit(g, &mut index, out, &mut left_out);
+        }
+        let g = group.get_or_insert_with(|| Group {
+            key: key.to_owned(),
+            header,
+            members: Vec::new(),
+        });
+        g.members.push(Member {
+            name: name.clone(),
+            extension: extension.to_owned(),
+            offset,
+            len,
+            value,
+        });
+    }
+    if let Some(g) = group.take() {
+        emit(g, &mut index, out, &mut left_out);
+    }
+    if !left_out.is_empty() {
+        tracing::warn!(
+            "shard {shard}: members left out (binary, over {MAX_VALUE_BYTES} bytes, or a \
+             second object): {}",
+            left_out.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
+/// A value member's bytes (`None` for an object, or one too large).
+fn value_of(member: &mut impl Read, extension: &str, len: u64) -> Option<Vec<u8>> {
+    if is_object(extension) || len > MAX_VALUE_BYTES {
+        return None;
+    }
+    let mut v = Vec::with_capacity(len as usize);
+    member.take(len).read_to_end(&mut v).ok().map(|_| v)
+}
+
+/// A member's key and extension; `None` for a name with no extension or
+/// a hidden file.
+fn split(name: &str) -> Option<(&str, &str)> {
+    let base_at = name.rfind('/').map_or(0, |i| i + 1);
+    let base = &name[base_at..];
+    if base.starts_with('.') {
+        return None;
+    }
+    let dot = base.find('.')?;
+    Some((&name[..base_at + dot], &base[dot + 1..]))
+}
+
+/// Whether a member with `extension` is an object.
+fn is_object(extension: &str) -> bool {
+    let last = extension.rsplit('.').next().unwrap_or(extension);
+    OBJECT_EXTENSIONS
+        .iter()
+        .any(|e| e.eq_ignore_ascii_case(last))
+}
+
+/// The sample `group` makes.
+fn sample(
+    path: &Path,
+    shard: &str,
+    index: u64,
+    group: Group,
+    left_out: &mut BTreeSet<String>,
+) -> Sample {
+    let source = SourceOf {
+        shard: shard.to_owned(),
+        index,
+        offset: group.header,
+    };
+    let names = || {
+        group
+            .members
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut seen = BTreeSet::new();
+    if let Some(twice) = group
+        .members
+        .iter()
+        .find(|m| !seen.insert(m.extension.to_ascii_lowercase()))
+    {
+        return Sample::refused(
+            twice.name.clone(),
+            format!(
+                "member {} appears twice in its sample ({})",
+                twice.name,
+                names()
+            ),
+            source,
+        );
+    }
+    let object = group
+        .members
+        .iter()
+        .position(|m| is_object(&m.extension) && !m.extension.contains('.'))
+        .or_else(|| group.members.iter().position(|m| is_object(&m.extension)));
+    let Some(object) = object else {
+        return Sample::refused(
+            group.key.clone(),
+            format!(
+                "sample {} has no image or other object member (members: {})",
+                group.key,
+                names()
+            ),
+            source,
+        );
+    };
+    let mut values = Vec::new();
+    for (i, m) in group.members.iter().enumerate() {
+        if i == object {
+            continue;
+        }
+        let name = match m.extension.as_str() {
+            "cls" => "label".to_owned(),
+            e => column_name(e),
+        };
+        match m
+            .value
+            .as_deref()
+            .and_then(|v| Value::parse(v, m.extension == "json"))
+        {
+            Some(v) => values.push((name, v)),
+            None => {
+                left_out.insert(format!("*.{}", m.extension));
+            }
+        }
+    }
+    let m = &group.members[object];
+    Sample {
+        key: m.name.clone(),
+        origin: Origin::Range {
+            path: path.to_owned(),
+            offset: m.offset,
+            len: m.len,
+        },
+        values,
+        source,
+    }
+}
+
+/// What stops a shard being read, at byte `at`.
+fn broken(shard: &str, at: u64, reason: String) -> Sample {
+    Sample::refused(
+        format!("{shard}@{at}"),
+        reason,
+        SourceOf {
+            shard: shard.to_owned(),
+            index: 0,
+            offset: at,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_end_at_the_first_dot_of_the_file_name() {
+        assert_eq!(split("000123.jpg"), Some(("000123", "jpg")));
+        assert_eq!(split("a.b/000123.seg.png"), Some(("a.b/000123", "seg.png")));
+        assert_eq!(split("dir/.hidden.txt"), None);
+        assert_eq!(split("README"), None);
+        assert!(is_object("JPG") && is_object("seg.png") && !is_object("cls"));
+    }
+}
