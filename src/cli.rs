@@ -462,11 +462,11 @@ pub enum JobAction {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Ingest a directory (ImageFolder or flat), a manifest, or shards (WebDataset tars, TFRecord) as a new dataset version.
+    /// Ingest a directory (ImageFolder or flat), a manifest, or shards (WebDataset tars, TFRecord, Parquet with the images inside) as a new dataset version.
     Ingest {
         /// Dataset name (letters, digits, '_' and '-').
         dataset: String,
-        /// A directory, a manifest file (.csv, .jsonl, .parquet) with a `path` column, or shards: a .tar (WebDataset) or .tfrecord file, a directory of them, or a glob such as `shards/train-*.tar`.
+        /// A directory, a manifest file (.csv, .jsonl, .parquet) with a `path` column, or shards: a .tar (WebDataset), .tfrecord or .parquet (an `image` column of bytes) file, a directory of them, or a glob such as `shards/train-*.tar`.
         source: PathBuf,
         /// A manifest whose relative paths resolve against SOURCE.
         #[arg(long)]

@@ -394,7 +394,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_segment_sends_over_flight_and_frees_on_drop() {
-        let before = mapped_bytes();
         let seg = Arc::new(Segment::create(2, 4096).unwrap());
         let path = seg.path.clone();
         assert!(path.exists());
@@ -433,7 +432,9 @@ mod tests {
         seg.byte(MAPPED_AT).store(1, Ordering::Release);
         let _ = seg.take_free();
         assert!(!path.exists());
-        assert!(mapped_bytes() >= before + seg.size as u64);
+        // Counted while mapped (other tests' segments come and go in the
+        // same process, so only this one's share is certain).
+        assert!(mapped_bytes() >= seg.size as u64);
         drop(seg);
         assert!(!path.exists());
     }

@@ -46,6 +46,7 @@ pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
+use self::shard_files::parquet_shard::RowGroups;
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
@@ -298,6 +299,7 @@ fn read_range(
 fn load(
     entry: Entry,
     confine: Option<&Confinement>,
+    cells: &RowGroups,
 ) -> (String, std::result::Result<Loaded, String>) {
     let bytes = match entry.origin {
         Origin::Inline(b) if b.len() as u64 > MAX_OBJECT_BYTES => {
@@ -306,6 +308,14 @@ fn load(
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
         Origin::Range { path, offset, len } => match read_range(&path, offset, len, confine) {
+            Ok(bytes) => bytes,
+            Err(reason) => return (entry.key, Err(reason)),
+        },
+        Origin::Cell {
+            path,
+            row_group,
+            row,
+        } => match cells.object(&path, row_group, row, confine) {
             Ok(bytes) => bytes,
             Err(reason) => return (entry.key, Err(reason)),
         },
@@ -459,7 +469,9 @@ fn group_bytes(group: &[Entry]) -> u64 {
                 .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),
             Origin::Range { len, .. } => (*len).min(LOAD_BUDGET),
-            Origin::Refused(_) => 0,
+            // Unknown until its row group is decoded; those decoded are
+            // bounded by `RowGroups`.
+            Origin::Cell { .. } | Origin::Refused(_) => 0,
         })
         .sum()
 }
@@ -534,6 +546,7 @@ pub async fn prepare(
         (!group.is_empty()).then_some(group)
     });
     let confine = opts.confine.clone();
+    let cells = Arc::new(RowGroups::default());
     let loaded = futures::stream::iter(groups)
         .then(|group| {
             let budget = Arc::clone(&budget);
@@ -554,12 +567,13 @@ pub async fn prepare(
         })
         .map(|ready| {
             let confine = confine.clone();
+            let cells = Arc::clone(&cells);
             async move {
                 let (group, permit) = ready?;
                 let results = tokio::task::spawn_blocking(move || {
                     group
                         .into_iter()
-                        .map(|e| load(e, confine.as_deref()))
+                        .map(|e| load(e, confine.as_deref(), &cells))
                         .collect::<Vec<_>>()
                 })
                 .await

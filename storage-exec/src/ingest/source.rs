@@ -90,7 +90,9 @@ impl IngestSource {
             .entries
             .into_iter()
             .map(|e| match e.origin {
-                Origin::Path(p) | Origin::Range { path: p, .. } => (e.key, Some(p)),
+                Origin::Path(p) | Origin::Range { path: p, .. } | Origin::Cell { path: p, .. } => {
+                    (e.key, Some(p))
+                }
                 Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
             })
             .collect())
@@ -106,6 +108,13 @@ pub(crate) enum Origin {
         path: PathBuf,
         offset: u64,
         len: u64,
+    },
+    /// The object column's value in `row` of row group `row_group` of a
+    /// Parquet file.
+    Cell {
+        path: PathBuf,
+        row_group: usize,
+        row: u64,
     },
     Inline(Vec<u8>),
     /// Refused before a byte is read, and why (a duplicate key).

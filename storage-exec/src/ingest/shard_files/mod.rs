@@ -4,6 +4,8 @@
 //!
 //! - [`webdataset`]: `.tar` shards, members grouped into samples by key;
 //! - [`tfrecord`]: `.tfrecord` files of `tf.train.Example`;
+//! - [`parquet_shard`]: Parquet files with the image bytes inside (the Hugging
+//!   Face Hub's layout), each object decoded with its row group;
 //! - [`columns`]: the metadata columns their small members and features
 //!   become, and the columns that trace a sample to its shard
 //!   (`source_shard`, `source_index`, `source_offset`).
@@ -24,6 +26,7 @@
 //! gzip stream has no ranges.
 
 pub mod columns;
+pub mod parquet_shard;
 pub mod tfrecord;
 pub mod webdataset;
 
@@ -41,6 +44,8 @@ pub enum ShardKind {
     Tar,
     /// A TFRecord file.
     TfRecord,
+    /// A Parquet file of objects (one with a `path` column is a manifest).
+    Parquet,
 }
 
 impl ShardKind {
@@ -55,6 +60,8 @@ impl ShardKind {
             .any(|e| lower.ends_with(e))
         {
             Some(Ok(Self::TfRecord))
+        } else if lower.ends_with(".parquet") {
+            Some(Ok(Self::Parquet))
         } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
             Some(Err(format!(
                 "{name}: a compressed shard cannot be read in place (a gzip stream has \
@@ -99,7 +106,7 @@ pub fn is_shards(path: &Path) -> bool {
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
     if path.is_file() {
-        return ShardKind::of(&name).is_some();
+        return is_shard_file(path, &name);
     }
     let Ok(dir) = std::fs::read_dir(path) else {
         return false;
@@ -110,12 +117,22 @@ pub fn is_shards(path: &Path) -> bool {
         if name.starts_with('.') || name.ends_with(".index") {
             continue;
         }
-        if !entry.file_type().is_ok_and(|t| t.is_file()) || ShardKind::of(&name).is_none() {
+        if !entry.file_type().is_ok_and(|t| t.is_file()) || !is_shard_file(&entry.path(), &name) {
             return false;
         }
         any = true;
     }
     any
+}
+
+/// Whether the file `name` at `path` is a shard: by its extension, and a
+/// Parquet file only if it holds objects (else it is a manifest).
+fn is_shard_file(path: &Path, name: &str) -> bool {
+    match ShardKind::of(name) {
+        Some(Ok(ShardKind::Parquet)) => parquet_shard::is_object_file(path),
+        Some(_) => true,
+        None => false,
+    }
 }
 
 fn has_glob(path: &Path) -> bool {
@@ -185,14 +202,14 @@ pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
             Some(Err(why)) => return Err(bad(why)),
             None if pattern.is_some() => {
                 return Err(bad(format!(
-                    "{name} matches but is not a shard (.tar or .tfrecord)"
+                    "{name} matches but is not a shard (.tar, .tfrecord or .parquet)"
                 )));
             }
             None => {}
         }
     }
     if out.is_empty() {
-        return Err(bad("no shards (.tar, .tfrecord) there".into()));
+        return Err(bad("no shards (.tar, .tfrecord, .parquet) there".into()));
     }
     out.sort_by(|a, b| a.1.cmp(&b.1));
     Ok(out)
@@ -229,6 +246,7 @@ pub(crate) fn enumerate(path: &Path, confine: Option<&Confinement>) -> Result<En
         match kind {
             ShardKind::Tar => webdataset::samples(&file, &name, handle, &mut samples),
             ShardKind::TfRecord => tfrecord::samples(&file, &name, handle, &mut samples),
+            ShardKind::Parquet => parquet_shard::samples(&file, &name, handle, &mut samples),
         }
     }
     let mut columns = Columns::default();
