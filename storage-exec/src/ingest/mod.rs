@@ -46,7 +46,7 @@ pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
-use self::shard_files::parquet_shard::RowGroups;
+use self::shard_files::Readers;
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
@@ -270,36 +270,10 @@ fn read_whole(f: std::fs::File, len: u64, path: &Path) -> std::result::Result<Ve
     Ok(out)
 }
 
-/// Reads `len` bytes at `offset` of a shard (opened beneath the roots).
-fn read_range(
-    path: &Path,
-    offset: u64,
-    len: u64,
-    confine: Option<&Confinement>,
-) -> std::result::Result<Vec<u8>, String> {
-    use std::os::unix::fs::FileExt;
-    if len > MAX_OBJECT_BYTES {
-        return Err(too_large(len));
-    }
-    let f = match confine {
-        Some(c) => c.open(path)?,
-        None => open_no_follow(path)?,
-    };
-    let mut out = vec![0u8; len as usize];
-    f.read_exact_at(&mut out, offset).map_err(|e| {
-        format!(
-            "cannot read bytes {offset}..{} of {}: {e}",
-            offset + len,
-            path.display()
-        )
-    })?;
-    Ok(out)
-}
-
 fn load(
     entry: Entry,
     confine: Option<&Confinement>,
-    cells: &RowGroups,
+    shards: &Readers,
 ) -> (String, std::result::Result<Loaded, String>) {
     let bytes = match entry.origin {
         Origin::Inline(b) if b.len() as u64 > MAX_OBJECT_BYTES => {
@@ -307,15 +281,24 @@ fn load(
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
-        Origin::Range { path, offset, len } => match read_range(&path, offset, len, confine) {
-            Ok(bytes) => bytes,
-            Err(reason) => return (entry.key, Err(reason)),
-        },
+        Origin::Range { len, .. } if len > MAX_OBJECT_BYTES => {
+            return (entry.key, Err(too_large(len)));
+        }
+        Origin::Range { path, offset, len } => {
+            let open = || match confine {
+                Some(c) => c.open(&path),
+                None => open_no_follow(&path),
+            };
+            match shards.files.read(&path, offset, len, open) {
+                Ok(bytes) => bytes,
+                Err(reason) => return (entry.key, Err(reason)),
+            }
+        }
         Origin::Cell {
             path,
             row_group,
             row,
-        } => match cells.object(&path, row_group, row, confine) {
+        } => match shards.row_groups.object(&path, row_group, row, confine) {
             Ok(bytes) => bytes,
             Err(reason) => return (entry.key, Err(reason)),
         },
@@ -470,7 +453,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
                 .unwrap_or(0),
             Origin::Range { len, .. } => (*len).min(LOAD_BUDGET),
             // Unknown until its row group is decoded; those decoded are
-            // bounded by `RowGroups`.
+            // bounded by the row groups `Readers` keeps.
             Origin::Cell { .. } | Origin::Refused(_) => 0,
         })
         .sum()
@@ -546,7 +529,7 @@ pub async fn prepare(
         (!group.is_empty()).then_some(group)
     });
     let confine = opts.confine.clone();
-    let cells = Arc::new(RowGroups::default());
+    let shards = Arc::new(Readers::default());
     let loaded = futures::stream::iter(groups)
         .then(|group| {
             let budget = Arc::clone(&budget);
@@ -567,13 +550,13 @@ pub async fn prepare(
         })
         .map(|ready| {
             let confine = confine.clone();
-            let cells = Arc::clone(&cells);
+            let shards = Arc::clone(&shards);
             async move {
                 let (group, permit) = ready?;
                 let results = tokio::task::spawn_blocking(move || {
                     group
                         .into_iter()
-                        .map(|e| load(e, confine.as_deref(), &cells))
+                        .map(|e| load(e, confine.as_deref(), &shards))
                         .collect::<Vec<_>>()
                 })
                 .await

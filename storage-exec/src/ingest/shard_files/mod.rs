@@ -26,6 +26,7 @@
 //! gzip stream has no ranges.
 
 pub mod columns;
+mod open_shards;
 pub mod parquet_shard;
 pub mod tfrecord;
 pub mod webdataset;
@@ -72,6 +73,14 @@ impl ShardKind {
             None
         }
     }
+}
+
+/// What an ingest keeps while it reads objects out of shards: the shard
+/// files open, and the Parquet row groups decoded.
+#[derive(Debug, Default)]
+pub(crate) struct Readers {
+    pub files: open_shards::OpenShards,
+    pub row_groups: parquet_shard::RowGroups,
 }
 
 /// One sample of a shard.
