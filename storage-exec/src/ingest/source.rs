@@ -9,8 +9,9 @@
 //!   `key` column; every other column is carried into the metadata as is.
 //!   The manifest is read with DataFusion, so types are inferred the same
 //!   way `sluice sql` would infer them.
-//! - **Shards**: WebDataset tars or TFRecord files (`super::shard_files`),
-//!   each sample read in place from its shard.
+//! - **Shards**: WebDataset tars, TFRecord files or Parquet files with the
+//!   images inside (`super::shard_files`), each sample read in place from
+//!   its shard.
 //! - **Memory**: (key, bytes) pairs, for programs and benchmarks.
 //!
 //! Keys default to the path relative to the source, with `/` separators;
@@ -52,7 +53,8 @@ pub enum IngestSource {
 
 impl IngestSource {
     /// The source for a CLI argument: shards when `path` names them (a
-    /// `.tar` or `.tfrecord` file, a directory of them, a glob), a
+    /// `.tar`, `.tfrecord` or object-holding `.parquet` file, a directory
+    /// of them, a glob), a
     /// manifest file when `path` is another file or `manifest` is given,
     /// a directory otherwise.
     pub fn from_cli(path: &Path, manifest: Option<&Path>) -> Self {
