@@ -66,6 +66,71 @@ struct Group {
     members: Vec<Member>,
 }
 
+/// The samples of one shard as its members come: the members of the
+/// current key, and how many samples were made.
+struct Grouping<'a> {
+    path: &'a Path,
+    shard: &'a str,
+    index: u64,
+    group: Option<Group>,
+    left_out: BTreeSet<String>,
+}
+
+impl Grouping<'_> {
+    /// Adds a member of `key`, ending the sample before it if its key
+    /// differs.
+    fn add(&mut self, key: &str, header: u64, member: Member, out: &mut Vec<Sample>) {
+        if self.group.as_ref().is_some_and(|g| g.key != key) {
+            self.flush(out);
+        }
+        self.group
+            .get_or_insert_with(|| Group {
+                key: key.to_owned(),
+                header,
+                members: Vec::new(),
+            })
+            .members
+            .push(member);
+    }
+
+    /// Ends the current sample, if there is one.
+    fn flush(&mut self, out: &mut Vec<Sample>) {
+        if let Some(g) = self.group.take() {
+            out.push(sample(
+                self.path,
+                self.shard,
+                self.index,
+                g,
+                &mut self.left_out,
+            ));
+            self.index += 1;
+        }
+    }
+
+    /// Ends the shard here: the current sample, then `last` if the shard
+    /// broke.
+    fn end(mut self, out: &mut Vec<Sample>, last: Option<Sample>) {
+        self.flush(out);
+        out.extend(last);
+        if !self.left_out.is_empty() {
+            tracing::warn!(
+                "shard {}: members left out (binary, over {MAX_VALUE_BYTES} bytes, or a \
+                 second object): {}",
+                self.shard,
+                self.left_out.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+
+    fn source(&self, offset: u64) -> SourceOf {
+        SourceOf {
+            shard: self.shard.to_owned(),
+            index: self.index,
+            offset,
+        }
+    }
+}
+
 /// Appends the samples of the tar `file` (`shard`: its name under the
 /// source, `path`: where ingest reads it) to `out`.
 pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample>) {
@@ -73,14 +138,13 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         Ok(m) => m.len(),
         Err(e) => return out.push(broken(shard, 0, format!("cannot read the shard: {e}"))),
     };
-    let mut left_out = BTreeSet::new();
-    let mut index = 0u64;
-    let mut group: Option<Group> = None;
-    let emit =
-        |g: Group, index: &mut u64, out: &mut Vec<Sample>, left_out: &mut BTreeSet<String>| {
-            out.push(sample(path, shard, *index, g, left_out));
-            *index += 1;
-        };
+    let mut grouping = Grouping {
+        path,
+        shard,
+        index: 0,
+        group: None,
+        left_out: BTreeSet::new(),
+    };
     // Read through in large sequential reads (objects passed over, not
     // kept): a few system calls per MiB where a seek past each member
     // costs two per member, and the pass leaves the shard in the page
@@ -95,15 +159,10 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         let mut entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                if let Some(g) = group.take() {
-                    emit(g, &mut index, out, &mut left_out);
-                }
-                out.push(broken(
-                    shard,
-                    at,
-                    format!("corrupt tar header after byte {at} ({e}); the rest of the shard is not read"),
-                ));
-                return;
+                let why = format!(
+                    "corrupt tar header after byte {at} ({e}); the rest of the shard is not read"
+                );
+                return grouping.end(out, Some(broken(shard, at, why)));
             }
         };
         let header = entry.raw_header_position();
@@ -115,11 +174,8 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         let name = match entry.path() {
             Ok(p) => crate::ingest::source::key_part(p.as_os_str()),
             Err(e) => {
-                out.push(broken(
-                    shard,
-                    header,
-                    format!("a member's name is unreadable: {e}"),
-                ));
+                let why = format!("a member's name is unreadable: {e}");
+                out.push(broken(shard, header, why));
                 continue;
             }
         };
@@ -128,49 +184,22 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
             continue;
         };
         if at > size {
-            if let Some(g) = group.take() {
-                emit(g, &mut index, out, &mut left_out);
-            }
-            out.push(Sample::refused(
-                name,
-                format!("truncated shard: this member ends at byte {at}, the shard at byte {size}"),
-                SourceOf {
-                    shard: shard.to_owned(),
-                    index,
-                    offset: header,
-                },
-            ));
-            return;
+            let why =
+                format!("truncated shard: this member ends at byte {at}, the shard at byte {size}");
+            grouping.flush(out);
+            let source = grouping.source(header);
+            return grouping.end(out, Some(Sample::refused(name.clone(), why, source)));
         }
-        let value = value_of(&mut entry, extension, len);
-        if group.as_ref().is_some_and(|g| g.key != key)
-            && let Some(g) = group.take()
-        {
-            emit(g, &mut index, out, &mut left_out);
-        }
-        let g = group.get_or_insert_with(|| Group {
-            key: key.to_owned(),
-            header,
-            members: Vec::new(),
-        });
-        g.members.push(Member {
+        let member = Member {
             name: name.clone(),
             extension: extension.to_owned(),
             offset,
             len,
-            value,
-        });
+            value: value_of(&mut entry, extension, len),
+        };
+        grouping.add(key, header, member, out);
     }
-    if let Some(g) = group.take() {
-        emit(g, &mut index, out, &mut left_out);
-    }
-    if !left_out.is_empty() {
-        tracing::warn!(
-            "shard {shard}: members left out (binary, over {MAX_VALUE_BYTES} bytes, or a \
-             second object): {}",
-            left_out.into_iter().collect::<Vec<_>>().join(", ")
-        );
-    }
+    grouping.end(out, None);
 }
 
 /// A value member's bytes (`None` for an object, or one too large).
