@@ -3,8 +3,11 @@
 //!
 //! A member's key is its path up to the first `.` of its file name, and
 //! its extension the rest (`a/000123.seg.png` → key `a/000123`, extension
-//! `seg.png`); consecutive members with one key are one sample. Of a
-//! sample's members:
+//! `seg.png`); the members of one key are one sample, adjacent or not
+//! (`tar` without `--sort=name` scatters them), in the order the keys
+//! first come. A member whose extension its key's sample has already
+//! begins another sample of that key: a key twice, which ingest refuses
+//! by name, keeping the first. Of a sample's members:
 //!
 //! - the **object** is the first whose extension is a format sluice reads
 //!   (an image, a video, an array: [`OBJECT_EXTENSIONS`]); it is not read
@@ -27,7 +30,7 @@
 //! bytes are passed over, not kept (each is read again, with one pread,
 //! when it is written: from the page cache the pass just filled).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -71,61 +74,64 @@ struct Group {
 struct Grouping<'a> {
     path: &'a Path,
     shard: &'a str,
-    index: u64,
-    group: Option<Group>,
+    /// The samples so far, in the order their keys first came.
+    groups: Vec<Group>,
+    /// Each key's latest sample.
+    latest: HashMap<String, usize>,
     left_out: BTreeSet<String>,
 }
 
 impl Grouping<'_> {
-    /// Adds a member of `key`, ending the sample before it if its key
-    /// differs.
-    fn add(&mut self, key: &str, header: u64, member: Member, out: &mut Vec<Sample>) {
-        if self.group.as_ref().is_some_and(|g| g.key != key) {
-            self.flush(out);
-        }
-        self.group
-            .get_or_insert_with(|| Group {
+    /// Adds a member of `key` to the key's sample, or begins another one
+    /// when that sample has a member of this extension already.
+    fn add(&mut self, key: &str, header: u64, member: Member) {
+        let extension = member.extension.to_ascii_lowercase();
+        let open = self.latest.get(key).copied().filter(|&i| {
+            !self.groups[i]
+                .members
+                .iter()
+                .any(|m| m.extension.eq_ignore_ascii_case(&extension))
+        });
+        let i = open.unwrap_or_else(|| {
+            self.groups.push(Group {
                 key: key.to_owned(),
                 header,
                 members: Vec::new(),
-            })
-            .members
-            .push(member);
+            });
+            self.latest.insert(key.to_owned(), self.groups.len() - 1);
+            self.groups.len() - 1
+        });
+        self.groups[i].members.push(member);
     }
 
-    /// Ends the current sample, if there is one.
-    fn flush(&mut self, out: &mut Vec<Sample>) {
-        if let Some(g) = self.group.take() {
+    /// Ends the shard: its samples, then `last` if the shard broke.
+    fn end(self, out: &mut Vec<Sample>, last: Option<Sample>) {
+        let mut left_out = self.left_out;
+        for (index, g) in self.groups.into_iter().enumerate() {
             out.push(sample(
                 self.path,
                 self.shard,
-                self.index,
+                index as u64,
                 g,
-                &mut self.left_out,
+                &mut left_out,
             ));
-            self.index += 1;
         }
-    }
-
-    /// Ends the shard here: the current sample, then `last` if the shard
-    /// broke.
-    fn end(mut self, out: &mut Vec<Sample>, last: Option<Sample>) {
-        self.flush(out);
         out.extend(last);
-        if !self.left_out.is_empty() {
+        if !left_out.is_empty() {
             tracing::warn!(
                 "shard {}: members left out (binary, over {MAX_VALUE_BYTES} bytes, or a \
                  second object): {}",
                 self.shard,
-                self.left_out.into_iter().collect::<Vec<_>>().join(", ")
+                left_out.into_iter().collect::<Vec<_>>().join(", ")
             );
         }
     }
 
+    /// Where a sample that begins now, at `offset`, comes from.
     fn source(&self, offset: u64) -> SourceOf {
         SourceOf {
             shard: self.shard.to_owned(),
-            index: self.index,
+            index: self.groups.len() as u64,
             offset,
         }
     }
@@ -141,8 +147,8 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
     let mut grouping = Grouping {
         path,
         shard,
-        index: 0,
-        group: None,
+        groups: Vec::new(),
+        latest: HashMap::new(),
         left_out: BTreeSet::new(),
     };
     // Read through in large sequential reads (objects passed over, not
@@ -186,7 +192,6 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         if at > size {
             let why =
                 format!("truncated shard: this member ends at byte {at}, the shard at byte {size}");
-            grouping.flush(out);
             let source = grouping.source(header);
             return grouping.end(out, Some(Sample::refused(name.clone(), why, source)));
         }
@@ -197,7 +202,7 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
             len,
             value: value_of(&mut entry, extension, len),
         };
-        grouping.add(key, header, member, out);
+        grouping.add(key, header, member);
     }
     grouping.end(out, None);
 }
@@ -341,5 +346,45 @@ mod tests {
         assert_eq!(split("dir/.hidden.txt"), None);
         assert_eq!(split("README"), None);
         assert!(is_object("JPG") && is_object("seg.png") && !is_object("cls"));
+    }
+
+    /// A tar of `members` (name, bytes), in that order.
+    fn shard(dir: &Path, members: &[(&str, &[u8])]) -> std::path::PathBuf {
+        let path = dir.join("s.tar");
+        let mut b = tar::Builder::new(File::create(&path).unwrap());
+        for (name, data) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn scattered_members_are_grouped_and_a_key_twice_is_two_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        // As `tar` without --sort writes them: members of a key apart.
+        let path = shard(
+            dir.path(),
+            &[
+                ("a.jpg", b"A"),
+                ("b.jpg", b"B"),
+                ("a.cls", b"1"),
+                ("b.cls", b"2"),
+                ("a.jpg", b"again"),
+            ],
+        );
+        let mut out = Vec::new();
+        samples(&path, "s.tar", File::open(&path).unwrap(), &mut out);
+        let keys: Vec<_> = out.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["a.jpg", "b.jpg", "a.jpg"]);
+        assert_eq!(out[0].values, [("label".to_owned(), Value::Int(1))]);
+        assert_eq!(out[1].values, [("label".to_owned(), Value::Int(2))]);
+        assert!(out[2].values.is_empty());
+        let indexes: Vec<_> = out.iter().map(|s| s.source.index).collect();
+        assert_eq!(indexes, [0, 1, 2]);
     }
 }
