@@ -23,8 +23,8 @@ use crate::metadata::{KEY, RESERVED};
 pub const SOURCE_SHARD: &str = "source_shard";
 /// The sample's position in its shard, from 0.
 pub const SOURCE_INDEX: &str = "source_index";
-/// Where the sample starts in its shard: its first member's header (tar),
-/// or its record (TFRecord), in bytes.
+/// Where the sample starts in its shard: its first member's header (tar)
+/// or its record (TFRecord), in bytes; its row group (Parquet).
 pub const SOURCE_OFFSET: &str = "source_offset";
 
 /// One small value of a sample.
