@@ -22,8 +22,8 @@
 //!   once per shard in the log.
 //!
 //! What breaks a sample is that sample's error under the ingest's policy,
-//! never the shard's: a sample without an object member, a member twice
-//! in one sample. What breaks the shard (a corrupt header, a shard cut
+//! never the shard's: a sample without an object member, a key twice
+//! in the shard. What breaks the shard (a corrupt header, a shard cut
 //! short) is named at the byte where it happens, and the shard's samples
 //! before it are kept. Headers are read with the `tar` crate (ustar, GNU
 //! and PAX long names), in one sequential pass of 1 MiB reads; object
@@ -85,12 +85,11 @@ impl Grouping<'_> {
     /// Adds a member of `key` to the key's sample, or begins another one
     /// when that sample has a member of this extension already.
     fn add(&mut self, key: &str, header: u64, member: Member) {
-        let extension = member.extension.to_ascii_lowercase();
         let open = self.latest.get(key).copied().filter(|&i| {
             !self.groups[i]
                 .members
                 .iter()
-                .any(|m| m.extension.eq_ignore_ascii_case(&extension))
+                .any(|m| m.extension.eq_ignore_ascii_case(&member.extension))
         });
         let i = open.unwrap_or_else(|| {
             self.groups.push(Group {
@@ -249,42 +248,19 @@ fn sample(
         index,
         offset: group.header,
     };
-    let names = || {
-        group
-            .members
-            .iter()
-            .map(|m| m.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut seen = BTreeSet::new();
-    if let Some(twice) = group
-        .members
-        .iter()
-        .find(|m| !seen.insert(m.extension.to_ascii_lowercase()))
-    {
-        return Sample::refused(
-            twice.name.clone(),
-            format!(
-                "member {} appears twice in its sample ({})",
-                twice.name,
-                names()
-            ),
-            source,
-        );
-    }
     let object = group
         .members
         .iter()
         .position(|m| is_object(&m.extension) && !m.extension.contains('.'))
         .or_else(|| group.members.iter().position(|m| is_object(&m.extension)));
     let Some(object) = object else {
+        let names: Vec<_> = group.members.iter().map(|m| m.name.as_str()).collect();
         return Sample::refused(
             group.key.clone(),
             format!(
                 "sample {} has no image or other object member (members: {})",
                 group.key,
-                names()
+                names.join(", ")
             ),
             source,
         );
