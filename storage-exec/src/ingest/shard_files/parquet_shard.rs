@@ -17,9 +17,9 @@
 //! - every other column is a metadata value ([`super::columns`]), a
 //!   struct's fields flattened (`image_path`).
 //!
-//! Compression is what the workspace's `parquet` is built with (Snappy,
-//! and uncompressed); a file in another codec is refused, named, by the
-//! reader's own error.
+//! Compression is whatever the build's `parquet` reads (Snappy and Zstd,
+//! the Hub's two, both tried); a file in another codec is refused, named,
+//! by the reader's own error.
 
 use std::collections::VecDeque;
 use std::fs::File;
