@@ -76,3 +76,19 @@ def sample_server(classes, per_class, args=()):
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
+
+
+def vm_hwm_mib(pid):
+    """Peak resident memory of process `pid` (since start, or since
+    `reset_hwm`), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def reset_hwm(pid):
+    """Starts a new peak: VmHWM reads the resident memory from now on."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")

@@ -23,7 +23,7 @@ from PIL import Image
 
 import sluice
 
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, serve_env, start_serve, vm_hwm_mib
 
 
 def png(seed, size=32):
@@ -124,14 +124,6 @@ def test_an_object_too_large_to_read_back_is_refused_at_ingest(server):
     [big] = report["skipped"]
     assert big["key"] == "huge.png" and "largest object" in big["reason"], big
 
-
-def vm_hwm_mib(pid):
-    """Peak resident memory of process `pid` so far, in MiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 def big_npy(path, mib):

@@ -22,7 +22,7 @@ import tempfile
 import pyarrow as pa
 import pytest
 
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, serve_env, start_serve, vm_hwm_mib
 
 ENV = dict(os.environ, SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
 
@@ -305,7 +305,6 @@ def test_a_glob_of_shards_is_ingested_over_rest_beneath_the_ingest_root():
 def test_a_1_gib_shard_is_ingested_in_bounded_memory():
     import numpy as np
     import sluice
-    from test_safety import vm_hwm_mib
 
     member = 8 << 20
     header = io.BytesIO()

@@ -17,7 +17,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from serve import SLUICE, generate, serve_env, start_serve
+from serve import SLUICE, generate, reset_hwm, serve_env, start_serve, vm_hwm_mib
 
 U64_MAX = 2**64 - 1
 
@@ -326,13 +326,6 @@ def test_a_poisoned_job_record_is_set_aside_and_the_server_starts():
         assert "runs backwards" in why
 
 
-def vm_hwm_mib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
 def test_queries_past_the_memory_budget_fail_and_the_process_stays_under_it():
     budget_mib = 512
     with tempfile.TemporaryDirectory() as d:
@@ -348,16 +341,18 @@ def test_queries_past_the_memory_budget_fail_and_the_process_stays_under_it():
                 "FROM generate_series(1, 100000000)",
             ]:
                 ticket = flight.Ticket(json.dumps({"type": "query", "sql": sql}).encode())
+                reset_hwm(proc.pid)
                 with pytest.raises(pa.ArrowException) as e:
                     c.flight().do_get(ticket, c.call_options()).read_all()
                 msg = str(e.value)
                 assert "memory budget" in msg or "--memory-limit" in msg, (sql, msg)
                 assert proc.poll() is None
-            # Still serving, and never far past the budget.
+                # Never far past the budget, whichever query it is.
+                hwm = vm_hwm_mib(proc.pid)
+                assert hwm < budget_mib + 128, f"peak RSS {hwm:.0f} MiB in {sql}: {msg}"
+            # Still serving.
             t = flight.Ticket(json.dumps({"type": "query", "sql": "SELECT 1 AS one"}).encode())
             assert c.flight().do_get(t, c.call_options()).read_all().num_rows == 1
-            hwm = vm_hwm_mib(proc.pid)
-            assert hwm < budget_mib + 128, f"peak RSS {hwm:.0f} MiB"
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0
