@@ -3,13 +3,14 @@
 #
 # FFmpeg's libraries and libclang (ffmpeg-next's bindgen) for the video
 # UDFs, libjpeg-turbo for JPEG decoding (its TurboJPEG API, and the libjpeg
-# API for windowed decodes), fio for the storage benchmarks'
+# API for windowed decodes), libtiff for the TIFFs the tiff crate refuses
+# (fax, LZMA, old-style JPEG …), fio for the storage benchmarks'
 # baseline, iproute2 (ip, tc) for the multi-host rig (scripts/rig.sh).
 # SLUICE_EXTRA_DEBS adds more (test.sh: chromium, for the dashboard's
 # browser test).
 # shellcheck disable=SC2206
 DEBS=(pkg-config libclang-dev libavcodec-dev libavformat-dev libavutil-dev libswscale-dev
-      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev fio
+      libswresample-dev libavfilter-dev libavdevice-dev libturbojpeg0-dev libjpeg62-turbo-dev libtiff-dev fio
       iproute2 ${SLUICE_EXTRA_DEBS:-})
 missing=()
 for p in "${DEBS[@]}"; do

@@ -77,14 +77,22 @@ def main():
                  "ingest", "survey", args.dir])
         if p.returncode != 0:
             sys.exit(f"ingest failed: {p.stderr}")
+        # Objects the ingest's probe refused, as "  NAME: REASON" lines.
+        at_ingest = {}
+        for line in (p.stdout + p.stderr).splitlines():
+            name, sep, reason = line.strip().partition(": ")
+            if sep and name in names:
+                at_ingest[name] = "at ingest: " + reason
         findings = {"refused": [], "differs": [], "equal": 0, "pillow_refuses": 0}
         for name in names:
             want, why = pillow_rgb(os.path.join(args.dir, name))
             if want is None:
                 findings["pillow_refuses"] += 1
                 continue
-            key = os.path.splitext(name)[0]
-            got, reason = sluice_rgb(args.sluice, data_dir, key)
+            if name in at_ingest:
+                got, reason = None, at_ingest[name]
+            else:
+                got, reason = sluice_rgb(args.sluice, data_dir, name)
             if got is None:
                 findings["refused"].append({"file": name, "reason": reason})
                 print(f"REFUSED  {name}: {reason}")

@@ -1,7 +1,9 @@
 //! Cheap facts about an object, read from its header at ingest.
 //!
 //! Probing never decodes pixels or frames: image headers (JPEG SOF, PNG
-//! IHDR, WebP VP8 …) through the `image` crate's decoders, video containers
+//! IHDR, WebP VP8 …) through the `image` crate's decoders (and, for what
+//! they refuse, through the libraries that decode it: libjpeg-turbo,
+//! libtiff, FFmpeg; see `kernels::decode`), video containers
 //! and stream parameters through FFmpeg, and array headers from the `.npy`
 //! text (for `.npz`, the largest member's header). The facts become metadata
 //! columns that the planner uses as statistics and that users filter on
@@ -11,7 +13,8 @@ use std::io::{BufRead, BufReader, Cursor, Read, Seek, SeekFrom};
 
 use image::{ImageDecoder, ImageReader};
 
-use crate::kernels::{decode::first_bytes, npy, video};
+use crate::kernels::decode::{self, first_bytes};
+use crate::kernels::{npy, video};
 
 /// What a header says about an object.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -105,7 +108,7 @@ fn guarded(head: &[u8], f: impl FnOnce() -> Result<Probe, String>) -> Result<Pro
 /// `source` (positioned at its start); `video` probes a container.
 fn probe_header<R: BufRead + Seek>(
     head: &[u8],
-    source: R,
+    mut source: R,
     video: impl FnOnce(R) -> Result<video::ClipInfo, String>,
 ) -> Result<Probe, String> {
     if head.is_empty() {
@@ -117,32 +120,47 @@ fn probe_header<R: BufRead + Seek>(
     if head.starts_with(b"PK\x03\x04") {
         return npz_probe(source);
     }
-    let reader = ImageReader::new(source)
+    let reader = ImageReader::new(&mut source)
         .with_guessed_format()
         .map_err(|e| format!("cannot read header: {e}"))?;
-    if let Some(format) = reader.format() {
-        let name = image_format_name(format);
-        let decoder = reader
-            .into_decoder()
-            .map_err(|e| format!("bad {name} header: {e}"))?;
-        let (width, height) = decoder.dimensions();
-        if width == 0 || height == 0 {
-            return Err(format!(
-                "bad {name} header: zero-sized image {width}x{height}"
-            ));
+    let refused = match reader.format() {
+        Some(format) => {
+            let name = image_format_name(format);
+            match reader.into_decoder() {
+                Ok(decoder) => {
+                    let (width, height) = decoder.dimensions();
+                    return image_probe(name, width, height, decoder.color_type().channel_count());
+                }
+                Err(e) => Some(format!("bad {name} header: {e}")),
+            }
         }
-        return Ok(Probe {
-            format: name.to_owned(),
-            width: Some(width),
-            height: Some(height),
-            channels: Some(decoder.color_type().channel_count()),
-            ..Probe::default()
-        });
-    }
-    let mut source = reader.into_inner();
+        None => None,
+    };
     source
         .seek(SeekFrom::Start(0))
         .map_err(|e| format!("cannot read: {e}"))?;
+    // What the `image` crate refuses, libjpeg-turbo, libtiff or FFmpeg may
+    // read (see `decode`): they read from memory, so the object is.
+    if decode::is_jpeg(head) || decode::other_decoder(head) {
+        let mut bytes = Vec::new();
+        (&mut source)
+            .take(OTHER_DECODER_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read: {e}"))?;
+        if bytes.len() as u64 > OTHER_DECODER_BYTES {
+            return Err(refused.unwrap_or_else(|| {
+                format!(
+                    "an image over {OTHER_DECODER_BYTES} bytes that only libtiff or FFmpeg reads"
+                )
+            }));
+        }
+        // A refusal's reason carries the `image` crate's too.
+        return decode::read_header(&bytes)
+            .and_then(|h| image_probe(image_format_name(h.format), h.width, h.height, h.channels));
+    }
+    if let Some(refused) = refused {
+        return Err(refused);
+    }
     match video(source) {
         Ok(v) if VIDEO_CONTAINERS.contains(&v.container.as_str()) => Ok(Probe {
             format: v.container,
@@ -159,6 +177,25 @@ fn probe_header<R: BufRead + Seek>(
             first_bytes(head)
         )),
     }
+}
+
+/// Largest object read into memory to probe it with a decoder other than
+/// the `image` crate's.
+const OTHER_DECODER_BYTES: u64 = 256 << 20;
+
+fn image_probe(name: &str, width: u32, height: u32, channels: u8) -> Result<Probe, String> {
+    if width == 0 || height == 0 {
+        return Err(format!(
+            "bad {name} header: zero-sized image {width}x{height}"
+        ));
+    }
+    Ok(Probe {
+        format: name.to_owned(),
+        width: Some(width),
+        height: Some(height),
+        channels: Some(channels),
+        ..Probe::default()
+    })
 }
 
 fn array_probe(format: &str, h: &npy::Header) -> Result<Probe, String> {
@@ -202,6 +239,8 @@ fn image_format_name(format: image::ImageFormat) -> &'static str {
         F::Gif => "gif",
         F::Bmp => "bmp",
         F::Tiff => "tiff",
+        F::Avif => "avif",
+        F::Ico => "ico",
         other => other.extensions_str().first().copied().unwrap_or("image"),
     }
 }

@@ -1,9 +1,26 @@
 //! Image decoding, full-size or JPEG DCT-domain downscaled.
 //!
-//! JPEGs are decoded by libjpeg-turbo (TurboJPEG API, SIMD), the decoder
-//! Pillow and torchvision use; a truncated or corrupt stream is an error, as
-//! in Pillow, not a grey-filled image. Other formats go through the `image`
-//! crate. [`decode_at_least`] asks libjpeg-turbo to run its inverse DCT at
+//! Which library decodes what ([`Codec`]):
+//!
+//! - JPEG: libjpeg-turbo (TurboJPEG API, SIMD), the decoder Pillow and
+//!   torchvision use. Its warnings after which the whole image is still
+//!   decoded (stray bytes before a marker, an `FF 00` where a marker
+//!   should be) are taken, in the header as in the data; a truncated
+//!   stream is an error, as in Pillow, not a grey-filled image. CMYK and
+//!   YCCK JPEGs go through the `image` crate.
+//! - PNG, WebP, GIF, BMP, ICO, TIFF, PNM: the `image` crate (pure Rust).
+//! - TIFFs it refuses (CCITT fax, LZMA, old-style JPEG, CIELab, YCbCr,
+//!   palette, 2/4-bit grey, BigTIFF, a zero page count): libtiff
+//!   ([`super::libtiff`]).
+//! - AVIF: FFmpeg ([`super::ffmpeg_still`]; libdav1d for AV1).
+//! - RLE BMPs: expanded by Pillow's rules ([`super::bmp_rle`]: runs past a
+//!   row clipped, skipped pixels index 0, top-down files read).
+//! - A GIF frame without any colour table: the `gif` crate's indices as
+//!   grey, as Pillow ([`super::gif_grey`]).
+//! - An ICO whose directory disagrees with its entry: the entry at its own
+//!   size ([`super::ico_entries`]).
+//!
+//! [`decode_at_least`] asks libjpeg-turbo to run its inverse DCT at
 //! M/8 scale (M = 1, 2, 4 or 8: the scales with SIMD IDCTs) when the caller needs fewer pixels than the file
 //! holds: the entropy decoding still reads every coefficient, but the IDCT,
 //! upsampling and colour conversion run on the small image, and no
@@ -64,6 +81,17 @@ impl Mode {
     }
 }
 
+/// The library that decodes an image (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// libjpeg-turbo: a JPEG it decodes to RGB/L/RGBA (not CMYK/YCCK).
+    Turbo,
+    /// The `image` crate.
+    Image,
+    /// The library that reads what the `image` crate refuses.
+    Fallback(Fallback),
+}
+
 /// What an image's header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
@@ -73,43 +101,258 @@ pub struct Header {
     pub width: u32,
     /// Height in pixels.
     pub height: u32,
-    /// A JPEG that libjpeg-turbo decodes to RGB/L/RGBA (not CMYK/YCCK).
-    pub turbo: bool,
+    /// Colour channels the file stores (1 grey … 4 RGBA; 3 where the
+    /// library does not say).
+    pub channels: u8,
+    /// Who decodes it.
+    pub codec: Codec,
 }
 
-/// Reads the header once (libjpeg-turbo for JPEG, the `image` crate
-/// otherwise) and checks the limits.
+/// Reads the header once and checks the limits.
 pub fn header(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Header, String> {
+    let hd = read_header(bytes)?;
+    check(hd.width, hd.height, mode, limits)?;
+    Ok(hd)
+}
+
+/// Reads the header (libjpeg-turbo for JPEG, the `image` crate otherwise,
+/// libtiff or FFmpeg for what it refuses), without checking limits.
+pub fn read_header(bytes: &[u8]) -> Result<Header, String> {
     if bytes.is_empty() {
         return Err("empty object".into());
     }
-    let hd = if is_jpeg(bytes) {
-        // A stream cut before its frame header reads as 0x0 rather than
-        // failing: that is a bad header too.
-        let jh = with_turbo(|d| match d.read_header(bytes) {
-            Ok(h) if h.width > 0 && h.height > 0 => Ok(h),
-            Ok(_) => Err("bad JPEG header: no frame header before the data ends".to_owned()),
-            Err(e) => Err(format!("bad JPEG header: {e}")),
-        })?;
+    if is_jpeg(bytes) {
+        let (width, height, colorspace) = jpeg_header(bytes)?;
         use turbojpeg::Colorspace as C;
-        Header {
-            format: ImageFormat::Jpeg,
-            width: u32::try_from(jh.width).unwrap_or(u32::MAX),
-            height: u32::try_from(jh.height).unwrap_or(u32::MAX),
-            turbo: matches!(jh.colorspace, C::RGB | C::YCbCr | C::Gray),
+        let turbo = matches!(colorspace, C::RGB | C::YCbCr | C::Gray);
+        if turbo || image_decoder(bytes).is_ok() {
+            return Ok(Header {
+                format: ImageFormat::Jpeg,
+                width,
+                height,
+                channels: if colorspace == C::Gray { 1 } else { 3 },
+                codec: if turbo { Codec::Turbo } else { Codec::Image },
+            });
         }
-    } else {
-        let (format, decoder) = image_decoder(bytes)?;
-        let (width, height) = decoder.dimensions();
-        Header {
-            format,
+    }
+    // Every RLE BMP by Pillow's rules (see `bmp_rle`).
+    if let Some(h) = super::bmp_rle::header(bytes)? {
+        return Ok(Header {
+            format: ImageFormat::Bmp,
+            width: h.width,
+            height: h.height,
+            channels: 3,
+            codec: Codec::Fallback(Fallback::BmpRle),
+        });
+    }
+    let refused = match image_decoder(bytes) {
+        Ok((format, decoder)) => {
+            let (width, height) = decoder.dimensions();
+            return Ok(Header {
+                format,
+                width,
+                height,
+                channels: decoder.color_type().channel_count(),
+                codec: Codec::Image,
+            });
+        }
+        Err(e) => e,
+    };
+    match Fallback::of(bytes) {
+        Some(fallback) => fallback
+            .header(bytes)
+            .map_err(|e| format!("{refused}; {e}")),
+        None => Err(refused),
+    }
+}
+
+/// libjpeg-turbo's reading of a JPEG header: (width, height, colourspace).
+/// A warning after which the header was read whole (stray bytes before a
+/// marker) is taken, as libjpeg itself takes it.
+fn jpeg_header(bytes: &[u8]) -> Result<(u32, u32, turbojpeg::Colorspace), String> {
+    let read = with_turbo(|d| match d.read_header(bytes) {
+        Ok(h) => Ok((h.width, h.height, h.colorspace)),
+        Err(e) => Err(format!("bad JPEG header: {e}")),
+    });
+    let (w, h, colorspace) = match read {
+        Ok(h) => h,
+        Err(e) if tolerable_warning(e.trim_start_matches("bad JPEG header: TurboJPEG error: ")) => {
+            jpeg_header_past_warnings(bytes).ok_or(e)?
+        }
+        Err(e) => return Err(e),
+    };
+    // A stream cut before its frame header reads as 0x0 rather than
+    // failing: that is a bad header too.
+    if w == 0 || h == 0 {
+        return Err("bad JPEG header: no frame header before the data ends".to_owned());
+    }
+    Ok((
+        u32::try_from(w).unwrap_or(u32::MAX),
+        u32::try_from(h).unwrap_or(u32::MAX),
+        colorspace,
+    ))
+}
+
+/// The header TurboJPEG read before it reported a warning: its wrapper
+/// turns the warning into an error and drops the values, so the header is
+/// read again through the raw API, whose outputs are filled either way.
+fn jpeg_header_past_warnings(bytes: &[u8]) -> Option<(usize, usize, turbojpeg::Colorspace)> {
+    use turbojpeg::raw;
+    let len = std::os::raw::c_ulong::try_from(bytes.len()).ok()?;
+    let (mut w, mut h, mut sub, mut cs) = (0, 0, 0, 0);
+    // SAFETY: a handle of our own, destroyed below; TurboJPEG reads `len`
+    // bytes of `bytes` and writes the four integers passed by pointer.
+    unsafe {
+        let handle = raw::tjInitDecompress();
+        if handle.is_null() {
+            return None;
+        }
+        raw::tjDecompressHeader3(
+            handle,
+            bytes.as_ptr(),
+            len,
+            &mut w,
+            &mut h,
+            &mut sub,
+            &mut cs,
+        );
+        raw::tjDestroy(handle);
+    }
+    use turbojpeg::Colorspace as C;
+    let colorspace = match u32::try_from(cs).ok()? {
+        raw::TJCS_TJCS_RGB => C::RGB,
+        raw::TJCS_TJCS_YCbCr => C::YCbCr,
+        raw::TJCS_TJCS_GRAY => C::Gray,
+        raw::TJCS_TJCS_CMYK => C::CMYK,
+        raw::TJCS_TJCS_YCCK => C::YCCK,
+        _ => return None,
+    };
+    Some((
+        usize::try_from(w).ok()?,
+        usize::try_from(h).ok()?,
+        colorspace,
+    ))
+}
+
+/// Whether a file starting with `head` is one that a decoder other than
+/// the `image` crate's may read where it does not (a TIFF, AVIF, GIF, BMP
+/// or ICO by its magic bytes).
+pub fn other_decoder(head: &[u8]) -> bool {
+    Fallback::of(head).is_some()
+}
+
+/// The library that reads what the `image` crate refuses, chosen by the
+/// file's first bytes (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// libtiff.
+    Libtiff,
+    /// FFmpeg: AVIF.
+    Ffmpeg(ImageFormat),
+    /// An RLE BMP.
+    BmpRle,
+    /// A GIF frame without any colour table.
+    GifGrey,
+    /// An ICO entry at its own size.
+    IcoEntries,
+}
+
+impl Fallback {
+    fn of(bytes: &[u8]) -> Option<Self> {
+        let tiff = [b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"];
+        if tiff.iter().any(|m| bytes.starts_with(*m)) {
+            return Some(Self::Libtiff);
+        }
+        Some(match bytes {
+            [
+                _,
+                _,
+                _,
+                _,
+                b'f',
+                b't',
+                b'y',
+                b'p',
+                b'a',
+                b'v',
+                b'i',
+                b'f' | b's',
+                ..,
+            ] => Self::Ffmpeg(ImageFormat::Avif),
+            [b'B', b'M', ..] if matches!(super::bmp_rle::header(bytes), Ok(Some(_))) => {
+                Self::BmpRle
+            }
+            [b'G', b'I', b'F', b'8', ..] => Self::GifGrey,
+            [0, 0, 1 | 2, 0, ..] => Self::IcoEntries,
+            _ => return None,
+        })
+    }
+
+    fn format(self) -> ImageFormat {
+        match self {
+            Self::Libtiff => ImageFormat::Tiff,
+            Self::Ffmpeg(format) => format,
+            Self::BmpRle => ImageFormat::Bmp,
+            Self::GifGrey => ImageFormat::Gif,
+            Self::IcoEntries => ImageFormat::Ico,
+        }
+    }
+
+    fn header(self, bytes: &[u8]) -> Result<Header, String> {
+        let (width, height, channels, codec) = match self {
+            Self::Libtiff => {
+                let h = super::libtiff::header(bytes)?;
+                (h.width, h.height, h.channels, Codec::Fallback(self))
+            }
+            Self::Ffmpeg(_) => {
+                let (_, w, h) = super::ffmpeg_still::header(bytes)?;
+                (w, h, 3, Codec::Fallback(self))
+            }
+            Self::BmpRle => {
+                let h = super::bmp_rle::header(bytes)?.ok_or("not a run-length encoded BMP")?;
+                (h.width, h.height, 3, Codec::Fallback(self))
+            }
+            Self::GifGrey => {
+                let side = |at: usize| {
+                    bytes
+                        .get(at..at + 2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                };
+                let (Some(w), Some(h)) = (side(6), side(8)) else {
+                    return Err("bad GIF header".into());
+                };
+                (u32::from(w), u32::from(h), 1, Codec::Fallback(self))
+            }
+            Self::IcoEntries => {
+                let (w, h) = super::ico_entries::header(bytes)?;
+                (w, h, 4, Codec::Fallback(self))
+            }
+        };
+        Ok(Header {
+            format: self.format(),
             width,
             height,
-            turbo: false,
-        }
-    };
-    check(hd.width, hd.height, mode, limits)?;
-    Ok(hd)
+            channels,
+            codec,
+        })
+    }
+
+    fn decode(self, bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String> {
+        let check = |w, h| check(w, h, mode, limits);
+        let img = match self {
+            Self::Libtiff => super::libtiff::decode(bytes, limits.max_decoded_bytes, check)?,
+            Self::Ffmpeg(_) => super::ffmpeg_still::decode(bytes, limits, check)?,
+            Self::BmpRle => {
+                let h = super::bmp_rle::header(bytes)?.ok_or("not a run-length encoded BMP")?;
+                check(h.width, h.height)?;
+                super::bmp_rle::decode(bytes, &h)
+            }
+            Self::GifGrey => super::gif_grey::decode(bytes, check)?
+                .ok_or("the GIF has a colour table: the image crate's reason stands")?,
+            Self::IcoEntries => super::ico_entries::decode(bytes, check)?,
+        };
+        Ok(mode.convert(img))
+    }
 }
 
 /// The `image` crate's decoder for `bytes`, its header read.
@@ -240,9 +483,31 @@ pub fn decode(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String
 
 /// Decodes a whole image whose header is `hd`.
 fn decode_full(bytes: &[u8], mode: Mode, hd: &Header, limits: &Limits) -> Result<Image, String> {
-    if hd.turbo {
-        return decode_jpeg(bytes, mode, hd.width, hd.height, 8);
+    match hd.codec {
+        Codec::Turbo => decode_jpeg(bytes, mode, hd.width, hd.height, 8),
+        Codec::Fallback(fallback) => fallback.decode(bytes, mode, limits),
+        Codec::Image => match decode_image_crate(bytes, mode, hd, limits) {
+            Ok(img) => Ok(img),
+            // What the `image` crate refuses in a file it could read the
+            // header of (a TIFF compression, RLE that overruns): the
+            // library that takes such files, and both reasons if it fails.
+            Err(refused) => match Fallback::of(bytes) {
+                Some(fallback) => fallback
+                    .decode(bytes, mode, limits)
+                    .map_err(|e| format!("{refused}; {e}")),
+                None => Err(refused),
+            },
+        },
     }
+}
+
+/// Decodes with the `image` crate (and the planar TIFF reader beside it).
+fn decode_image_crate(
+    bytes: &[u8],
+    mode: Mode,
+    hd: &Header,
+    limits: &Limits,
+) -> Result<Image, String> {
     if hd.format == ImageFormat::Tiff
         && let Some(img) = super::tiff_planar::decode(bytes)?
     {
@@ -307,7 +572,7 @@ pub fn decode_at_least(
 ) -> Result<Scaled, String> {
     let (w, h) = (hd.width, hd.height);
     let m = dct_scale(w, h, min_w, min_h);
-    if m < 8 && hd.turbo {
+    if m < 8 && hd.codec == Codec::Turbo {
         let image = decode_jpeg(bytes, mode, w, h, m)?;
         return Ok(Scaled {
             factor_x: f64::from(w) / f64::from(image.width),
@@ -373,7 +638,7 @@ mod tests {
     fn dct_scaling_decodes_a_smaller_image_close_to_the_full_one() {
         let bytes = jpeg(800, 600);
         let hd = header(&bytes, Mode::Rgb, &Limits::default()).unwrap();
-        assert_eq!((hd.width, hd.height, hd.turbo), (800, 600, true));
+        assert_eq!((hd.width, hd.height, hd.codec), (800, 600, Codec::Turbo));
         let s = decode_at_least(&bytes, Mode::Rgb, &hd, 100.0, 75.0, &Limits::default()).unwrap();
         assert_eq!((s.image.width, s.image.height), (100, 75));
         assert_eq!((s.factor_x, s.factor_y), (8.0, 8.0));

@@ -4,10 +4,15 @@
 //! views and write into caller-provided buffers, and they report bad input
 //! as a `String` reason that the UDF turns into the session's policy.
 
+pub mod bmp_rle;
 pub mod crop;
 pub mod decode;
+pub mod ffmpeg_still;
 pub mod flip;
+pub mod gif_grey;
+pub mod ico_entries;
 pub mod jpeg_window;
+pub mod libtiff;
 pub mod normalize;
 pub mod npy;
 pub mod npz;

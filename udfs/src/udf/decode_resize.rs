@@ -19,7 +19,7 @@ use super::random_resized_crop::{RRC_PARAMS, rrc_params};
 use super::{Function, RandomResizedCrop};
 use crate::args::{ArgSpec, Call, Consts, Kind, Lit, Param, opt, req};
 use crate::cost::{Estimate, SampleStats};
-use crate::kernels::decode::{Header, Mode, dct_scale, decode_at_least, header, scaled};
+use crate::kernels::decode::{Codec, Header, Mode, dct_scale, decode_at_least, header, scaled};
 use crate::kernels::jpeg_window::decode_window as decode_jpeg_window;
 use crate::kernels::resize::{Filter, Rect, resize_into};
 use crate::tensor::{ImageBuilder, binary_value, expect_binary, image_field};
@@ -66,7 +66,7 @@ fn decode_window(
     let s = (win.width / f64::from(w))
         .min(win.height / f64::from(h))
         .max(1.0);
-    if hd.turbo {
+    if hd.codec == Codec::Turbo {
         let m = dct_scale(fw, fh, f64::from(fw) / s, f64::from(fh) / s);
         let (sw, sh) = scaled(fw, fh, m);
         let rect = inside(
