@@ -475,7 +475,8 @@ pub enum Command {
         #[arg(long, default_value = "skip")]
         on_error: sluice_storage::OnError,
         /// Ingest only part I of N (`I/N`): every N-th sample of the sorted
-        /// source from the I-th, for one of N storage nodes.
+        /// source from the I-th, for one of N storage nodes (shard files,
+        /// when there are at least N: every N-th file from the I-th).
         #[arg(long, conflicts_with = "url")]
         shard: Option<sluice_storage::Shard>,
         /// Ingest through a running server's REST API instead of into the

@@ -7,8 +7,11 @@
 //! from the `i`-th (`Shard`). That balances sample counts within one and
 //! keeps each node's part independent of the others' (no node reads what
 //! it does not keep); it does not balance bytes when object sizes are
-//! skewed. A query or job over the `n` parts returns what one data dir
-//! holding the whole source returns.
+//! skewed. Shard files (WebDataset, TFRecord, Parquet with the images
+//! inside), at least `n` of them, are cut by file instead: node `i` reads
+//! every `n`-th file and no other (`storage-exec`'s `shard_files`). A
+//! query or job over the `n` parts returns what one data dir holding the
+//! whole source returns.
 //!
 //! 1. Every node prepares its part at once, under one transaction id.
 //! 2. If any fails (a bad source, a full device, a node that dies or

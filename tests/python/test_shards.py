@@ -169,6 +169,32 @@ def test_webdataset_shards_ingest_as_the_imagefolder_they_came_from():
         assert n == 6
 
 
+def test_storage_nodes_each_read_their_own_shard_files():
+    with tempfile.TemporaryDirectory() as d:
+        _, samples = images(d)
+        shards = webdataset(os.path.join(d, "shards"), samples, shards=3)
+        parts = []
+        for i in range(2):
+            data = os.path.join(d, f"node{i}")
+            ingest(data, "wds", shards, "--shard", f"{i}/2")
+            parts.append(sql(data, "SELECT key, source_shard FROM wds").to_pylist())
+        # Three files over two nodes: files 0 and 2 on node 0, file 1 on
+        # node 1; each node read only its own.
+        assert {r["source_shard"] for r in parts[0]} == {"train-0000.tar", "train-0002.tar"}
+        assert {r["source_shard"] for r in parts[1]} == {"train-0001.tar"}
+        keys = [r["key"] for part in parts for r in part]
+        assert sorted(keys) == sorted(k for k, _, _ in samples)
+        # One file for two nodes: both read it, each keeps every other sample.
+        one = os.path.join(shards, "train-0001.tar")
+        halves = []
+        for i in range(2):
+            data = os.path.join(d, f"one{i}")
+            ingest(data, "wds", one, "--shard", f"{i}/2")
+            halves.append({r["key"] for r in sql(data, "SELECT key FROM wds").to_pylist()})
+        assert halves[0] and halves[1] and not halves[0] & halves[1]
+        assert len(halves[0] | halves[1]) == 4
+
+
 def test_tfrecord_files_ingest_as_the_imagefolder_they_came_from():
     with tempfile.TemporaryDirectory() as d:
         src, samples = images(d)

@@ -490,9 +490,12 @@ pub async fn prepare(
         Some(s) => format!("{} (shard {s})", source.describe()),
         None => source.describe(),
     };
-    let mut enumerated = enumerate(source, opts.confine.clone()).await?;
+    let mut enumerated = enumerate(source, opts.confine.clone(), opts.shard).await?;
+    // Keys are checked over what this node enumerated: the whole source
+    // when the part is every N-th sample, its own files when shard files
+    // are split by file (a key repeated in two nodes' files is not seen).
     refuse_duplicate_keys(&mut enumerated.entries);
-    if let Some(s) = opts.shard {
+    if let Some(s) = opts.shard.filter(|_| !enumerated.part_only) {
         enumerated = s.apply(enumerated)?;
     }
     let total = enumerated.entries.len() as u64;

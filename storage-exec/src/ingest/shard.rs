@@ -2,7 +2,9 @@
 //!
 //! A dataset spread over N storage nodes is N ingests of the same source,
 //! one per node, each keeping every N-th sample of the source's sorted
-//! enumeration (`--shard I/N` keeps those at positions ≡ I mod N). The
+//! enumeration (`--shard I/N` keeps those at positions ≡ I mod N). A
+//! source of shard files with at least N files is split by file instead
+//! (`shard_files::enumerate`): each node reads only its own files. The
 //! parts are disjoint, together they are the whole source, and each keeps
 //! the keys and user columns (an ImageFolder's `label`) the source would
 //! have given it whole, so a query over the N nodes returns the rows the
@@ -76,6 +78,7 @@ impl Shard {
             entries,
             user_fields: e.user_fields,
             user_columns,
+            part_only: true,
         })
     }
 }

@@ -29,6 +29,7 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use futures::FutureExt;
 
 use super::confine::Confinement;
+use super::shard::Shard;
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
 
@@ -87,7 +88,7 @@ impl IngestSource {
     /// confined to the ingest roots: that happens when it is opened). A
     /// manifest is parsed and checked as an ingest checks it.
     pub async fn list(self) -> Result<Vec<(String, Option<PathBuf>)>> {
-        Ok(enumerate(self, None)
+        Ok(enumerate(self, None, None)
             .await?
             .entries
             .into_iter()
@@ -136,6 +137,9 @@ pub(crate) struct Enumerated {
     pub entries: Vec<Entry>,
     pub user_fields: Vec<Field>,
     pub user_columns: Vec<ArrayRef>,
+    /// Only one storage node's part was enumerated (its shard files, see
+    /// `shard_files::enumerate`); otherwise the whole source.
+    pub part_only: bool,
 }
 
 /// The samples of `source`; shards are opened beneath `confine`'s roots
@@ -143,10 +147,11 @@ pub(crate) struct Enumerated {
 pub(crate) async fn enumerate(
     source: IngestSource,
     confine: Option<Arc<Confinement>>,
+    part: Option<Shard>,
 ) -> Result<Enumerated> {
     match source {
         IngestSource::Shards(path) => tokio::task::spawn_blocking(move || {
-            super::shard_files::enumerate(&path, confine.as_deref())
+            super::shard_files::enumerate(&path, confine.as_deref(), part)
         })
         .await
         .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
@@ -185,6 +190,7 @@ pub(crate) async fn enumerate(
                 .collect(),
             user_fields: vec![],
             user_columns: vec![],
+            part_only: false,
         }),
     }
 }
@@ -283,6 +289,7 @@ fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
             .collect(),
         user_fields,
         user_columns,
+        part_only: false,
     })
 }
 
@@ -390,6 +397,7 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
         entries,
         user_fields,
         user_columns,
+        part_only: false,
     })
 }
 
@@ -428,7 +436,7 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, b"x").unwrap();
         }
-        let e = enumerate(IngestSource::Directory(dir.path().into()), None)
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None)
             .await
             .unwrap();
         let keys: Vec<_> = e.entries.iter().map(|e| e.key.as_str()).collect();
@@ -447,7 +455,7 @@ mod tests {
         std::fs::write(dir.path().join("a.png"), b"x").unwrap();
         std::fs::create_dir(dir.path().join("more")).unwrap();
         std::fs::write(dir.path().join("more/b.png"), b"x").unwrap();
-        let e = enumerate(IngestSource::Directory(dir.path().into()), None)
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None)
             .await
             .unwrap();
         assert!(e.user_fields.is_empty());
@@ -465,6 +473,7 @@ mod tests {
                 base: dir.path().into(),
             },
             None,
+            None,
         )
         .await
         .unwrap();
@@ -480,6 +489,7 @@ mod tests {
                 base: dir.path().into(),
             },
             None,
+            None,
         )
         .await
         .unwrap_err();
@@ -491,6 +501,7 @@ mod tests {
                 manifest: m,
                 base: dir.path().into(),
             },
+            None,
             None,
         )
         .await

@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 
 use self::columns::{Columns, SourceOf, Value};
 use super::confine::Confinement;
+use super::shard::Shard;
 use super::source::{Entry, Enumerated, Origin};
 use crate::error::{Result, StorageError};
 
@@ -224,10 +225,28 @@ pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
     Ok(out)
 }
 
-/// Every sample of the shards `path` names, and their columns.
-pub(crate) fn enumerate(path: &Path, confine: Option<&Confinement>) -> Result<Enumerated> {
+/// Every sample of the shards `path` names, and their columns; with
+/// `part` (one storage node's of N) and at least N shard files, only the
+/// files at positions ≡ I mod N of the name order: each node reads its
+/// own files and no other's (with fewer files than nodes every node reads
+/// them all and keeps every N-th sample, `super::shard`).
+pub(crate) fn enumerate(
+    path: &Path,
+    confine: Option<&Confinement>,
+    part: Option<Shard>,
+) -> Result<Enumerated> {
+    let mut files = list(path)?;
+    let part_only = part.is_some_and(|p| files.len() >= p.count as usize);
+    if let Some(p) = part.filter(|_| part_only) {
+        files = files
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| p.keeps(*i))
+            .map(|(_, f)| f)
+            .collect();
+    }
     let mut samples = Vec::new();
-    for (file, name) in list(path)? {
+    for (file, name) in files {
         let kind = match ShardKind::of(&name) {
             Some(Ok(kind)) => kind,
             _ => continue,
@@ -272,6 +291,7 @@ pub(crate) fn enumerate(path: &Path, confine: Option<&Confinement>) -> Result<En
         entries,
         user_fields,
         user_columns,
+        part_only,
     })
 }
 
