@@ -11,6 +11,7 @@ member that is not an image, a shard cut short, a record whose CRC does
 not match) have each fault named under the skip policy, and nothing else
 lost."""
 
+import gzip
 import io
 import json
 import os
@@ -167,6 +168,35 @@ def test_webdataset_shards_ingest_as_the_imagefolder_they_came_from():
         ingest(data, "half", os.path.join(shards, "train-0000.*"))
         n = sql(data, "SELECT count(*) AS n FROM half").column("n")[0].as_py()
         assert n == 6
+
+
+def test_gzipped_webdataset_shards_ingest_as_the_tars_do():
+    with tempfile.TemporaryDirectory() as d:
+        _, samples = images(d)
+        data = os.path.join(d, "data")
+        shards = webdataset(os.path.join(d, "shards"), samples)
+        ingest(data, "tars", shards)
+        gz = os.path.join(d, "gz")
+        os.makedirs(gz)
+        for name in sorted(os.listdir(shards)):
+            with open(os.path.join(shards, name), "rb") as f:
+                tar = f.read()
+            # The second as two gzip members, as pigz and bgzip write.
+            body = (gzip.compress(tar) if name.endswith("0.tar")
+                    else gzip.compress(tar[:5000]) + gzip.compress(tar[5000:]))
+            with open(os.path.join(gz, name + ".gz"), "wb") as f:
+                f.write(body)
+        # A damaged one is refused by name; the others are kept.
+        with open(os.path.join(gz, "train-0002.tar.gz"), "wb") as f:
+            f.write(gzip.compress(b"x" * 1000)[:-20] + b"garbage")
+        report = ingest(data, "gz", gz)
+        assert "train-0002.tar.gz" in report and "gzip" in report, report
+        query = "SELECT key, label, json, data, source_index FROM {} ORDER BY key"
+        want = sql(data, query.format("tars")).to_pylist()
+        assert sql(data, query.format("gz")).to_pylist() == want
+        assert len(want) == 12
+        # Nothing is left behind in the data dir.
+        assert not [n for n in os.listdir(data) if "tmp" in n.lower()]
 
 
 def test_storage_nodes_each_read_their_own_shard_files():

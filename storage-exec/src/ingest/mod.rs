@@ -46,7 +46,7 @@ pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
-use self::shard_files::Readers;
+use self::shard_files::{OpenShards, Readers};
 use crate::catalog::VersionRecord;
 use crate::error::{Result, StorageError};
 use crate::layout::{META_DIR, sync_dir};
@@ -490,7 +490,8 @@ pub async fn prepare(
         Some(s) => format!("{} (shard {s})", source.describe()),
         None => source.describe(),
     };
-    let mut enumerated = enumerate(source, opts.confine.clone(), opts.shard).await?;
+    let scratch = Some(store.data_dir().to_owned());
+    let mut enumerated = enumerate(source, opts.confine.clone(), opts.shard, scratch).await?;
     // Keys are checked over what this node enumerated: the whole source
     // when the part is every N-th sample, its own files when shard files
     // are split by file (a key repeated in two nodes' files is not seen).
@@ -526,13 +527,16 @@ pub async fn prepare(
     // gives them back when the writer has taken the group: a later group
     // never holds permits an earlier one waits for.
     let budget = Arc::new(tokio::sync::Semaphore::new(LOAD_BUDGET as usize));
+    let shards = Arc::new(Readers {
+        files: OpenShards::pinned(enumerated.inflated),
+        row_groups: Default::default(),
+    });
     let mut entries = enumerated.entries.into_iter();
     let groups = std::iter::from_fn(|| {
         let group: Vec<Entry> = entries.by_ref().take(LOAD_GROUP).collect();
         (!group.is_empty()).then_some(group)
     });
     let confine = opts.confine.clone();
-    let shards = Arc::new(Readers::default());
     let loaded = futures::stream::iter(groups)
         .then(|group| {
             let budget = Arc::clone(&budget);

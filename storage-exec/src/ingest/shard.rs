@@ -79,6 +79,7 @@ impl Shard {
             user_fields: e.user_fields,
             user_columns,
             part_only: true,
+            inflated: e.inflated,
         })
     }
 }

@@ -88,7 +88,7 @@ impl IngestSource {
     /// confined to the ingest roots: that happens when it is opened). A
     /// manifest is parsed and checked as an ingest checks it.
     pub async fn list(self) -> Result<Vec<(String, Option<PathBuf>)>> {
-        Ok(enumerate(self, None, None)
+        Ok(enumerate(self, None, None, None)
             .await?
             .entries
             .into_iter()
@@ -140,6 +140,9 @@ pub(crate) struct Enumerated {
     /// Only one storage node's part was enumerated (its shard files, see
     /// `shard_files::enumerate`); otherwise the whole source.
     pub part_only: bool,
+    /// Inflated `.tar.gz` shards, each under the shard's path: their
+    /// objects are read from these files.
+    pub inflated: Vec<(PathBuf, Arc<std::fs::File>)>,
 }
 
 /// The samples of `source`; shards are opened beneath `confine`'s roots
@@ -148,10 +151,12 @@ pub(crate) async fn enumerate(
     source: IngestSource,
     confine: Option<Arc<Confinement>>,
     part: Option<Shard>,
+    scratch: Option<PathBuf>,
 ) -> Result<Enumerated> {
     match source {
         IngestSource::Shards(path) => tokio::task::spawn_blocking(move || {
-            super::shard_files::enumerate(&path, confine.as_deref(), part)
+            let scratch = scratch.unwrap_or_else(std::env::temp_dir);
+            super::shard_files::enumerate(&path, confine.as_deref(), part, &scratch)
         })
         .await
         .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
@@ -191,6 +196,7 @@ pub(crate) async fn enumerate(
             user_fields: vec![],
             user_columns: vec![],
             part_only: false,
+            inflated: Vec::new(),
         }),
     }
 }
@@ -290,6 +296,7 @@ fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
         user_fields,
         user_columns,
         part_only: false,
+        inflated: Vec::new(),
     })
 }
 
@@ -398,6 +405,7 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
         user_fields,
         user_columns,
         part_only: false,
+        inflated: Vec::new(),
     })
 }
 
@@ -436,7 +444,7 @@ mod tests {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, b"x").unwrap();
         }
-        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None)
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None, None)
             .await
             .unwrap();
         let keys: Vec<_> = e.entries.iter().map(|e| e.key.as_str()).collect();
@@ -455,7 +463,7 @@ mod tests {
         std::fs::write(dir.path().join("a.png"), b"x").unwrap();
         std::fs::create_dir(dir.path().join("more")).unwrap();
         std::fs::write(dir.path().join("more/b.png"), b"x").unwrap();
-        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None)
+        let e = enumerate(IngestSource::Directory(dir.path().into()), None, None, None)
             .await
             .unwrap();
         assert!(e.user_fields.is_empty());
@@ -474,6 +482,7 @@ mod tests {
             },
             None,
             None,
+            None,
         )
         .await
         .unwrap();
@@ -490,6 +499,7 @@ mod tests {
             },
             None,
             None,
+            None,
         )
         .await
         .unwrap_err();
@@ -501,6 +511,7 @@ mod tests {
                 manifest: m,
                 base: dir.path().into(),
             },
+            None,
             None,
             None,
         )

@@ -21,15 +21,17 @@
 //! Every shard is opened beneath the ingest roots when the ingest has
 //! them, as each object later is.
 //!
-//! Compressed shards (`.tar.gz`, `.tgz`) are refused with how to read
-//! them: an object must be a range of a file to be read in place, and a
-//! gzip stream has no ranges.
+//! Compressed shards (`.tar.gz`, `.tgz`) are inflated once into an unlinked
+//! temporary file and read from there as a tar ([`inflate`]).
 
 pub mod columns;
+mod inflate;
 mod open_shards;
 pub mod parquet_shard;
 pub mod tfrecord;
 pub mod webdataset;
+
+pub(crate) use open_shards::OpenShards;
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +46,8 @@ use crate::error::{Result, StorageError};
 pub enum ShardKind {
     /// A WebDataset tar.
     Tar,
+    /// A gzipped WebDataset tar.
+    TarGz,
     /// A TFRecord file.
     TfRecord,
     /// A Parquet file of objects (one with a `path` column is a manifest).
@@ -52,11 +56,13 @@ pub enum ShardKind {
 
 impl ShardKind {
     /// The kind of the file `name`, by its extension; `Err` for a shard
-    /// sluice cannot read in place, saying what to do.
+    /// sluice cannot read, saying what to do.
     pub fn of(name: &str) -> Option<std::result::Result<Self, String>> {
         let lower = name.to_ascii_lowercase();
         if lower.ends_with(".tar") {
             Some(Ok(Self::Tar))
+        } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+            Some(Ok(Self::TarGz))
         } else if [".tfrecord", ".tfrecords", ".tfrec"]
             .iter()
             .any(|e| lower.ends_with(e))
@@ -64,11 +70,13 @@ impl ShardKind {
             Some(Ok(Self::TfRecord))
         } else if lower.ends_with(".parquet") {
             Some(Ok(Self::Parquet))
-        } else if lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+        } else if [".tar.zst", ".tar.xz", ".tar.bz2", ".tar.lz4"]
+            .iter()
+            .any(|e| lower.ends_with(e))
+        {
             Some(Err(format!(
-                "{name}: a compressed shard cannot be read in place (a gzip stream has \
-                 no ranges to read an object from); decompress it first (`gunzip -k {name}`) \
-                 and ingest the .tar"
+                "{name}: of compressed shards, sluice reads .tar.gz; decompress this one \
+                 to a .tar first"
             )))
         } else {
             None
@@ -234,6 +242,7 @@ pub(crate) fn enumerate(
     path: &Path,
     confine: Option<&Confinement>,
     part: Option<Shard>,
+    scratch: &Path,
 ) -> Result<Enumerated> {
     let mut files = list(path)?;
     let part_only = part.is_some_and(|p| files.len() >= p.count as usize);
@@ -246,6 +255,7 @@ pub(crate) fn enumerate(
             .collect();
     }
     let mut samples = Vec::new();
+    let mut inflated = Vec::new();
     for (file, name) in files {
         let kind = match ShardKind::of(&name) {
             Some(Ok(kind)) => kind,
@@ -273,6 +283,27 @@ pub(crate) fn enumerate(
         };
         match kind {
             ShardKind::Tar => webdataset::samples(&file, &name, handle, &mut samples),
+            ShardKind::TarGz => {
+                let tar = inflate::inflate(handle, scratch).and_then(|tar| {
+                    let pinned = tar.try_clone().map_err(|e| e.to_string())?;
+                    Ok((tar, pinned))
+                });
+                match tar {
+                    Ok((tar, pinned)) => {
+                        webdataset::samples(&file, &name, tar, &mut samples);
+                        inflated.push((file.clone(), std::sync::Arc::new(pinned)));
+                    }
+                    Err(reason) => samples.push(Sample::refused(
+                        format!("{name}@0"),
+                        reason,
+                        SourceOf {
+                            shard: name.clone(),
+                            index: 0,
+                            offset: 0,
+                        },
+                    )),
+                }
+            }
             ShardKind::TfRecord => tfrecord::samples(&file, &name, handle, &mut samples),
             ShardKind::Parquet => parquet_shard::samples(&file, &name, handle, &mut samples),
         }
@@ -292,6 +323,7 @@ pub(crate) fn enumerate(
         user_fields,
         user_columns,
         part_only,
+        inflated,
     })
 }
 
@@ -319,11 +351,12 @@ mod tests {
     fn kinds_by_extension_and_compressed_shards_say_what_to_do() {
         assert_eq!(ShardKind::of("a.TAR"), Some(Ok(ShardKind::Tar)));
         assert_eq!(ShardKind::of("a.tfrecords"), Some(Ok(ShardKind::TfRecord)));
+        assert_eq!(ShardKind::of("a.tgz"), Some(Ok(ShardKind::TarGz)));
         assert!(
-            ShardKind::of("a.tar.gz")
+            ShardKind::of("a.tar.zst")
                 .unwrap()
                 .unwrap_err()
-                .contains("gunzip")
+                .contains("decompress this one")
         );
         assert_eq!(ShardKind::of("a.jpg"), None);
     }

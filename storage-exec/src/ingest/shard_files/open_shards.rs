@@ -17,11 +17,23 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Default)]
 pub(crate) struct OpenShards {
     open: Mutex<VecDeque<(PathBuf, Arc<File>)>>,
+    /// Files read under another file's name for the whole ingest: an
+    /// inflated `.tar.gz` under the shard's path.
+    pinned: Vec<(PathBuf, Arc<File>)>,
 }
 
 impl OpenShards {
     /// Shards kept open.
     const KEEP: usize = 8;
+
+    /// Reads `file` whenever `path` is asked for, for as long as this
+    /// lives.
+    pub(crate) fn pinned(files: Vec<(PathBuf, Arc<File>)>) -> Self {
+        Self {
+            open: Mutex::default(),
+            pinned: files,
+        }
+    }
 
     /// `len` bytes at `offset` of `path`, opened by `open` if it is not
     /// open already.
@@ -49,6 +61,9 @@ impl OpenShards {
         path: &Path,
         open: impl FnOnce() -> Result<File, String>,
     ) -> Result<Arc<File>, String> {
+        if let Some((_, f)) = self.pinned.iter().find(|(p, _)| p == path) {
+            return Ok(Arc::clone(f));
+        }
         let lock = || self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, f)) = lock().iter().find(|(p, _)| p == path) {
             return Ok(Arc::clone(f));
