@@ -25,7 +25,6 @@
 //! temporary file and read from there as a tar ([`inflate`]).
 
 pub mod columns;
-mod header_pass;
 mod inflate;
 mod open_shards;
 pub mod parquet_shard;

@@ -26,17 +26,16 @@
 //! in the shard. What breaks the shard (a corrupt header, a shard cut
 //! short) is named at the byte where it happens, and the shard's samples
 //! before it are kept. Headers are read with the `tar` crate (ustar, GNU
-//! and PAX long names), objects skipped by seeking ([`HeaderPass`]: the
-//! kernel reads the shard ahead into the page cache, and no object's bytes
-//! are copied into the process until its one pread, when it is written).
+//! and PAX long names), in one sequential pass of 1 MiB reads; object
+//! bytes are passed over, not kept (each is read again, with one pread,
+//! when it is written: from the page cache the pass just filled).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use super::Sample;
-use super::header_pass::HeaderPass;
 use super::columns::{SourceOf, Value, column_name};
 use crate::ingest::source::Origin;
 
@@ -46,6 +45,9 @@ pub const OBJECT_EXTENSIONS: &[&str] = &[
     "jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "avif",
     "ico", "tga", "qoi", "exr", "hdr", "mp4", "webm", "mkv", "avi", "mov", "npy", "npz",
 ];
+
+/// Bytes of each read of a shard at enumeration.
+const READ_BYTES: usize = 1 << 20;
 
 /// Largest member read as a metadata value.
 pub const MAX_VALUE_BYTES: u64 = 1 << 20;
@@ -148,8 +150,12 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         latest: HashMap::new(),
         left_out: BTreeSet::new(),
     };
-    let mut archive = tar::Archive::new(HeaderPass::new(file));
-    let entries = match archive.entries_with_seek() {
+    // Read through in large sequential reads (objects passed over, not
+    // kept): a few system calls per MiB where a seek past each member
+    // costs two per member, and the pass leaves the shard in the page
+    // cache for the objects' preads.
+    let mut archive = tar::Archive::new(BufReader::with_capacity(READ_BYTES, file));
+    let entries = match archive.entries() {
         Ok(e) => e,
         Err(e) => return out.push(broken(shard, 0, format!("not a tar file: {e}"))),
     };
