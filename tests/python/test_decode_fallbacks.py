@@ -19,7 +19,6 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
-import pytest
 from PIL import Image, TiffImagePlugin, TiffTags, features
 
 from serve import SLUICE
@@ -191,20 +190,27 @@ def pillow_rgb(data):
         return np.asarray(im.convert("RGB"))
 
 
+def ingest_files(d, files):
+    """`files` ({name: bytes}) ingested as the dataset `odd` into a data dir
+    under `d`: the environment that names it, and the ingest's report."""
+    src = os.path.join(d, "src")
+    os.mkdir(src)
+    for name, data in files.items():
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(data)
+    env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
+               SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
+    ingest = subprocess.run([SLUICE, "ingest", "odd", src], env=env,
+                            capture_output=True, text=True)
+    assert ingest.returncode == 0, ingest.stderr
+    return env, ingest.stdout + ingest.stderr
+
+
 def sluice_decode_all(files, mode="RGB"):
     """{name: array} for every file, decoded by sluice (any refusal fails)."""
     with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "src")
-        os.mkdir(src)
-        for name, data in files.items():
-            with open(os.path.join(src, name), "wb") as f:
-                f.write(data)
-        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
-                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
-        ingest = subprocess.run([SLUICE, "ingest", "odd", src], env=env,
-                                capture_output=True, text=True)
-        assert ingest.returncode == 0, ingest.stderr
-        assert f"{len(files)} samples" in ingest.stdout + ingest.stderr, ingest.stdout
+        env, report = ingest_files(d, files)
+        assert f"{len(files)} samples" in report, report
         sql = f"SELECT key, decode_image(data, '{mode}') AS img FROM odd ORDER BY key"
         q = subprocess.run([SLUICE, "sql", sql, "--on-error", "fail", "--format", "arrow"],
                            env=env, capture_output=True)
@@ -246,16 +252,7 @@ def test_a_broken_file_of_a_new_path_is_one_named_bad_sample():
         "not_lzma.tif": tiff_by_hand(20, 12, b"\x00" * 64, 34925),
     }
     with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "src")
-        os.mkdir(src)
-        for name, data in files.items():
-            with open(os.path.join(src, name), "wb") as f:
-                f.write(data)
-        env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(d, "data"),
-                   SLUICE_DEVICE_SIZE="256MiB", SLUICE_CHUNK_SIZE="1MiB")
-        ingest = subprocess.run([SLUICE, "ingest", "odd", src], env=env,
-                                capture_output=True, text=True)
-        assert ingest.returncode == 0, ingest.stderr
+        env, _ = ingest_files(d, files)
         q = subprocess.run(
             [SLUICE, "sql", "SELECT key, decode_image(data) IS NOT NULL AS ok FROM odd",
              "--on-error", "skip", "--format", "csv"], env=env, capture_output=True, text=True)

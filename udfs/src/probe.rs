@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, Cursor, Read, Seek, SeekFrom};
 use image::{ImageDecoder, ImageReader};
 
 use crate::kernels::decode::{self, first_bytes};
+use crate::kernels::fallback;
 use crate::kernels::{npy, video};
 
 /// What a header says about an object.
@@ -148,7 +149,7 @@ fn probe_header<R: BufRead + Seek>(
         .map_err(|e| format!("cannot read: {e}"))?;
     // What the `image` crate refuses, libjpeg-turbo, libtiff or FFmpeg may
     // read (see `decode`): they read from memory, so the object is.
-    if decode::is_jpeg(head) || decode::other_decoder(head) {
+    if decode::is_jpeg(head) || fallback::other_decoder(head) {
         let mut bytes = Vec::new();
         (&mut source)
             .take(OTHER_DECODER_BYTES + 1)

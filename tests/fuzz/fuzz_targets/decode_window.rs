@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_udfs::kernels::decode::{Mode, decode_at_least, header, scaled};
+use sluice_udfs::kernels::decode::{Codec, Mode, decode_at_least, header, scaled};
 use sluice_udfs::kernels::jpeg_window::decode_window;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
             img.height as usize * img.width as usize * usize::from(img.channels)
         );
     }
-    if !hd.turbo {
+    if hd.codec != Codec::Turbo {
         return;
     }
     let (sw, sh) = scaled(hd.width, hd.height, m);

@@ -12,11 +12,14 @@
 //! - TIFFs it refuses (CCITT fax, LZMA, old-style JPEG, CIELab, YCbCr,
 //!   palette, 2/4-bit grey, BigTIFF, a zero page count): libtiff
 //!   ([`super::libtiff`]).
+//!
+//! The libraries beside the `image` crate are chosen by a file's first
+//! bytes ([`super::fallback`]).
 //! - AVIF: FFmpeg ([`super::ffmpeg_still`]; libdav1d for AV1).
 //! - RLE BMPs: expanded by Pillow's rules ([`super::bmp_rle`]: runs past a
 //!   row clipped, skipped pixels index 0, top-down files read).
-//! - A GIF frame without any colour table: the `gif` crate's indices as
-//!   grey, as Pillow ([`super::gif_grey`]).
+//! - A GIF frame without any colour table: indices as grey, as Pillow
+//!   ([`super::gif_grey`]).
 //! - An ICO whose directory disagrees with its entry: the entry at its own
 //!   size ([`super::ico_entries`]).
 //!
@@ -31,6 +34,7 @@ use std::io::Cursor;
 
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader};
 
+use super::fallback::Fallback;
 use crate::env::Limits;
 use crate::tensor::Image;
 
@@ -158,12 +162,30 @@ pub fn read_header(bytes: &[u8]) -> Result<Header, String> {
         }
         Err(e) => e,
     };
-    match Fallback::of(bytes) {
-        Some(fallback) => fallback
-            .header(bytes)
-            .map_err(|e| format!("{refused}; {e}")),
-        None => Err(refused),
-    }
+    let Some(fallback) = Fallback::of(bytes) else {
+        return Err(refused);
+    };
+    let (width, height, channels) = fallback
+        .size(bytes)
+        .map_err(|e| format!("{refused}; {e}"))?;
+    Ok(Header {
+        format: fallback.format(),
+        width,
+        height,
+        channels,
+        codec: Codec::Fallback(fallback),
+    })
+}
+
+/// Decodes with the library that reads what the `image` crate refuses.
+fn decode_fallback(
+    fallback: Fallback,
+    bytes: &[u8],
+    mode: Mode,
+    limits: &Limits,
+) -> Result<Image, String> {
+    let img = fallback.decode(bytes, limits, |w, h| check(w, h, mode, limits))?;
+    Ok(mode.convert(img))
 }
 
 /// libjpeg-turbo's reading of a JPEG header: (width, height, colourspace).
@@ -232,127 +254,6 @@ fn jpeg_header_past_warnings(bytes: &[u8]) -> Option<(usize, usize, turbojpeg::C
         usize::try_from(h).ok()?,
         colorspace,
     ))
-}
-
-/// Whether a file starting with `head` is one that a decoder other than
-/// the `image` crate's may read where it does not (a TIFF, AVIF, GIF, BMP
-/// or ICO by its magic bytes).
-pub fn other_decoder(head: &[u8]) -> bool {
-    Fallback::of(head).is_some()
-}
-
-/// The library that reads what the `image` crate refuses, chosen by the
-/// file's first bytes (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fallback {
-    /// libtiff.
-    Libtiff,
-    /// FFmpeg: AVIF.
-    Ffmpeg(ImageFormat),
-    /// An RLE BMP.
-    BmpRle,
-    /// A GIF frame without any colour table.
-    GifGrey,
-    /// An ICO entry at its own size.
-    IcoEntries,
-}
-
-impl Fallback {
-    fn of(bytes: &[u8]) -> Option<Self> {
-        let tiff = [b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"];
-        if tiff.iter().any(|m| bytes.starts_with(*m)) {
-            return Some(Self::Libtiff);
-        }
-        Some(match bytes {
-            [
-                _,
-                _,
-                _,
-                _,
-                b'f',
-                b't',
-                b'y',
-                b'p',
-                b'a',
-                b'v',
-                b'i',
-                b'f' | b's',
-                ..,
-            ] => Self::Ffmpeg(ImageFormat::Avif),
-            [b'B', b'M', ..] if matches!(super::bmp_rle::header(bytes), Ok(Some(_))) => {
-                Self::BmpRle
-            }
-            [b'G', b'I', b'F', b'8', ..] => Self::GifGrey,
-            [0, 0, 1 | 2, 0, ..] => Self::IcoEntries,
-            _ => return None,
-        })
-    }
-
-    fn format(self) -> ImageFormat {
-        match self {
-            Self::Libtiff => ImageFormat::Tiff,
-            Self::Ffmpeg(format) => format,
-            Self::BmpRle => ImageFormat::Bmp,
-            Self::GifGrey => ImageFormat::Gif,
-            Self::IcoEntries => ImageFormat::Ico,
-        }
-    }
-
-    fn header(self, bytes: &[u8]) -> Result<Header, String> {
-        let (width, height, channels, codec) = match self {
-            Self::Libtiff => {
-                let h = super::libtiff::header(bytes)?;
-                (h.width, h.height, h.channels, Codec::Fallback(self))
-            }
-            Self::Ffmpeg(_) => {
-                let (_, w, h) = super::ffmpeg_still::header(bytes)?;
-                (w, h, 3, Codec::Fallback(self))
-            }
-            Self::BmpRle => {
-                let h = super::bmp_rle::header(bytes)?.ok_or("not a run-length encoded BMP")?;
-                (h.width, h.height, 3, Codec::Fallback(self))
-            }
-            Self::GifGrey => {
-                let side = |at: usize| {
-                    bytes
-                        .get(at..at + 2)
-                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                };
-                let (Some(w), Some(h)) = (side(6), side(8)) else {
-                    return Err("bad GIF header".into());
-                };
-                (u32::from(w), u32::from(h), 1, Codec::Fallback(self))
-            }
-            Self::IcoEntries => {
-                let (w, h) = super::ico_entries::header(bytes)?;
-                (w, h, 4, Codec::Fallback(self))
-            }
-        };
-        Ok(Header {
-            format: self.format(),
-            width,
-            height,
-            channels,
-            codec,
-        })
-    }
-
-    fn decode(self, bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String> {
-        let check = |w, h| check(w, h, mode, limits);
-        let img = match self {
-            Self::Libtiff => super::libtiff::decode(bytes, limits.max_decoded_bytes, check)?,
-            Self::Ffmpeg(_) => super::ffmpeg_still::decode(bytes, limits, check)?,
-            Self::BmpRle => {
-                let h = super::bmp_rle::header(bytes)?.ok_or("not a run-length encoded BMP")?;
-                check(h.width, h.height)?;
-                super::bmp_rle::decode(bytes, &h)
-            }
-            Self::GifGrey => super::gif_grey::decode(bytes, check)?
-                .ok_or("the GIF has a colour table: the image crate's reason stands")?,
-            Self::IcoEntries => super::ico_entries::decode(bytes, check)?,
-        };
-        Ok(mode.convert(img))
-    }
 }
 
 /// The `image` crate's decoder for `bytes`, its header read.
@@ -485,15 +386,14 @@ pub fn decode(bytes: &[u8], mode: Mode, limits: &Limits) -> Result<Image, String
 fn decode_full(bytes: &[u8], mode: Mode, hd: &Header, limits: &Limits) -> Result<Image, String> {
     match hd.codec {
         Codec::Turbo => decode_jpeg(bytes, mode, hd.width, hd.height, 8),
-        Codec::Fallback(fallback) => fallback.decode(bytes, mode, limits),
+        Codec::Fallback(fallback) => decode_fallback(fallback, bytes, mode, limits),
         Codec::Image => match decode_image_crate(bytes, mode, hd, limits) {
             Ok(img) => Ok(img),
             // What the `image` crate refuses in a file it could read the
             // header of (a TIFF compression, RLE that overruns): the
             // library that takes such files, and both reasons if it fails.
             Err(refused) => match Fallback::of(bytes) {
-                Some(fallback) => fallback
-                    .decode(bytes, mode, limits)
+                Some(fallback) => decode_fallback(fallback, bytes, mode, limits)
                     .map_err(|e| format!("{refused}; {e}")),
                 None => Err(refused),
             },

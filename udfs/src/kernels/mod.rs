@@ -7,6 +7,7 @@
 pub mod bmp_rle;
 pub mod crop;
 pub mod decode;
+pub mod fallback;
 pub mod ffmpeg_still;
 pub mod flip;
 pub mod gif_grey;

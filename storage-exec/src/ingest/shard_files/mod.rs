@@ -111,6 +111,29 @@ impl Sample {
             source,
         }
     }
+
+    /// The refusal of a whole shard that could not be read at all.
+    fn whole_shard(name: &str, reason: String) -> Self {
+        let source = SourceOf {
+            shard: name.to_owned(),
+            index: 0,
+            offset: 0,
+        };
+        Self::refused(format!("{name}@0"), reason, source)
+    }
+}
+
+/// A `.tar.gz` inflated, twice: one handle for the pass over its
+/// headers, one kept to read its objects from.
+fn inflated_tar(
+    gz: std::fs::File,
+    scratch: &Path,
+) -> std::result::Result<(std::fs::File, std::fs::File), String> {
+    let tar = inflate::inflate(gz, scratch)?;
+    let pinned = tar
+        .try_clone()
+        .map_err(|e| format!("cannot keep the inflated shard open: {e}"))?;
+    Ok((tar, pinned))
 }
 
 /// Whether `path` (a file, a directory, or a glob) names shards: a shard
@@ -269,41 +292,19 @@ pub(crate) fn enumerate(
         let handle = match opened {
             Ok(f) => f,
             Err(reason) => {
-                samples.push(Sample::refused(
-                    format!("{name}@0"),
-                    reason,
-                    SourceOf {
-                        shard: name.clone(),
-                        index: 0,
-                        offset: 0,
-                    },
-                ));
+                samples.push(Sample::whole_shard(&name, reason));
                 continue;
             }
         };
         match kind {
             ShardKind::Tar => webdataset::samples(&file, &name, handle, &mut samples),
-            ShardKind::TarGz => {
-                let tar = inflate::inflate(handle, scratch).and_then(|tar| {
-                    let pinned = tar.try_clone().map_err(|e| e.to_string())?;
-                    Ok((tar, pinned))
-                });
-                match tar {
-                    Ok((tar, pinned)) => {
-                        webdataset::samples(&file, &name, tar, &mut samples);
-                        inflated.push((file.clone(), std::sync::Arc::new(pinned)));
-                    }
-                    Err(reason) => samples.push(Sample::refused(
-                        format!("{name}@0"),
-                        reason,
-                        SourceOf {
-                            shard: name.clone(),
-                            index: 0,
-                            offset: 0,
-                        },
-                    )),
+            ShardKind::TarGz => match inflated_tar(handle, scratch) {
+                Ok((tar, pinned)) => {
+                    webdataset::samples(&file, &name, tar, &mut samples);
+                    inflated.push((file.clone(), std::sync::Arc::new(pinned)));
                 }
-            }
+                Err(reason) => samples.push(Sample::whole_shard(&name, reason)),
+            },
             ShardKind::TfRecord => tfrecord::samples(&file, &name, handle, &mut samples),
             ShardKind::Parquet => parquet_shard::samples(&file, &name, handle, &mut samples),
         }
