@@ -497,7 +497,7 @@ pub async fn prepare(
     // are split by file (a key repeated in two nodes' files is not seen).
     refuse_duplicate_keys(&mut enumerated.entries);
     if let Some(s) = opts.shard.filter(|_| !enumerated.part_only) {
-        enumerated = s.apply(enumerated)?;
+        enumerated = enumerated.keep_part(s)?;
     }
     let total = enumerated.entries.len() as u64;
     let version = store.catalog().latest_version(dataset)?.unwrap_or(0) + 1;

@@ -13,12 +13,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use arrow::array::{ArrayRef, UInt32Array};
-use arrow::compute::take;
-
-use super::source::{Entry, Enumerated};
-use crate::error::Result;
-
 /// Part `index` of `count` (`0 <= index < count`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {
@@ -53,34 +47,6 @@ impl Shard {
     /// Whether the sample at `position` of the enumeration is this part's.
     pub fn keeps(&self, position: usize) -> bool {
         position % self.count as usize == self.index as usize
-    }
-
-    /// `e` with only this part's entries and the rows of their user columns.
-    pub(crate) fn apply(&self, e: Enumerated) -> Result<Enumerated> {
-        let kept: Vec<u32> = (0..e.entries.len())
-            .filter(|&i| self.keeps(i))
-            .map(|i| i as u32)
-            .collect();
-        let rows = UInt32Array::from(kept);
-        let user_columns = e
-            .user_columns
-            .iter()
-            .map(|c| take(c.as_ref(), &rows, None))
-            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
-        let entries: Vec<Entry> = e
-            .entries
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| self.keeps(*i))
-            .map(|(_, entry)| entry)
-            .collect();
-        Ok(Enumerated {
-            entries,
-            user_fields: e.user_fields,
-            user_columns,
-            part_only: true,
-            inflated: e.inflated,
-        })
     }
 }
 

@@ -21,8 +21,8 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, StringArray};
-use arrow::compute::{cast, concat_batches};
+use arrow::array::{Array, ArrayRef, StringArray, UInt32Array};
+use arrow::compute::{cast, concat_batches, take};
 use arrow::datatypes::{DataType, Field};
 use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
@@ -143,6 +143,37 @@ pub(crate) struct Enumerated {
     /// Inflated `.tar.gz` shards, each under the shard's path: their
     /// objects are read from these files.
     pub inflated: Vec<(PathBuf, Arc<std::fs::File>)>,
+}
+
+impl Enumerated {
+    /// Only `part`'s entries (every N-th from the I-th) and the rows of
+    /// their user columns.
+    pub(crate) fn keep_part(self, part: Shard) -> Result<Self> {
+        let kept: Vec<u32> = (0..self.entries.len())
+            .filter(|&i| part.keeps(i))
+            .map(|i| i as u32)
+            .collect();
+        let rows = UInt32Array::from(kept);
+        let user_columns = self
+            .user_columns
+            .iter()
+            .map(|c| take(c.as_ref(), &rows, None))
+            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+        let entries: Vec<Entry> = self
+            .entries
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| part.keeps(*i))
+            .map(|(_, entry)| entry)
+            .collect();
+        Ok(Self {
+            entries,
+            user_fields: self.user_fields,
+            user_columns,
+            part_only: true,
+            inflated: self.inflated,
+        })
+    }
 }
 
 /// The samples of `source`; shards are opened beneath `confine`'s roots
