@@ -39,7 +39,8 @@ pub(crate) enum Value {
 
 impl Value {
     /// A member's bytes as a value: an integer or a number if that is all
-    /// they say, else text (`None`: not UTF-8).
+    /// they say, else text without the line ending a text file ends with
+    /// (`echo cat > 1.cls` is the label `cat`; `None`: not UTF-8).
     pub(crate) fn parse(bytes: &[u8], json: bool) -> Option<Self> {
         let text = std::str::from_utf8(bytes).ok()?;
         if json {
@@ -55,7 +56,10 @@ impl Value {
         {
             return Some(Self::Float(f));
         }
-        Some(Self::Text(text.to_owned()))
+        let line = text.strip_suffix('\n').unwrap_or(text);
+        Some(Self::Text(
+            line.strip_suffix('\r').unwrap_or(line).to_owned(),
+        ))
     }
 
     fn text(&self) -> String {
@@ -255,5 +259,17 @@ mod tests {
         assert_eq!(column_name("width"), "member_width");
         assert_eq!(column_name("key"), "member_key");
         assert_eq!(column_name("source_shard"), "member_source_shard");
+    }
+
+    #[test]
+    fn a_text_value_loses_the_line_ending_its_file_ends_with() {
+        let text = |b: &[u8]| match Value::parse(b, false) {
+            Some(Value::Text(t)) => t,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(text(b"cat\n"), "cat");
+        assert_eq!(text(b"cat\r\n"), "cat");
+        assert_eq!(text(b"two\nlines\n"), "two\nlines");
+        assert!(matches!(Value::parse(b" 3\n", false), Some(Value::Int(3))));
     }
 }
