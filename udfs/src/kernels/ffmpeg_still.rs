@@ -40,11 +40,7 @@ pub fn decode(
     limits: &Limits,
     check: impl FnOnce(u32, u32) -> Result<(), String>,
 ) -> Result<DynamicImage, String> {
-    video::init();
-    let io = ff::format::context::StreamIo::from_read_seek(Cursor::new(bytes.to_vec()))
-        .map_err(|e| format!("cannot set up FFmpeg I/O: {e}"))?;
-    let mut input = ff::format::input_from_stream(io, None, None)
-        .map_err(|e| format!("FFmpeg cannot read it: {e}"))?;
+    let mut input = open(bytes)?;
     let format = input.format().name().to_owned();
     let (index, mut dec) = largest_stream(&input)?;
     let (w, h) = (dec.width(), dec.height());
@@ -80,13 +76,18 @@ pub fn decode(
 
 /// The size of the image [`decode`] would return.
 pub fn header(bytes: &[u8]) -> Result<(String, u32, u32), String> {
+    let input = open(bytes)?;
+    let (_, dec) = largest_stream(&input)?;
+    Ok((input.format().name().to_owned(), dec.width(), dec.height()))
+}
+
+/// The container of `bytes`, read from memory through a custom AVIO
+/// context.
+fn open(bytes: &[u8]) -> Result<ff::format::context::Input, String> {
     video::init();
     let io = ff::format::context::StreamIo::from_read_seek(Cursor::new(bytes.to_vec()))
         .map_err(|e| format!("cannot set up FFmpeg I/O: {e}"))?;
-    let input = ff::format::input_from_stream(io, None, None)
-        .map_err(|e| format!("FFmpeg cannot read it: {e}"))?;
-    let (_, dec) = largest_stream(&input)?;
-    Ok((input.format().name().to_owned(), dec.width(), dec.height()))
+    ff::format::input_from_stream(io, None, None).map_err(|e| format!("FFmpeg cannot read it: {e}"))
 }
 
 /// The video stream of most pixels, with its decoder opened.
