@@ -65,10 +65,17 @@ pub struct JobTicket {
     /// The position in the rank's share of the epoch to start at.
     #[serde(default)]
     pub offset: u64,
-    /// At most this many positions (none: to the end). DataLoader workers
-    /// split a rank's share into ranges with it.
+    /// At most this many positions (none: to the end).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
+    /// The DataLoader worker reading, below `workers`: it reads the
+    /// rank's batches `worker`, `worker + workers`, …, and `offset` and
+    /// `limit` are positions in that part.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub worker: u64,
+    /// The rank's DataLoader workers (1: the whole share).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub workers: u64,
     /// How the batches travel (default `auto`: shared memory when `probe`
     /// shows the trainer is on this host).
     #[serde(default, skip_serializing_if = "is_auto")]
@@ -80,6 +87,18 @@ pub struct JobTicket {
     /// of them may carry this stream too (see `sluice_shm::kept`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
 }
 
 fn is_auto(t: &Transport) -> bool {

@@ -22,7 +22,8 @@ def main() -> None:
     client._flight_address = req["flight"]
     job = Job(client, req["job"])
     reader = Reader(job, req["rank"], req["epoch"], req["offset"], req.get("limit"), False,
-                    prefetch=0, transport=req.get("transport"))
+                    prefetch=0, transport=req.get("transport"),
+                    worker=req.get("worker", 0), workers=req.get("workers", 1))
     out = sys.stdout.buffer
     writer = None
     for batch in reader.batches():

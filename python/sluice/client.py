@@ -141,7 +141,8 @@ class Client:
     def submit(self, pipeline: Union[str, Dict[str, Any]], **options: Any) -> "Job":
         """Submits a pipeline — SQL text, a plan dict, or a plan's YAML text —
         with the job options (``batch_size``, ``epochs``, ``shuffle``,
-        ``world_size``, ``drop_last``, ``on_error``, ``offload``)."""
+        ``world_size``, ``drop_last``, ``on_error``, ``offload``, and
+        ``resume``: a state a trainer saved, see :meth:`Job.state_dict`)."""
         body: Dict[str, Any] = dict(options)
         if isinstance(pipeline, str) and _is_sql(pipeline):
             body["sql"] = pipeline
@@ -284,11 +285,56 @@ class Job:
 
     def reader(self, rank: int = 0, epoch: int = 0, offset: int = 0,
                limit: Optional[int] = None, numpy: bool = False,
-               prefetch: int = 2, transport: Optional[str] = None) -> "Reader":
+               prefetch: int = 2, transport: Optional[str] = None,
+               worker: int = 0, workers: int = 1) -> "Reader":
         """Rank ``rank``'s share of ``epoch`` from ``offset`` (at most
         ``limit`` positions), ``prefetch`` batches read ahead; ``transport``
-        as :class:`Reader` takes it."""
-        return Reader(self, rank, epoch, offset, limit, numpy, prefetch, transport)
+        as :class:`Reader` takes it. With ``workers`` > 1, DataLoader worker
+        ``worker``'s part of it: the rank's batches ``worker``,
+        ``worker + workers``, … (``offset`` and ``limit`` in that part)."""
+        return Reader(self, rank, epoch, offset, limit, numpy, prefetch, transport,
+                      worker, workers)
+
+    def first_epoch(self) -> int:
+        """The first epoch it reads: 0, or the epoch a resumed job
+        continues."""
+        resumed = self.wait().get("resumed")
+        return int(resumed["epoch"]) if resumed else 0
+
+    def samples_per_rank(self, epoch: int) -> int:
+        """Positions of each rank's share of ``epoch`` (a resumed job's
+        first epoch holds only what was left of it)."""
+        st = self.wait()
+        resumed = st.get("resumed")
+        if resumed and resumed["epoch"] == epoch:
+            return int(resumed["samples_per_rank"])
+        return int(st["samples_per_rank"])
+
+    def state_dict(self, epoch: int, offset: int) -> Dict[str, Any]:
+        """The training's position when **every** rank has read ``offset``
+        positions of its share of ``epoch`` (ranks step together in
+        data-parallel training), in the form a trainer saves with its
+        checkpoint: ``{"sluice": 1, "epoch", "position", "samples",
+        "shuffle"}``. ``position`` is global: every sample before it in the
+        epoch's order was read, none after. A job submitted with
+        ``resume=`` this state continues exactly there, with any world
+        size, batch size or number of workers."""
+        st = self.wait()
+        if st["state"] == "failed":
+            raise SluiceError(500, "job_failed", f"job {self.id}: {st.get('error')}")
+        spec = st["spec"]
+        per_rank = self.samples_per_rank(epoch)
+        resumed = st.get("resumed")
+        start = int(resumed["start"]) if resumed and resumed["epoch"] == epoch else 0
+        samples = int(st["samples"])
+        if not 0 <= offset <= per_rank:
+            raise ValueError(f"offset {offset} of a share of {per_rank} positions")
+        if offset == per_rank:
+            epoch, position = epoch + 1, 0
+        else:
+            position = min(start + offset * int(spec["world_size"]), samples)
+        return {"sluice": 1, "epoch": epoch, "position": position, "samples": samples,
+                "shuffle": spec.get("shuffle")}
 
 
 def _read_ahead(source: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -365,7 +411,7 @@ class Reader:
 
     def __init__(self, job: Job, rank: int, epoch: int, offset: int,
                  limit: Optional[int], numpy: bool, prefetch: int = 2,
-                 transport: Optional[str] = None):
+                 transport: Optional[str] = None, worker: int = 0, workers: int = 1):
         transport = transport or os.environ.get("SLUICE_TRANSPORT") or "auto"
         if transport not in ("auto", "shm", "flight"):
             raise ValueError(f"transport {transport!r}: expected auto, shm or flight")
@@ -376,6 +422,8 @@ class Reader:
         self.epoch = epoch
         self.offset = offset
         self.limit = limit
+        self.worker = worker
+        self.workers = workers
         self.numpy = numpy
         self.prefetch = prefetch
         self.schema: Optional[pa.Schema] = None
@@ -387,6 +435,8 @@ class Reader:
                              "epoch": self.epoch, "offset": self.offset}
         if self.limit is not None:
             t["limit"] = self.limit
+        if self.workers != 1:
+            t["worker"], t["workers"] = self.worker, self.workers
         if self.transport != "auto":
             t["transport"] = self.transport
         if probe is not None and probe.ticket() is not None:
@@ -494,7 +544,8 @@ class Reader:
         req = {"url": c.url, "token": c.token, "ca": c.ca, "flight": self.job.location(self.rank),
                "job": self.job.id,
                "rank": self.rank, "epoch": self.epoch, "offset": self.offset,
-               "limit": self.limit, "transport": self.transport}
+               "limit": self.limit, "transport": self.transport,
+               "worker": self.worker, "workers": self.workers}
         proc = subprocess.Popen([sys.executable, "-m", "sluice._relay"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -525,3 +576,12 @@ class Reader:
     def __iter__(self) -> Iterator[Any]:
         for b in self.batches():
             yield to_numpy(b) if self.numpy else b
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The training's position after the batches read so far, when
+        every rank has read as far (see :meth:`Job.state_dict`)."""
+        if self.workers != 1:
+            raise ValueError("a worker's part alone does not say what its rank read: "
+                             "take the state where the batches are consumed "
+                             "(sluice.torch.DataLoader)")
+        return self.job.state_dict(self.epoch, self.offset)

@@ -8,13 +8,16 @@
 //! windows, takes, reads, the reorder, the batches' messages — which must not grow
 //! with N; the decode of an 8×8 PNG costs next to nothing. The resident
 //! memory the job and the node's in-memory metadata add is reported too.
+//! Then an elastic resume: a job of 3 ranks resumed from the middle of
+//! the epoch (as a trainer's saved state gives it), timed from submit to
+//! its first batch.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::TryStreamExt;
-use sluice_compute::job::{OffloadArg, Shuffle, ShuffleMode};
+use sluice_compute::job::{OffloadArg, Resume, Shuffle, ShuffleMode};
 use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
@@ -28,6 +31,7 @@ struct Row {
     ingest_s: f64,
     index_s: f64,
     first_batch_s: f64,
+    resumed_first_batch_s: f64,
     epoch_s: f64,
     samples_per_s: f64,
     rss_added_bytes: u64,
@@ -83,7 +87,7 @@ pub async fn epoch(
         });
         let rss0 = rss_bytes();
         let t = Instant::now();
-        let job = jobs.submit(spec).await?;
+        let job = jobs.submit(spec.clone()).await?;
         job.layout().await?;
         let index_s = t.elapsed().as_secs_f64();
         let mut stream = Box::pin(job.deliver(0, 0, 0, None).await?);
@@ -107,11 +111,13 @@ pub async fn epoch(
         }
         let epoch_s = first_batch_s + t.elapsed().as_secs_f64();
         anyhow::ensure!(got == n, "epoch delivered {got} of {n} samples");
+        let resumed_first_batch_s = resumed_first_batch(&jobs, spec, n as u64).await?;
         rows.push(Row {
             samples: n,
             ingest_s,
             index_s,
             first_batch_s,
+            resumed_first_batch_s,
             epoch_s,
             samples_per_s: n as f64 / epoch_s,
             rss_added_bytes,
@@ -121,22 +127,24 @@ pub async fn epoch(
     println!();
     println!("job epoch at scale (decode + resize 16x16 of 8x8 PNGs, batch {batch}, one rank)");
     println!(
-        "{:>10} {:>10} {:>14} {:>16} {:>12} {:>10} {:>20}",
+        "{:>10} {:>10} {:>14} {:>16} {:>16} {:>12} {:>10} {:>20}",
         "samples",
         "ingest s",
         "submit→index s",
         "submit→batch s",
+        "resumed→batch s",
         "samples/s",
         "vs first",
         "RSS added B/sample"
     );
     for r in &rows {
         println!(
-            "{:>10} {:>10.1} {:>14.3} {:>16.3} {:>12.0} {:>10.2} {:>20.1}",
+            "{:>10} {:>10.1} {:>14.3} {:>16.3} {:>16.3} {:>12.0} {:>10.2} {:>20.1}",
             r.samples,
             r.ingest_s,
             r.index_s,
             r.first_batch_s,
+            r.resumed_first_batch_s,
             r.samples_per_s,
             r.samples_per_s / base,
             r.rss_added_bytes as f64 / r.samples as f64
@@ -146,4 +154,25 @@ pub async fn epoch(
         json,
         &serde_json::json!({"bench": "epoch", "batch": batch, "sizes": rows}),
     )
+}
+
+/// Submit → first batch of `spec` resumed by 3 ranks at the middle of its
+/// first epoch of `samples` (an odd position: no shape divides it).
+async fn resumed_first_batch(jobs: &Jobs, mut spec: JobSpec, samples: u64) -> anyhow::Result<f64> {
+    spec.world_size = 3;
+    spec.resume = Some(Resume {
+        epoch: 0,
+        position: (samples / 2) | 1,
+        samples: Some(samples),
+        shuffle: Some(spec.shuffle),
+        format: Some(1),
+    });
+    let t = Instant::now();
+    let job = jobs.submit(spec).await?;
+    let mut stream = Box::pin(job.deliver(2, 0, 0, None).await?);
+    anyhow::ensure!(
+        stream.try_next().await?.is_some(),
+        "the resumed job delivered nothing"
+    );
+    Ok(t.elapsed().as_secs_f64())
 }

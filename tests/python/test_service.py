@@ -19,7 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from sluice.torch import worker_range
+from sluice.torch import worker_offset
 
 from serve import SLUICE, serve_env, start_serve
 
@@ -127,12 +127,15 @@ def test_resume_gives_exactly_the_rest(server):
     assert first + rest == full
     for offset in (0, 3, 7, len(full)):
         assert keys_of(job.reader(1, 0, offset=offset)) == full[offset:]
-    # DataLoader workers: disjoint ranges covering the rank's share.
-    parts = []
-    for w in range(3):
-        lo, hi = worker_range(len(full), 5, w, 3)
-        parts += keys_of(job.reader(1, 0, offset=lo, limit=hi - lo))
-    assert parts == full
+    # DataLoader workers: every third batch each, taken in turn the
+    # rank's share in order; a worker resumes at a batch of its part.
+    parts = [keys_of(job.reader(1, 0, worker=w, workers=3)) for w in range(3)]
+    assert [k for j in range(-(-len(full) // 5)) for k in parts[j % 3][j // 3 * 5:][:5]] == full
+    part = keys_of(job.reader(1, 0, worker=0, workers=2))
+    assert part == full[:5] + full[10:15] and len(full) > 10
+    assert keys_of(job.reader(1, 0, offset=5, worker=0, workers=2)) == part[5:]
+    with pytest.raises(sluice.SluiceError, match="batch's start"):
+        keys_of(job.reader(1, 0, offset=3, worker=2, workers=3))
 
 
 def test_shuffle_is_deterministic(server):
@@ -395,15 +398,13 @@ def test_a_registered_compute_node_is_given_ranks():
             assert proc.wait(timeout=30) == 0
 
 
-def test_worker_ranges_split_whole_batches():
-    for per_rank in range(0, 40):
+def test_worker_offsets_add_up_to_the_rank_offset():
+    for read in range(0, 40, 4):
         for workers in range(1, 6):
-            got = []
-            for w in range(workers):
-                lo, hi = worker_range(per_rank, 4, w, workers)
-                assert lo % 4 == 0 and lo <= hi
-                got.extend(range(lo, hi))
-            assert got == list(range(per_rank))
+            parts = [worker_offset(read, 4, w, workers) for w in range(workers)]
+            assert sum(parts) == read and all(p % 4 == 0 for p in parts)
+            # The next batch is the least-read worker's, the lowest first.
+            assert read // 4 % workers == min(range(workers), key=lambda w: (parts[w], w))
 
 
 def test_queries_have_memory_and_time_limits():

@@ -49,9 +49,8 @@ def test_workers_read_every_sample_once_even_after_the_parent_used_flight(job_se
         loader = DataLoader(sluice.torch.Dataset(job), batch_size=None, num_workers=workers,
                             timeout=120 if workers else 0)
         got = keys(loader)
-        assert sorted(got) == sorted(whole), workers
-        if workers == 0:
-            assert got == whole, "one reader keeps the epoch's order"
+        # Workers take the rank's batches in turn: the epoch's order.
+        assert got == whole, workers
 
 
 def test_worker_batches_are_the_same_bytes_whether_held_or_dropped(job_server):
@@ -106,7 +105,7 @@ def test_state_dict_resumes_where_it_stopped(job_server):
         if i == 4:
             break
     state = ds.state_dict()
-    assert state == {"epoch": 0, "offset": 40}
+    assert state["epoch"] == 0 and state["offset"] == 40 and state["position"] == 40
     fresh = sluice.torch.Dataset(job)
     fresh.load_state_dict(state)
     rest = keys(DataLoader(fresh, batch_size=None))

@@ -78,6 +78,6 @@ pub use plan::PlanSpec;
 pub use rank_batch::RankBatch;
 pub use registry::Jobs;
 pub use run::Job;
-pub use spec::{JobSpec, OffloadArg, PlanInput};
+pub use spec::{JobSpec, OffloadArg, PlanInput, Resume};
 pub use status::{JobState, JobStatus, RankEndpoint, TierBytes};
 pub use store::{JobRecord, JobStore};

@@ -6,9 +6,21 @@
 //! ```text
 //!  samples 0..n (the dataset's keys, sorted)
 //!    ──permute(seed, epoch)──►  epoch order e[0..n)
-//!    ──pad (wrap) or drop────►  positions 0..world×per_rank
-//!    ──interleave───────────►  rank r reads e[(i × world + r) mod n], i = 0..per_rank
+//!    ──pad (wrap) or drop────►  positions start..start + world×per_rank
+//!    ──interleave───────────►  rank r reads e[(start + i × world + r) mod n], i = 0..per_rank
+//!    ──every Nth batch──────►  DataLoader worker w of N reads the rank's batches w, w + N, …
 //! ```
+//!
+//! The epoch order is **one global sequence**, and a position in it is
+//! all a trainer's checkpoint needs: when every rank has taken `k`
+//! batches of `b`, the samples taken are exactly the global prefix
+//! `e[0..start + k × b × world)` (ranks step together in data-parallel
+//! training). A job resumed there (`start`) with another world size,
+//! batch size or number of workers interleaves the rest `e[start..n)`
+//! over its own ranks: every sample of the epoch exactly once, in the
+//! same global order. Workers take whole batches in turn, as a
+//! `DataLoader` hands them out, so a rank's batches still arrive in
+//! its order.
 //!
 //! - `full`: a Fisher–Yates permutation of all samples (random reads).
 //! - `block`: the samples in runs of `block_size` neighbours are permuted
@@ -71,18 +83,30 @@ pub struct Layout {
     pub drop_last: bool,
     /// The shuffle, if any (none: key order).
     pub shuffle: Option<Shuffle>,
+    /// The global position this epoch begins at: 0, or where a resumed
+    /// job's first epoch continues (see the module docs).
+    pub start: u64,
 }
 
 impl Layout {
     /// Samples each rank reads per epoch.
     pub fn per_rank(&self) -> u64 {
         let world = self.world_size.max(1);
+        let rest = self.samples.saturating_sub(self.start);
         if self.drop_last {
             let step = world * self.batch_size.max(1);
-            self.samples / step * self.batch_size.max(1)
+            rest / step * self.batch_size.max(1)
         } else {
-            self.samples.div_ceil(world)
+            rest.div_ceil(world)
         }
+    }
+
+    /// The global position reached when every rank has read `offset`
+    /// positions of its share: the epoch's samples before it were all
+    /// read, and none after it.
+    pub fn global_position(&self, offset: u64) -> u64 {
+        let read = offset.min(self.per_rank());
+        (self.start + read * self.world_size.max(1)).min(self.samples)
     }
 
     /// Batches each rank reads per epoch (the last may be short unless
@@ -121,14 +145,70 @@ impl Layout {
     /// The samples rank `rank` reads at positions `from..to` of an epoch
     /// whose order is `order`.
     pub fn rank_samples(&self, order: &[u64], rank: u64, from: u64, to: u64) -> Vec<u64> {
+        self.worker_samples(order, rank, Worker::ALL, from, to)
+    }
+
+    /// The samples `worker` of rank `rank` reads at positions `from..to`
+    /// of its part of the rank's share.
+    pub fn worker_samples(
+        &self,
+        order: &[u64],
+        rank: u64,
+        worker: Worker,
+        from: u64,
+        to: u64,
+    ) -> Vec<u64> {
         let n = order.len() as u64;
         if n == 0 {
             return Vec::new();
         }
         let world = self.world_size.max(1);
-        (from..to.min(self.per_rank()))
-            .map(|i| order[((i * world + rank) % n) as usize])
+        let batch = self.batch_size.max(1);
+        (from..to.min(worker.len(self.per_rank(), batch)))
+            .map(|p| {
+                let i = worker.rank_position(p, batch);
+                order[((self.start + i * world + rank) % n) as usize]
+            })
             .collect()
+    }
+}
+
+/// A `DataLoader` worker's part of a rank's share: the rank's batches
+/// `index`, `index + count`, `index + 2 × count`, … — the order in which a
+/// `DataLoader` takes batches from its workers, so that the batches a
+/// trainer receives are the rank's in order, whatever the workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Worker {
+    /// This worker, below `count`.
+    pub index: u64,
+    /// Workers of the rank.
+    pub count: u64,
+}
+
+impl Worker {
+    /// The whole share (no workers, or one).
+    pub const ALL: Worker = Worker { index: 0, count: 1 };
+
+    /// Positions in this worker's part of a share of `per_rank`
+    /// positions in batches of `batch` (the share's last batch may be
+    /// short).
+    pub fn len(&self, per_rank: u64, batch: u64) -> u64 {
+        let batch = batch.max(1);
+        let count = self.count.max(1);
+        let (full, rest) = (per_rank / batch, per_rank % batch);
+        let mine = full.saturating_sub(self.index).div_ceil(count);
+        let last = if rest > 0 && full % count == self.index {
+            rest
+        } else {
+            0
+        };
+        mine * batch + last
+    }
+
+    /// The position in the rank's share of this worker's position `p`.
+    pub fn rank_position(&self, p: u64, batch: u64) -> u64 {
+        let batch = batch.max(1);
+        (self.index + p / batch * self.count.max(1)) * batch + p % batch
     }
 }
 
@@ -158,6 +238,7 @@ mod tests {
             batch_size: batch,
             drop_last,
             shuffle,
+            start: 0,
         }
     }
 
@@ -268,6 +349,107 @@ mod tests {
             let b = layout(n, 7, 2, true, shuffle);
             prop_assert_eq!(a.epoch_order(epoch), b.epoch_order(epoch));
             prop_assert_ne!(a.epoch_order(epoch), a.epoch_order(epoch + 1));
+        }
+    }
+
+    /// What a rank's trainer receives when `workers` DataLoader workers
+    /// each read their part and the loader takes a batch from each in
+    /// turn: the first `batches` batches.
+    fn received(l: &Layout, order: &[u64], rank: u64, workers: u64, batches: u64) -> Vec<u64> {
+        let parts: Vec<Vec<u64>> = (0..workers)
+            .map(|index| {
+                let w = Worker {
+                    index,
+                    count: workers,
+                };
+                l.worker_samples(order, rank, w, 0, u64::MAX)
+            })
+            .collect();
+        let b = l.batch_size as usize;
+        (0..batches as usize)
+            .flat_map(|j| {
+                let part = &parts[j % workers as usize];
+                let at = j / workers as usize * b;
+                part[at.min(part.len())..(at + b).min(part.len())].to_vec()
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Workers taking every Nth batch cover their rank's share once,
+        /// and a loader taking their batches in turn gets it in order.
+        #[test]
+        fn workers_in_turn_give_the_rank_its_share_in_order(
+            n in 0u64..300,
+            world in 1u64..5,
+            batch in 1u64..9,
+            workers in 1u64..6,
+            drop_last in any::<bool>(),
+            shuffle in shuffle_strategy(),
+        ) {
+            let l = layout(n, world, batch, drop_last, shuffle);
+            let order = l.epoch_order(1);
+            for rank in 0..world {
+                let share = l.rank_samples(&order, rank, 0, u64::MAX);
+                let lens: u64 = (0..workers)
+                    .map(|index| Worker { index, count: workers }.len(l.per_rank(), batch))
+                    .sum();
+                prop_assert_eq!(lens, l.per_rank());
+                let got = received(&l, &order, rank, workers, l.batches_per_rank());
+                prop_assert_eq!(got, share);
+            }
+        }
+
+        /// A training that stops after any number of steps and resumes
+        /// with another world size, batch size and number of workers,
+        /// again and again, reads the epoch's global order exactly: every
+        /// sample once (drop_last: at most once, and only a tail shorter
+        /// than a global batch is left), in the order of an undisturbed
+        /// run.
+        #[test]
+        fn elastic_resumes_read_the_global_order_once(
+            n in 0u64..400,
+            drop_last in any::<bool>(),
+            shuffle in shuffle_strategy(),
+            shapes in proptest::collection::vec((1u64..9, 1u64..9, 1u64..4, any::<u64>()), 1..6),
+        ) {
+            let full = layout(n, 1, 1, false, shuffle);
+            let order = full.epoch_order(3);
+            let mut start = 0;
+            let mut read: Vec<u64> = Vec::new();
+            for (i, &(world, batch, workers, stop)) in shapes.iter().enumerate() {
+                let mut l = layout(n, world, batch, drop_last, shuffle);
+                l.start = start;
+                let steps = if i + 1 == shapes.len() {
+                    l.batches_per_rank()
+                } else {
+                    stop % (l.batches_per_rank() + 1)
+                };
+                // Step by step, every rank's batch k before any batch k+1:
+                // the global order.
+                let per_rank: Vec<Vec<u64>> = (0..world)
+                    .map(|r| received(&l, &order, r, workers, steps))
+                    .collect();
+                for k in 0..(steps * batch) as usize {
+                    for share in &per_rank {
+                        if let Some(&x) = share.get(k) {
+                            read.push(x);
+                        }
+                    }
+                }
+                start = l.global_position(steps * batch);
+            }
+            // Padding repeats the epoch's first samples at its very end.
+            read.truncate(n as usize);
+            prop_assert_eq!(&read[..], &order[..read.len()]);
+            if drop_last {
+                let last = shapes.last().map_or(1, |s| s.0 * s.1);
+                prop_assert!(n - (read.len() as u64) < last);
+            } else {
+                prop_assert_eq!(read.len() as u64, n);
+            }
         }
     }
 

@@ -55,6 +55,39 @@ pub struct JobSpec {
     /// same rows: the trainer gets the same bytes as without the outage.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub storage_wait_s: f64,
+    /// Where a training stopped (a trainer's saved state: see
+    /// [`Resume`]): this job begins there, whatever its world size, batch
+    /// size or workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// A trainer's saved position: the epoch, and the global position in
+/// its order before which every sample was trained on (see
+/// `crate::job::order`). `samples` and `shuffle`, when given, are the
+/// order's: a job whose own differ cannot continue it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// The epoch to continue.
+    pub epoch: u64,
+    /// Samples of the epoch's global order already trained on.
+    pub position: u64,
+    /// The epoch's sample count when the state was saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    /// The shuffle the order was drawn with (`null`: key order; absent:
+    /// not checked).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<Shuffle>)]
+    pub shuffle: Option<Option<Shuffle>>,
+    /// Not a field: a saved state names its format.
+    #[serde(default, rename = "sluice", skip_serializing_if = "Option::is_none")]
+    pub format: Option<u64>,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -123,6 +156,7 @@ impl JobSpec {
             on_error: OnError::default(),
             offload: OffloadArg::default(),
             storage_wait_s: 0.0,
+            resume: None,
         }
     }
 
@@ -158,6 +192,9 @@ impl JobSpec {
         {
             return bad("shuffle.block_size and shuffle.window must be at least 1".into());
         }
+        if let Some(r) = &self.resume {
+            check_resume(r, self)?;
+        }
         self.offload.offload()?;
         match (&self.sql, &self.plan) {
             (Some(sql), None) if !sql.trim().is_empty() => Ok(sql.clone()),
@@ -168,16 +205,87 @@ impl JobSpec {
         }
     }
 
-    /// The layout of this job's epochs over `samples` samples.
-    pub fn layout(&self, samples: u64) -> Layout {
+    /// The layout of this job's `epoch` over `samples` samples: from the
+    /// resumed position in the epoch it resumes, whole after it.
+    pub fn layout(&self, samples: u64, epoch: u64) -> Layout {
+        let start = match &self.resume {
+            Some(r) if r.epoch == epoch => r.position.min(samples),
+            _ => 0,
+        };
         Layout {
             samples,
             world_size: self.world_size,
             batch_size: self.batch_size,
             drop_last: self.drop_last,
             shuffle: self.shuffle,
+            start,
         }
     }
+
+    /// The first epoch this job reads: the one it resumes, or 0.
+    pub fn first_epoch(&self) -> u64 {
+        self.resume.as_ref().map_or(0, |r| r.epoch)
+    }
+
+    /// Checks a resumed job against the samples its pipeline gives: the
+    /// saved position was taken over the same epoch order.
+    pub fn check_samples(&self, samples: u64) -> Result<(), JobError> {
+        match &self.resume {
+            Some(Resume {
+                samples: Some(saved),
+                ..
+            }) if *saved != samples => Err(JobError::InvalidOptions(format!(
+                "resume: the saved position is in an epoch of {saved} samples, and this \
+                 job's pipeline gives {samples} (another dataset version or filter?): its \
+                 order is another, so the position means nothing here"
+            ))),
+            Some(r) if r.position > samples => Err(JobError::InvalidOptions(format!(
+                "resume: position {} is past this job's {samples} samples",
+                r.position
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A field that is present, `null` or not (absent is `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Shuffle>>, D::Error> {
+    Option::<Shuffle>::deserialize(d).map(Some)
+}
+
+/// A resumed position that cannot be this job's: its epoch is past the
+/// job's, or its order was drawn with another shuffle.
+fn check_resume(r: &Resume, spec: &JobSpec) -> Result<(), JobError> {
+    let bad = |m: String| Err(JobError::InvalidOptions(format!("resume: {m}")));
+    if r.format.is_some_and(|f| f != 1) {
+        return bad(format!(
+            "a saved state of format {:?}; this server reads 1",
+            r.format
+        ));
+    }
+    if r.epoch >= spec.epochs {
+        return bad(format!(
+            "epoch {} is past the job's epochs 0..{}",
+            r.epoch, spec.epochs
+        ));
+    }
+    if let Some(saved) = &r.shuffle
+        && *saved != spec.shuffle
+    {
+        let says = |s: &Option<Shuffle>| {
+            s.as_ref().map_or_else(
+                || "no shuffle".to_string(),
+                |s| format!("shuffle seed {} ({:?})", s.seed, s.mode).to_lowercase(),
+            )
+        };
+        return bad(format!(
+            "the position was saved in an order drawn with {}, and this job has {}: \
+             give it the same shuffle",
+            says(saved),
+            says(&spec.shuffle)
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

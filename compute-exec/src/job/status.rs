@@ -80,6 +80,10 @@ pub struct JobStatus {
     /// Samples each rank reads per epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples_per_rank: Option<u64>,
+    /// A resumed job's first epoch: where it begins, and what each rank
+    /// reads of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<ResumedEpoch>,
     /// Fraction of all (rank, epoch) positions delivered, 0 to 1.
     pub progress: f64,
     /// Samples delivered to trainers (re-reads included).
@@ -114,6 +118,17 @@ pub struct JobStatus {
     /// (the last seconds while it runs; the whole job once idle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stages: Option<JobStages>,
+}
+
+/// The epoch a resumed job begins in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ResumedEpoch {
+    /// The epoch.
+    pub epoch: u64,
+    /// The global position it begins at.
+    pub start: u64,
+    /// Samples each rank reads of it.
+    pub samples_per_rank: u64,
 }
 
 /// One rank's progress.

@@ -3,8 +3,10 @@
 //!
 //! - [`flight_info`] for `GetFlightInfo(descriptor = job id)`: the job's
 //!   schema, samples per epoch and one endpoint per rank, whose ticket is a
-//!   [`JobTicket`] for epoch 0 at offset 0;
-//! - [`stream`] for `DoGet(JobTicket {job, rank, epoch, offset[, limit]})`:
+//!   [`JobTicket`] for the job's first epoch (0, or the one it resumes)
+//!   at offset 0;
+//! - [`stream`] for `DoGet(JobTicket {job, rank, epoch, offset[, limit,
+//!   worker, workers]})`:
 //!   that rank's batches of `batch_size` rows, in the epoch's order, from
 //!   `offset`. Each batch's app metadata is `{"from": F, "next_offset": N}`:
 //!   a trainer that stops after it resumes with `offset = N` and receives
@@ -42,6 +44,7 @@ use sluice_flight::stream::FlightStream;
 use sluice_flight::ticket::JobTicket;
 use tonic::Status;
 
+use crate::job::order::Worker;
 use crate::job::{JobError, Jobs, RankBatch};
 
 mod shm_sink;
@@ -91,7 +94,7 @@ pub async fn flight_info(
     let job = jobs
         .get(&job_id(&descriptor)?)
         .map_err(|e| job_status(&e))?;
-    let layout = job.layout().await.map_err(|e| job_status(&e))?;
+    let (epoch, layout) = job.first_epoch().await.map_err(|e| job_status(&e))?;
     let mut info = FlightInfo::new()
         .try_with_schema(job.schema())
         .map_err(|e| CallError::encoding(e.to_string()))?
@@ -103,9 +106,11 @@ pub async fn flight_info(
         let body = sluice_flight::Ticket::Job(JobTicket {
             job: job.id().to_string(),
             rank,
-            epoch: 0,
+            epoch,
             offset: 0,
             limit: None,
+            worker: 0,
+            workers: 1,
             transport: Transport::Auto,
             probe: None,
             held: None,
@@ -151,6 +156,23 @@ fn wants_shm(t: &JobTicket) -> Result<bool, Status> {
     }
 }
 
+/// The ticket's DataLoader worker.
+fn worker(t: &JobTicket) -> Result<Worker, Status> {
+    if !(1..=MAX_WORKERS).contains(&t.workers) {
+        return Err(CallError::bad_request(format!(
+            "workers must be in 1..={MAX_WORKERS}, not {}",
+            t.workers
+        )));
+    }
+    Ok(Worker {
+        index: t.worker,
+        count: t.workers,
+    })
+}
+
+/// The most DataLoader workers a rank's reader may name.
+const MAX_WORKERS: u64 = 1024;
+
 /// The Flight messages of a [`JobTicket`]'s read: the schema, then the
 /// batches as the ticket's [`TrainerSink`] carries them.
 pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
@@ -159,7 +181,7 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
     let opts = IpcWriteOptions::default();
     let schema = SlicedMessage::from(FlightData::from(SchemaAsIpc::new(job.schema(), &opts)));
     let batches = job
-        .deliver(t.rank, t.epoch, t.offset, t.limit)
+        .deliver_part(t.rank, worker(&t)?, t.epoch, t.offset, t.limit)
         .await
         .map_err(|e| job_status(&e))?;
     let flight = FlightSink::new(Arc::clone(&job));

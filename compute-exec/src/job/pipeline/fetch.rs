@@ -29,6 +29,7 @@ use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
 use crate::job::budget::{Reservation, WindowBudget};
 use crate::job::error::JobError;
+use crate::job::order::{Layout, Worker};
 use crate::job::outputs::OutputCache;
 use crate::job::placed::StreamPlan;
 use crate::job::run::Ready;
@@ -56,6 +57,9 @@ pub struct Fetched {
 pub struct Fetch {
     pub(super) ready: Arc<Ready>,
     pub(super) order: Arc<Vec<u64>>,
+    /// The epoch's layout (from where a resumed job begins, for its first).
+    pub(super) layout: Layout,
+    pub(super) worker: Worker,
     pub(super) rank: u64,
     pub(super) plan: Arc<StreamPlan>,
     pub(super) budget: WindowBudget,
@@ -75,9 +79,8 @@ impl Fetch {
         stop: u64,
     ) -> impl Future<Output = Result<Fetched, JobError>> + Send + 'static + use<> {
         let samples = self
-            .ready
             .layout
-            .rank_samples(&self.order, self.rank, start, stop);
+            .worker_samples(&self.order, self.rank, self.worker, start, stop);
         let this = self.clone();
         // Its plan and estimate are the stream's when it is cut.
         let plan = self.plan.plan();

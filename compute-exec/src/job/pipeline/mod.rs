@@ -48,6 +48,7 @@ use super::Job;
 use super::ahead::NextEpoch;
 use super::error::JobError;
 use super::in_order::InOrder;
+use super::order::Worker;
 use super::placed::StreamPlan;
 use super::query::udf_options;
 use super::rebatch::Rebatcher;
@@ -80,7 +81,9 @@ impl Job {
         let fetch = Fetch {
             ready: Arc::clone(ready),
             order: ready.order(span.epoch),
+            layout: ready.layout_of(span.epoch),
             rank: span.rank,
+            worker: span.worker,
             plan: Arc::clone(&plan),
             budget: self.session().window_budget().clone(),
             outputs: self.output_cache(&ready.index),
@@ -126,7 +129,8 @@ impl Job {
         span: Span,
         next: Arc<NextEpoch>,
     ) -> Option<Box<dyn FnOnce() + Send>> {
-        if span.from != 0 || span.to != ready.layout.per_rank() {
+        let whole = ready.layout_of(span.epoch).per_rank();
+        if span.worker != Worker::ALL || span.from != 0 || span.to != whole {
             return None;
         }
         let (job, ready) = (Arc::clone(self), Arc::clone(ready));

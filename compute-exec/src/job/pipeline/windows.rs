@@ -13,13 +13,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::Stream;
 
+use crate::job::order::Worker;
+
 use super::options::{WINDOW_BYTES, WINDOW_MAX, WINDOW_SHARE, WINDOW_TIME};
 
-/// The positions `from..to` of rank `rank`'s share of `epoch`.
+/// The positions `from..to` of `worker`'s part of rank `rank`'s share
+/// of `epoch`.
 #[derive(Debug, Clone, Copy)]
 pub struct Span {
     /// The rank.
     pub rank: u64,
+    /// The rank's worker (its every Nth batch), or the whole share.
+    pub worker: Worker,
     /// The epoch.
     pub epoch: u64,
     /// The first position.
@@ -136,6 +141,7 @@ mod tests {
     async fn the_first_window_is_one_batch_and_later_ones_follow_what_was_measured() {
         let span = Span {
             rank: 0,
+            worker: Worker::ALL,
             epoch: 0,
             from: 10,
             to: 10_000,

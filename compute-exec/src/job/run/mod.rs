@@ -44,7 +44,7 @@ use super::placed::JobPlan;
 use super::routes::RankRoutes;
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
-use super::status::{JobState, JobStatus, Progress};
+use super::status::{JobState, JobStatus, Progress, ResumedEpoch};
 use super::store::JobStore;
 use crate::session::ComputeSession;
 
@@ -53,12 +53,58 @@ use crate::session::ComputeSession;
 pub struct Ready {
     /// Where each sample is.
     pub index: SampleIndex,
-    /// Samples per epoch and rank.
+    /// A whole epoch's layout.
     pub layout: Layout,
+    /// The first epoch the job reads, and its layout: from the position
+    /// it resumes at (see `crate::job::order`), or whole.
+    first: (u64, Layout),
     orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
 }
 
 impl Ready {
+    /// `spec`'s epochs over the samples of `index`.
+    fn new(spec: &JobSpec, index: SampleIndex) -> Self {
+        let samples = index.len() as u64;
+        let first = spec.first_epoch();
+        Self {
+            index,
+            layout: spec.layout(samples, first + 1),
+            first: (first, spec.layout(samples, first)),
+            orders: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The layout of `epoch` (from where it resumes, for the first).
+    pub fn layout_of(&self, epoch: u64) -> Layout {
+        if epoch == self.first.0 {
+            self.first.1
+        } else {
+            self.layout
+        }
+    }
+
+    /// The first epoch read (0, unless the job resumes a later one).
+    pub fn first_epoch(&self) -> u64 {
+        self.first.0
+    }
+
+    /// The epoch a resumed job begins in (`None`: not resumed).
+    pub fn resumed(&self) -> Option<ResumedEpoch> {
+        let (epoch, layout) = self.first;
+        (epoch > 0 || layout.start > 0).then(|| ResumedEpoch {
+            epoch,
+            start: layout.start,
+            samples_per_rank: layout.per_rank(),
+        })
+    }
+
+    /// Positions all ranks read in the epochs `first..epochs`.
+    pub fn positions(&self, epochs: u64) -> u64 {
+        let (first, resumed) = self.first;
+        let whole = self.layout.per_rank() * epochs.saturating_sub(first + 1);
+        (resumed.per_rank() + whole) * self.layout.world_size
+    }
+
     /// The order of `epoch` (the last few are kept).
     pub fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
         let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
@@ -144,17 +190,16 @@ impl Job {
                     tracing::warn!("job {}: {warning}", self.id);
                     self.lock().warnings.push(warning);
                 }
-                let layout = self.spec.layout(index.len() as u64);
-                let ready = Arc::new(Ready {
-                    index,
-                    layout,
-                    orders: Mutex::new(Vec::new()),
-                });
-                let empty = layout.per_rank() == 0;
+                if let Err(e) = self.spec.check_samples(index.len() as u64) {
+                    self.fail(&e);
+                    return;
+                }
+                let ready = Arc::new(Ready::new(&self.spec, index));
+                let total = ready.positions(self.spec.epochs);
                 let done = {
                     let mut inner = self.lock();
                     inner.ready = Some(ready);
-                    empty || inner.progress.positions >= self.total(&layout)
+                    total == 0 || inner.progress.positions >= total
                 };
                 self.state.send_if_modified(|s| {
                     if *s == JobState::Pending {
@@ -176,11 +221,6 @@ impl Job {
 
     async fn index(&self) -> Result<SampleIndex, JobError> {
         SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
-    }
-
-    /// Positions every rank reads over all epochs.
-    fn total(&self, layout: &Layout) -> u64 {
-        layout.per_rank() * layout.world_size * self.spec.epochs
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -372,12 +412,20 @@ impl Job {
         Ok(self.ready().await?.layout)
     }
 
+    /// The first epoch the job reads and its layout, once known (a
+    /// resumed job's begins where the training stopped).
+    pub async fn first_epoch(&self) -> Result<(u64, Layout), JobError> {
+        let ready = self.ready().await?;
+        let first = ready.first_epoch();
+        Ok((first, ready.layout_of(first)))
+    }
+
     /// Its status.
     pub fn status(&self) -> JobStatus {
         let state = self.state();
         let inner = self.lock();
         let layout = inner.ready.as_ref().map(|r| r.layout);
-        let total = layout.map(|l| l.per_rank() * l.world_size * self.spec.epochs);
+        let total = inner.ready.as_ref().map(|r| r.positions(self.spec.epochs));
         let progress = match (state, total) {
             (JobState::Done, _) => 1.0,
             (_, Some(t)) if t > 0 => inner.progress.positions as f64 / t as f64,
@@ -398,6 +446,7 @@ impl Job {
             sql: self.spec.sql.is_none().then(|| self.sql.clone()),
             samples: layout.map(|l| l.samples),
             samples_per_rank: layout.map(|l| l.per_rank()),
+            resumed: inner.ready.as_ref().and_then(|r| r.resumed()),
             progress,
             delivered: inner.progress.delivered,
             samples_per_s: inner.progress.rate(),

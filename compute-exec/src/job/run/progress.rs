@@ -9,31 +9,44 @@ use std::sync::Arc;
 
 use super::{Inner, Job};
 use crate::job::error::JobError;
+use crate::job::order::Worker;
 use crate::job::rank_batch::RankBatch;
 use crate::job::report::{NodeReport, ReportBounds, Reported};
 use crate::job::status::{JobState, TierBytes};
 
 impl Job {
-    /// Records a batch handed to a reader.
-    pub(super) fn delivered(self: &Arc<Self>, rank: u64, epoch: u64, d: &mut RankBatch) {
+    /// Records a batch handed to `worker` of `rank`'s reader: the
+    /// positions of the rank's share it covers (one batch of the rank's
+    /// when the worker's part is every Nth batch).
+    pub(super) fn delivered(
+        self: &Arc<Self>,
+        rank: u64,
+        worker: Worker,
+        epoch: u64,
+        d: &mut RankBatch,
+    ) {
         self.touch();
         if let Some((count, fresh)) = d.bad.take() {
             self.record_bad(count, fresh);
         }
         let mut inner = self.lock();
+        let batch = self.spec.batch_size;
+        let (from, to) = if d.next_offset > d.from {
+            let first = worker.rank_position(d.from, batch);
+            (first, first + (d.next_offset - d.from))
+        } else {
+            (d.from, d.next_offset)
+        };
         inner
             .progress
-            .deliver(rank, epoch, d.from, d.next_offset, d.num_rows() as u64);
+            .deliver(rank, epoch, from, to, d.num_rows() as u64);
         self.settle(inner);
     }
 
     /// After progress: done when every position of every epoch was
     /// delivered (saved at once), else saved at most every second.
     pub(super) fn settle(self: &Arc<Self>, mut inner: std::sync::MutexGuard<'_, Inner>) {
-        let total = inner
-            .ready
-            .as_ref()
-            .map(|r| r.layout.per_rank() * r.layout.world_size * self.spec.epochs);
+        let total = inner.ready.as_ref().map(|r| r.positions(self.spec.epochs));
         let due = inner.progress.save_due();
         if total.is_some_and(|t| inner.progress.positions >= t) {
             drop(inner);

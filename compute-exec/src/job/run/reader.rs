@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use super::{Job, Ready};
 use crate::job::ahead::{Batches, NextEpoch};
 use crate::job::error::JobError;
+use crate::job::order::Worker;
 use crate::job::pipeline::options::{AHEAD_ROOM, AHEAD_WAIT, CHANNEL_BATCHES};
 use crate::job::pipeline::windows::Span;
 use crate::job::rank_batch::RankBatch;
@@ -25,6 +26,21 @@ impl Job {
     pub async fn deliver(
         self: &Arc<Self>,
         rank: u64,
+        epoch: u64,
+        offset: u64,
+        limit: Option<u64>,
+    ) -> Result<impl Stream<Item = Result<RankBatch, JobError>> + Send + 'static, JobError> {
+        self.deliver_part(rank, Worker::ALL, epoch, offset, limit)
+            .await
+    }
+
+    /// As [`Job::deliver`], for `worker`'s part of the rank's share (its
+    /// every Nth batch, see [`Worker`]): `offset` and `limit` are
+    /// positions in that part.
+    pub async fn deliver_part(
+        self: &Arc<Self>,
+        rank: u64,
+        worker: Worker,
         epoch: u64,
         offset: u64,
         limit: Option<u64>,
@@ -43,21 +59,45 @@ impl Job {
                 end: self.spec.epochs,
             });
         }
+        if worker.index >= worker.count {
+            return Err(JobError::OutOfRange {
+                what: "worker",
+                value: worker.index,
+                end: worker.count,
+            });
+        }
         let ready = self.ready().await?;
-        let per_rank = ready.layout.per_rank();
-        if offset > per_rank {
+        let first = ready.first_epoch();
+        if epoch < first {
+            return Err(JobError::InvalidOptions(format!(
+                "epoch {epoch}: this job resumes a training at epoch {first}, and reads \
+                 epochs {first}..{}",
+                self.spec.epochs
+            )));
+        }
+        let layout = ready.layout_of(epoch);
+        let batch = layout.batch_size;
+        let share = worker.len(layout.per_rank(), batch);
+        if offset > share {
             return Err(JobError::OutOfRange {
                 what: "offset",
                 value: offset,
-                end: per_rank + 1,
+                end: share + 1,
             });
         }
-        let end = limit.map_or(per_rank, |l| offset.saturating_add(l).min(per_rank));
+        if worker.count > 1 && !offset.is_multiple_of(batch) && offset != share {
+            return Err(JobError::InvalidOptions(format!(
+                "offset {offset}: a worker's part is whole batches of {batch}, and is \
+                 resumed at a batch's start"
+            )));
+        }
+        let end = limit.map_or(share, |l| offset.saturating_add(l).min(share));
         self.lock().progress.start();
         self.touch();
         // The whole epoch, begun ahead by the stream before it, or a new
         // stream.
-        let claimed = self.ahead.take(rank, epoch, offset == 0 && end == per_rank);
+        let whole = worker == Worker::ALL && offset == 0 && end == share;
+        let claimed = self.ahead.take(rank, epoch, whole);
         tracing::debug!(job = %self.id, rank, epoch, offset, end,
             begun_ahead = claimed.is_some(), "a reader asks");
         let batches = match claimed {
@@ -72,6 +112,7 @@ impl Job {
             None => {
                 let span = Span {
                     rank,
+                    worker,
                     epoch,
                     from: offset,
                     to: end,
@@ -90,7 +131,7 @@ impl Job {
                     return None;
                 };
                 let item = item.map(|mut d| {
-                    job.delivered(rank, epoch, &mut d);
+                    job.delivered(rank, worker, epoch, &mut d);
                     d
                 });
                 Some((item, rx))
@@ -160,9 +201,10 @@ impl Job {
         }
         let span = Span {
             rank,
+            worker: Worker::ALL,
             epoch,
             from: 0,
-            to: ready.layout.per_rank(),
+            to: ready.layout_of(epoch).per_rank(),
         };
         tracing::debug!(job = %self.id, rank, epoch, "the next epoch begun ahead");
         let id = self.ahead.offer(rank, epoch, {
