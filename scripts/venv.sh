@@ -15,7 +15,7 @@ if ! has_modules pyarrow numpy PIL av pytest openapi_spec_validator adbc_driver_
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -r python/requirements-dev.txt
 fi
-if [ -z "${SLUICE_VENV_MINIMAL:-}" ] && ! has_modules torch; then
+if [ -z "${SLUICE_VENV_MINIMAL:-}" ] && ! has_modules torch torchdata; then
   echo "== torch in $VENV"
   "$VENV/bin/pip" install -q -r python/requirements-torch.txt
 fi

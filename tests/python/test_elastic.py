@@ -172,3 +172,26 @@ def test_resume_after_serve_is_killed(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torchdata_stateful_dataloader_resumes_exactly(server, workers):
+    """torchdata's StatefulDataLoader saves each worker's state (or the
+    dataset's) with the batches it yields; restored with as many workers,
+    the rest of the epoch comes in order."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    whole = epoch_order(server)
+    job = server.submit(SQL, batch_size=7, shuffle=SHUFFLE)
+    loader = StatefulDataLoader(sluice.torch.Dataset(job), batch_size=None,
+                                num_workers=workers, timeout=120 if workers else 0)
+    seen = []
+    for i, b in enumerate(loader):
+        seen.extend(b["key"])
+        if i == 4:
+            break
+    state = loader.state_dict()
+    again = StatefulDataLoader(sluice.torch.Dataset(job), batch_size=None,
+                               num_workers=workers, timeout=120 if workers else 0)
+    again.load_state_dict(state)
+    assert seen + [k for b in again for k in b["key"]] == whole
