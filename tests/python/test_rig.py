@@ -245,6 +245,61 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
             rig_cmd("down", rig_dir=rig_dir)
 
 
+def lockstep(job, world, steps=None):
+    """Every rank of `job` (each read from the compute node serving it)
+    taking `steps` batches in lockstep (None: all): the keys taken in
+    global order (step by step, position i of every rank before i + 1),
+    and the offset each rank reached."""
+    readers = [job.reader(r, job.first_epoch(), prefetch=0) for r in range(world)]
+    iters = [r.batches() for r in readers]
+    taken, step = [], 0
+    while steps is None or step < steps:
+        batches = [next(it, None) for it in iters]
+        if all(b is None for b in batches):
+            break
+        keys = [b.column("key").to_pylist() if b is not None else [] for b in batches]
+        taken += [k[i] for i in range(max(map(len, keys))) for k in keys if i < len(k)]
+        step += 1
+    return taken, [r.offset for r in readers]
+
+
+def test_an_elastic_resume_continues_on_other_compute_nodes():
+    """2 ranks read part of an epoch on 2 compute nodes; one node is
+    killed, and the training resumes with 3 ranks, all on the node left,
+    from the trainers' saved state: the epoch's order exactly, once."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            compute_nodes(c, 2)
+            sql, shuffle = "SELECT key, label FROM pets", {"seed": 4}
+            whole, _ = lockstep(c.submit(sql, batch_size=5, shuffle=shuffle), 1)
+            assert len(whole) == 21
+            job = c.submit(sql, batch_size=3, world_size=2, shuffle=shuffle)
+            job.wait()
+            assert len({job.location(r) for r in range(2)}) == 2
+            taken, offsets = lockstep(job, 2, steps=2)
+            assert offsets == [6, 6]
+            state = job.state_dict(0, offsets[0])
+            assert state["position"] == 12
+            with open(os.path.join(rig_dir, "pids")) as f:
+                pid = next(int(line.split()[0]) for line in f if "compute0/" in line)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while len(c._request("GET", "/v1/nodes")["compute"]) > 1:
+                assert time.monotonic() < deadline, "the killed compute node stays registered"
+                time.sleep(0.5)
+            again = c.submit(sql, batch_size=2, world_size=3, shuffle=shuffle, resume=state)
+            assert again.wait()["resumed"] == {"epoch": 0, "start": 12, "samples_per_rank": 3}
+            assert len({again.location(r) for r in range(3)}) == 1
+            rest, _ = lockstep(again, 3)
+            assert taken + rest == whole
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
 def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
     """A storage node killed while a rank reads: the trainer gets an error
     naming that node within seconds, never a hang or a short epoch."""
