@@ -436,6 +436,10 @@ pub enum JobAction {
         /// Where stages run: auto, storage or compute.
         #[arg(long, default_value = "auto")]
         offload: String,
+        /// Continue a training from the position a trainer saved (a JSON
+        /// file of `job.state_dict(...)`): with any world size or batch size.
+        #[arg(long)]
+        resume: Option<PathBuf>,
     },
     /// Every job, a line each.
     List,

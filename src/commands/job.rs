@@ -24,6 +24,7 @@ pub async fn run(cli: &Cli, url: &str, action: &JobAction) -> anyhow::Result<()>
             seed,
             on_error,
             offload,
+            resume,
         } => {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
@@ -38,6 +39,12 @@ pub async fn run(cli: &Cli, url: &str, action: &JobAction) -> anyhow::Result<()>
             body[if is_sql { "sql" } else { "plan" }] = Value::String(text);
             if let Some(seed) = seed {
                 body["shuffle"] = json!({ "seed": seed });
+            }
+            if let Some(path) = resume {
+                let state = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                body["resume"] = serde_json::from_str(&state)
+                    .with_context(|| format!("{}: not a saved position (JSON)", path.display()))?;
             }
             let st = client.call(Method::POST, "/v1/jobs", Some(&body)).await?;
             println!("{}", str_of(&st["id"]));

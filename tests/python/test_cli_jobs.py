@@ -55,3 +55,24 @@ def test_unknown_ids_and_unreachable_servers_are_one_line_errors(server):
     r = job(env, "--url", "http://127.0.0.1:1", "list", check=False)
     assert r.returncode != 0
     assert "cannot reach the sluice server" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_submit_resumes_from_a_saved_position(server):
+    """`job submit --resume state.json`: the job begins where the trainer's
+    saved state says, with another world size; a file that is not a state
+    is a one-line error naming it."""
+    import json
+
+    c, env, sql = server
+    first = c.submit(open(sql).read(), batch_size=4, world_size=2, shuffle={"seed": 3})
+    state = os.path.join(os.path.dirname(sql), "state.json")
+    with open(state, "w") as f:
+        json.dump(first.state_dict(0, 4), f)
+    jid = job(env, "submit", sql, "--batch-size", "5", "--world-size", "4", "--seed", "3",
+              "--resume", state).stdout.strip()
+    st = c.job(jid).wait()
+    assert st["resumed"] == {"epoch": 0, "start": 8, "samples_per_rank": 4}, st
+    with open(state, "w") as f:
+        f.write("epoch 0, position 8")
+    r = job(env, "submit", sql, "--resume", state, check=False)
+    assert r.returncode != 0 and "state.json: not a saved position" in r.stderr, r.stderr
