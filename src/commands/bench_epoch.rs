@@ -123,33 +123,7 @@ pub async fn epoch(
             rss_added_bytes,
         });
     }
-    let base = rows.first().map_or(1.0, |r| r.samples_per_s);
-    println!();
-    println!("job epoch at scale (decode + resize 16x16 of 8x8 PNGs, batch {batch}, one rank)");
-    println!(
-        "{:>10} {:>10} {:>14} {:>16} {:>16} {:>12} {:>10} {:>20}",
-        "samples",
-        "ingest s",
-        "submit→index s",
-        "submit→batch s",
-        "resumed→batch s",
-        "samples/s",
-        "vs first",
-        "RSS added B/sample"
-    );
-    for r in &rows {
-        println!(
-            "{:>10} {:>10.1} {:>14.3} {:>16.3} {:>16.3} {:>12.0} {:>10.2} {:>20.1}",
-            r.samples,
-            r.ingest_s,
-            r.index_s,
-            r.first_batch_s,
-            r.resumed_first_batch_s,
-            r.samples_per_s,
-            r.samples_per_s / base,
-            r.rss_added_bytes as f64 / r.samples as f64
-        );
-    }
+    print_rows(batch, &rows);
     write_json(
         json,
         &serde_json::json!({"bench": "epoch", "batch": batch, "sizes": rows}),
@@ -175,4 +149,35 @@ async fn resumed_first_batch(jobs: &Jobs, mut spec: JobSpec, samples: u64) -> an
         "the resumed job delivered nothing"
     );
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// The figures as a table.
+fn print_rows(batch: u64, rows: &[Row]) {
+    let base = rows.first().map_or(1.0, |r| r.samples_per_s);
+    println!();
+    println!("job epoch at scale (decode + resize 16x16 of 8x8 PNGs, batch {batch}, one rank)");
+    println!(
+        "{:>10} {:>10} {:>14} {:>16} {:>16} {:>12} {:>10} {:>20}",
+        "samples",
+        "ingest s",
+        "submit→index s",
+        "submit→batch s",
+        "resumed→batch s",
+        "samples/s",
+        "vs first",
+        "RSS added B/sample"
+    );
+    for r in rows {
+        println!(
+            "{:>10} {:>10.1} {:>14.3} {:>16.3} {:>16.3} {:>12.0} {:>10.2} {:>20.1}",
+            r.samples,
+            r.ingest_s,
+            r.index_s,
+            r.first_batch_s,
+            r.resumed_first_batch_s,
+            r.samples_per_s,
+            r.samples_per_s / base,
+            r.rss_added_bytes as f64 / r.samples as f64
+        );
+    }
 }

@@ -47,6 +47,12 @@ def one_data_dir(d, root):
     return sql_arrow(embedded, SQL)
 
 
+def node_pid(rig_dir, node):
+    """The pid of the rig's node `node` (e.g. `compute0`, `storage1`)."""
+    with open(os.path.join(rig_dir, "pids")) as f:
+        return next(int(line.split()[0]) for line in f if f"{node}/" in line)
+
+
 def allowed_cpus(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -230,9 +236,7 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
             resume_at = reader.offset
             hosts = [u.split("://")[1] for u in env["COMPUTE"].split(",")]
             node = hosts.index(first.split("://")[1])
-            with open(os.path.join(rig_dir, "pids")) as f:
-                pid = next(int(line.split()[0]) for line in f if f"compute{node}/" in line)
-            os.kill(pid, signal.SIGKILL)
+            os.kill(node_pid(rig_dir, f"compute{node}"), signal.SIGKILL)
             deadline = time.monotonic() + 30
             while job.location(1) == first:
                 assert time.monotonic() < deadline, "rank 1 never moved off the dead node"
@@ -284,9 +288,7 @@ def test_an_elastic_resume_continues_on_other_compute_nodes():
             assert offsets == [6, 6]
             state = job.state_dict(0, offsets[0])
             assert state["position"] == 12
-            with open(os.path.join(rig_dir, "pids")) as f:
-                pid = next(int(line.split()[0]) for line in f if "compute0/" in line)
-            os.kill(pid, signal.SIGKILL)
+            os.kill(node_pid(rig_dir, "compute0"), signal.SIGKILL)
             deadline = time.monotonic() + 30
             while len(c._request("GET", "/v1/nodes")["compute"]) > 1:
                 assert time.monotonic() < deadline, "the killed compute node stays registered"
@@ -315,9 +317,7 @@ def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
             reader = job.reader(0, prefetch=0)
             batches = reader.batches()
             next(batches)
-            with open(os.path.join(rig_dir, "pids")) as f:
-                pid = next(int(line.split()[0]) for line in f if "storage1/" in line)
-            os.kill(pid, signal.SIGKILL)
+            os.kill(node_pid(rig_dir, "storage1"), signal.SIGKILL)
             t0 = time.monotonic()
             rows = 2
             try:
@@ -543,8 +543,7 @@ def test_a_storage_node_killed_mid_ingest_leaves_no_version_anywhere():
         try:
             c = sluice.Client(env["REST"])
             nodes = env["STORAGE"].split(",")
-            with open(os.path.join(rig_dir, "pids")) as f:
-                pid = next(int(line.split()[0]) for line in f if "storage1/" in line)
+            pid = node_pid(rig_dir, "storage1")
             os.kill(pid, signal.SIGSTOP)
             import threading
             outcome = {}

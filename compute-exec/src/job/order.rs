@@ -350,33 +350,6 @@ mod tests {
             prop_assert_eq!(a.epoch_order(epoch), b.epoch_order(epoch));
             prop_assert_ne!(a.epoch_order(epoch), a.epoch_order(epoch + 1));
         }
-    }
-
-    /// What a rank's trainer receives when `workers` DataLoader workers
-    /// each read their part and the loader takes a batch from each in
-    /// turn: the first `batches` batches.
-    fn received(l: &Layout, order: &[u64], rank: u64, workers: u64, batches: u64) -> Vec<u64> {
-        let parts: Vec<Vec<u64>> = (0..workers)
-            .map(|index| {
-                let w = Worker {
-                    index,
-                    count: workers,
-                };
-                l.worker_samples(order, rank, w, 0, u64::MAX)
-            })
-            .collect();
-        let b = l.batch_size as usize;
-        (0..batches as usize)
-            .flat_map(|j| {
-                let part = &parts[j % workers as usize];
-                let at = j / workers as usize * b;
-                part[at.min(part.len())..(at + b).min(part.len())].to_vec()
-            })
-            .collect()
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
 
         /// Workers taking every Nth batch cover their rank's share once,
         /// and a loader taking their batches in turn gets it in order.
@@ -451,6 +424,29 @@ mod tests {
                 prop_assert_eq!(read.len() as u64, n);
             }
         }
+    }
+
+    /// What a rank's trainer receives when `workers` DataLoader workers
+    /// each read their part and the loader takes a batch from each in
+    /// turn: the first `batches` batches.
+    fn received(l: &Layout, order: &[u64], rank: u64, workers: u64, batches: u64) -> Vec<u64> {
+        let parts: Vec<Vec<u64>> = (0..workers)
+            .map(|index| {
+                let w = Worker {
+                    index,
+                    count: workers,
+                };
+                l.worker_samples(order, rank, w, 0, u64::MAX)
+            })
+            .collect();
+        let b = l.batch_size as usize;
+        (0..batches as usize)
+            .flat_map(|j| {
+                let part = &parts[j % workers as usize];
+                let at = j / workers as usize * b;
+                part[at.min(part.len())..(at + b).min(part.len())].to_vec()
+            })
+            .collect()
     }
 
     #[test]

@@ -45,6 +45,60 @@ impl Job {
         offset: u64,
         limit: Option<u64>,
     ) -> Result<impl Stream<Item = Result<RankBatch, JobError>> + Send + 'static, JobError> {
+        let ready = self.ready().await?;
+        let span = self.span(&ready, rank, worker, epoch, offset, limit)?;
+        let (offset, end) = (span.from, span.to);
+        self.lock().progress.start();
+        self.touch();
+        // The whole epoch, begun ahead by the stream before it, or a new
+        // stream.
+        let share = worker.len(ready.layout_of(epoch).per_rank(), self.spec.batch_size);
+        let whole = worker == Worker::ALL && offset == 0 && end == share;
+        let claimed = self.ahead.take(rank, epoch, whole);
+        tracing::debug!(job = %self.id, rank, epoch, offset, end,
+            begun_ahead = claimed.is_some(), "a reader asks");
+        let batches = match claimed {
+            Some((batches, next)) => {
+                // Read now: if it issued its last window already, the
+                // epoch after it begins here.
+                if next.mark(NextEpoch::READ) {
+                    self.read_ahead(&ready, rank, epoch + 1);
+                }
+                batches
+            }
+            None => self.stream(ready, span, NextEpoch::read()),
+        };
+        let job = Arc::clone(self);
+        Ok(futures::stream::unfold(batches, move |mut rx| {
+            let job = Arc::clone(&job);
+            async move {
+                let Some(item) = rx.recv().await else {
+                    // The stream ended: what it delivered is saved now,
+                    // not at the next delivery that may never come.
+                    job.save_in_background();
+                    return None;
+                };
+                let item = item.map(|mut d| {
+                    job.delivered(rank, worker, epoch, &mut d);
+                    d
+                });
+                Some((item, rx))
+            }
+        }))
+    }
+
+    /// The positions a reader asks for, checked against the job: its
+    /// rank, worker and epoch, and an offset within the worker's part (at
+    /// a batch's start when the part is every Nth batch).
+    fn span(
+        &self,
+        ready: &Ready,
+        rank: u64,
+        worker: Worker,
+        epoch: u64,
+        offset: u64,
+        limit: Option<u64>,
+    ) -> Result<Span, JobError> {
         if rank >= self.spec.world_size {
             return Err(JobError::OutOfRange {
                 what: "rank",
@@ -66,7 +120,6 @@ impl Job {
                 end: worker.count,
             });
         }
-        let ready = self.ready().await?;
         let first = ready.first_epoch();
         if epoch < first {
             return Err(JobError::InvalidOptions(format!(
@@ -91,52 +144,13 @@ impl Job {
                  resumed at a batch's start"
             )));
         }
-        let end = limit.map_or(share, |l| offset.saturating_add(l).min(share));
-        self.lock().progress.start();
-        self.touch();
-        // The whole epoch, begun ahead by the stream before it, or a new
-        // stream.
-        let whole = worker == Worker::ALL && offset == 0 && end == share;
-        let claimed = self.ahead.take(rank, epoch, whole);
-        tracing::debug!(job = %self.id, rank, epoch, offset, end,
-            begun_ahead = claimed.is_some(), "a reader asks");
-        let batches = match claimed {
-            Some((batches, next)) => {
-                // Read now: if it issued its last window already, the
-                // epoch after it begins here.
-                if next.mark(NextEpoch::READ) {
-                    self.read_ahead(&ready, rank, epoch + 1);
-                }
-                batches
-            }
-            None => {
-                let span = Span {
-                    rank,
-                    worker,
-                    epoch,
-                    from: offset,
-                    to: end,
-                };
-                self.stream(ready, span, NextEpoch::read())
-            }
-        };
-        let job = Arc::clone(self);
-        Ok(futures::stream::unfold(batches, move |mut rx| {
-            let job = Arc::clone(&job);
-            async move {
-                let Some(item) = rx.recv().await else {
-                    // The stream ended: what it delivered is saved now,
-                    // not at the next delivery that may never come.
-                    job.save_in_background();
-                    return None;
-                };
-                let item = item.map(|mut d| {
-                    job.delivered(rank, worker, epoch, &mut d);
-                    d
-                });
-                Some((item, rx))
-            }
-        }))
+        Ok(Span {
+            rank,
+            worker,
+            epoch,
+            from: offset,
+            to: limit.map_or(share, |l| offset.saturating_add(l).min(share)),
+        })
     }
 
     /// Starts the stream of `span` on the jobs' runtime: its batches, as
