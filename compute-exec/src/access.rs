@@ -68,15 +68,13 @@ pub fn may_read(who: &Grant, dataset: &str) -> Result<(), String> {
 
 /// Whether `who` may read `job`'s streams, status and plan.
 pub fn may_read_job(who: &Grant, job: &Job) -> Result<(), String> {
-    if who.may_read(job.dataset()) {
-        Ok(())
-    } else {
-        Err(format!(
-            "token {:?} may not read job {} (it reads dataset {:?})",
+    match job.datasets().find(|d| !who.may_read(d)) {
+        None => Ok(()),
+        Some(dataset) => Err(format!(
+            "token {:?} may not read job {} (it reads dataset {dataset:?})",
             who.name(),
             job.id(),
-            job.dataset()
-        ))
+        )),
     }
 }
 

@@ -101,6 +101,11 @@ pub struct Explanation {
     /// not part of the fragments above.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub at_delivery: Vec<String>,
+    /// A mixture's parts (a job's: weight, samples, realised share), one
+    /// line each, its rule first; the pipelines above are its parts', in
+    /// order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mixture: Vec<String>,
 }
 
 fn rate(r: f64) -> String {
@@ -161,6 +166,12 @@ impl Explanation {
                     r.link_text(),
                     r.link_source
                 );
+            }
+        }
+        if let Some((rule, parts)) = self.mixture.split_first() {
+            let _ = writeln!(out, "mixture: {rule}");
+            for line in parts {
+                let _ = writeln!(out, "  {line}");
             }
         }
         for p in &self.pipelines {

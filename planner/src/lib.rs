@@ -268,6 +268,7 @@ impl Planner {
                 .collect(),
             compute_fragment: compute.display_indent().to_string(),
             at_delivery: Vec::new(),
+            mixture: Vec::new(),
         };
         Ok(Placement {
             compute,

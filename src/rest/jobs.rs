@@ -60,8 +60,8 @@ pub async fn submit(
     let Json(spec) = body?;
     // Its datasets are checked before it is planned: a refused job asks
     // no node anything.
-    if let Ok(sql) = spec.validate() {
-        check(&s, &who, "POST /v1/jobs", may_query(&who, &sql))?;
+    for part in spec.validate().unwrap_or_default() {
+        check(&s, &who, "POST /v1/jobs", may_query(&who, &part.sql))?;
     }
     let job = s.jobs.submit(spec).await?;
     tracing::info!("job {} submitted", job.id());

@@ -41,6 +41,10 @@ pub struct Pin {
 pub struct SampleIndex {
     pins: Vec<Pin>,
     endpoints: Vec<usize>,
+    /// The part (of a mixture; 0 otherwise) each pin's rows belong to.
+    pin_parts: Vec<u8>,
+    /// Each part's first sample: a mixture's parts, one after another.
+    bases: Vec<u64>,
     nodes: Vec<u8>,
     rows: Vec<u32>,
     duplicates: usize,
@@ -117,10 +121,58 @@ impl SampleIndex {
                 })
                 .collect(),
             endpoints: pins.iter().map(|(e, _)| endpoint_id(e)).collect(),
+            pin_parts: vec![0; pins.len()],
+            bases: vec![0],
             nodes: all.iter().map(|s| s.1).collect(),
             rows: all.iter().map(|s| s.2).collect(),
             duplicates: before - all.len(),
         })
+    }
+
+    /// A mixture's index: `parts`' samples one after another (part `j`'s
+    /// sample `s` is `bases()[j] + s`), each part's rows taken at its own
+    /// pins.
+    pub fn concat(parts: Vec<SampleIndex>) -> Result<Self, JobError> {
+        let pins: usize = parts.iter().map(|p| p.pins.len()).sum();
+        if pins > MAX_NODES {
+            return Err(JobError::InvalidOptions(format!(
+                "a mixture's parts are spread over {pins} (part, node) pairs; a job reads at \
+                 most {MAX_NODES}"
+            )));
+        }
+        let mut out = Self {
+            pins: Vec::new(),
+            endpoints: Vec::new(),
+            pin_parts: Vec::new(),
+            bases: Vec::new(),
+            nodes: Vec::new(),
+            rows: Vec::new(),
+            duplicates: 0,
+        };
+        for (j, p) in parts.into_iter().enumerate() {
+            let first = out.pins.len() as u8;
+            out.bases.push(out.rows.len() as u64);
+            out.pin_parts
+                .extend(std::iter::repeat_n(j as u8, p.pins.len()));
+            out.pins.extend(p.pins);
+            out.endpoints.extend(p.endpoints);
+            out.nodes.extend(p.nodes.iter().map(|n| n + first));
+            out.rows.extend(p.rows);
+            out.duplicates += p.duplicates;
+        }
+        Ok(out)
+    }
+
+    /// Each part's first sample (one part, at 0, unless a mixture).
+    pub fn bases(&self) -> &[u64] {
+        &self.bases
+    }
+
+    /// Samples of each part.
+    pub fn part_sizes(&self) -> Vec<u64> {
+        let mut ends: Vec<u64> = self.bases[1..].to_vec();
+        ends.push(self.rows.len() as u64);
+        self.bases.iter().zip(ends).map(|(b, e)| e - b).collect()
     }
 
     /// Samples in the job's dataset.
@@ -163,8 +215,8 @@ impl SampleIndex {
     }
 
     /// The rows each node reads for `samples` (indices into the sorted
-    /// samples), slot `i` being `samples[i]`'s.
-    pub fn takes(&self, samples: &[u64]) -> Takes {
+    /// samples), slot `i` being `samples[i]`'s: of each part, in order.
+    pub fn takes(&self, samples: &[u64]) -> Vec<Takes> {
         let mut per: HashMap<u8, (Vec<u32>, Vec<u32>)> = HashMap::new();
         for (slot, &s) in samples.iter().enumerate() {
             let node = self.nodes[s as usize];
@@ -172,18 +224,17 @@ impl SampleIndex {
             e.0.push(self.rows[s as usize]);
             e.1.push(slot as u32);
         }
-        Arc::new(
-            per.into_iter()
-                .map(|(node, (rows, slots))| {
-                    let pin = &self.pins[node as usize];
-                    let take = Take {
-                        version: pin.version,
-                        rows: Some(Arc::from(rows)),
-                        slots: Arc::from(slots),
-                    };
-                    (self.endpoints[node as usize], take)
-                })
-                .collect(),
-        )
+        let mut parts: Vec<HashMap<usize, Take>> = vec![HashMap::new(); self.bases.len()];
+        for (node, (rows, slots)) in per {
+            let pin = &self.pins[node as usize];
+            let take = Take {
+                version: pin.version,
+                rows: Some(Arc::from(rows)),
+                slots: Arc::from(slots),
+            };
+            parts[usize::from(self.pin_parts[node as usize])]
+                .insert(self.endpoints[node as usize], take);
+        }
+        parts.into_iter().map(Arc::new).collect()
     }
 }

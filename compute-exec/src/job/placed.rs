@@ -41,8 +41,9 @@ pub struct JobPlan {
     /// The job's SQL as prepared at submit: its session, its tables (the
     /// nodes and versions it pinned) and its planner.
     prepared: Prepared,
-    /// The plan every window runs, before placement.
-    window: LogicalPlan,
+    /// The plan every window runs, before placement (none: a mixture's,
+    /// never placed again).
+    window: Option<LogicalPlan>,
     /// Whether `window` computes the same row for a sample every epoch
     /// ([`sluice_udfs::rebind::same_every_epoch`]): its rows may be kept
     /// (the output cache) or only its decode stages (the stage cache).
@@ -67,7 +68,27 @@ impl JobPlan {
         Self {
             prepared,
             same_every_epoch: sluice_udfs::rebind::same_every_epoch(&window),
-            window,
+            window: Some(window),
+            placed: RwLock::new(Generation {
+                number: 0,
+                plan: placed,
+            }),
+        }
+    }
+
+    /// The plan of a mixture, whose parts' window plans are `windows`
+    /// (the first prepared in `prepared`) and whose placed parts are
+    /// under `placed` (see `crate::job::mix_plan`). It is never placed
+    /// again: each part keeps the placement calibrated for it.
+    pub fn mixture(
+        prepared: Prepared,
+        windows: &[LogicalPlan],
+        placed: Arc<dyn ExecutionPlan>,
+    ) -> Self {
+        Self {
+            prepared,
+            same_every_epoch: windows.iter().all(sluice_udfs::rebind::same_every_epoch),
+            window: None,
             placed: RwLock::new(Generation {
                 number: 0,
                 plan: placed,
@@ -101,10 +122,15 @@ impl JobPlan {
     /// The window plan placed again, `auto`, as if the storage→compute
     /// link carried `link_bytes_per_s`; not yet run by any stream.
     pub async fn place_under(&self, link_bytes_per_s: f64) -> Result<PlannedQuery, JobError> {
+        let Some(window) = &self.window else {
+            return Err(JobError::Internal(
+                "a mixture's parts are not placed again".into(),
+            ));
+        };
         let mut prepared = self.prepared.clone();
         prepared.set_link(link_bytes_per_s);
         prepared
-            .place(self.window.clone(), Offload::Auto)
+            .place(window.clone(), Offload::Auto)
             .await
             .map_err(|e| JobError::running(&e))
     }

@@ -29,6 +29,7 @@ use datafusion::sql::sqlparser::tokenizer::Token;
 use serde::{Deserialize, Serialize};
 
 use super::JobError;
+use super::mix::MixEpoch;
 
 /// A pipeline as data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -44,6 +45,54 @@ pub struct PlanSpec {
     pub stages: Vec<Stage>,
     /// The columns and stages returned, in order.
     pub outputs: Vec<String>,
+    /// A weighted mixture (see `JobSpec::mix`): parts that name a dataset
+    /// run this plan with its source replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<Vec<MixPart>>,
+    /// What ends a mixture's epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix_epoch: Option<MixEpoch>,
+}
+
+/// One part of a mixture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MixPart {
+    /// The dataset the job's pipeline reads for this part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// This part's own pipeline as SQL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sql: Option<String>,
+    /// This part's own pipeline as a plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(no_recursion)]
+    pub plan: Option<PlanInput>,
+    /// Its weight (positive; the weights need not add up to 1).
+    pub weight: f64,
+    /// Its name in the `source` column (default: its dataset's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A plan as an object or as YAML text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum PlanInput {
+    /// YAML (or JSON) text.
+    Text(String),
+    /// The plan itself.
+    Plan(PlanSpec),
+}
+
+impl PlanInput {
+    /// The plan.
+    pub fn parsed(&self) -> Result<PlanSpec, JobError> {
+        match self {
+            Self::Plan(p) => Ok(p.clone()),
+            Self::Text(t) => PlanSpec::from_yaml(t),
+        }
+    }
 }
 
 /// One UDF call of a plan.

@@ -6,8 +6,9 @@ use sluice_planner::Offload;
 use sluice_udfs::OnError;
 
 use super::error::JobError;
+use super::mix::MixEpoch;
 use super::order::{Layout, Shuffle};
-use super::plan::PlanSpec;
+use super::plan::{MixPart, PlanInput};
 
 /// Most rows a batch may have.
 pub const MAX_BATCH: u64 = 1 << 16;
@@ -60,6 +61,30 @@ pub struct JobSpec {
     /// size or workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Resume>,
+    /// A weighted mixture: the parts read together, interleaved by weight
+    /// (see `crate::job::mix`). A part names a dataset the job's pipeline
+    /// (`sql` or `plan`) reads in place of its own source, or gives its
+    /// own pipeline; their output columns must agree. Each row then
+    /// carries its part's name in a `source` column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<Vec<MixPart>>,
+    /// What ends a mixture's epoch (default: `first_exhausted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix_epoch: Option<MixEpoch>,
+}
+
+/// Most parts a mixture may have.
+pub const MAX_PARTS: usize = 64;
+
+/// A pipeline of a job, as SQL: the job's one, or a part of a mixture.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// Its name (`source`), empty for a job that is not a mixture.
+    pub name: String,
+    /// Its weight.
+    pub weight: f64,
+    /// Its SQL.
+    pub sql: String,
 }
 
 /// A trainer's saved position: the epoch, and the global position in
@@ -97,16 +122,6 @@ fn is_zero(v: &f64) -> bool {
 /// The longest a window may wait for a storage node.
 pub const MAX_STORAGE_WAIT_S: f64 = 3600.0;
 
-/// A plan as an object or as YAML text.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(untagged)]
-pub enum PlanInput {
-    /// YAML (or JSON) text.
-    Text(String),
-    /// The plan itself.
-    Plan(PlanSpec),
-}
-
 /// An offload mode as JSON: `"auto"`, `"storage"`, `"compute"`, or a cut
 /// (a number or its digits).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -116,6 +131,28 @@ pub enum OffloadArg {
     Cut(usize),
     /// A mode's name.
     Name(String),
+}
+
+/// `sql` reading dataset `dataset` in place of the one table it reads.
+fn with_source(sql: &str, dataset: &str) -> Result<String, JobError> {
+    use datafusion::sql::sqlparser::ast::{Ident, ObjectName, visit_relations_mut};
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    let mut statements = Parser::parse_sql(&GenericDialect {}, sql)
+        .map_err(|e| JobError::InvalidSql(e.to_string()))?;
+    let mut tables = 0;
+    let _ = visit_relations_mut(&mut statements, |name| {
+        *name = ObjectName::from(vec![Ident::with_quote('"', dataset)]);
+        tables += 1;
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    match (statements.as_slice(), tables) {
+        ([statement], 1) => Ok(statement.to_string()),
+        _ => Err(JobError::InvalidOptions(format!(
+            "a part that names a dataset reads it through the job's pipeline, which must \
+             be one statement over one table ({tables} tables here)"
+        ))),
+    }
 }
 
 impl Default for OffloadArg {
@@ -157,11 +194,125 @@ impl JobSpec {
             offload: OffloadArg::default(),
             storage_wait_s: 0.0,
             resume: None,
+            mix: None,
+            mix_epoch: None,
         }
     }
 
-    /// Checks the options and returns the pipeline's SQL.
-    pub fn validate(&self) -> Result<String, JobError> {
+    /// Checks the options and returns the job's pipelines: its one, or
+    /// the parts of its mixture.
+    pub fn validate(&self) -> Result<Vec<Part>, JobError> {
+        let hoisted;
+        let this = match self.plan_mix()? {
+            Some(h) => {
+                hoisted = h;
+                &hoisted
+            }
+            None => self,
+        };
+        this.validate_hoisted()
+    }
+
+    /// This spec with a plan's `mix` (and `mix_epoch`) made the job's
+    /// own, the plan without them: what a job runs and shows.
+    pub fn hoisted(self) -> Result<Self, JobError> {
+        Ok(self.plan_mix()?.unwrap_or(self))
+    }
+
+    /// The spec hoisted, when its plan names a mixture.
+    fn plan_mix(&self) -> Result<Option<Self>, JobError> {
+        let Some(plan) = &self.plan else {
+            return Ok(None);
+        };
+        let mut plan = plan.parsed()?;
+        let Some(mix) = plan.mix.take() else {
+            return Ok(None);
+        };
+        if self.mix.is_some() {
+            return Err(JobError::InvalidOptions(
+                "give mix in the plan or beside it, not both".into(),
+            ));
+        }
+        let mix_epoch = plan.mix_epoch.take().or(self.mix_epoch);
+        Ok(Some(Self {
+            plan: Some(PlanInput::Plan(plan)),
+            mix: Some(mix),
+            mix_epoch,
+            ..self.clone()
+        }))
+    }
+
+    fn validate_hoisted(&self) -> Result<Vec<Part>, JobError> {
+        self.check_options()?;
+        let pipeline = self.pipeline();
+        let Some(parts) = &self.mix else {
+            return Ok(vec![Part {
+                name: String::new(),
+                weight: 1.0,
+                sql: pipeline?,
+            }]);
+        };
+        if parts.is_empty() || parts.len() > MAX_PARTS {
+            return Err(JobError::InvalidOptions(format!(
+                "mix: give 1 to {MAX_PARTS} parts, not {}",
+                parts.len()
+            )));
+        }
+        let mut out: Vec<Part> = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let part = self
+                .part(p, pipeline.as_ref())
+                .map_err(|e| JobError::InvalidOptions(format!("mix part {}: {e}", i + 1)))?;
+            if out.iter().any(|o| o.name == part.name) {
+                return Err(JobError::InvalidOptions(format!(
+                    "mix part {}: another part is named {:?} (give each a name)",
+                    i + 1,
+                    part.name
+                )));
+            }
+            out.push(part);
+        }
+        Ok(out)
+    }
+
+    /// A mixture's part as SQL, `pipeline` being the job's own.
+    fn part(&self, p: &MixPart, pipeline: Result<&String, &JobError>) -> Result<Part, JobError> {
+        let bad = |m: String| Err(JobError::InvalidOptions(m));
+        if !(p.weight.is_finite() && p.weight > 0.0) {
+            return bad(format!("weight must be above 0, not {}", p.weight));
+        }
+        let sql = match (&p.dataset, &p.sql, &p.plan) {
+            (Some(d), None, None) => match (&self.plan, pipeline) {
+                (Some(plan), _) => {
+                    let mut plan = plan.parsed()?;
+                    plan.source = d.clone();
+                    plan.to_sql()?
+                }
+                (None, Ok(sql)) => with_source(sql, d)?,
+                (None, Err(e)) => {
+                    return bad(format!(
+                        "it names dataset {d:?}, and the job's own pipeline is missing or \
+                         wrong: {e}"
+                    ));
+                }
+            },
+            (None, Some(sql), None) if !sql.trim().is_empty() => sql.clone(),
+            (None, None, Some(plan)) => plan.parsed()?.to_sql()?,
+            _ => return bad("give one of dataset, sql or plan".into()),
+        };
+        let name = match (&p.name, &p.dataset) {
+            (Some(n), _) | (None, Some(n)) => n.clone(),
+            (None, None) => return bad("a part with its own pipeline needs a name".into()),
+        };
+        Ok(Part {
+            name,
+            weight: p.weight,
+            sql,
+        })
+    }
+
+    /// Checks the options.
+    fn check_options(&self) -> Result<(), JobError> {
         let bad = |m: String| Err(JobError::InvalidOptions(m));
         if !(1..=MAX_BATCH).contains(&self.batch_size) {
             return bad(format!(
@@ -196,10 +347,16 @@ impl JobSpec {
             check_resume(r, self)?;
         }
         self.offload.offload()?;
+        Ok(())
+    }
+
+    /// The pipeline's SQL (of a mixture: the pipeline its parts that name
+    /// a dataset read).
+    fn pipeline(&self) -> Result<String, JobError> {
+        let bad = |m: String| Err(JobError::InvalidOptions(m));
         match (&self.sql, &self.plan) {
             (Some(sql), None) if !sql.trim().is_empty() => Ok(sql.clone()),
-            (None, Some(PlanInput::Plan(p))) => p.to_sql(),
-            (None, Some(PlanInput::Text(t))) => PlanSpec::from_yaml(t)?.to_sql(),
+            (None, Some(plan)) => plan.parsed()?.to_sql(),
             (Some(_), Some(_)) => bad("give either sql or plan, not both".into()),
             _ => bad("give the pipeline as sql or as plan".into()),
         }
@@ -324,7 +481,10 @@ mod tests {
             "shuffle": {"seed": 3, "mode": "block"}
         }))
         .unwrap();
-        assert_eq!(spec.validate().unwrap(), "SELECT \"key\" FROM \"pets\"");
+        assert_eq!(
+            spec.validate().unwrap()[0].sql,
+            "SELECT \"key\" FROM \"pets\""
+        );
         assert_eq!(spec.offload.offload().unwrap(), Offload::Cut(1));
         let none: JobSpec = serde_json::from_value(serde_json::json!({})).unwrap();
         assert!(

@@ -10,6 +10,7 @@ use sluice_base::BadSample;
 
 use super::JobSpec;
 use super::adapt::{Observed, Replan};
+use super::mix::MixEpoch;
 use super::stages::JobStages;
 
 /// The life of a job.
@@ -84,6 +85,9 @@ pub struct JobStatus {
     /// reads of it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resumed: Option<ResumedEpoch>,
+    /// A mixture's parts: weights, sizes and the shares realised so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<MixStatus>,
     /// Fraction of all (rank, epoch) positions delivered, 0 to 1.
     pub progress: f64,
     /// Samples delivered to trainers (re-reads included).
@@ -118,6 +122,38 @@ pub struct JobStatus {
     /// (the last seconds while it runs; the whole job once idle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stages: Option<JobStages>,
+}
+
+/// A rank and the spans of positions delivered to it.
+pub type RankSpans<'a> = (u64, &'a [(u64, u64)]);
+
+/// A mixture as it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MixStatus {
+    /// What ends its epochs.
+    #[schema(value_type = Object)]
+    pub rule: MixEpoch,
+    /// Positions in each epoch.
+    pub epoch_samples: u64,
+    /// The epoch the realised shares are of: the latest one read.
+    pub epoch: u64,
+    /// Its parts, in order.
+    pub parts: Vec<MixPartStatus>,
+}
+
+/// A mixture's part as it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MixPartStatus {
+    /// Its name (its rows' `source`).
+    pub name: String,
+    /// Its weight.
+    pub weight: f64,
+    /// Its samples.
+    pub samples: u64,
+    /// Positions of `epoch` delivered from it.
+    pub delivered: u64,
+    /// Its share of `epoch`'s delivered positions (0 before any).
+    pub share: f64,
 }
 
 /// The epoch a resumed job begins in.
@@ -267,6 +303,19 @@ impl Progress {
         let now = Instant::now();
         self.first.get_or_insert(now);
         self.last = Some(now);
+    }
+
+    /// The latest epoch any rank was delivered positions of, and each
+    /// rank's delivered spans of it.
+    pub fn latest_epoch(&self) -> Option<(u64, Vec<RankSpans<'_>>)> {
+        let epoch = self.covered.keys().map(|(_, e)| *e).max()?;
+        let spans = self
+            .covered
+            .iter()
+            .filter(|((_, e), _)| *e == epoch)
+            .map(|((r, _), ranges)| (*r, ranges.spans()))
+            .collect();
+        Some((epoch, spans))
     }
 
     /// Each rank that read anything: its latest epoch, the positions of it

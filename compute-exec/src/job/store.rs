@@ -38,6 +38,9 @@ pub struct JobRecord {
     pub created: f64,
     /// The version it reads on each node.
     pub pins: Vec<Pin>,
+    /// A mixture's pins, part by part (`pins` is the first part's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mix_pins: Vec<Vec<Pin>>,
     /// Its state when saved.
     pub state: JobState,
     /// Why it failed, if it did.
@@ -56,6 +59,17 @@ pub struct JobRecord {
     /// written before they were kept).
     #[serde(default, skip_serializing_if = "super::routes::RankRoutes::is_empty")]
     pub routes: super::routes::RankRoutes,
+}
+
+impl JobRecord {
+    /// The versions pinned, part by part (one part unless a mixture).
+    pub fn part_pins(&self) -> Vec<Vec<Pin>> {
+        if self.mix_pins.is_empty() {
+            vec![self.pins.clone()]
+        } else {
+            self.mix_pins.clone()
+        }
+    }
 }
 
 /// See the module docs.
@@ -170,6 +184,7 @@ mod tests {
                 node: "n".into(),
                 version: 3,
             }],
+            mix_pins: Vec::new(),
             state: JobState::Running,
             error: None,
             failure: None,

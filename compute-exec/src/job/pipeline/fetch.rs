@@ -29,12 +29,12 @@ use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
 use crate::job::budget::{Reservation, WindowBudget};
 use crate::job::error::JobError;
+use crate::job::mix_plan::with_part_takes;
 use crate::job::order::{Layout, Worker};
 use crate::job::outputs::OutputCache;
 use crate::job::placed::StreamPlan;
 use crate::job::run::Ready;
 use crate::job::window_rows::WindowRows;
-use crate::remote::with_takes;
 
 /// A window, fetched: its rows by slot, and the room they hold.
 #[derive(Debug)]
@@ -153,7 +153,7 @@ impl Fetch {
             // On the jobs' runtime, which the stream runs on; aborted when
             // dropped: the stream no longer wants it.
             let run = SpawnedTask::spawn(async move {
-                let plan = with_takes(plan, &takes)?;
+                let plan = with_part_takes(plan, &takes)?;
                 collect(plan, task).await
             });
             let attempt = run

@@ -84,8 +84,8 @@ impl JobObserver {
         sizing: Sizing,
         fetched: Arc<AtomicU64>,
     ) -> Self {
-        let meter = if job.adaptive().may_move(job.offload()) {
-            let nodes: Vec<_> = job.pins().iter().map(|(e, _)| Arc::clone(e)).collect();
+        let meter = if job.may_replan() {
+            let nodes = job.nodes();
             Some((Meter::start(&nodes).await, nodes))
         } else {
             None

@@ -7,28 +7,30 @@
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::logical_expr::LogicalPlan;
 use sluice_flight::gather::Finishes;
 use sluice_flight::{SLOT, StorageEndpoint};
-use sluice_planner::Offload;
+use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
 use sluice_udfs::env::Cancel;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use super::{Inner, Job};
+use super::{Inner, Job, Source};
 use crate::job::adapt::Adaptive;
 use crate::job::ahead::ReadAhead;
 use crate::job::error::JobError;
 use crate::job::index::Pin;
+use crate::job::mix_plan::{source_field, union_of};
 use crate::job::placed::JobPlan;
 use crate::job::query::{JobQuery, WindowPlan, udf_options};
 use crate::job::routes::RankRoutes;
-use crate::job::spec::JobSpec;
+use crate::job::spec::{JobSpec, Part};
 use crate::job::stages::StageStats;
 use crate::job::status::{JobState, Progress};
 use crate::job::store::{JobRecord, JobStore};
-use crate::session::ComputeSession;
+use crate::session::{ComputeSession, PlannedQuery, Prepared};
 
 impl Job {
     /// Plans `spec` on `session` (every error of the SQL or the options
@@ -60,7 +62,7 @@ impl Job {
             session,
             runtime,
             store,
-            Some(&record.pins),
+            Some(&record.part_pins()),
             created,
         )
         .await?;
@@ -84,20 +86,104 @@ impl Job {
         session: Arc<ComputeSession>,
         runtime: Handle,
         store: Option<Arc<JobStore>>,
-        pinned: Option<&[Pin]>,
+        pinned: Option<&[Vec<Pin>]>,
         created: SystemTime,
     ) -> Result<Self, JobError> {
-        let sql = spec.validate()?;
+        let spec = spec.hoisted()?;
+        let parts = spec.validate()?;
         let offload = spec.offload.offload()?;
-        let options = udf_options(&spec, 0, session.limits());
-        let query = JobQuery::prepare(&session, &sql, options, Arc::default()).await?;
+        let stages = StageStats::default();
+        let mut planned = Vec::with_capacity(parts.len());
+        for (i, part) in parts.into_iter().enumerate() {
+            let pins = pinned.map(|p| p.get(i).map_or(&[][..], Vec::as_slice));
+            let p = PartPlan::plan(&spec, &session, part, offload, pins, &stages).await;
+            planned.push(p.map_err(|e| match spec.mix {
+                Some(_) => in_part(e, i),
+                None => e,
+            })?);
+        }
+        let whole = match spec.mix {
+            Some(_) => Whole::mixture(planned)?,
+            None => Whole::one(planned),
+        };
+        let adaptive = Adaptive::new(whole.explanation);
+        Ok(Self {
+            id,
+            spec,
+            sql: whole.sql,
+            offload,
+            created,
+            session,
+            adaptive,
+            placed: whole.placed,
+            stages,
+            ahead: ReadAhead::default(),
+            stop: Cancel::default(),
+            schema: whole.schema,
+            rows_schema: whole.rows_schema,
+            finishes: whole.finishes,
+            state: watch::Sender::new(JobState::Pending),
+            inner: Mutex::new(Inner {
+                error: None,
+                failure: None,
+                ready: None,
+                progress: Progress::default(),
+                warnings: Vec::new(),
+                routes: RankRoutes::default(),
+            }),
+            bad: ErrorLog::default(),
+            runtime,
+            sources: whole.sources,
+            store,
+            next_save: std::sync::atomic::AtomicU64::new(0),
+            saved: Mutex::new(0),
+            active: Mutex::new(std::time::Instant::now()),
+        })
+    }
+}
+
+/// An error of a mixture's part `i`, saying which.
+fn in_part(e: JobError, i: usize) -> JobError {
+    match e {
+        JobError::InvalidSql(m) => JobError::InvalidSql(format!("mix part {}: {m}", i + 1)),
+        JobError::InvalidOptions(m) => JobError::InvalidOptions(format!("mix part {}: {m}", i + 1)),
+        JobError::NotAPipeline(m) => JobError::NotAPipeline(format!("mix part {}: {m}", i + 1)),
+        other => other,
+    }
+}
+
+/// One pipeline of a job planned and placed: the job's one, or a part of
+/// its mixture.
+struct PartPlan {
+    part: Part,
+    prepared: Prepared,
+    window: LogicalPlan,
+    placed: PlannedQuery,
+    rows_schema: SchemaRef,
+    schema: SchemaRef,
+    finishes: Option<Finishes>,
+    source: Source,
+}
+
+impl PartPlan {
+    /// Plans `part` on `session` and pins the version each node holds now
+    /// (or `pinned`, a restored job's).
+    async fn plan(
+        spec: &JobSpec,
+        session: &Arc<ComputeSession>,
+        part: Part,
+        offload: Offload,
+        pinned: Option<&[Pin]>,
+        stages: &StageStats,
+    ) -> Result<Self, JobError> {
+        let options = udf_options(spec, 0, session.limits());
+        let query = JobQuery::prepare(session, &part.sql, options, Arc::default()).await?;
         let table = query.table();
         let held = session.pins(&table).await;
         let pins = match pinned {
             None => held,
             Some(pins) => pinned_again(held, pins, &table)?,
         };
-        let stages = StageStats::default();
         let WindowPlan {
             plan: window,
             columns,
@@ -114,46 +200,155 @@ impl Job {
             .await
             .map_err(|e| JobError::InvalidOptions(e.to_string()))?;
         let (rows_schema, schema) = schemas(&placed.plan.schema(), &columns, finishes.as_ref());
-        let table_schema = query.pipeline.scan.source.schema();
-        let filters = query.filters();
-        let plan = Arc::new(JobPlan::new(query.prepared, window, placed.plan));
-        let adaptive = Adaptive::new(placed.explanation);
+        let source = Source {
+            name: part.name.clone(),
+            weight: part.weight,
+            table_schema: query.pipeline.scan.source.schema(),
+            filters: query.filters(),
+            table,
+            pins,
+        };
         Ok(Self {
-            id,
-            spec,
+            part,
+            prepared: query.prepared,
+            window,
+            placed,
+            rows_schema,
+            schema,
+            finishes,
+            source,
+        })
+    }
+}
+
+/// What a job runs, from its parts.
+struct Whole {
+    sql: String,
+    placed: Arc<JobPlan>,
+    explanation: Explanation,
+    schema: SchemaRef,
+    rows_schema: SchemaRef,
+    finishes: Option<Finishes>,
+    sources: Vec<Source>,
+}
+
+impl Whole {
+    /// A job of one pipeline.
+    fn one(mut parts: Vec<PartPlan>) -> Self {
+        let p = parts.remove(0);
+        Self {
+            sql: p.part.sql,
+            placed: Arc::new(JobPlan::new(p.prepared, p.window, p.placed.plan)),
+            explanation: p.placed.explanation,
+            schema: p.schema,
+            rows_schema: p.rows_schema,
+            finishes: p.finishes,
+            sources: vec![p.source],
+        }
+    }
+
+    /// A mixture: its parts' placed plans under one union (see
+    /// `crate::job::mix_plan`), their rows and a `source` column.
+    fn mixture(parts: Vec<PartPlan>) -> Result<Self, JobError> {
+        let first = &parts[0];
+        for (i, p) in parts.iter().enumerate().skip(1) {
+            check_agrees(first, p, i)?;
+        }
+        let with_source = |schema: &SchemaRef| {
+            let mut fields: Vec<_> = schema.fields().iter().cloned().collect();
+            fields.push(Arc::new(source_field()));
+            Arc::new(Schema::new(fields))
+        };
+        let rows_schema = with_source(&first.rows_schema);
+        let schema = with_source(&first.schema);
+        let finishes: Option<Finishes> = first
+            .finishes
+            .as_ref()
+            .map(|f| f.iter().cloned().chain([None]).collect());
+        let sql = parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "-- {} (weight {})\n{}",
+                    p.part.name, p.part.weight, p.part.sql
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut explanation = first.placed.explanation.clone();
+        for p in &parts[1..] {
+            let e = &p.placed.explanation;
+            explanation.pipelines.extend(e.pipelines.iter().cloned());
+            explanation
+                .storage_fragments
+                .extend(e.storage_fragments.iter().cloned());
+            explanation.compute_fragment.push_str(&e.compute_fragment);
+        }
+        let union = union_of(
+            parts
+                .iter()
+                .map(|p| (p.part.name.clone(), Arc::clone(&p.placed.plan)))
+                .collect(),
+        )
+        .map_err(|e| JobError::Internal(format!("cannot make the mixture's plan: {e}")))?;
+        let windows: Vec<LogicalPlan> = parts.iter().map(|p| p.window.clone()).collect();
+        let mut sources = Vec::with_capacity(parts.len());
+        let mut prepared = None;
+        for p in parts {
+            prepared.get_or_insert(p.prepared);
+            sources.push(p.source);
+        }
+        let prepared = prepared.ok_or_else(|| JobError::Internal("a mixture of none".into()))?;
+        Ok(Self {
             sql,
-            offload,
-            created,
-            session,
-            adaptive,
-            placed: plan,
-            stages,
-            ahead: ReadAhead::default(),
-            stop: Cancel::default(),
+            placed: Arc::new(JobPlan::mixture(prepared, &windows, union)),
+            explanation,
             schema,
             rows_schema,
             finishes,
-            state: watch::Sender::new(JobState::Pending),
-            inner: Mutex::new(Inner {
-                error: None,
-                failure: None,
-                ready: None,
-                progress: Progress::default(),
-                warnings: Vec::new(),
-                routes: RankRoutes::default(),
-            }),
-            bad: ErrorLog::default(),
-            runtime,
-            table,
-            table_schema,
-            filters,
-            pins,
-            store,
-            next_save: std::sync::atomic::AtomicU64::new(0),
-            saved: Mutex::new(0),
-            active: Mutex::new(std::time::Instant::now()),
+            sources,
         })
     }
+}
+
+/// Part `i` of a mixture gives the same columns as the first, finished
+/// the same way: the rows of all parts go into the same batches.
+fn check_agrees(first: &PartPlan, p: &PartPlan, i: usize) -> Result<(), JobError> {
+    let shape = |s: &SchemaRef| -> Vec<(String, DataType)> {
+        s.fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect()
+    };
+    let finished = |p: &PartPlan| super::super::finish::describe(&p.schema, p.finishes.as_ref());
+    let (a, b) = (shape(&first.schema), shape(&p.schema));
+    if a != b || shape(&first.rows_schema) != shape(&p.rows_schema) {
+        let says = |s: &[(String, DataType)]| {
+            s.iter()
+                .map(|(n, t)| format!("{n}: {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(JobError::InvalidOptions(format!(
+            "mix part {} ({}) gives columns [{}], and part 1 ({}) gives [{}]: the parts of a \
+             mixture must give the same columns (names and types; resize to one shape)",
+            i + 1,
+            p.part.name,
+            says(&b),
+            first.part.name,
+            says(&a)
+        )));
+    }
+    if finished(first) != finished(p) {
+        return Err(JobError::InvalidOptions(format!(
+            "mix part {} ({}) finishes its columns at delivery as {:?}, and part 1 as {:?}",
+            i + 1,
+            p.part.name,
+            finished(p),
+            finished(first)
+        )));
+    }
+    Ok(())
 }
 
 /// Storage nodes, each with the version of a dataset it is read at.

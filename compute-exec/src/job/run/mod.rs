@@ -18,16 +18,19 @@
 //!   order, same bytes, and the progress it had.
 
 mod create;
+mod mix_status;
 mod progress;
 mod reader;
 mod record;
+mod source;
+
+pub use source::Source;
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use arrow::datatypes::SchemaRef;
 use sluice_base::BadSample;
-use sluice_flight::StorageEndpoint;
 use sluice_flight::gather::Finishes;
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
@@ -39,6 +42,7 @@ use super::adapt::Adaptive;
 use super::ahead::ReadAhead;
 use super::error::{Failure, JobError};
 use super::index::SampleIndex;
+use super::mix::MixLayout;
 use super::order::Layout;
 use super::placed::JobPlan;
 use super::routes::RankRoutes;
@@ -58,20 +62,49 @@ pub struct Ready {
     /// The first epoch the job reads, and its layout: from the position
     /// it resumes at (see `crate::job::order`), or whole.
     first: (u64, Layout),
+    /// A mixture's parts (see `crate::job::mix`).
+    mix: Option<MixLayout>,
     orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
 }
 
 impl Ready {
     /// `spec`'s epochs over the samples of `index`.
     fn new(spec: &JobSpec, index: SampleIndex) -> Self {
-        let samples = index.len() as u64;
+        let mix = spec.mix.as_ref().map(|parts| MixLayout {
+            sizes: index.part_sizes(),
+            weights: parts.iter().map(|p| p.weight).collect(),
+            rule: spec.mix_epoch.unwrap_or_default(),
+            shuffle: spec.shuffle,
+        });
         let first = spec.first_epoch();
-        Self {
+        let (samples, order) = match &mix {
+            Some(m) => {
+                let order = m.epoch_order(first);
+                (order.len() as u64, Some(order))
+            }
+            None => (index.len() as u64, None),
+        };
+        let ready = Self {
             index,
             layout: spec.layout(samples, first + 1),
             first: (first, spec.layout(samples, first)),
+            mix,
             orders: Mutex::new(Vec::new()),
+        };
+        if let Some(order) = order {
+            ready.keep_order(first, Arc::new(order));
         }
+        ready
+    }
+
+    /// Samples in an epoch: of a mixture, the positions its rule gives.
+    pub fn epoch_len(&self) -> u64 {
+        self.layout.samples
+    }
+
+    /// A mixture's parts, if it is one.
+    pub fn mix(&self) -> Option<&MixLayout> {
+        self.mix.as_ref()
     }
 
     /// The layout of `epoch` (from where it resumes, for the first).
@@ -107,16 +140,27 @@ impl Ready {
 
     /// The order of `epoch` (the last few are kept).
     pub fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
-        let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        let orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, o)) = orders.iter().find(|(e, _)| *e == epoch) {
             return Arc::clone(o);
         }
-        let o = Arc::new(self.layout.epoch_order(epoch));
-        orders.push((epoch, Arc::clone(&o)));
+        drop(orders);
+        let o = Arc::new(match &self.mix {
+            Some(m) => m.epoch_order(epoch),
+            None => self.layout.epoch_order(epoch),
+        });
+        self.keep_order(epoch, Arc::clone(&o));
+        o
+    }
+
+    fn keep_order(&self, epoch: u64, order: Arc<Vec<u64>>) {
+        let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        if !orders.iter().any(|(e, _)| *e == epoch) {
+            orders.push((epoch, order));
+        }
         if orders.len() > 4 {
             orders.remove(0);
         }
-        o
     }
 }
 
@@ -160,12 +204,8 @@ pub struct Job {
     bad: ErrorLog,
     /// Where its CPU work runs (off the runtime serving requests).
     runtime: Handle,
-    /// The table it reads and the versions it pinned on each node.
-    table: String,
-    /// The table's schema and the filters choosing the samples, as planned.
-    table_schema: SchemaRef,
-    filters: Vec<datafusion::logical_expr::Expr>,
-    pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    /// What it reads: its dataset, or its mixture's parts.
+    sources: Vec<Source>,
     store: Option<Arc<JobStore>>,
     /// Records are numbered as made; the newest written is kept here, so
     /// that a record written late never replaces a newer one.
@@ -190,11 +230,11 @@ impl Job {
                     tracing::warn!("job {}: {warning}", self.id);
                     self.lock().warnings.push(warning);
                 }
-                if let Err(e) = self.spec.check_samples(index.len() as u64) {
+                let ready = Arc::new(Ready::new(&self.spec, index));
+                if let Err(e) = self.spec.check_samples(ready.epoch_len()) {
                     self.fail(&e);
                     return;
                 }
-                let ready = Arc::new(Ready::new(&self.spec, index));
                 let total = ready.positions(self.spec.epochs);
                 let done = {
                     let mut inner = self.lock();
@@ -217,10 +257,6 @@ impl Job {
             }
             Err(e) => self.fail(&e),
         }
-    }
-
-    async fn index(&self) -> Result<SampleIndex, JobError> {
-        SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -273,6 +309,7 @@ impl Job {
     pub fn explanation(&self) -> Explanation {
         let mut e = self.adaptive.explanation();
         e.at_delivery = super::finish::describe(&self.schema, self.finishes.as_ref());
+        e.mixture = self.mix_lines();
         e
     }
 
@@ -284,17 +321,6 @@ impl Job {
     /// Its plan, prepared and placed once, that every stream runs.
     pub fn placed(&self) -> &Arc<JobPlan> {
         &self.placed
-    }
-
-    /// The storage nodes it reads, with the versions pinned.
-    pub fn pins(&self) -> &[(Arc<dyn StorageEndpoint>, u64)] {
-        &self.pins
-    }
-
-    /// The dataset it reads (as its SQL names it: `name` or
-    /// `name@version`).
-    pub fn dataset(&self) -> &str {
-        &self.table
     }
 
     /// Its SQL (the plan form compiled).
@@ -447,6 +473,7 @@ impl Job {
             samples: layout.map(|l| l.samples),
             samples_per_rank: layout.map(|l| l.per_rank()),
             resumed: inner.ready.as_ref().and_then(|r| r.resumed()),
+            mix: self.mix_status_of(&inner),
             progress,
             delivered: inner.progress.delivered,
             samples_per_s: inner.progress.rate(),
@@ -464,7 +491,9 @@ impl Job {
     /// Its per-stage statistics: of the last seconds, or of the whole job
     /// (`total`, EXPLAIN ANALYZE); `None` before its first window.
     pub fn stage_view(&self, total: bool) -> Option<JobStages> {
-        let e = self.explanation();
+        // The placement alone: `status` holds the job's lock here, which
+        // the mixture's lines of `explanation` take.
+        let e = self.adaptive.explanation();
         let estimate = e.pipelines.first().map(|p| &p.rates);
         if total {
             self.stages.total(&e.resources, estimate)

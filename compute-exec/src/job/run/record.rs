@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::Job;
-use crate::job::index::Pin;
+use super::Source;
 use crate::job::status::JobState;
 use crate::job::store::{JobRecord, JobStore};
 
@@ -25,14 +25,12 @@ impl Job {
                 .created
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
-            pins: self
-                .pins
-                .iter()
-                .map(|(e, v)| Pin {
-                    node: e.name().to_string(),
-                    version: *v,
-                })
-                .collect(),
+            pins: self.sources[0].pin_record(),
+            mix_pins: if self.is_mixture() {
+                self.sources.iter().map(Source::pin_record).collect()
+            } else {
+                Vec::new()
+            },
             state: self.state(),
             error: inner.error.clone(),
             failure: inner.failure.clone(),

@@ -1,0 +1,97 @@
+//! [`Source`]: what a job reads for one of its pipelines — the job's
+//! one, or a part of its mixture: the dataset, the filters its samples
+//! pass, and the versions pinned on the nodes holding it. The job's
+//! samples are listed from its sources once, at start
+//! ([`Job::index`]).
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::logical_expr::Expr;
+use sluice_flight::StorageEndpoint;
+
+use super::Job;
+use crate::job::error::JobError;
+use crate::job::index::{Pin, SampleIndex};
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Source {
+    /// Its name in a mixture's `source` column (empty: not a mixture).
+    pub name: String,
+    /// Its weight in a mixture.
+    pub weight: f64,
+    /// The dataset (as the SQL names it: `name` or `name@version`).
+    pub table: String,
+    /// The dataset's columns.
+    pub table_schema: SchemaRef,
+    /// What its samples pass.
+    pub filters: Vec<Expr>,
+    /// The nodes it is read on, each at the version pinned.
+    pub pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+}
+
+impl Source {
+    /// The versions pinned, as the job's record keeps them.
+    pub fn pin_record(&self) -> Vec<Pin> {
+        self.pins
+            .iter()
+            .map(|(e, v)| Pin {
+                node: e.name().to_string(),
+                version: *v,
+            })
+            .collect()
+    }
+
+    async fn index(&self) -> Result<SampleIndex, JobError> {
+        SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
+    }
+}
+
+impl Job {
+    /// Its samples: its source's, or its mixture's parts' one after
+    /// another.
+    pub(super) async fn index(&self) -> Result<SampleIndex, JobError> {
+        if let [one] = self.sources.as_slice() {
+            return one.index().await;
+        }
+        let mut parts = Vec::with_capacity(self.sources.len());
+        for s in &self.sources {
+            parts.push(s.index().await?);
+        }
+        SampleIndex::concat(parts)
+    }
+
+    /// What it reads.
+    pub fn sources(&self) -> &[Source] {
+        &self.sources
+    }
+
+    /// The storage nodes it reads, each once.
+    pub fn nodes(&self) -> Vec<Arc<dyn StorageEndpoint>> {
+        let mut out: Vec<Arc<dyn StorageEndpoint>> = Vec::new();
+        for (e, _) in self.sources.iter().flat_map(|s| &s.pins) {
+            if !out.iter().any(|o| o.name() == e.name()) {
+                out.push(Arc::clone(e));
+            }
+        }
+        out
+    }
+
+    /// The datasets it reads (as its SQL names them).
+    pub fn datasets(&self) -> impl Iterator<Item = &str> {
+        self.sources.iter().map(|s| s.table.as_str())
+    }
+
+    /// Whether its placement may move while it runs: under `auto`, on
+    /// separate machines, and not a mixture (each part keeps the
+    /// placement it was calibrated for at submit).
+    pub fn may_replan(&self) -> bool {
+        !self.is_mixture() && self.adaptive().may_move(self.offload())
+    }
+
+    /// Whether it is a weighted mixture of pipelines.
+    pub fn is_mixture(&self) -> bool {
+        self.spec.mix.is_some()
+    }
+}
