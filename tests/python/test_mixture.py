@@ -152,3 +152,14 @@ mix:
     job = server.submit(plan, batch_size=8, shuffle=SHUFFLE)
     assert read(job) == read(mixture(server, "resample"))
     assert job.status()["spec"]["mix"][1]["dataset"] == "more"
+
+
+def test_sql_reads_a_mixture_through_mix(server):
+    """`FROM mix(dataset => weight, …, mix_epoch => rule)`: the same rows
+    as the `mix` option; a malformed call is refused naming it."""
+    job = server.submit("SELECT key, label FROM mix(pets => 0.7, more => 0.3, "
+                        "mix_epoch => 'resample')", batch_size=8, shuffle=SHUFFLE)
+    assert read(job) == read(mixture(server, "resample"))
+    assert [p["dataset"] for p in job.status()["spec"]["mix"]] == ["pets", "more"]
+    with pytest.raises(sluice.SluiceError, match="dataset => weight"):
+        server.submit("SELECT key FROM mix(pets, more)")

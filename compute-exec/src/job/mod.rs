@@ -52,6 +52,7 @@ pub mod in_order;
 pub mod index;
 pub mod mix;
 pub mod mix_plan;
+pub mod mix_sql;
 pub mod order;
 pub mod outputs;
 pub mod pipeline;

@@ -7,6 +7,7 @@ use sluice_udfs::OnError;
 
 use super::error::JobError;
 use super::mix::MixEpoch;
+use super::mix_sql::{mix_in_sql, with_source};
 use super::order::{Layout, Shuffle};
 use super::plan::{MixPart, PlanInput};
 
@@ -133,28 +134,6 @@ pub enum OffloadArg {
     Name(String),
 }
 
-/// `sql` reading dataset `dataset` in place of the one table it reads.
-fn with_source(sql: &str, dataset: &str) -> Result<String, JobError> {
-    use datafusion::sql::sqlparser::ast::{Ident, ObjectName, visit_relations_mut};
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::parser::Parser;
-    let mut statements = Parser::parse_sql(&GenericDialect {}, sql)
-        .map_err(|e| JobError::InvalidSql(e.to_string()))?;
-    let mut tables = 0;
-    let _ = visit_relations_mut(&mut statements, |name| {
-        *name = ObjectName::from(vec![Ident::with_quote('"', dataset)]);
-        tables += 1;
-        std::ops::ControlFlow::<()>::Continue(())
-    });
-    match (statements.as_slice(), tables) {
-        ([statement], 1) => Ok(statement.to_string()),
-        _ => Err(JobError::InvalidOptions(format!(
-            "a part that names a dataset reads it through the job's pipeline, which must \
-             be one statement over one table ({tables} tables here)"
-        ))),
-    }
-}
-
 impl Default for OffloadArg {
     fn default() -> Self {
         Self::Name("auto".into())
@@ -219,8 +198,24 @@ impl JobSpec {
         Ok(self.plan_mix()?.unwrap_or(self))
     }
 
-    /// The spec hoisted, when its plan names a mixture.
+    /// The spec hoisted, when its plan (or its SQL, reading `mix(…)`, see
+    /// `crate::job::mix_sql`) names a mixture.
     fn plan_mix(&self) -> Result<Option<Self>, JobError> {
+        if let Some(sql) = &self.sql
+            && let Some((sql, mix, rule)) = mix_in_sql(sql)?
+        {
+            if self.mix.is_some() {
+                return Err(JobError::InvalidOptions(
+                    "give mix in the SQL or beside it, not both".into(),
+                ));
+            }
+            return Ok(Some(Self {
+                sql: Some(sql),
+                mix: Some(mix),
+                mix_epoch: rule.or(self.mix_epoch),
+                ..self.clone()
+            }));
+        }
         let Some(plan) = &self.plan else {
             return Ok(None);
         };
