@@ -201,6 +201,7 @@ async function drawJob(st) {
     el("span", { class: "bar" }, el("span", { style: `width:${Math.round(100 * r.delivered / Math.max(r.of, 1))}%` })),
     ` ${fmt.n(r.delivered)} / ${fmt.n(r.of)}${r.epochs_done ? ` · ${r.epochs_done} epoch(s) done` : ""}`)));
   if (!(st.ranks || []).length) $("ranks").textContent = "no reader yet";
+  drawMix(st.mix);
   fill($("bytes").tBodies[0], [
     ["storage → compute (link)", st.bytes.link],
     ["compute → trainers (Flight)", st.bytes.trainer],
@@ -217,6 +218,23 @@ async function drawJob(st) {
   }
   drawPlacement(state.explain[st.id].body.placement, st.stages);
   drawStages(st.stages);
+}
+
+// A mixture's parts: planned weight beside the share of the latest
+// epoch's delivered positions each has taken.
+function drawMix(mix) {
+  $("mix-box").hidden = !mix;
+  if (!mix) return;
+  const rule = typeof mix.rule === "object" ? `${mix.rule.samples} samples` : mix.rule;
+  $("mix-rule").textContent = `${rule} · ${fmt.n(mix.epoch_samples)} positions an epoch · ` +
+    `shares of epoch ${mix.epoch} delivered`;
+  const total = mix.parts.reduce((a, p) => a + p.weight, 0) || 1;
+  fill($("mix").tBodies[0], mix.parts.map((p) => el("tr", {},
+    el("td", {}, p.name),
+    el("td", { class: "num" }, (p.weight / total).toFixed(3)),
+    el("td", { class: "num" }, fmt.n(p.samples)),
+    el("td", { class: "num" }, fmt.n(p.delivered)),
+    el("td", { class: "num" }, p.share.toFixed(3)))));
 }
 
 function drawChart(h) {

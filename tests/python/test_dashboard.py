@@ -21,6 +21,17 @@ SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 256, 256, 'lancz
        "FROM pets")
 
 
+def sign_in(browser, url):
+    """Opens the dashboard afresh and signs in with the token."""
+    browser.open(url + "/")
+    browser.eval("sessionStorage.clear(); true")
+    browser.open(url + "/")
+    browser.wait("!document.getElementById('login').hidden", what="the token form")
+    browser.eval(f"document.getElementById('token').value = '{TOKEN}';"
+                 "document.getElementById('login').requestSubmit(); true")
+    browser.wait("!document.getElementById('main').hidden", what="the dashboard")
+
+
 def shot(browser, name):
     path = browser.screenshot(os.path.join(ARTIFACTS, "dashboard", f"{name}.png"))
     assert os.path.getsize(path) > 1000
@@ -86,13 +97,7 @@ def test_a_running_job_moves_and_is_cancelled_from_the_page(server, browser):
     t = threading.Thread(target=read, daemon=True)
     t.start()
     try:
-        browser.open(c.url + "/")
-        browser.eval("sessionStorage.clear(); true")
-        browser.open(c.url + "/")
-        browser.wait("!document.getElementById('login').hidden", what="the token form")
-        browser.eval(f"document.getElementById('token').value = '{TOKEN}';"
-                     "document.getElementById('login').requestSubmit(); true")
-        browser.wait("!document.getElementById('main').hidden", what="the dashboard")
+        sign_in(browser, c.url)
         row = f"document.querySelector('#jobs tr[data-job=\"{job.id}\"]')"
         browser.wait(f"!!{row}", what="the job's row")
         # Show the reading job, and watch its progress move.
@@ -157,3 +162,28 @@ def test_a_running_job_moves_and_is_cancelled_from_the_page(server, browser):
     finally:
         stop.set()
         t.join(timeout=30)
+
+
+def test_a_mixture_shows_its_parts_and_shares(server, browser):
+    """A mixture read to its end: the page lists its parts with the planned
+    weights and the shares the trainer received, as the API gives them."""
+    c = server
+    job = c.submit(SQL, batch_size=8, shuffle={"seed": 2}, mix_epoch={"samples": 60},
+                   mix=[{"dataset": "pets", "weight": 3, "name": "all"},
+                        {"name": "zero", "weight": 1,
+                         "sql": SQL + " WHERE label = 'class_0'"}])
+    assert sum(b.num_rows for b in job.reader(0, 0).batches()) == 60
+    sign_in(browser, c.url)
+    row = f"document.querySelector('#jobs tr[data-job=\"{job.id}\"]')"
+    browser.wait(f"!!{row}", what="the mixture's row")
+    browser.eval(f"{row}.click(); true")
+    browser.wait("!document.getElementById('mix-box').hidden", what="the mixture")
+    cells = browser.wait("[...document.querySelectorAll('#mix tbody tr')].map(r =>"
+                         " [...r.children].map(c => c.textContent).join('|')).join(';')",
+                         what="the parts")
+    shares = {p["name"]: p for p in job.status()["mix"]["parts"]}
+    assert cells == ";".join(
+        f"{n}|{w:.3f}|{shares[n]['samples']}|{shares[n]['delivered']}|{shares[n]['share']:.3f}"
+        for n, w in [("all", 0.75), ("zero", 0.25)]), cells
+    assert shares["zero"]["delivered"] == 15
+    shot(browser, "mixture")
