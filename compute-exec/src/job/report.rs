@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use sluice_base::BadSample;
 use sluice_udfs::ErrorLog;
 
-use super::status::{Ranges, TierBytes};
+use super::coverage::Ranges;
+use super::status::TierBytes;
 
 /// How often a compute node reports each job it serves.
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);

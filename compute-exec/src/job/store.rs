@@ -22,10 +22,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sluice_base::BadSample;
 
+use super::coverage::ProgressRecord;
 use super::error::Failure;
 use super::index::Pin;
 use super::spec::JobSpec;
-use super::status::{JobState, ProgressRecord};
+use super::status::JobState;
 
 /// What the store keeps of a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

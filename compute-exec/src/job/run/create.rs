@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use super::{Inner, Job, Source};
 use crate::job::adapt::Adaptive;
 use crate::job::ahead::ReadAhead;
+use crate::job::coverage::Progress;
 use crate::job::error::JobError;
 use crate::job::index::Pin;
 use crate::job::mix_plan::{source_field, union_of};
@@ -28,7 +29,7 @@ use crate::job::query::{JobQuery, WindowPlan, udf_options};
 use crate::job::routes::RankRoutes;
 use crate::job::spec::{JobSpec, Part};
 use crate::job::stages::StageStats;
-use crate::job::status::{JobState, Progress};
+use crate::job::status::JobState;
 use crate::job::store::{JobRecord, JobStore};
 use crate::session::{ComputeSession, PlannedQuery, Prepared};
 

@@ -18,12 +18,14 @@
 //!   order, same bytes, and the progress it had.
 
 mod create;
-mod mix_status;
+mod mix_shares;
 mod progress;
 mod reader;
+mod ready;
 mod record;
 mod source;
 
+pub use ready::Ready;
 pub use source::Source;
 
 use std::sync::{Arc, Mutex};
@@ -40,129 +42,16 @@ use tokio::sync::watch;
 
 use super::adapt::Adaptive;
 use super::ahead::ReadAhead;
+use super::coverage::Progress;
 use super::error::{Failure, JobError};
-use super::index::SampleIndex;
-use super::mix::MixLayout;
 use super::order::Layout;
 use super::placed::JobPlan;
 use super::routes::RankRoutes;
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
-use super::status::{JobState, JobStatus, Progress, ResumedEpoch};
+use super::status::{JobState, JobStatus};
 use super::store::JobStore;
 use crate::session::ComputeSession;
-
-/// What a running job holds: its samples' row ids and its layout.
-#[derive(Debug)]
-pub struct Ready {
-    /// Where each sample is.
-    pub index: SampleIndex,
-    /// A whole epoch's layout.
-    pub layout: Layout,
-    /// The first epoch the job reads, and its layout: from the position
-    /// it resumes at (see `crate::job::order`), or whole.
-    first: (u64, Layout),
-    /// A mixture's parts (see `crate::job::mix`).
-    mix: Option<MixLayout>,
-    orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
-}
-
-impl Ready {
-    /// `spec`'s epochs over the samples of `index`.
-    fn new(spec: &JobSpec, index: SampleIndex) -> Self {
-        let mix = spec.mix.as_ref().map(|parts| MixLayout {
-            sizes: index.part_sizes(),
-            weights: parts.iter().map(|p| p.weight).collect(),
-            rule: spec.mix_epoch.unwrap_or_default(),
-            shuffle: spec.shuffle,
-        });
-        let first = spec.first_epoch();
-        let (samples, order) = match &mix {
-            Some(m) => {
-                let order = m.epoch_order(first);
-                (order.len() as u64, Some(order))
-            }
-            None => (index.len() as u64, None),
-        };
-        let ready = Self {
-            index,
-            layout: spec.layout(samples, first + 1),
-            first: (first, spec.layout(samples, first)),
-            mix,
-            orders: Mutex::new(Vec::new()),
-        };
-        if let Some(order) = order {
-            ready.keep_order(first, Arc::new(order));
-        }
-        ready
-    }
-
-    /// Samples in an epoch: of a mixture, the positions its rule gives.
-    pub fn epoch_len(&self) -> u64 {
-        self.layout.samples
-    }
-
-    /// A mixture's parts, if it is one.
-    pub fn mix(&self) -> Option<&MixLayout> {
-        self.mix.as_ref()
-    }
-
-    /// The layout of `epoch` (from where it resumes, for the first).
-    pub fn layout_of(&self, epoch: u64) -> Layout {
-        if epoch == self.first.0 {
-            self.first.1
-        } else {
-            self.layout
-        }
-    }
-
-    /// The first epoch read (0, unless the job resumes a later one).
-    pub fn first_epoch(&self) -> u64 {
-        self.first.0
-    }
-
-    /// The epoch a resumed job begins in (`None`: not resumed).
-    pub fn resumed(&self) -> Option<ResumedEpoch> {
-        let (epoch, layout) = self.first;
-        (epoch > 0 || layout.start > 0).then(|| ResumedEpoch {
-            epoch,
-            start: layout.start,
-            samples_per_rank: layout.per_rank(),
-        })
-    }
-
-    /// Positions all ranks read in the epochs `first..epochs`.
-    pub fn positions(&self, epochs: u64) -> u64 {
-        let (first, resumed) = self.first;
-        let whole = self.layout.per_rank() * epochs.saturating_sub(first + 1);
-        (resumed.per_rank() + whole) * self.layout.world_size
-    }
-
-    /// The order of `epoch` (the last few are kept).
-    pub fn order(&self, epoch: u64) -> Arc<Vec<u64>> {
-        let orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, o)) = orders.iter().find(|(e, _)| *e == epoch) {
-            return Arc::clone(o);
-        }
-        drop(orders);
-        let o = Arc::new(match &self.mix {
-            Some(m) => m.epoch_order(epoch),
-            None => self.layout.epoch_order(epoch),
-        });
-        self.keep_order(epoch, Arc::clone(&o));
-        o
-    }
-
-    fn keep_order(&self, epoch: u64, order: Arc<Vec<u64>>) {
-        let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
-        if !orders.iter().any(|(e, _)| *e == epoch) {
-            orders.push((epoch, order));
-        }
-        if orders.len() > 4 {
-            orders.remove(0);
-        }
-    }
-}
 
 #[derive(Debug)]
 struct Inner {

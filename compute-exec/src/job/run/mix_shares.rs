@@ -5,8 +5,9 @@
 //! received, not what was planned.
 
 use super::{Inner, Job, Ready};
+use crate::job::coverage::RankSpans;
 use crate::job::mix::MixLayout;
-use crate::job::status::{MixPartStatus, MixStatus, RankSpans};
+use crate::job::mix_status::{MixPartStatus, MixStatus};
 
 impl Job {
     /// Its mixture's status now (`None`: not a mixture, or not started).
