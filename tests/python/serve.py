@@ -78,6 +78,26 @@ def sample_server(classes, per_class, args=()):
             assert proc.wait(timeout=30) == 0
 
 
+@contextlib.contextmanager
+def serving(d, env, kill=False):
+    """`sluice serve` over `d` (see `start_serve`): yields a
+    sluice.Client; stopped cleanly after, or killed (SIGKILL) if `kill`."""
+    import signal
+
+    import sluice
+
+    proc, rest = start_serve(d, env)
+    try:
+        yield sluice.Client(rest)
+    finally:
+        if kill:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        else:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
+
+
 def vm_hwm_mib(pid):
     """Peak resident memory of process `pid` (since start, or since
     `reset_hwm`), in MiB."""

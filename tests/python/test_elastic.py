@@ -7,15 +7,11 @@ The proof in each test: the samples the trainer took, in the order it
 took them (step by step, each step's batches in global position order),
 equal the epoch's order as one rank reading it whole gives it."""
 
-import os
-import signal
-import tempfile
-
 import pytest
 from torch.utils.data import DataLoader as PlainLoader
 
 import sluice
-from serve import generate, sample_server, serve_env, start_serve
+from serve import generate, sample_server, serve_env, serving
 
 SQL = "SELECT key, label FROM pets"
 SHUFFLE = {"seed": 11, "mode": "full"}
@@ -154,24 +150,14 @@ def test_resume_after_serve_is_killed(tmp_path):
     d = str(tmp_path)
     env = serve_env(d)
     src = generate(d, env, "pets", 3, 20)
-    proc, rest = start_serve(d, env)
-    try:
-        c = sluice.Client(rest)
+    with serving(d, env, kill=True) as c:
         c.ingest("pets", src)
         whole = epoch_order(c)
         taken, states = run_shape(c, 2, 4, 0, steps=3)
         assert states[0]["position"] == 24
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    proc, rest = start_serve(d, env)
-    try:
-        c = sluice.Client(rest)
+    with serving(d, env) as c:
         after, _ = run_shape(c, 3, 5, 2, steps=None, resume=states[0])
         assert (taken + after)[:60] == whole
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -7,12 +7,11 @@ mismatch is refused at submit, naming both."""
 
 import collections
 import random
-import signal
 
 import pytest
 
 import sluice
-from serve import generate, sample_server, start_serve
+from serve import generate, sample_server, serve_env, serving
 
 SQL = "SELECT key, label FROM pets"
 SHUFFLE = {"seed": 5}
@@ -108,13 +107,9 @@ def test_parts_may_run_their_own_pipelines_when_the_columns_agree(server):
 
 def test_a_mixture_resumes_elastically_after_serve_is_killed(tmp_path):
     d = str(tmp_path)
-    from serve import serve_env
-
     env = serve_env(d)
     pets, more = generate(d, env, "pets", 2, 15), generate(d, env, "more", 1, 12)
-    proc, rest = start_serve(d, env)
-    try:
-        c = sluice.Client(rest)
+    with serving(d, env, kill=True) as c:
         c.ingest("pets", pets)
         c.ingest("more", more)
         job = mixture(c, "resample", world=2, batch=4)
@@ -123,18 +118,10 @@ def test_a_mixture_resumes_elastically_after_serve_is_killed(tmp_path):
         next(it), next(it)
         state = job.state_dict(0, 8)  # both ranks took 2 batches of 4
         assert state["position"] == 16 and state["samples"] == 42
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    proc, rest = start_serve(d, env)
-    try:
-        c = sluice.Client(rest)
+    with serving(d, env) as c:
         assert c.job(job.id).wait()["mix"]["epoch_samples"] == 42  # restored
         again = mixture(c, "resample", world=3, batch=5, resume=state)
         assert read(again, 0, 3)[:42 - 16] == whole[16:]
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
 
 
 def test_a_plan_names_its_mixture(server):

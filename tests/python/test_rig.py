@@ -2,6 +2,7 @@
 come up and go away cleanly, and sluice spread over its hosts returns what
 one data dir returns."""
 
+import contextlib
 import json
 import os
 import signal
@@ -45,6 +46,23 @@ def one_data_dir(d, root):
     subprocess.run([SLUICE, "--data-dir", embedded, "ingest", "pets",
                     os.path.join(root, "pets")], check=True, capture_output=True)
     return sql_arrow(embedded, SQL)
+
+
+@contextlib.contextmanager
+def two_by_two():
+    """A rig of 2 storage and 2 compute nodes (both registered) holding
+    `pets` (3 x 7 images): yields (rig dir, its environment, a client);
+    taken down after."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 3, 7)
+        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
+        try:
+            c = sluice.Client(env["REST"])
+            compute_nodes(c, 2)
+            yield rig_dir, env, c
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
 
 
 def node_pid(rig_dir, node):
@@ -214,39 +232,31 @@ def test_a_rank_resumes_exactly_on_another_compute_node_after_kill_9():
     """Rank 1's compute node is killed mid-epoch: the rank moves to the
     other node once the dead one stops registering, and the trainer,
     resuming at its offset there, gets exactly the rest."""
-    with tempfile.TemporaryDirectory() as d:
-        rig_dir = os.path.join(d, "rig")
-        root = gen(d, "pets", 3, 7)
-        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
-        try:
-            c = sluice.Client(env["REST"])
-            compute_nodes(c, 2)
-            job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
-                           "FROM pets", batch_size=2, world_size=2, shuffle={"seed": 11})
-            job.wait()
-            ticket = json.dumps({"type": "job", "job": job.id, "rank": 1}).encode()
-            want = flight.FlightClient(c.flight_address()).do_get(flight.Ticket(ticket)).read_all()
-            first = job.location(1)
-            reader = job.reader(1, prefetch=0)
-            got = []
-            for batch in reader.batches():
-                got.append(batch)
-                if len(got) == 2:
-                    break
-            resume_at = reader.offset
-            hosts = [u.split("://")[1] for u in env["COMPUTE"].split(",")]
-            node = hosts.index(first.split("://")[1])
-            os.kill(node_pid(rig_dir, f"compute{node}"), signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while job.location(1) == first:
-                assert time.monotonic() < deadline, "rank 1 never moved off the dead node"
-                time.sleep(0.5)
-            rest = list(job.reader(1, offset=resume_at).batches())
-            delivered = pa.Table.from_batches(got + rest)
-            assert delivered.equals(want.select(delivered.column_names)), \
-                "the resumed rank differs from an uninterrupted read"
-        finally:
-            rig_cmd("down", rig_dir=rig_dir)
+    with two_by_two() as (rig_dir, env, c):
+        job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
+                       "FROM pets", batch_size=2, world_size=2, shuffle={"seed": 11})
+        job.wait()
+        ticket = json.dumps({"type": "job", "job": job.id, "rank": 1}).encode()
+        want = flight.FlightClient(c.flight_address()).do_get(flight.Ticket(ticket)).read_all()
+        first = job.location(1)
+        reader = job.reader(1, prefetch=0)
+        got = []
+        for batch in reader.batches():
+            got.append(batch)
+            if len(got) == 2:
+                break
+        resume_at = reader.offset
+        hosts = [u.split("://")[1] for u in env["COMPUTE"].split(",")]
+        node = hosts.index(first.split("://")[1])
+        os.kill(node_pid(rig_dir, f"compute{node}"), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while job.location(1) == first:
+            assert time.monotonic() < deadline, "rank 1 never moved off the dead node"
+            time.sleep(0.5)
+        rest = list(job.reader(1, offset=resume_at).batches())
+        delivered = pa.Table.from_batches(got + rest)
+        assert delivered.equals(want.select(delivered.column_names)), \
+            "the resumed rank differs from an uninterrupted read"
 
 
 def lockstep(job, world, steps=None):
@@ -271,35 +281,27 @@ def test_an_elastic_resume_continues_on_other_compute_nodes():
     """2 ranks read part of an epoch on 2 compute nodes; one node is
     killed, and the training resumes with 3 ranks, all on the node left,
     from the trainers' saved state: the epoch's order exactly, once."""
-    with tempfile.TemporaryDirectory() as d:
-        rig_dir = os.path.join(d, "rig")
-        root = gen(d, "pets", 3, 7)
-        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
-        try:
-            c = sluice.Client(env["REST"])
-            compute_nodes(c, 2)
-            sql, shuffle = "SELECT key, label FROM pets", {"seed": 4}
-            whole, _ = lockstep(c.submit(sql, batch_size=5, shuffle=shuffle), 1)
-            assert len(whole) == 21
-            job = c.submit(sql, batch_size=3, world_size=2, shuffle=shuffle)
-            job.wait()
-            assert len({job.location(r) for r in range(2)}) == 2
-            taken, offsets = lockstep(job, 2, steps=2)
-            assert offsets == [6, 6]
-            state = job.state_dict(0, offsets[0])
-            assert state["position"] == 12
-            os.kill(node_pid(rig_dir, "compute0"), signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while len(c._request("GET", "/v1/nodes")["compute"]) > 1:
-                assert time.monotonic() < deadline, "the killed compute node stays registered"
-                time.sleep(0.5)
-            again = c.submit(sql, batch_size=2, world_size=3, shuffle=shuffle, resume=state)
-            assert again.wait()["resumed"] == {"epoch": 0, "start": 12, "samples_per_rank": 3}
-            assert len({again.location(r) for r in range(3)}) == 1
-            rest, _ = lockstep(again, 3)
-            assert taken + rest == whole
-        finally:
-            rig_cmd("down", rig_dir=rig_dir)
+    with two_by_two() as (rig_dir, env, c):
+        sql, shuffle = "SELECT key, label FROM pets", {"seed": 4}
+        whole, _ = lockstep(c.submit(sql, batch_size=5, shuffle=shuffle), 1)
+        assert len(whole) == 21
+        job = c.submit(sql, batch_size=3, world_size=2, shuffle=shuffle)
+        job.wait()
+        assert len({job.location(r) for r in range(2)}) == 2
+        taken, offsets = lockstep(job, 2, steps=2)
+        assert offsets == [6, 6]
+        state = job.state_dict(0, offsets[0])
+        assert state["position"] == 12
+        os.kill(node_pid(rig_dir, "compute0"), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while len(c._request("GET", "/v1/nodes")["compute"]) > 1:
+            assert time.monotonic() < deadline, "the killed compute node stays registered"
+            time.sleep(0.5)
+        again = c.submit(sql, batch_size=2, world_size=3, shuffle=shuffle, resume=state)
+        assert again.wait()["resumed"] == {"epoch": 0, "start": 12, "samples_per_rank": 3}
+        assert len({again.location(r) for r in range(3)}) == 1
+        rest, _ = lockstep(again, 3)
+        assert taken + rest == whole
 
 
 def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
