@@ -96,6 +96,11 @@ bodies = {
                  "shuffle": {"seed": 7}, "world_size": 2, "drop_last": True, "on_error": "skip", "offload": "auto"},
     "plan.json": {"plan": plan, "batch_size": 8},
     "plan_text.json": {"plan": open("examples/pipelines/pets.yaml").read()},
+    "mix.json": {"sql": "SELECT key, label FROM pets", "mix_epoch": {"samples": 100},
+                 "resume": {"sluice": 1, "epoch": 0, "position": 7, "samples": 100, "shuffle": None},
+                 "mix": [{"dataset": "pets", "weight": 0.6}, {"dataset": "cats@2", "weight": 0.3},
+                         {"name": "own", "weight": 0.1, "plan": plan}]},
+    "mix_sql.json": {"sql": "SELECT key FROM mix(pets => 0.7, \"x y\" => 0.3, mix_epoch => 'resample')"},
 }
 for n, b in bodies.items():
     open(os.path.join(jb, n), "w").write(json.dumps(b))
