@@ -15,8 +15,8 @@ trainer loop float32 batches of `--batch` with their labels:
   decode_image(data), 224, 224)), mean, std)` (float32 CHW), read by the
   Python client (`sluice`), and the same job through `sluice.torch.Dataset`
   in a DataLoader of `--workers` persistent workers (`sluice-torch`: each
-  worker reads its range of the share, batches reach the trainer through
-  a shared-memory ring);
+  worker reads every Nth batch of the share, batches reach the trainer
+  through a shared-memory ring);
 * PyTorch DataLoader + torchvision transforms on PIL, `--workers` workers
   (persistent, as fast as DataLoader gets), and the same on Pillow-SIMD;
 * tf.data with AUTOTUNE: `sample_distorted_bounding_box` +
@@ -236,8 +236,9 @@ def run_sluice(a, paths, labels):
 
 def run_sluice_torch(a, paths, labels):
     """The same job through sluice's torch ``Dataset`` and a DataLoader of
-    ``workers`` persistent workers: each reads its range of the rank's
-    share and hands batches to the trainer in a shared-memory ring."""
+    ``workers`` persistent workers: each reads every Nth batch of the
+    rank's share and hands batches to the trainer in a shared-memory
+    ring."""
     import torch
     from sluice.torch import Dataset
 
