@@ -113,10 +113,16 @@ fn bmp_of_dib(dib: &[u8]) -> Result<Vec<u8>, String> {
         (1..=8, n) => n,
         _ => 0,
     };
-    let pixels_at = 14 + header + 4 * colours;
+    // The DIB's own sizes are the file's to claim: a header or palette
+    // past the entry is the BMP decoder's error, never an overflow here.
+    let pixels_at = colours
+        .checked_mul(4)
+        .and_then(|palette| palette.checked_add(header)?.checked_add(14))
+        .ok_or_else(|| bad("a DIB header and palette past 4 GiB"))?;
+    let file_len = u32::try_from(dib.len() + 14).map_err(|_| bad("an entry past 4 GiB"))?;
     let mut out = Vec::with_capacity(14 + dib.len());
     out.extend_from_slice(b"BM");
-    out.extend_from_slice(&(14 + dib.len() as u32).to_le_bytes());
+    out.extend_from_slice(&file_len.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     out.extend_from_slice(&pixels_at.to_le_bytes());
     out.extend_from_slice(dib);
@@ -127,6 +133,20 @@ fn bmp_of_dib(dib: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_palette_count_past_4_gib_is_an_error_not_an_overflow() {
+        // A 40-byte DIB header of 8 bits claiming 2^31 palette colours
+        // (the fuzzer's probe target found the overflow).
+        let mut dib = vec![0u8; 40];
+        dib[0..4].copy_from_slice(&40u32.to_le_bytes());
+        dib[4..8].copy_from_slice(&1u32.to_le_bytes());
+        dib[8..12].copy_from_slice(&2u32.to_le_bytes());
+        dib[14..16].copy_from_slice(&8u16.to_le_bytes());
+        dib[32..36].copy_from_slice(&(1u32 << 31).to_le_bytes());
+        let e = bmp_of_dib(&dib).unwrap_err();
+        assert!(e.contains("past 4 GiB"), "{e}");
+    }
 
     fn ico(dir_side: u8, entry: &[u8]) -> Vec<u8> {
         let mut out = vec![0, 0, 1, 0, 1, 0, dir_side, dir_side, 0, 0, 1, 0, 32, 0];
