@@ -78,12 +78,12 @@ impl MixLayout {
         let seed = self.shuffle.map_or(0, |s| s.seed);
         let bases = self.bases();
         let mut rng = SampleRng::new(seed, 0, "", "sluice.mix");
-        let mut sources: Vec<Source> = self
+        let mut parts: Vec<Draws> = self
             .sizes
             .iter()
             .zip(&self.weights)
             .enumerate()
-            .map(|(j, (&n, &w))| Source {
+            .map(|(j, (&n, &w))| Draws {
                 n,
                 weight: w,
                 phase: (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64,
@@ -99,7 +99,7 @@ impl MixLayout {
         };
         let mut out = Vec::new();
         while (out.len() as u64) < len {
-            let Some(next) = sources
+            let Some(next) = parts
                 .iter_mut()
                 .filter(|s| s.n > 0)
                 .min_by(|a, b| a.due().total_cmp(&b.due()).then(a.j.cmp(&b.j)))
@@ -116,8 +116,8 @@ impl MixLayout {
     }
 }
 
-/// A source's draws in one epoch.
-struct Source {
+/// A part's draws in one epoch.
+struct Draws {
     n: u64,
     weight: f64,
     phase: f64,
@@ -127,7 +127,7 @@ struct Source {
     j: usize,
 }
 
-impl Source {
+impl Draws {
     /// The virtual time of its next draw.
     fn due(&self) -> f64 {
         (self.drawn as f64 + 1.0 - self.phase) / self.weight
