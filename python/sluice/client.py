@@ -301,14 +301,20 @@ class Job:
         resumed = self.wait().get("resumed")
         return int(resumed["epoch"]) if resumed else 0
 
-    def samples_per_rank(self, epoch: int) -> int:
-        """Positions of each rank's share of ``epoch`` (a resumed job's
-        first epoch holds only what was left of it)."""
+    def epoch_share(self, epoch: int) -> Tuple[int, int]:
+        """``(start, samples_per_rank)`` of ``epoch``: the global position
+        it begins at (0, or where a resumed job continues its first) and
+        the positions of each rank's share."""
         st = self.wait()
         resumed = st.get("resumed")
         if resumed and resumed["epoch"] == epoch:
-            return int(resumed["samples_per_rank"])
-        return int(st["samples_per_rank"])
+            return int(resumed["start"]), int(resumed["samples_per_rank"])
+        return 0, int(st["samples_per_rank"])
+
+    def samples_per_rank(self, epoch: int) -> int:
+        """Positions of each rank's share of ``epoch`` (a resumed job's
+        first epoch holds only what was left of it)."""
+        return self.epoch_share(epoch)[1]
 
     def state_dict(self, epoch: int, offset: int) -> Dict[str, Any]:
         """The training's position when **every** rank has read ``offset``
@@ -323,9 +329,7 @@ class Job:
         if st["state"] == "failed":
             raise SluiceError(500, "job_failed", f"job {self.id}: {st.get('error')}")
         spec = st["spec"]
-        per_rank = self.samples_per_rank(epoch)
-        resumed = st.get("resumed")
-        start = int(resumed["start"]) if resumed and resumed["epoch"] == epoch else 0
+        start, per_rank = self.epoch_share(epoch)
         samples = int(st["samples"])
         if not 0 <= offset <= per_rank:
             raise ValueError(f"offset {offset} of a share of {per_rank} positions")

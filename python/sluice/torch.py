@@ -146,17 +146,15 @@ class Dataset(IterableDataset):
         state = self._resume
         if not state or int(state["epoch"]) != epoch or "position" not in state:
             return 0
-        st = self.job.wait()
-        resumed = st.get("resumed")
-        start = int(resumed["start"]) if resumed and resumed["epoch"] == epoch else 0
-        world = int(st["spec"]["world_size"])
+        start, per_rank = self.job.epoch_share(epoch)
+        world = int(self.job.spec["world_size"])
         ahead = int(state["position"]) - start
         if ahead < 0 or ahead % world:
             raise ValueError(
                 f"job {self.job.id} (world_size {world}) cannot continue from position "
                 f"{state['position']} of epoch {epoch}: submit the job with resume=state, "
                 "and it begins there with any world size, batch size or workers")
-        return min(ahead // world, self.job.samples_per_rank(epoch))
+        return min(ahead // world, per_rank)
 
     def _start(self, epoch: int, worker: int, workers: int) -> int:
         """Where this reader's part begins: a restored state's position,

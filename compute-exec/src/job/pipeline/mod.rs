@@ -48,7 +48,6 @@ use super::Job;
 use super::ahead::NextEpoch;
 use super::error::JobError;
 use super::in_order::InOrder;
-use super::order::Worker;
 use super::placed::StreamPlan;
 use super::query::udf_options;
 use super::rebatch::Rebatcher;
@@ -129,8 +128,7 @@ impl Job {
         span: Span,
         next: Arc<NextEpoch>,
     ) -> Option<Box<dyn FnOnce() + Send>> {
-        let whole = ready.layout_of(span.epoch).per_rank();
-        if span.worker != Worker::ALL || span.from != 0 || span.to != whole {
+        if !ready.whole_epoch(&span) {
             return None;
         }
         let (job, ready) = (Arc::clone(self), Arc::clone(ready));

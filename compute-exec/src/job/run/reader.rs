@@ -52,9 +52,7 @@ impl Job {
         self.touch();
         // The whole epoch, begun ahead by the stream before it, or a new
         // stream.
-        let share = worker.len(ready.layout_of(epoch).per_rank(), self.spec.batch_size);
-        let whole = worker == Worker::ALL && offset == 0 && end == share;
-        let claimed = self.ahead.take(rank, epoch, whole);
+        let claimed = self.ahead.take(rank, epoch, ready.whole_epoch(&span));
         tracing::debug!(job = %self.id, rank, epoch, offset, end,
             begun_ahead = claimed.is_some(), "a reader asks");
         let batches = match claimed {

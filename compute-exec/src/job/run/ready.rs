@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::job::index::SampleIndex;
 use crate::job::mix::MixLayout;
-use crate::job::order::Layout;
+use crate::job::order::{Layout, Worker};
+use crate::job::pipeline::windows::Span;
 use crate::job::spec::JobSpec;
 use crate::job::status::ResumedEpoch;
 
@@ -73,6 +74,14 @@ impl Ready {
         } else {
             self.layout
         }
+    }
+
+    /// Whether `span` is its rank's whole epoch, read by one reader (what
+    /// the read-ahead begins and a reader may take over).
+    pub fn whole_epoch(&self, span: &Span) -> bool {
+        span.worker == Worker::ALL
+            && span.from == 0
+            && span.to == self.layout_of(span.epoch).per_rank()
     }
 
     /// The first epoch read (0, unless the job resumes a later one).
