@@ -483,6 +483,12 @@ pub enum Command {
         /// when there are at least N: every N-th file from the I-th).
         #[arg(long, conflicts_with = "url")]
         shard: Option<sluice_storage::Shard>,
+        /// How many storage nodes hold each part: through `--url`, the
+        /// cluster's replication factor (default 2 with at least 2 storage
+        /// nodes); with `--shard I/N`, this node keeps parts I, I-1, …,
+        /// I-R+1 of N.
+        #[arg(long)]
+        replicas: Option<u32>,
         /// Ingest through a running server's REST API instead of into the
         /// data dir: the server reads SOURCE (an absolute path on its host,
         /// beneath its --ingest-root) and, over remote storage nodes,

@@ -49,6 +49,14 @@ pub struct IngestRequest {
     pub manifest: Option<String>,
     /// Unreadable objects: `skip` or `fail`.
     pub on_error: String,
+    /// How many nodes hold each part; `None`: 2 with at least 2 nodes,
+    /// else 1.
+    pub replicas: Option<u32>,
+}
+
+/// Replicas when none is asked for: 2 with at least 2 storage nodes.
+pub fn default_replicas(nodes: usize) -> u32 {
+    if nodes >= 2 { 2 } else { 1 }
 }
 
 /// One node's committed part.
@@ -69,17 +77,23 @@ pub struct PartReport {
 pub struct ShardedReport {
     /// The dataset.
     pub dataset: String,
-    /// Samples over every node.
+    /// Samples in the dataset (each once, however many replicas).
     pub samples: u64,
-    /// Bytes over every node.
+    /// Bytes of their objects (each once).
     pub bytes: u64,
+    /// Bytes written over every node: `bytes` × replicas.
+    pub stored_bytes: u64,
     /// Device chunks over every node.
     pub chunks: u64,
-    /// Objects left out, on any node.
+    /// How many nodes hold each part.
+    pub replicas: u32,
+    /// Part `p`'s holders (node names), first the one it is named after.
+    pub holders: Vec<Vec<String>>,
+    /// Objects left out (each once, on whichever node refused it).
     pub skipped: Vec<SkippedObject>,
     /// Wall time, seconds.
     pub seconds: f64,
-    /// Each node's part, in shard order.
+    /// What each node committed, in shard order: its `replicas` parts.
     pub parts: Vec<PartReport>,
 }
 
@@ -89,6 +103,17 @@ pub enum IngestError {
     /// No storage node is known.
     #[error("no storage node to ingest into (start one, or give serve --storage)")]
     NoStorageNodes,
+    /// More replicas than nodes (or none).
+    #[error(
+        "replicas {asked}: each part goes to distinct storage nodes, and there are {nodes}; \
+         ask for 1 to {nodes}"
+    )]
+    Replicas {
+        /// What was asked.
+        asked: u32,
+        /// Storage nodes known.
+        nodes: usize,
+    },
     /// A node could not prepare its part; every part was dropped.
     #[error("{source}; the ingest was abandoned on every node, no version was committed")]
     Part {
@@ -116,6 +141,7 @@ impl Fault for IngestError {
     fn code(&self) -> Code {
         match self {
             Self::NoStorageNodes => Code::FailedPrecondition,
+            Self::Replicas { .. } => Code::InvalidArgument,
             Self::Part { source } => source.code(),
             Self::Partial { .. } => Code::Internal,
         }
@@ -124,6 +150,7 @@ impl Fault for IngestError {
     fn kind(&self) -> &str {
         match self {
             Self::NoStorageNodes => "no_storage_nodes",
+            Self::Replicas { .. } => "bad_replicas",
             Self::Part { source } => source.kind(),
             Self::Partial { .. } => "partial_commit",
         }
@@ -146,6 +173,15 @@ impl Ingests {
         if nodes.is_empty() {
             return Err(IngestError::NoStorageNodes);
         }
+        let replicas = req
+            .replicas
+            .unwrap_or_else(|| default_replicas(nodes.len()));
+        if replicas == 0 || replicas as usize > nodes.len() {
+            return Err(IngestError::Replicas {
+                asked: replicas,
+                nodes: nodes.len(),
+            });
+        }
         let _one = self.one_at_a_time.lock().await;
         let started = Instant::now();
         let txn = txn_id(&req.dataset);
@@ -157,7 +193,9 @@ impl Ingests {
                 path: req.path.clone(),
                 manifest: req.manifest.clone(),
                 on_error: req.on_error.clone(),
-                shard: (n > 1).then_some((i, n)),
+                // Every node of n holding n parts is the whole source.
+                shard: (n > replicas).then_some((i, n)),
+                replicas,
             })
             .collect();
         let prepared = join_all(
@@ -189,7 +227,16 @@ impl Ingests {
             dataset: req.dataset.clone(),
             samples: 0,
             bytes: 0,
+            stored_bytes: 0,
             chunks: 0,
+            replicas,
+            holders: (0..n)
+                .map(|p| {
+                    sluice_flight::ingest::holders(p, n, replicas)
+                        .map(|i| nodes[i as usize].name().to_string())
+                        .collect()
+                })
+                .collect(),
             skipped: Vec::new(),
             seconds: 0.0,
             parts: Vec::with_capacity(nodes.len()),
@@ -210,9 +257,13 @@ impl Ingests {
             };
             committed.push(node.name().to_string());
             report.samples += done.samples;
-            report.bytes += done.bytes;
+            report.stored_bytes += done.bytes;
             report.chunks += done.chunks;
-            report.skipped.extend(done.skipped);
+            for s in done.skipped {
+                if !report.skipped.iter().any(|k| k.key == s.key) {
+                    report.skipped.push(s);
+                }
+            }
             report.parts.push(PartReport {
                 node: node.name().to_string(),
                 version: done.version,
@@ -220,9 +271,12 @@ impl Ingests {
                 bytes: done.bytes,
             });
         }
+        // Every part is on exactly `replicas` nodes.
+        report.samples /= u64::from(replicas);
+        report.bytes = report.stored_bytes / u64::from(replicas);
         report.seconds = started.elapsed().as_secs_f64();
         tracing::info!(
-            "ingested {} ({} samples) over {} storage node(s)",
+            "ingested {} ({} samples) over {} storage node(s), {replicas} replica(s) of each part",
             report.dataset,
             report.samples,
             nodes.len()

@@ -52,6 +52,7 @@ async fn a_sharded_ingest_commits_on_every_node_or_none() {
         path: src.display().to_string(),
         manifest: None,
         on_error: "fail".into(),
+        replicas: Some(1),
     };
     let ingests = Ingests::default();
 
@@ -119,4 +120,67 @@ async fn committing_a_part_the_node_does_not_hold_is_a_named_error() {
     assert!(err.to_string().contains("nope"), "{err}");
     // Dropping one it does not hold is no error (its prepare may have failed).
     assert_eq!(a.finish_ingest("nope", false).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_every_part_is_on_two_distinct_nodes() {
+    let root = tempfile::tempdir().unwrap();
+    let src_root = root.path().join("src");
+    let src = src_root.join("vecs");
+    write_samples(&src);
+    let mut stores = Vec::new();
+    let mut nodes: Vec<Arc<dyn StorageEndpoint>> = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (store, node) = node(root.path(), name);
+        node.allow_ingest(std::slice::from_ref(&src_root)).unwrap();
+        stores.push(store);
+        nodes.push(node);
+    }
+    let req = IngestRequest {
+        dataset: "vecs".into(),
+        path: src.display().to_string(),
+        manifest: None,
+        on_error: "fail".into(),
+        // Two, the default with at least two nodes.
+        replicas: None,
+    };
+    let ingests = Ingests::default();
+    let report = ingests.run(&nodes, &req).await.unwrap();
+    assert_eq!(report.replicas, 2);
+    // 37 samples: parts of 13, 12, 12; node i holds parts i and i-1.
+    assert_eq!(report.samples, SAMPLES as u64);
+    let counts: Vec<u64> = report.parts.iter().map(|p| p.samples).collect();
+    assert_eq!(counts, [13 + 12, 12 + 13, 12 + 12]);
+    assert_eq!(report.stored_bytes, 2 * report.bytes);
+    let names: Vec<&str> = nodes.iter().map(|n| n.name()).collect();
+    assert_eq!(
+        report.holders,
+        [
+            vec![names[0], names[1]],
+            vec![names[1], names[2]],
+            vec![names[2], names[0]]
+        ]
+    );
+    for (store, n) in stores.iter().zip(counts) {
+        let v = store.catalog().version("vecs", None).unwrap();
+        assert_eq!((v.version, v.samples), (1, n));
+    }
+
+    // More replicas than nodes: refused before anything is written.
+    let err = ingests
+        .run(
+            &nodes[..2],
+            &IngestRequest {
+                replicas: Some(3),
+                ..req.clone()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.kind()),
+        (Code::InvalidArgument, "bad_replicas")
+    );
+    assert!(err.to_string().contains("replicas 3"), "{err}");
+    assert_eq!(stores[0].catalog().latest_version("vecs").unwrap(), Some(1));
 }

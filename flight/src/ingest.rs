@@ -53,6 +53,27 @@ pub struct IngestPart {
     /// sorted source from the `index`-th; `None`: the whole source.
     #[serde(default)]
     pub shard: Option<(u32, u32)>,
+    /// How many nodes hold each part: with `R`, this node (`index`) keeps
+    /// the parts `index, index−1, …, index−R+1` (mod `count`), so part
+    /// `p` is on the nodes `p … p+R−1`.
+    #[serde(default = "one")]
+    pub replicas: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The placement rule of replicated parts: part `part` of `nodes` with
+/// `replicas` copies is held by the nodes `part, part+1, …` (mod `nodes`),
+/// the first being the one it is named after.
+pub fn holders(part: u32, nodes: u32, replicas: u32) -> impl Iterator<Item = u32> {
+    (0..replicas.min(nodes)).map(move |k| (part + k) % nodes)
+}
+
+/// Whether node `node` holds part `part` under [`holders`]' rule.
+pub fn holds(node: u32, part: u32, nodes: u32, replicas: u32) -> bool {
+    (node + nodes - part) % nodes < replicas
 }
 
 /// What a node prepared: the version it will commit.
@@ -117,6 +138,7 @@ mod tests {
             manifest: None,
             on_error: "skip".into(),
             shard: Some((1, 2)),
+            replicas: 2,
         };
         let json = serde_json::to_string(&part).unwrap();
         assert_eq!(serde_json::from_str::<IngestPart>(&json).unwrap(), part);

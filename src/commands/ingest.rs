@@ -85,16 +85,51 @@ pub async fn run(
     Ok(())
 }
 
+/// `--shard I/N` with `--replicas R`: this node's R parts; `--replicas`
+/// alone is an error (one data dir holds one copy).
+pub fn replicated(shard: Option<Shard>, replicas: Option<u32>) -> anyhow::Result<Option<Shard>> {
+    match (shard, replicas) {
+        (_, None) => Ok(shard),
+        (Some(s), Some(r)) => Ok(Some(
+            Shard::new(s.index, s.count, r).map_err(anyhow::Error::msg)?,
+        )),
+        (None, Some(1)) => Ok(None),
+        (None, Some(r)) => anyhow::bail!(
+            "--replicas {r}: a data dir holds one copy; use it with --url (a cluster) or \
+             --shard I/N"
+        ),
+    }
+}
+
+/// What `sluice ingest --url` asks the server to ingest.
+#[derive(Debug)]
+pub struct Remote<'a> {
+    /// The dataset.
+    pub dataset: &'a str,
+    /// The source, on the server's host.
+    pub source: &'a Path,
+    /// A manifest under `source`.
+    pub manifest: Option<&'a Path>,
+    /// Unreadable objects.
+    pub on_error: OnError,
+    /// Nodes holding each part (`None`: the server's default).
+    pub replicas: Option<u32>,
+}
+
 /// `sluice ingest --url URL`: `POST /v1/datasets` on the server at `url`.
 pub async fn remote(
     url: &str,
     client: crate::rest_client::RestClient,
-    dataset: &str,
-    source: &Path,
-    manifest: Option<&Path>,
-    on_error: OnError,
+    ask: Remote<'_>,
     format: DocFormat,
 ) -> anyhow::Result<()> {
+    let Remote {
+        dataset,
+        source,
+        manifest,
+        on_error,
+        replicas,
+    } = ask;
     // The server reads the path on its host: made absolute here, since a
     // relative one would resolve against the server's directory.
     let path = std::path::absolute(source)?;
@@ -103,6 +138,7 @@ pub async fn remote(
         "path": path,
         "manifest": manifest,
         "on_error": on_error.to_string(),
+        "replicas": replicas,
     });
     let report = client
         .call(http::Method::POST, "/v1/datasets", Some(&body))
@@ -111,10 +147,13 @@ pub async fn remote(
         DocFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         DocFormat::Table => {
             let parts = report["parts"].as_array().map_or(1, Vec::len);
+            let copies = report["replicas"].as_u64().unwrap_or(1);
             println!(
-                "ingested '{dataset}' through {url}: {} samples, {} over {parts} storage node(s), {:.2} s",
+                "ingested '{dataset}' through {url}: {} samples, {} over {parts} storage node(s), \
+                 {copies} cop{} of each part, {:.2} s",
                 report["samples"],
                 human(report["bytes"].as_u64().unwrap_or_default()),
+                if copies == 1 { "y" } else { "ies" },
                 report["seconds"].as_f64().unwrap_or_default(),
             );
             if let Some(parts) = report["parts"].as_array() {

@@ -66,16 +66,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             manifest,
             on_error,
             shard: _,
+            replicas,
             url: Some(url),
             format,
         } => {
             ingest::remote(
                 url,
                 place::rest_client(&cli, url, cli.token.first().cloned())?,
-                dataset,
-                source,
-                manifest.as_deref(),
-                *on_error,
+                ingest::Remote {
+                    dataset,
+                    source,
+                    manifest: manifest.as_deref(),
+                    on_error: *on_error,
+                    replicas: *replicas,
+                },
                 *format,
             )
             .await
@@ -86,16 +90,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             manifest,
             on_error,
             shard,
+            replicas,
             url: None,
             format,
         } => {
+            let shard = ingest::replicated(*shard, *replicas)?;
             ingest::run(
                 &cli,
                 dataset,
                 source,
                 manifest.as_deref(),
                 *on_error,
-                *shard,
+                shard,
                 *format,
             )
             .await

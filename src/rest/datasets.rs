@@ -97,6 +97,11 @@ pub struct IngestRequest {
     /// Unreadable files: `skip` (default) or `fail`.
     #[serde(default)]
     pub on_error: Option<String>,
+    /// How many storage nodes hold each part (over remote storage nodes:
+    /// default 2 when there are at least 2, else 1; the embedded default
+    /// holds one copy).
+    #[serde(default)]
+    pub replicas: Option<u32>,
 }
 
 async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
@@ -253,6 +258,17 @@ pub async fn ingest(
         None => None,
     };
     let json = match &s.ingest_store {
+        Some(_) if req.replicas.is_some_and(|r| r != 1) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_replicas",
+                format!(
+                    "replicas {}: this server holds its data itself (one node, one copy); \
+                     replicas need a cluster of storage nodes",
+                    req.replicas.unwrap_or_default()
+                ),
+            ));
+        }
         Some(store) => {
             let source = IngestSource::from_cli(&path, manifest.as_deref());
             let opts = IngestOptions {
@@ -276,6 +292,7 @@ pub async fn ingest(
                 path: path.display().to_string(),
                 manifest: manifest.map(|m| m.display().to_string()),
                 on_error: on_error.to_string(),
+                replicas: req.replicas,
             };
             let nodes = s.jobs.session().endpoints();
             let report = s

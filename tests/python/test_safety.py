@@ -96,7 +96,7 @@ def test_keys_are_unique_by_construction(server):
     job = c.submit("SELECT key FROM names", batch_size=2)
     job.wait()
     assert sorted(k for b in job.reader(0) for k in b.column("key").to_pylist()) == keys
-    assert job.status()["state"] == "done" and not job.status().get("warnings")
+    assert job.status()["state"] == "done" and not job.status().get("failovers")
 
     twice = os.path.join(root, "twice")
     os.makedirs(twice)

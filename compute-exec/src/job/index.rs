@@ -6,9 +6,18 @@
 //! [`Take::index`], answering each row's key and row id). The rows of all
 //! nodes are sorted by key — so the order of an epoch depends on the seed
 //! and the epoch only, not on how the dataset is spread — and a key held by
-//! more than one node is read once. Then the keys are dropped: the job
-//! keeps, per sample, the node holding it (one byte) and its row id there
-//! (four), i.e. 5 bytes per sample, and every window names its rows by id.
+//! more than one node is one sample with several holders: its replicas
+//! (`crate::ingest` writes each part to R nodes). Then the keys are
+//! dropped: the job keeps, per sample, its first holder (one byte) and its
+//! row id there (four), and per other holder five bytes more and a
+//! four-byte offset per sample (none at all when no key is replicated).
+//!
+//! A window's takes ([`SampleIndex::takes`]) read each sample from one
+//! holder: of those not in the window's [`Avoid`] set (nodes lost, or a
+//! replica found corrupt), one of its `k` live holders chosen by a hash
+//! of `s` (`spread`), so
+//! the reads of a replicated dataset spread evenly over its holders, and a
+//! lost node's samples over the nodes left.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,9 +54,52 @@ pub struct SampleIndex {
     pin_parts: Vec<u8>,
     /// Each part's first sample: a mixture's parts, one after another.
     bases: Vec<u64>,
+    /// Each sample's first holder (a pin) and its row id there.
     nodes: Vec<u8>,
     rows: Vec<u32>,
-    duplicates: usize,
+    /// Its other holders: sample `s`'s are `others[more[s]..more[s + 1]]`;
+    /// `more` is empty when no sample has one.
+    more: Vec<u32>,
+    others: Vec<(u8, u32)>,
+}
+
+/// Pins (by index) a window must not read from: a set of at most
+/// [`MAX_NODES`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Avoid([u64; MAX_NODES / 64]);
+
+impl Avoid {
+    /// Adds pin `pin`.
+    pub fn insert(&mut self, pin: u8) {
+        self.0[usize::from(pin) / 64] |= 1 << (pin % 64);
+    }
+
+    /// Whether pin `pin` is in.
+    pub fn contains(&self, pin: u8) -> bool {
+        self.0[usize::from(pin) / 64] & (1 << (pin % 64)) != 0
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    /// Adds every pin of `other`.
+    pub fn extend(&mut self, other: &Avoid) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a |= b;
+        }
+    }
+}
+
+/// Samples of a window none of whose holders may be read: the nodes
+/// holding them, by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unheld {
+    /// How many of the window's samples.
+    pub samples: usize,
+    /// Their holders.
+    pub nodes: Vec<String>,
 }
 
 /// The most nodes a job's dataset may be spread over.
@@ -110,9 +162,7 @@ impl SampleIndex {
             }
         }
         all.sort_unstable_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
-        let before = all.len();
-        all.dedup_by(|a, b| a.0 == b.0);
-        Ok(Self {
+        let mut index = Self {
             pins: pins
                 .iter()
                 .map(|(e, v)| Pin {
@@ -123,10 +173,40 @@ impl SampleIndex {
             endpoints: pins.iter().map(|(e, _)| endpoint_id(e)).collect(),
             pin_parts: vec![0; pins.len()],
             bases: vec![0],
-            nodes: all.iter().map(|s| s.1).collect(),
-            rows: all.iter().map(|s| s.2).collect(),
-            duplicates: before - all.len(),
-        })
+            nodes: Vec::with_capacity(all.len()),
+            rows: Vec::with_capacity(all.len()),
+            more: Vec::new(),
+            others: Vec::new(),
+        };
+        for run in all.chunk_by(|a, b| a.0 == b.0) {
+            index.push(run[0].1, run[0].2, run[1..].iter().map(|s| (s.1, s.2)));
+        }
+        index.seal();
+        Ok(index)
+    }
+
+    /// Appends a sample held first by pin `node` at `row`, and by `others`.
+    fn push(&mut self, node: u8, row: u32, others: impl Iterator<Item = (u8, u32)>) {
+        let sample = self.nodes.len();
+        self.nodes.push(node);
+        self.rows.push(row);
+        let before = self.others.len();
+        self.others.extend(others);
+        if self.others.len() > before && self.more.is_empty() {
+            // The first replicated sample: every earlier one had none.
+            self.more = vec![0; sample + 1];
+        }
+        if !self.more.is_empty() {
+            self.more.push(self.others.len() as u32);
+        }
+    }
+
+    /// Ends the offsets: `more` has one per sample and one past the last.
+    fn seal(&mut self) {
+        if !self.more.is_empty() {
+            self.more
+                .resize(self.nodes.len() + 1, self.others.len() as u32);
+        }
     }
 
     /// A mixture's index: `parts`' samples one after another (part `j`'s
@@ -147,19 +227,22 @@ impl SampleIndex {
             bases: Vec::new(),
             nodes: Vec::new(),
             rows: Vec::new(),
-            duplicates: 0,
+            more: Vec::new(),
+            others: Vec::new(),
         };
         for (j, p) in parts.into_iter().enumerate() {
             let first = out.pins.len() as u8;
             out.bases.push(out.rows.len() as u64);
             out.pin_parts
                 .extend(std::iter::repeat_n(j as u8, p.pins.len()));
+            for s in 0..p.nodes.len() {
+                let others = p.others_of(s).iter().map(|&(n, r)| (n + first, r));
+                out.push(p.nodes[s] + first, p.rows[s], others);
+            }
             out.pins.extend(p.pins);
             out.endpoints.extend(p.endpoints);
-            out.nodes.extend(p.nodes.iter().map(|n| n + first));
-            out.rows.extend(p.rows);
-            out.duplicates += p.duplicates;
         }
+        out.seal();
         Ok(out)
     }
 
@@ -190,13 +273,40 @@ impl SampleIndex {
         &self.pins
     }
 
-    /// Keys held by more than one node (each is read from the first).
-    pub fn duplicates(&self) -> usize {
-        self.duplicates
+    /// Samples held by more than one node (replicas).
+    pub fn replicated(&self) -> usize {
+        match self.more.is_empty() {
+            true => 0,
+            false => self.more.windows(2).filter(|w| w[1] > w[0]).count(),
+        }
     }
 
-    /// Bytes it holds per sample.
-    pub const BYTES_PER_SAMPLE: usize = size_of::<u8>() + size_of::<u32>();
+    /// Sample `s`'s holders after the first.
+    fn others_of(&self, s: usize) -> &[(u8, u32)] {
+        match self.more.get(s..s + 2) {
+            Some(&[a, b]) => &self.others[a as usize..b as usize],
+            _ => &[],
+        }
+    }
+
+    /// The pins whose node is named `node`.
+    pub fn pins_of(&self, node: &str) -> Avoid {
+        let mut out = Avoid::default();
+        for (i, p) in self.pins.iter().enumerate() {
+            if p.node == node {
+                out.insert(i as u8);
+            }
+        }
+        out
+    }
+
+    /// Whether any of `samples` is held by a pin in `pins`.
+    pub fn touches(&self, samples: &[u64], pins: &Avoid) -> bool {
+        samples.iter().any(|&s| {
+            let s = s as usize;
+            pins.contains(self.nodes[s]) || self.others_of(s).iter().any(|o| pins.contains(o.0))
+        })
+    }
 
     /// Where sample `s` is: its node's name, version and row id.
     pub fn locate(&self, s: u64) -> Option<(&str, u64, u32)> {
@@ -216,13 +326,43 @@ impl SampleIndex {
 
     /// The rows each node reads for `samples` (indices into the sorted
     /// samples), slot `i` being `samples[i]`'s: of each part, in order.
-    pub fn takes(&self, samples: &[u64]) -> Vec<Takes> {
+    /// Each sample is read from one of its holders not in `avoid` (see
+    /// the module docs); samples with none are an [`Unheld`].
+    pub fn takes(&self, samples: &[u64], avoid: &Avoid) -> Result<Vec<Takes>, Unheld> {
         let mut per: HashMap<u8, (Vec<u32>, Vec<u32>)> = HashMap::new();
+        let mut unheld: Vec<usize> = Vec::new();
+        let mut live: Vec<(u8, u32)> = Vec::new();
         for (slot, &s) in samples.iter().enumerate() {
-            let node = self.nodes[s as usize];
+            let i = s as usize;
+            live.clear();
+            live.extend(
+                std::iter::once((self.nodes[i], self.rows[i]))
+                    .chain(self.others_of(i).iter().copied())
+                    .filter(|(n, _)| !avoid.contains(*n)),
+            );
+            let Some(&(node, row)) = live.get(spread(s, live.len())) else {
+                unheld.push(i);
+                continue;
+            };
             let e = per.entry(node).or_default();
-            e.0.push(self.rows[s as usize]);
+            e.0.push(row);
             e.1.push(slot as u32);
+        }
+        if !unheld.is_empty() {
+            let mut nodes: Vec<String> = unheld
+                .iter()
+                .flat_map(|&i| {
+                    std::iter::once(self.nodes[i])
+                        .chain(self.others_of(i).iter().map(|o| o.0))
+                        .map(|n| self.pins[usize::from(n)].node.clone())
+                })
+                .collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            return Err(Unheld {
+                samples: unheld.len(),
+                nodes,
+            });
         }
         let mut parts: Vec<HashMap<usize, Take>> = vec![HashMap::new(); self.bases.len()];
         for (node, (rows, slots)) in per {
@@ -235,6 +375,112 @@ impl SampleIndex {
             parts[usize::from(self.pin_parts[node as usize])]
                 .insert(self.endpoints[node as usize], take);
         }
-        parts.into_iter().map(Arc::new).collect()
+        Ok(parts.into_iter().map(Arc::new).collect())
+    }
+}
+
+/// Which of `k` live holders reads sample `s`: a multiplicative hash of
+/// `s`, so that the choice does not follow the way samples were dealt
+/// to parts (by position mod the node count) and each holder takes about
+/// `1/k` of any window's reads.
+fn spread(s: u64, k: usize) -> usize {
+    let h = s.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (h % k.max(1) as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples 0..n of two pins: sample `s` first on pin `s % 2`, and on
+    /// the other pin too when `replicated`; row ids `s` and `100 + s`.
+    fn index(n: u32, replicated: bool) -> SampleIndex {
+        let mut out = SampleIndex {
+            pins: ["a", "b"]
+                .map(|node| Pin {
+                    node: node.into(),
+                    version: 1,
+                })
+                .to_vec(),
+            endpoints: vec![10, 11],
+            pin_parts: vec![0, 0],
+            bases: vec![0],
+            nodes: Vec::new(),
+            rows: Vec::new(),
+            more: Vec::new(),
+            others: Vec::new(),
+        };
+        for s in 0..n {
+            let first = (s % 2) as u8;
+            let others = replicated.then_some((1 - first, 100 + s));
+            out.push(first, s, others.into_iter());
+        }
+        out.seal();
+        out
+    }
+
+    fn read_from(takes: &[Takes], endpoint: usize) -> Vec<u32> {
+        takes[0]
+            .get(&endpoint)
+            .map_or_else(Vec::new, |t| t.rows.as_deref().unwrap_or_default().to_vec())
+    }
+
+    #[test]
+    fn replicated_samples_spread_over_their_holders_and_fail_over_to_the_one_left() {
+        let idx = index(8, true);
+        assert_eq!((idx.len(), idx.replicated()), (8, 8));
+        let all: Vec<u64> = (0..8).collect();
+        let takes = idx.takes(&all, &Avoid::default()).unwrap();
+        let (a, b) = (read_from(&takes, 10), read_from(&takes, 11));
+        assert_eq!(a.len() + b.len(), 8);
+        // Each holder's row ids: a holds s at s (even) or 100 + s (odd).
+        assert!(a.iter().all(|&r| (r < 100) == (r % 2 == 0)), "{a:?}");
+        // Over many samples the reads split evenly.
+        let many = index(10_000, true);
+        let all_many: Vec<u64> = (0..10_000).collect();
+        let t = many.takes(&all_many, &Avoid::default()).unwrap();
+        let on_a = read_from(&t, 10).len();
+        assert!((4_800..=5_200).contains(&on_a), "{on_a} of 10000 on a");
+        // Node a lost: every sample from b, in slot order.
+        let lost_a = idx.pins_of("a");
+        assert!(idx.touches(&all, &lost_a));
+        let takes = idx.takes(&all, &lost_a).unwrap();
+        assert!(read_from(&takes, 10).is_empty());
+        assert_eq!(read_from(&takes, 11), [100, 1, 102, 3, 104, 5, 106, 7]);
+        assert_eq!(&*takes[0][&11].slots, &[0, 1, 2, 3, 4, 5, 6, 7]);
+        // Both lost: the samples are named unheld, with their nodes.
+        let mut both = lost_a;
+        both.extend(&idx.pins_of("b"));
+        let u = idx.takes(&all, &both).unwrap_err();
+        assert_eq!((u.samples, u.nodes), (8, vec!["a".into(), "b".into()]));
+        // The cache's keys stay the first holder's, whoever reads.
+        assert_eq!(idx.keys(&[3]), [(1 << 32) | 3]);
+    }
+
+    #[test]
+    fn without_replicas_a_lost_node_leaves_its_samples_unheld() {
+        let idx = index(6, false);
+        assert_eq!(idx.replicated(), 0);
+        assert!(idx.more.is_empty(), "no offsets without replicas");
+        let u = idx.takes(&[0, 1, 2, 3], &idx.pins_of("b")).unwrap_err();
+        assert_eq!((u.samples, u.nodes), (2, vec!["b".to_string()]));
+        // A window of a's samples only is untouched by b.
+        assert!(!idx.touches(&[0, 2, 4], &idx.pins_of("b")));
+    }
+
+    #[test]
+    fn a_mixture_keeps_every_parts_holders() {
+        let joined = SampleIndex::concat(vec![index(3, false), index(4, true)]).unwrap();
+        assert_eq!((joined.len(), joined.replicated()), (7, 4));
+        assert_eq!(joined.bases(), [0, 3]);
+        // Part 1's pins are 2 and 3 ("a" and "b" again): losing "a"
+        // leaves part 0's samples 0 and 2 unheld, part 1's all served.
+        let lost = joined.pins_of("a");
+        let u = joined.takes(&[0, 1, 2], &lost).unwrap_err();
+        assert_eq!(u.samples, 2);
+        let takes = joined.takes(&[3, 4, 5, 6], &lost).unwrap();
+        assert!(takes[0].is_empty());
+        assert_eq!(takes[1][&11].rows.as_deref().unwrap(), [100, 1, 102, 3]);
+        assert_eq!(&*takes[1][&11].slots, &[0, 1, 2, 3]);
     }
 }

@@ -48,6 +48,7 @@ pub mod budget;
 pub mod cluster;
 pub mod coverage;
 pub mod error;
+pub mod failover;
 pub mod finish;
 pub mod in_order;
 pub mod index;

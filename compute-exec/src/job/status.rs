@@ -100,11 +100,11 @@ pub struct JobStatus {
     /// The first of them, with the reason.
     #[schema(value_type = Vec<Object>)]
     pub bad_samples: Vec<BadSample>,
-    /// Rows of the pinned versions the job does not deliver, and why (a
-    /// key held by more than one storage node is read once): every row
-    /// is delivered or counted here.
+    /// Storage nodes its windows found lost, or whose replica was
+    /// corrupt, and the windows that ran again on other holders because
+    /// of each (`crate::job::failover`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
+    pub failovers: Vec<crate::job::failover::FailoverEvent>,
     /// What its streams measured last, per tier (jobs whose cut may move:
     /// `auto`, on separate machines).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -48,13 +48,10 @@ impl StorageNode {
                 })?;
         let shard = match part.shard {
             None => None,
-            Some((index, count)) if count > 0 && index < count => Some(Shard { index, count }),
-            Some((index, count)) => {
-                return Err(StorageError::BadSource {
-                    path,
-                    reason: format!("bad shard {index}/{count}"),
-                });
-            }
+            Some((index, count)) => match Shard::new(index, count, part.replicas) {
+                Ok(s) => Some(s),
+                Err(reason) => return Err(StorageError::BadSource { path, reason }),
+            },
         };
         let opts = IngestOptions {
             confine: Some(Arc::clone(confine)),

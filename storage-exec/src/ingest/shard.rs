@@ -9,17 +9,26 @@
 //! the keys and user columns (an ImageFolder's `label`) the source would
 //! have given it whole, so a query over the N nodes returns the rows the
 //! embedded default returns over one data dir.
+//!
+//! With R replicas (`replicas`), part *p* is held by nodes *p … p+R−1*
+//! (mod N): node I keeps the parts I, I−1, …, I−R+1. Every node then
+//! holds R parts and every part R nodes, whatever the source; the parts
+//! are still disjoint, and a node's rows of one part are those of any
+//! other holder (the same keys, objects and user columns).
 
 use std::fmt;
 use std::str::FromStr;
 
-/// Part `index` of `count` (`0 <= index < count`).
+/// Node `index` of `count` (`0 <= index < count`), holding `replicas`
+/// parts (`1 <= replicas <= count`; see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {
-    /// Which part, from 0.
+    /// Which node, from 0 (with one replica: which part).
     pub index: u32,
-    /// How many parts.
+    /// How many parts (and nodes).
     pub count: u32,
+    /// How many nodes hold each part.
+    pub replicas: u32,
 }
 
 impl FromStr for Shard {
@@ -33,20 +42,54 @@ impl FromStr for Shard {
         if count == 0 || index >= count {
             return Err(bad());
         }
-        Ok(Self { index, count })
+        Ok(Self {
+            index,
+            count,
+            replicas: 1,
+        })
     }
 }
 
 impl fmt::Display for Shard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
+        write!(f, "{}/{}", self.index, self.count)?;
+        if self.replicas > 1 {
+            write!(f, ", {} replicas", self.replicas)?;
+        }
+        Ok(())
     }
 }
 
 impl Shard {
-    /// Whether the sample at `position` of the enumeration is this part's.
+    /// Node `index` of `count`, holding `replicas` parts; an error names
+    /// what is out of range.
+    pub fn new(index: u32, count: u32, replicas: u32) -> Result<Self, String> {
+        if count == 0 || index >= count {
+            return Err(format!("bad shard {index}/{count}"));
+        }
+        if replicas == 0 || replicas > count {
+            return Err(format!(
+                "bad replicas {replicas}: each part goes to 1 to {count} distinct nodes"
+            ));
+        }
+        Ok(Self {
+            index,
+            count,
+            replicas,
+        })
+    }
+
+    /// The part the sample (or shard file) at `position` of the
+    /// enumeration belongs to.
+    pub fn part_of(count: u32, position: usize) -> u32 {
+        (position % count as usize) as u32
+    }
+
+    /// Whether the sample at `position` of the enumeration is one of this
+    /// node's parts.
     pub fn keeps(&self, position: usize) -> bool {
-        position % self.count as usize == self.index as usize
+        let part = Self::part_of(self.count, position);
+        sluice_flight::ingest::holds(self.index, part, self.count, self.replicas)
     }
 }
 
@@ -58,7 +101,11 @@ mod tests {
     fn shards_parse_and_refuse_nonsense() {
         assert_eq!(
             "1/3".parse::<Shard>().unwrap(),
-            Shard { index: 1, count: 3 }
+            Shard {
+                index: 1,
+                count: 3,
+                replicas: 1
+            }
         );
         for bad in ["3/3", "0/0", "1", "a/2", "-1/2", "1/2/3"] {
             let e = bad.parse::<Shard>().unwrap_err();
@@ -71,7 +118,7 @@ mod tests {
         let n = 3;
         let mut seen = vec![0; 10];
         for index in 0..n {
-            let s = Shard { index, count: n };
+            let s = Shard::new(index, n, 1).unwrap();
             for (p, hits) in seen.iter_mut().enumerate() {
                 if s.keeps(p) {
                     *hits += 1;
@@ -79,5 +126,32 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&h| h == 1), "{seen:?}");
+    }
+
+    #[test]
+    fn with_replicas_each_part_is_on_r_distinct_nodes_and_each_node_holds_r_parts() {
+        for (n, r) in [(2, 2), (3, 2), (4, 3), (5, 1)] {
+            let nodes: Vec<Shard> = (0..n).map(|i| Shard::new(i, n, r).unwrap()).collect();
+            for p in 0..40usize {
+                let holding: Vec<u32> = nodes
+                    .iter()
+                    .filter(|s| s.keeps(p))
+                    .map(|s| s.index)
+                    .collect();
+                let part = Shard::part_of(n, p);
+                let named: Vec<u32> = {
+                    let mut h: Vec<u32> = sluice_flight::ingest::holders(part, n, r).collect();
+                    h.sort_unstable();
+                    h
+                };
+                assert_eq!(holding, named, "sample {p} of {n} nodes × {r}");
+            }
+            for s in &nodes {
+                let parts = (0..n as usize).filter(|&p| s.keeps(p)).count();
+                assert_eq!(parts, r as usize, "node {s}");
+            }
+        }
+        assert!(Shard::new(0, 2, 3).unwrap_err().contains("replicas 3"));
+        assert!(Shard::new(0, 2, 0).is_err());
     }
 }

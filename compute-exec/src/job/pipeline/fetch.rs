@@ -9,8 +9,13 @@
 //!    replaces it; windows in flight finish under the one they began)
 //!    runs on the jobs' runtime (the stream's own) over those rows' ids, each storage node's
 //!    share a message down the stream's feed on it;
-//! 4. **retry**: a storage node that cannot be reached is tried again
-//!    ([`Retry`]) until the job's `storage_wait_s` has passed;
+//! 4. **failover**: a storage node that cannot be reached is marked lost
+//!    and the window runs again at once, each sample from another holder
+//!    of its replicas; a replica whose checksum does not match is read
+//!    from another holder (`crate::job::failover`);
+//! 5. **retry**: samples with no holder left are tried again ([`Retry`])
+//!    until the job's `storage_wait_s` has passed, then fail naming the
+//!    nodes;
 //!
 //! and what the plan made goes into the cache. A window's task is
 //! aborted when its future is dropped (the reader left, the job was
@@ -23,12 +28,14 @@ use std::time::{Duration, Instant};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::physical_plan::collect;
-use sluice_flight::SLOT;
+use sluice_flight::{LinkError, SLOT};
+use tonic::Code;
 
 use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
 use crate::job::budget::{Reservation, WindowBudget};
 use crate::job::error::JobError;
+use crate::job::index::{Avoid, Unheld};
 use crate::job::mix_plan::with_part_takes;
 use crate::job::order::{Layout, Worker};
 use crate::job::outputs::OutputCache;
@@ -135,21 +142,30 @@ impl Fetch {
         }
     }
 
-    /// `plan` run over the rows of `samples` on the jobs' runtime, retried
-    /// while a storage node cannot be reached (see [`Retry`]).
+    /// `plan` run over the rows of `samples` on the jobs' runtime, failed
+    /// over to other holders and retried while a storage node cannot be
+    /// reached (see the module docs).
     async fn run(
         &self,
         plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
         samples: &[u64],
     ) -> Result<WindowRows, JobError> {
-        let takes = self.ready.index.takes(samples);
+        let (index, failover) = (&self.ready.index, &self.ready.failover);
         let mut retry = Retry::new(self.storage_wait);
+        // Replicas this window found corrupt: avoided by it alone.
+        let mut corrupt = Avoid::default();
         let batches = loop {
-            let (plan, takes, task) = (
-                Arc::clone(&plan),
-                takes.clone(),
-                Arc::clone(self.plan.task()),
-            );
+            let mut avoid = failover.avoid(index);
+            avoid.extend(&corrupt);
+            // With no live holder for some sample, every holder is tried
+            // (a lost node may be back); one still gone is waited for.
+            let takes = match index.takes(samples, &avoid) {
+                Ok(takes) => takes,
+                Err(_) => index
+                    .takes(samples, &corrupt)
+                    .map_err(|u| unheld(&u, "corrupt"))?,
+            };
+            let (plan, task) = (Arc::clone(&plan), Arc::clone(self.plan.task()));
             // On the jobs' runtime, which the stream runs on; aborted when
             // dropped: the stream no longer wants it.
             let run = SpawnedTask::spawn(async move {
@@ -161,12 +177,64 @@ impl Fetch {
                 .await
                 .map_err(|e| JobError::Internal(e.to_string()))?
                 .map_err(|e| JobError::running(&e));
-            match attempt {
-                Err(e @ JobError::Unavailable { .. }) => retry.after(e).await?,
-                other => break other?,
+            let e = match attempt {
+                Ok(batches) => break batches,
+                Err(e) => e,
+            };
+            match failed_node(&e) {
+                Some((node, Met::Lost)) if index.touches(samples, &index.pins_of(node)) => {
+                    avoid.extend(&index.pins_of(node));
+                    // Run again at once when every sample has another
+                    // holder; otherwise wait for a holder to come back.
+                    let elsewhere = index.takes(samples, &avoid);
+                    failover.lost(node, &e.to_string(), elsewhere.is_ok());
+                    if let Err(u) = elsewhere {
+                        retry.after(unheld(&u, "lost")).await?;
+                    }
+                }
+                Some((node, Met::Corrupt)) => {
+                    let pins = index.pins_of(node);
+                    corrupt.extend(&pins);
+                    if index.takes(samples, &corrupt).is_err() {
+                        return Err(e);
+                    }
+                    failover.corrupt(node, &e.to_string());
+                }
+                Some((_, Met::Lost)) => retry.after(e).await?,
+                None => return Err(e),
             }
         };
         WindowRows::from_plan(&batches, &self.schema, SLOT, samples.len())
+    }
+}
+
+/// What a window met on a storage node.
+enum Met {
+    /// It could not be reached.
+    Lost,
+    /// A replica's bytes did not match their checksum.
+    Corrupt,
+}
+
+/// The storage node `e` is about, when another holder may serve instead.
+fn failed_node(e: &JobError) -> Option<(&str, Met)> {
+    match e {
+        JobError::Unavailable { node, .. } => Some((node, Met::Lost)),
+        JobError::Storage(LinkError::Execution {
+            node, code, kind, ..
+        }) if *code == Code::DataLoss && kind == "checksum_mismatch" => Some((node, Met::Corrupt)),
+        _ => None,
+    }
+}
+
+/// A window's samples with no holder left, as a job's error naming them.
+fn unheld(u: &Unheld, what: &str) -> JobError {
+    JobError::Unavailable {
+        node: u.nodes.join(", "),
+        reason: format!(
+            "{} sample(s) of the window are held only there, and every holder is {what}",
+            u.samples
+        ),
     }
 }
 

@@ -129,7 +129,6 @@ impl Job {
                 failure: None,
                 ready: None,
                 progress: Progress::default(),
-                warnings: Vec::new(),
                 routes: RankRoutes::default(),
             }),
             bad: ErrorLog::default(),

@@ -59,7 +59,6 @@ struct Inner {
     failure: Option<Failure>,
     ready: Option<Arc<Ready>>,
     progress: Progress,
-    warnings: Vec<String>,
     routes: RankRoutes,
 }
 
@@ -110,14 +109,14 @@ impl Job {
     pub async fn start(&self) {
         match self.index().await {
             Ok(index) => {
-                if index.duplicates() > 0 {
-                    let warning = format!(
-                        "{} row(s) not delivered: their keys are on more than one storage \
-                         node, and each key is read once",
-                        index.duplicates()
+                if index.replicated() > 0 {
+                    tracing::info!(
+                        "job {}: {} of {} samples are held by more than one storage node \
+                         (replicas); each is read once, from a live holder",
+                        self.id,
+                        index.replicated(),
+                        index.len()
                     );
-                    tracing::warn!("job {}: {warning}", self.id);
-                    self.lock().warnings.push(warning);
                 }
                 let ready = Arc::new(Ready::new(&self.spec, index));
                 if let Err(e) = self.spec.check_samples(ready.epoch_len()) {
@@ -369,7 +368,10 @@ impl Job {
             bytes: inner.progress.bytes,
             skipped,
             bad_samples,
-            warnings: inner.warnings.clone(),
+            failovers: inner
+                .ready
+                .as_ref()
+                .map_or_else(Vec::new, |r| r.failover.events().0),
             observed: self.adaptive.last(),
             replans: self.adaptive.history(),
             ranks: layout.map_or_else(Vec::new, |l| inner.progress.ranks(l.per_rank())),

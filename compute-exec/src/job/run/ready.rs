@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::job::failover::Failover;
 use crate::job::index::SampleIndex;
 use crate::job::mix::MixLayout;
 use crate::job::order::{Layout, Worker};
@@ -17,6 +18,9 @@ use crate::job::status::ResumedEpoch;
 pub struct Ready {
     /// Where each sample is.
     pub index: SampleIndex,
+    /// Storage nodes its windows found lost (or a replica corrupt), and
+    /// the windows that ran again on other holders.
+    pub failover: Failover,
     /// A whole epoch's layout.
     pub layout: Layout,
     /// The first epoch the job reads, and its layout: from the position
@@ -46,6 +50,7 @@ impl Ready {
         };
         let ready = Self {
             index,
+            failover: Failover::default(),
             layout: spec.layout(samples, first + 1),
             first: (first, spec.layout(samples, first)),
             mix,

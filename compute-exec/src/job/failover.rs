@@ -1,0 +1,137 @@
+//! [`Failover`]: a job's storage nodes found lost, and the windows that
+//! ran again elsewhere because of them.
+//!
+//! A window that meets a storage node it cannot reach marks the node lost
+//! for [`LOST_FOR`] and runs again at once, each of its samples read from
+//! another holder (`SampleIndex::takes` with the lost nodes avoided). Every
+//! window of the job, on every stream, avoids a node while it is marked,
+//! so one window pays for the discovery and the others never wait on it.
+//! When the mark runs out the node is tried again: a node that came back
+//! takes its share of the reads again, one still gone is marked again by
+//! the first window that meets it (a refused connection: milliseconds).
+//! Only a window some of whose samples have no holder left waits, for the
+//! job's `storage_wait_s`, then fails naming the nodes.
+//!
+//! A replica whose bytes do not match their checksum is avoided by the
+//! window that met it only: the read is served from another holder, and
+//! the node stays in use for its other samples.
+//!
+//! What happened is kept for the job's status: per lost node, when it was
+//! first met, the windows that ran again because of it, and why.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::index::{Avoid, SampleIndex};
+
+/// How long a node that could not be reached is left out of reads.
+pub const LOST_FOR: Duration = Duration::from_secs(10);
+
+/// The most events a job keeps (the first ones: the rest are counted).
+const MAX_EVENTS: usize = 64;
+
+/// One node's failover, as the job's status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FailoverEvent {
+    /// The storage node.
+    pub node: String,
+    /// What was met: `lost` (not reachable) or `corrupt` (a replica's
+    /// checksum did not match).
+    pub what: String,
+    /// When it was first met, seconds since the Unix epoch.
+    pub at: f64,
+    /// Windows that ran again on other holders because of it.
+    pub windows: u64,
+    /// The first error met.
+    pub reason: String,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Failover {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Node → until when it is avoided.
+    lost: Vec<(String, Instant)>,
+    events: Vec<FailoverEvent>,
+    /// Events not kept (past [`MAX_EVENTS`]).
+    dropped: u64,
+}
+
+impl Failover {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pins of `index` every window avoids now: the nodes marked lost.
+    pub fn avoid(&self, index: &SampleIndex) -> Avoid {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.lost.retain(|(_, until)| *until > now);
+        let mut out = Avoid::default();
+        for (node, _) in &inner.lost {
+            out.extend(&index.pins_of(node));
+        }
+        out
+    }
+
+    /// Marks `node` lost (for [`LOST_FOR`]) after a window met `reason`
+    /// on it; `rerun`: the window runs again on other holders (counted).
+    pub fn lost(&self, node: &str, reason: &str, rerun: bool) {
+        let until = Instant::now() + LOST_FOR;
+        let mut inner = self.lock();
+        match inner.lost.iter_mut().find(|(n, _)| n == node) {
+            Some(mark) => mark.1 = until,
+            None => inner.lost.push((node.to_string(), until)),
+        }
+        if rerun {
+            inner.note(node, "lost", reason);
+        }
+    }
+
+    /// Counts a window run again because `node`'s replica of one of its
+    /// samples is corrupt.
+    pub fn corrupt(&self, node: &str, reason: &str) {
+        tracing::error!("{reason}; the window is read again from another replica");
+        self.lock().note(node, "corrupt", reason);
+    }
+
+    /// What happened, oldest first, and how many events were not kept.
+    pub fn events(&self) -> (Vec<FailoverEvent>, u64) {
+        let inner = self.lock();
+        (inner.events.clone(), inner.dropped)
+    }
+}
+
+impl Inner {
+    fn note(&mut self, node: &str, what: &str, reason: &str) {
+        if let Some(e) = self
+            .events
+            .iter_mut()
+            .rev()
+            .find(|e| e.node == node && e.what == what)
+        {
+            e.windows += 1;
+            return;
+        }
+        if self.events.len() >= MAX_EVENTS {
+            self.dropped += 1;
+            return;
+        }
+        tracing::warn!("storage node {node} {what}: {reason}; its windows run on other holders");
+        self.events.push(FailoverEvent {
+            node: node.to_string(),
+            what: what.to_string(),
+            at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            windows: 1,
+            reason: reason.to_string(),
+        });
+    }
+}
