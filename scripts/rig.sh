@@ -8,7 +8,7 @@
 # Debian's iproute2 (ip, tc) and util-linux (taskset).
 #
 #   bash scripts/rig.sh up --storage N --compute M [--link 1Gbit] [--delay 1ms]
-#                          [--ingest-root DIR] [--storage-cpus 0] [--compute-cpus 1]
+#                          [--ingest-root DIR] [--replicas R] [--storage-cpus 0] [--compute-cpus 1]
 #                          [--tokens] [--tls] [--bin PATH] [-- EXTRA SERVE ARGS]
 #   bash scripts/rig.sh link RATE [--delay D]   # reshape the running rig (tc qdisc change)
 #   bash scripts/rig.sh add-storage             # one more storage node; it registers itself
@@ -21,9 +21,10 @@
 # URLs); the same lines are in $SLUICE_RIG_DIR/rig.env. With
 # --ingest-root, every directory below DIR is ingested as a dataset of its
 # name over REST on the coordinator (`sluice ingest --url`), which spreads
-# it over the storage nodes (node I of N keeps every N-th object from the
-# I-th) and commits it on all of them or on none: the N parts together are
-# exactly what one data dir would hold. Storage nodes take ingests beneath
+# it over the storage nodes (part I of N is every N-th object from the
+# I-th, held by R nodes: I … I+R-1, R = --replicas, default 2 with at least
+# 2 storage nodes) and commits it on all of them or on none: the N parts
+# together are exactly what one data dir would hold. Storage nodes take ingests beneath
 # DIR (`storage-node --ingest-root`) and register with the coordinator
 # (`--coordinator`), which is also given their list.
 #
@@ -268,6 +269,7 @@ run_storage() {
 
 cmd_up() {
   local storage=1 compute=1 link="" delay="" ingest_root="" storage_cpus="" compute_cpus=""
+  local replicas=()
   local bin="${SLUICE_BIN:-}" serve_extra=() tokens="" tls=""
   while [ $# -gt 0 ]; do
     case "$1" in
@@ -276,6 +278,7 @@ cmd_up() {
       --link) link="$2"; shift 2 ;;
       --delay) delay="$2"; shift 2 ;;
       --ingest-root) ingest_root="$2"; shift 2 ;;
+      --replicas) replicas=(--replicas "$2"); shift 2 ;;
       --storage-cpus) storage_cpus="$2"; shift 2 ;;
       --compute-cpus) compute_cpus="$2"; shift 2 ;;
       --bin) bin="$2"; shift 2 ;;
@@ -385,7 +388,7 @@ cmd_up() {
       # shellcheck disable=SC2046
       env $([ -n "$tokens" ] && echo "SLUICE_TOKEN=$(cat "$RIG_DIR/secrets/admin")") \
         $([ -n "$tls" ] && echo "SLUICE_TLS_CA=$RIG_DIR/pki/ca.pem") \
-        "$bin" ingest "$(basename "$ds")" "$ds" --url "$(web)://$NET.2:$REST_PORT" \
+        "$bin" ingest "$(basename "$ds")" "$ds" --url "$(web)://$NET.2:$REST_PORT" "${replicas[@]}" \
         >> "$RIG_DIR/ingest.log" 2>&1 || { cat "$RIG_DIR/ingest.log" >&2; die "ingest of $ds over REST failed"; }
     done
   fi

@@ -16,6 +16,10 @@
 //! of its parts, whatever newer version it may list (`ComputeSession`'s
 //! refresh asks [`PartLedger::version`]).
 //!
+//! It also keeps, per dataset, how the cluster's last ingest laid it out
+//! ([`Layout`]: its replicas and each part's holders), from which a
+//! dataset's replication health and its replicated reads follow.
+//!
 //! The ledger is one JSON file (`<data dir>/cluster/parts.json`), replaced
 //! atomically at each commit (written beside, flushed, renamed), so a
 //! coordinator that restarts still knows its cluster's parts.
@@ -39,6 +43,20 @@ pub struct PartLedger {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Parts {
     parts: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Dataset → how its last ingest is laid out.
+    #[serde(default)]
+    layouts: BTreeMap<String, Layout>,
+}
+
+/// How one sharded ingest laid out a dataset version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// How many nodes hold each part.
+    pub replicas: u32,
+    /// Part `p`'s holders, by node name.
+    pub holders: Vec<Vec<String>>,
+    /// Each holder's version.
+    pub versions: BTreeMap<String, u64>,
 }
 
 /// A node's dataset version the ledger does not know.
@@ -87,6 +105,20 @@ impl PartLedger {
             of.insert(node.clone(), *version);
         }
         self.save(&p)
+    }
+
+    /// Notes how the committed ingest of `dataset` is laid out (after
+    /// [`PartLedger::committed`]), and saves the ledger.
+    pub fn laid_out(&self, dataset: &str, layout: Layout) -> std::io::Result<()> {
+        let mut p = self.lock();
+        p.layouts.insert(dataset.to_string(), layout);
+        self.save(&p)
+    }
+
+    /// How the cluster's last ingest of `dataset` is laid out, if it made
+    /// one.
+    pub fn layout(&self, dataset: &str) -> Option<Layout> {
+        self.lock().layouts.get(dataset).cloned()
     }
 
     /// The version of `dataset` the cluster wrote on `node`, if any.
@@ -168,8 +200,16 @@ mod tests {
             1,
             "another node's part is not this one's"
         );
-        // A restarted coordinator knows its parts.
+        let layout = Layout {
+            replicas: 2,
+            holders: vec![vec![a.into(), "b".into()], vec!["b".into(), a.into()]],
+            versions: [(a.to_string(), 3), ("b".to_string(), 2)].into(),
+        };
+        ledger.laid_out("pets", layout.clone()).unwrap();
+        // A restarted coordinator knows its parts and their layout.
         let again = PartLedger::open(dir.path()).unwrap();
         assert_eq!(again.version("pets", a), Some(3));
+        assert_eq!(again.layout("pets"), Some(layout));
+        assert_eq!(again.layout("cats"), None);
     }
 }

@@ -15,6 +15,10 @@ use sluice_udfs::UdfEnv;
 
 use sluice_flight::endpoint::endpoint_id;
 
+/// The rows each storage node reads for one window of a job, by node
+/// (`sluice_flight::endpoint::endpoint_id`).
+pub type Takes = Arc<HashMap<usize, Take>>;
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Feeds {

@@ -4,7 +4,6 @@
 //! node holding its dataset — one partition per node; a job's windows run
 //! through the plan's [`Feeds`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,11 +31,16 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::endpoint::endpoint_id;
 use sluice_flight::scan::filter_pushdown;
 use sluice_flight::stream::link_bytes;
-use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
+use sluice_flight::{DatasetScanExec, StorageEndpoint};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
 
 use crate::plan_feeds::Feeds;
+use crate::replica_reads::{NodeReads, ReplicaReads};
+
+fn empty_stream(schema: SchemaRef) -> SendableRecordBatchStream {
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream::empty()))
+}
 
 /// A dataset as the compute side sees it: its schema, planned over
 /// without its extents. Metadata filters are taken exactly (the storage
@@ -100,6 +104,7 @@ pub struct FragmentTable {
     udfs: Arc<UdfEnv>,
     compute_cores: usize,
     tally: Arc<Tally>,
+    replicas: Option<Arc<ReplicaReads>>,
 }
 
 /// What storage fragments sent to the compute side: rows and the bytes of
@@ -114,13 +119,15 @@ pub struct Tally {
 
 impl FragmentTable {
     /// The table of `fragment`, run on `endpoints`, counting what arrives
-    /// in `tally`.
+    /// in `tally`; over a replicated dataset each key is read once, as
+    /// `replicas` assigns it.
     pub fn new(
         fragment: StorageFragment,
         endpoints: Vec<Arc<dyn StorageEndpoint>>,
         udfs: Arc<UdfEnv>,
         compute_cores: usize,
         tally: Arc<Tally>,
+        replicas: Option<Arc<ReplicaReads>>,
     ) -> Self {
         Self {
             fragment,
@@ -128,6 +135,7 @@ impl FragmentTable {
             udfs,
             compute_cores,
             tally,
+            replicas,
         }
     }
 }
@@ -162,13 +170,15 @@ impl TableProvider for FragmentTable {
             .query_planner()
             .create_physical_plan(&self.fragment.plan, &single)
             .await?;
-        let mut plan: Arc<dyn ExecutionPlan> = Arc::new(RemoteFragmentExec::new(
+        let mut remote = RemoteFragmentExec::new(
             self.fragment.dataset.clone(),
             physical,
             self.endpoints.clone(),
             Arc::clone(&self.udfs),
             Arc::clone(&self.tally),
-        ));
+        );
+        remote.replicas = self.replicas.clone();
+        let mut plan: Arc<dyn ExecutionPlan> = Arc::new(remote);
         if let Some(p) = projection {
             let schema = plan.schema();
             let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p
@@ -193,9 +203,7 @@ impl TableProvider for FragmentTable {
     }
 }
 
-/// The rows each storage node reads for one window of a job, by node
-/// (`sluice_flight::endpoint::endpoint_id`).
-pub type Takes = Arc<HashMap<usize, Take>>;
+pub use crate::plan_feeds::Takes;
 
 /// Runs a storage fragment on each storage node holding its dataset; its
 /// partition `i` is node `i`'s stream. With [`Takes`] (a job's window), each
@@ -210,6 +218,9 @@ pub struct RemoteFragmentExec {
     udfs: Arc<UdfEnv>,
     tally: Arc<Tally>,
     takes: Option<Takes>,
+    /// Over a replicated dataset, which node reads which key when no
+    /// window's takes say (a query).
+    replicas: Option<Arc<ReplicaReads>>,
     feeds: Arc<Feeds>,
     properties: Arc<PlanProperties>,
 }
@@ -285,6 +296,7 @@ impl RemoteFragmentExec {
             udfs,
             tally,
             takes: None,
+            replicas: None,
             feeds: Arc::new(Feeds::default()),
             properties,
         }
@@ -363,7 +375,17 @@ impl ExecutionPlan for RemoteFragmentExec {
         let udfs = Arc::clone(&self.udfs);
         let feeds = Arc::clone(&self.feeds);
         let tally = Arc::clone(&self.tally);
+        let replicas = self.replicas.clone().filter(|_| take.is_none());
         let batches = stream::once(async move {
+            let fragment = match replicas {
+                // A query over a dataset on several nodes: each key once.
+                Some(r) => match r.take_for(&endpoint).await? {
+                    NodeReads::Whole => fragment,
+                    NodeReads::Take(mine) => sluice_flight::scan::with_take(fragment, &mine)?,
+                    NodeReads::Nothing => return Ok(empty_stream(fragment.schema())),
+                },
+                None => fragment,
+            };
             match take {
                 Some(take) => feeds.window(&endpoint, &fragment, &udfs, &take).await,
                 None => endpoint.execute(fragment, udfs).await,

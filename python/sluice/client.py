@@ -131,11 +131,15 @@ class Client:
         return self._request("GET", f"/v1/datasets/{urllib.parse.quote(name)}")
 
     def ingest(self, name: str, path: str, manifest: Optional[str] = None,
-               on_error: str = "skip") -> Dict[str, Any]:
-        """Ingests a directory on the server (under one of its ingest roots)."""
-        body = {"name": name, "path": path, "on_error": on_error}
+               on_error: str = "skip", replicas: Optional[int] = None) -> Dict[str, Any]:
+        """Ingests a directory on the server (under one of its ingest roots);
+        over storage nodes, ``replicas`` nodes hold each part (the server's
+        default: 2 with at least 2 nodes)."""
+        body: Dict[str, Any] = {"name": name, "path": path, "on_error": on_error}
         if manifest:
             body["manifest"] = manifest
+        if replicas is not None:
+            body["replicas"] = replicas
         return self._request("POST", "/v1/datasets", body)
 
     def submit(self, pipeline: Union[str, Dict[str, Any]], **options: Any) -> "Job":

@@ -49,6 +49,10 @@ pub struct Dataset {
     /// `video`, `array` or `bytes`, most common first.
     #[serde(default)]
     pub formats: Vec<String>,
+    /// For a version the cluster's ingest spread over storage nodes: its
+    /// parts fully replicated, under-replicated and lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<sluice_compute::session::replication::Replication>,
 }
 
 /// A node's latest version of a dataset.
@@ -135,6 +139,7 @@ async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
                 .collect(),
             versions,
             formats: formats(&stats.sample),
+            replication: session.replication(&name).await,
             name,
         });
     }
@@ -307,7 +312,16 @@ pub async fn ingest(
                 .iter()
                 .map(|p| (p.node.clone(), p.version))
                 .collect();
-            if let Err(e) = s.jobs.session().ledger().committed(&req.name, &parts) {
+            let layout = sluice_compute::ledger::Layout {
+                replicas: report.replicas,
+                holders: report.holders.clone(),
+                versions: parts.iter().cloned().collect(),
+            };
+            let ledger = s.jobs.session().ledger();
+            if let Err(e) = ledger
+                .committed(&req.name, &parts)
+                .and_then(|()| ledger.laid_out(&req.name, layout))
+            {
                 tracing::error!(
                     "ingest of {}: cannot note its parts in the ledger: {e}",
                     req.name

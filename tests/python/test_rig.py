@@ -304,32 +304,70 @@ def test_an_elastic_resume_continues_on_other_compute_nodes():
         assert taken + rest == whole
 
 
-def test_a_storage_node_stopped_mid_epoch_is_a_named_error_not_a_hang():
-    """A storage node killed while a rank reads: the trainer gets an error
-    naming that node within seconds, never a hang or a short epoch."""
+def read_timed(batches):
+    """Every batch left in `batches`, and the longest wait for one (s)."""
+    got, gap, t = [], 0.0, time.monotonic()
+    for b in batches:
+        now = time.monotonic()
+        got.append(b)
+        gap, t = max(gap, now - t), now
+    return got, gap
+
+
+def test_a_storage_node_killed_mid_epoch_fails_over_to_its_replicas():
+    """Two storage nodes, each part on both (the default). A storage node
+    killed -9 while a rank reads costs the trainer nothing: the epoch
+    completes, every sample once, byte-identical to an undisturbed run,
+    and the job's status names the node and the windows run again. With
+    the second node killed too, no holder is left: an error naming the
+    nodes within seconds, never a hang or a short epoch."""
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 4, 25)
-        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root)
+        # The reference job's rows would serve the job under test from the
+        # output cache: it must read through the loss.
+        env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root,
+                 extra_env=NO_OUTPUT_CACHE)
         try:
             c = sluice.Client(env["REST"])
-            job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img "
-                           "FROM pets", batch_size=2)
+            nodes = env["STORAGE"].split(",")
+            sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
+            want = pa.Table.from_batches(list(c.submit(sql, batch_size=2).reader(0).batches()))
+            assert want.num_rows == 100
+            job = c.submit(sql, batch_size=2)
             job.wait()
-            reader = job.reader(0, prefetch=0)
-            batches = reader.batches()
-            next(batches)
+            batches = job.reader(0, prefetch=0).batches()
+            got = [next(batches)]
             os.kill(node_pid(rig_dir, "storage1"), signal.SIGKILL)
+            rest, gap = read_timed(batches)
+            got += rest
+            assert pa.Table.from_batches(got).equals(want), "the failed-over epoch differs"
+            assert gap < 10, f"the trainer waited {gap:.1f} s for a batch"
+            status = job.status()
+            assert status["state"] == "done" and status["delivered"] == 100, status
+            failovers = status["failovers"]
+            assert [f["node"] for f in failovers] == [nodes[1]], failovers
+            assert failovers[0]["what"] == "lost" and failovers[0]["windows"] >= 1, failovers
+
+            # Both holders gone: a named error, never a short epoch. (The
+            # job starts with both up: its samples are listed on every
+            # holder at submit.)
+            rig_cmd("restart-storage", "1", rig_dir=rig_dir)
+            job = c.submit(sql, batch_size=2)
+            job.wait()
+            batches = job.reader(0, prefetch=0).batches()
+            rows = next(batches).num_rows
+            for node in ("storage1", "storage0"):
+                os.kill(node_pid(rig_dir, node), signal.SIGKILL)
             t0 = time.monotonic()
-            rows = 2
             try:
                 for b in batches:
                     rows += b.num_rows
-                raise AssertionError(f"the epoch ended without the node: {rows} of 100 rows")
+                raise AssertionError(f"the epoch ended without its nodes: {rows} of 100 rows")
             except sluice.SluiceError as e:
                 took = time.monotonic() - t0
-                node = env["STORAGE"].split(",")[1]
-                assert node in e.message, e
+                assert nodes[0] in e.message and nodes[1] in e.message, e
+                assert "every holder is lost" in e.message, e
                 assert e.code in ("unavailable", "node_unavailable"), e
                 assert took < 60, f"the error took {took:.0f} s"
             assert rows < 100
@@ -348,8 +386,9 @@ def test_a_job_told_to_wait_for_storage_reads_on_when_the_node_comes_back():
         root = gen(d, "pets", 4, 25)
         # The reference job's rows would serve the job under test from the
         # output cache: it must read through the outage.
+        # One copy of each part: the node's samples have no other holder.
         env = up(rig_dir, "--storage", "2", "--compute", "0", "--ingest-root", root,
-                 extra_env=NO_OUTPUT_CACHE)
+                 "--replicas", "1", extra_env=NO_OUTPUT_CACHE)
         try:
             c = sluice.Client(env["REST"])
             sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
@@ -481,13 +520,18 @@ def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new
             assert rows.column("img").equals(want.column("img"))
             assert rows.column("key").equals(want.column("key"))
 
-            # Again, through the Python client: version 2 on both, 11 + 10.
-            report = c.ingest("pets", os.path.join(root, "pets"))
+            # Again, through the Python client with one copy: version 2 on
+            # both, 11 + 10.
+            report = c.ingest("pets", os.path.join(root, "pets"), replicas=1)
             parts = {p["node"]: p for p in report["parts"]}
             assert set(parts) == set(nodes), report
             assert sorted(p["samples"] for p in parts.values()) == [10, 11], report
             assert {p["version"] for p in parts.values()} == {2}, report
-            assert report["samples"] == 21
+            assert report["samples"] == 21 and report["replicas"] == 1
+            # More copies than nodes: refused, nothing written.
+            with pytest.raises(sluice.SluiceError) as e:
+                c.ingest("pets", os.path.join(root, "pets"), replicas=3)
+            assert e.value.status == 400 and "replicas 3" in e.value.message, e.value
 
             # A source whose second object (node 1's first) is a symlink,
             # which confinement refuses: with on_error=fail node 1 fails,
@@ -504,19 +548,20 @@ def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new
                     with open(images[i], "rb") as f, open(os.path.join(broken, name), "wb") as g:
                         g.write(f.read())
             with pytest.raises(sluice.SluiceError) as e:
-                c.ingest("broken", os.path.dirname(broken), on_error="fail")
+                c.ingest("broken", os.path.dirname(broken), on_error="fail", replicas=1)
             assert e.value.status == 400, e.value
             assert nodes[1] in e.value.message and "abandoned on every node" in e.value.message, \
                 e.value.message
             assert dataset(c, "broken") is None
             # The nodes' ingest locks are free again: the same source with
             # skip commits on both (the symlink left out, named).
-            report = c.ingest("broken", os.path.dirname(broken))
+            report = c.ingest("broken", os.path.dirname(broken), replicas=1)
             assert report["samples"] == 3 and [s["key"] for s in report["skipped"]] == ["a/1.jpg"]
             assert {p["version"] for p in report["parts"]} == {1}, report
 
             # A third storage node, given to no one, registers by itself
-            # and takes a third of the next ingest.
+            # and takes its share of the next ingest: 3 parts of 7, each
+            # on 2 of the 3 nodes (part i on nodes i and i+1).
             added = parse_env(rig_cmd("add-storage", rig_dir=rig_dir).stdout)["STORAGE_URL"]
             deadline = time.monotonic() + 30
             while added not in {n["name"] for n in c._request("GET", "/v1/nodes")["nodes"]}:
@@ -524,7 +569,10 @@ def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new
                 time.sleep(0.5)
             report = c.ingest("more", os.path.join(root, "pets"))
             assert sorted(p["node"] for p in report["parts"]) == sorted(nodes + [added]), report
-            assert sorted(p["samples"] for p in report["parts"]) == [7, 7, 7], report
+            assert sorted(p["samples"] for p in report["parts"]) == [14, 14, 14], report
+            assert report["replicas"] == 2 and report["samples"] == 21, report
+            order = [p["node"] for p in report["parts"]]
+            assert report["holders"] == [[order[i], order[(i + 1) % 3]] for i in range(3)], report
             job = c.submit("SELECT key, to_tensor(resize(decode_image(data), 32, 32)) AS img "
                            "FROM more", batch_size=4)
             assert job.wait()["samples"] == 21

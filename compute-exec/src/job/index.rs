@@ -33,7 +33,7 @@ use sluice_udfs::UdfEnv;
 
 use super::error::JobError;
 use super::query::KEY;
-use crate::remote::Takes;
+use crate::plan_feeds::Takes;
 use sluice_flight::endpoint::endpoint_id;
 
 /// A dataset version a job reads on one node.

@@ -31,6 +31,7 @@ use self::prepared::{Tables, query_runtime};
 
 mod nodes;
 mod prepared;
+pub mod replication;
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
 pub const PROBE_BYTES: u64 = 32 << 20;
@@ -77,6 +78,8 @@ struct Known {
     cores: HashMap<usize, usize>,
     limits: HashMap<usize, Option<f64>>,
     measured: HashMap<usize, Option<f64>>,
+    /// Nodes that did not answer the last refresh.
+    unreachable: std::collections::BTreeSet<usize>,
 }
 
 /// The statement options of user queries: read only.
@@ -271,8 +274,19 @@ impl ComputeSession {
         };
         for (name, h) in &known.datasets {
             let parts: Vec<DatasetStats> = h.parts.iter().map(|p| p.stats.clone()).collect();
+            let mut stats = DatasetStats::merge(&parts);
+            // Each key of a replicated version is on `replicas` nodes.
+            if let Some(layout) = self.ledger.layout(name).filter(|l| {
+                l.replicas > 1
+                    && h.parts
+                        .iter()
+                        .all(|p| l.versions.get(endpoints[p.node].name()) == Some(&p.version))
+            }) {
+                stats.samples /= u64::from(layout.replicas);
+                stats.bytes /= u64::from(layout.replicas);
+            }
             snap.latest.insert(name.clone(), Arc::clone(&h.schema));
-            snap.stats.insert(name.clone(), DatasetStats::merge(&parts));
+            snap.stats.insert(name.clone(), stats);
             snap.holders.insert(
                 name.clone(),
                 h.parts
@@ -365,6 +379,7 @@ impl ComputeSession {
             mut holders,
             nodes,
         } = self.snapshot().await;
+        let schema_of = latest.clone();
         let resources = self.resources(nodes).await;
         let compute_cores = resources.compute_cores.max(1.0) as usize;
         let config = SessionConfig::new()
@@ -427,6 +442,7 @@ impl ComputeSession {
             calibrations: Arc::clone(&self.calibrations),
             query_memory: self.query_memory,
             tables: Tables {
+                replicas: self.replica_reads(&holders, &schema_of).await,
                 holders,
                 udfs: Arc::clone(udfs),
                 compute_cores,

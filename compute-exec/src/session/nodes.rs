@@ -112,6 +112,7 @@ impl ComputeSession {
             }
         });
         let answers = futures::future::join_all(asked).await;
+        known.unreachable.clear();
         for ((i, e), answer) in endpoints.iter().enumerate().zip(answers) {
             let Some(answer) = answer else { continue };
             let datasets = match answer {
@@ -124,6 +125,7 @@ impl ComputeSession {
                 }
                 Err(err) => {
                     tracing::warn!("{err}");
+                    known.unreachable.insert(i);
                     for (name, h) in &known.datasets {
                         if let Some(p) = h.parts.iter().find(|p| p.node == i) {
                             listed

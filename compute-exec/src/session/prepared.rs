@@ -22,6 +22,7 @@ use sluice_udfs::UdfEnv;
 
 use crate::calibration::{CalibrationCache, calibrate};
 use crate::remote::{FragmentTable, Tally};
+use crate::replica_reads::ReplicaReads;
 
 /// A planned query.
 pub struct PlannedQuery {
@@ -182,6 +183,8 @@ impl Prepared {
 #[derive(Clone)]
 pub(super) struct Tables {
     pub(super) holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
+    /// Replicated datasets: which node reads which key.
+    pub(super) replicas: HashMap<String, Arc<ReplicaReads>>,
     pub(super) udfs: Arc<UdfEnv>,
     pub(super) compute_cores: usize,
     pub(super) tally: Arc<Tally>,
@@ -200,6 +203,7 @@ impl FragmentTables for Tables {
             Arc::clone(&self.udfs),
             self.compute_cores,
             Arc::clone(&self.tally),
+            self.replicas.get(&fragment.dataset).cloned(),
         )))
     }
 }

@@ -1,0 +1,98 @@
+//! [`ReplicaReads`]: a query over a dataset spread over several storage
+//! nodes reads each key once.
+//!
+//! Every key of a replicated version is on `replicas` storage nodes
+//! (`crate::ingest`), so a query that ran its fragment over every row of
+//! every node would see each row `replicas` times. Before the first node
+//! runs, the query lists each node's keys and row ids, as a job does at
+//! submit (`SampleIndex::build`). When no key is on two nodes, every node
+//! runs the whole fragment, as before; otherwise each key goes to one
+//! holder (`SampleIndex::takes`) and every node reads, through a take,
+//! the rows it was given and no other. The listing is a key and a row id
+//! per row, metadata only, once per query. It is done for every dataset
+//! held by more than one node, not only those the coordinator's ledger
+//! knows as replicated: a compute node (whose ledger is empty) and a
+//! dataset copied by hand give the same answer as one data dir, and the
+//! same rows a job reads.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use sluice_flight::endpoint::endpoint_id;
+use sluice_flight::{StorageEndpoint, Take};
+use tokio::sync::OnceCell;
+
+use crate::job::index::{Avoid, SampleIndex};
+use crate::plan_feeds::Takes;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ReplicaReads {
+    table: String,
+    schema: SchemaRef,
+    pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    takes: OnceCell<std::result::Result<Option<Takes>, String>>,
+}
+
+/// What one node reads of a query's dataset.
+#[derive(Debug)]
+pub enum NodeReads {
+    /// Every row it holds (no key of the dataset is on two nodes).
+    Whole,
+    /// These rows.
+    Take(Take),
+    /// None: other holders read its keys.
+    Nothing,
+}
+
+impl ReplicaReads {
+    /// Reads of `table` (whose schema is `schema`) at `pins`: each node
+    /// and the version it holds.
+    pub fn new(
+        table: String,
+        schema: SchemaRef,
+        pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    ) -> Self {
+        Self {
+            table,
+            schema,
+            pins,
+            takes: OnceCell::new(),
+        }
+    }
+
+    /// What `endpoint` reads.
+    pub async fn take_for(&self, endpoint: &Arc<dyn StorageEndpoint>) -> Result<NodeReads> {
+        let takes = self
+            .takes
+            .get_or_init(|| async {
+                let index = SampleIndex::build(&self.table, &self.schema, &[], &self.pins)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if index.replicated() == 0 {
+                    return Ok(None);
+                }
+                let all: Vec<u64> = (0..index.len() as u64).collect();
+                let mut parts = index
+                    .takes(&all, &Avoid::default())
+                    .map_err(|u| format!("{} rows have no holder", u.samples))?;
+                Ok(Some(parts.swap_remove(0)))
+            })
+            .await
+            .as_ref()
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "listing the replicas of dataset {}: {e}",
+                    self.table
+                ))
+            })?;
+        Ok(match takes {
+            None => NodeReads::Whole,
+            Some(takes) => match takes.get(&endpoint_id(endpoint)) {
+                Some(take) => NodeReads::Take(take.clone()),
+                None => NodeReads::Nothing,
+            },
+        })
+    }
+}
