@@ -202,6 +202,7 @@ async function drawJob(st) {
     ` ${fmt.n(r.delivered)} / ${fmt.n(r.of)}${r.epochs_done ? ` · ${r.epochs_done} epoch(s) done` : ""}`)));
   if (!(st.ranks || []).length) $("ranks").textContent = "no reader yet";
   drawMix(st.mix);
+  drawFailovers(st.failovers || []);
   fill($("bytes").tBodies[0], [
     ["storage → compute (link)", st.bytes.link],
     ["compute → trainers (Flight)", st.bytes.trainer],
@@ -235,6 +236,18 @@ function drawMix(mix) {
     el("td", { class: "num" }, fmt.n(p.samples)),
     el("td", { class: "num" }, fmt.n(p.delivered)),
     el("td", { class: "num" }, p.share.toFixed(3)))));
+}
+
+// Storage nodes the job's windows found lost (or a replica corrupt), and
+// the windows that ran again on other holders because of each.
+function drawFailovers(failovers) {
+  $("failover-box").hidden = failovers.length === 0;
+  fill($("failovers").tBodies[0], failovers.map((f) => el("tr", {},
+    el("td", {}, f.node),
+    el("td", {}, f.what),
+    el("td", {}, new Date(f.at * 1000).toLocaleTimeString()),
+    el("td", { class: "num" }, fmt.n(f.windows)),
+    el("td", {}, f.reason))));
 }
 
 function drawChart(h) {
