@@ -501,6 +501,11 @@ pub enum Command {
     },
     /// List datasets with their versions, sample counts and bytes.
     Datasets {
+        /// List a running server's datasets (`GET /v1/datasets`) instead
+        /// of the data dir's: over storage nodes, with each version's
+        /// replication (parts fully replicated, under-replicated, lost).
+        #[arg(long)]
+        url: Option<String>,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: DocFormat,

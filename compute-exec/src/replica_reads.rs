@@ -20,9 +20,10 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
 use sluice_flight::endpoint::endpoint_id;
-use sluice_flight::{StorageEndpoint, Take};
+use sluice_flight::{LinkError, StorageEndpoint, Take};
 use tokio::sync::OnceCell;
 
+use crate::job::error::JobError;
 use crate::job::index::{Avoid, SampleIndex};
 use crate::plan_feeds::Takes;
 
@@ -32,7 +33,7 @@ pub struct ReplicaReads {
     table: String,
     schema: SchemaRef,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
-    takes: OnceCell<std::result::Result<Option<Takes>, String>>,
+    takes: OnceCell<std::result::Result<Option<Takes>, LinkError>>,
 }
 
 /// What one node reads of a query's dataset.
@@ -67,26 +68,25 @@ impl ReplicaReads {
         let takes = self
             .takes
             .get_or_init(|| async {
-                let index = SampleIndex::build(&self.table, &self.schema, &[], &self.pins)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let index =
+                    SampleIndex::build(&self.table, &self.schema, &[], &self.pins, &|_| false)
+                        .await
+                        .map_err(as_link)?;
                 if index.replicated() == 0 {
                     return Ok(None);
                 }
                 let all: Vec<u64> = (0..index.len() as u64).collect();
-                let mut parts = index
-                    .takes(&all, &Avoid::default())
-                    .map_err(|u| format!("{} rows have no holder", u.samples))?;
+                let mut parts = index.takes(&all, &Avoid::default()).map_err(|u| {
+                    LinkError::Protocol(format!(
+                        "{} rows of {} have no holder",
+                        u.samples, self.table
+                    ))
+                })?;
                 Ok(Some(parts.swap_remove(0)))
             })
             .await
             .as_ref()
-            .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "listing the replicas of dataset {}: {e}",
-                    self.table
-                ))
-            })?;
+            .map_err(|e| DataFusionError::from(e.clone()))?;
         Ok(match takes {
             None => NodeReads::Whole,
             Some(takes) => match takes.get(&endpoint_id(endpoint)) {
@@ -94,5 +94,16 @@ impl ReplicaReads {
                 None => NodeReads::Nothing,
             },
         })
+    }
+}
+
+/// A listing's error as the storage link's, so that a query names the
+/// node and keeps the kind (`node_unavailable`) it would have met running
+/// its fragment there.
+fn as_link(e: JobError) -> LinkError {
+    match e {
+        JobError::Unavailable { node, reason } => LinkError::Unavailable { node, reason },
+        JobError::Storage(link) => link,
+        other => LinkError::Protocol(other.to_string()),
     }
 }

@@ -1066,3 +1066,62 @@ async fn a_deferred_normalize_gives_the_query_s_rows() {
         }
     }
 }
+
+/// Flips one byte of the first copy of `bytes` in `store`'s device file.
+fn flip_in_device(data_dir: &Path, bytes: &[u8]) {
+    let path = data_dir.join("device.img");
+    let mut device = std::fs::read(&path).unwrap();
+    let at = device
+        .windows(bytes.len())
+        .position(|w| w == bytes)
+        .expect("the object is on the device");
+    // Its last byte: the npy's values, past the header the probe reads.
+    device[at + bytes.len() - 1] ^= 0xff;
+    std::fs::write(&path, device).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_replica_is_read_from_the_other_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two nodes holding every sample: each key has two replicas.
+    let (_, a) = storage_node(dir.path(), "a", (0..SAMPLES).collect(), &[]).await;
+    let (_, b) = storage_node(dir.path(), "b", (0..SAMPLES).collect(), &[]).await;
+    let (_, clean) = storage_node(dir.path(), "clean", (0..SAMPLES).collect(), &[]).await;
+    let want = {
+        let jobs = jobs(vec![clean as Arc<dyn StorageEndpoint>]);
+        let job = jobs.submit(spec(1, false, "storage")).await.unwrap();
+        read(&jobs, job.id(), 0, 0, 0).await
+    };
+    for i in [3, 17, 30] {
+        flip_in_device(&dir.path().join("a"), &npy(&[i as f32, 0.5, -1.0, 2.0]));
+    }
+    // Over Flight, as a cluster's nodes are: an error names its node.
+    let (a, b) = (over_flight(a).await, over_flight(b).await);
+    let a_name = a.name().to_string();
+    let jobs = jobs(vec![a, b]);
+    let job = jobs.submit(spec(1, false, "storage")).await.unwrap();
+    let got = read(&jobs, job.id(), 0, 0, 0).await;
+    assert_eq!(keys(&got).len(), SAMPLES, "every sample once");
+    assert_eq!(
+        got, want,
+        "the bytes of the good replicas, in the same order"
+    );
+    let status = jobs.get(job.id()).unwrap().status();
+    assert_eq!(status.skipped, 0, "no sample was lost to the bad replica");
+    let corrupt: Vec<_> = status
+        .failovers
+        .iter()
+        .filter(|f| f.what == "corrupt")
+        .collect();
+    assert!(!corrupt.is_empty(), "{:?}", status.failovers);
+    assert!(
+        corrupt.iter().all(|f| f.node == a_name),
+        "{:?}",
+        status.failovers
+    );
+    assert!(
+        corrupt[0].reason.contains("checksum"),
+        "{}",
+        corrupt[0].reason
+    );
+}

@@ -1,4 +1,6 @@
-//! `sluice datasets`: datasets with their versions, sample counts and bytes.
+//! `sluice datasets`: datasets with their versions, sample counts and
+//! bytes; with `--url`, a server's, with their replication over storage
+//! nodes.
 
 use super::open_store;
 use crate::cli::{Cli, DocFormat};
@@ -50,4 +52,54 @@ pub fn run(cli: &Cli, format: DocFormat) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `sluice datasets --url URL`: `GET /v1/datasets` on the server.
+pub async fn remote(
+    client: crate::rest_client::RestClient,
+    format: DocFormat,
+) -> anyhow::Result<()> {
+    let listed: serde_json::Value = client.call(http::Method::GET, "/v1/datasets", None).await?;
+    if format == DocFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&listed)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>12} {:>11} {:>6}  REPLICATION",
+        "DATASET", "SAMPLES", "BYTES", "NODES"
+    );
+    for d in listed.as_array().into_iter().flatten() {
+        let nodes = d["versions"].as_array().map_or(0, Vec::len);
+        println!(
+            "{:<24} {:>12} {:>11} {:>6}  {}",
+            d["name"].as_str().unwrap_or_default(),
+            d["samples"],
+            human(d["bytes"].as_u64().unwrap_or_default()),
+            nodes,
+            replication(&d["replication"])
+        );
+    }
+    Ok(())
+}
+
+/// A dataset's replication in a few words: `2 copies: 3 parts full`, with
+/// the under-replicated and lost parts when there are any.
+fn replication(r: &serde_json::Value) -> String {
+    if r.is_null() {
+        return "-".into();
+    }
+    let n = |k: &str| r[k].as_u64().unwrap_or_default();
+    let mut out = format!(
+        "{} copies: {} of {} parts full",
+        n("replicas"),
+        n("full"),
+        n("parts")
+    );
+    if n("under") > 0 {
+        out += &format!(", {} under-replicated", n("under"));
+    }
+    if n("lost") > 0 {
+        out += &format!(", {} LOST", n("lost"));
+    }
+    out
 }

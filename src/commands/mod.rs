@@ -106,7 +106,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Datasets { format } => datasets::run(&cli, *format),
+        Command::Datasets {
+            url: Some(url),
+            format,
+        } => {
+            let client = place::rest_client(&cli, url, cli.token.first().cloned())?;
+            datasets::remote(client, *format).await
+        }
+        Command::Datasets { url: None, format } => datasets::run(&cli, *format),
         Command::Sql {
             query,
             format,

@@ -49,14 +49,15 @@ def one_data_dir(d, root):
 
 
 @contextlib.contextmanager
-def two_by_two():
+def two_by_two(extra_env=None):
     """A rig of 2 storage and 2 compute nodes (both registered) holding
-    `pets` (3 x 7 images): yields (rig dir, its environment, a client);
-    taken down after."""
+    `pets` (3 x 7 images), its processes seeing `extra_env`: yields (rig
+    dir, its environment, a client); taken down after."""
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
-        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root)
+        env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root,
+                 extra_env=extra_env)
         try:
             c = sluice.Client(env["REST"])
             compute_nodes(c, 2)
@@ -349,9 +350,14 @@ def test_a_storage_node_killed_mid_epoch_fails_over_to_its_replicas():
             assert [f["node"] for f in failovers] == [nodes[1]], failovers
             assert failovers[0]["what"] == "lost" and failovers[0]["windows"] >= 1, failovers
 
-            # Both holders gone: a named error, never a short epoch. (The
-            # job starts with both up: its samples are listed on every
-            # holder at submit.)
+            # A job submitted while the node is still down starts: its
+            # samples are listed from their other holders.
+            job = c.submit(sql, batch_size=2)
+            job.wait()
+            again = pa.Table.from_batches(list(job.reader(0).batches()))
+            assert again.equals(want), "a job started without a holder differs"
+
+            # Both holders gone: a named error, never a short epoch.
             rig_cmd("restart-storage", "1", rig_dir=rig_dir)
             job = c.submit(sql, batch_size=2)
             job.wait()
@@ -374,6 +380,48 @@ def test_a_storage_node_killed_mid_epoch_fails_over_to_its_replicas():
             assert c._request("GET", "/healthz") == "ok\n"
         finally:
             rig_cmd("down", rig_dir=rig_dir)
+
+
+def test_compute_nodes_fail_over_a_lost_storage_node_and_the_coordinator_shows_it():
+    """2 storage x 2 compute nodes, each part on both storage nodes. A
+    storage node killed while the ranks read on the compute nodes: every
+    rank's epoch completes with the bytes of an undisturbed run, the
+    coordinator's status shows the failover and the compute node that met
+    it, and the dataset shows its parts under-replicated (REST and
+    `sluice datasets --url`)."""
+    with two_by_two(extra_env=NO_OUTPUT_CACHE) as (rig_dir, env, c):
+        sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
+        before = c.submit(sql, batch_size=2, world_size=2)
+        want = [pa.Table.from_batches(list(before.reader(r).batches())) for r in range(2)]
+        assert sum(t.num_rows for t in want) == 21
+        pets = c._request("GET", "/v1/datasets/pets")
+        assert pets["samples"] == 21, pets
+        assert pets["replication"] == {"replicas": 2, "parts": 2, "full": 2, "under": 0,
+                                       "lost": 0}, pets
+        job = c.submit(sql, batch_size=2, world_size=2)
+        job.wait()
+        first = job.reader(0, prefetch=0).batches()
+        got0 = [next(first)]
+        os.kill(node_pid(rig_dir, "storage1"), signal.SIGKILL)
+        got0 += list(first)
+        got1 = list(job.reader(1).batches())
+        assert pa.Table.from_batches(got0).equals(want[0]), "rank 0 differs"
+        assert pa.Table.from_batches(got1).equals(want[1]), "rank 1 differs"
+        lost = env["STORAGE"].split(",")[1]
+        deadline = time.monotonic() + 15
+        while True:
+            failovers = job.status().get("failovers", [])
+            if any(f["node"] == lost and f.get("via") for f in failovers):
+                break
+            assert time.monotonic() < deadline, f"no failover reported: {failovers}"
+            time.sleep(0.5)
+        assert {f["via"] for f in failovers} <= compute_nodes(c, 2), failovers
+        pets = c._request("GET", "/v1/datasets/pets")["replication"]
+        assert (pets["full"], pets["under"], pets["lost"]) == (0, 2, 0), pets
+        assert all(p["live"] == [env["STORAGE"].split(",")[0]] for p in pets["degraded"]), pets
+        listed = subprocess.run([SLUICE, "datasets", "--url", env["REST"]],
+                                capture_output=True, text=True, check=True).stdout
+        assert "2 copies: 0 of 2 parts full, 2 under-replicated" in listed, listed
 
 
 def test_a_job_told_to_wait_for_storage_reads_on_when_the_node_comes_back():

@@ -29,9 +29,6 @@ use crate::job::index::{Avoid, SampleIndex};
 /// How long a node that could not be reached is left out of reads.
 pub const LOST_FOR: Duration = Duration::from_secs(10);
 
-/// The most events a job keeps (the first ones: the rest are counted).
-const MAX_EVENTS: usize = 64;
-
 /// One node's failover, as the job's status shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FailoverEvent {
@@ -46,6 +43,37 @@ pub struct FailoverEvent {
     pub windows: u64,
     /// The first error met.
     pub reason: String,
+    /// The compute node whose windows met it (as its progress reports
+    /// say); absent: this process's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+}
+
+/// Most events one node's report may carry, and a job keeps of its own.
+pub const MAX_EVENTS: usize = 64;
+
+/// Longest reason an event may give.
+pub const MAX_REASON: usize = 1024;
+
+impl FailoverEvent {
+    /// Why `self` (from a compute node's report) is not one, if it is not.
+    pub fn check(&self, max_node: usize) -> Result<(), String> {
+        if self.node.is_empty() || self.node.len() > max_node {
+            return Err(format!("a failover's node must have 1 to {max_node} bytes"));
+        }
+        if !matches!(self.what.as_str(), "lost" | "corrupt") {
+            return Err(format!(
+                "a failover is lost or corrupt, not {:?}",
+                self.what
+            ));
+        }
+        if self.reason.len() > MAX_REASON || !self.at.is_finite() {
+            return Err(format!(
+                "a failover's reason has at most {MAX_REASON} bytes and its time is a number"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// See the module docs.
@@ -61,6 +89,8 @@ struct Inner {
     events: Vec<FailoverEvent>,
     /// Events not kept (past [`MAX_EVENTS`]).
     dropped: u64,
+    /// Compute nodes' events, as their latest reports said (by node).
+    reported: Vec<(String, Vec<FailoverEvent>)>,
 }
 
 impl Failover {
@@ -101,10 +131,46 @@ impl Failover {
         self.lock().note(node, "corrupt", reason);
     }
 
-    /// What happened, oldest first, and how many events were not kept.
+    /// What happened here, oldest first, and how many events were not
+    /// kept.
     pub fn events(&self) -> (Vec<FailoverEvent>, u64) {
         let inner = self.lock();
         (inner.events.clone(), inner.dropped)
+    }
+
+    /// Every event: this process's, then each compute node's as reported.
+    pub fn all_events(&self) -> Vec<FailoverEvent> {
+        let inner = self.lock();
+        let mut out = inner.events.clone();
+        for (node, events) in &inner.reported {
+            out.extend(events.iter().map(|e| FailoverEvent {
+                via: Some(node.clone()),
+                ..e.clone()
+            }));
+        }
+        out
+    }
+
+    /// A windows' count of what happened here: it grows with every event.
+    pub fn tally(&self) -> u64 {
+        let inner = self.lock();
+        inner.dropped + inner.events.iter().map(|e| e.windows).sum::<u64>()
+    }
+
+    /// Takes compute node `node`'s events (its report's whole list, already
+    /// checked), in place of what it said before.
+    pub fn reported(&self, node: &str, events: Vec<FailoverEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        if let Some(said) = inner.reported.iter_mut().find(|(n, _)| n == node) {
+            said.1 = events;
+        } else if inner.reported.len() < MAX_EVENTS {
+            inner.reported.push((node.to_string(), events));
+        } else {
+            inner.dropped += 1;
+        }
     }
 }
 
@@ -131,7 +197,8 @@ impl Inner {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
             windows: 1,
-            reason: reason.to_string(),
+            reason: reason.chars().take(MAX_REASON / 4).collect(),
+            via: None,
         });
     }
 }

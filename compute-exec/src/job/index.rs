@@ -107,12 +107,16 @@ pub const MAX_NODES: usize = u8::MAX as usize + 1;
 
 impl SampleIndex {
     /// Lists the rows of `table` (whose schema is `schema`) passing
-    /// `filters` on each node of `pins`, at its pinned version.
+    /// `filters` on each node of `pins`, at its pinned version. A node
+    /// that cannot be reached is left out when `whole` says the nodes
+    /// listed (by name) hold every part of the version (replicas: its
+    /// samples are all held elsewhere); otherwise it is the error.
     pub async fn build(
         table: &str,
         schema: &SchemaRef,
         filters: &[Expr],
         pins: &[(Arc<dyn StorageEndpoint>, u64)],
+        whole: &(dyn Fn(&[&str]) -> bool + Sync),
     ) -> Result<Self, JobError> {
         if pins.len() > MAX_NODES {
             return Err(JobError::InvalidOptions(format!(
@@ -125,6 +129,7 @@ impl SampleIndex {
             .map_err(|_| JobError::NotAPipeline(format!("dataset {table} has no {KEY} column")))?;
         let out = Arc::new(Schema::new(vec![schema.field(key).clone(), slot_field()]));
         let mut listed: Vec<(u8, Vec<RecordBatch>)> = Vec::with_capacity(pins.len());
+        let mut lost: Vec<JobError> = Vec::new();
         for (n, (endpoint, version)) in pins.iter().enumerate() {
             let scan = DatasetScanExec::new(
                 table.to_string(),
@@ -135,14 +140,31 @@ impl SampleIndex {
             )
             .with_take(Some(Take::index(*version)));
             let udfs = UdfEnv::new(Default::default());
-            let batches: Vec<RecordBatch> = endpoint
-                .execute(Arc::new(scan), udfs)
-                .await
-                .map_err(JobError::link)?
-                .try_collect()
-                .await
-                .map_err(|e| JobError::running(&e))?;
-            listed.push((n as u8, batches));
+            let batches: Result<Vec<RecordBatch>, JobError> = async {
+                endpoint
+                    .execute(Arc::new(scan), udfs)
+                    .await
+                    .map_err(JobError::link)?
+                    .try_collect()
+                    .await
+                    .map_err(|e| JobError::running(&e))
+            }
+            .await;
+            match batches {
+                Ok(batches) => listed.push((n as u8, batches)),
+                Err(e @ JobError::Unavailable { .. }) => lost.push(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(first) = lost.into_iter().next() {
+            let names: Vec<&str> = listed
+                .iter()
+                .map(|(n, _)| pins[usize::from(*n)].0.name())
+                .collect();
+            if !whole(&names) {
+                return Err(first);
+            }
+            tracing::warn!("{first}; its samples are listed from their other holders");
         }
         let mut all: Vec<(&str, u8, u32)> = Vec::new();
         for (node, batches) in &listed {

@@ -15,6 +15,7 @@ use sluice_base::BadSample;
 use sluice_udfs::ErrorLog;
 
 use super::coverage::Ranges;
+use super::failover::{FailoverEvent, MAX_EVENTS};
 use super::status::TierBytes;
 
 /// How often a compute node reports each job it serves.
@@ -36,6 +37,9 @@ pub struct NodeReport {
     pub skipped: u64,
     /// The first of them, named.
     pub bad_samples: Vec<BadSample>,
+    /// Storage nodes its windows failed over from, all so far.
+    #[serde(default)]
+    pub failovers: Vec<FailoverEvent>,
 }
 
 /// Most ranges one report may carry (a node's ranks × epochs, plus the
@@ -102,6 +106,15 @@ impl NodeReport {
                 ErrorLog::KEEP
             ));
         }
+        if self.failovers.len() > MAX_EVENTS {
+            return Err(format!(
+                "{} failovers, over the {MAX_EVENTS} a report may carry",
+                self.failovers.len()
+            ));
+        }
+        for f in &self.failovers {
+            f.check(MAX_NODE_NAME)?;
+        }
         if (self.bad_samples.len() as u64) > self.skipped {
             return Err(format!(
                 "{} bad samples named of {} counted",
@@ -124,6 +137,8 @@ pub struct Reported {
     pub skipped: u64,
     /// Bad samples named.
     pub named: usize,
+    /// Its failovers' tally (`Failover::tally`).
+    pub failovers: u64,
 }
 
 #[cfg(test)]
@@ -144,6 +159,7 @@ mod tests {
             bytes: TierBytes::default(),
             skipped: 0,
             bad_samples: vec![],
+            failovers: vec![],
         }
     }
 

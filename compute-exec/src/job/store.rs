@@ -42,6 +42,10 @@ pub struct JobRecord {
     /// A mixture's pins, part by part (`pins` is the first part's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mix_pins: Vec<Vec<Pin>>,
+    /// How the cluster laid out each part's version (replicas and their
+    /// holders), part by part, where its ingest did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layouts: Vec<Option<crate::ledger::Layout>>,
     /// Its state when saved.
     pub state: JobState,
     /// Why it failed, if it did.
@@ -186,6 +190,7 @@ mod tests {
                 version: 3,
             }],
             mix_pins: Vec::new(),
+            layouts: Vec::new(),
             state: JobState::Running,
             error: None,
             failure: None,

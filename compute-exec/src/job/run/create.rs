@@ -67,6 +67,13 @@ impl Job {
             created,
         )
         .await?;
+        // A compute node's ledger is empty: the layouts are the record's.
+        let mut job = job;
+        for (source, layout) in job.sources.iter_mut().zip(&record.layouts) {
+            if source.layout.is_none() {
+                source.layout.clone_from(layout);
+            }
+        }
         {
             let mut inner = job.lock();
             inner.progress = Progress::restore(&record.progress);
@@ -205,6 +212,7 @@ impl PartPlan {
             weight: part.weight,
             table_schema: query.pipeline.scan.source.schema(),
             filters: query.filters(),
+            layout: session.ledger().layout(&table),
             table,
             pins,
         };

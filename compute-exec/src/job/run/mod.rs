@@ -371,7 +371,7 @@ impl Job {
             failovers: inner
                 .ready
                 .as_ref()
-                .map_or_else(Vec::new, |r| r.failover.events().0),
+                .map_or_else(Vec::new, |r| r.failover.all_events()),
             observed: self.adaptive.last(),
             replans: self.adaptive.history(),
             ranks: layout.map_or_else(Vec::new, |l| inner.progress.ranks(l.per_rank())),

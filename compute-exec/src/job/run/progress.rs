@@ -72,11 +72,13 @@ impl Job {
         let (skipped, named) = self.bad.snapshot();
         let inner = self.lock();
         let p = &inner.progress;
+        let failover = inner.ready.as_ref().map(|r| &r.failover);
         let now = Reported {
             delivered: p.delivered,
             bytes: p.bytes,
             skipped,
             named: named.len(),
+            failovers: failover.map_or(0, |f| f.tally()),
         };
         if now == *last {
             return None;
@@ -92,6 +94,7 @@ impl Job {
             },
             skipped: now.skipped.saturating_sub(last.skipped),
             bad_samples: named.into_iter().skip(last.named).collect(),
+            failovers: failover.map_or_else(Vec::new, |f| f.events().0),
         };
         Some((report, now))
     }
@@ -123,9 +126,11 @@ impl Job {
         report
             .check(&bounds, |rank| routes.sent(rank, &report.node))
             .map_err(refused)?;
+        let ready = Arc::clone(ready);
         inner
             .progress
             .merge(&report.ranges, report.delivered, report.bytes);
+        ready.failover.reported(&report.node, report.failovers);
         self.bad.merge(report.skipped, report.bad_samples);
         self.touch();
         self.settle(inner);

@@ -31,6 +31,10 @@ impl Job {
             } else {
                 Vec::new()
             },
+            layouts: match self.sources.iter().any(|s| s.layout.is_some()) {
+                true => self.sources.iter().map(|s| s.layout.clone()).collect(),
+                false => Vec::new(),
+            },
             state: self.state(),
             error: inner.error.clone(),
             failure: inner.failure.clone(),

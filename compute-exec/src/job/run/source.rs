@@ -13,6 +13,7 @@ use sluice_flight::StorageEndpoint;
 use super::Job;
 use crate::job::error::JobError;
 use crate::job::index::{Pin, SampleIndex};
+use crate::ledger::Layout;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -29,6 +30,9 @@ pub struct Source {
     pub filters: Vec<Expr>,
     /// The nodes it is read on, each at the version pinned.
     pub pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    /// How the cluster's ingest laid out the version (at submit, from the
+    /// coordinator's ledger; on a compute node, from the job's record).
+    pub layout: Option<Layout>,
 }
 
 impl Source {
@@ -43,8 +47,37 @@ impl Source {
             .collect()
     }
 
+    /// Its samples, listed on every node pinned; a node lost meanwhile is
+    /// left out when its layout (the cluster's ingest of the version) says
+    /// the others hold every part.
     async fn index(&self) -> Result<SampleIndex, JobError> {
-        SampleIndex::build(&self.table, &self.table_schema, &self.filters, &self.pins).await
+        let whole = |listed: &[&str]| {
+            let Some(layout) = &self.layout else {
+                return false;
+            };
+            let pinned = |node: &str| {
+                self.pins
+                    .iter()
+                    .find(|(e, _)| e.name() == node)
+                    .map(|(_, v)| *v)
+            };
+            // The version pinned on every node listed is the laid-out one.
+            listed
+                .iter()
+                .all(|n| pinned(n).is_some() && layout.versions.get(*n).copied() == pinned(n))
+                && layout
+                    .holders
+                    .iter()
+                    .all(|part| part.iter().any(|h| listed.contains(&h.as_str())))
+        };
+        SampleIndex::build(
+            &self.table,
+            &self.table_schema,
+            &self.filters,
+            &self.pins,
+            &whole,
+        )
+        .await
     }
 }
 
