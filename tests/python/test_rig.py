@@ -49,13 +49,14 @@ def one_data_dir(d, root):
 
 
 @contextlib.contextmanager
-def two_by_two(extra_env=None):
+def two_by_two(extra_env=None, classes=3, per_class=7):
     """A rig of 2 storage and 2 compute nodes (both registered) holding
-    `pets` (3 x 7 images), its processes seeing `extra_env`: yields (rig
-    dir, its environment, a client); taken down after."""
+    `pets` (`classes` x `per_class` images), its processes seeing
+    `extra_env`: yields (rig dir, its environment, a client); taken down
+    after."""
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
-        root = gen(d, "pets", 3, 7)
+        root = gen(d, "pets", classes, per_class)
         env = up(rig_dir, "--storage", "2", "--compute", "2", "--ingest-root", root,
                  extra_env=extra_env)
         try:
@@ -389,22 +390,22 @@ def test_compute_nodes_fail_over_a_lost_storage_node_and_the_coordinator_shows_i
     coordinator's status shows the failover and the compute node that met
     it, and the dataset shows its parts under-replicated (REST and
     `sluice datasets --url`)."""
-    with two_by_two(extra_env=NO_OUTPUT_CACHE) as (rig_dir, env, c):
+    with two_by_two(extra_env=NO_OUTPUT_CACHE, classes=4, per_class=25) as (rig_dir, env, c):
         sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
         before = c.submit(sql, batch_size=2, world_size=2)
         want = [pa.Table.from_batches(list(before.reader(r).batches())) for r in range(2)]
-        assert sum(t.num_rows for t in want) == 21
+        assert sum(t.num_rows for t in want) == 100
         pets = c._request("GET", "/v1/datasets/pets")
-        assert pets["samples"] == 21, pets
+        assert pets["samples"] == 100, pets
         assert pets["replication"] == {"replicas": 2, "parts": 2, "full": 2, "under": 0,
                                        "lost": 0}, pets
         job = c.submit(sql, batch_size=2, world_size=2)
         job.wait()
-        first = job.reader(0, prefetch=0).batches()
-        got0 = [next(first)]
+        first = [job.reader(r, prefetch=0).batches() for r in range(2)]
+        got = [[next(first[r])] for r in range(2)]
         os.kill(node_pid(rig_dir, "storage1"), signal.SIGKILL)
-        got0 += list(first)
-        got1 = list(job.reader(1).batches())
+        got0 = got[0] + list(first[0])
+        got1 = got[1] + list(first[1])
         assert pa.Table.from_batches(got0).equals(want[0]), "rank 0 differs"
         assert pa.Table.from_batches(got1).equals(want[1]), "rank 1 differs"
         lost = env["STORAGE"].split(",")[1]
