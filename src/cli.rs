@@ -625,6 +625,14 @@ pub enum Command {
         /// before it is forgotten with its record.
         #[arg(long, default_value_t = 7.0 * 86_400.0)]
         job_ttl: f64,
+        /// Scrub every storage node every this many seconds (in the
+        /// background, at `--scrub-rate-mb-s`), repairing bad objects from
+        /// good replicas; 0: never (`sluice scrub` asks for one).
+        #[arg(long, default_value_t = 0.0)]
+        scrub_every: f64,
+        /// The background scrub's read rate on each node, MB a second.
+        #[arg(long, default_value_t = 50.0)]
+        scrub_rate_mb_s: f64,
         /// Query limits.
         #[command(flatten)]
         limits: QueryLimitFlags,
@@ -692,6 +700,23 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: NodesAction,
+    },
+    /// Every storage node of a running server reads back its objects
+    /// against their checksums; each bad one is rewritten from a good
+    /// replica on another node (`POST /v1/scrub`, admin).
+    Scrub {
+        /// The server's REST API.
+        #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Only this dataset.
+        #[arg(long)]
+        dataset: Option<String>,
+        /// At most this many MB read a second on each node.
+        #[arg(long)]
+        rate_mb_s: Option<f64>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: DocFormat,
     },
     /// Scoped tokens: make one (its secret printed once, its hash added to
     /// the tokens file), hash a secret, or list a file's tokens.

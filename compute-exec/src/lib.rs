@@ -57,6 +57,7 @@ pub mod offthread;
 pub mod plan_feeds;
 pub mod queries;
 pub mod remote;
+pub mod repair;
 pub mod replica_reads;
 pub mod service;
 pub mod session;

@@ -27,6 +27,7 @@ use crate::link::Link;
 use crate::messages::{
     FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
+use crate::scrub::{REPAIR_OBJECT, RepairObject, Repaired, SCRUB, ScrubReport, ScrubRequest};
 use crate::stream::read_reported;
 
 /// A typed Flight client of one storage node. Connections are made on
@@ -275,6 +276,19 @@ impl StorageEndpoint for StorageClient {
         self.json_action(PREPARE_INGEST, part)
             .await?
             .ok_or_else(|| LinkError::Protocol(format!("{} prepared nothing", self.link.node)))
+    }
+
+    async fn scrub(&self, req: &ScrubRequest) -> Result<ScrubReport, LinkError> {
+        // No deadline: a scrub reads every object, at the rate asked.
+        self.json_action(SCRUB, req)
+            .await?
+            .ok_or_else(|| LinkError::Protocol(format!("{} scrubbed nothing", self.link.node)))
+    }
+
+    async fn repair_object(&self, req: &RepairObject) -> Result<Repaired, LinkError> {
+        self.json_action(REPAIR_OBJECT, req)
+            .await?
+            .ok_or_else(|| LinkError::Protocol(format!("{} repaired nothing", self.link.node)))
     }
 
     async fn finish_ingest(

@@ -16,6 +16,7 @@ use sluice_udfs::UdfEnv;
 use crate::error::LinkError;
 use crate::feed::Feed;
 use crate::ingest::{IngestPart, IngestedPart, PreparedPart};
+use crate::scrub::{RepairObject, Repaired, ScrubReport, ScrubRequest};
 
 /// A dataset as a storage node lists it.
 #[derive(Debug, Clone)]
@@ -140,6 +141,13 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
         txn: &str,
         commit: bool,
     ) -> Result<Option<IngestedPart>, LinkError>;
+
+    /// Reads back its objects against their checksums
+    /// ([`crate::scrub`]).
+    async fn scrub(&self, req: &ScrubRequest) -> Result<ScrubReport, LinkError>;
+
+    /// Rewrites one of its objects with good bytes ([`crate::scrub`]).
+    async fn repair_object(&self, req: &RepairObject) -> Result<Repaired, LinkError>;
 }
 
 /// Whether a node address (`http://127.0.0.1:7000`, `[::1]:7000`,

@@ -60,6 +60,7 @@ pub mod link;
 pub mod messages;
 pub mod piece;
 pub mod scan;
+pub mod scrub;
 pub mod shm_handshake;
 pub mod slices;
 pub mod stream;

@@ -16,6 +16,7 @@ mod job;
 mod membership;
 mod nodes;
 pub mod place;
+mod scrub;
 mod sql;
 mod tokens;
 mod udfs;
@@ -158,6 +159,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             checkpoint_keep,
             checkpoint_idle_timeout,
             job_ttl,
+            scrub_every,
+            scrub_rate_mb_s,
             limits,
         } => {
             let hints = place::hints(None, *compute_cores, None);
@@ -174,6 +177,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     ),
                 },
                 job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
+                scrub: (*scrub_every > 0.0).then(|| {
+                    (
+                        std::time::Duration::from_secs_f64(scrub_every.clamp(1.0, 1e9)),
+                        sluice_flight::scrub::ScrubRequest {
+                            dataset: None,
+                            rate_bytes_per_s: Some((scrub_rate_mb_s.max(0.001) * 1e6) as u64),
+                        },
+                    )
+                }),
                 limits: *limits,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
@@ -190,6 +202,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
         } => gen_sample::run(dir, *classes, *per_class, *seed),
         Command::Nodes { url, action } => membership::run(&cli, url, action).await,
+        Command::Scrub {
+            url,
+            dataset,
+            rate_mb_s,
+            format,
+        } => {
+            let client = place::rest_client(&cli, url, cli.token.first().cloned())?;
+            scrub::run(client, dataset.as_deref(), *rate_mb_s, *format).await
+        }
         Command::Tokens { action } => tokens::run(action),
         Command::Certs { action } => certs::run(action),
         Command::Bench { which } => bench::run(&cli, which).await,

@@ -309,6 +309,8 @@ pub struct ServeAddrs<'a> {
     pub checkpoints: CheckpointOptions,
     /// How long a finished or unread job is kept.
     pub job_ttl: std::time::Duration,
+    /// A background scrub's period and request (`serve --scrub-every`).
+    pub scrub: Option<(std::time::Duration, sluice_flight::scrub::ScrubRequest)>,
     /// Limits on each SQL query.
     pub limits: QueryLimitFlags,
 }
@@ -381,7 +383,7 @@ pub async fn serve(
     let rest = listen(cli, tls.as_deref(), addrs.rest, "the REST API").await?;
     let rest_addr = rest.local_addr()?;
     let rest_url = location(tls.as_deref(), "http", "https", rest_addr);
-    let app = crate::rest::app(crate::rest::AppState {
+    let state = crate::rest::AppState {
         jobs: Arc::clone(&jobs),
         auth: auth.clone(),
         ingest_store: store,
@@ -392,7 +394,17 @@ pub async fn serve(
         ingests: Arc::default(),
         quarantine: Arc::default(),
         node_credential: place::node_credential(cli)?,
-    });
+    };
+    if let Some((every, req)) = addrs.scrub.clone() {
+        let state = state.clone();
+        sluice_base::task::detach(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                crate::rest::scrub::run(&state, &req).await;
+            }
+        });
+    }
+    let app = crate::rest::app(state);
     // One write, and no panic if whoever started us stopped reading.
     let announce = format!(
         "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)\n\

@@ -14,6 +14,7 @@
 //!  DELETE /v1/checkpoints        delete one (?name=, &version=)
 //!  GET    /v1/info               version, the Flight address
 //!  GET    /v1/nodes              storage nodes (up/down, cores, link), the device, the cache
+//!  POST   /v1/scrub              every storage node checks its objects; bad ones repaired from replicas (admin)
 //!  GET    /healthz  /metrics  /openapi.json
 //!  GET    /                      the dashboard (static files reading the routes above)
 //! ```
@@ -32,6 +33,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod nodes;
 pub mod ops;
+pub mod scrub;
 pub mod tls;
 
 use std::path::PathBuf;
@@ -125,6 +127,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(nodes::register))
         .routes(routes!(nodes::register_storage))
         .routes(routes!(nodes::remove))
+        .routes(routes!(scrub::scrub))
         .routes(routes!(jobs::record))
         .routes(routes!(jobs::report))
         .routes(routes!(ops::healthz))
@@ -218,6 +221,7 @@ mod tests {
             ("/v1/nodes/compute", vec!["post"]),
             ("/v1/nodes/storage", vec!["post"]),
             ("/v1/nodes/{kind}/{id}", vec!["delete"]),
+            ("/v1/scrub", vec!["post"]),
             ("/v1/jobs/{id}/record", vec!["get"]),
             ("/v1/jobs/{id}/progress", vec!["post"]),
             ("/healthz", vec!["get"]),

@@ -223,6 +223,19 @@ pub enum StorageError {
         /// The version asked for, if one was.
         version: Option<u64>,
     },
+    /// A repair whose bytes are not the object's, or whose object is not
+    /// there.
+    #[error("cannot repair key '{key}' of dataset '{dataset}' version {version}: {reason}")]
+    BadRepair {
+        /// Dataset name.
+        dataset: String,
+        /// Dataset version.
+        version: u64,
+        /// Sample key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A checkpoint upload that does not exist (never begun, committed,
     /// aborted, or expired after a writer went silent).
     #[error("unknown checkpoint upload '{0}' (committed, aborted, or expired)")]
@@ -313,6 +326,7 @@ impl Fault for StorageError {
             | Self::BadSample { .. }
             | Self::BadSource { .. }
             | Self::EmptyIngest(_)
+            | Self::BadRepair { .. }
             | Self::BadUpload { .. } => Code::InvalidArgument,
             Self::RowOutOfRange { .. } => Code::OutOfRange,
             Self::OutsideRoots { .. } => Code::PermissionDenied,
@@ -352,6 +366,7 @@ impl Fault for StorageError {
             Self::InvalidDatasetName(_) => "invalid_dataset_name",
             Self::BadSample { .. } => "bad_sample",
             Self::BadSource { .. } => "bad_source",
+            Self::BadRepair { .. } => "bad_repair",
             Self::OutsideRoots { .. } => "forbidden_path",
             Self::UnknownIngest(_) => "ingest_not_prepared",
             Self::EmptyIngest(_) => "empty_ingest",

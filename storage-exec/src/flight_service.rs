@@ -39,6 +39,7 @@ use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
     TimeTicket,
 };
+use sluice_flight::scrub::{REPAIR_OBJECT, RepairObject, SCRUB, ScrubRequest};
 use sluice_flight::stream::{FlightStream, send_reported};
 use sluice_flight::{FragmentTiming, MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
@@ -282,6 +283,22 @@ impl FlightService for StorageFlightService {
                     .map_err(|e| fault::status(&e))?;
                 serde_json::to_vec(&prepared)
             }
+            SCRUB => {
+                let req: ScrubRequest = json_body(&action)?;
+                let report = crate::scrub::scrub(self.node.store(), &req)
+                    .await
+                    .map_err(|e| fault::status(&e))?;
+                serde_json::to_vec(&report)
+            }
+            REPAIR_OBJECT => {
+                let req: RepairObject = json_body(&action)?;
+                let done = self
+                    .node
+                    .repair(&req)
+                    .await
+                    .map_err(|e| fault::status(&e))?;
+                serde_json::to_vec(&done)
+            }
             FINISH_INGEST => {
                 let word: FinishIngest = json_body(&action)?;
                 let done = self
@@ -297,7 +314,7 @@ impl FlightService for StorageFlightService {
             other => {
                 return Err(CallError::bad_request(format!(
                     "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT}, \
-                     {PREPARE_INGEST}, {FINISH_INGEST})"
+                     {PREPARE_INGEST}, {FINISH_INGEST}, {SCRUB}, {REPAIR_OBJECT})"
                 )));
             }
         }

@@ -60,6 +60,7 @@ pub mod metadata;
 pub mod node;
 pub mod node_feed;
 pub mod scan;
+pub mod scrub;
 mod session;
 pub mod space;
 pub mod stats;

@@ -39,6 +39,7 @@ use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_t
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
 use sluice_flight::ingest::{IngestPart, IngestedPart, PreparedPart};
+use sluice_flight::scrub::{RepairObject, Repaired, ScrubReport, ScrubRequest};
 
 /// Rows per batch a fragment produces: small enough that the compute side
 /// can spread a stream over its cores.
@@ -465,6 +466,22 @@ pub(crate) fn throttled(
     Box::pin(RecordBatchStreamAdapter::new(schema, paced))
 }
 
+impl StorageNode {
+    /// Rewrites the object `req` names with its bytes (base64).
+    pub async fn repair(&self, req: &RepairObject) -> crate::Result<Repaired> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&req.data)
+            .map_err(|e| crate::StorageError::BadRepair {
+                dataset: req.dataset.clone(),
+                version: req.version,
+                key: req.key.clone(),
+                reason: format!("the bytes are not base64: {e}"),
+            })?;
+        crate::scrub::repair(self.store(), &req.dataset, req.version, &req.key, &bytes).await
+    }
+}
+
 fn execution(e: crate::StorageError) -> LinkError {
     LinkError::execution(IN_PROCESS, &e)
 }
@@ -543,6 +560,16 @@ impl StorageEndpoint for StorageNode {
         commit: bool,
     ) -> Result<Option<IngestedPart>, LinkError> {
         self.finish_part(txn, commit).await.map_err(execution)
+    }
+
+    async fn scrub(&self, req: &ScrubRequest) -> Result<ScrubReport, LinkError> {
+        crate::scrub::scrub(self.store(), req)
+            .await
+            .map_err(execution)
+    }
+
+    async fn repair_object(&self, req: &RepairObject) -> Result<Repaired, LinkError> {
+        self.repair(req).await.map_err(execution)
     }
 
     async fn time(
