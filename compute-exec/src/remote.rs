@@ -31,12 +31,30 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::endpoint::endpoint_id;
 use sluice_flight::scan::filter_pushdown;
 use sluice_flight::stream::link_bytes;
-use sluice_flight::{DatasetScanExec, StorageEndpoint};
+use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
 
 use crate::plan_feeds::Feeds;
-use crate::replica_reads::{NodeReads, ReplicaReads};
+
+/// What one node reads of a query's dataset spread over several nodes.
+#[derive(Debug)]
+pub enum NodeReads {
+    /// Every row it holds (no key of the dataset is on two nodes).
+    Whole,
+    /// These rows.
+    Take(Take),
+    /// None: other holders read its keys.
+    Nothing,
+}
+
+/// Which node reads which key of a dataset held by several nodes, so that
+/// a query reads each key once (`crate::replica_reads`).
+#[async_trait]
+pub trait ReplicaReads: fmt::Debug + Send + Sync {
+    /// What `endpoint` reads.
+    async fn take_for(&self, endpoint: &Arc<dyn StorageEndpoint>) -> Result<NodeReads>;
+}
 
 fn empty_stream(schema: SchemaRef) -> SendableRecordBatchStream {
     Box::pin(RecordBatchStreamAdapter::new(schema, stream::empty()))
@@ -104,7 +122,7 @@ pub struct FragmentTable {
     udfs: Arc<UdfEnv>,
     compute_cores: usize,
     tally: Arc<Tally>,
-    replicas: Option<Arc<ReplicaReads>>,
+    replicas: Option<Arc<dyn ReplicaReads>>,
 }
 
 /// What storage fragments sent to the compute side: rows and the bytes of
@@ -127,7 +145,7 @@ impl FragmentTable {
         udfs: Arc<UdfEnv>,
         compute_cores: usize,
         tally: Arc<Tally>,
-        replicas: Option<Arc<ReplicaReads>>,
+        replicas: Option<Arc<dyn ReplicaReads>>,
     ) -> Self {
         Self {
             fragment,
@@ -220,7 +238,7 @@ pub struct RemoteFragmentExec {
     takes: Option<Takes>,
     /// Over a replicated dataset, which node reads which key when no
     /// window's takes say (a query).
-    replicas: Option<Arc<ReplicaReads>>,
+    replicas: Option<Arc<dyn ReplicaReads>>,
     feeds: Arc<Feeds>,
     properties: Arc<PlanProperties>,
 }

@@ -11,7 +11,9 @@
 //! is reported, unrepaired. Every repair is logged and returned.
 //!
 //! Scrubs run on every node at once (each reads its own device, at the
-//! rate asked); repairs follow, one object at a time.
+//! rate asked); repairs follow, one object at a time. A job whose read
+//! met a corrupt replica scrubs that node's copy of the job's datasets at
+//! once, in the background ([`scrub_node_and_repair`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,27 +71,51 @@ pub async fn scrub_and_repair(
     let reports = join_all(nodes.iter().map(|n| n.scrub(req))).await;
     let mut out = Vec::with_capacity(nodes.len());
     for (node, report) in nodes.iter().zip(reports) {
-        let mut scrubbed = NodeScrub {
-            node: node.name().to_string(),
-            report: None,
-            error: None,
-            repairs: Vec::new(),
-        };
-        match report {
-            Ok(report) => {
-                for bad in &report.bad {
-                    let others: Vec<_> = nodes.iter().filter(|o| o.name() != node.name()).collect();
-                    scrubbed
-                        .repairs
-                        .push(repair_one(node, &others, schemas.get(&bad.dataset), bad).await);
-                }
-                scrubbed.report = Some(report);
-            }
-            Err(e) => scrubbed.error = Some(e.to_string()),
-        }
-        out.push(scrubbed);
+        out.push(repair_found(node, nodes, schemas, report).await);
     }
     out
+}
+
+/// Scrubs `node` alone and repairs what it finds from the other `nodes`
+/// (a read met a corrupt replica there).
+pub async fn scrub_node_and_repair(
+    node: &Arc<dyn StorageEndpoint>,
+    nodes: &[Arc<dyn StorageEndpoint>],
+    schemas: &HashMap<String, SchemaRef>,
+    req: &ScrubRequest,
+) -> NodeScrub {
+    let report = node.scrub(req).await;
+    repair_found(node, nodes, schemas, report).await
+}
+
+/// Repairs every bad object `report` found on `node` from the other
+/// `nodes`.
+async fn repair_found(
+    node: &Arc<dyn StorageEndpoint>,
+    nodes: &[Arc<dyn StorageEndpoint>],
+    schemas: &HashMap<String, SchemaRef>,
+    report: Result<ScrubReport, sluice_flight::LinkError>,
+) -> NodeScrub {
+    let mut scrubbed = NodeScrub {
+        node: node.name().to_string(),
+        report: None,
+        error: None,
+        repairs: Vec::new(),
+    };
+    match report {
+        Ok(report) => {
+            let others: Vec<_> = nodes.iter().filter(|o| o.name() != node.name()).collect();
+            for bad in &report.bad {
+                let schema = schemas.get(&bad.dataset);
+                scrubbed
+                    .repairs
+                    .push(repair_one(node, &others, schema, bad).await);
+            }
+            scrubbed.report = Some(report);
+        }
+        Err(e) => scrubbed.error = Some(e.to_string()),
+    }
+    scrubbed
 }
 
 /// Rewrites `bad` on `node` from the first good copy on `others`.

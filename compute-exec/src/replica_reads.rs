@@ -1,4 +1,4 @@
-//! [`ReplicaReads`]: a query over a dataset spread over several storage
+//! [`KeyOwners`]: a query over a dataset spread over several storage
 //! nodes reads each key once.
 //!
 //! Every key of a replicated version is on `replicas` storage nodes
@@ -18,36 +18,28 @@
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
 use datafusion::common::{DataFusionError, Result};
 use sluice_flight::endpoint::endpoint_id;
-use sluice_flight::{LinkError, StorageEndpoint, Take};
+use sluice_flight::{LinkError, StorageEndpoint};
 use tokio::sync::OnceCell;
 
 use crate::job::error::JobError;
-use crate::job::index::{Avoid, SampleIndex};
+use crate::job::holders::Avoid;
+use crate::job::index::SampleIndex;
 use crate::plan_feeds::Takes;
+use crate::remote::{NodeReads, ReplicaReads};
 
 /// See the module docs.
 #[derive(Debug)]
-pub struct ReplicaReads {
+pub struct KeyOwners {
     table: String,
     schema: SchemaRef,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
     takes: OnceCell<std::result::Result<Option<Takes>, LinkError>>,
 }
 
-/// What one node reads of a query's dataset.
-#[derive(Debug)]
-pub enum NodeReads {
-    /// Every row it holds (no key of the dataset is on two nodes).
-    Whole,
-    /// These rows.
-    Take(Take),
-    /// None: other holders read its keys.
-    Nothing,
-}
-
-impl ReplicaReads {
+impl KeyOwners {
     /// Reads of `table` (whose schema is `schema`) at `pins`: each node
     /// and the version it holds.
     pub fn new(
@@ -62,9 +54,12 @@ impl ReplicaReads {
             takes: OnceCell::new(),
         }
     }
+}
 
+#[async_trait]
+impl ReplicaReads for KeyOwners {
     /// What `endpoint` reads.
-    pub async fn take_for(&self, endpoint: &Arc<dyn StorageEndpoint>) -> Result<NodeReads> {
+    async fn take_for(&self, endpoint: &Arc<dyn StorageEndpoint>) -> Result<NodeReads> {
         let takes = self
             .takes
             .get_or_init(|| async {

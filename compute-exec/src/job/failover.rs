@@ -24,7 +24,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::index::{Avoid, SampleIndex};
+use crate::job::holders::Avoid;
+use crate::job::index::SampleIndex;
 
 /// How long a node that could not be reached is left out of reads.
 pub const LOST_FOR: Duration = Duration::from_secs(10);
@@ -76,10 +77,23 @@ impl FailoverEvent {
     }
 }
 
+/// What a job does when a node's replica is first found corrupt (it
+/// scrubs and repairs that node: `crate::repair`).
+pub type OnCorrupt = Box<dyn Fn(&str) + Send + Sync>;
+
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Failover {
     inner: Mutex<Inner>,
+    on_corrupt: std::sync::OnceLock<OnCorrupt>,
+}
+
+impl std::fmt::Debug for Failover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failover")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -125,10 +139,19 @@ impl Failover {
     }
 
     /// Counts a window run again because `node`'s replica of one of its
-    /// samples is corrupt.
+    /// samples is corrupt; the first time for `node`, calls the job's
+    /// [`OnCorrupt`].
     pub fn corrupt(&self, node: &str, reason: &str) {
         tracing::error!("{reason}; the window is read again from another replica");
-        self.lock().note(node, "corrupt", reason);
+        let first = self.lock().note(node, "corrupt", reason);
+        if first && let Some(repair) = self.on_corrupt.get() {
+            repair(node);
+        }
+    }
+
+    /// What to do when a node's replica is first found corrupt (set once).
+    pub fn on_corrupt(&self, repair: OnCorrupt) {
+        let _ = self.on_corrupt.set(repair);
     }
 
     /// What happened here, oldest first, and how many events were not
@@ -175,7 +198,9 @@ impl Failover {
 }
 
 impl Inner {
-    fn note(&mut self, node: &str, what: &str, reason: &str) {
+    /// Counts one more window for (`node`, `what`); whether it is the
+    /// first.
+    fn note(&mut self, node: &str, what: &str, reason: &str) -> bool {
         if let Some(e) = self
             .events
             .iter_mut()
@@ -183,11 +208,11 @@ impl Inner {
             .find(|e| e.node == node && e.what == what)
         {
             e.windows += 1;
-            return;
+            return false;
         }
         if self.events.len() >= MAX_EVENTS {
             self.dropped += 1;
-            return;
+            return false;
         }
         tracing::warn!("storage node {node} {what}: {reason}; its windows run on other holders");
         self.events.push(FailoverEvent {
@@ -200,5 +225,6 @@ impl Inner {
             reason: reason.chars().take(MAX_REASON / 4).collect(),
             via: None,
         });
+        true
     }
 }

@@ -50,6 +50,7 @@ pub mod coverage;
 pub mod error;
 pub mod failover;
 pub mod finish;
+pub mod holders;
 pub mod in_order;
 pub mod index;
 pub mod mix;

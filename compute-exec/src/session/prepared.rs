@@ -21,8 +21,8 @@ use sluice_planner::{
 use sluice_udfs::UdfEnv;
 
 use crate::calibration::{CalibrationCache, calibrate};
+use crate::remote::ReplicaReads;
 use crate::remote::{FragmentTable, Tally};
-use crate::replica_reads::ReplicaReads;
 
 /// A planned query.
 pub struct PlannedQuery {
@@ -184,7 +184,7 @@ impl Prepared {
 pub(super) struct Tables {
     pub(super) holders: HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
     /// Replicated datasets: which node reads which key.
-    pub(super) replicas: HashMap<String, Arc<ReplicaReads>>,
+    pub(super) replicas: HashMap<String, Arc<dyn ReplicaReads>>,
     pub(super) udfs: Arc<UdfEnv>,
     pub(super) compute_cores: usize,
     pub(super) tally: Arc<Tally>,

@@ -15,7 +15,8 @@ use sluice_flight::StorageEndpoint;
 
 use super::ComputeSession;
 use crate::ledger::Layout;
-use crate::replica_reads::ReplicaReads;
+use crate::remote::ReplicaReads;
+use crate::replica_reads::KeyOwners;
 
 /// A dataset's replication, as `GET /v1/datasets/{name}` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -85,7 +86,7 @@ impl ComputeSession {
         &self,
         holders: &HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
         schemas: &BTreeMap<String, SchemaRef>,
-    ) -> HashMap<String, Arc<ReplicaReads>> {
+    ) -> HashMap<String, Arc<dyn ReplicaReads>> {
         let mut out = HashMap::new();
         for (name, nodes) in holders.iter().filter(|(_, n)| n.len() > 1) {
             let Some(schema) = schemas.get(name) else {
@@ -96,8 +97,8 @@ impl ComputeSession {
                 .iter()
                 .filter_map(|e| Some((Arc::clone(e), *versions.get(e.name())?)))
                 .collect();
-            let reads = ReplicaReads::new(name.clone(), Arc::clone(schema), pins);
-            out.insert(name.clone(), Arc::new(reads));
+            let reads = KeyOwners::new(name.clone(), Arc::clone(schema), pins);
+            out.insert(name.clone(), Arc::new(reads) as Arc<dyn ReplicaReads>);
         }
         out
     }

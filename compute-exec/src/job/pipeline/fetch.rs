@@ -35,7 +35,7 @@ use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
 use crate::job::budget::{Reservation, WindowBudget};
 use crate::job::error::JobError;
-use crate::job::index::{Avoid, Unheld};
+use crate::job::holders::{Avoid, Unheld};
 use crate::job::mix_plan::with_part_takes;
 use crate::job::order::{Layout, Worker};
 use crate::job::outputs::OutputCache;

@@ -119,6 +119,7 @@ impl Job {
                     );
                 }
                 let ready = Arc::new(Ready::new(&self.spec, index));
+                ready.failover.on_corrupt(self.repair_on_corrupt());
                 if let Err(e) = self.spec.check_samples(ready.epoch_len()) {
                     self.fail(&e);
                     return;
@@ -145,6 +146,43 @@ impl Job {
             }
             Err(e) => self.fail(&e),
         }
+    }
+
+    /// What its reads do when a node's replica is first found corrupt:
+    /// that node's copy of the job's datasets is scrubbed at once, in the
+    /// background, and what is bad rewritten from the other holders
+    /// (`crate::repair`).
+    fn repair_on_corrupt(&self) -> crate::job::failover::OnCorrupt {
+        let session = Arc::clone(&self.session);
+        let runtime = self.runtime.clone();
+        let datasets: Vec<String> = self
+            .sources
+            .iter()
+            .map(|s| s.table.split('@').next().unwrap_or_default().to_string())
+            .collect();
+        Box::new(move |node: &str| {
+            let (session, datasets, node) =
+                (Arc::clone(&session), datasets.clone(), node.to_string());
+            runtime.spawn(async move {
+                let nodes = session.endpoints();
+                let Some(bad) = nodes.iter().find(|n| n.name() == node) else {
+                    return;
+                };
+                let schemas = session
+                    .datasets()
+                    .await
+                    .into_iter()
+                    .map(|(name, schema, _)| (name, schema))
+                    .collect();
+                for dataset in datasets {
+                    let req = sluice_flight::scrub::ScrubRequest {
+                        dataset: Some(dataset),
+                        rate_bytes_per_s: None,
+                    };
+                    crate::repair::scrub_node_and_repair(bad, &nodes, &schemas, &req).await;
+                }
+            });
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
