@@ -427,22 +427,31 @@ def test_compute_nodes_fail_over_a_lost_storage_node_and_the_coordinator_shows_i
 
 def flip_in_device(device, needle):
     """Flips the last byte of the first copy of `needle` in the device file
-    `device` (a node's objects are packed in it as ingested)."""
+    `device` (a node's objects are packed from its start as ingested; the
+    file is read a few MiB at a time until the copy is found)."""
     with open(device, "r+b") as f:
-        data = f.read()
-        at = data.find(needle)
-        assert at >= 0, f"the object is not in {device}"
+        seen, at = b"", -1
+        while at < 0:
+            more = f.read(4 << 20)
+            assert more, f"the object is not in {device}"
+            base = max(0, len(seen) - len(needle))
+            seen = seen[base:] + more
+            found = seen.find(needle)
+            at = -1 if found < 0 else f.tell() - len(seen) + found
         f.seek(at + len(needle) - 1)
-        f.write(bytes([data[at + len(needle) - 1] ^ 0xFF]))
+        last = f.read(1)
+        f.seek(at + len(needle) - 1)
+        f.write(bytes([last[0] ^ 0xFF]))
         f.flush()
         os.fsync(f.fileno())
 
 
 def test_a_corrupt_replica_is_read_around_then_repaired_by_a_scrub():
-    """A flipped byte in one storage node's copy of an image: a job still
-    gets the right bytes (read from the other replica, the failover shown
-    as corrupt), `sluice scrub` finds the object and rewrites it from the
-    good replica, and a second scrub finds nothing."""
+    """A flipped byte in one storage node's copy of an image: `sluice
+    scrub` finds the object and rewrites it from the good replica, and a
+    second scrub finds nothing. Flipped again, a job still gets the right
+    bytes (read from the other replica, the failover shown as corrupt),
+    and the bad copy is repaired."""
     with tempfile.TemporaryDirectory() as d:
         rig_dir = os.path.join(d, "rig")
         root = gen(d, "pets", 3, 7)
@@ -458,33 +467,47 @@ def test_a_corrupt_replica_is_read_around_then_repaired_by_a_scrub():
             name = sorted(os.listdir(os.path.join(root, "pets", cls)))[2]
             with open(os.path.join(root, "pets", cls, name), "rb") as f:
                 image = f.read()
-            flip_in_device(os.path.join(rig_dir, "storage1", "data", "device.img"), image)
-
-            job = c.submit(sql, batch_size=4)
-            got = pa.Table.from_batches(list(job.reader(0).batches()))
-            assert got.equals(want), "a corrupt replica reached the trainer"
-            status = job.status()
-            assert status["skipped"] == 0, status
-            corrupt = [f for f in status.get("failovers", []) if f["what"] == "corrupt"]
-            # The window that drew the object from node 1 met it (the
-            # reads spread over both holders: it may have been node 0's).
-            assert all(f["node"] == nodes[1] for f in corrupt), status["failovers"]
+            device = os.path.join(rig_dir, "storage1", "data", "device.img")
 
             def scrub():
                 p = subprocess.run([SLUICE, "scrub", "--url", env["REST"], "--format", "json"],
                                    capture_output=True, text=True, check=True)
                 return {n["node"]: n for n in json.loads(p.stdout)}
 
+            # Found by a scrub, rewritten from the other node.
+            flip_in_device(device, image)
             first = scrub()
             assert first[nodes[0]]["report"]["bad"] == [], first
             bad = first[nodes[1]]["report"]["bad"]
             assert [b["key"] for b in bad] == [f"{cls}/{name}"], bad
             assert [(r["outcome"], r["from"]) for r in first[nodes[1]]["repairs"]] == \
                 [("repaired", nodes[0])], first[nodes[1]]
-            again = scrub()
-            assert all(n["report"]["bad"] == [] for n in again.values()), again
-            with open(os.path.join(rig_dir, "storage1", "data", "device.img"), "rb") as f:
-                assert image in f.read(), "the object's bytes are not back"
+            assert all(n["report"]["bad"] == [] for n in scrub().values())
+
+            # Flipped again, then read: the trainer gets the right bytes.
+            flip_in_device(device, image)
+            job = c.submit(sql, batch_size=4)
+            got = pa.Table.from_batches(list(job.reader(0).batches()))
+            assert got.equals(want), "a corrupt replica reached the trainer"
+            status = job.status()
+            assert status["skipped"] == 0, status
+            corrupt = [f for f in status.get("failovers", []) if f["what"] == "corrupt"]
+            # The reads spread over both holders: when this object was
+            # drawn from node 1 the window met it, read it from node 0, and
+            # node 1's copy was scrubbed and rewritten in the background.
+            assert all(f["node"] == nodes[1] for f in corrupt), status["failovers"]
+            if corrupt:
+                log = os.path.join(rig_dir, "coordinator", "serve.log")
+                deadline = time.monotonic() + 30
+                while True:
+                    with open(log) as f:
+                        if f"repair of pets key {cls}/{name} on {nodes[1]}" in f.read():
+                            break
+                    assert time.monotonic() < deadline, "the read's repair never came"
+                    time.sleep(0.2)
+            else:
+                assert scrub()[nodes[1]]["repairs"][0]["outcome"] == "repaired"
+            assert all(n["report"]["bad"] == [] for n in scrub().values())
         finally:
             rig_cmd("down", rig_dir=rig_dir)
 

@@ -287,6 +287,9 @@ impl Job {
 
     /// Marks it failed by `e`.
     fn fail(&self, e: &JobError) {
+        // The error is in place before the state says failed: a status
+        // read in between never shows a failed job without its reason.
+        let mut inner = self.lock();
         let changed = self.state.send_if_modified(|s| {
             if s.is_final() {
                 false
@@ -296,11 +299,12 @@ impl Job {
             }
         });
         if changed {
-            tracing::warn!("job {} failed: {e}", self.id);
-            let mut inner = self.lock();
             inner.error = Some(e.to_string());
             inner.failure = Some(e.failure());
-            drop(inner);
+        }
+        drop(inner);
+        if changed {
+            tracing::warn!("job {} failed: {e}", self.id);
             self.save();
         }
     }
