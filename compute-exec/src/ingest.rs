@@ -54,6 +54,44 @@ pub struct IngestRequest {
     pub replicas: Option<u32>,
 }
 
+impl IngestRequest {
+    /// The replicas it asks for over `nodes` storage nodes (or the
+    /// default); `Err`: what it asks, which does not fit.
+    fn replicas_over(&self, nodes: usize) -> Result<u32, u32> {
+        let replicas = self.replicas.unwrap_or_else(|| default_replicas(nodes));
+        match replicas == 0 || replicas as usize > nodes {
+            true => Err(replicas),
+            false => Ok(replicas),
+        }
+    }
+
+    /// Node `i` of `n`'s part of it, under transaction `txn`.
+    fn part(&self, txn: &str, i: u32, n: u32, replicas: u32) -> IngestPart {
+        IngestPart {
+            txn: txn.to_string(),
+            dataset: self.dataset.clone(),
+            path: self.path.clone(),
+            manifest: self.manifest.clone(),
+            on_error: self.on_error.clone(),
+            // Every node of n holding n parts is the whole source.
+            shard: (n > replicas).then_some((i, n)),
+            replicas,
+        }
+    }
+}
+
+/// Each part's holders (node names) over `nodes` with `replicas` copies.
+fn holders(nodes: &[Arc<dyn StorageEndpoint>], replicas: u32) -> Vec<Vec<String>> {
+    let n = nodes.len() as u32;
+    (0..n)
+        .map(|p| {
+            sluice_flight::ingest::holders(p, n, replicas)
+                .map(|i| nodes[i as usize].name().to_string())
+                .collect()
+        })
+        .collect()
+}
+
 /// Replicas when none is asked for: 2 with at least 2 storage nodes.
 pub fn default_replicas(nodes: usize) -> u32 {
     if nodes >= 2 { 2 } else { 1 }
@@ -174,30 +212,16 @@ impl Ingests {
             return Err(IngestError::NoStorageNodes);
         }
         let replicas = req
-            .replicas
-            .unwrap_or_else(|| default_replicas(nodes.len()));
-        if replicas == 0 || replicas as usize > nodes.len() {
-            return Err(IngestError::Replicas {
-                asked: replicas,
+            .replicas_over(nodes.len())
+            .map_err(|asked| IngestError::Replicas {
+                asked,
                 nodes: nodes.len(),
-            });
-        }
+            })?;
         let _one = self.one_at_a_time.lock().await;
         let started = Instant::now();
         let txn = txn_id(&req.dataset);
         let n = nodes.len() as u32;
-        let parts: Vec<IngestPart> = (0..n)
-            .map(|i| IngestPart {
-                txn: txn.clone(),
-                dataset: req.dataset.clone(),
-                path: req.path.clone(),
-                manifest: req.manifest.clone(),
-                on_error: req.on_error.clone(),
-                // Every node of n holding n parts is the whole source.
-                shard: (n > replicas).then_some((i, n)),
-                replicas,
-            })
-            .collect();
+        let parts: Vec<IngestPart> = (0..n).map(|i| req.part(&txn, i, n, replicas)).collect();
         let prepared = join_all(
             nodes
                 .iter()
@@ -230,13 +254,7 @@ impl Ingests {
             stored_bytes: 0,
             chunks: 0,
             replicas,
-            holders: (0..n)
-                .map(|p| {
-                    sluice_flight::ingest::holders(p, n, replicas)
-                        .map(|i| nodes[i as usize].name().to_string())
-                        .collect()
-                })
-                .collect(),
+            holders: holders(nodes, replicas),
             skipped: Vec::new(),
             seconds: 0.0,
             parts: Vec::with_capacity(nodes.len()),

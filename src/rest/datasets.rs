@@ -187,6 +187,43 @@ pub async fn get(
         })
 }
 
+/// The parts of a committed sharded ingest, noted as the cluster's: a node
+/// that registers later may bring them, and only them, and the layout
+/// (replicas, holders) says the dataset's replication
+/// (`sluice_compute::ledger`).
+fn note_in_ledger(s: &AppState, name: &str, report: &sluice_compute::ingest::ShardedReport) {
+    let parts: Vec<(String, u64)> = report
+        .parts
+        .iter()
+        .map(|p| (p.node.clone(), p.version))
+        .collect();
+    let layout = sluice_compute::ledger::Layout {
+        replicas: report.replicas,
+        holders: report.holders.clone(),
+        versions: parts.iter().cloned().collect(),
+    };
+    let ledger = s.jobs.session().ledger();
+    if let Err(e) = ledger
+        .committed(name, &parts)
+        .and_then(|()| ledger.laid_out(name, layout))
+    {
+        tracing::error!("ingest of {name}: cannot note its parts in the ledger: {e}");
+    }
+}
+
+/// Replicas asked of a server that holds its data itself.
+fn one_copy(req: &IngestRequest) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "bad_replicas",
+        format!(
+            "replicas {}: this server holds its data itself (one node, one copy); replicas \
+             need a cluster of storage nodes",
+            req.replicas.unwrap_or_default()
+        ),
+    )
+}
+
 /// An ingest error as REST answers it: a path outside the roots is 403
 /// `forbidden_path`, a full device 507 `device_full`, a storage node that
 /// cannot be reached 503, a fault of the server or its storage (an I/O
@@ -263,17 +300,7 @@ pub async fn ingest(
         None => None,
     };
     let json = match &s.ingest_store {
-        Some(_) if req.replicas.is_some_and(|r| r != 1) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_replicas",
-                format!(
-                    "replicas {}: this server holds its data itself (one node, one copy); \
-                     replicas need a cluster of storage nodes",
-                    req.replicas.unwrap_or_default()
-                ),
-            ));
-        }
+        Some(_) if req.replicas.is_some_and(|r| r != 1) => return Err(one_copy(&req)),
         Some(store) => {
             let source = IngestSource::from_cli(&path, manifest.as_deref());
             let opts = IngestOptions {
@@ -305,28 +332,7 @@ pub async fn ingest(
                 .run(&nodes, &sharded)
                 .await
                 .map_err(|e| fail(&e))?;
-            // The parts are the cluster's: a node that registers later
-            // may bring them, and only them (`sluice_compute::ledger`).
-            let parts: Vec<(String, u64)> = report
-                .parts
-                .iter()
-                .map(|p| (p.node.clone(), p.version))
-                .collect();
-            let layout = sluice_compute::ledger::Layout {
-                replicas: report.replicas,
-                holders: report.holders.clone(),
-                versions: parts.iter().cloned().collect(),
-            };
-            let ledger = s.jobs.session().ledger();
-            if let Err(e) = ledger
-                .committed(&req.name, &parts)
-                .and_then(|()| ledger.laid_out(&req.name, layout))
-            {
-                tracing::error!(
-                    "ingest of {}: cannot note its parts in the ledger: {e}",
-                    req.name
-                );
-            }
+            note_in_ledger(&s, &req.name, &report);
             // The new parts are listed before the next job pins versions.
             if let Err(e) = s.jobs.session().refresh().await {
                 tracing::warn!("after ingesting {}: {e}", req.name);

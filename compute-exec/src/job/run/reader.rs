@@ -181,7 +181,12 @@ impl Job {
                 }
             };
             if let Err(e) = outcome {
-                if !matches!(e, JobError::Unavailable { .. } | JobError::Cancelled { .. }) {
+                // A reader that left cancels its stream's work, which may
+                // end with that cancellation before `tx.closed()` is seen:
+                // that is the reader's leaving, not the job's failure.
+                let left = tx.is_closed();
+                if !left && !matches!(e, JobError::Unavailable { .. } | JobError::Cancelled { .. })
+                {
                     job.fail(&e);
                 }
                 let _closed = tx.send(Err(e)).await;
