@@ -309,6 +309,9 @@ def test_bad_lookups_and_ingests(server):
         (lambda: c.ingest("x", server["dir"] + "/../../etc"), 403, "forbidden_path"),
         (lambda: c.ingest("gone", os.path.join(server["dir"], "missing")), 400, "ingest_failed"),
         (lambda: c._request("GET", "/v1/nothing"), 404, "not_found"),
+        # One data dir holds one copy; a scrub's rate is a positive number.
+        (lambda: c.ingest("twice", server["src"], replicas=2), 400, "bad_replicas"),
+        (lambda: c._request("POST", "/v1/scrub", {"rate_mb_s": -1}), 400, "bad_request"),
     ]:
         with pytest.raises(sluice.SluiceError) as e:
             call()
@@ -321,6 +324,10 @@ def test_bad_lookups_and_ingests(server):
     with pytest.raises(sluice.SluiceError, match="offset"):
         list(job.reader(0, offset=10_000))
     assert c.datasets()[0]["name"] == "pets"
+    # The embedded default scrubs its own objects: all good, nothing to repair.
+    [node] = c._request("POST", "/v1/scrub", {"dataset": "pets"})
+    assert node["report"]["objects"] > 0 and node["report"]["bad"] == [], node
+    assert node["repairs"] == [], node
 
 
 def test_symlinks_in_an_ingest_root_are_not_followed(server):
@@ -355,6 +362,7 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/nodes/compute": ["post"],
         "/v1/nodes/storage": ["post"],
         "/v1/nodes/{kind}/{id}": ["delete"],
+        "/v1/scrub": ["post"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],
