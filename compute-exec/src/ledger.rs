@@ -59,6 +59,13 @@ pub struct Layout {
     pub versions: BTreeMap<String, u64>,
 }
 
+impl Layout {
+    /// Whether `node` at `version` holds what this layout wrote there.
+    pub fn wrote(&self, node: &str, version: u64) -> bool {
+        self.versions.get(node) == Some(&version)
+    }
+}
+
 /// A node's dataset version the ledger does not know.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Unknown {

@@ -111,8 +111,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             url: Some(url),
             format,
         } => {
-            let client = place::rest_client(&cli, url, cli.token.first().cloned())?;
-            datasets::remote(client, *format).await
+            datasets::remote(
+                place::rest_client(&cli, url, cli.token.first().cloned())?,
+                *format,
+            )
+            .await
         }
         Command::Datasets { url: None, format } => datasets::run(&cli, *format),
         Command::Sql {
@@ -177,15 +180,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     ),
                 },
                 job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
-                scrub: (*scrub_every > 0.0).then(|| {
-                    (
-                        std::time::Duration::from_secs_f64(scrub_every.clamp(1.0, 1e9)),
-                        sluice_flight::scrub::ScrubRequest {
-                            dataset: None,
-                            rate_bytes_per_s: Some((scrub_rate_mb_s.max(0.001) * 1e6) as u64),
-                        },
-                    )
-                }),
+                scrub: crate::rest::scrub::schedule(*scrub_every, *scrub_rate_mb_s),
                 limits: *limits,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await

@@ -396,13 +396,7 @@ pub async fn serve(
         node_credential: place::node_credential(cli)?,
     };
     if let Some((every, req)) = addrs.scrub.clone() {
-        let state = state.clone();
-        sluice_base::task::detach(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                crate::rest::scrub::run(&state, &req).await;
-            }
-        });
+        crate::rest::scrub::every(state.clone(), every, req);
     }
     let app = crate::rest::app(state);
     // One write, and no panic if whoever started us stopped reading.

@@ -2,8 +2,6 @@
 //! their checksums, and each object found bad is rewritten from a good
 //! replica (`sluice_compute::repair`). Admin only: it reads every byte.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
@@ -68,12 +66,7 @@ pub async fn run(s: &AppState, req: &ScrubRequest) -> Vec<NodeScrub> {
     if let Err(e) = session.refresh().await {
         tracing::warn!("scrub: {e}");
     }
-    let schemas: HashMap<_, _> = session
-        .datasets()
-        .await
-        .into_iter()
-        .map(|(name, schema, _)| (name, schema))
-        .collect();
+    let schemas = session.table_schemas().await;
     let done = scrub_and_repair(&session.endpoints(), &schemas, req).await;
     for n in &done {
         match (&n.report, &n.error) {
@@ -90,4 +83,30 @@ pub async fn run(s: &AppState, req: &ScrubRequest) -> Vec<NodeScrub> {
         }
     }
     done
+}
+
+/// `serve --scrub-every SECS --scrub-rate-mb-s R`: the period and request
+/// of a background scrub; `None` when SECS is 0.
+pub fn schedule(every_s: f64, rate_mb_s: f64) -> Option<(std::time::Duration, ScrubRequest)> {
+    (every_s > 0.0).then(|| {
+        let req = ScrubRequest {
+            dataset: None,
+            rate_bytes_per_s: Some((rate_mb_s.max(0.001) * 1e6) as u64),
+        };
+        (
+            std::time::Duration::from_secs_f64(every_s.clamp(1.0, 1e9)),
+            req,
+        )
+    })
+}
+
+/// Scrubs and repairs every `every`, in the background, for as long as
+/// the server runs (`serve --scrub-every`).
+pub fn every(state: AppState, every: std::time::Duration, req: ScrubRequest) {
+    sluice_base::task::detach(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            run(&state, &req).await;
+        }
+    });
 }

@@ -280,7 +280,7 @@ impl ComputeSession {
                 l.replicas > 1
                     && h.parts
                         .iter()
-                        .all(|p| l.versions.get(endpoints[p.node].name()) == Some(&p.version))
+                        .all(|p| l.wrote(endpoints[p.node].name(), p.version))
             }) {
                 stats.samples /= u64::from(layout.replicas);
                 stats.bytes /= u64::from(layout.replicas);

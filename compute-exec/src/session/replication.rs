@@ -79,6 +79,15 @@ impl Replication {
 }
 
 impl ComputeSession {
+    /// Each dataset's table schema, by name, as last listed.
+    pub async fn table_schemas(&self) -> HashMap<String, SchemaRef> {
+        self.datasets()
+            .await
+            .into_iter()
+            .map(|(name, schema, _)| (name, schema))
+            .collect()
+    }
+
     /// For each dataset of `holders` held by more than one node, the
     /// reads that take each key once (`crate::replica_reads`), at the
     /// versions a job would pin.
@@ -119,7 +128,7 @@ impl ComputeSession {
                 && holding.is_some_and(|h| {
                     h.parts
                         .iter()
-                        .any(|p| p.node == i && layout.versions.get(name) == Some(&p.version))
+                        .any(|p| p.node == i && layout.wrote(name, p.version))
                 })
         };
         Some(Replication::of(&layout, live))

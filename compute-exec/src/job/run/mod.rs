@@ -168,12 +168,7 @@ impl Job {
                 let Some(bad) = nodes.iter().find(|n| n.name() == node) else {
                     return;
                 };
-                let schemas = session
-                    .datasets()
-                    .await
-                    .into_iter()
-                    .map(|(name, schema, _)| (name, schema))
-                    .collect();
+                let schemas = session.table_schemas().await;
                 for dataset in datasets {
                     let req = sluice_flight::scrub::ScrubRequest {
                         dataset: Some(dataset),

@@ -64,7 +64,7 @@ impl Source {
             // The version pinned on every node listed is the laid-out one.
             listed
                 .iter()
-                .all(|n| pinned(n).is_some() && layout.versions.get(*n).copied() == pinned(n))
+                .all(|n| pinned(n).is_some_and(|v| layout.wrote(n, v)))
                 && layout
                     .holders
                     .iter()
