@@ -85,10 +85,14 @@ async fn read_crc(store: &Store, at: u64, len: u64) -> Result<u32> {
 pub async fn scrub(store: &Arc<Store>, req: &ScrubRequest) -> Result<ScrubReport> {
     let began = Instant::now();
     let mut report = ScrubReport::default();
-    let names = match &req.dataset {
-        Some(d) => vec![d.clone()],
-        None => store.catalog().dataset_names()?,
-    };
+    let mut names = store.catalog().dataset_names()?;
+    if let Some(d) = &req.dataset {
+        // A name this node does not hold is said, not scrubbed as nothing.
+        if !names.contains(d) {
+            return Err(StorageError::UnknownDataset(d.clone()));
+        }
+        names = vec![d.clone()];
+    }
     for name in names {
         for record in store.catalog().versions(&name)? {
             report.versions += 1;
