@@ -633,6 +633,11 @@ pub enum Command {
         /// The background scrub's read rate on each node, MB a second.
         #[arg(long, default_value_t = 50.0)]
         scrub_rate_mb_s: f64,
+        /// A storage node that does not answer for this many seconds is
+        /// lost: the parts it held are copied from their other holders to
+        /// nodes without a copy; 0: never (a drain moves them by hand).
+        #[arg(long, default_value_t = 600.0)]
+        lost_after: f64,
         /// Query limits.
         #[command(flatten)]
         limits: QueryLimitFlags,
@@ -704,6 +709,13 @@ pub enum Command {
     /// Every storage node of a running server reads back its objects
     /// against their checksums; each bad one is rewritten from a good
     /// replica on another node (`POST /v1/scrub`, admin).
+    /// Spread every dataset's parts evenly over the storage nodes (after
+    /// one joined), online (an admin token).
+    Rebalance {
+        /// The server's REST API.
+        #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     Scrub {
         /// The server's REST API.
         #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
@@ -820,6 +832,13 @@ pub enum NodesAction {
     Remove {
         /// storage or compute.
         kind: String,
+        /// Its location or host:port.
+        id: String,
+    },
+    /// Copy every part storage node ID holds to other nodes, then retire
+    /// its copies once no job reads them (an admin token); take it out
+    /// with `remove` after.
+    Drain {
         /// Its location or host:port.
         id: String,
     },

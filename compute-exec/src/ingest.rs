@@ -202,6 +202,12 @@ pub struct Ingests {
 }
 
 impl Ingests {
+    /// Holds off every sharded ingest until dropped: for what else takes
+    /// the storage nodes' ingest locks (`crate::moves`).
+    pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.one_at_a_time.lock().await
+    }
+
     /// Ingests `req` over `nodes` (see the module docs).
     pub async fn run(
         &self,
@@ -334,8 +340,8 @@ impl Ingests {
     }
 }
 
-/// A transaction id no other ingest of this coordinator shares.
-fn txn_id(dataset: &str) -> String {
+/// A transaction id no other ingest (or move) of this coordinator shares.
+pub(crate) fn txn_id(dataset: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

@@ -114,6 +114,16 @@ impl PartLedger {
         self.save(&p)
     }
 
+    /// Notes that `nodes` no longer hold `dataset` (its parts moved
+    /// elsewhere), and saves the ledger.
+    pub fn released(&self, dataset: &str, nodes: &[String]) -> std::io::Result<()> {
+        let mut p = self.lock();
+        if let Some(of) = p.parts.get_mut(dataset) {
+            of.retain(|n, _| !nodes.contains(n));
+        }
+        self.save(&p)
+    }
+
     /// Notes how the committed ingest of `dataset` is laid out (after
     /// [`PartLedger::committed`]), and saves the ledger.
     pub fn laid_out(&self, dataset: &str, layout: Layout) -> std::io::Result<()> {
@@ -126,6 +136,11 @@ impl PartLedger {
     /// one.
     pub fn layout(&self, dataset: &str) -> Option<Layout> {
         self.lock().layouts.get(dataset).cloned()
+    }
+
+    /// The datasets the cluster's ingests laid out.
+    pub fn laid_out_datasets(&self) -> Vec<String> {
+        self.lock().layouts.keys().cloned().collect()
     }
 
     /// The version of `dataset` the cluster wrote on `node`, if any.
@@ -218,5 +233,9 @@ mod tests {
         assert_eq!(again.version("pets", a), Some(3));
         assert_eq!(again.layout("pets"), Some(layout));
         assert_eq!(again.layout("cats"), None);
+        // Its parts moved away, a node may not bring them back.
+        again.released("pets", &[a.to_string()]).unwrap();
+        assert_eq!(again.version("pets", a), None);
+        assert_eq!(again.unknown(a, &[("pets".into(), 3)]).len(), 1);
     }
 }

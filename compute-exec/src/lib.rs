@@ -53,6 +53,7 @@ pub mod flight_sql;
 pub mod ingest;
 pub mod job;
 pub mod ledger;
+pub mod moves;
 pub mod offthread;
 pub mod plan_feeds;
 pub mod queries;

@@ -16,6 +16,7 @@ use prost::Message;
 use sluice_udfs::UdfEnv;
 
 use crate::codec::encode_fragment;
+use crate::copy::{CopyIn, RETIRE, Retire, Retired};
 use crate::credential::Credential;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
@@ -289,6 +290,66 @@ impl StorageEndpoint for StorageClient {
         self.json_action(REPAIR_OBJECT, req)
             .await?
             .ok_or_else(|| LinkError::Protocol(format!("{} repaired nothing", self.link.node)))
+    }
+
+    async fn copy_in(
+        &self,
+        req: &CopyIn,
+        rows: SendableRecordBatchStream,
+    ) -> Result<PreparedPart, LinkError> {
+        let cmd = serde_json::to_vec(req).map_err(|e| LinkError::Protocol(e.to_string()))?;
+        // The rows' source failing ends the put early; the node then
+        // prepares what it got, which is dropped here, never committed.
+        let failed: Arc<std::sync::Mutex<Option<DataFusionError>>> = Arc::default();
+        let seen = Arc::clone(&failed);
+        // The schema goes first whatever follows: it carries the
+        // descriptor, and a node that only drops rows is sent none.
+        let schema = rows.schema();
+        let rows = rows.map_err(|e| arrow_flight::error::FlightError::ExternalError(Box::new(e)));
+        let data = arrow_flight::encode::FlightDataEncoderBuilder::new()
+            .with_max_flight_data_size(crate::MAX_FLIGHT_DATA)
+            .with_flight_descriptor(Some(FlightDescriptor::new_cmd(cmd)))
+            .with_schema(schema)
+            .build(rows)
+            .scan((), move |(), d| {
+                futures::future::ready(match d {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(DataFusionError::External(Box::new(e)));
+                        None
+                    }
+                })
+            });
+        let mut replies = self
+            .link
+            .inner
+            .clone()
+            .do_put(data)
+            .await
+            .map_err(|s| self.link.status(&s))?
+            .into_inner();
+        let reply = replies.message().await.map_err(|s| self.link.status(&s))?;
+        let source_error = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(e) = source_error {
+            let _ = self.finish_ingest(&req.txn, false).await;
+            return Err(LinkError::Protocol(format!(
+                "the rows copied to {} failed on their way: {e}",
+                self.link.node
+            )));
+        }
+        let reply = reply.ok_or_else(|| {
+            LinkError::Protocol(format!("{} answered a copy with nothing", self.link.node))
+        })?;
+        serde_json::from_slice(&reply.app_metadata).map_err(|e| {
+            LinkError::Protocol(format!("{} sent a bad copy reply: {e}", self.link.node))
+        })
+    }
+
+    async fn retire(&self, req: &Retire) -> Result<Retired, LinkError> {
+        self.json_action(RETIRE, req)
+            .await?
+            .ok_or_else(|| LinkError::Protocol(format!("{} retired nothing", self.link.node)))
     }
 
     async fn finish_ingest(

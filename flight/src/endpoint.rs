@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use sluice_planner::DatasetStats;
 use sluice_udfs::UdfEnv;
 
+use crate::copy::{CopyIn, Retire, Retired};
 use crate::error::LinkError;
 use crate::feed::Feed;
 use crate::ingest::{IngestPart, IngestedPart, PreparedPart};
@@ -148,6 +149,19 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
 
     /// Rewrites one of its objects with good bytes ([`crate::scrub`]).
     async fn repair_object(&self, req: &RepairObject) -> Result<Repaired, LinkError>;
+
+    /// Writes a new version of `req.dataset` from the rows of its own it
+    /// keeps and `rows` (another holder's, in the table schema), held
+    /// uncommitted under `req.txn` until [`StorageEndpoint::finish_ingest`]
+    /// ([`crate::copy`]).
+    async fn copy_in(
+        &self,
+        req: &CopyIn,
+        rows: SendableRecordBatchStream,
+    ) -> Result<PreparedPart, LinkError>;
+
+    /// Deletes versions it no longer needs to hold ([`crate::copy`]).
+    async fn retire(&self, req: &Retire) -> Result<Retired, LinkError>;
 }
 
 /// Whether a node address (`http://127.0.0.1:7000`, `[::1]:7000`,

@@ -48,6 +48,7 @@ pub mod body;
 pub mod checkpoint;
 pub mod client;
 pub mod codec;
+pub mod copy;
 pub mod credential;
 pub mod endpoint;
 pub mod error;

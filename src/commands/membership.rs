@@ -1,6 +1,7 @@
 //! `sluice nodes`: a coordinator's nodes from the command line, over its
 //! REST API: `list` (storage nodes up or down, compute nodes, storage
-//! nodes in quarantine with what they hold) and `remove KIND ID`.
+//! nodes in quarantine with what they hold), `remove KIND ID` and
+//! `drain ID`; and `sluice rebalance`.
 
 use http::Method;
 use serde_json::Value;
@@ -44,6 +45,10 @@ pub async fn run(cli: &Cli, url: &str, action: &NodesAction) -> anyhow::Result<(
                 );
             }
         }
+        NodesAction::Drain { id } => {
+            let path = format!("/v1/nodes/storage/{}/drain", urlencode(id));
+            print_moves(&client.call(Method::POST, &path, None).await?);
+        }
         NodesAction::Remove { kind, id } => {
             let path = format!("/v1/nodes/{}/{}", urlencode(kind), urlencode(id));
             let r = client.call(Method::DELETE, &path, None).await?;
@@ -53,6 +58,56 @@ pub async fn run(cli: &Cli, url: &str, action: &NodesAction) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// `sluice rebalance --url URL`.
+pub async fn rebalance(cli: &Cli, url: &str) -> anyhow::Result<()> {
+    let client = crate::commands::place::rest_client(cli, url, cli.token.first().cloned())?;
+    print_moves(&client.call(Method::POST, "/v1/rebalance", None).await?);
+    Ok(())
+}
+
+/// One line per dataset moved, one per copy made, one per part short.
+fn print_moves(reports: &Value) {
+    for r in reports.as_array().into_iter().flatten() {
+        println!(
+            "{}: {}: {} part copies, {} drops, {:.1} s",
+            text(&r["dataset"]),
+            text(&r["why"]),
+            r["moves"].as_array().map_or(0, Vec::len),
+            r["drops"].as_array().map_or(0, Vec::len),
+            r["seconds"].as_f64().unwrap_or(0.0)
+        );
+        for m in r["moves"].as_array().into_iter().flatten() {
+            println!(
+                "  part {} {} -> {}",
+                m["part"],
+                text(&m["from"]),
+                text(&m["to"])
+            );
+        }
+        for v in r["versions"].as_array().into_iter().flatten() {
+            println!(
+                "  {} now at version {} ({} samples, {} copied in, {} dropped)",
+                text(&v["node"]),
+                v["version"],
+                v["samples"],
+                v["copied"],
+                v["dropped"]
+            );
+        }
+        for s in r["short"].as_array().into_iter().flatten() {
+            println!("  part {} still short: {}", s["part"], text(&s["why"]));
+        }
+        for t in r["retiring"].as_array().into_iter().flatten() {
+            let waiting = t["waiting_for"].as_array().map_or(0, Vec::len);
+            println!(
+                "  {} retires its versions through {} once {waiting} job(s) reading them end",
+                text(&t["node"]),
+                t["through"]
+            );
+        }
+    }
 }
 
 fn text(v: &Value) -> String {

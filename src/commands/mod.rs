@@ -164,6 +164,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             job_ttl,
             scrub_every,
             scrub_rate_mb_s,
+            lost_after,
             limits,
         } => {
             let hints = place::hints(None, *compute_cores, None);
@@ -181,6 +182,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
                 scrub: crate::rest::scrub::schedule(*scrub_every, *scrub_rate_mb_s),
+                lost_after: *lost_after,
                 limits: *limits,
             };
             nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
@@ -197,6 +199,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
         } => gen_sample::run(dir, *classes, *per_class, *seed),
         Command::Nodes { url, action } => membership::run(&cli, url, action).await,
+        Command::Rebalance { url } => membership::rebalance(&cli, url).await,
         Command::Scrub {
             url,
             dataset,

@@ -311,6 +311,9 @@ pub struct ServeAddrs<'a> {
     pub job_ttl: std::time::Duration,
     /// A background scrub's period and request (`serve --scrub-every`).
     pub scrub: Option<(std::time::Duration, sluice_flight::scrub::ScrubRequest)>,
+    /// Seconds after which a storage node that does not answer is lost
+    /// and its parts re-replicated (`serve --lost-after`; 0: never).
+    pub lost_after: f64,
     /// Limits on each SQL query.
     pub limits: QueryLimitFlags,
 }
@@ -397,6 +400,9 @@ pub async fn serve(
     };
     if let Some((every, req)) = addrs.scrub.clone() {
         crate::rest::scrub::every(state.clone(), every, req);
+    }
+    if remote {
+        crate::rest::moves::watch_lost(state.clone(), addrs.lost_after);
     }
     let app = crate::rest::app(state);
     // One write, and no panic if whoever started us stopped reading.

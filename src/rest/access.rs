@@ -57,6 +57,8 @@ pub fn need(method: &Method, path: &str) -> Need {
         (&Method::POST, ["", "v1", "jobs", _, "progress"]) => Need::Scope(Scope::Node),
         (_, ["", "v1", "jobs", _, "record"]) => Need::Scope(Scope::Node),
         (&Method::DELETE, ["", "v1", "nodes", ..]) => Need::Scope(Scope::Admin),
+        (&Method::POST, ["", "v1", "nodes", "storage", _, "drain"]) => Need::Scope(Scope::Admin),
+        (_, ["", "v1", "rebalance"]) => Need::Scope(Scope::Admin),
         (_, ["", "v1", "scrub"]) => Need::Scope(Scope::Admin),
         (&Method::POST, ["", "v1", "datasets"]) => Need::Scope(Scope::Ingest),
         _ => Need::Scope(Scope::Read),
@@ -161,6 +163,12 @@ mod tests {
             (&post, "/v1/nodes/storage/", Need::Scope(Scope::Node)),
             (&delete, "/v1/nodes/storage/ab12", Need::Scope(Scope::Admin)),
             (&post, "/v1/scrub", Need::Scope(Scope::Admin)),
+            (
+                &post,
+                "/v1/nodes/storage/ab12/drain",
+                Need::Scope(Scope::Admin),
+            ),
+            (&post, "/v1/rebalance", Need::Scope(Scope::Admin)),
             (&get, "/v1/no-such-route", Need::Scope(Scope::Read)),
         ] {
             assert_eq!(need(m, path), want, "{m} {path}");

@@ -15,6 +15,8 @@
 //!  GET    /v1/info               version, the Flight address
 //!  GET    /v1/nodes              storage nodes (up/down, cores, link), the device, the cache
 //!  POST   /v1/scrub              every storage node checks its objects; bad ones repaired from replicas (admin)
+//!  POST   /v1/nodes/storage/{id}/drain  a node's parts copied elsewhere, then retired there (admin)
+//!  POST   /v1/rebalance          parts spread evenly over the storage nodes (admin)
 //!  GET    /healthz  /metrics  /openapi.json
 //!  GET    /                      the dashboard (static files reading the routes above)
 //! ```
@@ -31,6 +33,7 @@ pub mod datasets;
 pub mod error;
 pub mod jobs;
 pub mod metrics;
+pub mod moves;
 pub mod nodes;
 pub mod ops;
 pub mod scrub;
@@ -128,6 +131,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(nodes::register_storage))
         .routes(routes!(nodes::remove))
         .routes(routes!(scrub::scrub))
+        .routes(routes!(moves::drain))
+        .routes(routes!(moves::rebalance))
         .routes(routes!(jobs::record))
         .routes(routes!(jobs::report))
         .routes(routes!(ops::healthz))
@@ -222,6 +227,8 @@ mod tests {
             ("/v1/nodes/storage", vec!["post"]),
             ("/v1/nodes/{kind}/{id}", vec!["delete"]),
             ("/v1/scrub", vec!["post"]),
+            ("/v1/nodes/storage/{id}/drain", vec!["post"]),
+            ("/v1/rebalance", vec!["post"]),
             ("/v1/jobs/{id}/record", vec!["get"]),
             ("/v1/jobs/{id}/progress", vec!["post"]),
             ("/healthz", vec!["get"]),

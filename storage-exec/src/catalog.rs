@@ -7,6 +7,7 @@
 //! | `versions` | (dataset, version) | [`VersionRecord`] as JSON |
 //! | `datasets` | dataset | latest version |
 //! | `chunks` | first chunk of a run | (count, version) + dataset, as JSON |
+//! | `retired` | dataset | the highest version retired |
 //!
 //! Checkpoints keep their versions and chunks in two tables of their own
 //! (see `checkpoint::catalog`); the chunk map at open is the union of both.
@@ -28,6 +29,7 @@ use sluice_udfs::udf::panic_message;
 const VERSIONS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("versions");
 const DATASETS: TableDefinition<'_, &str, u64> = TableDefinition::new("datasets");
 const CHUNKS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("chunks");
+const RETIRED: TableDefinition<'_, &str, u64> = TableDefinition::new("retired");
 
 /// A committed dataset version.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -148,6 +150,7 @@ impl Catalog {
         txn.open_table(VERSIONS).map_err(|e| cat.err(e))?;
         txn.open_table(DATASETS).map_err(|e| cat.err(e))?;
         txn.open_table(CHUNKS).map_err(|e| cat.err(e))?;
+        txn.open_table(RETIRED).map_err(|e| cat.err(e))?;
         crate::checkpoint::catalog::create_tables(&txn).map_err(|e| cat.err(e))?;
         txn.commit().map_err(|e| cat.err(e))?;
         Ok(cat)
@@ -198,6 +201,77 @@ impl Catalog {
             .get(dataset)
             .map_err(|e| self.err(e))?
             .map(|v| v.value()))
+    }
+
+    /// The number the next version of `dataset` takes: one past its
+    /// latest and past any it retired, so that a number once given is
+    /// never given to other rows (caches on either side key by it).
+    pub fn next_version(&self, dataset: &str) -> Result<u64> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let latest = txn
+            .open_table(DATASETS)
+            .map_err(|e| self.err(e))?
+            .get(dataset)
+            .map_err(|e| self.err(e))?
+            .map_or(0, |v| v.value());
+        let retired = txn
+            .open_table(RETIRED)
+            .map_err(|e| self.err(e))?
+            .get(dataset)
+            .map_err(|e| self.err(e))?
+            .map_or(0, |v| v.value());
+        Ok(latest.max(retired) + 1)
+    }
+
+    /// Deletes `dataset`'s versions up to `through` (all when `None`) in
+    /// one transaction: their records, their chunk map entries, and the
+    /// latest pointer when none is left. Returns the records deleted (their
+    /// chunks and metadata files are the caller's to free).
+    pub fn retire(&self, dataset: &str, through: Option<u64>) -> Result<Vec<VersionRecord>> {
+        let gone: Vec<VersionRecord> = self
+            .versions(dataset)?
+            .into_iter()
+            .filter(|v| through.is_none_or(|t| v.version <= t))
+            .collect();
+        let Some(highest) = gone.iter().map(|v| v.version).max() else {
+            return Ok(gone);
+        };
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
+            let mut chunks = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
+            for v in &gone {
+                versions
+                    .remove((dataset, v.version))
+                    .map_err(|e| self.err(e))?;
+                for run in &v.runs {
+                    chunks.remove(run.start).map_err(|e| self.err(e))?;
+                }
+            }
+            let left = versions
+                .range((dataset, 0)..=(dataset, u64::MAX))
+                .map_err(|e| self.err(e))?
+                .next_back()
+                .transpose()
+                .map_err(|e| self.err(e))?
+                .map(|(k, _)| k.value().1);
+            let mut datasets = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
+            match left {
+                Some(latest) => datasets.insert(dataset, latest),
+                None => datasets.remove(dataset),
+            }
+            .map_err(|e| self.err(e))?;
+            let mut retired = txn.open_table(RETIRED).map_err(|e| self.err(e))?;
+            let before = retired
+                .get(dataset)
+                .map_err(|e| self.err(e))?
+                .map_or(0, |v| v.value());
+            retired
+                .insert(dataset, before.max(highest))
+                .map_err(|e| self.err(e))?;
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(gone)
     }
 
     /// One version of a dataset: the latest when `version` is `None`.
@@ -351,6 +425,31 @@ mod tests {
         drop(cat);
         let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
         assert_eq!(cat.metadata_files().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn retired_versions_are_gone_and_their_numbers_never_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
+        cat.commit_version(&record("a", 1, 0)).unwrap();
+        cat.commit_version(&record("a", 2, 2)).unwrap();
+        cat.commit_version(&record("b", 1, 4)).unwrap();
+        let gone = cat.retire("a", Some(1)).unwrap();
+        assert_eq!(gone.iter().map(|v| v.version).collect::<Vec<_>>(), [1]);
+        assert_eq!(cat.version("a", None).unwrap().version, 2);
+        assert_eq!(cat.chunk_runs().unwrap().len(), 2);
+        assert_eq!(cat.retire("a", None).unwrap().len(), 1);
+        assert_eq!(cat.dataset_names().unwrap(), vec!["b"]);
+        assert!(matches!(
+            cat.version("a", None),
+            Err(StorageError::UnknownDataset(_))
+        ));
+        assert_eq!(cat.next_version("a").unwrap(), 3, "numbers are not reused");
+        assert_eq!(cat.next_version("b").unwrap(), 2);
+        assert!(cat.retire("nope", None).unwrap().is_empty());
+        drop(cat);
+        let cat = Catalog::open(&dir.path().join("c.redb")).unwrap();
+        assert_eq!(cat.next_version("a").unwrap(), 3);
     }
 
     #[test]

@@ -24,6 +24,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
@@ -34,6 +36,7 @@ use futures::{Stream, StreamExt, stream};
 use prost::Message;
 use sluice_base::CallError;
 use sluice_base::fault::{self, status_of};
+use sluice_flight::copy::{CopyIn, RETIRE, Retire};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
     FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
@@ -251,9 +254,45 @@ impl FlightService for StorageFlightService {
 
     async fn do_put(
         &self,
-        _request: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        Err(CallError::NotServed("ingest with `sluice ingest` on the storage node".into()).status())
+        // The one put a node takes: a replica's rows (`sluice_flight::copy`),
+        // the first message's descriptor naming the move.
+        let mut data = request.into_inner();
+        let first = data
+            .message()
+            .await?
+            .ok_or_else(|| CallError::bad_request("an empty put"))?;
+        let req: CopyIn = first
+            .flight_descriptor
+            .as_ref()
+            .and_then(|d| serde_json::from_slice(&d.cmd).ok())
+            .ok_or_else(|| {
+                CallError::bad_request(
+                    "a put must name a copy (its descriptor's command, as JSON); ingest \
+                     sources with `sluice ingest`",
+                )
+            })?;
+        let rest = stream::unfold(data, |mut d| async move {
+            match d.message().await {
+                Ok(Some(m)) => Some((Ok(m), d)),
+                Ok(None) => None,
+                Err(s) => Some((Err(FlightError::Tonic(Box::new(s))), d)),
+            }
+        });
+        let rows = FlightRecordBatchStream::new_from_flight_data(
+            stream::once(async { Ok(first) }).chain(rest),
+        );
+        let prepared = self
+            .node
+            .prepare_copy(&req, rows)
+            .await
+            .map_err(|e| fault::status(&e))?;
+        let body = serde_json::to_vec(&prepared).map_err(|e| CallError::encoding(e.to_string()))?;
+        let reply = PutResult {
+            app_metadata: body.into(),
+        };
+        Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
     }
 
     async fn do_exchange(
@@ -299,6 +338,11 @@ impl FlightService for StorageFlightService {
                     .map_err(|e| fault::status(&e))?;
                 serde_json::to_vec(&done)
             }
+            RETIRE => {
+                let req: Retire = json_body(&action)?;
+                let done = self.node.retire(&req).map_err(|e| fault::status(&e))?;
+                serde_json::to_vec(&done)
+            }
             FINISH_INGEST => {
                 let word: FinishIngest = json_body(&action)?;
                 let done = self
@@ -314,7 +358,7 @@ impl FlightService for StorageFlightService {
             other => {
                 return Err(CallError::bad_request(format!(
                     "unknown action {other:?} (known: {NODE_INFO}, {TIME_FRAGMENT}, \
-                     {PREPARE_INGEST}, {FINISH_INGEST}, {SCRUB}, {REPAIR_OBJECT})"
+                     {PREPARE_INGEST}, {FINISH_INGEST}, {SCRUB}, {REPAIR_OBJECT}, {RETIRE})"
                 )));
             }
         }

@@ -38,6 +38,7 @@ use crate::node_feed::LocalFeed;
 use crate::scan::{DatasetTable, DatasetVersion, IndexCache, ScanOptions, parse_table};
 use crate::stats::{SAMPLE, dataset_stats};
 use crate::store::Store;
+use sluice_flight::copy::{CopyIn, Retire, Retired};
 use sluice_flight::ingest::{IngestPart, IngestedPart, PreparedPart};
 use sluice_flight::scrub::{RepairObject, Repaired, ScrubReport, ScrubRequest};
 
@@ -177,6 +178,16 @@ impl StorageNode {
             out.push(listed);
         }
         Ok(out)
+    }
+
+    /// Forgets what this node lists and keeps in memory of `dataset`'s
+    /// versions (some were retired).
+    pub(crate) fn forget(&self, dataset: &str) {
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(d, _), _| d != dataset);
+        self.indexes.forget(dataset);
     }
 
     /// The schema of `table` (`dataset` or `dataset@N`).
@@ -570,6 +581,18 @@ impl StorageEndpoint for StorageNode {
 
     async fn repair_object(&self, req: &RepairObject) -> Result<Repaired, LinkError> {
         self.repair(req).await.map_err(execution)
+    }
+
+    async fn copy_in(
+        &self,
+        req: &CopyIn,
+        rows: SendableRecordBatchStream,
+    ) -> Result<PreparedPart, LinkError> {
+        self.prepare_copy(req, rows).await.map_err(execution)
+    }
+
+    async fn retire(&self, req: &Retire) -> Result<Retired, LinkError> {
+        StorageNode::retire(self, req).map_err(execution)
     }
 
     async fn time(

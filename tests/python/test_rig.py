@@ -425,6 +425,100 @@ def test_compute_nodes_fail_over_a_lost_storage_node_and_the_coordinator_shows_i
         assert "2 copies: 0 of 2 parts full, 2 under-replicated" in listed, listed
 
 
+def wait_for(what, check, within=60):
+    """Polls `check()` every half second until it returns something true;
+    that, or an error naming `what` after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.5)
+
+
+def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost():
+    """3 storage nodes, each part on 2 (the default), a coordinator that
+    counts a node lost after 4 s. A node killed -9: its parts are copied
+    from their other holders to the node left without a copy, and the
+    dataset is fully replicated again without it. A node that joins takes
+    an even share with `sluice rebalance`. A node drained while a job
+    reads: the job's bytes are those of an undisturbed run, every part
+    ends on the other two nodes, and the drained node then holds nothing.
+    Every job in between reads what the first did."""
+    with tempfile.TemporaryDirectory() as d:
+        rig_dir = os.path.join(d, "rig")
+        root = gen(d, "pets", 4, 10)
+        env = up(rig_dir, "--storage", "3", "--compute", "0", "--ingest-root", root,
+                 "--", "--lost-after", "4", extra_env=NO_OUTPUT_CACHE)
+        try:
+            c = sluice.Client(env["REST"])
+            nodes = env["STORAGE"].split(",")
+            sql = "SELECT key, to_tensor(resize(decode_image(data), 16, 16)) AS img FROM pets"
+
+            def read_all():
+                job = c.submit(sql, batch_size=4)
+                job.wait()
+                return pa.Table.from_batches(list(job.reader(0).batches()))
+
+            def replication():
+                return c._request("GET", "/v1/datasets/pets")["replication"]
+
+            def holding():
+                pets = c._request("GET", "/v1/datasets/pets")
+                return sorted(v["node"] for v in pets["versions"])
+
+            want = read_all()
+            assert want.num_rows == 40
+            assert replication()["full"] == 3
+
+            # Lost: storage2's two parts get their second copy back on the
+            # two nodes left.
+            os.kill(node_pid(rig_dir, "storage2"), signal.SIGKILL)
+            wait_for("re-replication", lambda: replication()["full"] == 3
+                     and holding() == sorted(nodes[:2]))
+            r = replication()
+            assert (r["under"], r["lost"]) == (0, 0), r
+            assert read_all().equals(want), "after re-replication the rows differ"
+
+            # Joined: a fourth node, then a rebalance gives it a share.
+            added = parse_env(rig_cmd("add-storage", rig_dir=rig_dir).stdout)["STORAGE_URL"]
+            wait_for("the new node's registration",
+                     lambda: added in {n["name"] for n in c._request("GET", "/v1/nodes")["nodes"]})
+            out = subprocess.run([SLUICE, "rebalance", "--url", env["REST"]],
+                                 capture_output=True, text=True, check=True).stdout
+            assert "rebalance" in out and f"-> {added}" in out, out
+            assert added in holding(), holding()
+            assert replication()["full"] == 3, replication()
+            assert read_all().equals(want), "after the rebalance the rows differ"
+
+            # Drained while a job reads: its epoch is undisturbed, then the
+            # node holds nothing.
+            job = c.submit(sql, batch_size=2)
+            job.wait()
+            batches = job.reader(0, prefetch=0).batches()
+            got = [next(batches)]
+            drained = c._request("POST", "/v1/nodes/storage/" + nodes[1].split("://")[1]
+                                 + "/drain")
+            assert drained[0]["why"] == f"drain of {nodes[1]}", drained
+            assert drained[0]["retiring"][0]["waiting_for"] == [job.id], drained
+            got += list(batches)
+            assert pa.Table.from_batches(got).equals(want), "the job read during a drain differs"
+            assert sorted(holding()) == sorted([nodes[0], added]), holding()
+            assert replication()["full"] == 3, replication()
+            # Its copy goes once the job is done: the node lists nothing.
+            wait_for("the drained node's retirement", lambda: storage_datasets(nodes[1]) == [])
+            assert read_all().equals(want), "after the drain the rows differ"
+        finally:
+            rig_cmd("down", rig_dir=rig_dir)
+
+
+def storage_datasets(url):
+    """The datasets the storage node at `url` lists, by name."""
+    client = flight.FlightClient(url.replace("http://", "grpc://"))
+    return sorted(f.descriptor.path[0].decode() for f in client.list_flights())
+
+
 def flip_in_device(device, needle):
     """Flips the last byte of the first copy of `needle` in the device file
     `device` (a node's objects are packed from its start as ingested; the

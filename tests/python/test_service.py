@@ -312,6 +312,7 @@ def test_bad_lookups_and_ingests(server):
         # One data dir holds one copy; a scrub's rate is a positive number.
         (lambda: c.ingest("twice", server["src"], replicas=2), 400, "bad_replicas"),
         (lambda: c._request("POST", "/v1/scrub", {"rate_mb_s": -1}), 400, "bad_request"),
+        (lambda: c._request("POST", "/v1/nodes/storage/nope:1/drain"), 404, "node_not_found"),
     ]:
         with pytest.raises(sluice.SluiceError) as e:
             call()
@@ -328,6 +329,8 @@ def test_bad_lookups_and_ingests(server):
     [node] = c._request("POST", "/v1/scrub", {"dataset": "pets"})
     assert node["report"]["objects"] > 0 and node["report"]["bad"] == [], node
     assert node["repairs"] == [], node
+    # Nothing here was laid out by a cluster's ingest: nothing to move.
+    assert c._request("POST", "/v1/rebalance") == []
 
 
 def test_symlinks_in_an_ingest_root_are_not_followed(server):
@@ -363,6 +366,8 @@ def test_openapi_is_valid_and_matches_the_routes(server):
         "/v1/nodes/storage": ["post"],
         "/v1/nodes/{kind}/{id}": ["delete"],
         "/v1/scrub": ["post"],
+        "/v1/nodes/storage/{id}/drain": ["post"],
+        "/v1/rebalance": ["post"],
         "/v1/datasets": ["get", "post"],
         "/v1/datasets/{name}": ["get"],
         "/v1/checkpoints": ["delete", "get"],

@@ -271,6 +271,13 @@ impl SampleIndex {
         }
     }
 
+    /// Every holder of sample `s`: its pin and its row id there, the
+    /// first holder first.
+    pub fn holders(&self, s: u64) -> impl Iterator<Item = (u8, u32)> + '_ {
+        let i = s as usize;
+        std::iter::once((self.nodes[i], self.rows[i])).chain(self.others_of(i).iter().copied())
+    }
+
     /// The pins whose node is named `node`.
     pub fn pins_of(&self, node: &str) -> Avoid {
         let mut out = Avoid::default();

@@ -247,6 +247,17 @@ impl Jobs {
         self.lock().values().cloned().collect()
     }
 
+    /// The jobs still to deliver (pending or running) that read `version`
+    /// of `dataset` on `node`: while any does, that version stays.
+    pub fn pinning(&self, dataset: &str, node: &str, version: u64) -> Vec<String> {
+        self.list()
+            .into_iter()
+            .filter(|j| matches!(j.state(), JobState::Pending | JobState::Running))
+            .filter(|j| j.reads(dataset, node, version))
+            .map(|j| j.id().to_string())
+            .collect()
+    }
+
     /// The job `id`.
     pub fn get(&self, id: &str) -> Result<Arc<Job>, JobError> {
         self.lock()

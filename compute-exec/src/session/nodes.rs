@@ -176,8 +176,18 @@ impl ComputeSession {
 
     /// The version of `d` to read on `node`: the one it lists, or, for a
     /// node that `registered`, the one the ledger names there (`None`: the
-    /// cluster never wrote it there, and it is not read).
+    /// cluster never wrote it there, and it is not read). A node the
+    /// dataset's layout no longer names (its parts moved away, its copy
+    /// waiting to be retired) is not read either.
     fn version_to_read(&self, registered: bool, node: &str, d: &RemoteDataset) -> Option<u64> {
+        if self
+            .ledger
+            .layout(&d.name)
+            .is_some_and(|l| !l.versions.contains_key(node))
+        {
+            tracing::debug!("{} on {node}: its parts moved elsewhere; not read", d.name);
+            return None;
+        }
         if !registered {
             return Some(d.version);
         }

@@ -61,7 +61,7 @@ impl Replication {
         for (part, holders) in layout.holders.iter().enumerate() {
             let up: Vec<String> = holders.iter().filter(|h| live(h)).cloned().collect();
             match up.len() {
-                n if n == holders.len() => {
+                n if n == holders.len() && n >= layout.replicas as usize => {
                     out.full += 1;
                     continue;
                 }

@@ -23,17 +23,19 @@
 //! A crash after it leaves a complete version.
 
 mod confine;
+mod copy;
 mod parts;
 mod pending;
 mod prepared;
 mod shard;
 pub mod shard_files;
 mod source;
+mod version;
 mod writer;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use arrow::array::{ArrayRef, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder};
 use arrow::compute::take;
@@ -47,10 +49,9 @@ pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
 use self::shard_files::{OpenShards, Readers};
-use crate::catalog::VersionRecord;
+use self::version::{Sealing, seal};
 use crate::error::{Result, StorageError};
-use crate::layout::{META_DIR, sync_dir};
-use crate::metadata::{ProbedColumns, metadata_schema, write_metadata};
+use crate::metadata::{ProbedColumns, metadata_schema};
 use crate::store::Store;
 use sluice_udfs::probe::{Probe, probe, probe_file};
 use source::{Entry, Origin, enumerate};
@@ -500,7 +501,7 @@ pub async fn prepare(
         enumerated = enumerated.keep_part(s)?;
     }
     let total = enumerated.entries.len() as u64;
-    let version = store.catalog().latest_version(dataset)?.unwrap_or(0) + 1;
+    let version = store.catalog().next_version(dataset)?;
 
     let mut writer = ExtentWriter::new(
         Arc::clone(store.device()),
@@ -646,57 +647,22 @@ pub async fn prepare(
     columns.push(Arc::new(lengths.finish()));
     columns.push(Arc::new(crcs.finish()));
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-    let samples = batch.num_rows() as u64;
-
-    let rel = std::path::PathBuf::from(META_DIR)
-        .join(dataset)
-        .join(format!("v{version}.parquet"));
-    let path = store.metadata_path(&rel);
-    let meta_dir = path.parent().unwrap_or(store.data_dir()).to_owned();
-    let tmp = path.with_extension("parquet.tmp");
-    let (tmp2, path2, dir2) = (tmp.clone(), path.clone(), meta_dir.clone());
-    tokio::task::spawn_blocking(move || -> Result<()> {
-        std::fs::create_dir_all(&dir2).map_err(|e| StorageError::io("create", &dir2, e))?;
-        write_metadata(&tmp2, schema, &[batch])?;
-        std::fs::rename(&tmp2, &path2).map_err(|e| StorageError::io("rename", &tmp2, e))?;
-        sync_dir(&dir2)
-    })
-    .await
-    .map_err(|e| StorageError::io("write metadata", &tmp, std::io::Error::other(e)))??;
-
-    let chunk_count = runs.iter().map(|r| r.count).sum();
-    let record = VersionRecord {
+    seal(Sealing {
+        store: Arc::clone(store),
+        guard,
         dataset: dataset.to_owned(),
         version,
-        created_unix_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or_default(),
-        samples,
-        bytes: bytes_total,
-        skipped: skipped.len() as u64,
-        metadata_file: rel,
+        schema,
+        batches: vec![batch],
         runs,
+        reservation,
         source: source_desc,
-    };
-    let report = IngestReport {
-        dataset: dataset.to_owned(),
-        version,
-        samples,
         bytes: bytes_total,
-        chunks: chunk_count,
         skipped,
         columns: column_names,
-        seconds: started.elapsed().as_secs_f64(),
-    };
-    Ok(Prepared::new(
-        Arc::clone(store),
-        record,
-        reservation,
-        path,
-        report,
-        guard,
-    ))
+        started,
+    })
+    .await
 }
 
 #[cfg(test)]

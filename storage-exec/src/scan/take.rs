@@ -154,6 +154,15 @@ pub struct IndexCache {
 }
 
 impl IndexCache {
+    /// Forgets every version of `dataset` (retired: its numbers are never
+    /// reused, but its memory is better given back).
+    pub fn forget(&self, dataset: &str) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|((d, _), _)| d != dataset);
+    }
+
     /// The index of `version`, loaded on first use (blocking).
     pub fn get(&self, version: &DatasetVersion) -> Result<Arc<VersionIndex>> {
         let key = (version.record.dataset.clone(), version.record.version);

@@ -111,6 +111,16 @@ impl Job {
         out
     }
 
+    /// Whether it reads `version` of `dataset` on `node`.
+    pub fn reads(&self, dataset: &str, node: &str, version: u64) -> bool {
+        self.sources.iter().any(|s| {
+            s.table.split('@').next() == Some(dataset)
+                && s.pins
+                    .iter()
+                    .any(|(e, v)| e.name() == node && *v == version)
+        })
+    }
+
     /// The datasets it reads (as its SQL names them).
     pub fn datasets(&self) -> impl Iterator<Item = &str> {
         self.sources.iter().map(|s| s.table.as_str())
