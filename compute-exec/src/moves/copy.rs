@@ -158,7 +158,21 @@ fn assign(
     layout: &Layout,
     plan: &Plan,
 ) -> Result<BTreeMap<String, Work>, MoveError> {
-    let listed: Vec<&str> = index.pins().iter().map(|p| p.node.as_str()).collect();
+    // The nodes listed: those that answered (one that did not is pinned
+    // all the same, and holds no sample of the index).
+    let mut answered = vec![false; index.pins().len()];
+    for s in 0..index.len() as u64 {
+        for (pin, _) in index.holders(s) {
+            answered[usize::from(pin)] = true;
+        }
+    }
+    let listed: Vec<&str> = index
+        .pins()
+        .iter()
+        .zip(&answered)
+        .filter(|(_, a)| **a)
+        .map(|(p, _)| p.node.as_str())
+        .collect();
     let seen = |holders: &[String]| -> Vec<String> {
         let mut h: Vec<String> = holders
             .iter()

@@ -127,6 +127,9 @@ impl ComputeSession {
                     tracing::warn!("{err}");
                     known.unreachable.insert(i);
                     for (name, h) in &known.datasets {
+                        if self.moved_away(name, e.name()) {
+                            continue;
+                        }
                         if let Some(p) = h.parts.iter().find(|p| p.node == i) {
                             listed
                                 .entry(name.clone())
@@ -174,17 +177,21 @@ impl ComputeSession {
         }
     }
 
+    /// Whether `dataset`'s layout no longer names `node`: its parts moved
+    /// to other nodes (`crate::moves`), and what it still holds is not read.
+    fn moved_away(&self, dataset: &str, node: &str) -> bool {
+        self.ledger
+            .layout(dataset)
+            .is_some_and(|l| !l.versions.contains_key(node))
+    }
+
     /// The version of `d` to read on `node`: the one it lists, or, for a
     /// node that `registered`, the one the ledger names there (`None`: the
     /// cluster never wrote it there, and it is not read). A node the
     /// dataset's layout no longer names (its parts moved away, its copy
     /// waiting to be retired) is not read either.
     fn version_to_read(&self, registered: bool, node: &str, d: &RemoteDataset) -> Option<u64> {
-        if self
-            .ledger
-            .layout(&d.name)
-            .is_some_and(|l| !l.versions.contains_key(node))
-        {
+        if self.moved_away(&d.name, node) {
             tracing::debug!("{} on {node}: its parts moved elsewhere; not read", d.name);
             return None;
         }
