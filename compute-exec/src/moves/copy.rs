@@ -173,6 +173,66 @@ fn assign(
         .filter(|(_, a)| **a)
         .map(|(p, _)| p.node.as_str())
         .collect();
+    let Classes { parts, pooled } = classes(layout, plan, &listed)?;
+    let mut work: BTreeMap<String, Work> = BTreeMap::new();
+    let mut names: Vec<String> = Vec::new();
+    for s in 0..index.len() as u64 {
+        names.clear();
+        let holders: Vec<(u8, u32)> = index.holders(s).collect();
+        names.extend(
+            holders
+                .iter()
+                .map(|(pin, _)| index.pins()[usize::from(*pin)].node.clone()),
+        );
+        names.sort();
+        let Some(ps) = parts.get(&names) else {
+            return Err(MoveError::Listing(format!(
+                "a sample is on {names:?}, which is no part's holders"
+            )));
+        };
+        let p = match pooled.contains(&names) {
+            true => ps[s as usize % ps.len()],
+            false => ps[0],
+        };
+        let row_on = |node: &str| {
+            holders
+                .iter()
+                .find(|(pin, _)| index.pins()[usize::from(*pin)].node == node)
+                .map(|(_, row)| *row)
+        };
+        for m in plan.moves.iter().filter(|m| m.part == p) {
+            let row = row_on(&m.from).ok_or_else(|| {
+                MoveError::Listing(format!("part {p} is not listed on {}", m.from))
+            })?;
+            let w = work.entry(m.to.clone()).or_default();
+            w.incoming.entry(m.from.clone()).or_default().push(row);
+        }
+        for (_, n) in plan.drops.iter().filter(|d| d.0 == p) {
+            if let Some(row) = row_on(n) {
+                work.entry(n.clone()).or_default().drop.push(row);
+            }
+        }
+    }
+    for w in work.values_mut() {
+        // Device order: neighbouring extents are read together.
+        w.incoming.values_mut().for_each(|r| r.sort_unstable());
+        w.drop.sort_unstable();
+    }
+    Ok(work)
+}
+
+/// Parts by the nodes their samples are found on.
+struct Classes {
+    /// The nodes (sorted) → the parts whose samples are found there.
+    parts: HashMap<Vec<String>, Vec<usize>>,
+    /// The groups whose parts are held by the very same nodes: one pool.
+    pooled: HashSet<Vec<String>>,
+}
+
+/// The [`Classes`] of `layout`'s parts over the nodes `listed` (see the
+/// module docs); parts that look alike and would move differently are
+/// an error.
+fn classes(layout: &Layout, plan: &Plan, listed: &[&str]) -> Result<Classes, MoveError> {
     let seen = |holders: &[String]| -> Vec<String> {
         let mut h: Vec<String> = holders
             .iter()
@@ -222,51 +282,7 @@ fn assign(
             });
         }
     }
-    let mut work: BTreeMap<String, Work> = BTreeMap::new();
-    let mut names: Vec<String> = Vec::new();
-    for s in 0..index.len() as u64 {
-        names.clear();
-        let holders: Vec<(u8, u32)> = index.holders(s).collect();
-        names.extend(
-            holders
-                .iter()
-                .map(|(pin, _)| index.pins()[usize::from(*pin)].node.clone()),
-        );
-        names.sort();
-        let Some(ps) = parts.get(&names) else {
-            return Err(MoveError::Listing(format!(
-                "a sample is on {names:?}, which is no part's holders"
-            )));
-        };
-        let p = match pooled.contains(&names) {
-            true => ps[s as usize % ps.len()],
-            false => ps[0],
-        };
-        let row_on = |node: &str| {
-            holders
-                .iter()
-                .find(|(pin, _)| index.pins()[usize::from(*pin)].node == node)
-                .map(|(_, row)| *row)
-        };
-        for m in plan.moves.iter().filter(|m| m.part == p) {
-            let row = row_on(&m.from).ok_or_else(|| {
-                MoveError::Listing(format!("part {p} is not listed on {}", m.from))
-            })?;
-            let w = work.entry(m.to.clone()).or_default();
-            w.incoming.entry(m.from.clone()).or_default().push(row);
-        }
-        for (_, n) in plan.drops.iter().filter(|d| d.0 == p) {
-            if let Some(row) = row_on(n) {
-                work.entry(n.clone()).or_default().drop.push(row);
-            }
-        }
-    }
-    for w in work.values_mut() {
-        // Device order: neighbouring extents are read together.
-        w.incoming.values_mut().for_each(|r| r.sort_unstable());
-        w.drop.sort_unstable();
-    }
-    Ok(work)
+    Ok(Classes { parts, pooled })
 }
 
 /// The rows of each of `sources` (a node, its version, row ids), one
