@@ -46,6 +46,11 @@ struct Parts {
     /// Dataset → how its last ingest is laid out.
     #[serde(default)]
     layouts: BTreeMap<String, Layout>,
+    /// (dataset, node) → the last version the cluster wrote there before
+    /// moving its parts away (`crate::moves`): what the node may still
+    /// hold, and is told to retire.
+    #[serde(default)]
+    moved: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// How one sharded ingest laid out a dataset version.
@@ -111,6 +116,9 @@ impl PartLedger {
         for (node, version) in parts {
             of.insert(node.clone(), *version);
         }
+        if let Some(m) = p.moved.get_mut(dataset) {
+            m.retain(|n, _| !parts.iter().any(|(node, _)| node == n));
+        }
         self.save(&p)
     }
 
@@ -118,10 +126,30 @@ impl PartLedger {
     /// elsewhere), and saves the ledger.
     pub fn released(&self, dataset: &str, nodes: &[String]) -> std::io::Result<()> {
         let mut p = self.lock();
-        if let Some(of) = p.parts.get_mut(dataset) {
-            of.retain(|n, _| !nodes.contains(n));
-        }
+        let gone: Vec<(String, u64)> = match p.parts.get_mut(dataset) {
+            Some(of) => {
+                let gone = of
+                    .iter()
+                    .filter(|(n, _)| nodes.contains(n))
+                    .map(|(n, v)| (n.clone(), *v))
+                    .collect();
+                of.retain(|n, _| !nodes.contains(n));
+                gone
+            }
+            None => Vec::new(),
+        };
+        p.moved.entry(dataset.to_string()).or_default().extend(gone);
         self.save(&p)
+    }
+
+    /// Whether `version` of `dataset` on `node` is one the cluster wrote
+    /// there and then moved away: stale, to be retired, never read.
+    pub fn moved_away(&self, dataset: &str, node: &str, version: u64) -> bool {
+        self.lock()
+            .moved
+            .get(dataset)
+            .and_then(|m| m.get(node))
+            .is_some_and(|v| version <= *v)
     }
 
     /// Notes how the committed ingest of `dataset` is laid out (after
@@ -233,9 +261,15 @@ mod tests {
         assert_eq!(again.version("pets", a), Some(3));
         assert_eq!(again.layout("pets"), Some(layout));
         assert_eq!(again.layout("cats"), None);
-        // Its parts moved away, a node may not bring them back.
+        // Its parts moved away, a node may not bring them back: they are
+        // stale (to be retired), and a newer version is unknown.
         again.released("pets", &[a.to_string()]).unwrap();
         assert_eq!(again.version("pets", a), None);
         assert_eq!(again.unknown(a, &[("pets".into(), 3)]).len(), 1);
+        assert!(again.moved_away("pets", a, 3) && again.moved_away("pets", a, 2));
+        assert!(!again.moved_away("pets", a, 4) && !again.moved_away("cats", a, 1));
+        // Written there again, it is no longer stale.
+        again.committed("pets", &[(a.into(), 5)]).unwrap();
+        assert!(!again.moved_away("pets", a, 3));
     }
 }

@@ -400,7 +400,14 @@ pub async fn register_storage(
         .map_err(|_| unreachable(format!("nothing within {} s", STORAGE_ANSWER.as_secs())))?
         .map_err(|e| unreachable(e.to_string()))?;
     let held: Vec<(String, u64)> = held.into_iter().map(|d| (d.name, d.version)).collect();
-    let unknown = session.ledger().unknown(&url, &held);
+    // Versions the cluster wrote there and then moved away (the node was
+    // lost, or drained) are stale, not foreign: retired, never read.
+    let ledger = session.ledger();
+    let unknown: Vec<Unknown> = ledger
+        .unknown(&url, &held)
+        .into_iter()
+        .filter(|u| !ledger.moved_away(&u.dataset, &url, u.version))
+        .collect();
     if !unknown.is_empty() {
         s.quarantine.hold(&url, who.name(), &unknown);
         let names: Vec<String> = unknown
@@ -418,7 +425,9 @@ pub async fn register_storage(
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "quarantined", why));
     }
     s.quarantine.release(&url);
-    let new = session.admit(Arc::new(client));
+    let client: Arc<dyn StorageEndpoint> = Arc::new(client);
+    sluice_compute::moves::lost::retire_stale(&s.jobs, &client).await;
+    let new = session.admit(client);
     if new {
         tracing::info!("storage node {url} joined (registered by {})", who.name());
         // Its datasets are known before the next request needs them.

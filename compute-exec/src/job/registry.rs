@@ -247,13 +247,14 @@ impl Jobs {
         self.lock().values().cloned().collect()
     }
 
-    /// The jobs still to deliver (pending or running) that read `version`
-    /// of `dataset` on `node`: while any does, that version stays.
-    pub fn pinning(&self, dataset: &str, node: &str, version: u64) -> Vec<String> {
+    /// The jobs still to deliver (pending or running) that read a version
+    /// of `dataset` up to `through` on `node`: while any does, those
+    /// versions stay.
+    pub fn pinning(&self, dataset: &str, node: &str, through: u64) -> Vec<String> {
         self.list()
             .into_iter()
             .filter(|j| matches!(j.state(), JobState::Pending | JobState::Running))
-            .filter(|j| j.reads(dataset, node, version))
+            .filter(|j| j.reads_through(dataset, node, through))
             .map(|j| j.id().to_string())
             .collect()
     }

@@ -5,13 +5,17 @@
 //!
 //! Until then the node is only down: jobs read its parts from the other
 //! holders (`crate::job::failover`) and nothing is copied — a node back
-//! within the time (a restart, a kernel update) costs no copy at all.
+//! within the time (a restart, a kernel update) costs no copy at all. A
+//! node back after its parts moved away holds stale versions
+//! ([`retire_stale`]): they are retired once no job reads them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{MoveReport, Why, answering, move_dataset};
+use sluice_flight::StorageEndpoint;
+
+use super::{MoveReport, Why, answering, move_dataset, retire_when_unread};
 use crate::ingest::Ingests;
 use crate::job::Jobs;
 
@@ -20,6 +24,8 @@ use crate::job::Jobs;
 pub struct LostNodes {
     after: Duration,
     down_since: Mutex<HashMap<String, Instant>>,
+    /// Whether it ran once (the first run checks every node that answers).
+    ticked: std::sync::atomic::AtomicBool,
 }
 
 impl LostNodes {
@@ -28,6 +34,7 @@ impl LostNodes {
         Self {
             after,
             down_since: Mutex::new(HashMap::new()),
+            ticked: Default::default(),
         }
     }
 
@@ -42,18 +49,32 @@ impl LostNodes {
     pub async fn tick(&self, jobs: &Arc<Jobs>, ingests: &Ingests) -> Vec<MoveReport> {
         let endpoints = jobs.session().endpoints();
         let up = answering(&endpoints).await;
-        let lost: Vec<String> = {
+        let (lost, back): (Vec<String>, Vec<String>) = {
             let mut down = self.down_since.lock().unwrap_or_else(|e| e.into_inner());
+            let first = !self.ticked.swap(true, std::sync::atomic::Ordering::Relaxed);
+            let back = up
+                .iter()
+                .filter(|n| first || down.contains_key(*n))
+                .cloned()
+                .collect();
             down.retain(|n, _| !up.contains(n) && endpoints.iter().any(|e| e.name() == n));
             let now = Instant::now();
             for e in endpoints.iter().filter(|e| !up.contains(e.name())) {
                 down.entry(e.name().to_string()).or_insert(now);
             }
-            down.iter()
+            let lost = down
+                .iter()
                 .filter(|(_, since)| since.elapsed() >= self.after)
                 .map(|(n, _)| n.clone())
-                .collect()
+                .collect();
+            (lost, back)
         };
+        for node in endpoints
+            .iter()
+            .filter(|e| back.contains(&e.name().to_string()))
+        {
+            retire_stale(jobs, node).await;
+        }
         if lost.is_empty() {
             return Vec::new();
         }
@@ -85,5 +106,25 @@ impl LostNodes {
             }
         }
         out
+    }
+}
+
+/// Has `node` retire every version it lists that the ledger knows as
+/// moved away from it, once no job reads it (in the background).
+pub async fn retire_stale(jobs: &Arc<Jobs>, node: &Arc<dyn StorageEndpoint>) {
+    let Ok(held) = node.datasets().await else {
+        return;
+    };
+    let ledger = jobs.session().ledger();
+    for d in held {
+        if ledger.moved_away(&d.name, node.name(), d.version) {
+            tracing::info!(
+                "{} holds {}@{}, moved away from it: retiring it",
+                node.name(),
+                d.name,
+                d.version
+            );
+            retire_when_unread(Arc::clone(jobs), Arc::clone(node), &d.name, d.version);
+        }
     }
 }

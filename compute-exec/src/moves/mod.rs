@@ -14,9 +14,11 @@
 //! submit, which stay: a node's version that a move replaced, or a
 //! drained node's, is retired (its chunks freed) only once no pending or
 //! running job reads it (checked every second, in the background). A
-//! lost node's old copy is not touched: it is gone. If it comes back,
-//! what it holds is no version the ledger gave it any more, and its
-//! registration is quarantined (`sluice nodes`), never read.
+//! lost node's old copy is not touched: it is gone. If it comes back, the
+//! ledger knows what it holds as moved away (`PartLedger::moved_away`):
+//! it is never read, and it is told to retire those versions — by the
+//! lost-node watch for a node named at start, at its registration for
+//! one that registers.
 //!
 //! Moves run one at a time, and never beside a sharded ingest (both hold
 //! the storage nodes' ingest locks).
@@ -223,7 +225,9 @@ pub async fn move_dataset(
         }
     }
     for r in &report.retiring {
-        retire_when_unread(Arc::clone(jobs), dataset, r, &endpoints);
+        if let Some(node) = endpoints.iter().find(|e| e.name() == r.node) {
+            retire_when_unread(Arc::clone(jobs), Arc::clone(node), dataset, r.through);
+        }
     }
     report.seconds = started.elapsed().as_secs_f64();
     tracing::info!(
@@ -300,18 +304,17 @@ pub async fn answering(endpoints: &[Arc<dyn StorageEndpoint>]) -> HashSet<String
 /// How long a replaced version waits for the jobs reading it.
 const RETIRE_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// Retires `r` on its node once no pending or running job reads it,
-/// checked every second, in the background.
-fn retire_when_unread(
+/// Retires `dataset`'s versions through `through` on `node` once no
+/// pending or running job reads them, checked every second, in the
+/// background: after a move, or when a node the moves left behind comes
+/// back holding its old copy.
+pub fn retire_when_unread(
     jobs: Arc<Jobs>,
+    node: Arc<dyn StorageEndpoint>,
     dataset: &str,
-    r: &Retiring,
-    endpoints: &[Arc<dyn StorageEndpoint>],
+    through: u64,
 ) {
-    let Some(node) = endpoints.iter().find(|e| e.name() == r.node).cloned() else {
-        return;
-    };
-    let (dataset, through) = (dataset.to_string(), r.through);
+    let dataset = dataset.to_string();
     sluice_base::task::detach(async move {
         let started = Instant::now();
         while !jobs.pinning(&dataset, node.name(), through).is_empty() {

@@ -312,3 +312,161 @@ fn same_columns(a: &Schema, b: &Schema) -> bool {
             .zip(b.fields())
             .all(|(x, y)| x.name() == y.name() && x.data_type() == y.data_type())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::ScanOptions;
+    use crate::{IngestOptions, IngestSource, OnError, Store, StoreOptions};
+    use arrow::array::BinaryArray;
+    use futures::TryStreamExt;
+    use sluice_udfs::kernels::npy::{self, DType};
+
+    fn object(i: u8) -> Vec<u8> {
+        npy::write(DType::U8, &[64], &[i; 64])
+    }
+
+    async fn node(dir: &std::path::Path, objects: u8) -> Arc<StorageNode> {
+        let mut opts = StoreOptions::new(dir);
+        opts.device_size = 16 << 20;
+        opts.chunk_size = 1 << 20;
+        let store = Store::open(&opts).unwrap();
+        if objects > 0 {
+            let src = (1..=objects)
+                .map(|i| (format!("o{i}"), object(i)))
+                .collect();
+            crate::ingest(
+                &store,
+                "ds",
+                IngestSource::Memory(src),
+                IngestOptions::with_policy(OnError::Fail),
+            )
+            .await
+            .unwrap();
+        }
+        StorageNode::new(store, ScanOptions::default(), 1, None).unwrap()
+    }
+
+    fn copy(txn: &str, keep: Option<u64>, drop: Vec<u32>) -> CopyIn {
+        CopyIn {
+            txn: txn.into(),
+            dataset: "ds".into(),
+            keep,
+            drop,
+            from: "a test".into(),
+        }
+    }
+
+    /// (key, bytes) of every row of `version` on `node`.
+    async fn rows(node: &StorageNode, version: u64) -> Vec<(String, Vec<u8>)> {
+        let batches: Vec<RecordBatch> = node
+            .kept_rows("ds", version, &[])
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for b in &batches {
+            let keys = b.column(0).as_string::<i32>();
+            let data = b.column(b.num_columns() - 1).as_binary::<i32>();
+            for i in 0..b.num_rows() {
+                out.push((keys.value(i).to_string(), data.value(i).to_vec()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn sent(
+        batches: Vec<RecordBatch>,
+    ) -> impl Stream<Item = std::result::Result<RecordBatch, String>> + Send {
+        futures::stream::iter(batches.into_iter().map(Ok))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_keeps_what_it_is_told_and_refuses_bytes_that_are_not_the_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = node(&dir.path().join("a"), 4).await;
+        let b = node(&dir.path().join("b"), 0).await;
+        let all: Vec<RecordBatch> = a
+            .kept_rows("ds", 1, &[])
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+
+        // b, holding nothing, takes every row a sends.
+        let got = b
+            .prepare_copy(&copy("t1", None, vec![]), sent(all.clone()))
+            .await;
+        assert_eq!(got.unwrap().samples, 4);
+        b.finish_part("t1", true).await.unwrap().unwrap();
+        assert_eq!(rows(&b, 1).await, rows(&a, 1).await);
+
+        // a keeps its version less rows 0 and 2, sent nothing.
+        let got = a
+            .prepare_copy(&copy("t2", Some(1), vec![0, 2]), sent(vec![]))
+            .await;
+        assert_eq!(got.unwrap().samples, 2);
+        a.finish_part("t2", true).await.unwrap().unwrap();
+        let kept = rows(&a, 2).await;
+        assert_eq!(kept, [("o2".into(), object(2)), ("o4".into(), object(4))]);
+
+        // A row whose bytes are not the ones its crc32c names: refused,
+        // naming it, and nothing held.
+        let first = &all[0];
+        let data_at = first.num_columns() - 1;
+        let mut bad: Vec<Vec<u8>> = (0..first.num_rows())
+            .map(|i| first.column(data_at).as_binary::<i32>().value(i).to_vec())
+            .collect();
+        bad[0][70] ^= 1;
+        let mut cols = first.columns().to_vec();
+        cols[data_at] = Arc::new(BinaryArray::from_iter_values(bad));
+        let corrupt = RecordBatch::try_new(first.schema(), cols).unwrap();
+        let err = b
+            .prepare_copy(&copy("t3", Some(1), vec![]), sent(vec![corrupt]))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("do not match their crc32c"),
+            "{err}"
+        );
+        // Its kept rows come first: the key sent twice is refused too.
+        let err = b
+            .prepare_copy(&copy("t4", Some(1), vec![]), sent(all.clone()))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("sent twice"), "{err}");
+        // Rows without `data` are not a table's rows.
+        let keys_only = first.project(&[0]).unwrap();
+        let err = b
+            .prepare_copy(&copy("t5", None, vec![]), sent(vec![keys_only]))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("must be the table's"), "{err}");
+        assert!(b.pending.is_empty());
+        assert_eq!(b.store().catalog().latest_version("ds").unwrap(), Some(1));
+
+        // Retired: gone, its chunks free, its number never given again.
+        let free = a.store().space().free_chunks;
+        let r = a
+            .retire(&Retire {
+                dataset: "ds".into(),
+                through: Some(1),
+            })
+            .unwrap();
+        assert_eq!(r.versions, [1]);
+        assert!(a.store().space().free_chunks > free);
+        assert_eq!(rows(&a, 2).await, kept);
+        a.retire(&Retire {
+            dataset: "ds".into(),
+            through: None,
+        })
+        .unwrap();
+        assert!(a.list().unwrap().is_empty());
+        let got = a.prepare_copy(&copy("t6", None, vec![]), sent(all)).await;
+        assert_eq!(got.unwrap().version, 3);
+    }
+}

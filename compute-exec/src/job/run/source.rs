@@ -111,13 +111,13 @@ impl Job {
         out
     }
 
-    /// Whether it reads `version` of `dataset` on `node`.
-    pub fn reads(&self, dataset: &str, node: &str, version: u64) -> bool {
+    /// Whether it reads a version of `dataset` up to `through` on `node`.
+    pub fn reads_through(&self, dataset: &str, node: &str, through: u64) -> bool {
         self.sources.iter().any(|s| {
             s.table.split('@').next() == Some(dataset)
                 && s.pins
                     .iter()
-                    .any(|(e, v)| e.name() == node && *v == version)
+                    .any(|(e, v)| e.name() == node && *v <= through)
         })
     }
 
