@@ -10,7 +10,10 @@
   a third into an epoch: the longest wait for a batch beside the median
   wait, the windows run again, and a check that every sample came once;
 - repair: --flip objects corrupted on one node's device, then one scrub
-  (`POST /v1/scrub`): objects and MB read back a second, objects repaired.
+  (`POST /v1/scrub`): objects and MB read back a second, objects repaired;
+- moving replicas: a third storage node joins and a node is drained onto
+  it (`POST /v1/nodes/storage/{id}/drain`): samples copied, MB written
+  anew on the nodes, seconds.
 
 Needs root (the rig) and an optimized build (`cargo build --release`):
     python scripts/bench_replicas.py [--photos 400] [--runs 3] [--flip 20] [--json out.json]
@@ -143,6 +146,23 @@ def main():
             print(f"scrub of both nodes: {objects} objects, {read / 1e6:.1f} MB in {scrub_s:.2f} s "
                   f"({read / 1e6 / scrub_s:.0f} MB/s), {repaired} of {len(names)} repaired",
                   flush=True)
+
+            added = rig("add-storage", env=env)["STORAGE_URL"]
+            while added not in {n["name"] for n in client._request("GET", "/v1/nodes")["nodes"]}:
+                time.sleep(0.5)
+            drained = up["STORAGE"].split(",")[1].split("://")[1]
+            t0 = time.monotonic()
+            reports = client._request("POST", f"/v1/nodes/storage/{drained}/drain")
+            drain_s = time.monotonic() - t0
+            copied = sum(v["copied"] for r in reports for v in r["versions"])
+            written = sum(v["bytes"] for r in reports for v in r["versions"])
+            out["drain"] = {"seconds": drain_s, "samples_copied": copied,
+                            "bytes_written": written,
+                            "moves": sum(len(r["moves"]) for r in reports)}
+            print(f"drain of a node onto a new one: {copied} samples copied, "
+                  f"{written / 1e6:.1f} MB written in {drain_s:.2f} s "
+                  f"({written / 1e6 / drain_s:.0f} MB/s)", flush=True)
+            assert read_epoch(client, "r2", args.photos)[0] > 0
         finally:
             os.sched_setaffinity(0, set(range(os.cpu_count())))
             rig("down", env=env)

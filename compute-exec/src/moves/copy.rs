@@ -44,6 +44,8 @@ pub struct NodeVersion {
     pub version: u64,
     /// Samples in it.
     pub samples: u64,
+    /// Bytes of its objects, all written anew (kept and copied in).
+    pub bytes: u64,
     /// Samples copied in.
     pub copied: u64,
     /// Samples dropped from its last version.
@@ -145,6 +147,7 @@ pub async fn execute(
             node: target.name().to_string(),
             version: got.version,
             samples: got.samples,
+            bytes: got.bytes,
             copied: *copied,
             dropped: *dropped,
         });
