@@ -343,10 +343,25 @@ function drawStages(s) {
     : "";
 }
 
+// A cluster-ingested dataset's replication: its copies and its parts full,
+// under-replicated and lost ("—" where no cluster ingest laid it out).
+function replication(r) {
+  if (!r) return "—";
+  const parts = [`${r.replicas} copies: ${r.full} of ${r.parts} parts full`];
+  if (r.under) parts.push(`${r.under} under-replicated`);
+  if (r.lost) parts.push(`${r.lost} LOST`);
+  return parts.join(", ");
+}
+
+function replicationClass(r) {
+  return r && (r.under || r.lost) ? { class: "warn" } : {};
+}
+
 function drawDatasets(datasets) {
   fill($("datasets").tBodies[0], datasets.map((d) => el("tr", {},
     el("td", {}, d.name),
     el("td", {}, (d.versions || []).map((v) => `v${v.version} on ${v.node}`).join(", ")),
+    el("td", replicationClass(d.replication), replication(d.replication)),
     el("td", { class: "num" }, fmt.n(d.samples)),
     el("td", { class: "num" }, fmt.bytes(d.bytes)),
     el("td", {}, (d.formats || []).join(", ")),
