@@ -69,6 +69,24 @@ impl Layout {
     pub fn wrote(&self, node: &str, version: u64) -> bool {
         self.versions.get(node) == Some(&version)
     }
+
+    /// Whether the nodes `listed`, each at the version `pins` names, hold
+    /// every part this layout wrote: a node of `pins` not listed (lost)
+    /// holds no sample the others do not.
+    pub fn covered_by(
+        &self,
+        listed: &[&str],
+        pins: &[(std::sync::Arc<dyn sluice_flight::StorageEndpoint>, u64)],
+    ) -> bool {
+        let pinned = |node: &str| pins.iter().find(|(e, _)| e.name() == node).map(|(_, v)| *v);
+        listed
+            .iter()
+            .all(|n| pinned(n).is_some_and(|v| self.wrote(n, v)))
+            && self
+                .holders
+                .iter()
+                .all(|part| part.iter().any(|h| listed.contains(&h.as_str())))
+    }
 }
 
 /// A node's dataset version the ledger does not know.

@@ -13,7 +13,10 @@
 //! held by more than one node, not only those the coordinator's ledger
 //! knows as replicated: a compute node (whose ledger is empty) and a
 //! dataset copied by hand give the same answer as one data dir, and the
-//! same rows a job reads.
+//! same rows a job reads. A node that does not answer the listing is read
+//! around — given nothing, its keys read from their other holders — when
+//! the coordinator's ledger shows the nodes that answered hold every
+//! part; otherwise the query fails naming it, as before.
 
 use std::sync::Arc;
 
@@ -27,6 +30,7 @@ use tokio::sync::OnceCell;
 use crate::job::error::JobError;
 use crate::job::holders::Avoid;
 use crate::job::index::SampleIndex;
+use crate::ledger::Layout;
 use crate::plan_feeds::Takes;
 use crate::remote::{NodeReads, ReplicaReads};
 
@@ -36,21 +40,25 @@ pub struct KeyOwners {
     table: String,
     schema: SchemaRef,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+    layout: Option<Layout>,
     takes: OnceCell<std::result::Result<Option<Takes>, LinkError>>,
 }
 
 impl KeyOwners {
     /// Reads of `table` (whose schema is `schema`) at `pins`: each node
-    /// and the version it holds.
+    /// and the version it holds; `layout`, the cluster's ingest of it, if
+    /// the coordinator's ledger has it.
     pub fn new(
         table: String,
         schema: SchemaRef,
         pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
+        layout: Option<Layout>,
     ) -> Self {
         Self {
             table,
             schema,
             pins,
+            layout,
             takes: OnceCell::new(),
         }
     }
@@ -63,11 +71,21 @@ impl ReplicaReads for KeyOwners {
         let takes = self
             .takes
             .get_or_init(|| async {
-                let index =
-                    SampleIndex::build(&self.table, &self.schema, &[], &self.pins, &|_| false)
-                        .await
-                        .map_err(as_link)?;
-                if index.replicated() == 0 {
+                // A holder down is read around when the others hold every
+                // part of the layout; it is then given nothing to read.
+                let whole = |listed: &[&str]| {
+                    self.layout
+                        .as_ref()
+                        .is_some_and(|l| l.covered_by(listed, &self.pins))
+                };
+                let index = SampleIndex::build(&self.table, &self.schema, &[], &self.pins, &whole)
+                    .await
+                    .map_err(as_link)?;
+                let listed = (0..index.len() as u64)
+                    .flat_map(|s| index.holders(s).map(|(pin, _)| pin))
+                    .collect::<std::collections::HashSet<u8>>()
+                    .len();
+                if index.replicated() == 0 && listed == self.pins.len() {
                     return Ok(None);
                 }
                 let all: Vec<u64> = (0..index.len() as u64).collect();

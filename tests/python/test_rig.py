@@ -476,6 +476,12 @@ def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost(
             # Lost: storage2's two parts get their second copy back on the
             # two nodes left.
             os.kill(node_pid(rig_dir, "storage2"), signal.SIGKILL)
+            # Before its parts are copied, a query reads around it.
+            counted = subprocess.run(
+                [SLUICE, "sql", "--connect", env["FLIGHT"], "--format", "csv",
+                 "SELECT count(*) AS n, count(DISTINCT key) AS k FROM pets"],
+                capture_output=True, text=True, check=True).stdout
+            assert counted.split() == ["n,k", "40,40"], counted
             wait_for("re-replication", lambda: replication()["full"] == 3
                      and holding() == sorted(nodes[:2]))
             r = replication()

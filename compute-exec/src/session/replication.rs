@@ -106,7 +106,12 @@ impl ComputeSession {
                 .iter()
                 .filter_map(|e| Some((Arc::clone(e), *versions.get(e.name())?)))
                 .collect();
-            let reads = KeyOwners::new(name.clone(), Arc::clone(schema), pins);
+            let reads = KeyOwners::new(
+                name.clone(),
+                Arc::clone(schema),
+                pins,
+                self.ledger().layout(name),
+            );
             out.insert(name.clone(), Arc::new(reads) as Arc<dyn ReplicaReads>);
         }
         out

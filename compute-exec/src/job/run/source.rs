@@ -52,23 +52,9 @@ impl Source {
     /// the others hold every part.
     async fn index(&self) -> Result<SampleIndex, JobError> {
         let whole = |listed: &[&str]| {
-            let Some(layout) = &self.layout else {
-                return false;
-            };
-            let pinned = |node: &str| {
-                self.pins
-                    .iter()
-                    .find(|(e, _)| e.name() == node)
-                    .map(|(_, v)| *v)
-            };
-            // The version pinned on every node listed is the laid-out one.
-            listed
-                .iter()
-                .all(|n| pinned(n).is_some_and(|v| layout.wrote(n, v)))
-                && layout
-                    .holders
-                    .iter()
-                    .all(|part| part.iter().any(|h| listed.contains(&h.as_str())))
+            self.layout
+                .as_ref()
+                .is_some_and(|l| l.covered_by(listed, &self.pins))
         };
         SampleIndex::build(
             &self.table,
