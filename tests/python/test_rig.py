@@ -772,6 +772,12 @@ def test_an_ingest_over_rest_is_sharded_committed_on_all_or_none_and_reaches_new
             assert sorted(p["samples"] for p in parts.values()) == [10, 11], report
             assert {p["version"] for p in parts.values()} == {2}, report
             assert report["samples"] == 21 and report["replicas"] == 1
+            # Version 1, two copies of each part, still reads each key once.
+            counted = subprocess.run(
+                [SLUICE, "sql", "--connect", env["FLIGHT"], "--format", "csv",
+                 'SELECT count(*) AS n, count(DISTINCT key) AS k FROM "pets@1"'],
+                capture_output=True, text=True, check=True).stdout
+            assert counted.split() == ["n,k", "21,21"], counted
             # More copies than nodes: refused, nothing written.
             with pytest.raises(sluice.SluiceError) as e:
                 c.ingest("pets", os.path.join(root, "pets"), replicas=3)

@@ -88,9 +88,9 @@ impl ComputeSession {
             .collect()
     }
 
-    /// For each dataset of `holders` held by more than one node, the
-    /// reads that take each key once (`crate::replica_reads`), at the
-    /// versions a job would pin.
+    /// For each table of `holders` (a dataset, or `dataset@N`) held by
+    /// more than one node, the reads that take each key once
+    /// (`crate::replica_reads`), at the versions a job would pin.
     pub(super) async fn replica_reads(
         &self,
         holders: &HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,
@@ -98,19 +98,22 @@ impl ComputeSession {
     ) -> HashMap<String, Arc<dyn ReplicaReads>> {
         let mut out = HashMap::new();
         for (name, nodes) in holders.iter().filter(|(_, n)| n.len() > 1) {
-            let Some(schema) = schemas.get(name) else {
+            // `pets@1` reads version 1 of `pets`'s nodes, each key once too.
+            let base = name.split('@').next().unwrap_or(name);
+            let Some(schema) = schemas.get(name).or_else(|| schemas.get(base)) else {
                 continue;
             };
-            let versions: HashMap<String, u64> = self.versions(name).await.into_iter().collect();
-            let pins = nodes
-                .iter()
-                .filter_map(|e| Some((Arc::clone(e), *versions.get(e.name())?)))
+            let pins = self
+                .pins(name)
+                .await
+                .into_iter()
+                .filter(|(e, _)| nodes.iter().any(|n| n.name() == e.name()))
                 .collect();
             let reads = KeyOwners::new(
-                name.clone(),
+                base.to_string(),
                 Arc::clone(schema),
                 pins,
-                self.ledger().layout(name),
+                self.ledger().layout(base),
             );
             out.insert(name.clone(), Arc::new(reads) as Arc<dyn ReplicaReads>);
         }
