@@ -26,7 +26,13 @@ pub struct LostNodes {
     down_since: Mutex<HashMap<String, Instant>>,
     /// Whether it ran once (the first run checks every node that answers).
     ticked: std::sync::atomic::AtomicBool,
+    /// Datasets whose re-replication failed: when to try again, and the
+    /// wait after that (doubling, at most [`MOST_BACKOFF`]).
+    retry: Mutex<HashMap<String, (Instant, Duration)>>,
 }
+
+/// The longest wait before a failed re-replication is tried again.
+const MOST_BACKOFF: Duration = Duration::from_secs(600);
 
 impl LostNodes {
     /// Nodes count as lost once down for `after`.
@@ -35,6 +41,7 @@ impl LostNodes {
             after,
             down_since: Mutex::new(HashMap::new()),
             ticked: Default::default(),
+            retry: Mutex::new(HashMap::new()),
         }
     }
 
@@ -96,13 +103,33 @@ impl LostNodes {
                 })
                 .cloned()
                 .collect();
-            if named.is_empty() {
+            let waiting = self
+                .retry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&dataset)
+                .is_some_and(|(at, _)| Instant::now() < *at);
+            if named.is_empty() || waiting {
                 continue;
             }
             let _one = ingests.exclusive().await;
-            match move_dataset(jobs, &dataset, &Why::Lost(named)).await {
-                Ok(r) => out.push(r),
-                Err(e) => tracing::error!("re-replication of {dataset}: {e}"),
+            let moved = move_dataset(jobs, &dataset, &Why::Lost(named)).await;
+            let mut retry = self.retry.lock().unwrap_or_else(|e| e.into_inner());
+            match moved {
+                Ok(r) => {
+                    retry.remove(&dataset);
+                    out.push(r);
+                }
+                Err(e) => {
+                    let wait = retry
+                        .get(&dataset)
+                        .map_or(self.period(), |(_, w)| (*w * 2).min(MOST_BACKOFF));
+                    retry.insert(dataset.clone(), (Instant::now() + wait, wait));
+                    tracing::error!(
+                        "re-replication of {dataset}: {e}; tried again in {} s",
+                        wait.as_secs()
+                    );
+                }
             }
         }
         out
