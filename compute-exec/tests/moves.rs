@@ -17,21 +17,10 @@ use sluice_flight::{StorageClient, StorageEndpoint};
 use sluice_storage::flight_service::StorageFlightService;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
-use sluice_udfs::kernels::npy::{self, DType};
 
-const SAMPLES: usize = 37;
+mod common;
 
-fn write_samples(dir: &Path) {
-    for i in 0..SAMPLES {
-        let p = dir.join(format!("c{}/v{i:03}.npy", i % 3));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        let data: Vec<u8> = [i as f32, 0.5]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        std::fs::write(p, npy::write(DType::F32, &[2], &data)).unwrap();
-    }
-}
+use common::{SAMPLES, write_samples};
 
 /// A storage node on its own store, served over Flight on loopback.
 async fn node(root: &Path, name: &str, src_root: &Path) -> (Arc<Store>, Arc<dyn StorageEndpoint>) {

@@ -11,22 +11,11 @@ use sluice_compute::ingest::{IngestError, IngestRequest, Ingests};
 use sluice_flight::StorageEndpoint;
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
-use sluice_udfs::kernels::npy::{self, DType};
 use tonic::Code;
 
-const SAMPLES: usize = 37;
+mod common;
 
-fn write_samples(dir: &Path) {
-    for i in 0..SAMPLES {
-        let p = dir.join(format!("c{}/v{i:03}.npy", i % 3));
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        let data: Vec<u8> = [i as f32, 0.5]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        std::fs::write(p, npy::write(DType::F32, &[2], &data)).unwrap();
-    }
-}
+use common::{SAMPLES, write_samples};
 
 fn node(root: &Path, name: &str) -> (Arc<Store>, Arc<StorageNode>) {
     let mut opts = StoreOptions::new(root.join(name));

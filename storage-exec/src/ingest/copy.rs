@@ -107,12 +107,7 @@ impl StorageNode {
             started,
         })
         .await?;
-        let report = prepared.report();
-        let out = PreparedPart {
-            version: report.version,
-            samples: report.samples,
-            bytes: report.bytes,
-        };
+        let out = prepared.part();
         tracing::info!(
             "move {}: prepared {} version {} ({} samples) from {}",
             req.txn,

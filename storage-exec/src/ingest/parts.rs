@@ -60,12 +60,7 @@ impl StorageNode {
         };
         let source = IngestSource::from_cli(&path, manifest.as_deref());
         let prepared = prepare(self.store(), &part.dataset, source, opts).await?;
-        let report = prepared.report();
-        let out = PreparedPart {
-            version: report.version,
-            samples: report.samples,
-            bytes: report.bytes,
-        };
+        let out = prepared.part();
         tracing::info!(
             "ingest {}: prepared {} version {} ({} samples) from {}",
             part.txn,

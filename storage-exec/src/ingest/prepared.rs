@@ -70,6 +70,15 @@ impl Prepared {
         &self.report
     }
 
+    /// What a node answers its coordinator once it holds this version.
+    pub fn part(&self) -> sluice_flight::ingest::PreparedPart {
+        sluice_flight::ingest::PreparedPart {
+            version: self.report.version,
+            samples: self.report.samples,
+            bytes: self.report.bytes,
+        }
+    }
+
     /// Makes the version visible: its record, chunk runs and the
     /// dataset's latest pointer in one catalog transaction.
     pub fn commit(mut self) -> Result<IngestReport> {
