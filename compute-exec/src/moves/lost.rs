@@ -115,21 +115,24 @@ impl LostNodes {
             let _one = ingests.exclusive().await;
             let moved = move_dataset(jobs, &dataset, &Why::Lost(named)).await;
             let mut retry = self.retry.lock().unwrap_or_else(|e| e.into_inner());
+            let mut later = |why: &dyn std::fmt::Display| {
+                let wait = retry
+                    .get(&dataset)
+                    .map_or(self.period(), |(_, w)| (*w * 2).min(MOST_BACKOFF));
+                retry.insert(dataset.clone(), (Instant::now() + wait, wait));
+                tracing::warn!(
+                    "re-replication of {dataset}: {why}; tried again in {} s",
+                    wait.as_secs()
+                );
+            };
             match moved {
+                // Nowhere to copy to (too few nodes): a node may join.
+                Ok(r) if r.moves.is_empty() => later(&format!("{} parts short", r.short.len())),
                 Ok(r) => {
                     retry.remove(&dataset);
                     out.push(r);
                 }
-                Err(e) => {
-                    let wait = retry
-                        .get(&dataset)
-                        .map_or(self.period(), |(_, w)| (*w * 2).min(MOST_BACKOFF));
-                    retry.insert(dataset.clone(), (Instant::now() + wait, wait));
-                    tracing::error!(
-                        "re-replication of {dataset}: {e}; tried again in {} s",
-                        wait.as_secs()
-                    );
-                }
+                Err(e) => later(&e),
             }
         }
         out

@@ -8,7 +8,8 @@
 //!   held, counting those just given), ties by the nodes' order. The
 //!   bytes come from a holder that stays, else from the leaving node
 //!   itself if it still answers (a drain). A part nobody can be read from,
-//!   or with too few nodes left to take it, is reported [`Short`].
+//!   or with too few nodes left to take it, is reported [`Short`], and
+//!   keeps naming the holders not replaced: their copies may come back.
 //! - [`spread`]: a node joins. Parts move from the most loaded node to
 //!   the least loaded that holds no copy, one at a time, until no two
 //!   nodes differ by more than one part; each move also drops the part
@@ -135,11 +136,15 @@ pub fn away(
             plan.holders[part].push(t.clone());
         }
         if to.len() < need {
+            // The leaving holders not replaced stay named: their copies
+            // may come back, and are not retired meanwhile.
+            let kept = was.iter().filter(|n| !stays(n)).take(need - to.len());
+            plan.holders[part].extend(kept.cloned());
             plan.short.push(Short {
                 part,
                 holders: plan.holders[part].clone(),
                 why: format!(
-                    "{} node(s) hold no copy of it; it needs {need} more",
+                    "only {} node(s) without a copy of it answer; it needs {need}",
                     to.len()
                 ),
             });
@@ -263,11 +268,14 @@ mod tests {
         let plan = away(&l, &names(&["a"]), &names(&["b"]), &|n| n != "a");
         assert!(plan.moves.is_empty());
         assert_eq!(plan.short.len(), 2);
-        assert!(
-            plan.short[0].why.contains("needs 1 more"),
-            "{:?}",
-            plan.short
-        );
+        assert!(plan.short[0].why.contains("it needs 1"), "{:?}", plan.short);
+        // a is still named: its copies may come back, and are not retired.
+        for (after, before) in plan.holders.iter().zip(&l.holders) {
+            let (mut x, mut y) = (after.clone(), before.clone());
+            x.sort();
+            y.sort();
+            assert_eq!(x, y);
+        }
     }
 
     #[test]
