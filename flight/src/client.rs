@@ -321,15 +321,12 @@ impl StorageEndpoint for StorageClient {
                     }
                 })
             });
-        let mut replies = self
-            .link
-            .inner
-            .clone()
-            .do_put(data)
-            .await
-            .map_err(|s| self.link.status(&s))?
-            .into_inner();
-        let reply = replies.message().await.map_err(|s| self.link.status(&s))?;
+        let put = self.link.inner.clone().do_put(data).await;
+        let reply = match put {
+            Ok(replies) => replies.into_inner().message().await,
+            Err(s) => Err(s),
+        };
+        // The source's error first: the node's, if any, follows from it.
         let source_error = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(e) = source_error {
             let _ = self.finish_ingest(&req.txn, false).await;
@@ -338,7 +335,7 @@ impl StorageEndpoint for StorageClient {
                 self.link.node
             )));
         }
-        let reply = reply.ok_or_else(|| {
+        let reply = reply.map_err(|s| self.link.status(&s))?.ok_or_else(|| {
             LinkError::Protocol(format!("{} answered a copy with nothing", self.link.node))
         })?;
         serde_json::from_slice(&reply.app_metadata).map_err(|e| {

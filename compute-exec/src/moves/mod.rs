@@ -202,6 +202,10 @@ pub async fn move_dataset(
     };
     let changed = !plan.moves.is_empty() || !plan.drops.is_empty();
     if changed {
+        // The dataset's schema as its nodes list it now.
+        if let Err(e) = session.refresh().await {
+            tracing::warn!("before the {why} of {dataset}: {e}");
+        }
         let schema = session
             .table_schemas()
             .await
