@@ -699,16 +699,18 @@ pub enum Command {
     /// The nodes of a running coordinator: list them (with those in
     /// quarantine), or take one out.
     Nodes {
-        /// The coordinator's REST API.
-        #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
+        /// The coordinator's REST API (before or after the action).
+        #[arg(
+            long,
+            global = true,
+            env = "SLUICE_URL",
+            default_value = "http://127.0.0.1:8080"
+        )]
         url: String,
         /// What to do.
         #[command(subcommand)]
         action: NodesAction,
     },
-    /// Every storage node of a running server reads back its objects
-    /// against their checksums; each bad one is rewritten from a good
-    /// replica on another node (`POST /v1/scrub`, admin).
     /// Spread every dataset's parts evenly over the storage nodes (after
     /// one joined), online (an admin token).
     Rebalance {
@@ -716,6 +718,9 @@ pub enum Command {
         #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Every storage node of a running server reads back its objects
+    /// against their checksums; each bad one is rewritten from a good
+    /// replica on another node (`POST /v1/scrub`, admin).
     Scrub {
         /// The server's REST API.
         #[arg(long, env = "SLUICE_URL", default_value = "http://127.0.0.1:8080")]

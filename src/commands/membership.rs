@@ -69,6 +69,9 @@ pub async fn rebalance(cli: &Cli, url: &str) -> anyhow::Result<()> {
 
 /// One line per dataset moved, one per copy made, one per part short.
 fn print_moves(reports: &Value) {
+    if reports.as_array().is_none_or(Vec::is_empty) {
+        println!("nothing to move: no dataset the cluster ingested has parts there");
+    }
     for r in reports.as_array().into_iter().flatten() {
         println!(
             "{}: {}: {} part copies, {} drops, {:.1} s",
