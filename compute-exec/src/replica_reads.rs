@@ -81,11 +81,7 @@ impl ReplicaReads for KeyOwners {
                 let index = SampleIndex::build(&self.table, &self.schema, &[], &self.pins, &whole)
                     .await
                     .map_err(as_link)?;
-                let listed = (0..index.len() as u64)
-                    .flat_map(|s| index.holders(s).map(|(pin, _)| pin))
-                    .collect::<std::collections::HashSet<u8>>()
-                    .len();
-                if index.replicated() == 0 && listed == self.pins.len() {
+                if index.replicated() == 0 && index.listed().iter().all(|&l| l) {
                     return Ok(None);
                 }
                 let all: Vec<u64> = (0..index.len() as u64).collect();

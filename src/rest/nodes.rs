@@ -426,7 +426,7 @@ pub async fn register_storage(
     }
     s.quarantine.release(&url);
     let client: Arc<dyn StorageEndpoint> = Arc::new(client);
-    sluice_compute::moves::lost::retire_stale(&s.jobs, &client).await;
+    sluice_compute::moves::lost::retire_stale(&s.jobs, &client, &held);
     let new = session.admit(client);
     if new {
         tracing::info!("storage node {url} joined (registered by {})", who.name());

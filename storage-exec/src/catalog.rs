@@ -196,7 +196,17 @@ impl Catalog {
     /// The latest version number of `dataset`, if it exists.
     pub fn latest_version(&self, dataset: &str) -> Result<Option<u64>> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let table = txn.open_table(DATASETS).map_err(|e| self.err(e))?;
+        self.number(&txn, DATASETS, dataset)
+    }
+
+    /// `dataset`'s number in `table` (a latest or a retired version).
+    fn number(
+        &self,
+        txn: &redb::ReadTransaction,
+        table: TableDefinition<'_, &str, u64>,
+        dataset: &str,
+    ) -> Result<Option<u64>> {
+        let table = txn.open_table(table).map_err(|e| self.err(e))?;
         Ok(table
             .get(dataset)
             .map_err(|e| self.err(e))?
@@ -208,18 +218,8 @@ impl Catalog {
     /// never given to other rows (caches on either side key by it).
     pub fn next_version(&self, dataset: &str) -> Result<u64> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let latest = txn
-            .open_table(DATASETS)
-            .map_err(|e| self.err(e))?
-            .get(dataset)
-            .map_err(|e| self.err(e))?
-            .map_or(0, |v| v.value());
-        let retired = txn
-            .open_table(RETIRED)
-            .map_err(|e| self.err(e))?
-            .get(dataset)
-            .map_err(|e| self.err(e))?
-            .map_or(0, |v| v.value());
+        let latest = self.number(&txn, DATASETS, dataset)?.unwrap_or(0);
+        let retired = self.number(&txn, RETIRED, dataset)?.unwrap_or(0);
         Ok(latest.max(retired) + 1)
     }
 

@@ -278,6 +278,19 @@ impl SampleIndex {
         std::iter::once((self.nodes[i], self.rows[i])).chain(self.others_of(i).iter().copied())
     }
 
+    /// Whether each pin holds a sample of the index: `false` for a node
+    /// left out of the listing because it did not answer.
+    pub fn listed(&self) -> Vec<bool> {
+        let mut out = vec![false; self.pins.len()];
+        for &n in &self.nodes {
+            out[usize::from(n)] = true;
+        }
+        for &(n, _) in &self.others {
+            out[usize::from(n)] = true;
+        }
+        out
+    }
+
     /// The pins whose node is named `node`.
     pub fn pins_of(&self, node: &str) -> Avoid {
         let mut out = Avoid::default();

@@ -163,16 +163,10 @@ fn assign(
 ) -> Result<BTreeMap<String, Work>, MoveError> {
     // The nodes listed: those that answered (one that did not is pinned
     // all the same, and holds no sample of the index).
-    let mut answered = vec![false; index.pins().len()];
-    for s in 0..index.len() as u64 {
-        for (pin, _) in index.holders(s) {
-            answered[usize::from(pin)] = true;
-        }
-    }
     let listed: Vec<&str> = index
         .pins()
         .iter()
-        .zip(&answered)
+        .zip(&index.listed())
         .filter(|(_, a)| **a)
         .map(|(p, _)| p.node.as_str())
         .collect();

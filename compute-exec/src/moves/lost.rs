@@ -80,7 +80,11 @@ impl LostNodes {
             .iter()
             .filter(|e| back.contains(&e.name().to_string()))
         {
-            retire_stale(jobs, node).await;
+            if let Ok(held) = node.datasets().await {
+                let held: Vec<(String, u64)> =
+                    held.into_iter().map(|d| (d.name, d.version)).collect();
+                retire_stale(jobs, node, &held);
+            }
         }
         if lost.is_empty() {
             return Vec::new();
@@ -139,22 +143,18 @@ impl LostNodes {
     }
 }
 
-/// Has `node` retire every version it lists that the ledger knows as
-/// moved away from it, once no job reads it (in the background).
-pub async fn retire_stale(jobs: &Arc<Jobs>, node: &Arc<dyn StorageEndpoint>) {
-    let Ok(held) = node.datasets().await else {
-        return;
-    };
+/// Has `node` retire every version of `held` (what it lists: dataset and
+/// version) that the ledger knows as moved away from it, once no job
+/// reads it (in the background).
+pub fn retire_stale(jobs: &Arc<Jobs>, node: &Arc<dyn StorageEndpoint>, held: &[(String, u64)]) {
     let ledger = jobs.session().ledger();
-    for d in held {
-        if ledger.moved_away(&d.name, node.name(), d.version) {
+    for (dataset, version) in held {
+        if ledger.moved_away(dataset, node.name(), *version) {
             tracing::info!(
-                "{} holds {}@{}, moved away from it: retiring it",
-                node.name(),
-                d.name,
-                d.version
+                "{} holds {dataset}@{version}, moved away from it: retiring it",
+                node.name()
             );
-            retire_when_unread(Arc::clone(jobs), Arc::clone(node), &d.name, d.version);
+            retire_when_unread(Arc::clone(jobs), Arc::clone(node), dataset, *version);
         }
     }
 }

@@ -61,8 +61,11 @@ impl StorageNode {
             let kept = self.kept_rows(&req.dataset, keep, &req.drop).await?;
             let mut kept = std::pin::pin!(kept);
             while let Some(batch) = kept.next().await {
-                copy.append(&batch.map_err(StorageError::DataFusion)?)
-                    .await?;
+                copy.append(
+                    &batch.map_err(StorageError::DataFusion)?,
+                    Checked::ByTheScan,
+                )
+                .await?;
             }
         }
         let mut sent = std::pin::pin!(sent);
@@ -71,7 +74,7 @@ impl StorageNode {
                 path: req.from.clone().into(),
                 reason: format!("the rows sent ended with an error: {e}"),
             })?;
-            copy.append(&batch).await?;
+            copy.append(&batch, Checked::Here).await?;
         }
         let Some(schema) = copy.schema.take() else {
             return Err(StorageError::EmptyIngest(req.dataset.clone()));
@@ -199,6 +202,15 @@ impl StorageNode {
     }
 }
 
+/// Where a batch's objects are checked against their crc32c.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// Rows sent: on arrival, here.
+    Here,
+    /// Rows kept: the take scan that read them checked each one.
+    ByTheScan,
+}
+
 /// The new version being written.
 struct Copier {
     dataset: String,
@@ -212,9 +224,10 @@ struct Copier {
 }
 
 impl Copier {
-    /// Writes `batch`'s objects (each checked against its crc32c) and
-    /// keeps its metadata, pointing at their new extents.
-    async fn append(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Writes `batch`'s objects and keeps its metadata, pointing at their
+    /// new extents; each object is checked against its crc32c here, or
+    /// was by the scan that read it from this node's device.
+    async fn append(&mut self, batch: &RecordBatch, checked: Checked) -> Result<()> {
         let schema = self.metadata_schema(batch.schema_ref())?;
         let at = |name: &str| schema.index_of(name).map_err(StorageError::Arrow);
         let (chunk, offset, length, crc) = (at(CHUNK)?, at(OFFSET)?, at(LENGTH)?, at(CRC32C)?);
@@ -239,7 +252,7 @@ impl Copier {
                 return Err(bad("its object was not sent".into()));
             }
             let bytes = data.value(i);
-            if crc32c::crc32c(bytes) != crcs.value(i) {
+            if checked == Checked::Here && crc32c::crc32c(bytes) != crcs.value(i) {
                 return Err(bad("its bytes do not match their crc32c".into()));
             }
             if !self.keys.insert(key.to_string()) {
