@@ -40,7 +40,9 @@ pub fn explain_schema() -> SchemaRef {
 /// The rows of an `EXPLAIN`: `placement` (the planner's text) and
 /// `compute_plan` (the physical compute fragment).
 pub fn explain_batch(e: &Explanation, plan: &Arc<dyn ExecutionPlan>) -> Result<RecordBatch> {
-    let physical = displayable(plan.as_ref()).indent(true).to_string();
+    // A plan on the distributed engine shows its stages, tasks and nodes.
+    let physical = crate::engine::describe(plan)
+        .unwrap_or_else(|| displayable(plan.as_ref()).indent(true).to_string());
     Ok(RecordBatch::try_new(
         explain_schema(),
         vec![

@@ -31,22 +31,13 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::endpoint::endpoint_id;
 use sluice_flight::scan::filter_pushdown;
 use sluice_flight::stream::link_bytes;
-use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
+use sluice_flight::{DatasetScanExec, StorageEndpoint};
 use sluice_planner::StorageFragment;
 use sluice_udfs::UdfEnv;
 
 use crate::plan_feeds::Feeds;
 
-/// What one node reads of a query's dataset spread over several nodes.
-#[derive(Debug)]
-pub enum NodeReads {
-    /// Every row it holds (no key of the dataset is on two nodes).
-    Whole,
-    /// These rows.
-    Take(Take),
-    /// None: other holders read its keys.
-    Nothing,
-}
+pub use sluice_flight::NodeReads;
 
 /// Which node reads which key of a dataset held by several nodes, so that
 /// a query reads each key once (`crate::replica_reads`).
@@ -123,6 +114,7 @@ pub struct FragmentTable {
     compute_cores: usize,
     tally: Arc<Tally>,
     replicas: Option<Arc<dyn ReplicaReads>>,
+    on_engine: bool,
 }
 
 /// What storage fragments sent to the compute side: rows and the bytes of
@@ -154,7 +146,40 @@ impl FragmentTable {
             compute_cores,
             tally,
             replicas,
+            on_engine: false,
         }
+    }
+
+    /// The same, its fragment carried by the distributed engine
+    /// ([`crate::engine`]) when every node holding the dataset is reached
+    /// over the network; the session must be the engine's coordinating
+    /// one.
+    pub fn on_engine(mut self, on: bool) -> Self {
+        self.on_engine = on;
+        self
+    }
+
+    /// The fragment as one stage of the engine: each node's task reads
+    /// what the node reads.
+    async fn engine_stage(
+        &self,
+        physical: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut reads = Vec::with_capacity(self.endpoints.len());
+        for e in &self.endpoints {
+            let r = match &self.replicas {
+                Some(r) => r.take_for(e).await?,
+                None => NodeReads::Whole,
+            };
+            reads.push((Arc::clone(e), r));
+        }
+        crate::engine::fragment_stage(
+            &self.fragment.dataset,
+            physical,
+            reads,
+            &self.udfs,
+            &self.tally,
+        )
     }
 }
 
@@ -188,15 +213,21 @@ impl TableProvider for FragmentTable {
             .query_planner()
             .create_physical_plan(&self.fragment.plan, &single)
             .await?;
-        let mut remote = RemoteFragmentExec::new(
-            self.fragment.dataset.clone(),
-            physical,
-            self.endpoints.clone(),
-            Arc::clone(&self.udfs),
-            Arc::clone(&self.tally),
-        );
-        remote.replicas = self.replicas.clone();
-        let mut plan: Arc<dyn ExecutionPlan> = Arc::new(remote);
+        let remote =
+            !self.endpoints.is_empty() && self.endpoints.iter().all(|e| e.credential().is_some());
+        let mut plan: Arc<dyn ExecutionPlan> = if self.on_engine && remote {
+            self.engine_stage(physical).await?
+        } else {
+            let mut fragment = RemoteFragmentExec::new(
+                self.fragment.dataset.clone(),
+                physical,
+                self.endpoints.clone(),
+                Arc::clone(&self.udfs),
+                Arc::clone(&self.tally),
+            );
+            fragment.replicas = self.replicas.clone();
+            Arc::new(fragment)
+        };
         if let Some(p) = projection {
             let schema = plan.schema();
             let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = p

@@ -4,7 +4,6 @@
 //! them back, a lost node's parts get their copies back from the holders
 //! left, and every job in between reads the same rows, byte for byte.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -13,34 +12,12 @@ use sluice_compute::ingest::{IngestRequest, Ingests};
 use sluice_compute::ledger::{Layout, PartLedger};
 use sluice_compute::moves::{Why, move_dataset};
 use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
-use sluice_flight::{StorageClient, StorageEndpoint};
-use sluice_storage::flight_service::StorageFlightService;
-use sluice_storage::scan::ScanOptions;
-use sluice_storage::{StorageNode, Store, StoreOptions};
+use sluice_flight::StorageEndpoint;
+use sluice_storage::Store;
 
 mod common;
 
-use common::{SAMPLES, write_samples};
-
-/// A storage node on its own store, served over Flight on loopback.
-async fn node(root: &Path, name: &str, src_root: &Path) -> (Arc<Store>, Arc<dyn StorageEndpoint>) {
-    let mut opts = StoreOptions::new(root.join(name));
-    opts.device_size = 64 << 20;
-    opts.chunk_size = 1 << 20;
-    let store = Store::open(&opts).unwrap();
-    let node = StorageNode::new(Arc::clone(&store), ScanOptions::default(), 1, None).unwrap();
-    node.allow_ingest(&[src_root.to_path_buf()]).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let serve = tonic::transport::Server::builder()
-        .add_service(StorageFlightService::new(node).server())
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
-    sluice_base::task::detach(async move {
-        let _ = serve.await;
-    });
-    let client = StorageClient::new(&format!("http://{addr}")).unwrap();
-    (store, Arc::new(client))
-}
+use common::{SAMPLES, served_node, write_samples};
 
 /// Every sample's key and tensor bytes, by key, as a job reads them.
 async fn read_all(jobs: &Jobs) -> Vec<(String, String)> {
@@ -93,7 +70,7 @@ async fn drain_rebalance_and_loss_move_parts_and_lose_no_sample() {
     let mut stores = Vec::new();
     let mut nodes: Vec<Arc<dyn StorageEndpoint>> = Vec::new();
     for name in ["a", "b", "c"] {
-        let (store, n) = node(root.path(), name, &src_root).await;
+        let (store, n) = served_node(root.path(), name, &src_root).await;
         stores.push(store);
         nodes.push(n);
     }

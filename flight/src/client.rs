@@ -37,6 +37,7 @@ use crate::stream::read_reported;
 #[derive(Debug, Clone)]
 pub struct StorageClient {
     link: Link,
+    credential: Credential,
 }
 
 impl StorageClient {
@@ -50,7 +51,8 @@ impl StorageClient {
     /// token) on every call.
     pub fn with_credential(url: &str, credential: Credential) -> Result<Self, LinkError> {
         Ok(Self {
-            link: Link::connect(url, credential)?,
+            link: Link::connect(url, credential.clone())?,
+            credential,
         })
     }
 
@@ -123,6 +125,10 @@ fn fragment_ticket(
 
 #[async_trait]
 impl StorageEndpoint for StorageClient {
+    fn credential(&self) -> Option<&Credential> {
+        Some(&self.credential)
+    }
+
     fn name(&self) -> &str {
         &self.link.node
     }

@@ -5,7 +5,8 @@
 //! functions are datafusion-proto's business. Sluice UDFs travel by name
 //! with their (complete, literal) arguments and are resolved in the
 //! receiving node's function registry, where they are bound to the job's
-//! UDF options. [`DatasetScanExec`] is encoded by `SluiceCodec`.
+//! UDF options. [`DatasetScanExec`] and [`StorageFragmentExec`] are
+//! encoded by `SluiceCodec`, each after a byte that says which.
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use datafusion_proto::protobuf;
 use prost::Message;
 
+use crate::fragment::{FragmentPlan, NodeReads, StorageFragmentExec};
 use crate::scan::{DatasetScanExec, Take};
 
 /// The codec of sluice's physical nodes.
@@ -52,6 +54,65 @@ struct DatasetScanNode {
     take: Option<TakeNode>,
 }
 
+/// A [`StorageFragmentExec`] on the wire: its plan encoded with the
+/// node's take applied (none: the node reads nothing).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StorageFragmentNode {
+    #[prost(string, tag = "1")]
+    dataset: String,
+    #[prost(string, tag = "2")]
+    node: String,
+    #[prost(bytes = "vec", optional, tag = "3")]
+    plan: Option<Vec<u8>>,
+    #[prost(string, tag = "4")]
+    udf_options: String,
+    #[prost(message, optional, tag = "5")]
+    schema: Option<protobuf::Schema>,
+}
+
+const SCAN: u8 = 0;
+const FRAGMENT: u8 = 1;
+
+fn proto_err(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Internal(e.to_string())
+}
+
+fn decode_storage_fragment(buf: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
+    let node = StorageFragmentNode::decode(buf).map_err(proto_err)?;
+    let schema: Schema = match &node.schema {
+        Some(s) => s.try_into()?,
+        None => return internal_err!("the fragment over {} has no schema", node.dataset),
+    };
+    let options = serde_json::from_str(&node.udf_options).map_err(proto_err)?;
+    let (reads, plan) = match node.plan {
+        Some(p) => (NodeReads::Whole, FragmentPlan::Encoded(p.into())),
+        None => (
+            NodeReads::Nothing,
+            FragmentPlan::Encoded(Default::default()),
+        ),
+    };
+    Ok(Arc::new(StorageFragmentExec::new(
+        node.dataset,
+        node.node,
+        reads,
+        plan,
+        options,
+        Arc::new(schema),
+    )))
+}
+
+fn encode_storage_fragment(f: &StorageFragmentExec, buf: &mut Vec<u8>) -> Result<()> {
+    let msg = StorageFragmentNode {
+        dataset: f.dataset.clone(),
+        node: f.node.clone(),
+        plan: f.encoded()?.map(|b| b.to_vec()),
+        udf_options: serde_json::to_string(&f.options).map_err(proto_err)?,
+        schema: Some(f.rows_schema.as_ref().try_into()?),
+    };
+    buf.push(FRAGMENT);
+    msg.encode(buf).map_err(proto_err)
+}
+
 /// A [`Take`] on the wire: row ids and slots packed.
 #[derive(Clone, PartialEq, prost::Message)]
 struct TakeNode {
@@ -74,10 +135,14 @@ impl PhysicalExtensionCodec for SluiceCodec {
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if !inputs.is_empty() {
-            return internal_err!("DatasetScanExec has no inputs, got {}", inputs.len());
+            return internal_err!("sluice's leaves have no inputs, got {}", inputs.len());
         }
-        let node = DatasetScanNode::decode(buf)
-            .map_err(|e| datafusion::error::DataFusionError::Internal(e.to_string()))?;
+        let buf = match buf.split_first() {
+            Some((&FRAGMENT, rest)) => return decode_storage_fragment(rest),
+            Some((&SCAN, rest)) => rest,
+            _ => return internal_err!("not a node of sluice's codec"),
+        };
+        let node = DatasetScanNode::decode(buf).map_err(proto_err)?;
         let schema: Schema = match &node.schema {
             Some(s) => s.try_into()?,
             None => return internal_err!("DatasetScanExec of {} has no schema", node.dataset),
@@ -123,9 +188,12 @@ impl PhysicalExtensionCodec for SluiceCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
+        if let Some(f) = node.downcast_ref::<StorageFragmentExec>() {
+            return encode_storage_fragment(f, buf);
+        }
         let Some(scan) = node.downcast_ref::<DatasetScanExec>() else {
             return internal_err!(
-                "{} cannot be sent to a storage node (only DatasetScanExec leaves can)",
+                "{} cannot be sent to a storage node (only sluice's leaves can)",
                 node.name()
             );
         };
@@ -150,8 +218,8 @@ impl PhysicalExtensionCodec for SluiceCodec {
                 slots: t.slots.to_vec(),
             }),
         };
-        msg.encode(buf)
-            .map_err(|e| datafusion::error::DataFusionError::Internal(e.to_string()))
+        buf.push(SCAN);
+        msg.encode(buf).map_err(proto_err)
     }
 }
 

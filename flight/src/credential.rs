@@ -48,6 +48,11 @@ impl Credential {
         self
     }
 
+    /// The `authorization` value it presents, if any.
+    pub fn bearer_value(&self) -> Option<&AsciiMetadataValue> {
+        self.bearer.as_ref()
+    }
+
     /// The TLS it speaks, if any.
     pub fn tls(&self) -> Option<&Tls> {
         self.tls.as_deref()

@@ -82,6 +82,12 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// Its name in messages: a URL, or `in-process`.
     fn name(&self) -> &str;
 
+    /// What this process presents when it calls the node, for a node
+    /// reached over the network (`None`: a node in this process).
+    fn credential(&self) -> Option<&crate::Credential> {
+        None
+    }
+
     /// Whether it runs on this machine (in this process, or at a loopback
     /// address), sharing this machine's cores: the planner then costs both
     /// sides as one pool.

@@ -109,6 +109,7 @@ impl FragmentReport {
             rows,
             bytes,
             stages: udfs.clock.snapshot(),
+            node: String::new(),
         }
     }
 
@@ -138,6 +139,7 @@ impl FragmentReport {
             rows: self.rows,
             bytes: self.bytes,
             stages,
+            node: self.node.clone(),
         }
     }
 }
@@ -157,4 +159,8 @@ pub struct FragmentReport {
     /// per-stage statistics).
     #[serde(default)]
     pub stages: Vec<StageTiming>,
+    /// The node that ran it, when the transport does not name it (an
+    /// engine task's report, in band).
+    #[serde(default)]
+    pub node: String,
 }

@@ -138,6 +138,16 @@ where
 /// credential's TLS) with sluice's message limits, presenting
 /// `credential` on every call, and the URL it uses.
 pub fn connect(url: &str, credential: Credential) -> Result<(String, FlightClient), String> {
+    let (url, endpoint) = dial(url, &credential)?;
+    let client = FlightServiceClient::with_interceptor(endpoint.connect_lazy(), credential)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    Ok((url, client))
+}
+
+/// The URL a node at `url` is dialled at, and the endpoint that dials it
+/// with `credential`'s TLS (its token is the caller's to present).
+pub fn dial(url: &str, credential: &Credential) -> Result<(String, Endpoint), String> {
     let url = crate::tls::dial_url(url);
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| format!("bad URL {url}: {e}"))?
@@ -152,10 +162,7 @@ pub fn connect(url: &str, credential: Credential) -> Result<(String, FlightClien
             .tls_config(tls)
             .map_err(|e| format!("{url}: {e}"))?;
     }
-    let client = FlightServiceClient::with_interceptor(endpoint.connect_lazy(), credential)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
-    Ok((url, client))
+    Ok((url, endpoint))
 }
 
 #[cfg(test)]

@@ -179,13 +179,18 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     // tokens of scope `node`; with the cluster's CA, callers holding a
     // certificate it issued.
     let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
+    // Beside Flight, on the same port and behind the same check: the
+    // distributed engine's worker, which runs the storage fragments of
+    // queries planned on other nodes.
+    let worker = sluice_storage::engine::worker(Arc::clone(&storage), node.decode.limits());
     with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?
         .add_service(InterceptedService::new(
             StorageFlightService::new(storage)
                 .with_limits(node.decode.limits())
                 .server(),
-            auth,
+            auth.clone(),
         ))
+        .add_service(InterceptedService::new(worker.into_worker_server(), auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("storage node stopped");

@@ -87,11 +87,7 @@ impl StorageFlightService {
             .map_err(|e| CallError::bad_request(format!("bad UDF options: {e}")))?;
         options.limits = options.limits.capped_by(&self.limits);
         let udfs = UdfEnv::new(options);
-        let ctx = self.node.session(&udfs);
-        let plan = decode_fragment(&t.plan, &ctx.task_ctx()).map_err(|e| status_of(&e, true))?;
-        self.node.opened();
-        let plan = self.node.bind(&ctx, plan).await.map_err(Status::from)?;
-        let batches = self.node.run(plan, &ctx, &udfs);
+        let batches = self.node.open(&t.plan, &udfs).await?;
         let link = self.node.link().cloned();
         // Dropping the stream (the client left) stops the UDFs at their next row.
         let stop = udfs.cancel.on_drop();

@@ -52,6 +52,7 @@ pub mod cache;
 pub mod catalog;
 pub mod checkpoint;
 pub mod device;
+pub mod engine;
 mod error;
 pub mod flight_service;
 pub mod ingest;

@@ -229,6 +229,23 @@ impl StorageNode {
         )
     }
 
+    /// Runs a fragment sent to this node (`plan`, encoded) under `udfs`:
+    /// decoded in a session of this node, where its UDF calls bind to
+    /// `udfs`, then bound and run. What a Flight fragment and an engine
+    /// task both do.
+    pub async fn open(
+        &self,
+        plan: &[u8],
+        udfs: &Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream, tonic::Status> {
+        let ctx = self.session(udfs);
+        let plan = sluice_flight::decode_fragment(plan, &ctx.task_ctx())
+            .map_err(|e| sluice_base::fault::status_of(&e, true))?;
+        self.opened();
+        let plan = self.bind(&ctx, plan).await.map_err(tonic::Status::from)?;
+        Ok(self.run(plan, &ctx, udfs))
+    }
+
     /// Binds every [`DatasetScanExec`] of `fragment` to a scan of this
     /// node's dataset, and spreads the result over the node's cores.
     pub async fn bind(

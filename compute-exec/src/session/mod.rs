@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 
 use crate::calibration::CalibrationCache;
 use crate::compute_schema::{ComputeSchema, UnknownDataset, base_name};
+use crate::engine::NodeChannels;
 use crate::job::{OutputCache, WindowBudget};
 use crate::ledger::PartLedger;
 use crate::remote::Tally;
@@ -371,6 +372,21 @@ impl ComputeSession {
     /// with the UDF options of `udfs`; [`Prepared::place`] places it (or a
     /// plan derived from it).
     pub async fn prepare(&self, sql: &str, udfs: &Arc<UdfEnv>) -> Result<Prepared> {
+        self.prepare_with(sql, udfs, false).await
+    }
+
+    /// [`ComputeSession::prepare`] for a query: its storage fragments
+    /// cross hosts on the distributed engine ([`crate::engine`]).
+    async fn prepare_query(&self, sql: &str, udfs: &Arc<UdfEnv>) -> Result<Prepared> {
+        self.prepare_with(sql, udfs, true).await
+    }
+
+    async fn prepare_with(
+        &self,
+        sql: &str,
+        udfs: &Arc<UdfEnv>,
+        on_engine: bool,
+    ) -> Result<Prepared> {
         crate::statement_limits::check_statement_size(sql)?;
         self.refresh().await.map_err(DataFusionError::from)?;
         let Snapshot {
@@ -386,19 +402,22 @@ impl ComputeSession {
             .with_information_schema(true)
             .with_target_partitions(compute_cores);
         let runtime = query_runtime(self.query_memory)?;
-        let state = SessionStateBuilder::new()
+        let builder = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(crate::cooperative::YieldAfterJoins))
-            .build();
+            .with_physical_optimizer_rule(Arc::new(crate::cooperative::YieldAfterJoins));
+        let endpoints = self.endpoints();
+        let on_engine = on_engine && endpoints.iter().any(|e| e.credential().is_some());
+        let state = if on_engine {
+            crate::engine::coordinating(builder, NodeChannels::new(&endpoints))?
+        } else {
+            builder
+        }
+        .build();
         let ctx = SessionContext::new_with_state(state);
         sluice_udfs::register(&ctx, udfs);
-        let schema = Arc::new(ComputeSchema::new(
-            latest,
-            holders.clone(),
-            self.endpoints(),
-        ));
+        let schema = Arc::new(ComputeSchema::new(latest, holders.clone(), endpoints));
         if let Some(catalog) = ctx.catalog("datafusion") {
             let _previous = catalog.register_schema("public", Arc::clone(&schema) as _);
         }
@@ -447,6 +466,7 @@ impl ComputeSession {
                 udfs: Arc::clone(udfs),
                 compute_cores,
                 tally: Arc::new(Tally::default()),
+                on_engine,
             },
             ctx,
         })
@@ -459,7 +479,7 @@ impl ComputeSession {
         offload: Offload,
         udfs: &Arc<UdfEnv>,
     ) -> Result<PlannedQuery> {
-        let prepared = self.prepare(sql, udfs).await?;
+        let prepared = self.prepare_query(sql, udfs).await?;
         prepared.place(prepared.plan.clone(), offload).await
     }
 
@@ -471,7 +491,7 @@ impl ComputeSession {
         offload: Offload,
         udfs: &Arc<UdfEnv>,
     ) -> Result<PlannedQuery> {
-        let prepared = self.prepare(sql, udfs).await?;
+        let prepared = self.prepare_query(sql, udfs).await?;
         prepared
             .place_with(prepared.plan.clone(), offload, true)
             .await

@@ -188,6 +188,9 @@ pub(super) struct Tables {
     pub(super) udfs: Arc<UdfEnv>,
     pub(super) compute_cores: usize,
     pub(super) tally: Arc<Tally>,
+    /// Whether storage fragments cross hosts on the distributed engine
+    /// (a query's session, built as the engine's coordinating one).
+    pub(super) on_engine: bool,
 }
 
 impl FragmentTables for Tables {
@@ -197,13 +200,16 @@ impl FragmentTables for Tables {
             .get(&fragment.dataset)
             .cloned()
             .unwrap_or_default();
-        Ok(Arc::new(FragmentTable::new(
-            fragment.clone(),
-            endpoints,
-            Arc::clone(&self.udfs),
-            self.compute_cores,
-            Arc::clone(&self.tally),
-            self.replicas.get(&fragment.dataset).cloned(),
-        )))
+        Ok(Arc::new(
+            FragmentTable::new(
+                fragment.clone(),
+                endpoints,
+                Arc::clone(&self.udfs),
+                self.compute_cores,
+                Arc::clone(&self.tally),
+                self.replicas.get(&fragment.dataset).cloned(),
+            )
+            .on_engine(self.on_engine),
+        ))
     }
 }
