@@ -25,6 +25,8 @@ NO_OUTPUT_CACHE = {"SLUICE_OUTPUT_CACHE_MEMORY": "0"}
 
 SQL = ("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) AS img "
        "FROM pets ORDER BY key")
+GROUP_BY = ("SELECT label, count(*) AS n, count(DISTINCT key) AS keys, min(key) AS first "
+            "FROM pets GROUP BY label ORDER BY label")
 
 
 def gen(d, name, classes, per_class):
@@ -139,6 +141,20 @@ def test_the_rig_returns_what_one_data_dir_returns():
             ]:
                 got = sql_arrow(client, SQL, *args)
                 assert got.equals(want), f"the rig via {how} differs from one data dir"
+            # An aggregate over both nodes runs on the distributed engine,
+            # its partial step on each node, and answers what one data dir
+            # answers.
+            want_groups = sql_arrow(os.path.join(d, "embedded"), GROUP_BY)
+            for via in [env["COMPUTE"], env["FLIGHT"]]:
+                got = sql_arrow(client, GROUP_BY, "--connect", via)
+                assert got.equals(want_groups), f"GROUP BY via {via}"
+            plan = subprocess.run([SLUICE, "--data-dir", client, "sql", "EXPLAIN " + GROUP_BY,
+                                   "--connect", env["COMPUTE"]],
+                                  capture_output=True, text=True, check=True).stdout
+            assert "NetworkCoalesceExec" in plan, plan
+            for node in env["STORAGE"].split(","):
+                assert f"node={node}, reads=" in plan, (node, plan)
+            assert "fragment=AggregateExec: mode=Partial" in plan, plan
             # A job over REST, through the coordinator, over both nodes.
             c = sluice.Client(env["REST"])
             job = c.submit("SELECT key, label, to_tensor(resize(decode_image(data), 32, 32)) AS img "
@@ -907,6 +923,15 @@ def test_a_rig_with_identities_serves_ranks_and_refuses_strangers():
             keys = [k for rank in range(2) for b in job.reader(rank).batches()
                     for k in b.column("key").to_pylist()]
             assert sorted(keys) == sorted(want_keys(c))
+            # A query on the compute node reaches the storage nodes' engine
+            # workers over TLS, with its node token and certificate.
+            groups = subprocess.run(
+                [SLUICE, "--data-dir", os.path.join(d, "client"), "--tls-ca", env["CA"], "sql",
+                 GROUP_BY, "--connect", node, "--format", "csv"],
+                capture_output=True, text=True, check=True,
+                env={**os.environ, "SLUICE_TOKEN": env["TOKEN"]}).stdout
+            assert [line.split(",")[:3] for line in groups.split()[1:]] == \
+                [["class_0", "5", "5"], ["class_1", "5", "5"]], groups
             deadline = time.monotonic() + 20
             while job.status()["state"] != "done":
                 assert time.monotonic() < deadline, f"no report reached the coordinator: {job.status()}"
