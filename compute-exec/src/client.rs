@@ -8,10 +8,10 @@ use arrow_flight::Action;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
 use futures::StreamExt;
-use sluice_flight::messages::FragmentReport;
 use sluice_flight::stream::{connect, read_reported};
 use sluice_flight::{Credential, FlightClient, Tls};
 use sluice_planner::Explanation;
+use sluice_planner::fragment::FragmentReport;
 
 use sluice_flight::ticket::{QueryTicket, Ticket};
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
-use sluice_flight::{Feed, LinkError, StorageEndpoint, Take};
+use sluice_flight::{Feed, LinkError, StorageEndpoint};
+use sluice_planner::fragment::Take;
 use sluice_udfs::UdfEnv;
 
 use sluice_flight::endpoint::endpoint_id;

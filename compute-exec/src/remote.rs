@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -28,16 +28,18 @@ use datafusion::physical_plan::{
     displayable,
 };
 use futures::{StreamExt, TryStreamExt, stream};
+use sluice_flight::StorageEndpoint;
 use sluice_flight::endpoint::endpoint_id;
-use sluice_flight::scan::filter_pushdown;
-use sluice_flight::stream::link_bytes;
-use sluice_flight::{DatasetScanExec, StorageEndpoint};
 use sluice_planner::StorageFragment;
+use sluice_planner::fragment::DatasetScanExec;
+use sluice_planner::fragment::filter_pushdown;
+use sluice_planner::fragment::link_bytes;
 use sluice_udfs::UdfEnv;
 
 use crate::plan_feeds::Feeds;
+use crate::reported::Tally;
 
-pub use sluice_flight::NodeReads;
+pub use sluice_planner::fragment::NodeReads;
 
 /// Which node reads which key of a dataset held by several nodes, so that
 /// a query reads each key once (`crate::replica_reads`).
@@ -115,16 +117,6 @@ pub struct FragmentTable {
     tally: Arc<Tally>,
     replicas: Option<Arc<dyn ReplicaReads>>,
     on_engine: bool,
-}
-
-/// What storage fragments sent to the compute side: rows and the bytes of
-/// their Arrow values.
-#[derive(Debug, Default)]
-pub struct Tally {
-    /// Rows received.
-    pub rows: AtomicU64,
-    /// Bytes of Arrow values received.
-    pub bytes: AtomicU64,
 }
 
 impl FragmentTable {
@@ -430,7 +422,7 @@ impl ExecutionPlan for RemoteFragmentExec {
                 // A query over a dataset on several nodes: each key once.
                 Some(r) => match r.take_for(&endpoint).await? {
                     NodeReads::Whole => fragment,
-                    NodeReads::Take(mine) => sluice_flight::scan::with_take(fragment, &mine)?,
+                    NodeReads::Take(mine) => sluice_planner::fragment::with_take(fragment, &mine)?,
                     NodeReads::Nothing => return Ok(empty_stream(fragment.schema())),
                 },
                 None => fragment,

@@ -25,8 +25,9 @@ use datafusion::logical_expr::{col, lit};
 use futures::TryStreamExt;
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
+use sluice_flight::StorageEndpoint;
 use sluice_flight::scrub::{BadObject, RepairObject, ScrubReport, ScrubRequest};
-use sluice_flight::{DatasetScanExec, StorageEndpoint};
+use sluice_planner::fragment::DatasetScanExec;
 use sluice_udfs::UdfEnv;
 
 /// What a node's scrub found and what was repaired.

@@ -1,5 +1,5 @@
 //! [`ReportedExec`]: the receiving end of storage fragments that carry
-//! their report in band ([`sluice_flight::fragment`]). It takes each
+//! their report in band ([`sluice_planner::fragment`]). It takes each
 //! fragment's report row off, merges the report into the query's
 //! [`UdfEnv`] (bad samples by name, stage times filed under the node that
 //! ran them), counts the rows and bytes that crossed in a [`Tally`], and
@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
@@ -21,11 +21,19 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::{StreamExt, future};
-use sluice_flight::fragment::{Received, split_report};
-use sluice_flight::stream::link_bytes;
+use sluice_planner::fragment::link_bytes;
+use sluice_planner::fragment::{Received, split_report};
 use sluice_udfs::UdfEnv;
 
-use crate::remote::Tally;
+/// What storage fragments sent to the compute side: rows and the bytes of
+/// their Arrow values.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Rows received.
+    pub rows: AtomicU64,
+    /// Bytes of Arrow values received.
+    pub bytes: AtomicU64,
+}
 
 /// See the module docs.
 #[derive(Debug)]

@@ -15,7 +15,6 @@ use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use sluice_udfs::UdfEnv;
 
-use crate::codec::encode_fragment;
 use crate::copy::{CopyIn, RETIRE, Retire, Retired};
 use crate::credential::Credential;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
@@ -30,6 +29,7 @@ use crate::messages::{
 };
 use crate::scrub::{REPAIR_OBJECT, RepairObject, Repaired, SCRUB, ScrubReport, ScrubRequest};
 use crate::stream::read_reported;
+use sluice_planner::fragment::encode_fragment;
 
 /// A typed Flight client of one storage node. Connections are made on
 /// first use, so a node that is down fails the requests that need it (with

@@ -45,8 +45,8 @@ use tokio::sync::mpsc;
 use crate::error::LinkError;
 use crate::link::Link;
 use crate::messages::{FragmentTicket, Ticket, TicketKind, WindowTicket};
-use crate::scan::Take;
 use crate::stream::read_reported;
+use sluice_planner::fragment::Take;
 
 /// Windows a storage node runs ahead of the one it is sending, per feed.
 pub const FEED_AHEAD: usize = 3;

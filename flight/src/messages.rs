@@ -19,10 +19,6 @@
 //! - A fragment's stream ends with a message whose app metadata is a
 //!   [`FragmentReport`] (JSON): the bad samples the node met.
 
-use serde::{Deserialize, Serialize};
-use sluice_base::BadSample;
-use sluice_udfs::StageTiming;
-
 /// A Flight ticket.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Ticket {
@@ -96,71 +92,4 @@ pub struct TimeTicket {
     /// Milliseconds it may run; past them, the rows done so far count.
     #[prost(uint64, tag = "2")]
     pub budget_ms: u64,
-}
-
-impl FragmentReport {
-    /// What the UDFs of `udfs` met while `rows` rows (`bytes` bytes) were
-    /// sent: their bad samples and stage times.
-    pub fn of(udfs: &sluice_udfs::UdfEnv, rows: u64, bytes: u64) -> Self {
-        let (bad_total, bad) = udfs.errors.snapshot();
-        Self {
-            bad,
-            bad_total,
-            rows,
-            bytes,
-            stages: udfs.clock.snapshot(),
-            node: String::new(),
-        }
-    }
-
-    /// What was added since `before`, an earlier report of the same run:
-    /// the bad samples and stage times a window of a feed met (a feed's
-    /// UDFs count for all its windows). Rows and bytes are `self`'s.
-    pub fn since(&self, before: &FragmentReport) -> FragmentReport {
-        let stages = self
-            .stages
-            .iter()
-            .map(|s| {
-                let had = before
-                    .stages
-                    .iter()
-                    .find(|b| b.site == s.site && b.udf == s.udf);
-                StageTiming {
-                    site: s.site.clone(),
-                    udf: s.udf.clone(),
-                    tally: had.map_or_else(|| s.tally.clone(), |b| s.tally.since(&b.tally)),
-                }
-            })
-            .filter(|s| s.tally.calls > 0 || s.tally.rows > 0)
-            .collect();
-        FragmentReport {
-            bad: self.bad.iter().skip(before.bad.len()).cloned().collect(),
-            bad_total: self.bad_total.saturating_sub(before.bad_total),
-            rows: self.rows,
-            bytes: self.bytes,
-            stages,
-            node: self.node.clone(),
-        }
-    }
-}
-
-/// What a fragment's run met, sent after its last batch.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FragmentReport {
-    /// Bad samples (skipped or nulled), up to the log's cap.
-    pub bad: Vec<BadSample>,
-    /// How many there were in all.
-    pub bad_total: u64,
-    /// Rows sent.
-    pub rows: u64,
-    /// Bytes sent.
-    pub bytes: u64,
-    /// Where the fragment's UDF time went (absent from nodes older than
-    /// per-stage statistics).
-    #[serde(default)]
-    pub stages: Vec<StageTiming>,
-    /// The node that ran it, when the transport does not name it (an
-    /// engine task's report, in band).
-    #[serde(default)]
-    pub node: String,
 }

@@ -27,22 +27,13 @@ use tonic::Status;
 use tonic::transport::Endpoint;
 
 use crate::credential::{Credential, FlightClient};
-use crate::messages::FragmentReport;
 use crate::throttle::TokenBucket;
 use crate::{MAX_FLIGHT_DATA, MAX_MESSAGE};
 use sluice_base::CallError;
+use sluice_planner::fragment::FragmentReport;
 
 /// A stream of Flight messages as a service answers it.
 pub type FlightStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send>>;
-
-/// The memory a batch's values occupy as sliced: what crosses the link.
-pub fn link_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
-}
 
 /// `batches`, with a panic while polling them turned into one error
 /// (naming `what` and the panic's message) that ends the stream.

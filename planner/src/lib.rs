@@ -36,6 +36,7 @@ pub mod choose;
 pub mod cost;
 pub mod delivery;
 pub mod explain;
+pub mod fragment;
 pub mod offload;
 pub mod pipeline;
 pub mod resources;
@@ -58,6 +59,7 @@ pub use calibrate::{Calibration, CalibrationOptions, CalibrationReport, CutTimin
 pub use choose::{Rates, Split};
 pub use delivery::Delivery;
 pub use explain::{Candidate, Choice, Explanation, PipelineExplanation};
+pub use fragment::StorageFragment;
 pub use offload::Offload;
 pub use pipeline::Pipeline;
 pub use resources::Resources;
@@ -66,17 +68,6 @@ pub use stats::DatasetStats;
 use crate::choose::{Metric, best_split};
 use crate::cost::{SampleCost, cost_table, mean};
 use crate::pipeline::shipped_name;
-
-/// A plan storage runs: a projection over a dataset scan.
-#[derive(Debug, Clone)]
-pub struct StorageFragment {
-    /// Its index in the placement.
-    pub id: usize,
-    /// The dataset it reads.
-    pub dataset: String,
-    /// The plan.
-    pub plan: LogicalPlan,
-}
 
 /// Where the compute fragment reads a storage fragment from.
 pub trait FragmentTables {

@@ -5,10 +5,10 @@
 //! The engine's worker is a gRPC service of its own, served beside the
 //! node's Flight service on the same port and behind the same credential
 //! check. The tasks it receives are storage fragments
-//! ([`sluice_flight::StorageFragmentExec`]): each runs through this node, decoded in a
+//! ([`sluice_planner::fragment::StorageFragmentExec`]): each runs through this node, decoded in a
 //! session of the node where sluice's UDFs bind to the fragment's options
 //! (capped by the node's limits), bound to the node's copy of the dataset,
-//! and followed by its report ([`sluice_flight::fragment`]).
+//! and followed by its report ([`sluice_planner::fragment`]).
 
 use std::sync::Arc;
 
@@ -19,9 +19,9 @@ use datafusion::execution::SessionState;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerSessionBuilder};
 use futures::StreamExt;
-use sluice_flight::SluiceCodec;
-use sluice_flight::fragment::{FragmentRunner, LocalRunner, Reported};
-use sluice_flight::messages::FragmentReport;
+use sluice_planner::fragment::FragmentReport;
+use sluice_planner::fragment::SluiceCodec;
+use sluice_planner::fragment::{FragmentRunner, LocalRunner, Reported};
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 
 use crate::node::{StorageNode, throttled};

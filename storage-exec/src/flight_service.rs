@@ -39,12 +39,12 @@ use sluice_base::fault::{self, status_of};
 use sluice_flight::copy::{CopyIn, RETIRE, Retire};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
-    FragmentReport, FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind,
-    TimeTicket,
+    FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
 use sluice_flight::scrub::{REPAIR_OBJECT, RepairObject, SCRUB, ScrubRequest};
 use sluice_flight::stream::{FlightStream, send_reported};
-use sluice_flight::{FragmentTiming, MAX_FLIGHT_DATA, MAX_MESSAGE, decode_fragment};
+use sluice_flight::{FragmentTiming, MAX_FLIGHT_DATA, MAX_MESSAGE};
+use sluice_planner::fragment::{FragmentReport, decode_fragment};
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 

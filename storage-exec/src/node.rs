@@ -28,9 +28,9 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_base::Executor;
 use sluice_flight::{
-    DatasetScanExec, Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint,
-    Take, TokenBucket,
+    Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, TokenBucket,
 };
+use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::{Site, UdfEnv};
 use tokio::sync::mpsc;
 
@@ -239,7 +239,7 @@ impl StorageNode {
         udfs: &Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, tonic::Status> {
         let ctx = self.session(udfs);
-        let plan = sluice_flight::decode_fragment(plan, &ctx.task_ctx())
+        let plan = sluice_planner::fragment::decode_fragment(plan, &ctx.task_ctx())
             .map_err(|e| sluice_base::fault::status_of(&e, true))?;
         self.opened();
         let plan = self.bind(&ctx, plan).await.map_err(tonic::Status::from)?;
@@ -486,7 +486,7 @@ pub(crate) fn throttled(
         let link = Arc::clone(&link);
         async move {
             if let Ok(b) = &item {
-                link.take(sluice_flight::stream::link_bytes(b)).await;
+                link.take(sluice_planner::fragment::link_bytes(b)).await;
             }
             item
         }
@@ -547,8 +547,8 @@ impl StorageEndpoint for StorageNode {
         // The fragment's UDF calls were bound to the compute session's
         // UDFs; through the codec, as a remote node receives it, they are
         // bound to this node's (whose time is the storage tier's).
-        let fragment = sluice_flight::encode_fragment(fragment)
-            .and_then(|bytes| sluice_flight::decode_fragment(&bytes, &ctx.task_ctx()))
+        let fragment = sluice_planner::fragment::encode_fragment(fragment)
+            .and_then(|bytes| sluice_planner::fragment::decode_fragment(&bytes, &ctx.task_ctx()))
             .map_err(|e| LinkError::BadFragment {
                 node: IN_PROCESS.into(),
                 message: e.to_string(),
@@ -569,11 +569,12 @@ impl StorageEndpoint for StorageNode {
     ) -> Result<Arc<dyn Feed>, LinkError> {
         // Through the codec, as for `execute`: the fragment's UDF calls
         // bound to this node's session (whose time is the storage tier's).
-        let bytes =
-            sluice_flight::encode_fragment(fragment).map_err(|e| LinkError::BadFragment {
+        let bytes = sluice_planner::fragment::encode_fragment(fragment).map_err(|e| {
+            LinkError::BadFragment {
                 node: IN_PROCESS.into(),
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         let link = self.link.clone();
         Ok(Arc::new(LocalFeed::open(self, &bytes, udfs, link)?))
     }
@@ -626,8 +627,9 @@ impl StorageEndpoint for StorageNode {
             node: IN_PROCESS.into(),
             message: e.to_string(),
         };
-        let bytes = sluice_flight::encode_fragment(fragment).map_err(bad)?;
-        let fragment = sluice_flight::decode_fragment(&bytes, &ctx.task_ctx()).map_err(bad)?;
+        let bytes = sluice_planner::fragment::encode_fragment(fragment).map_err(bad)?;
+        let fragment =
+            sluice_planner::fragment::decode_fragment(&bytes, &ctx.task_ctx()).map_err(bad)?;
         let plan = self.bind(&ctx, fragment).await?;
         self.time_run(plan, &ctx, &udfs, budget).await
     }

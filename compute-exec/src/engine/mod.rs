@@ -37,16 +37,16 @@ use datafusion_distributed::{
     DistributedExec, DistributedExt, DistributedLeafExec, NetworkCoalesceExec, RouteTasksEvent,
     RouteTasksEventResponse, SessionStateBuilderExt, display_plan_ascii,
 };
-use sluice_flight::fragment::FragmentPlan;
-use sluice_flight::{NodeReads, SluiceCodec, StorageEndpoint, StorageFragmentExec};
+use sluice_flight::StorageEndpoint;
+use sluice_planner::fragment::FragmentPlan;
+use sluice_planner::fragment::{NodeReads, SluiceCodec, StorageFragmentExec};
 use sluice_udfs::UdfEnv;
 use url::Url;
 
 pub use channels::NodeChannels;
 pub use partial::PartialOnStorage;
 
-use crate::remote::Tally;
-use crate::reported::ReportedExec;
+use crate::reported::{ReportedExec, Tally};
 
 /// `builder` as a coordinating session of the engine, reaching the storage
 /// nodes through `channels`.

@@ -27,8 +27,9 @@ use arrow::datatypes::{DataType, Schema, SchemaRef, UInt32Type};
 use datafusion::logical_expr::Expr;
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
-use sluice_flight::scan::slot_field;
-use sluice_flight::{DatasetScanExec, StorageEndpoint, Take};
+use sluice_flight::StorageEndpoint;
+use sluice_planner::fragment::slot_field;
+use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::UdfEnv;
 
 use super::error::JobError;

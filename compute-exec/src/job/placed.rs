@@ -26,7 +26,8 @@ use sluice_planner::Offload;
 use sluice_udfs::UdfEnv;
 
 use super::error::JobError;
-use crate::remote::{Tally, for_stream};
+use crate::remote::for_stream;
+use crate::reported::Tally;
 use crate::session::{PlannedQuery, Prepared};
 
 /// A placed plan and the number of placements before it.

@@ -4,7 +4,7 @@
 //! A job's plan reads the dataset through a table with one more column
 //! than the dataset's own, the virtual [`SLOT`]: storage nodes fill it
 //! with the slot the job gave each row it asked for (see
-//! [`sluice_flight::Take`]), and the plan carries it to its output, so a
+//! [`sluice_planner::fragment::Take`]), and the plan carries it to its output, so a
 //! row finds its position in the epoch whichever node, partition or side
 //! of the cut produced it.
 
@@ -17,9 +17,9 @@ use datafusion::logical_expr::expr_rewriter::unnormalize_cols;
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, TableScan, TableScanBuilder,
 };
-use sluice_flight::SLOT;
 use sluice_flight::gather::Finishes;
-use sluice_flight::scan::slot_field;
+use sluice_planner::fragment::SLOT;
+use sluice_planner::fragment::slot_field;
 use sluice_planner::pipeline::Pipeline;
 use sluice_udfs::{StageClock, UdfEnv, UdfOptions};
 

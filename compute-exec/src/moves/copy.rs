@@ -27,7 +27,8 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::future::join_all;
 use futures::{StreamExt, TryStreamExt};
 use sluice_flight::copy::CopyIn;
-use sluice_flight::{DatasetScanExec, LinkError, StorageEndpoint, Take};
+use sluice_flight::{LinkError, StorageEndpoint};
+use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::UdfEnv;
 
 use super::MoveError;

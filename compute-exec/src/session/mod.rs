@@ -25,7 +25,7 @@ use crate::compute_schema::{ComputeSchema, UnknownDataset, base_name};
 use crate::engine::NodeChannels;
 use crate::job::{OutputCache, WindowBudget};
 use crate::ledger::PartLedger;
-use crate::remote::Tally;
+use crate::reported::Tally;
 
 pub use self::prepared::{PlannedQuery, Prepared};
 use self::prepared::{Tables, query_runtime};

@@ -21,8 +21,9 @@ use sluice_planner::{
 use sluice_udfs::UdfEnv;
 
 use crate::calibration::{CalibrationCache, calibrate};
+use crate::remote::FragmentTable;
 use crate::remote::ReplicaReads;
-use crate::remote::{FragmentTable, Tally};
+use crate::reported::Tally;
 
 /// A planned query.
 pub struct PlannedQuery {

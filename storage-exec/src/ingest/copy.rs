@@ -21,7 +21,7 @@ use arrow::datatypes::{DataType, Schema, SchemaRef, UInt32Type};
 use futures::{Stream, StreamExt};
 use sluice_flight::copy::{CopyIn, Retire, Retired};
 use sluice_flight::ingest::PreparedPart;
-use sluice_flight::{DatasetScanExec, Take};
+use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::UdfEnv;
 
 use super::version::{Sealing, seal};

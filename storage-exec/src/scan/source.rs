@@ -41,7 +41,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt, stream};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use sluice_flight::Take;
+use sluice_planner::fragment::Take;
 
 use super::reads::{ReadPlan, plan_reads};
 use super::table::DatasetVersion;
@@ -215,7 +215,7 @@ impl ExtentSource {
             }
         }
         let mut fields: Vec<_> = version.table_schema.fields().iter().cloned().collect();
-        fields.push(Arc::new(sluice_flight::scan::slot_field()));
+        fields.push(Arc::new(sluice_planner::fragment::slot_field()));
         let projected_schema = Arc::new(Schema::new(fields).project(&projection)?);
         Ok(Self {
             version,

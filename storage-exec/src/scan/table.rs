@@ -14,8 +14,8 @@ use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-use sluice_flight::Take;
-use sluice_flight::scan::filter_pushdown;
+use sluice_planner::fragment::Take;
+use sluice_planner::fragment::filter_pushdown;
 
 use super::source::{ExtentSource, ScanColumns, ScanOptions};
 use super::take::VersionIndex;

@@ -29,7 +29,7 @@ use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::error::Result as DFResult;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use sluice_flight::Take;
+use sluice_planner::fragment::Take;
 
 use super::table::DatasetVersion;
 use crate::error::{Result, StorageError};
@@ -140,7 +140,7 @@ pub fn take_parts(
 /// The schema of a take's metadata batches: `read_schema` and the slot.
 pub fn with_slot(read_schema: &Schema) -> SchemaRef {
     let mut fields: Vec<_> = read_schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(sluice_flight::scan::slot_field()));
+    fields.push(Arc::new(sluice_planner::fragment::slot_field()));
     Arc::new(Schema::new(fields))
 }
 

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::physical_plan::collect;
-use sluice_flight::{LinkError, SLOT};
+use sluice_flight::LinkError;
+use sluice_planner::fragment::SLOT;
 use tonic::Code;
 
 use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};

@@ -9,8 +9,9 @@ use std::time::SystemTime;
 
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::logical_expr::LogicalPlan;
+use sluice_flight::StorageEndpoint;
 use sluice_flight::gather::Finishes;
-use sluice_flight::{SLOT, StorageEndpoint};
+use sluice_planner::fragment::SLOT;
 use sluice_planner::{Explanation, Offload};
 use sluice_udfs::ErrorLog;
 use sluice_udfs::env::Cancel;

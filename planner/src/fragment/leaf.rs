@@ -1,30 +1,12 @@
-//! [`StorageFragmentExec`]: a storage fragment as one leaf — the contract
-//! between the planner's cut and whatever carries the fragment to the node
-//! that holds its rows.
-//!
-//! The leaf names the dataset, the node that runs it (the URL it is
-//! dialled at), what that node reads of the dataset ([`NodeReads`]), the
-//! fragment's physical plan (scan leaf, the stages below the cut) and the
-//! UDF options it runs under. On the wire the plan travels in sluice's
-//! own encoding ([`crate::codec`]): the node decodes it in a session of its
-//! own, where sluice's UDFs resolve and bind to the node's options.
-//!
-//! On the node the leaf runs through the session's [`FragmentRunner`] (the
-//! storage node itself); anywhere else executing it is an error that says
-//! so. Its output is the fragment's rows, then **one report row**: the
-//! rows of the fragment's schema with every column nullable, plus a
-//! [`REPORT`] column, null on data rows and, on the last row, the
-//! fragment's [`FragmentReport`] (its bad samples by name, its stage times,
-//! rows and bytes) as JSON. The accounting travels in band, in order with
-//! the rows, whatever the transport; [`split_report`] takes it off on the
-//! receiving side, so nothing above the cut ever sees it.
+//! [`StorageFragmentExec`]: a storage fragment as one leaf, what it reads
+//! ([`NodeReads`]), and what runs it on a node ([`FragmentRunner`]). See
+//! the module docs of [`crate::fragment`].
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, new_null_array};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use bytes::Bytes;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -40,12 +22,10 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_udfs::UdfOptions;
 
-use crate::messages::FragmentReport;
-use crate::scan::{Take, with_take};
-use crate::stream::link_bytes;
-
-/// The report column of a fragment's output.
-pub const REPORT: &str = "__report";
+use super::report::{
+    FragmentReport, link_bytes, report_batch, reported_schema, with_report_column,
+};
+use super::scan::{Take, with_take};
 
 /// What one node reads of a dataset that a query or a window spreads over
 /// several nodes.
@@ -129,70 +109,6 @@ pub struct StorageFragmentExec {
     properties: Arc<PlanProperties>,
 }
 
-/// `schema` as a fragment sends it: every column nullable, then [`REPORT`].
-pub fn reported_schema(schema: &Schema) -> SchemaRef {
-    let mut fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone().with_nullable(true))
-        .collect();
-    fields.push(Field::new(REPORT, DataType::Utf8, true));
-    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
-}
-
-/// What one batch of a fragment's output is, once the report column is
-/// taken off: rows of `rows_schema`, or the fragment's report.
-#[derive(Debug)]
-pub enum Received {
-    /// Rows.
-    Rows(RecordBatch),
-    /// The report that ends the fragment.
-    Report(FragmentReport),
-}
-
-/// Splits a batch of a fragment's output (see the module docs).
-pub fn split_report(batch: &RecordBatch, rows_schema: &SchemaRef) -> Result<Received> {
-    let n = batch.num_columns();
-    if n == 0 {
-        return exec_err!("a storage fragment's output lacks its report column");
-    }
-    let Some(report) = batch.column(n - 1).as_any().downcast_ref::<StringArray>() else {
-        return exec_err!("a storage fragment's output lacks its report column");
-    };
-    if report.null_count() < report.len() {
-        let json = (0..report.len())
-            .find(|&i| report.is_valid(i))
-            .map(|i| report.value(i))
-            .unwrap_or_default();
-        let r = serde_json::from_str(json)
-            .map_err(|e| DataFusionError::Execution(format!("a fragment's bad report: {e}")))?;
-        return Ok(Received::Report(r));
-    }
-    let columns: Vec<ArrayRef> = batch.columns()[..n - 1].to_vec();
-    Ok(Received::Rows(RecordBatch::try_new(
-        Arc::clone(rows_schema),
-        columns,
-    )?))
-}
-
-fn report_batch(schema: &SchemaRef, report: &FragmentReport) -> Result<RecordBatch> {
-    let json = serde_json::to_string(report)
-        .map_err(|e| DataFusionError::Execution(format!("cannot encode a report: {e}")))?;
-    let n = schema.fields().len();
-    let mut columns: Vec<ArrayRef> = schema.fields()[..n - 1]
-        .iter()
-        .map(|f| new_null_array(f.data_type(), 1))
-        .collect();
-    columns.push(Arc::new(StringArray::from(vec![json])));
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-}
-
-fn with_report_column(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    let mut columns = batch.columns().to_vec();
-    columns.push(new_null_array(&DataType::Utf8, batch.num_rows()));
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-}
-
 impl StorageFragmentExec {
     /// `plan` over `dataset`, run on `node`, reading `reads` under
     /// `options`; `rows_schema` is the plan's own schema.
@@ -228,11 +144,11 @@ impl StorageFragmentExec {
             (_, NodeReads::Nothing) => Ok(None),
             (FragmentPlan::Encoded(b), _) => Ok(Some(b.clone())),
             (FragmentPlan::Planned(p), NodeReads::Whole) => {
-                Ok(Some(crate::encode_fragment(Arc::clone(p))?.into()))
+                Ok(Some(super::encode_fragment(Arc::clone(p))?.into()))
             }
             (FragmentPlan::Planned(p), NodeReads::Take(t)) => {
                 let taken = with_take(Arc::clone(p), t)?;
-                Ok(Some(crate::encode_fragment(taken)?.into()))
+                Ok(Some(super::encode_fragment(taken)?.into()))
             }
         }
     }
@@ -346,44 +262,5 @@ impl ExecutionPlan for StorageFragmentExec {
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::array::Int32Array;
-
-    #[test]
-    fn a_report_row_is_taken_off_and_rows_keep_their_schema() {
-        let rows_schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]));
-        let wire = reported_schema(&rows_schema);
-        assert!(wire.field(0).is_nullable());
-        let rows = RecordBatch::try_new(
-            Arc::clone(&rows_schema),
-            vec![Arc::new(Int32Array::from(vec![1, 2]))],
-        )
-        .unwrap();
-        let sent = with_report_column(rows.clone(), &wire).unwrap();
-        match split_report(&sent, &rows_schema).unwrap() {
-            Received::Rows(b) => assert_eq!(b, rows),
-            Received::Report(_) => panic!("rows read as a report"),
-        }
-        let report = FragmentReport {
-            bad_total: 3,
-            rows: 2,
-            ..Default::default()
-        };
-        let last = report_batch(&wire, &report).unwrap();
-        match split_report(&last, &rows_schema).unwrap() {
-            Received::Report(r) => assert_eq!((r.bad_total, r.rows), (3, 2)),
-            Received::Rows(_) => panic!("the report read as rows"),
-        }
-        let no_report = RecordBatch::try_new(
-            Arc::clone(&rows_schema),
-            vec![Arc::new(Int32Array::from(vec![1]))],
-        )
-        .unwrap();
-        assert!(split_report(&no_report, &rows_schema).is_err());
     }
 }

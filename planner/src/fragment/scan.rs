@@ -17,6 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::pipeline::{DATA_COLUMN, storage_capable};
 use arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, exec_err};
@@ -25,7 +26,6 @@ use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use sluice_planner::pipeline::{DATA_COLUMN, storage_capable};
 
 /// How a dataset scan takes `filters`, on either side: exactly when they
 /// read only metadata columns and can run on storage (they are then applied

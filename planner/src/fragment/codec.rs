@@ -28,8 +28,8 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use crate::fragment::{FragmentPlan, NodeReads, StorageFragmentExec};
-use crate::scan::{DatasetScanExec, Take};
+use super::leaf::{FragmentPlan, NodeReads, StorageFragmentExec};
+use super::scan::{DatasetScanExec, Take};
 
 /// The codec of sluice's physical nodes.
 #[derive(Debug, Default, Clone, Copy)]
