@@ -111,6 +111,14 @@ async fn queries_over_storage_nodes_run_their_fragments_on_the_engine() {
     }
     let session = sharded(&root.path().join("ledger1"), &nodes, &src, 1).await;
     assert_eq!(answer(&session, GROUP_BY).await, want, "sharded, one copy");
+    // A plan whose compute side ends in several partitions (the nodes'
+    // streams, projected) is merged into one for the engine.
+    let keys = answer(&session, "SELECT upper(key) AS k FROM vecs").await;
+    assert_eq!(
+        keys.lines().filter(|l| l.contains("/V")).count(),
+        SAMPLES,
+        "{keys}"
+    );
     let plan = explained(&session, GROUP_BY).await;
     assert!(plan.contains("NetworkCoalesceExec"), "{plan}");
     for (i, n) in nodes.iter().enumerate() {

@@ -15,7 +15,9 @@
 //! of two tasks on that node, the second reading nothing: the engine
 //! drops a boundary between two one-task stages, which would run the
 //! fragment here, away from its data. A query's partial aggregate joins
-//! the fragments on the nodes ([`PartialOnStorage`]).
+//! the fragments on the nodes ([`PartialOnStorage`]); a plan that crosses
+//! ends in one partition ([`OneStream`]: the engine runs only partition 0
+//! of its top).
 //!
 //! The engine's own planning never distributes anything else: its task
 //! count per stage is held at one, so a plan without sluice's boundary is
@@ -24,6 +26,7 @@
 //! end-of-task metrics collection is off (the report carries sluice's).
 
 mod channels;
+mod one_stream;
 mod partial;
 
 use std::sync::Arc;
@@ -44,6 +47,7 @@ use sluice_udfs::UdfEnv;
 use url::Url;
 
 pub use channels::NodeChannels;
+pub use one_stream::OneStream;
 pub use partial::PartialOnStorage;
 
 use crate::reported::{ReportedExec, Tally};
@@ -62,7 +66,10 @@ pub fn coordinating(
         .with_distributed_max_tasks_per_stage(1)?
         .with_distributed_compression(None)?
         .with_distributed_metrics_collection(false)
-        .map(|b| b.with_physical_optimizer_rule(Arc::new(PartialOnStorage)))
+        .map(|b| {
+            b.with_physical_optimizer_rule(Arc::new(PartialOnStorage))
+                .with_physical_optimizer_rule(Arc::new(OneStream))
+        })
 }
 
 /// The stage of a storage fragment (`fragment`, over `dataset`): one task
