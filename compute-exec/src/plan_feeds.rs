@@ -16,6 +16,8 @@ use sluice_udfs::UdfEnv;
 
 use sluice_flight::endpoint::endpoint_id;
 
+use crate::engine::EngineFeed;
+
 /// The rows each storage node reads for one window of a job, by node
 /// (`sluice_flight::endpoint::endpoint_id`).
 pub type Takes = Arc<HashMap<usize, Take>>;
@@ -27,11 +29,14 @@ pub struct Feeds {
 }
 
 impl Feeds {
-    /// Runs `fragment` over `take`'s rows on `endpoint`, through its feed
-    /// (opened now if this is the node's first window).
+    /// Runs `fragment` (over `dataset`) over `take`'s rows on `endpoint`,
+    /// through its feed (opened now if this is the node's first window):
+    /// on the distributed engine for a node reached over the network
+    /// ([`crate::engine::EngineFeed`]), else the node's own.
     pub async fn window(
         &self,
         endpoint: &Arc<dyn StorageEndpoint>,
+        dataset: &str,
         fragment: &Arc<dyn ExecutionPlan>,
         udfs: &Arc<UdfEnv>,
         take: &Take,
@@ -41,9 +46,18 @@ impl Feeds {
             match open.get(&endpoint_id(endpoint)) {
                 Some(feed) => Arc::clone(feed),
                 None => {
-                    let feed = Arc::clone(endpoint)
-                        .feed(Arc::clone(fragment), Arc::clone(udfs))
-                        .await?;
+                    let feed: Arc<dyn Feed> = if endpoint.credential().is_some() {
+                        Arc::new(EngineFeed::new(
+                            endpoint,
+                            dataset,
+                            Arc::clone(fragment),
+                            Arc::clone(udfs),
+                        ))
+                    } else {
+                        Arc::clone(endpoint)
+                            .feed(Arc::clone(fragment), Arc::clone(udfs))
+                            .await?
+                    };
                     open.insert(endpoint_id(endpoint), Arc::clone(&feed));
                     feed
                 }

@@ -117,6 +117,7 @@ pub struct FragmentTable {
     tally: Arc<Tally>,
     replicas: Option<Arc<dyn ReplicaReads>>,
     on_engine: bool,
+    explaining: bool,
 }
 
 impl FragmentTable {
@@ -139,6 +140,7 @@ impl FragmentTable {
             tally,
             replicas,
             on_engine: false,
+            explaining: false,
         }
     }
 
@@ -151,6 +153,15 @@ impl FragmentTable {
         self
     }
 
+    /// The same, planned to be explained, not run: a node whose share
+    /// cannot be listed now (it is down) is shown reading what it holds,
+    /// rather than failing the plan (the explanation names it where its
+    /// part is timed).
+    pub fn explaining(mut self, explaining: bool) -> Self {
+        self.explaining = explaining;
+        self
+    }
+
     /// The fragment as one stage of the engine: each node's task reads
     /// what the node reads.
     async fn engine_stage(
@@ -160,7 +171,12 @@ impl FragmentTable {
         let mut reads = Vec::with_capacity(self.endpoints.len());
         for e in &self.endpoints {
             let r = match &self.replicas {
-                Some(r) => r.take_for(e).await?,
+                Some(r) => match r.take_for(e).await {
+                    Ok(r) => r,
+                    // Explained, not run: shown reading what it holds.
+                    Err(_) if self.explaining => NodeReads::Whole,
+                    Err(e) => return Err(e),
+                },
                 None => NodeReads::Whole,
             };
             reads.push((Arc::clone(e), r));
@@ -413,6 +429,7 @@ impl ExecutionPlan for RemoteFragmentExec {
             },
         };
         let fragment = Arc::clone(&self.fragment);
+        let dataset = self.dataset.clone();
         let udfs = Arc::clone(&self.udfs);
         let feeds = Arc::clone(&self.feeds);
         let tally = Arc::clone(&self.tally);
@@ -428,7 +445,7 @@ impl ExecutionPlan for RemoteFragmentExec {
                 None => fragment,
             };
             match take {
-                Some(take) => feeds.window(&endpoint, &fragment, &udfs, &take).await,
+                Some(take) => feeds.window(&endpoint, &dataset, &fragment, &udfs, &take).await,
                 None => endpoint.execute(fragment, udfs).await,
             }
             .map_err(datafusion::error::DataFusionError::from)

@@ -372,13 +372,16 @@ async fn skip_checks_do_not_run_stages_twice() {
     }
 }
 
-/// `node` served over Flight on loopback: the same node as a remote one.
+/// `node` served on loopback as `sluice storage-node` serves it (Flight
+/// and the engine's worker): the same node as a remote one.
 async fn over_flight(node: Arc<StorageNode>) -> Arc<dyn StorageEndpoint> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let worker = sluice_storage::engine::worker(Arc::clone(&node), Default::default());
     let service = StorageFlightService::new(node).server();
     let serve = tonic::transport::Server::builder()
         .add_service(service)
+        .add_service(worker.into_worker_server())
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     sluice_base::task::detach(async move {
         let _ = serve.await;

@@ -24,18 +24,14 @@
 //! mid-job is reached again, see the job's `storage_wait_s`). Dropping the
 //! feed cancels the exchange; the node stops its UDFs at their next row.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::{FlightData, FlightDescriptor};
 use async_trait::async_trait;
 use bytes::Bytes;
-use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use prost::Message;
 use sluice_base::task::SpawnedTask;
@@ -46,6 +42,7 @@ use crate::error::LinkError;
 use crate::link::Link;
 use crate::messages::{FragmentTicket, Ticket, TicketKind, WindowTicket};
 use crate::stream::read_reported;
+use crate::windows::{OwedWindows, answered};
 use sluice_planner::fragment::Take;
 
 /// Windows a storage node runs ahead of the one it is sending, per feed.
@@ -93,61 +90,14 @@ pub fn window_take(message: &FlightData) -> Result<Take, String> {
     })
 }
 
-/// What the reader hands one window.
-#[derive(Debug)]
-enum Answer {
-    /// One of its batches.
-    Batch(RecordBatch),
-    /// Its report came: it is complete.
-    Done,
-    /// The feed failed before it was complete.
-    Failed(LinkError),
-}
-
-/// Where one window's answers go. A window whose channel closes without
-/// [`Answer::Done`] failed: it is never taken for complete.
-type Window = mpsc::UnboundedSender<Answer>;
-
-/// The windows an exchange owes, oldest first; once it has failed, it
-/// takes no more (its reader has failed those it held).
-#[derive(Debug, Default)]
-struct Owed {
-    windows: VecDeque<Window>,
-    failed: Option<LinkError>,
-}
-
-fn lock(owed: &Mutex<Owed>) -> std::sync::MutexGuard<'_, Owed> {
-    owed.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// One open `DoExchange`.
 #[derive(Debug)]
 struct Exchange {
     requests: mpsc::UnboundedSender<FlightData>,
-    owed: Arc<Mutex<Owed>>,
+    owed: OwedWindows,
     /// Held to be dropped with the exchange: dropping it (the response
     /// stream) aborts the reader, which cancels the call on the node.
     _reader: SpawnedTask<()>,
-}
-
-impl Exchange {
-    /// Asks for a window, its batches to go to `window`; under the lock
-    /// the reader fails the exchange with, so a window is answered or
-    /// failed, never forgotten.
-    fn ask(&self, message: FlightData, window: &Window, node: &str) -> Result<(), LinkError> {
-        let mut owed = lock(&self.owed);
-        if let Some(e) = &owed.failed {
-            return Err(e.clone());
-        }
-        if self.requests.send(message).is_err() {
-            return Err(LinkError::Unavailable {
-                node: node.to_string(),
-                reason: "the feed was closed".into(),
-            });
-        }
-        owed.windows.push_back(window.clone());
-        Ok(())
-    }
 }
 
 /// A feed on a storage node over Flight (see the module docs).
@@ -192,7 +142,7 @@ impl RemoteFeed {
         };
         // The receiver is alive: this cannot fail.
         let _ = requests.send(first);
-        let owed = Arc::new(Mutex::new(Owed::default()));
+        let owed = OwedWindows::default();
         let asked =
             futures::stream::unfold(
                 asked,
@@ -201,7 +151,7 @@ impl RemoteFeed {
         let reader = SpawnedTask::spawn(read(
             self.link.clone(),
             asked,
-            Arc::clone(&owed),
+            owed.clone(),
             Arc::clone(&self.udfs),
         ));
         Exchange {
@@ -217,22 +167,20 @@ impl RemoteFeed {
 async fn read(
     link: Link,
     asked: impl futures::Stream<Item = FlightData> + Send + 'static,
-    owed: Arc<Mutex<Owed>>,
+    owed: OwedWindows,
     udfs: Arc<UdfEnv>,
 ) {
     let failed = match link.inner.clone().do_exchange(asked).await {
         Err(s) => link.status(&s),
         Ok(answers) => {
             let node = link.node.clone();
-            let done = Arc::clone(&owed);
+            let done = owed.clone();
             // A report ends its window: the window's bad samples are the
             // job's before its last batch is seen to end.
             let data = read_reported(answers.into_inner(), move |r| {
                 udfs.errors.merge(r.bad_total, r.bad);
                 udfs.clock.merge(&node, &r.stages);
-                if let Some(w) = lock(&done).windows.pop_front() {
-                    let _ = w.send(Answer::Done);
-                }
+                done.done();
             });
             let mut decoded = std::pin::pin!(FlightDataDecoder::new(data));
             loop {
@@ -248,28 +196,18 @@ async fn read(
                         let DecodedPayload::RecordBatch(batch) = d.payload else {
                             continue;
                         };
-                        match lock(&owed).windows.front() {
-                            // A window whose reader left drops its rows.
-                            Some(w) => {
-                                let _ = w.send(Answer::Batch(batch));
-                            }
-                            None => {
-                                break LinkError::Protocol(format!(
-                                    "{} sent rows no window asked for",
-                                    link.node
-                                ));
-                            }
+                        if !owed.batch(batch) {
+                            break LinkError::Protocol(format!(
+                                "{} sent rows no window asked for",
+                                link.node
+                            ));
                         }
                     }
                 }
             }
         }
     };
-    let mut owed = lock(&owed);
-    for w in owed.windows.drain(..) {
-        let _ = w.send(Answer::Failed(failed.clone()));
-    }
-    owed.failed = Some(failed);
+    owed.fail(failed);
 }
 
 #[async_trait]
@@ -281,36 +219,20 @@ impl Feed for RemoteFeed {
             let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
             // The open exchange, or (it failed) a new one; a new one that
             // fails at once fails this window with its reason.
+            let node = &self.link.node;
             let asked = match open.as_ref() {
-                Some(ex) => ex.ask(message.clone(), &tx, &self.link.node),
+                Some(ex) => ex
+                    .owed
+                    .ask(&tx, node, || ex.requests.send(message.clone()).is_ok()),
                 None => Err(LinkError::Protocol("no exchange yet".into())),
             };
             if asked.is_err() {
                 let ex = open.insert(self.start());
-                ex.ask(message, &tx, &self.link.node)?;
+                ex.owed
+                    .ask(&tx, node, || ex.requests.send(message).is_ok())?;
             }
         }
-        let node = self.link.node.clone();
-        let batches = futures::stream::unfold(Some(rx), move |rx| {
-            let node = node.clone();
-            async move {
-                let mut rx = rx?;
-                let failed = match rx.recv().await {
-                    Some(Answer::Batch(b)) => return Some((Ok(b), Some(rx))),
-                    Some(Answer::Done) => return None,
-                    Some(Answer::Failed(e)) => e,
-                    None => LinkError::Unavailable {
-                        node,
-                        reason: "the feed closed before the window was answered".into(),
-                    },
-                };
-                Some((Err(DataFusionError::from(failed)), None))
-            }
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            batches,
-        )))
+        Ok(answered(rx, Arc::clone(&self.schema), &self.link.node))
     }
 }
 

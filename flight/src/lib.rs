@@ -66,6 +66,7 @@ pub mod stream;
 pub mod throttle;
 pub mod ticket;
 pub mod tls;
+pub mod windows;
 
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;

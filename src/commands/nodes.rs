@@ -17,6 +17,7 @@ use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
+use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 
 use super::place;
@@ -179,18 +180,8 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     // tokens of scope `node`; with the cluster's CA, callers holding a
     // certificate it issued.
     let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
-    // Beside Flight, on the same port and behind the same check: the
-    // distributed engine's worker, which runs the storage fragments of
-    // queries planned on other nodes.
-    let worker = sluice_storage::engine::worker(Arc::clone(&storage), node.decode.limits());
-    with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?
-        .add_service(InterceptedService::new(
-            StorageFlightService::new(storage)
-                .with_limits(node.decode.limits())
-                .server(),
-            auth.clone(),
-        ))
-        .add_service(InterceptedService::new(worker.into_worker_server(), auth))
+    let server = with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?;
+    storage_services(server, storage, node.decode.limits(), Some(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("storage node stopped");
@@ -461,6 +452,28 @@ pub async fn serve(
     Ok(())
 }
 
+/// A storage node's services on `server`: Flight, and beside it, on the
+/// same port and behind the same check (`auth`, when given), the
+/// distributed engine's worker, which runs the storage fragments of
+/// queries and job streams planned on other nodes.
+fn storage_services(
+    mut server: Server,
+    storage: Arc<sluice_storage::StorageNode>,
+    limits: sluice_udfs::Limits,
+    auth: Option<Auth>,
+) -> Router {
+    let worker = sluice_storage::engine::worker(Arc::clone(&storage), limits);
+    let flight = StorageFlightService::new(storage).with_limits(limits).server();
+    match auth {
+        Some(auth) => server
+            .add_service(InterceptedService::new(flight, auth.clone()))
+            .add_service(InterceptedService::new(worker.into_worker_server(), auth)),
+        None => server
+            .add_service(flight)
+            .add_service(worker.into_worker_server()),
+    }
+}
+
 /// `storage` served on a loopback Flight port of its own, and a client of
 /// it (`serve --loopback`: both sides of a cut in one process, with the
 /// wire between them).
@@ -470,12 +483,9 @@ async fn over_loopback(
 ) -> anyhow::Result<Arc<dyn StorageEndpoint>> {
     let listener = bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let service = StorageFlightService::new(storage)
-        .with_limits(limits)
-        .server();
+    let router = storage_services(Server::builder(), storage, limits, None);
     sluice_base::task::detach(async move {
-        let served = Server::builder()
-            .add_service(service)
+        let served = router
             .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
             .await;
         if let Err(e) = served {

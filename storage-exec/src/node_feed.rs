@@ -210,7 +210,7 @@ pub async fn serve(
 
 /// A window's failure as its status: the node's own status where it
 /// failed as one, else the mapping every fragment's errors take.
-fn status_of_window(e: &datafusion::error::DataFusionError) -> Status {
+pub(crate) fn status_of_window(e: &datafusion::error::DataFusionError) -> Status {
     match e {
         datafusion::error::DataFusionError::External(inner) => match inner.downcast_ref::<Status>()
         {

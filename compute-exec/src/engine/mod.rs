@@ -26,6 +26,7 @@
 //! end-of-task metrics collection is off (the report carries sluice's).
 
 mod channels;
+mod feed;
 mod one_stream;
 mod partial;
 
@@ -42,11 +43,12 @@ use datafusion_distributed::{
 };
 use sluice_flight::StorageEndpoint;
 use sluice_planner::fragment::FragmentPlan;
-use sluice_planner::fragment::{NodeReads, SluiceCodec, StorageFragmentExec};
+use sluice_planner::fragment::{NodeReads, SluiceCodec, StorageFragmentExec, WindowsExec};
 use sluice_udfs::UdfEnv;
 use url::Url;
 
 pub use channels::NodeChannels;
+pub use feed::EngineFeed;
 pub use one_stream::OneStream;
 pub use partial::PartialOnStorage;
 
@@ -63,6 +65,7 @@ pub fn coordinating(
         .with_distributed_channel_resolver(channels)
         .with_distributed_user_codec(SluiceCodec)
         .with_distributed_route_tasks_handler(route_to_holders)
+        .with_distributed_work_unit_feed(|w: &WindowsExec| Some(&w.windows))
         .with_distributed_max_tasks_per_stage(1)?
         .with_distributed_compression(None)?
         .with_distributed_metrics_collection(false)
@@ -207,6 +210,10 @@ pub fn route_to_holders(ev: RouteTasksEvent<'_>) -> Option<Result<RouteTasksEven
 fn fragment_nodes(stage: &Arc<dyn ExecutionPlan>) -> Option<Vec<String>> {
     let mut nodes = None;
     let _ = stage.apply(|p| {
+        if let Some(w) = p.downcast_ref::<WindowsExec>() {
+            nodes = Some(w.nodes.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
         let Some(leaf) = p.downcast_ref::<DistributedLeafExec>() else {
             return Ok(TreeNodeRecursion::Continue);
         };

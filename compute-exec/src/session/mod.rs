@@ -467,6 +467,7 @@ impl ComputeSession {
                 compute_cores,
                 tally: Arc::new(Tally::default()),
                 on_engine,
+                explaining: false,
             },
             ctx,
         })
@@ -491,7 +492,8 @@ impl ComputeSession {
         offload: Offload,
         udfs: &Arc<UdfEnv>,
     ) -> Result<PlannedQuery> {
-        let prepared = self.prepare_query(sql, udfs).await?;
+        let mut prepared = self.prepare_query(sql, udfs).await?;
+        prepared.tables.explaining = true;
         prepared
             .place_with(prepared.plan.clone(), offload, true)
             .await

@@ -192,6 +192,8 @@ pub(super) struct Tables {
     /// Whether storage fragments cross hosts on the distributed engine
     /// (a query's session, built as the engine's coordinating one).
     pub(super) on_engine: bool,
+    /// Whether the plan is made to be explained, not run.
+    pub(super) explaining: bool,
 }
 
 impl FragmentTables for Tables {
@@ -210,7 +212,8 @@ impl FragmentTables for Tables {
                 Arc::clone(&self.tally),
                 self.replicas.get(&fragment.dataset).cloned(),
             )
-            .on_engine(self.on_engine),
+            .on_engine(self.on_engine)
+            .explaining(self.explaining),
         ))
     }
 }

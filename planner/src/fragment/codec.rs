@@ -30,6 +30,7 @@ use prost::Message;
 
 use super::leaf::{FragmentPlan, NodeReads, StorageFragmentExec};
 use super::scan::{DatasetScanExec, Take};
+use super::windows::{WindowsExec, decode_windows, encode_windows};
 
 /// The codec of sluice's physical nodes.
 #[derive(Debug, Default, Clone, Copy)]
@@ -72,6 +73,12 @@ struct StorageFragmentNode {
 
 const SCAN: u8 = 0;
 const FRAGMENT: u8 = 1;
+const WINDOWS: u8 = 2;
+
+/// A wire message that does not decode, as an error.
+pub(super) fn proto_error(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
+    proto_err(e)
+}
 
 fn proto_err(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::Internal(e.to_string())
@@ -139,6 +146,7 @@ impl PhysicalExtensionCodec for SluiceCodec {
         }
         let buf = match buf.split_first() {
             Some((&FRAGMENT, rest)) => return decode_storage_fragment(rest),
+            Some((&WINDOWS, rest)) => return decode_windows(rest),
             Some((&SCAN, rest)) => rest,
             _ => return internal_err!("not a node of sluice's codec"),
         };
@@ -190,6 +198,10 @@ impl PhysicalExtensionCodec for SluiceCodec {
     ) -> Result<()> {
         if let Some(f) = node.downcast_ref::<StorageFragmentExec>() {
             return encode_storage_fragment(f, buf);
+        }
+        if let Some(w) = node.downcast_ref::<WindowsExec>() {
+            buf.push(WINDOWS);
+            return encode_windows(w, buf);
         }
         let Some(scan) = node.downcast_ref::<DatasetScanExec>() else {
             return internal_err!(

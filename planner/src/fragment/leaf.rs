@@ -70,6 +70,19 @@ pub trait FragmentRunner: fmt::Debug + Send + Sync {
     /// Runs `plan` (encoded) under `options`; the stream, then the
     /// fragment's report once the stream has ended.
     async fn run(&self, plan: &[u8], options: UdfOptions) -> Result<Reported>;
+
+    /// Runs `plan` (encoded) under `options` once per take of `takes`, as
+    /// they come: each window's rows, then its report row, in `schema`
+    /// ([`super::reported_schema`] of the fragment's), windows in the
+    /// order taken; `node` names this node in the reports.
+    async fn run_windows(
+        &self,
+        plan: &[u8],
+        options: UdfOptions,
+        takes: futures::stream::BoxStream<'static, Result<Take>>,
+        schema: SchemaRef,
+        node: String,
+    ) -> Result<SendableRecordBatchStream>;
 }
 
 /// A running fragment: its rows, and the report that follows them.

@@ -20,6 +20,10 @@
 //!   accounting travels in order with the rows, whatever the transport;
 //!   [`split_report`] takes it off on the receiving side, so nothing above
 //!   the cut sees it.
+//! - [`windows`]: a job stream's windows on one node, fed to the
+//!   fragment as they are asked for ([`WindowsExec`]; each window's rows,
+//!   then its report row), the leaf of a job's stage on the distributed
+//!   engine and the one module of this crate that names the engine's types.
 //! - [`codec`]: the wire form ([`SluiceCodec`] over datafusion-proto): the
 //!   node decodes a fragment in a session of its own, where sluice's UDFs
 //!   resolve and bind to the node's options and limits.
@@ -28,6 +32,7 @@ pub mod codec;
 pub mod leaf;
 pub mod report;
 pub mod scan;
+pub mod windows;
 
 use datafusion::logical_expr::LogicalPlan;
 
@@ -35,8 +40,12 @@ pub use codec::{SluiceCodec, decode_fragment, encode_fragment};
 pub use leaf::{
     FragmentPlan, FragmentRunner, LocalRunner, NodeReads, Reported, StorageFragmentExec,
 };
-pub use report::{FragmentReport, REPORT, Received, link_bytes, reported_schema, split_report};
+pub use report::{
+    FailedWith, FragmentReport, REPORT, Received, link_bytes, report_batch, reported_schema, split_report,
+    with_report_column,
+};
 pub use scan::{DatasetScanExec, SLOT, Take, filter_pushdown, slot_field, with_take};
+pub use windows::{WindowSource, WindowUnit, WindowsExec};
 
 /// A plan storage runs: a projection over a dataset scan.
 #[derive(Debug, Clone)]

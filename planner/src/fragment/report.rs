@@ -34,6 +34,22 @@ pub struct FragmentReport {
     /// engine task's report, in band).
     #[serde(default)]
     pub node: String,
+    /// Why the window failed, when it did: its status as the node would
+    /// have answered it (the windows of a job on the engine end with their
+    /// error in band, so its kind survives the engine's transport).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<FailedWith>,
+}
+
+/// A status on the wire: its code, message and details (sluice's kind).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FailedWith {
+    /// The gRPC code, as a number.
+    pub code: i32,
+    /// Its message.
+    pub message: String,
+    /// Its details (the status's detail bytes).
+    pub details: Vec<u8>,
 }
 
 impl FragmentReport {
@@ -48,6 +64,7 @@ impl FragmentReport {
             bytes,
             stages: udfs.clock.snapshot(),
             node: String::new(),
+            failed: None,
         }
     }
 
@@ -78,6 +95,7 @@ impl FragmentReport {
             bytes: self.bytes,
             stages,
             node: self.node.clone(),
+            failed: self.failed.clone(),
         }
     }
 }
@@ -138,7 +156,7 @@ pub fn split_report(batch: &RecordBatch, rows_schema: &SchemaRef) -> Result<Rece
 }
 
 /// The report row that ends a fragment's output of `schema`.
-pub(crate) fn report_batch(schema: &SchemaRef, report: &FragmentReport) -> Result<RecordBatch> {
+pub fn report_batch(schema: &SchemaRef, report: &FragmentReport) -> Result<RecordBatch> {
     let json = serde_json::to_string(report)
         .map_err(|e| DataFusionError::Execution(format!("cannot encode a report: {e}")))?;
     let n = schema.fields().len();
@@ -151,7 +169,7 @@ pub(crate) fn report_batch(schema: &SchemaRef, report: &FragmentReport) -> Resul
 }
 
 /// `batch` (the fragment's rows) as its output of `schema` sends it.
-pub(crate) fn with_report_column(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+pub fn with_report_column(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     let mut columns = batch.columns().to_vec();
     columns.push(new_null_array(&DataType::Utf8, batch.num_rows()));
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)

@@ -1,0 +1,127 @@
+//! The windows a feed owes, oldest first, whatever carries them (a
+//! Flight exchange, an engine query): the reader of the transport hands
+//! each its batches, then its end (its report came) or the failure that
+//! ended the transport; a window asked for after that failure fails at
+//! once, and the feed opens a new transport for the next.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use tokio::sync::mpsc;
+
+use crate::error::LinkError;
+
+/// What the reader hands one window.
+#[derive(Debug)]
+pub enum Answer {
+    /// One of its batches.
+    Batch(RecordBatch),
+    /// Its report came: it is complete.
+    Done,
+    /// The transport failed before it was complete.
+    Failed(LinkError),
+}
+
+/// Where one window's answers go. A window whose channel closes without
+/// [`Answer::Done`] failed: it is never taken for complete.
+pub type Window = mpsc::UnboundedSender<Answer>;
+
+#[derive(Debug, Default)]
+struct Owed {
+    windows: VecDeque<Window>,
+    failed: Option<LinkError>,
+}
+
+/// The windows one transport owes (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct OwedWindows(Arc<Mutex<Owed>>);
+
+impl OwedWindows {
+    fn lock(&self) -> MutexGuard<'_, Owed> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks for a window (`send` sends the request; false: the transport
+    /// is closed), its answers to go to `window`; under the lock the
+    /// reader fails the transport with, so a window is answered or
+    /// failed, never forgotten.
+    pub fn ask(
+        &self,
+        window: &Window,
+        node: &str,
+        send: impl FnOnce() -> bool,
+    ) -> Result<(), LinkError> {
+        let mut owed = self.lock();
+        if let Some(e) = &owed.failed {
+            return Err(e.clone());
+        }
+        if !send() {
+            return Err(LinkError::Unavailable {
+                node: node.to_string(),
+                reason: "the feed was closed".into(),
+            });
+        }
+        owed.windows.push_back(window.clone());
+        Ok(())
+    }
+
+    /// Hands `batch` to the oldest window owed (a window whose reader left
+    /// drops it); false: no window is owed.
+    pub fn batch(&self, batch: RecordBatch) -> bool {
+        match self.lock().windows.front() {
+            Some(w) => {
+                let _ = w.send(Answer::Batch(batch));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The oldest window owed is complete.
+    pub fn done(&self) {
+        if let Some(w) = self.lock().windows.pop_front() {
+            let _ = w.send(Answer::Done);
+        }
+    }
+
+    /// The transport ended with `failed`: every window owed fails with it,
+    /// and so does every window asked for from now on.
+    pub fn fail(&self, failed: LinkError) {
+        let mut owed = self.lock();
+        for w in owed.windows.drain(..) {
+            let _ = w.send(Answer::Failed(failed.clone()));
+        }
+        owed.failed = Some(failed);
+    }
+}
+
+/// One window's output (of `schema`, from `node`), as its answers come.
+pub fn answered(
+    rx: mpsc::UnboundedReceiver<Answer>,
+    schema: SchemaRef,
+    node: &str,
+) -> SendableRecordBatchStream {
+    let node = node.to_string();
+    let batches = futures::stream::unfold(Some(rx), move |rx| {
+        let node = node.clone();
+        async move {
+            let mut rx = rx?;
+            let failed = match rx.recv().await {
+                Some(Answer::Batch(b)) => return Some((Ok(b), Some(rx))),
+                Some(Answer::Done) => return None,
+                Some(Answer::Failed(e)) => e,
+                None => LinkError::Unavailable {
+                    node,
+                    reason: "the feed closed before the window was answered".into(),
+                },
+            };
+            Some((Err(DataFusionError::from(failed)), None))
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+}
