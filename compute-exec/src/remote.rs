@@ -445,7 +445,11 @@ impl ExecutionPlan for RemoteFragmentExec {
                 None => fragment,
             };
             match take {
-                Some(take) => feeds.window(&endpoint, &dataset, &fragment, &udfs, &take).await,
+                Some(take) => {
+                    feeds
+                        .window(&endpoint, &dataset, &fragment, &udfs, &take)
+                        .await
+                }
                 None => endpoint.execute(fragment, udfs).await,
             }
             .map_err(datafusion::error::DataFusionError::from)

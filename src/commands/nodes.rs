@@ -463,7 +463,9 @@ fn storage_services(
     auth: Option<Auth>,
 ) -> Router {
     let worker = sluice_storage::engine::worker(Arc::clone(&storage), limits);
-    let flight = StorageFlightService::new(storage).with_limits(limits).server();
+    let flight = StorageFlightService::new(storage)
+        .with_limits(limits)
+        .server();
     match auth {
         Some(auth) => server
             .add_service(InterceptedService::new(flight, auth.clone()))

@@ -26,8 +26,8 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_flight::Feed;
 use sluice_flight::feed::FEED_AHEAD;
 use sluice_planner::fragment::{
-    FailedWith, FragmentReport, FragmentRunner, LocalRunner, Reported, SluiceCodec, Take, link_bytes,
-    report_batch, with_report_column,
+    FailedWith, FragmentReport, FragmentRunner, LocalRunner, Reported, SluiceCodec, Take,
+    link_bytes, report_batch, with_report_column,
 };
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tokio::sync::OnceCell;

@@ -132,7 +132,8 @@ impl EngineFeed {
         async move {
             // Two tasks, the second fed none (merged into one stream by
             // the coordinating session: see `OneStream`).
-            let stage: Arc<dyn ExecutionPlan> = Arc::new(NetworkCoalesceExec::try_new(windows, 2, 1)?);
+            let stage: Arc<dyn ExecutionPlan> =
+                Arc::new(NetworkCoalesceExec::try_new(windows, 2, 1)?);
             let builder = SessionStateBuilder::new()
                 .with_config(SessionConfig::new().with_target_partitions(1))
                 .with_default_features();
@@ -212,7 +213,9 @@ impl Feed for EngineFeed {
             // The running query, or (it failed) a new one; a new one that
             // fails at once fails this window with its reason.
             let asked = match open.as_ref() {
-                Some(q) => q.owed.ask(&tx, &self.node, || q.units.send(unit.clone()).is_ok()),
+                Some(q) => q
+                    .owed
+                    .ask(&tx, &self.node, || q.units.send(unit.clone()).is_ok()),
                 None => Err(LinkError::Protocol("no query yet".into())),
             };
             if asked.is_err() {

@@ -41,8 +41,8 @@ pub use leaf::{
     FragmentPlan, FragmentRunner, LocalRunner, NodeReads, Reported, StorageFragmentExec,
 };
 pub use report::{
-    FailedWith, FragmentReport, REPORT, Received, link_bytes, report_batch, reported_schema, split_report,
-    with_report_column,
+    FailedWith, FragmentReport, REPORT, Received, link_bytes, report_batch, reported_schema,
+    split_report, with_report_column,
 };
 pub use scan::{DatasetScanExec, SLOT, Take, filter_pushdown, slot_field, with_take};
 pub use windows::{WindowSource, WindowUnit, WindowsExec};
