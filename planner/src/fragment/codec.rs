@@ -75,11 +75,6 @@ const SCAN: u8 = 0;
 const FRAGMENT: u8 = 1;
 const WINDOWS: u8 = 2;
 
-/// A wire message that does not decode, as an error.
-pub(super) fn proto_error(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
-    proto_err(e)
-}
-
 fn proto_err(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::Internal(e.to_string())
 }

@@ -33,7 +33,6 @@ use datafusion_distributed::{WorkUnitFeed, WorkUnitFeedProto, WorkUnitFeedProvid
 use datafusion_proto::protobuf;
 use prost::Message;
 
-use super::codec::proto_error;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt, stream};
 use sluice_udfs::UdfOptions;
@@ -267,7 +266,7 @@ struct WindowsNode {
 
 /// A [`WindowsExec`] from the wire.
 pub(super) fn decode_windows(buf: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
-    let node = WindowsNode::decode(buf).map_err(proto_error)?;
+    let node = WindowsNode::decode(buf).map_err(wire_error)?;
     let schema: Schema = match &node.schema {
         Some(s) => s.try_into()?,
         None => return internal_err!("the windows over {} have no schema", node.dataset),
@@ -279,7 +278,7 @@ pub(super) fn decode_windows(buf: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
         node.dataset,
         node.nodes,
         FragmentPlan::Encoded(node.plan.into()),
-        serde_json::from_str(&node.udf_options).map_err(proto_error)?,
+        serde_json::from_str(&node.udf_options).map_err(wire_error)?,
         Arc::new(schema),
         WorkUnitFeed::from_proto(windows)?,
     )))
@@ -291,9 +290,14 @@ pub(super) fn encode_windows(w: &WindowsExec, buf: &mut Vec<u8>) -> Result<()> {
         dataset: w.dataset.clone(),
         nodes: w.nodes.clone(),
         plan: w.encoded()?.to_vec(),
-        udf_options: serde_json::to_string(&w.options).map_err(proto_error)?,
+        udf_options: serde_json::to_string(&w.options).map_err(wire_error)?,
         schema: Some(w.rows_schema.as_ref().try_into()?),
         windows: Some(w.windows.to_proto()),
     };
-    msg.encode(buf).map_err(proto_error)
+    msg.encode(buf).map_err(wire_error)
+}
+
+/// A wire message that does not decode, as an error.
+fn wire_error(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Internal(e.to_string())
 }
