@@ -2,7 +2,8 @@
 //! their report in band ([`sluice_planner::fragment`]). It takes each
 //! fragment's report row off, merges the report into the query's
 //! [`UdfEnv`] (bad samples by name, stage times filed under the node that
-//! ran them), counts the rows and bytes that crossed in a [`Tally`], and
+//! ran them; a fragment that failed, as the error its node would have
+//! answered), counts the rows and bytes that crossed in a [`Tally`], and
 //! hands the rows on in the fragment's own schema: nothing above it sees
 //! the report.
 
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -21,6 +23,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::{StreamExt, future};
+use sluice_flight::LinkError;
 use sluice_planner::fragment::link_bytes;
 use sluice_planner::fragment::{Received, split_report};
 use sluice_udfs::UdfEnv;
@@ -148,7 +151,11 @@ impl ExecutionPlan for ReportedExec {
                 Ok(Received::Report(r)) => {
                     udfs.errors.merge(r.bad_total, r.bad);
                     udfs.clock.merge(&r.node, &r.stages);
-                    None
+                    // A fragment that failed says why, as its node would.
+                    r.failed.map(|f| {
+                        let e = LinkError::from_status(&r.node, &f.status());
+                        Err(DataFusionError::from(e))
+                    })
                 }
                 Err(e) => Some(Err(e)),
             };

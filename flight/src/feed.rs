@@ -76,18 +76,7 @@ pub fn window_message(take: &Take) -> Result<FlightData, LinkError> {
 pub fn window_take(message: &FlightData) -> Result<Take, String> {
     let t = WindowTicket::decode(message.app_metadata.clone())
         .map_err(|e| format!("bad window ticket: {e}"))?;
-    if t.rows.len() != t.slots.len() {
-        return Err(format!(
-            "bad window ticket: {} rows but {} slots",
-            t.rows.len(),
-            t.slots.len()
-        ));
-    }
-    Ok(Take {
-        version: t.version,
-        rows: Some(Arc::from(t.rows)),
-        slots: Arc::from(t.slots),
-    })
+    Take::listed(t.version, t.rows, t.slots).map_err(|e| format!("bad window ticket: {e}"))
 }
 
 /// One open `DoExchange`.

@@ -33,7 +33,7 @@ use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tokio::sync::OnceCell;
 
 use crate::node::{StorageNode, throttled};
-use crate::node_feed::{LocalFeed, status_of_window};
+use crate::node_feed::LocalFeed;
 
 /// `node` as the engine's worker: its tasks' fragments run under its
 /// decoding `limits` (a fragment's options may lower them, never raise
@@ -166,12 +166,7 @@ impl FragmentRunner for NodeRunner {
                     }
                     Err(e) => {
                         *ended = true;
-                        let status = status_of_window(&e);
-                        Some(FailedWith {
-                            code: status.code() as i32,
-                            message: status.message().to_string(),
-                            details: status.details().to_vec(),
-                        })
+                        Some(FailedWith::of(&e))
                     }
                 };
                 let now = FragmentReport::of(&udfs, rows, bytes);

@@ -28,8 +28,8 @@ use sluice_flight::feed::{FEED_AHEAD, Feed, window_take};
 use sluice_flight::messages::{Ticket, TicketKind};
 use sluice_flight::stream::{FlightStream, send_reported};
 use sluice_flight::{LinkError, TokenBucket};
-use sluice_planner::fragment::FragmentReport;
 use sluice_planner::fragment::with_take;
+use sluice_planner::fragment::{FailedWith, FragmentReport};
 use sluice_planner::fragment::{Take, decode_fragment};
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tokio::sync::mpsc;
@@ -189,7 +189,7 @@ pub async fn serve(
             send_reported(
                 Arc::clone(&schema),
                 batches,
-                status_of_window,
+                FailedWith::status_of,
                 link.clone(),
                 move |rows, bytes| {
                     let now = FragmentReport::of(&udfs, rows, bytes);
@@ -206,17 +206,4 @@ pub async fn serve(
             m
         });
     Ok(Box::pin(answers))
-}
-
-/// A window's failure as its status: the node's own status where it
-/// failed as one, else the mapping every fragment's errors take.
-pub(crate) fn status_of_window(e: &datafusion::error::DataFusionError) -> Status {
-    match e {
-        datafusion::error::DataFusionError::External(inner) => match inner.downcast_ref::<Status>()
-        {
-            Some(s) => s.clone(),
-            None => status_of(e, false),
-        },
-        _ => status_of(e, false),
-    }
 }

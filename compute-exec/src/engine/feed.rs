@@ -180,12 +180,7 @@ async fn read(
                 }
                 Ok(Received::Report(r)) => {
                     if let Some(f) = r.failed {
-                        let status = tonic::Status::with_details(
-                            tonic::Code::from_i32(f.code),
-                            f.message,
-                            f.details.into(),
-                        );
-                        break LinkError::from_status(&node, &status);
+                        break LinkError::from_status(&node, &f.status());
                     }
                     // The window's bad samples are the job's before its
                     // last batch is seen to end.

@@ -156,20 +156,10 @@ impl PhysicalExtensionCodec for SluiceCodec {
         };
         let take = match node.take {
             Some(t) if t.all => Some(Take::index(t.version)),
-            Some(t) => {
-                if t.rows.len() != t.slots.len() {
-                    return internal_err!(
-                        "a take of {} rows with {} slots",
-                        t.rows.len(),
-                        t.slots.len()
-                    );
-                }
-                Some(Take {
-                    version: t.version,
-                    rows: Some(Arc::from(t.rows)),
-                    slots: Arc::from(t.slots),
-                })
-            }
+            Some(t) => Some(
+                Take::listed(t.version, t.rows, t.slots)
+                    .map_err(|e| proto_err(format!("a take of {e}")))?,
+            ),
             None => None,
         };
         Ok(Arc::new(

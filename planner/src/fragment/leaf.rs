@@ -3,8 +3,8 @@
 //! the module docs of [`crate::fragment`].
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
@@ -23,7 +23,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use sluice_udfs::UdfOptions;
 
 use super::report::{
-    FragmentReport, link_bytes, report_batch, reported_schema, with_report_column,
+    FailedWith, FragmentReport, link_bytes, report_batch, reported_schema, with_report_column,
 };
 use super::scan::{Take, with_take};
 
@@ -253,15 +253,35 @@ impl ExecutionPlan for StorageFragmentExec {
         let options = self.options;
         let node = self.node.clone();
         let out = Arc::clone(&schema);
+        // A failure ends the output with a report that carries its status
+        // (its kind survives whatever carries the rows).
         let batches = stream::once(async move {
-            let run = runner.0.run(&plan, options).await?;
+            let failed_with = |e: &DataFusionError| FragmentReport {
+                failed: Some(FailedWith::of(e)),
+                node: node.clone(),
+                ..Default::default()
+            };
+            let run = match runner.0.run(&plan, options).await {
+                Ok(run) => run,
+                Err(e) => {
+                    let report = report_batch(&out, &failed_with(&e));
+                    return Ok::<_, DataFusionError>(stream::iter([report]).boxed());
+                }
+            };
             let sent = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-            let (count, data) = (Arc::clone(&sent), Arc::clone(&out));
-            let body = run.rows.map(move |b| {
-                let b = b?;
+            let failed: Arc<Mutex<Option<FailedWith>>> = Arc::default();
+            let (count, data, stop) = (Arc::clone(&sent), Arc::clone(&out), Arc::clone(&failed));
+            let body = run.rows.scan((), move |_, b| {
+                let b = match b {
+                    Ok(b) => b,
+                    Err(e) => {
+                        *stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(FailedWith::of(&e));
+                        return std::future::ready(None);
+                    }
+                };
                 count.0.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
                 count.1.fetch_add(link_bytes(&b) as u64, Ordering::Relaxed);
-                with_report_column(b, &data)
+                std::future::ready(Some(with_report_column(b, &data)))
             });
             let report = run.report;
             let tail = stream::once(async move {
@@ -269,9 +289,10 @@ impl ExecutionPlan for StorageFragmentExec {
                 r.rows = sent.0.load(Ordering::Relaxed);
                 r.bytes = sent.1.load(Ordering::Relaxed);
                 r.node = node;
+                r.failed = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
                 report_batch(&out, &r)
             });
-            Ok::<_, DataFusionError>(body.chain(tail))
+            Ok(body.chain(tail).boxed())
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))

@@ -100,6 +100,40 @@ impl FragmentReport {
     }
 }
 
+impl FailedWith {
+    /// The status a fragment's failure `e` answers: the node's own status
+    /// where it failed as one, else the mapping every fragment's errors
+    /// take.
+    pub fn status_of(e: &DataFusionError) -> tonic::Status {
+        match e {
+            DataFusionError::External(inner) => match inner.downcast_ref::<tonic::Status>() {
+                Some(s) => s.clone(),
+                None => sluice_base::fault::status_of(e, false),
+            },
+            _ => sluice_base::fault::status_of(e, false),
+        }
+    }
+
+    /// `e` on the wire.
+    pub fn of(e: &DataFusionError) -> Self {
+        let status = Self::status_of(e);
+        Self {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+            details: status.details().to_vec(),
+        }
+    }
+
+    /// The status it carries.
+    pub fn status(&self) -> tonic::Status {
+        tonic::Status::with_details(
+            tonic::Code::from_i32(self.code),
+            self.message.clone(),
+            self.details.clone().into(),
+        )
+    }
+}
+
 /// The bytes of `batch`'s Arrow values: what crosses a link for it.
 pub fn link_bytes(batch: &RecordBatch) -> usize {
     batch

@@ -73,6 +73,19 @@ impl Take {
             slots: Arc::from(Vec::new()),
         }
     }
+
+    /// `rows` of `version`, each with the slot of `slots` at its place, as
+    /// a message carried them; an error when they do not pair up.
+    pub fn listed(version: u64, rows: Vec<u32>, slots: Vec<u32>) -> Result<Self, String> {
+        if rows.len() != slots.len() {
+            return Err(format!("{} rows but {} slots", rows.len(), slots.len()));
+        }
+        Ok(Self {
+            version,
+            rows: Some(Arc::from(rows)),
+            slots: Arc::from(slots),
+        })
+    }
 }
 
 /// `fragment` with every [`DatasetScanExec`] reading `take`: one window

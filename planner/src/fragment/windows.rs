@@ -69,18 +69,8 @@ impl WindowUnit {
 
     /// The take it asks for.
     pub fn take(self) -> Result<Take> {
-        if self.rows.len() != self.slots.len() {
-            return exec_err!(
-                "a window of {} rows with {} slots",
-                self.rows.len(),
-                self.slots.len()
-            );
-        }
-        Ok(Take {
-            version: self.version,
-            rows: Some(Arc::from(self.rows)),
-            slots: Arc::from(self.slots),
-        })
+        Take::listed(self.version, self.rows, self.slots)
+            .map_err(|e| datafusion::error::DataFusionError::Execution(format!("a window of {e}")))
     }
 }
 
