@@ -2,22 +2,26 @@
 //! (datafusion-distributed, pinned): the one module of this crate that
 //! names the engine's types.
 //!
-//! sluice's planner decides the cut; the engine carries it. A query's
-//! storage fragment over a dataset held by N storage nodes becomes one
-//! engine stage of a task per node that reads: each a
-//! [`StorageFragmentExec`] that reads what its node reads of the dataset
-//! ([`NodeReads`]: all its rows, or the keys it owns of a replicated
-//! dataset), routed to that node by [`route_to_holders`]. A node that reads
-//! nothing (other holders read its keys; it may be down) gets no task. A `NetworkCoalesceExec` is the boundary; the
-//! compute fragment runs above it, on the coordinating node, over
-//! [`crate::reported::ReportedExec`], which takes each task's in-band
-//! report off its rows. A dataset read by one node still runs as a stage
-//! of two tasks on that node, the second reading nothing: the engine
-//! drops a boundary between two one-task stages, which would run the
-//! fragment here, away from its data. A query's partial aggregate joins
-//! the fragments on the nodes ([`PartialOnStorage`]); a plan that crosses
-//! ends in one partition ([`OneStream`]: the engine runs only partition 0
-//! of its top).
+//! sluice's planner decides the cut; the engine carries it.
+//!
+//! - **Queries.** A storage fragment over a dataset becomes one engine
+//!   stage with a task per node that reads: each a [`StorageFragmentExec`]
+//!   that reads what its node reads ([`NodeReads`]: all its rows, or the
+//!   keys it owns of a replicated dataset), routed to that node by
+//!   [`route_to_holders`]. A node that reads nothing (other holders read
+//!   its keys; it may be down) gets no task. A `NetworkCoalesceExec` is
+//!   the boundary; the compute fragment runs above it, on this node, over
+//!   [`crate::reported::ReportedExec`], which takes each task's in-band
+//!   report off its rows. A query's partial aggregate joins the fragments
+//!   on the nodes ([`PartialOnStorage`]); a plan that crosses ends in one
+//!   partition ([`OneStream`]: the engine runs only partition 0 of its
+//!   top).
+//! - **Job streams.** A stream's feed on a node is one engine query whose
+//!   windows are fed to the node's task as work units ([`EngineFeed`]).
+//! - A stage keeps two tasks at least, both on the node when one node
+//!   reads, the second reading nothing: the engine drops a boundary between
+//!   two one-task stages, which would run the fragment here, away from its
+//!   data.
 //!
 //! The engine's own planning never distributes anything else: its task
 //! count per stage is held at one, so a plan without sluice's boundary is
