@@ -53,7 +53,7 @@ impl QueryClient {
     /// `tls`'s CA).
     pub fn new(url: &str, tls: Option<Arc<Tls>>) -> Result<Self, QueryError> {
         let credential = Credential::default().with_tls(tls);
-        let (node, inner) = connect(url, credential).map_err(|message| QueryError {
+        let (node, inner, _) = connect(url, credential).map_err(|message| QueryError {
             node: url.to_string(),
             code: tonic::Code::InvalidArgument,
             message,

@@ -129,6 +129,10 @@ impl StorageEndpoint for StorageClient {
         Some(&self.credential)
     }
 
+    fn channel(&self) -> Option<tonic::transport::Channel> {
+        Some(self.link.channel.clone())
+    }
+
     fn name(&self) -> &str {
         &self.link.node
     }

@@ -88,6 +88,12 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The connection this process holds to the node, for a node reached
+    /// over the network: its other services (the engine's worker) share it.
+    fn channel(&self) -> Option<tonic::transport::Channel> {
+        None
+    }
+
     /// Whether it runs on this machine (in this process, or at a loopback
     /// address), sharing this machine's cores: the planner then costs both
     /// sides as one pool.

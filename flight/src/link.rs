@@ -15,13 +15,19 @@ pub struct Link {
     pub node: String,
     /// The Flight client, connected on first use.
     pub inner: FlightClient,
+    /// The connection under it.
+    pub channel: tonic::transport::Channel,
 }
 
 impl Link {
     /// The link to the node at `url`, presenting `credential`.
     pub fn connect(url: &str, credential: Credential) -> Result<Self, LinkError> {
-        let (node, inner) = connect(url, credential).map_err(LinkError::Protocol)?;
-        Ok(Self { node, inner })
+        let (node, inner, channel) = connect(url, credential).map_err(LinkError::Protocol)?;
+        Ok(Self {
+            node,
+            inner,
+            channel,
+        })
     }
 
     /// A status the node answered, as an error naming it.

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use datafusion::error::DataFusionError;
 use futures::{Stream, StreamExt, TryStreamExt, stream};
 use tonic::Status;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::credential::{Credential, FlightClient};
 use crate::throttle::TokenBucket;
@@ -127,18 +127,24 @@ where
 /// A lazily connecting Flight client of `url` (`host:port` means
 /// `http://host:port`; `grpc+tls://` and `https://` are dialled with the
 /// credential's TLS) with sluice's message limits, presenting
-/// `credential` on every call, and the URL it uses.
-pub fn connect(url: &str, credential: Credential) -> Result<(String, FlightClient), String> {
+/// `credential` on every call, the URL it uses, and the connection under
+/// it (a clone shares it: every other service of the node, such as the
+/// engine's worker, is reached over the same one).
+pub fn connect(
+    url: &str,
+    credential: Credential,
+) -> Result<(String, FlightClient, Channel), String> {
     let (url, endpoint) = dial(url, &credential)?;
-    let client = FlightServiceClient::with_interceptor(endpoint.connect_lazy(), credential)
+    let channel = endpoint.connect_lazy();
+    let client = FlightServiceClient::with_interceptor(channel.clone(), credential)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
-    Ok((url, client))
+    Ok((url, client, channel))
 }
 
 /// The URL a node at `url` is dialled at, and the endpoint that dials it
-/// with `credential`'s TLS (its token is the caller's to present).
-pub fn dial(url: &str, credential: &Credential) -> Result<(String, Endpoint), String> {
+/// with `credential`'s TLS.
+fn dial(url: &str, credential: &Credential) -> Result<(String, Endpoint), String> {
     let url = crate::tls::dial_url(url);
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| format!("bad URL {url}: {e}"))?
