@@ -18,6 +18,17 @@ use sluice_flight::endpoint::endpoint_id;
 
 use crate::engine::EngineFeed;
 
+/// Whether `SLUICE_DATA_PLANE=flight` asks for the feeds over Flight
+/// (`sluice_flight::feed::RemoteFeed`) instead of the engine for nodes
+/// reached by network. It exists for one purpose: the cluster benchmark
+/// (`scripts/bench_cluster.py --data-plane both`) measures both data
+/// planes with the same optimized binary, in the same run, before the
+/// Flight feed is removed. Read once per process.
+fn flight_feeds() -> bool {
+    static FLIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FLIGHT.get_or_init(|| std::env::var("SLUICE_DATA_PLANE").is_ok_and(|v| v == "flight"))
+}
+
 /// The rows each storage node reads for one window of a job, by node
 /// (`sluice_flight::endpoint::endpoint_id`).
 pub type Takes = Arc<HashMap<usize, Take>>;
@@ -46,7 +57,8 @@ impl Feeds {
             match open.get(&endpoint_id(endpoint)) {
                 Some(feed) => Arc::clone(feed),
                 None => {
-                    let feed: Arc<dyn Feed> = if endpoint.credential().is_some() {
+                    let feed: Arc<dyn Feed> = if endpoint.credential().is_some() && !flight_feeds()
+                    {
                         Arc::new(EngineFeed::new(
                             endpoint,
                             dataset,
