@@ -14,11 +14,29 @@ correctness, not scale), ingests the photos over REST (spread over the
 storage nodes), submits a shuffled job with two trainer ranks, and reads both
 ranks at once over Flight (as remote trainers would; shared memory is
 off) from the nodes that serve them, pinned to the compute CPUs. Every
-run reads one epoch of a new job; the figure is the median of --runs.
+run reads one epoch of a new job, with the output cache off
+(SLUICE_OUTPUT_CACHE_MEMORY=0) so that it reads the storage nodes; the figure is the median of --runs.
 Every run checks that the two ranks together hold every sample once.
 
+Data planes: a job's feed on a storage node reached by network runs on
+the distributed engine (an engine query per stream and node). The feeds
+over Flight it replaced were measured beside it before they were removed:
+a binary built from commit 3571708 ("Data plane A/B for the cluster
+benchmark") still has them, behind SLUICE_DATA_PLANE=flight in the nodes'
+environment, and `--data-plane both --bin <that binary>` measures both
+with the same binary, each configuration on a rig of its own brought up
+once per plane, and prints the engine's samples/s as a ratio of the
+feeds' (the gate it passed: docs/benchmarks.md). A binary built later
+ignores SLUICE_DATA_PLANE: both planes would be the engine.
+
+`--kill` adds the time from a storage node killed -9 mid-epoch to the
+epoch going on (2 storage nodes, each part on both; the trainer reads
+with no prefetch): the wait for the first batch after the kill, the
+longest wait after it, and the windows the job ran again.
+
 Needs root (the rig) and an optimized build (`cargo build --release`):
-    python scripts/bench_cluster.py [--photos 400] [--runs 3] [--json out.json]
+    python scripts/bench_cluster.py [--photos 3000] [--runs 5] [--data-plane engine]
+        [--kill] [--json out.json]
 """
 
 import argparse
@@ -65,16 +83,36 @@ def counters(client):
             sum(n.get("streams", 0) for n in nodes))
 
 
-def read_epoch(client, n_samples):
+def cpu_seconds(rig_dir):
+    """CPU seconds (user + system) the rig's storage nodes and its compute
+    side (coordinator and compute nodes) have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"storage": 0.0, "compute": 0.0}
+    with open(os.path.join(rig_dir, "pids")) as f:
+        for line in f:
+            pid, _, what = line.partition(" ")
+            try:
+                with open(f"/proc/{int(pid)}/stat") as st:
+                    fields = st.read().rsplit(")", 1)[1].split()
+            except (OSError, ValueError):
+                continue
+            node = os.path.basename(os.path.dirname(what.strip()))
+            side = "storage" if node.startswith("storage") else "compute"
+            out[side] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def read_epoch(client, n_samples, offload, rig_dir):
     """One epoch of a new job, both ranks read at once: (seconds, samples,
     fragments the storage nodes ran, streams they opened)."""
     # Shuffled, as training reads: unshuffled, rank r's positions
     # (r, r + 2, ...) would be exactly the objects a position-sharded
     # ingest put on storage node r, and each rank would read one node.
     job = client.submit(SQL, batch_size=32, world_size=2, on_error="skip",
-                        shuffle={"seed": 7})
+                        shuffle={"seed": 7}, offload=offload)
     job.wait()
     before = counters(client)
+    cpu_before = cpu_seconds(rig_dir)
     keys = [[], []]
     errors = []
 
@@ -92,19 +130,78 @@ def read_epoch(client, n_samples):
     for t in threads:
         t.join()
     took = time.monotonic() - t0
+    cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(rig_dir).items()}
     if errors:
         raise errors[0]
     got = keys[0] + keys[1]
     assert len(set(got)) == n_samples, f"{len(set(got))} distinct of {n_samples}"
     after = counters(client)
-    return took, len(got), after[0] - before[0], after[1] - before[1]
+    # The plan the auto placement chose last and the re-plans that led to
+    # it: both planes must be compared on the same plan.
+    choice = job.explain()["placement"]["pipelines"][0]["choice"]
+    plan = f"{choice['kind']} {choice.get('cut', '')}".strip()
+    replans = len(job.status().get("replans", []))
+    plan = plan if not replans else f"{plan} after {replans} re-plans"
+    return took, len(got), after[0] - before[0], after[1] - before[1], plan, cpu
+
+
+def killed_mid_epoch(client, n_samples, rig_dir):
+    """One epoch of a new job (one rank, no prefetch) with storage node 1
+    killed -9 after the first batch: (seconds from the kill to the next
+    batch, the longest wait between batches after it, windows run again)."""
+    job = client.submit(SQL, batch_size=32, on_error="skip")
+    job.wait()
+    batches = job.reader(0, transport="flight", prefetch=0).batches()
+    keys = next(batches).column("key").to_pylist()
+    with open(os.path.join(rig_dir, "pids")) as f:
+        pid = next(int(line.split()[0]) for line in f if "storage1/" in line)
+    t = time.monotonic()
+    os.kill(pid, 9)
+    first = None
+    longest = 0.0
+    for b in batches:
+        now = time.monotonic()
+        if first is None:
+            first = now - t
+        longest = max(longest, now - t)
+        t = now
+        keys += b.column("key").to_pylist()
+    assert len(set(keys)) == n_samples == len(keys), f"{len(set(keys))} of {n_samples}"
+    status = job.status()
+    redone = sum(f.get("windows", 0) for f in status.get("failovers", []))
+    return first, longest, redone
+
+
+def up_rig(storage, compute, src, env):
+    up = rig("up", "--storage", str(storage), "--compute", str(compute),
+             "--ingest-root", src, env=env)
+    # The client of this checkout, imported once the rig is needed.
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import sluice
+
+    client = sluice.Client(up["REST"])
+    deadline = time.monotonic() + 30
+    while len(client._request("GET", "/v1/nodes")["compute"]) < compute:
+        assert time.monotonic() < deadline, "compute nodes never registered"
+        time.sleep(0.5)
+    return up, client
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--photos", type=int, default=400)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--photos", type=int, default=3000)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--bin", default=None, help="sluice binary (default: the release build)")
+    ap.add_argument("--data-plane", choices=["engine", "flight", "both"], default="engine",
+                    help="the data plane of jobs' remote feeds; flight and both need a binary "
+                         "from before the Flight feed's removal (see the module docs)")
+    ap.add_argument("--kill", action="store_true",
+                    help="also time a storage node killed mid-epoch, per plane")
+    ap.add_argument("--offload", default="auto",
+                    help="the jobs' offload: auto (placed and re-placed by measurement), "
+                         "storage, compute or a cut; a fixed one compares planes on one plan")
+    ap.add_argument("--configs", default=",".join(f"{s}x{c}" for s, c in CONFIGS),
+                    help="storage x compute configurations, e.g. 1x2,2x2")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -113,52 +210,91 @@ def main():
     binary = args.bin or os.path.join(target, "release", "sluice")
     if not os.path.exists(binary):
         sys.exit(f"no optimized build at {binary}: cargo build --release -p sluice")
-    import sluice
-
+    configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")]
+    planes = ["engine", "flight"] if args.data_plane == "both" else [args.data_plane]
     results = []
+    kills = []
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "src")
         write_images(os.path.join(src, "photos"), args.photos, 640, 480)
-        env = dict(os.environ, SLUICE_RIG_DIR=os.path.join(d, "rig"), SLUICE_BIN=binary)
-        for storage, compute in CONFIGS:
-            up = rig("up", "--storage", str(storage), "--compute", str(compute),
-                     "--ingest-root", src, env=env)
-            try:
-                os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
-                client = sluice.Client(up["REST"])
-                deadline = time.monotonic() + 30
-                while len(client._request("GET", "/v1/nodes")["compute"]) < compute:
-                    assert time.monotonic() < deadline, "compute nodes never registered"
-                    time.sleep(0.5)
-                read_epoch(client, args.photos)  # warm-up: calibration, caches
-                runs = [read_epoch(client, args.photos) for _ in range(args.runs)]
-            finally:
-                os.sched_setaffinity(0, set(range(os.cpu_count())))
-                rig("down", env=env)
-            rate = statistics.median(n / s for s, n, _, _ in runs)
-            frags = statistics.median(f for _, _, f, _ in runs)
-            streams = statistics.median(t for _, _, _, t in runs)
-            row = {"storage": storage, "compute": compute, "samples_per_s": rate,
-                   "fragments_per_epoch": frags, "streams_per_epoch": streams,
-                   "samples_per_fragment": args.photos / frags if frags else None,
-                   "runs": [{"seconds": s, "samples": n, "fragments": f, "streams": t}
-                            for s, n, f, t in runs]}
-            results.append(row)
-            print(f"{storage} storage x {compute} compute: {rate:7.1f} samples/s, "
-                  f"{frags:.0f} fragments/epoch ({row['samples_per_fragment'] or 0:.1f} "
-                  f"samples each) over {streams:.0f} streams", flush=True)
-    base = results[0]["samples_per_s"]
-    print("\n| storage | compute | samples/s (median) | vs 1x1 | fragments per epoch | "
+        rig_dir = os.path.join(d, "rig")
+        for storage, compute in configs:
+            for plane in planes:
+                # No output cache: each run's job reads the storage nodes
+                # (with it, a later run of the same query is served from the
+                # compute node's memory, and the figure is the cache's).
+                env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary,
+                           SLUICE_DATA_PLANE=plane, SLUICE_OUTPUT_CACHE_MEMORY="0")
+                up, client = up_rig(storage, compute, src, env)
+                try:
+                    os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
+                    read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
+                    runs = [read_epoch(client, args.photos, args.offload, rig_dir) for _ in range(args.runs)]
+                finally:
+                    os.sched_setaffinity(0, set(range(os.cpu_count())))
+                    rig("down", env=env)
+                rate = statistics.median(n / s for s, n, *_ in runs)
+                frags = statistics.median(r[2] for r in runs)
+                streams = statistics.median(r[3] for r in runs)
+                plans = sorted({r[4] for r in runs})
+                # CPU milliseconds a sample costs each side (medians): the
+                # storage side is the bottleneck here, and its CPU a less
+                # noisy measure of a data plane's cost than samples/s.
+                cpu_ms = {side: statistics.median(1000 * r[5][side] / r[1] for r in runs)
+                          for side in ("storage", "compute")}
+                row = {"plane": plane, "storage": storage, "compute": compute,
+                       "samples_per_s": rate, "cpu_ms_per_sample": cpu_ms,
+                       "fragments_per_epoch": frags, "streams_per_epoch": streams,
+                       "samples_per_fragment": args.photos / frags if frags else None,
+                       "runs": [{"seconds": s, "samples": n, "fragments": f, "streams": t,
+                                 "plan": p, "cpu_s": c} for s, n, f, t, p, c in runs]}
+                results.append(row)
+                print(f"{plane:6} {storage} storage x {compute} compute: {rate:7.1f} samples/s, "
+                      f"{frags:.0f} fragments/epoch ({row['samples_per_fragment'] or 0:.1f} "
+                      f"samples each) over {streams:.0f} streams; CPU ms/sample storage "
+                      f"{cpu_ms['storage']:.2f}, compute {cpu_ms['compute']:.2f}; "
+                      f"plans: {', '.join(plans)}",
+                      flush=True)
+        if args.kill:
+            for plane in planes:
+                env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary,
+                           SLUICE_DATA_PLANE=plane, SLUICE_OUTPUT_CACHE_MEMORY="0")
+                up, client = up_rig(2, 0, src, env)
+                try:
+                    os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
+                    read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
+                    first, longest, redone = killed_mid_epoch(client, args.photos, rig_dir)
+                finally:
+                    os.sched_setaffinity(0, set(range(os.cpu_count())))
+                    rig("down", env=env)
+                kills.append({"plane": plane, "to_next_batch_s": first,
+                              "longest_wait_s": longest, "windows_run_again": redone})
+                print(f"{plane:6} storage node killed: next batch after {first:.2f} s, "
+                      f"longest wait {longest:.2f} s, {redone} windows run again", flush=True)
+    print("\n| plane | storage | compute | samples/s (median) | vs 1x1 | fragments per epoch | "
           "samples per fragment | streams (round trips) per epoch |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['storage']} | {r['compute']} | {r['samples_per_s']:.1f} | "
+        base = next(b["samples_per_s"] for b in results if b["plane"] == r["plane"])
+        print(f"| {r['plane']} | {r['storage']} | {r['compute']} | {r['samples_per_s']:.1f} | "
               f"{r['samples_per_s'] / base:.2f} | {r['fragments_per_epoch']:.0f} | "
               f"{r['samples_per_fragment'] or 0:.1f} | {r['streams_per_epoch']:.0f} |")
+    if len(planes) == 2:
+        print("\n| storage | compute | engine / feeds, samples/s | streams, engine / feeds | "
+              "storage CPU/sample, engine / feeds | compute CPU/sample, engine / feeds |")
+        print("|---|---|---|---|---|---|")
+        for e in (r for r in results if r["plane"] == "engine"):
+            f = next(r for r in results if r["plane"] == "flight"
+                     and (r["storage"], r["compute"]) == (e["storage"], e["compute"]))
+            print(f"| {e['storage']} | {e['compute']} | "
+                  f"{e['samples_per_s'] / f['samples_per_s']:.3f} | "
+                  f"{e['streams_per_epoch']:.0f} / {f['streams_per_epoch']:.0f} | "
+                  f"{e['cpu_ms_per_sample']['storage'] / f['cpu_ms_per_sample']['storage']:.3f} | "
+                  f"{e['cpu_ms_per_sample']['compute'] / f['cpu_ms_per_sample']['compute']:.3f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"photos": args.photos, "runs": args.runs, "sql": SQL,
-                       "results": results}, f, indent=2)
+                       "results": results, "killed": kills}, f, indent=2)
 
 
 if __name__ == "__main__":

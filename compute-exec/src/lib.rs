@@ -17,6 +17,8 @@
 //!   auto placement and EXPLAIN use the dataset's own costs;
 //! - [`remote`]: the tables the compute side plans over and
 //!   [`RemoteFragmentExec`](remote::RemoteFragmentExec);
+//! - [`on_node`]: one storage fragment run on the node holding its rows
+//!   (in this process, or on the engine);
 //! - [`plan_feeds`]: a job stream's feeds, one per storage node, each carrying
 //!   every window of the stream to its node;
 //! - [`explain`]: SQL `EXPLAIN` of a placed query;
@@ -56,6 +58,7 @@ pub mod job;
 pub mod ledger;
 pub mod moves;
 pub mod offthread;
+pub mod on_node;
 pub mod plan_feeds;
 pub mod queries;
 pub mod remote;

@@ -1,8 +1,8 @@
 //! [`Feeds`]: the feeds of one placed plan of a job stream — one per
 //! storage node, opened at the node's first window and kept for the
 //! stream's later windows (see `sluice_flight::feed`), so a window costs
-//! each node a message down an open stream, not a round trip, a fragment
-//! decoded and a session built. A re-plan places a new plan, with feeds
+//! each node a work unit of a running engine query, not a round trip, a
+//! fragment decoded and a session built. A re-plan places a new plan, with feeds
 //! of its own; the old plan's close with its last window.
 
 use std::collections::HashMap;
@@ -18,17 +18,6 @@ use sluice_flight::endpoint::endpoint_id;
 
 use crate::engine::EngineFeed;
 
-/// Whether `SLUICE_DATA_PLANE=flight` asks for the feeds over Flight
-/// (`sluice_flight::feed::RemoteFeed`) instead of the engine for nodes
-/// reached by network. It exists for one purpose: the cluster benchmark
-/// (`scripts/bench_cluster.py --data-plane both`) measures both data
-/// planes with the same optimized binary, in the same run, before the
-/// Flight feed is removed. Read once per process.
-fn flight_feeds() -> bool {
-    static FLIGHT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FLIGHT.get_or_init(|| std::env::var("SLUICE_DATA_PLANE").is_ok_and(|v| v == "flight"))
-}
-
 /// The rows each storage node reads for one window of a job, by node
 /// (`sluice_flight::endpoint::endpoint_id`).
 pub type Takes = Arc<HashMap<usize, Take>>;
@@ -42,8 +31,8 @@ pub struct Feeds {
 impl Feeds {
     /// Runs `fragment` (over `dataset`) over `take`'s rows on `endpoint`,
     /// through its feed (opened now if this is the node's first window):
-    /// on the distributed engine for a node reached over the network
-    /// ([`crate::engine::EngineFeed`]), else the node's own.
+    /// the node's own for a node in this process, else on the distributed
+    /// engine ([`crate::engine::EngineFeed`]).
     pub async fn window(
         &self,
         endpoint: &Arc<dyn StorageEndpoint>,
@@ -57,18 +46,14 @@ impl Feeds {
             match open.get(&endpoint_id(endpoint)) {
                 Some(feed) => Arc::clone(feed),
                 None => {
-                    let feed: Arc<dyn Feed> = if endpoint.credential().is_some() && !flight_feeds()
-                    {
-                        Arc::new(EngineFeed::new(
+                    let feed: Arc<dyn Feed> = match Arc::clone(endpoint).in_process() {
+                        Some(node) => node.feed(Arc::clone(fragment), Arc::clone(udfs)).await?,
+                        None => Arc::new(EngineFeed::new(
                             endpoint,
                             dataset,
                             Arc::clone(fragment),
                             Arc::clone(udfs),
-                        ))
-                    } else {
-                        Arc::clone(endpoint)
-                            .feed(Arc::clone(fragment), Arc::clone(udfs))
-                            .await?
+                        )),
                     };
                     open.insert(endpoint_id(endpoint), Arc::clone(&feed));
                     feed

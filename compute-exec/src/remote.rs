@@ -450,7 +450,7 @@ impl ExecutionPlan for RemoteFragmentExec {
                         .window(&endpoint, &dataset, &fragment, &udfs, &take)
                         .await
                 }
-                None => endpoint.execute(fragment, udfs).await,
+                None => crate::on_node::run_fragment(&endpoint, &dataset, fragment, udfs).await,
             }
             .map_err(datafusion::error::DataFusionError::from)
         })

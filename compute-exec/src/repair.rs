@@ -190,8 +190,8 @@ async fn object(
         None,
         out,
     );
-    let batches: Vec<_> = node
-        .execute(Arc::new(scan), UdfEnv::new(Default::default()))
+    let udfs = UdfEnv::new(Default::default());
+    let batches: Vec<_> = crate::on_node::run_fragment(node, dataset, Arc::new(scan), udfs)
         .await
         .map_err(|e| e.to_string())?
         .try_collect()

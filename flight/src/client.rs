@@ -4,13 +4,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::{Action, Criteria, FlightDescriptor};
 use async_trait::async_trait;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use sluice_udfs::UdfEnv;
@@ -19,7 +17,6 @@ use crate::copy::{CopyIn, RETIRE, Retire, Retired};
 use crate::credential::Credential;
 use crate::endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
 use crate::error::LinkError;
-use crate::feed::{Feed, RemoteFeed};
 use crate::ingest::{
     FINISH_INGEST, FinishIngest, IngestPart, IngestedPart, PREPARE_INGEST, PreparedPart,
 };
@@ -28,7 +25,6 @@ use crate::messages::{
     FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
 use crate::scrub::{REPAIR_OBJECT, RepairObject, Repaired, SCRUB, ScrubReport, ScrubRequest};
-use crate::stream::read_reported;
 use sluice_planner::fragment::encode_fragment;
 
 /// A typed Flight client of one storage node. Connections are made on
@@ -220,49 +216,6 @@ impl StorageEndpoint for StorageClient {
             ))
         })?;
         Ok(Arc::new(schema))
-    }
-
-    async fn execute(
-        &self,
-        fragment: Arc<dyn ExecutionPlan>,
-        udfs: Arc<UdfEnv>,
-    ) -> Result<SendableRecordBatchStream, LinkError> {
-        let schema = fragment.schema();
-        let ticket = fragment_ticket(fragment, &udfs)?;
-        let raw = self
-            .get(Ticket {
-                kind: Some(TicketKind::Fragment(ticket)),
-            })
-            .await?;
-        let node = self.link.node.clone();
-        let data = read_reported(raw, move |r| {
-            udfs.errors.merge(r.bad_total, r.bad);
-            udfs.clock.merge(&node, &r.stages);
-        });
-        let this = self.clone();
-        let batches = FlightDataDecoder::new(data)
-            .map_err(move |e| DataFusionError::from(this.link.flight(e)))
-            .try_filter_map(|d| async move {
-                Ok(match d.payload {
-                    DecodedPayload::RecordBatch(b) => Some(b),
-                    _ => None,
-                })
-            });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
-    }
-
-    async fn feed(
-        self: Arc<Self>,
-        fragment: Arc<dyn ExecutionPlan>,
-        udfs: Arc<UdfEnv>,
-    ) -> Result<Arc<dyn Feed>, LinkError> {
-        let ticket = fragment_ticket(Arc::clone(&fragment), &udfs)?;
-        Ok(Arc::new(RemoteFeed::new(
-            self.link.clone(),
-            ticket,
-            udfs,
-            fragment.schema(),
-        )))
     }
 
     async fn probe(&self, bytes: u64) -> Result<Option<f64>, LinkError> {

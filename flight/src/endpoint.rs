@@ -1,6 +1,12 @@
 //! [`StorageEndpoint`]: what the compute side needs of a storage node —
-//! its datasets, its cores, and running a fragment — whether the node is
+//! its datasets, its cores, its control actions — whether the node is
 //! another process (over Flight) or this one.
+//!
+//! Running a storage fragment is not one of them. A node in this process
+//! runs fragments itself ([`InProcessNode`]); a node reached by network
+//! runs them as tasks of the distributed engine's worker, reached over
+//! the connection [`StorageEndpoint::channel`] holds (the compute crate's
+//! `engine` module, the one data plane between hosts).
 
 use std::fmt;
 use std::sync::Arc;
@@ -76,6 +82,30 @@ pub struct FragmentTiming {
     pub udf_ns: std::collections::BTreeMap<String, u64>,
 }
 
+/// A storage node in this process: the fragments it runs need no
+/// transport.
+#[async_trait]
+pub trait InProcessNode: Send + Sync {
+    /// Runs `fragment` (whose leaves are `DatasetScanExec`s) with the UDF
+    /// options of `udfs`, streaming its output in one partition. Bad
+    /// samples the node meets are added to `udfs`' log.
+    async fn execute(
+        &self,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<SendableRecordBatchStream, LinkError>;
+
+    /// Opens a feed of `fragment` (whose leaves are `DatasetScanExec`s)
+    /// with the UDF options of `udfs`: bound once, then run for each
+    /// window of a job stream (see [`crate::feed`]). Bad samples the node
+    /// meets are added to `udfs`' log.
+    async fn feed(
+        self: Arc<Self>,
+        fragment: Arc<dyn ExecutionPlan>,
+        udfs: Arc<UdfEnv>,
+    ) -> Result<Arc<dyn Feed>, LinkError>;
+}
+
 /// A storage node, seen from the compute side.
 #[async_trait]
 pub trait StorageEndpoint: Send + Sync + fmt::Debug {
@@ -110,26 +140,14 @@ pub trait StorageEndpoint: Send + Sync + fmt::Debug {
     /// The schema of `table`: a dataset, or `dataset@N` for version N.
     async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError>;
 
-    /// Runs `fragment` (whose leaves are `DatasetScanExec`s) with the UDF
-    /// options of `udfs`, streaming its output in one partition. Bad
-    /// samples the node meets are added to `udfs`' log.
-    async fn execute(
-        &self,
-        fragment: Arc<dyn ExecutionPlan>,
-        udfs: Arc<UdfEnv>,
-    ) -> Result<SendableRecordBatchStream, LinkError>;
+    /// The node as one in this process, whose fragments run here
+    /// (`None`: a node reached by network, whose fragments run on the
+    /// engine's worker).
+    fn in_process(self: Arc<Self>) -> Option<Arc<dyn InProcessNode>> {
+        None
+    }
 
-    /// Opens a feed of `fragment` (whose leaves are `DatasetScanExec`s)
-    /// with the UDF options of `udfs`: bound once on the node, then run
-    /// for each window of a job stream (see [`crate::feed`]). Bad samples
-    /// the node meets are added to `udfs`' log.
-    async fn feed(
-        self: Arc<Self>,
-        fragment: Arc<dyn ExecutionPlan>,
-        udfs: Arc<UdfEnv>,
-    ) -> Result<Arc<dyn Feed>, LinkError>;
-
-    /// Runs `fragment` as [`StorageEndpoint::execute`] would, for at most
+    /// Runs `fragment` as it would for a query, for at most
     /// `budget`, without sending its rows: what its stages cost there.
     async fn time(
         &self,

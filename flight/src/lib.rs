@@ -5,19 +5,19 @@
 //! executor are below it (`sluice-base`), the shared-memory transport
 //! above it (`sluice-shm`).
 //!
-//! - [`messages`]: tickets (a fragment to run, or a link probe) and the
-//!   per-dataset and per-node descriptions a storage node lists;
-//! - [`scan`]: [`DatasetScanExec`], the leaf of a storage fragment as the
-//!   compute side plans it, bound to a real scan by the storage node;
-//! - [`codec`]: the fragment's wire form — datafusion-proto plus a
-//!   `PhysicalExtensionCodec` for sluice's nodes (UDFs travel by name and
-//!   are resolved in the storage node's registry);
+//! - [`messages`]: a storage node's tickets (a link probe) and actions
+//!   (a fragment timed for calibration), and the per-dataset and per-node
+//!   descriptions it lists;
+//! - the storage fragment itself (its scan leaf, take, report and codec)
+//!   is the planner's (`sluice_planner::fragment`), defined once for the
+//!   embedded default and the engine alike;
 //! - [`endpoint`]: [`StorageEndpoint`], what the compute side needs of a
 //!   storage node, implemented over Flight by [`StorageClient`] and
-//!   in-process by the storage crate; [`ingest`]: the parts of a sharded
+//!   in-process by the storage crate (which alone runs fragments without
+//!   the engine, [`InProcessNode`]); [`ingest`]: the parts of a sharded
 //!   ingest as they travel;
 //! - [`feed`]: [`Feed`], a fragment bound once on a storage node and run
-//!   for every window of a job stream (one `DoExchange` per node);
+//!   for every window of a job stream;
 //! - [`error`]: [`LinkError`] and its mapping to and from `tonic::Status`;
 //! - [`stream`]: the message stream both kinds of node send, and `connect`;
 //!   [`link`]: a dialled node, retried alike everywhere;
@@ -66,12 +66,11 @@ pub mod stream;
 pub mod throttle;
 pub mod ticket;
 pub mod tls;
-pub mod windows;
 
 pub use checkpoint::CheckpointEndpoint;
 pub use client::StorageClient;
 pub use credential::{Credential, FlightClient};
-pub use endpoint::{FragmentTiming, NodeInfo, RemoteDataset, StorageEndpoint};
+pub use endpoint::{FragmentTiming, InProcessNode, NodeInfo, RemoteDataset, StorageEndpoint};
 pub use error::LinkError;
 pub use feed::Feed;
 pub use sluice_udfs::lru::{self, Lru};

@@ -9,12 +9,12 @@
 //! - `DoAction("prepare_ingest" | "finish_ingest")`: this node's part of
 //!   an ingest spread over several nodes, prepared beneath the node's own
 //!   ingest roots and then committed or dropped (`sluice_flight::ingest`);
-//! - `DoExchange`: a feed — a job stream's fragment bound once, then run
-//!   for every window asked for down the same stream (`crate::node_feed`);
-//! - `DoGet(Ticket)`: a fragment — decoded against a registry bound to the
-//!   job's UDF options, bound to local scans, run, and streamed in messages
-//!   of at most [`MAX_FLIGHT_DATA`] bytes, then a last message carrying the
-//!   [`FragmentReport`]; or a probe of N bytes.
+//! - `DoPut`: a replica's rows, copied in by a move (`sluice_flight::copy`);
+//! - `DoGet(Ticket)`: a probe of N bytes (the link's measure).
+//!
+//! Storage fragments (a query's, a job stream's windows, a move's or a
+//! repair's read) do not run here: they are tasks of the distributed
+//! engine's worker, served beside this service ([`crate::engine`]).
 //!
 //! Errors keep their kind on the wire (see `sluice_flight::error`): a
 //! missing dataset is `NOT_FOUND`, a fragment that cannot be decoded or
@@ -39,12 +39,11 @@ use sluice_base::fault::{self, status_of};
 use sluice_flight::copy::{CopyIn, RETIRE, Retire};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
-    FragmentTicket, NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
+    NODE_INFO, ProbeTicket, TIME_FRAGMENT, Ticket, TicketKind, TimeTicket,
 };
 use sluice_flight::scrub::{REPAIR_OBJECT, RepairObject, SCRUB, ScrubRequest};
-use sluice_flight::stream::{FlightStream, send_reported};
 use sluice_flight::{FragmentTiming, MAX_FLIGHT_DATA, MAX_MESSAGE};
-use sluice_planner::fragment::{FragmentReport, decode_fragment};
+use sluice_planner::fragment::decode_fragment;
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -80,27 +79,6 @@ impl StorageFlightService {
         FlightServiceServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
-    }
-
-    async fn fragment(&self, t: FragmentTicket) -> Result<FlightStream, Status> {
-        let mut options: UdfOptions = serde_json::from_str(&t.udf_options)
-            .map_err(|e| CallError::bad_request(format!("bad UDF options: {e}")))?;
-        options.limits = options.limits.capped_by(&self.limits);
-        let udfs = UdfEnv::new(options);
-        let batches = self.node.open(&t.plan, &udfs).await?;
-        let link = self.node.link().cloned();
-        // Dropping the stream (the client left) stops the UDFs at their next row.
-        let stop = udfs.cancel.on_drop();
-        Ok(send_reported(
-            batches.schema(),
-            batches,
-            |e| status_of(e, false),
-            link,
-            move |rows, bytes| {
-                let _ = &stop;
-                FragmentReport::of(&udfs, rows, bytes)
-            },
-        ))
     }
 
     /// Times a fragment for calibration (`time_fragment`).
@@ -236,14 +214,14 @@ impl FlightService for StorageFlightService {
         let ticket = Ticket::decode(request.into_inner().ticket)
             .map_err(|e| CallError::bad_request(format!("bad ticket: {e}")))?;
         let stream = match ticket.kind {
-            Some(TicketKind::Fragment(t)) => self.fragment(t).await?,
             Some(TicketKind::Probe(p)) => self.probe(p),
-            Some(TicketKind::Feed(_)) => {
+            // A fragment's ticket (of a client from before the engine)
+            // decodes to no kind: fragments run on the engine's worker.
+            None => {
                 return Err(CallError::bad_request(
-                    "a feed ticket opens a DoExchange, not a DoGet",
+                    "a ticket asks for a probe; storage fragments run on the engine's worker",
                 ));
             }
-            None => return Err(CallError::bad_request("empty ticket")),
         };
         Ok(Response::new(stream))
     }
@@ -293,12 +271,13 @@ impl FlightService for StorageFlightService {
 
     async fn do_exchange(
         &self,
-        request: Request<Streaming<FlightData>>,
+        _request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        let answers =
-            crate::node_feed::serve(Arc::clone(&self.node), self.limits, request.into_inner())
-                .await?;
-        Ok(Response::new(answers))
+        Err(CallError::NotServed(
+            "a storage node takes no exchange: a job stream's windows run on the engine's worker"
+                .into(),
+        )
+        .status())
     }
 
     async fn do_action(

@@ -25,11 +25,15 @@
 //! - [`scan`]: the table provider and the zero-copy `ExtentSource`.
 //!
 //! - [`stats`]: a dataset's statistics for the planner;
-//! - [`node`] and [`flight_service`]: the storage node, which binds storage
-//!   fragments to local scans, runs them on its own cores and streams them
-//!   over Arrow Flight (or in-process);
-//! - [`node_feed`]: a job stream's fragment bound once and run for each of its
-//!   windows (one `DoExchange` per stream and node over Flight).
+//! - [`node`]: the storage node, which binds storage fragments to local
+//!   scans and runs them on its own cores;
+//! - [`engine`]: the node as a worker of the distributed engine, where
+//!   every fragment from another host runs (a query's, a job stream's
+//!   windows, a move's or a repair's read); [`flight_service`]: its
+//!   control plane over Arrow Flight (datasets, node info, calibration,
+//!   ingest, copies, scrubs);
+//! - [`node_feed`]: a job stream's fragment bound once and run for each of
+//!   its windows (in this process, or as an engine task).
 //!
 //! This crate does not decide what runs where (that is `sluice-planner`);
 //! it runs the fragments it is sent.

@@ -28,7 +28,8 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use sluice_base::Executor;
 use sluice_flight::{
-    Feed, FragmentTiming, LinkError, NodeInfo, RemoteDataset, StorageEndpoint, TokenBucket,
+    Feed, FragmentTiming, InProcessNode, LinkError, NodeInfo, RemoteDataset, StorageEndpoint,
+    TokenBucket,
 };
 use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::{Site, UdfEnv};
@@ -515,29 +516,7 @@ fn execution(e: crate::StorageError) -> LinkError {
 }
 
 #[async_trait]
-impl StorageEndpoint for StorageNode {
-    fn name(&self) -> &str {
-        IN_PROCESS
-    }
-
-    fn on_this_host(&self) -> bool {
-        true
-    }
-
-    async fn node_info(&self) -> Result<NodeInfo, LinkError> {
-        Ok(self.info())
-    }
-
-    // Listing reads the catalog and metadata files: blocking I/O, kept off
-    // the caller's (multi-threaded) runtime's async workers.
-    async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
-        tokio::task::block_in_place(|| self.list())
-    }
-
-    async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
-        tokio::task::block_in_place(|| StorageNode::table_schema(self, table))
-    }
-
+impl InProcessNode for StorageNode {
     async fn execute(
         &self,
         fragment: Arc<dyn ExecutionPlan>,
@@ -577,6 +556,35 @@ impl StorageEndpoint for StorageNode {
         })?;
         let link = self.link.clone();
         Ok(Arc::new(LocalFeed::open(self, &bytes, udfs, link)?))
+    }
+}
+
+#[async_trait]
+impl StorageEndpoint for StorageNode {
+    fn name(&self) -> &str {
+        IN_PROCESS
+    }
+
+    fn on_this_host(&self) -> bool {
+        true
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, LinkError> {
+        Ok(self.info())
+    }
+
+    // Listing reads the catalog and metadata files: blocking I/O, kept off
+    // the caller's (multi-threaded) runtime's async workers.
+    async fn datasets(&self) -> Result<Vec<RemoteDataset>, LinkError> {
+        tokio::task::block_in_place(|| self.list())
+    }
+
+    async fn table_schema(&self, table: &str) -> Result<SchemaRef, LinkError> {
+        tokio::task::block_in_place(|| StorageNode::table_schema(self, table))
+    }
+
+    fn in_process(self: Arc<Self>) -> Option<Arc<dyn InProcessNode>> {
+        Some(self)
     }
 
     async fn prepare_ingest(&self, part: &IngestPart) -> Result<PreparedPart, LinkError> {

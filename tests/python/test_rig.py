@@ -665,6 +665,12 @@ def test_a_job_told_to_wait_for_storage_reads_on_when_the_node_comes_back():
             with open(os.path.join(rig_dir, "coordinator", "serve.log")) as f:
                 log = f.read()
             assert "retrying the window" in log, log[-2000:]
+            # The job reports the windows it ran again once the node was back.
+            status = job.status()
+            assert status["state"] == "done" and status["delivered"] == 100, status
+            waited = [f for f in status["failovers"] if f["what"] == "waited"]
+            assert [f["node"] for f in waited] == [env["STORAGE"].split(",")[1]], status
+            assert waited[0]["windows"] >= 1, waited
         finally:
             rig_cmd("down", rig_dir=rig_dir)
 

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! The answers are handed to the windows owed, oldest first
-//! (`sluice_flight::windows`), each complete at its report row. A window
+//! ([`super::owed`]), each complete at its report row. A window
 //! that failed on the node ends the query with a report carrying its
 //! status, so its kind (a checksum mismatch, a dataset not found) is the
 //! node's, as over Flight; a query that ends without one (the node died,
@@ -26,18 +26,13 @@ use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::Result;
-use datafusion::datasource::TableType;
 use datafusion::error::DataFusionError;
-use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder};
-use datafusion::logical_expr::Expr;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{NetworkCoalesceExec, WorkUnitFeed};
 use futures::StreamExt;
 use sluice_base::task::SpawnedTask;
-use sluice_flight::windows::{OwedWindows, answered};
 use sluice_flight::{Feed, LinkError, StorageEndpoint};
 use sluice_planner::fragment::{
     FragmentPlan, Received, Take, WindowSource, WindowUnit, WindowsExec, split_report,
@@ -45,7 +40,9 @@ use sluice_planner::fragment::{
 use sluice_udfs::UdfEnv;
 use tokio::sync::mpsc;
 
-use super::{NodeChannels, coordinating};
+use super::NodeChannels;
+use super::owed::{OwedWindows, answered};
+use super::stage_query::run_stage;
 
 /// See the module docs.
 pub struct EngineFeed {
@@ -134,13 +131,7 @@ impl EngineFeed {
             // the coordinating session: see `OneStream`).
             let stage: Arc<dyn ExecutionPlan> =
                 Arc::new(NetworkCoalesceExec::try_new(windows, 2, 1)?);
-            let builder = SessionStateBuilder::new()
-                .with_config(SessionConfig::new().with_target_partitions(1))
-                .with_default_features();
-            let ctx = SessionContext::new_with_state(coordinating(builder, channels)?.build());
-            ctx.read_table(Arc::new(StageTable(stage)))?
-                .execute_stream()
-                .await
+            run_stage(stage, channels).await
         }
     }
 }
@@ -219,31 +210,5 @@ impl Feed for EngineFeed {
             }
         }
         Ok(answered(rx, self.fragment.schema(), &self.node))
-    }
-}
-
-/// A stage built by hand, as a table: planning a scan of it through a
-/// coordinating session makes the engine's plan around it.
-#[derive(Debug)]
-struct StageTable(Arc<dyn ExecutionPlan>);
-
-#[async_trait]
-impl TableProvider for StageTable {
-    fn schema(&self) -> SchemaRef {
-        self.0.schema()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Temporary
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        _projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::clone(&self.0))
     }
 }

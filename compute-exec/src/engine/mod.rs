@@ -18,6 +18,8 @@
 //!   top).
 //! - **Job streams.** A stream's feed on a node is one engine query whose
 //!   windows are fed to the node's task as work units ([`EngineFeed`]).
+//! - **One fragment on one node** (a job index's key listing, a move's or
+//!   a repair's read): one engine query of its own ([`run_on_node`]).
 //! - A stage keeps two tasks at least, both on the node when one node
 //!   reads, the second reading nothing: the engine drops a boundary between
 //!   two one-task stages, which would run the fragment here, away from its
@@ -32,7 +34,10 @@
 mod channels;
 mod feed;
 mod one_stream;
+mod owed;
 mod partial;
+mod single;
+mod stage_query;
 
 use std::sync::Arc;
 
@@ -55,6 +60,7 @@ pub use channels::NodeChannels;
 pub use feed::EngineFeed;
 pub use one_stream::OneStream;
 pub use partial::PartialOnStorage;
+pub use single::run_on_node;
 
 use crate::reported::{ReportedExec, Tally};
 

@@ -10,7 +10,9 @@
 //! takes its share of the reads again, one still gone is marked again by
 //! the first window that meets it (a refused connection: milliseconds).
 //! Only a window some of whose samples have no holder left waits, for the
-//! job's `storage_wait_s`, then fails naming the nodes.
+//! job's `storage_wait_s`, then fails naming the nodes; a window that ran
+//! again after such a wait (its node came back) is counted too, as
+//! `waited`.
 //!
 //! A replica whose bytes do not match their checksum is avoided by the
 //! window that met it only: the read is served from another holder, and
@@ -35,12 +37,15 @@ pub const LOST_FOR: Duration = Duration::from_secs(10);
 pub struct FailoverEvent {
     /// The storage node.
     pub node: String,
-    /// What was met: `lost` (not reachable) or `corrupt` (a replica's
-    /// checksum did not match).
+    /// What was met: `lost` (not reachable; the window ran on other
+    /// holders), `waited` (not reachable, no other holder: the window ran
+    /// again once it was back, within `storage_wait_s`) or `corrupt` (a
+    /// replica's checksum did not match).
     pub what: String,
     /// When it was first met, seconds since the Unix epoch.
     pub at: f64,
-    /// Windows that ran again on other holders because of it.
+    /// Windows that ran again because of it (on other holders, or on the
+    /// node once it was back).
     pub windows: u64,
     /// The first error met.
     pub reason: String,
@@ -62,9 +67,9 @@ impl FailoverEvent {
         if self.node.is_empty() || self.node.len() > max_node {
             return Err(format!("a failover's node must have 1 to {max_node} bytes"));
         }
-        if !matches!(self.what.as_str(), "lost" | "corrupt") {
+        if !matches!(self.what.as_str(), "lost" | "waited" | "corrupt") {
             return Err(format!(
-                "a failover is lost or corrupt, not {:?}",
+                "a failover is lost, waited or corrupt, not {:?}",
                 self.what
             ));
         }
@@ -136,6 +141,12 @@ impl Failover {
         if rerun {
             inner.note(node, "lost", reason);
         }
+    }
+
+    /// Counts a window that waited for `node` (met `reason` on it, with no
+    /// other holder for some of its samples) and ran again once it could.
+    pub fn waited(&self, node: &str, reason: &str) {
+        self.lock().note(node, "waited", reason);
     }
 
     /// Counts a window run again because `node`'s replica of one of its
@@ -214,7 +225,11 @@ impl Inner {
             self.dropped += 1;
             return false;
         }
-        tracing::warn!("storage node {node} {what}: {reason}; its windows run on other holders");
+        let then = match what {
+            "waited" => "its windows ran again once it was back",
+            _ => "its windows run on other holders",
+        };
+        tracing::warn!("storage node {node} {what}: {reason}; {then}");
         self.events.push(FailoverEvent {
             node: node.to_string(),
             what: what.to_string(),

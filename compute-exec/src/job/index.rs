@@ -102,8 +102,7 @@ impl SampleIndex {
             .with_take(Some(Take::index(*version)));
             let udfs = UdfEnv::new(Default::default());
             let batches: Result<Vec<RecordBatch>, JobError> = async {
-                endpoint
-                    .execute(Arc::new(scan), udfs)
+                crate::on_node::run_fragment(endpoint, table, Arc::new(scan), udfs)
                     .await
                     .map_err(JobError::link)?
                     .try_collect()

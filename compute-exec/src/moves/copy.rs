@@ -295,9 +295,10 @@ fn read_rows(
         .then(move |(node, version, rows)| {
             let (dataset, out) = (dataset.clone(), Arc::clone(&out));
             async move {
+                let udfs = UdfEnv::new(Default::default());
                 let rows: Arc<[u32]> = rows.into();
                 let scan = DatasetScanExec::new(
-                    dataset,
+                    dataset.clone(),
                     Some((0..out.fields().len()).collect()),
                     Vec::new(),
                     None,
@@ -308,7 +309,7 @@ fn read_rows(
                     slots: Arc::clone(&rows),
                     rows: Some(rows),
                 }));
-                node.execute(Arc::new(scan), UdfEnv::new(Default::default()))
+                crate::on_node::run_fragment(&node, &dataset, Arc::new(scan), udfs)
                     .await
                     .map_err(|e| DataFusionError::External(Box::new(e)))
             }

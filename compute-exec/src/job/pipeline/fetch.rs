@@ -155,6 +155,9 @@ impl Fetch {
         let mut retry = Retry::new(self.storage_wait);
         // Replicas this window found corrupt: avoided by it alone.
         let mut corrupt = Avoid::default();
+        // The node this window waited for, if it did (counted once, when
+        // the window has run again).
+        let mut waited: Option<(String, String)> = None;
         let batches = loop {
             let mut avoid = failover.avoid(index);
             avoid.extend(&corrupt);
@@ -179,7 +182,12 @@ impl Fetch {
                 .map_err(|e| JobError::Internal(e.to_string()))?
                 .map_err(|e| JobError::running(&e));
             let e = match attempt {
-                Ok(batches) => break batches,
+                Ok(batches) => {
+                    if let Some((node, reason)) = &waited {
+                        failover.waited(node, reason);
+                    }
+                    break batches;
+                }
                 Err(e) => e,
             };
             match failed_node(&e) {
@@ -191,6 +199,7 @@ impl Fetch {
                     failover.lost(node, &e.to_string(), elsewhere.is_ok());
                     if let Err(u) = elsewhere {
                         retry.after(unheld(&u, "lost")).await?;
+                        waited.get_or_insert_with(|| (node.to_string(), e.to_string()));
                     }
                 }
                 Some((node, Met::Corrupt)) => {
@@ -201,7 +210,11 @@ impl Fetch {
                     }
                     failover.corrupt(node, &e.to_string());
                 }
-                Some((_, Met::Lost)) => retry.after(e).await?,
+                Some((node, Met::Lost)) => {
+                    let met = (node.to_string(), e.to_string());
+                    retry.after(e).await?;
+                    waited.get_or_insert(met);
+                }
                 None => return Err(e),
             }
         };

@@ -1,8 +1,8 @@
-//! The windows a feed owes, oldest first, whatever carries them (a
-//! Flight exchange, an engine query): the reader of the transport hands
-//! each its batches, then its end (its report came) or the failure that
-//! ended the transport; a window asked for after that failure fails at
-//! once, and the feed opens a new transport for the next.
+//! [`OwedWindows`]: the windows an engine feed owes, oldest first. The
+//! reader of the running query hands each its batches, then its end (its
+//! report came) or the failure that ended the query; a window asked for
+//! after that failure fails at once, and the feed starts a new query for
+//! the next.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,7 +14,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use tokio::sync::mpsc;
 
-use crate::error::LinkError;
+use sluice_flight::LinkError;
 
 /// What the reader hands one window.
 #[derive(Debug)]
