@@ -54,6 +54,8 @@ from bench_udfs import write_images  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RIG = os.path.join(ROOT, "scripts", "rig.sh")
+PYTHON = os.path.join(ROOT, "python")
+sys.path.insert(1, PYTHON)
 SQL = "SELECT key, to_tensor(resize(decode_image(data), 224, 224)) AS img FROM photos"
 CONFIGS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 
@@ -175,9 +177,7 @@ def killed_mid_epoch(client, n_samples, rig_dir):
 def up_rig(storage, compute, src, env):
     up = rig("up", "--storage", str(storage), "--compute", str(compute),
              "--ingest-root", src, env=env)
-    # The client of this checkout, imported once the rig is needed.
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    import sluice
+    import sluice  # this checkout's client (see PYTHON), imported once the rig is needed
 
     client = sluice.Client(up["REST"])
     deadline = time.monotonic() + 30

@@ -32,7 +32,7 @@ use sluice_planner::fragment::{
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tokio::sync::OnceCell;
 
-use crate::node::{StorageNode, throttled};
+use crate::node::StorageNode;
 use crate::node_feed::LocalFeed;
 
 /// `node` as the engine's worker: its tasks' fragments run under its
@@ -77,15 +77,7 @@ impl FragmentRunner for NodeRunner {
     async fn run(&self, plan: &[u8], mut options: UdfOptions) -> Result<Reported> {
         options.limits = options.limits.capped_by(&self.limits);
         let udfs = UdfEnv::new(options);
-        let rows = self
-            .node
-            .open(plan, &udfs)
-            .await
-            .map_err(|s| DataFusionError::External(Box::new(s)))?;
-        let rows = match self.node.link().cloned() {
-            Some(link) => throttled(rows, link),
-            None => rows,
-        };
+        let rows = self.node.open(plan, &udfs).await?;
         // Dropping the stream (the consumer left) stops the UDFs at their
         // next row.
         let stop = udfs.cancel.on_drop();

@@ -232,19 +232,29 @@ impl StorageNode {
 
     /// Runs a fragment sent to this node (`plan`, encoded) under `udfs`:
     /// decoded in a session of this node, where its UDF calls bind to
-    /// `udfs`, then bound and run. What a Flight fragment and an engine
-    /// task both do.
+    /// `udfs`, then bound and run, its batches paced by the node's link
+    /// limit if it has one. What an engine task and a fragment run in this
+    /// process both do.
     pub async fn open(
         &self,
         plan: &[u8],
         udfs: &Arc<UdfEnv>,
-    ) -> Result<SendableRecordBatchStream, tonic::Status> {
+    ) -> Result<SendableRecordBatchStream, LinkError> {
         let ctx = self.session(udfs);
-        let plan = sluice_planner::fragment::decode_fragment(plan, &ctx.task_ctx())
-            .map_err(|e| sluice_base::fault::status_of(&e, true))?;
+        let plan =
+            sluice_planner::fragment::decode_fragment(plan, &ctx.task_ctx()).map_err(|e| {
+                LinkError::BadFragment {
+                    node: IN_PROCESS.into(),
+                    message: e.to_string(),
+                }
+            })?;
         self.opened();
-        let plan = self.bind(&ctx, plan).await.map_err(tonic::Status::from)?;
-        Ok(self.run(plan, &ctx, udfs))
+        let plan = self.bind(&ctx, plan).await?;
+        let stream = self.run(plan, &ctx, udfs);
+        Ok(match self.link.clone() {
+            Some(link) => throttled(stream, link),
+            None => stream,
+        })
     }
 
     /// Binds every [`DatasetScanExec`] of `fragment` to a scan of this
@@ -515,6 +525,15 @@ fn execution(e: crate::StorageError) -> LinkError {
     LinkError::execution(IN_PROCESS, &e)
 }
 
+/// `fragment` encoded as it would be sent to a node (see
+/// [`StorageNode::open`]).
+fn encoded(fragment: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>, LinkError> {
+    sluice_planner::fragment::encode_fragment(fragment).map_err(|e| LinkError::BadFragment {
+        node: IN_PROCESS.into(),
+        message: e.to_string(),
+    })
+}
+
 #[async_trait]
 impl InProcessNode for StorageNode {
     async fn execute(
@@ -522,23 +541,10 @@ impl InProcessNode for StorageNode {
         fragment: Arc<dyn ExecutionPlan>,
         udfs: Arc<UdfEnv>,
     ) -> Result<SendableRecordBatchStream, LinkError> {
-        let ctx = self.session(&udfs);
         // The fragment's UDF calls were bound to the compute session's
         // UDFs; through the codec, as a remote node receives it, they are
         // bound to this node's (whose time is the storage tier's).
-        let fragment = sluice_planner::fragment::encode_fragment(fragment)
-            .and_then(|bytes| sluice_planner::fragment::decode_fragment(&bytes, &ctx.task_ctx()))
-            .map_err(|e| LinkError::BadFragment {
-                node: IN_PROCESS.into(),
-                message: e.to_string(),
-            })?;
-        self.opened();
-        let plan = self.bind(&ctx, fragment).await?;
-        let stream = self.run(plan, &ctx, &udfs);
-        Ok(match self.link.clone() {
-            Some(link) => throttled(stream, link),
-            None => stream,
-        })
+        self.open(&encoded(fragment)?, &udfs).await
     }
 
     async fn feed(
@@ -548,12 +554,7 @@ impl InProcessNode for StorageNode {
     ) -> Result<Arc<dyn Feed>, LinkError> {
         // Through the codec, as for `execute`: the fragment's UDF calls
         // bound to this node's session (whose time is the storage tier's).
-        let bytes = sluice_planner::fragment::encode_fragment(fragment).map_err(|e| {
-            LinkError::BadFragment {
-                node: IN_PROCESS.into(),
-                message: e.to_string(),
-            }
-        })?;
+        let bytes = encoded(fragment)?;
         let link = self.link.clone();
         Ok(Arc::new(LocalFeed::open(self, &bytes, udfs, link)?))
     }
@@ -635,7 +636,7 @@ impl StorageEndpoint for StorageNode {
             node: IN_PROCESS.into(),
             message: e.to_string(),
         };
-        let bytes = sluice_planner::fragment::encode_fragment(fragment).map_err(bad)?;
+        let bytes = encoded(fragment)?;
         let fragment =
             sluice_planner::fragment::decode_fragment(&bytes, &ctx.task_ctx()).map_err(bad)?;
         let plan = self.bind(&ctx, fragment).await?;
