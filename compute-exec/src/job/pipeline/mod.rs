@@ -6,8 +6,9 @@
 //!  the job's plan, placed once at submit, bound to the stream's epoch
 //!    (`crate::job::placed`: its seed/epoch literals, bad-sample log, cancel)
 //!  windows   positions from..to ─► windows of whole batches, sized by bytes
-//!            and time (`windows`; the last one cut begins the next epoch
-//!            of a whole-epoch stream: `crate::job::ahead`)
+//!            and the stream's pace (`windows`, `pace`; the last one cut
+//!            begins the next epoch of a whole-epoch stream:
+//!            `crate::job::ahead`)
 //!  fetch     per window: output cache ─► window budget ─► the plan, run on
 //!            the jobs' runtime over the rows' ids ─► retry a lost node
 //!            (`fetch`)
@@ -29,6 +30,7 @@ pub mod deliver;
 pub mod fetch;
 pub mod observe;
 pub mod options;
+pub mod pace;
 pub mod windows;
 
 use std::sync::Arc;

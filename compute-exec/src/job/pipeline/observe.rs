@@ -2,8 +2,8 @@
 //! [`Observe`] is called at each window fetched and each batch handed
 //! on, and [`JobObserver`] is the job's:
 //!
-//! - **sizing**: each window's output bytes and time per sample size the
-//!   next window (`super::windows::Sizing`);
+//! - **sizing**: each window's output bytes per sample and the stream's
+//!   pace (`super::pace`) size the next window (`super::windows::Sizing`);
 //! - **statistics**: samples made, link bytes, windows waiting, the
 //!   reader's channel and the time blocked on it (`crate::job::stages`);
 //! - **adapt**: on an auto job over separate machines, every window feeds
@@ -22,6 +22,7 @@ use sluice_flight::StorageEndpoint;
 use sluice_udfs::OnError;
 
 use super::fetch::Fetched;
+use super::pace::Pace;
 use super::windows::Sizing;
 use crate::job::Job;
 use crate::job::adapt::{GAIN, Meter, choice_of, observed_link};
@@ -60,6 +61,8 @@ pub struct JobObserver {
     job: Arc<Job>,
     plan: Arc<StreamPlan>,
     sizing: Sizing,
+    /// The stream's wall time per sample, for `sizing`.
+    pace: Pace,
     /// Windows fetched and not yet taken (the fetch stage counts them up).
     fetched: Arc<AtomicU64>,
     /// The job's meter, when it may move its cut.
@@ -94,6 +97,7 @@ impl JobObserver {
             job: Arc::clone(job),
             plan: Arc::clone(plan),
             sizing,
+            pace: Pace::default(),
             fetched,
             meter,
             made: 0,
@@ -157,8 +161,8 @@ impl Observe for JobObserver {
             took_ms = w.took.as_secs_f64() * 1e3, "a window is done");
         let waiting = self.fetched.fetch_sub(1, Ordering::Relaxed);
         let bytes = w.rows.bytes() / (w.rows.len().max(1) as u64);
-        self.sizing
-            .measured(bytes, w.took.as_nanos() as u64 / n.max(1));
+        let pace = self.pace.window(n, w.took, Instant::now());
+        self.sizing.measured(bytes, pace);
         let (total, bad) = self.plan.udfs().errors.snapshot();
         if total > self.reported {
             // Counted when the next batch reaches a reader.

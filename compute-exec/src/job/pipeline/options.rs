@@ -20,8 +20,11 @@ pub const WINDOW_BYTES: u64 = 32 << 20;
 /// each a long wait for its first batch.
 pub const WINDOW_MAX: u64 = 512;
 
-/// Wall time a window aims at, at most: a re-plan, a cancel or a slower
-/// link acts at the next window, so a window is never minutes of work.
+/// The stream's wall time a window aims at, at most, at the pace it
+/// measured (`super::pace`; not a window's own round trip, which is about
+/// [`WINDOWS_RUNNING`] windows of the stream's time plus its transport's
+/// latency): a window is cut as one is done, so a re-plan or a slower link
+/// acts within a few of these, and a window is never minutes of work.
 pub const WINDOW_TIME: Duration = Duration::from_millis(500);
 
 /// Windows running at once per reader: enough to keep every core of a

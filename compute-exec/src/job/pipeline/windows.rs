@@ -1,12 +1,13 @@
 //! The first stage: a rank's positions `from..to` cut into windows of
 //! whole batches, each sized by what the windows before it measured
 //! ([`Sizing`]): the first one batch, then about [`WINDOW_BYTES`] of
-//! output and at most [`WINDOW_TIME`] of work, at most [`WINDOW_MAX`]
-//! samples and a [`WINDOW_SHARE`]th of the stream.
+//! output and at most [`WINDOW_TIME`] of the stream's time at its pace
+//! (`super::pace`), at most [`WINDOW_MAX`] samples and a
+//! [`WINDOW_SHARE`]th of the stream.
 //!
 //! A window is cut when the stream asks for the next one (after the
 //! windows before it began, not when they end): its length follows the
-//! last window done by then.
+//! windows done by then.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,8 +34,9 @@ pub struct Span {
     pub to: u64,
 }
 
-/// What the last window done measured, for the next window's length and
-/// reservation: output bytes and wall time per sample (0: none done yet).
+/// What the windows done measured, for the next window's length and
+/// reservation: the last one's output bytes per sample and the stream's
+/// pace (`super::pace`), its wall time per sample (0: none done yet).
 #[derive(Debug, Clone, Default)]
 pub struct Sizing(Arc<[AtomicU64; 2]>);
 
@@ -44,7 +46,8 @@ impl Sizing {
         self.0[0].load(Ordering::Relaxed)
     }
 
-    /// Notes a window done: its output bytes and wall time per sample.
+    /// Notes a window done: its output bytes per sample and the stream's
+    /// pace, in nanoseconds per sample.
     pub fn measured(&self, bytes_per_sample: u64, ns_per_sample: u64) {
         self.0[0].store(bytes_per_sample.max(1), Ordering::Relaxed);
         self.0[1].store(ns_per_sample.max(1), Ordering::Relaxed);
@@ -63,8 +66,8 @@ impl Sizing {
 
 /// Samples the next window of a stream of `span` positions holds, for
 /// batches of `batch`, when a sample's output takes `bytes_per_sample`
-/// and a window took `ns_per_sample` of wall time per sample (0: not known
-/// yet): about [`WINDOW_BYTES`] and at most [`WINDOW_TIME`], at most
+/// and the stream spends `ns_per_sample` of wall time per sample (0: not
+/// known yet): about [`WINDOW_BYTES`] and at most [`WINDOW_TIME`], at most
 /// [`WINDOW_MAX`] samples and a [`WINDOW_SHARE`]th of the span, in whole
 /// batches, at least one.
 pub fn window_len(batch: u64, bytes_per_sample: u64, ns_per_sample: u64, span: u64) -> u64 {
