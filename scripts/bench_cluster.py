@@ -25,8 +25,9 @@ a binary built from commit 3571708 ("Data plane A/B for the cluster
 benchmark") still has them, behind SLUICE_DATA_PLANE=flight in the nodes'
 environment, and `--data-plane both --bin <that binary>` measures both
 with the same binary, each configuration on a rig of its own brought up
-once per plane, and prints the engine's samples/s as a ratio of the
-feeds' (the gate it passed: docs/benchmarks.md). A binary built later
+once per plane (--rounds times, the planes taking turns: this machine
+drifts by more than the planes differ), and prints the engine's
+samples/s as a ratio of the feeds' (the gate: docs/benchmarks.md). A binary built later
 ignores SLUICE_DATA_PLANE: both planes would be the engine.
 
 `--kill` adds the time from a storage node killed -9 mid-epoch to the
@@ -35,8 +36,8 @@ with no prefetch): the wait for the first batch after the kill, the
 longest wait after it, and the windows the job ran again.
 
 Needs root (the rig) and an optimized build (`cargo build --release`):
-    python scripts/bench_cluster.py [--photos 3000] [--runs 5] [--data-plane engine]
-        [--kill] [--json out.json]
+    python scripts/bench_cluster.py [--photos 3000] [--runs 5] [--rounds 1]
+        [--data-plane engine] [--kill] [--json out.json]
 """
 
 import argparse
@@ -187,10 +188,32 @@ def up_rig(storage, compute, src, env):
     return up, client
 
 
+def block(storage, compute, plane, src, rig_dir, binary, args):
+    """A rig of `storage` x `compute` nodes on `plane`, brought up, a
+    warm-up epoch and --runs epochs read (see `read_epoch`), and taken
+    down."""
+    # No output cache: each run's job reads the storage nodes (with it, a
+    # later run of the same query is served from the compute node's
+    # memory, and the figure is the cache's).
+    env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary,
+               SLUICE_DATA_PLANE=plane, SLUICE_OUTPUT_CACHE_MEMORY="0")
+    up, client = up_rig(storage, compute, src, env)
+    try:
+        os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
+        read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
+        return [read_epoch(client, args.photos, args.offload, rig_dir) for _ in range(args.runs)]
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count())))
+        rig("down", env=env)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--photos", type=int, default=3000)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=5, help="epochs per rig brought up")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rigs brought up per configuration and plane, the planes taking "
+                         "turns; the figures are medians over every round's epochs")
     ap.add_argument("--bin", default=None, help="sluice binary (default: the release build)")
     ap.add_argument("--data-plane", choices=["engine", "flight", "both"], default="engine",
                     help="the data plane of jobs' remote feeds; flight and both need a binary "
@@ -219,20 +242,16 @@ def main():
         write_images(os.path.join(src, "photos"), args.photos, 640, 480)
         rig_dir = os.path.join(d, "rig")
         for storage, compute in configs:
+            # Each plane's epochs, over every round; with --rounds > 1
+            # the planes take turns (each round in the other order), so
+            # a machine that drifts slower or faster over minutes weighs
+            # on both alike rather than on the one measured second.
+            epochs = {plane: [] for plane in planes}
+            for round_ in range(args.rounds):
+                for plane in (planes if round_ % 2 == 0 else planes[::-1]):
+                    epochs[plane].append(block(storage, compute, plane, src, rig_dir, binary, args))
             for plane in planes:
-                # No output cache: each run's job reads the storage nodes
-                # (with it, a later run of the same query is served from the
-                # compute node's memory, and the figure is the cache's).
-                env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary,
-                           SLUICE_DATA_PLANE=plane, SLUICE_OUTPUT_CACHE_MEMORY="0")
-                up, client = up_rig(storage, compute, src, env)
-                try:
-                    os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
-                    read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
-                    runs = [read_epoch(client, args.photos, args.offload, rig_dir) for _ in range(args.runs)]
-                finally:
-                    os.sched_setaffinity(0, set(range(os.cpu_count())))
-                    rig("down", env=env)
+                runs = [run for block_ in epochs[plane] for run in block_]
                 rate = statistics.median(n / s for s, n, *_ in runs)
                 frags = statistics.median(r[2] for r in runs)
                 streams = statistics.median(r[3] for r in runs)
@@ -246,6 +265,8 @@ def main():
                        "samples_per_s": rate, "cpu_ms_per_sample": cpu_ms,
                        "fragments_per_epoch": frags, "streams_per_epoch": streams,
                        "samples_per_fragment": args.photos / frags if frags else None,
+                       "rounds": [statistics.median(n / s for s, n, *_ in b)
+                                  for b in epochs[plane]],
                        "runs": [{"seconds": s, "samples": n, "fragments": f, "streams": t,
                                  "plan": p, "cpu_s": c} for s, n, f, t, p, c in runs]}
                 results.append(row)
@@ -253,7 +274,8 @@ def main():
                       f"{frags:.0f} fragments/epoch ({row['samples_per_fragment'] or 0:.1f} "
                       f"samples each) over {streams:.0f} streams; CPU ms/sample storage "
                       f"{cpu_ms['storage']:.2f}, compute {cpu_ms['compute']:.2f}; "
-                      f"plans: {', '.join(plans)}",
+                      f"plans: {', '.join(plans)}; by round: "
+                      f"{', '.join(f'{r:.0f}' for r in row['rounds'])}",
                       flush=True)
         if args.kill:
             for plane in planes:
@@ -293,7 +315,7 @@ def main():
                   f"{e['cpu_ms_per_sample']['compute'] / f['cpu_ms_per_sample']['compute']:.3f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"photos": args.photos, "runs": args.runs, "sql": SQL,
+            json.dump({"photos": args.photos, "runs": args.runs, "rounds": args.rounds, "sql": SQL,
                        "results": results, "killed": kills}, f, indent=2)
 
 
