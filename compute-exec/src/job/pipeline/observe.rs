@@ -218,6 +218,7 @@ impl Observe for JobObserver {
     }
 
     fn sent(&mut self, queued: u64, waited: Duration) {
+        self.pace.blocked(waited);
         self.job.stage_stats().sent(queued, waited);
         if let Some((meter, _)) = self.meter.as_mut() {
             meter.waited(waited);

@@ -1,7 +1,8 @@
 //! A stream's pace: the wall time it spends per sample delivered, over
 //! its last [`PACE_WINDOWS`] windows, measured from one window reaching
-//! the stream's observer (in order) to the next. It sizes the next
-//! window (`super::windows::Sizing`).
+//! the stream's observer (in order) to the next, less the time it was
+//! blocked on its reader's channel. It sizes the next window
+//! (`super::windows::Sizing`).
 //!
 //! Not a window's own round trip: [`WINDOWS_RUNNING`] windows run at
 //! once, so each one's round trip is about that many windows of the
@@ -10,7 +11,9 @@
 //! paid more fixed cost per sample, and went slower still (the engine
 //! kept one-batch windows where the feeds grew theirs: docs/benchmarks.md,
 //! "The data plane"). The pace counts a transport's latency only where it
-//! slows the stream, and a slow reader as what it is: the stream's pace.
+//! slows the stream. A reader's pauses are not the stream's: an epoch
+//! begun ahead waits for its reader with its channel full, and a window
+//! sized by that wait would be one batch when the reader comes.
 //!
 //! [`WINDOWS_RUNNING`]: super::options::WINDOWS_RUNNING
 
@@ -27,18 +30,28 @@ pub const PACE_WINDOWS: usize = 4;
 pub struct Pace {
     /// When the last window reached the observer.
     last: Option<Instant>,
+    /// Time blocked on the reader's channel since.
+    blocked: Duration,
     /// The last windows' (wall time since the window before, samples).
     recent: VecDeque<(Duration, u64)>,
 }
 
 impl Pace {
+    /// Notes `waited` blocked on the reader's channel.
+    pub fn blocked(&mut self, waited: Duration) {
+        self.blocked += waited;
+    }
+
     /// Notes a window of `samples` reaching the observer at `now`, after
     /// `took` of wall time from its start to its rows; the stream's pace
     /// since, in nanoseconds per sample (at least 1). The first window
     /// has no window before it: its own round trip stands for it.
     pub fn window(&mut self, samples: u64, took: Duration, now: Instant) -> u64 {
+        let blocked = std::mem::take(&mut self.blocked);
         let since = match self.last.replace(now) {
-            Some(before) => now.saturating_duration_since(before),
+            Some(before) => now
+                .saturating_duration_since(before)
+                .saturating_sub(blocked),
             None => took,
         };
         if self.recent.len() == PACE_WINDOWS {
@@ -91,6 +104,18 @@ mod tests {
         // The burst leaves the measure as the steady windows come back.
         at += 128 * MS;
         assert_eq!(pace.window(64, 384 * MS, at), 2_000_000);
+    }
+
+    #[test]
+    fn time_blocked_on_the_reader_is_not_the_streams() {
+        let mut pace = Pace::default();
+        let t0 = Instant::now();
+        assert_eq!(pace.window(32, 64 * MS, t0), 2_000_000);
+        // An epoch begun ahead: its channel full for 10 s until the
+        // reader came, then the next window 64 ms of work later.
+        pace.blocked(Duration::from_secs(10));
+        let at = t0 + Duration::from_secs(10) + 64 * MS;
+        assert_eq!(pace.window(32, 64 * MS, at), 2_000_000);
     }
 
     #[test]
