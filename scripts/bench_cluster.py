@@ -27,8 +27,9 @@ environment, and `--data-plane both --bin <that binary>` measures both
 with the same binary, each configuration on a rig of its own brought up
 once per plane (--rounds times, the planes taking turns: this machine
 drifts by more than the planes differ), and prints the engine's
-samples/s as a ratio of the feeds' (the gate: docs/benchmarks.md). A binary built later
-ignores SLUICE_DATA_PLANE: both planes would be the engine.
+samples/s as a ratio of the feeds' (the gate: docs/benchmarks.md). A
+binary built later ignores SLUICE_DATA_PLANE: both planes would be the
+engine.
 
 `--kill` adds the time from a storage node killed -9 mid-epoch to the
 epoch going on (2 storage nodes, each part on both; the trainer reads
