@@ -42,6 +42,7 @@ Needs root (the rig) and an optimized build (`cargo build --release`):
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -189,10 +190,11 @@ def up_rig(storage, compute, src, env):
     return up, client
 
 
-def block(storage, compute, plane, src, rig_dir, binary, args):
-    """A rig of `storage` x `compute` nodes on `plane`, brought up, a
-    warm-up epoch and --runs epochs read (see `read_epoch`), and taken
-    down."""
+@contextlib.contextmanager
+def warm_rig(storage, compute, plane, src, rig_dir, binary, args):
+    """A rig of `storage` x `compute` nodes on `plane`, brought up, this
+    process pinned to the compute CPUs and a warm-up epoch read
+    (calibration, caches): its client; taken down on leaving."""
     # No output cache: each run's job reads the storage nodes (with it, a
     # later run of the same query is served from the compute node's
     # memory, and the figure is the cache's).
@@ -201,11 +203,17 @@ def block(storage, compute, plane, src, rig_dir, binary, args):
     up, client = up_rig(storage, compute, src, env)
     try:
         os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
-        read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
-        return [read_epoch(client, args.photos, args.offload, rig_dir) for _ in range(args.runs)]
+        read_epoch(client, args.photos, args.offload, rig_dir)
+        yield client
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count())))
         rig("down", env=env)
+
+
+def block(storage, compute, plane, src, rig_dir, binary, args):
+    """--runs epochs read on a warm rig of their own (see `warm_rig`)."""
+    with warm_rig(storage, compute, plane, src, rig_dir, binary, args) as client:
+        return [read_epoch(client, args.photos, args.offload, rig_dir) for _ in range(args.runs)]
 
 
 def main():
@@ -280,16 +288,8 @@ def main():
                       flush=True)
         if args.kill:
             for plane in planes:
-                env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary,
-                           SLUICE_DATA_PLANE=plane, SLUICE_OUTPUT_CACHE_MEMORY="0")
-                up, client = up_rig(2, 0, src, env)
-                try:
-                    os.sched_setaffinity(0, cpus(up["COMPUTE_CPUS"]))
-                    read_epoch(client, args.photos, args.offload, rig_dir)  # warm-up: calibration, caches
+                with warm_rig(2, 0, plane, src, rig_dir, binary, args) as client:
                     first, longest, redone = killed_mid_epoch(client, args.photos, rig_dir)
-                finally:
-                    os.sched_setaffinity(0, set(range(os.cpu_count())))
-                    rig("down", env=env)
                 kills.append({"plane": plane, "to_next_batch_s": first,
                               "longest_wait_s": longest, "windows_run_again": redone})
                 print(f"{plane:6} storage node killed: next batch after {first:.2f} s, "
