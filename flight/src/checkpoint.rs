@@ -8,6 +8,8 @@
 //!           batches of one LargeBinary column "data": the part's bytes, in order
 //!                                                       → PutResult {"bytes"}
 //!  DoAction checkpoint.commit {"upload", "size"}        → {"name", "version", "size", …}
+//!  DoAction checkpoint.commit_group {"uploads": [{"upload", "size"}, …]}
+//!                                                       → one version per upload, in one transaction
 //!  DoAction checkpoint.abort  {"upload"}
 //!  DoAction checkpoint.stat   {"name", "version"?}      → {"name", "version", "size", …}
 //!  DoAction checkpoint.list   {"prefix"}                → [{"name", "version", "size", …}]
@@ -19,6 +21,21 @@
 //! A writer sends the parts of one upload on several DoPut streams at
 //! once; a reader fetches several ranges of one version on several DoGet
 //! streams at once. Both are authenticated like every other call.
+//!
+//! A client on the server's host moves the bytes through a shared-memory
+//! region instead (the same `Probe` as a trainer's; the server's
+//! `checkpoint::shared` module):
+//!
+//! ```text
+//!  DoAction checkpoint.shm.put_open {"probe", "size"}     → {"region", "path", "size"}
+//!  DoAction checkpoint.shm.put      {"region", "upload", "at", "length", "offset"}
+//!           the region's bytes [at, at + length) are the upload's part at offset → {"bytes"}
+//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe"}
+//!                                   → {"region": {"region", "path", "size"}, "checkpoint": {…}}
+//!  DoAction checkpoint.shm.get      {"region", "offset", "length"}
+//!           the version's bytes land in the region at the same place → {"bytes"}
+//!  DoAction checkpoint.shm.close    {"region"}
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -37,7 +54,7 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 6] = [
+pub const ACTIONS: [(&str, &str); 12] = [
     (
         "checkpoint.begin",
         "start writing a checkpoint version: {name} → {upload}",
@@ -46,7 +63,28 @@ pub const ACTIONS: [(&str, &str); 6] = [
         "checkpoint.commit",
         "make an upload's parts the next version: {upload, size}",
     ),
+    (
+        "checkpoint.commit_group",
+        "make several uploads versions in one transaction: {uploads: [{upload, size}]}",
+    ),
     ("checkpoint.abort", "abandon an upload: {upload}"),
+    (
+        "checkpoint.shm.put_open",
+        "a shared-memory region for a writer's parts, same host: {probe, size}",
+    ),
+    (
+        "checkpoint.shm.put",
+        "write a region's bytes as an upload's part: {region, upload, at, length, offset}",
+    ),
+    (
+        "checkpoint.shm.get_open",
+        "a shared-memory region for a version, same host: {name, version?, probe}",
+    ),
+    (
+        "checkpoint.shm.get",
+        "read a range of the version into its region: {region, offset, length}",
+    ),
+    ("checkpoint.shm.close", "let a region go: {region}"),
     (
         "checkpoint.stat",
         "one version (newest by default): {name, version?}",

@@ -7,7 +7,10 @@ Arrow Flight, keep checkpoints on the same service.
   pyarrow batches or dicts of numpy arrays (tensor columns without a copy);
 - :class:`Checkpoint` — named, versioned checkpoints, shaped like
   ``pydaos.torch.Checkpoint`` (``writer``/``reader`` streams for
-  ``torch.save``/``torch.load``);
+  ``torch.save``/``torch.load``; shared memory on the server's host,
+  Flight elsewhere: :mod:`sluice._lanes`);
+- :mod:`sluice.dcp` — ``torch.distributed.checkpoint``'s storage writer
+  and reader over checkpoints (import it by name: it imports torch);
 - :mod:`sluice.torch` — a torch ``IterableDataset`` over a job (torch
   itself is imported only when the module is first used).
 """

@@ -7,75 +7,128 @@
         torch.save(model.state_dict(), f)
     with ckpt.reader("epoch3.pt") as f:
         model.load_state_dict(torch.load(f, weights_only=True))
+    # same host: tensors over the server's mapping, no parse copy
+    state = ckpt.load("epoch3.pt", weights_only=True)
 
 A writer streams: bytes fill a part of ``chunk_size`` bytes, and each full
-part goes out on its own Flight ``DoPut`` while the next fills, with up to
-``workers`` parts in flight — memory is ``(workers + 1) * chunk_size``
-whatever the checkpoint's size. Closing the writer commits: the server
-checks the parts cover the file exactly, makes them durable, and only then
-makes the new version visible. Leaving the ``with`` block by an exception
-aborts the upload (nothing is listed, the space is freed); a writer process
-that dies is aborted by the server after its idle timeout.
+part goes to the server while the next fills, with up to ``workers`` parts
+in flight — memory is ``(workers + 1) * chunk_size`` whatever the
+checkpoint's size. Closing the writer commits: the server checks the parts
+cover the file exactly, makes them durable, and only then makes the new
+version visible. Leaving the ``with`` block by an exception aborts the
+upload (nothing is listed, the space is freed); a writer process that dies
+is aborted by the server after its idle timeout.
 
-A reader fetches ``chunk_size`` ranges of one version on ``workers``
-parallel ``DoGet`` streams straight into one buffer, then serves reads and
-seeks from it without a copy. Every extent is checked against its crc32c on
-the server; a mismatch is an error naming the checkpoint and byte range.
+A reader fetches ``chunk_size`` ranges of one version, ``workers`` at
+once, the last first (a zip archive's directory, which ``torch.load``
+reads first, is at the end), and a read waits only for the ranges it
+needs — so ``torch.load`` parses while the rest arrives. Every extent is
+checked against its crc32c on the server; a mismatch is an error naming
+the checkpoint and byte range.
+
+On the server's host the bytes go through shared memory, elsewhere over
+Flight (:mod:`sluice._lanes`; ``transport`` chooses): a writer's parts
+are the slots of a region the server writes to the device from, and a
+reader's ranges land in a region of the version's size, which it parses
+in place. ``writer.transport`` and ``reader.transport`` say which ran.
 """
 
 from __future__ import annotations
 
-import bisect
 import io
-import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.flight as flight
-
-from ._errors import SluiceError, from_flight
+from . import _lanes
+from ._errors import SluiceError
 from .client import Client
 
 DEFAULT_CHUNK = 16 << 20
 DEFAULT_WORKERS = 4
-# Bytes per Flight message of a part (the server takes up to 64 MiB).
-_PIECE = 8 << 20
-
-
-def _error(e: Exception, name: str) -> SluiceError:
-    """A Flight error as a :class:`SluiceError` (by its status code and the
-    server's kind: ``checkpoint_not_found``, ``checkpoint_corrupt``,
-    ``device_full``, ``unauthorized``, …), naming the checkpoint."""
-    return from_flight(e, f"checkpoint '{name}'")
+TRANSPORTS = ("auto", "shm", "flight")
 
 
 class Checkpoint:
     """The checkpoints under ``prefix`` of a sluice service (``client``)."""
 
     def __init__(self, client: Client, prefix: str = "", chunk_size: int = DEFAULT_CHUNK,
-                 workers: int = DEFAULT_WORKERS):
+                 workers: int = DEFAULT_WORKERS, transport: str = "auto"):
         if chunk_size < 1 or workers < 1:
             raise ValueError("chunk_size and workers must be positive")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: expected one of {TRANSPORTS}")
         self.client = client
         self.prefix = prefix.strip("/")
         self.chunk_size = chunk_size
         self.workers = workers
+        self.transport = transport
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._idle_puts: List[_lanes.ShmPuts] = []
+        self._shm_refused = False
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The threads every writer and reader of this object shares
+        (started once, not per checkpoint)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sluice-ckpt")
+            return self._pool
+
+    def _puts(self, subject: str) -> Any:
+        """A writer's lanes: a kept shared-memory region, a new one, or
+        Flight (see :mod:`sluice._lanes`)."""
+        pool = self._executor()
+        with self._lock:
+            if self._idle_puts:
+                return self._idle_puts.pop()
+            refused = self._shm_refused
+        flight_puts = _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
+        if refused and self.transport == "auto":
+            return flight_puts
+        lent = _lanes.open_region(
+            self.client, "checkpoint.shm.put_open",
+            {"size": (self.workers + 1) * self.chunk_size}, subject, self.transport, writable=True)
+        if lent is None:
+            with self._lock:
+                self._shm_refused = True
+            return flight_puts
+        return _lanes.ShmPuts(self.client, pool, self.chunk_size, self.workers, lent[0],
+                              self._keep_puts)
+
+    def _keep_puts(self, puts: "_lanes.ShmPuts") -> None:
+        with self._lock:
+            self._idle_puts.append(puts)
+
+    def close(self) -> None:
+        """Lets the kept regions and threads go (they also go with the
+        process, and the server lets an unused region go after its idle
+        timeout)."""
+        with self._lock:
+            idle, self._idle_puts = self._idle_puts, []
+            pool, self._pool = self._pool, None
+        for puts in idle:
+            try:
+                _lanes.action(self.client, "checkpoint.shm.close", {"region": puts.region.id},
+                              "checkpoint region")
+            except SluiceError:
+                pass
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _name(self, name: str) -> str:
         name = name.strip("/")
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _action(self, kind: str, body: Dict[str, Any], name: str) -> Any:
-        c = self.client
-        try:
-            results = list(c.flight().do_action(
-                flight.Action(kind, json.dumps(body).encode()), c.call_options()))
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise _error(e, name) from None
-        return json.loads(results[0].body.to_pybytes()) if results else None
+        return _lanes.action(self.client, kind, body, f"checkpoint '{name}'")
 
     def writer(self, name: str) -> "CheckpointWriter":
         """A writable binary stream: a new version of ``name`` on close."""
@@ -85,6 +138,24 @@ class Checkpoint:
         """A readable, seekable binary stream of ``name`` (its newest
         version, or ``version``), fetched whole in parallel ranges."""
         return CheckpointReader(self, self._name(name), version)
+
+    def load(self, name: str, version: Optional[int] = None, **torch_load: Any) -> Any:
+        """``torch.load`` of ``name``. On the server's host the tensors'
+        storage is the shared region the server read the version into
+        (``torch.load(path, mmap=True)``: no parse copy; the pages are
+        this process's once the region's name is gone); elsewhere it
+        parses from a :meth:`reader`."""
+        import torch
+
+        with CheckpointReader(self, self._name(name), version, keep_name=True) as r:
+            path = r.mapped_path()
+            if path is None:
+                return torch.load(r, **torch_load)
+            r.wait()
+            try:
+                return torch.load(path, mmap=True, **torch_load)
+            finally:
+                r.unlink()
 
     def stat(self, name: str, version: Optional[int] = None) -> Dict[str, Any]:
         """``name``'s newest version (or ``version``): size, version, time."""
@@ -114,20 +185,25 @@ class Checkpoint:
 
 
 class CheckpointWriter(io.RawIOBase):
-    """See the module docs; ``info`` holds the committed version after close."""
+    """See the module docs; ``info`` holds the committed version after
+    close, ``transport`` is ``"shm"`` or ``"flight"``."""
 
     def __init__(self, ckpt: Checkpoint, name: str):
         super().__init__()
         self._ckpt = ckpt
         self.name = name
         self.info: Optional[Dict[str, Any]] = None
+        self._subject = f"checkpoint '{name}'"
         self._upload = ckpt._action("checkpoint.begin", {"name": name}, name)["upload"]
-        self._part = bytearray(ckpt.chunk_size)
+        try:
+            self._lanes = ckpt._puts(self._subject)
+        except BaseException:
+            self._abort_upload()
+            raise
+        self.transport = "shm" if isinstance(self._lanes, _lanes.ShmPuts) else "flight"
+        self._slot, self._part = self._lanes.acquire()
         self._fill = 0
         self._offset = 0  # of the part being filled
-        self._pool = ThreadPoolExecutor(ckpt.workers, thread_name_prefix="sluice-ckpt-put")
-        self._inflight: List[Future] = []
-        self._failed = False
 
     def writable(self) -> bool:
         return True
@@ -151,54 +227,24 @@ class CheckpointWriter(io.RawIOBase):
         return n
 
     def _send(self) -> None:
-        part, size, offset = self._part, self._fill, self._offset
-        # Bounded memory: wait for the oldest part when all workers are busy.
-        while len(self._inflight) >= self._ckpt.workers:
-            self._inflight.pop(0).result()
-        self._inflight.append(self._pool.submit(self._put, offset, memoryview(part)[:size]))
-        self._offset += size
+        self._lanes.send(self._slot, self._fill, self._upload, self._offset, self._subject)
+        self._offset += self._fill
         self._fill = 0
-        self._part = bytearray(self._ckpt.chunk_size)
+        self._slot, self._part = self._lanes.acquire()
 
-    def _put(self, offset: int, data: memoryview) -> None:
-        c = self._ckpt.client
-        cmd = json.dumps({"checkpoint_upload": self._upload, "offset": offset}).encode()
-        schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
+    def _abort_upload(self) -> None:
         try:
-            lane = offset // self._ckpt.chunk_size % self._ckpt.workers
-            writer, reader = c.flight(lane).do_put(
-                flight.FlightDescriptor.for_command(cmd), schema, c.call_options())
-            for lo in range(0, len(data), _PIECE):
-                piece = data[lo:lo + _PIECE]
-                offsets = pa.array([0, len(piece)], pa.int64()).buffers()[1]
-                arr = pa.LargeBinaryArray.from_buffers(
-                    pa.large_binary(), 1, [None, offsets, pa.py_buffer(piece)])
-                writer.write_batch(pa.record_batch([arr], schema=schema))
-            writer.done_writing()
-            reader.read()
-            writer.close()
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise _error(e, self.name) from None
-
-    def _wait(self) -> None:
-        try:
-            for f in self._inflight:
-                f.result()
-        finally:
-            self._inflight = []
+            self._ckpt._action("checkpoint.abort", {"upload": self._upload}, self.name)
+        except SluiceError:
+            pass  # expired already: the server freed it
 
     def abort(self) -> None:
         """Abandons the upload: nothing is committed, the space is freed."""
         if self.closed:
             return
-        self._failed = True
-        for f in self._inflight:
-            f.cancel()
-        self._pool.shutdown(wait=True)
-        try:
-            self._ckpt._action("checkpoint.abort", {"upload": self._upload}, self.name)
-        except SluiceError:
-            pass  # expired already: the server freed it
+        self._lanes.cancel()
+        self._abort_upload()
+        self._lanes.release()
         super().close()
 
     def close(self) -> None:
@@ -208,14 +254,30 @@ class CheckpointWriter(io.RawIOBase):
         try:
             if self._fill:
                 self._send()
-            self._wait()
+            self._lanes.drain()
             self.info = self._ckpt._action(
                 "checkpoint.commit", {"upload": self._upload, "size": self.tell()}, self.name)
         except BaseException:
             self.abort()
             raise
-        self._pool.shutdown(wait=True)
+        self._lanes.release()
         super().close()
+
+    def uncommitted(self) -> Dict[str, Any]:
+        """Sends the last part and waits for every part, but leaves the
+        commit to the caller: ``{"upload", "size"}`` for a
+        ``checkpoint.commit_group`` that makes several uploads visible in
+        one transaction (:mod:`sluice.dcp`)."""
+        try:
+            if self._fill:
+                self._send()
+            self._lanes.drain()
+        except BaseException:
+            self.abort()
+            raise
+        self._lanes.release()
+        super().close()
+        return {"upload": self._upload, "size": self.tell()}
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
@@ -225,82 +287,70 @@ class CheckpointWriter(io.RawIOBase):
 
 
 class CheckpointReader(io.RawIOBase):
-    """See the module docs; ``info`` is the version read.
+    """See the module docs; ``info`` is the version read, ``transport``
+    ``"shm"`` or ``"flight"``. Reads copy straight from where the bytes
+    landed (the shared region, or Flight's Arrow buffers) into the
+    caller's memory; :meth:`view` gives them without a copy."""
 
-    The ranges are fetched in the background from the moment it is made
-    (the last one first: a zip archive's directory, which ``torch.load``
-    reads first, is at the end), and a read waits only for the ranges it
-    needs — so ``torch.load`` parses while the rest arrives. They arrive as
-    Arrow buffers and are kept as they are; reads copy straight from them
-    into the caller's memory."""
-
-    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None):
+    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
+                 keep_name: bool = False):
         super().__init__()
         body: Dict[str, Any] = {"name": name}
         if version is not None:
             body["version"] = version
-        self.info = ckpt._action("checkpoint.stat", body, name)
         self.name = name
-        self.size = int(self.info["size"])
         self._ckpt = ckpt
+        subject = f"checkpoint '{name}'"
+        lent = None if ckpt._shm_refused and ckpt.transport == "auto" else _lanes.open_region(
+            ckpt.client, "checkpoint.shm.get_open", body, subject, ckpt.transport,
+            writable=False, keep_name=keep_name)
+        if lent is None:
+            self.info = ckpt._action("checkpoint.stat", body, name)
+            self._lanes: Any = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers,
+                                                 name, int(self.info["version"]))
+        else:
+            region, answer = lent
+            self.info = answer["checkpoint"]
+            self._lanes = _lanes.ShmGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name, region)
+        self.transport = self._lanes.transport
+        self.size = int(self.info["size"])
         self._pos = 0
         self._range = ckpt.chunk_size
-        ranges = [(lo, min(self.size - lo, self._range))
-                  for lo in range(0, self.size, self._range)]
-        self._parts: List[List[Tuple[int, memoryview]]] = [[] for _ in ranges]
-        self._starts: List[List[int]] = [[] for _ in ranges]
-        self._futures: List[Future] = [None] * len(ranges)  # type: ignore[list-item]
-        self._pool = ThreadPoolExecutor(max(1, min(ckpt.workers, len(ranges))),
-                                        thread_name_prefix="sluice-ckpt-get")
-        order = list(range(len(ranges)))
-        if order:
-            order = order[-1:] + order[:-1]
-        for i in order:
-            lo, n = ranges[i]
-            self._futures[i] = self._pool.submit(self._get, lo, n, self._parts[i])
-        self._pool.shutdown(wait=False)
+        starts = list(range(0, self.size, self._range))
+        pool = ckpt._executor()
+        self._futures: Dict[int, Future] = {}
+        for lo in starts[-1:] + starts[:-1]:
+            self._futures[lo] = pool.submit(self._lanes.fetch, lo, min(self.size - lo, self._range))
 
-    def _ready(self, i: int) -> List[Tuple[int, memoryview]]:
-        """Range ``i``'s pieces, once fetched (its error, if it failed)."""
-        self._futures[i].result()
-        if not self._starts[i] and self._parts[i]:
-            self._starts[i] = [start for start, _ in self._parts[i]]
-        return self._parts[i]
+    def _ready(self, lo: int) -> None:
+        """Waits for the range at ``lo`` (raises its error, if it failed)."""
+        self._futures[lo].result()
 
     def wait(self) -> "CheckpointReader":
         """Waits until every range has arrived."""
-        for i in range(len(self._futures)):
-            self._ready(i)
+        for lo in self._futures:
+            self._ready(lo)
         return self
 
-    def _get(self, offset: int, length: int, out: List[Tuple[int, memoryview]]) -> None:
-        c = self._ckpt.client
-        ticket = json.dumps({"type": "checkpoint", "checkpoint": self.name,
-                             "version": self.info["version"], "offset": offset,
-                             "length": length}).encode()
-        pos = offset
-        try:
-            lane = offset // self._ckpt.chunk_size % self._ckpt.workers
-            stream = c.flight(lane).do_get(flight.Ticket(ticket), c.call_options())
-            while True:
-                try:
-                    chunk = stream.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is None or chunk.data.num_rows == 0:
-                    continue
-                col = chunk.data.column(0)
-                offs = np.frombuffer(col.buffers()[1], dtype=np.int64)
-                offs = offs[col.offset:col.offset + len(col) + 1]
-                values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
-                if len(values):
-                    out.append((pos, values))
-                    pos += len(values)
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise _error(e, self.name) from None
-        if pos != offset + length:
-            raise SluiceError(500, "checkpoint_failed",
-                              f"checkpoint '{self.name}': bytes {pos}..{offset + length} missing")
+    def view(self) -> memoryview:
+        """The whole version, once arrived: the shared region itself, or
+        (over Flight) one buffer the ranges are gathered into."""
+        self.wait()
+        if self.transport == "shm":
+            return self._lanes.view(0, 0, self.size)
+        out = bytearray(self.size)
+        self.seek(0)
+        self.readinto(out)
+        return memoryview(out)
+
+    def mapped_path(self) -> Optional[str]:
+        """The region's file while it still has a name (``keep_name``)."""
+        return getattr(self._lanes, "region", None) and self._lanes.region.path
+
+    def unlink(self) -> None:
+        """Removes the region's name (kept for ``torch.load(mmap=True)``)."""
+        if self.transport == "shm":
+            self._lanes.region.unlink()
 
     def readable(self) -> bool:
         return True
@@ -324,14 +374,11 @@ class CheckpointReader(io.RawIOBase):
         done = 0
         while done < want:
             pos = self._pos + done
-            r = pos // self._range
-            pieces = self._ready(r)
-            j = bisect.bisect_right(self._starts[r], pos) - 1
-            start, view = pieces[j]
-            lo = pos - start
-            n = min(len(view) - lo, want - done)
-            out[done:done + n] = view[lo:lo + n]
-            done += n
+            lo = pos // self._range * self._range
+            self._ready(lo)
+            piece = self._lanes.view(lo, pos, min(want - done, lo + self._range - pos))
+            out[done:done + len(piece)] = piece
+            done += len(piece)
         self._pos += done
         return done
 
@@ -342,8 +389,15 @@ class CheckpointReader(io.RawIOBase):
         return bytes(buf) if len(buf) < 1 << 16 else buf  # type: ignore[return-value]
 
     def close(self) -> None:
-        for f in self._futures:
+        if self.closed:
+            return
+        for f in self._futures.values():
             f.cancel()
-        self._parts = []
-        self._starts = []
+        for f in self._futures.values():
+            if not f.cancelled():
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - closing: the reader's errors were raised on read
+                    pass
+        self._lanes.close()
         super().close()

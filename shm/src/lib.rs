@@ -10,12 +10,16 @@
 //!   server writes a batch into one;
 //! - [`kept`]: [`KeptSegments`], segments kept for a trainer between its
 //!   streams, so an epoch does not pay for fresh pages;
+//! - [`region`]: [`Region`], a flat mapped file for bulk bytes (a
+//!   checkpoint's parts and reads on the same host);
 //! - [`host`]: whether a trainer's probe shows it shares this host
 //!   ([`host::verify`]), and [`host::sweep`] of what killed processes left.
 
 pub mod host;
 pub mod kept;
+pub mod region;
 pub mod segment;
 
 pub use kept::KeptSegments;
+pub use region::Region;
 pub use segment::Segment;

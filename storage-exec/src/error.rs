@@ -248,6 +248,19 @@ pub enum StorageError {
         /// What is wrong.
         reason: String,
     },
+    /// A shared-memory region for a checkpoint that cannot be had: the
+    /// client is not on this host, or `/dev/shm` refused it.
+    #[error("shared memory for {what}: {reason}")]
+    SharedMemory {
+        /// What it was for ("checkpoint 'run/step-3'").
+        what: String,
+        /// Why not.
+        reason: String,
+    },
+    /// A shared-memory region that does not exist (closed, or expired
+    /// after its client went silent).
+    #[error("unknown shared-memory region '{0}' (closed or expired)")]
+    UnknownRegion(String),
     /// Bytes of a checkpoint read back do not match their checksum.
     #[error(
         "checkpoint '{name}' version {version} is corrupt at bytes {offset}..{end}: stored crc32c {expected:08x}, read {actual:08x}"
@@ -320,7 +333,8 @@ impl Fault for StorageError {
             Self::UnknownDataset(_)
             | Self::UnknownVersion { .. }
             | Self::UnknownCheckpoint { .. }
-            | Self::UnknownUpload(_) => Code::NotFound,
+            | Self::UnknownUpload(_)
+            | Self::UnknownRegion(_) => Code::NotFound,
             Self::InvalidDatasetName(_)
             | Self::InvalidCheckpointName { .. }
             | Self::BadSample { .. }
@@ -330,7 +344,7 @@ impl Fault for StorageError {
             | Self::BadUpload { .. } => Code::InvalidArgument,
             Self::RowOutOfRange { .. } => Code::OutOfRange,
             Self::OutsideRoots { .. } => Code::PermissionDenied,
-            Self::UnknownIngest(_) => Code::FailedPrecondition,
+            Self::UnknownIngest(_) | Self::SharedMemory { .. } => Code::FailedPrecondition,
             Self::DeviceFull { .. } | Self::NoSpace { .. } => Code::ResourceExhausted,
             Self::IncompatibleDataDir { .. }
             | Self::DataDirLocked { .. }
@@ -376,6 +390,8 @@ impl Fault for StorageError {
             Self::UnknownCheckpoint { .. } => "checkpoint_not_found",
             Self::UnknownUpload(_) => "upload_not_found",
             Self::BadUpload { .. } => "bad_upload",
+            Self::SharedMemory { .. } => "shm_unavailable",
+            Self::UnknownRegion(_) => "region_not_found",
             Self::CheckpointCorrupt { .. } => "checkpoint_corrupt",
             Self::DataFusion(e) => sluice_base::fault::code_of(e, false).1,
         }
@@ -584,6 +600,19 @@ mod tests {
                 },
                 Code::InvalidArgument,
                 "bad_upload",
+            ),
+            (
+                StorageError::SharedMemory {
+                    what: s(),
+                    reason: s(),
+                },
+                Code::FailedPrecondition,
+                "shm_unavailable",
+            ),
+            (
+                StorageError::UnknownRegion(s()),
+                Code::NotFound,
+                "region_not_found",
             ),
             (
                 StorageError::CheckpointCorrupt {

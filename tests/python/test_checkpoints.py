@@ -1,7 +1,9 @@
 """Checkpoints through the real `sluice serve`: round trips of many sizes
-(up to past 2 GiB), concurrent writers, a writer killed mid-stream, a
-flipped byte on the device, auth, REST and the CLI, and torch.save /
-torch.load of a real model bit-identical."""
+(up to past 2 GiB) over shared memory and over Flight, the two giving the
+same bytes, concurrent writers, a writer and the server killed -9
+mid-stream (nothing partial listed, nothing left in /dev/shm), a flipped
+byte on the device, auth, REST and the CLI, and torch.save / torch.load
+of a real model bit-identical (also with its tensors over the mapping)."""
 
 import io
 import json
@@ -41,25 +43,108 @@ def server():
             assert proc.wait(timeout=30) == 0
 
 
-def test_round_trips_of_every_size(server):
+def shm_files(pid):
+    """Files a process `pid` has in /dev/shm (sluice's segments, regions
+    and probes are named with their maker's pid)."""
+    return [f for f in os.listdir("/dev/shm") if f.startswith("sluice-") and
+            f.split("-")[2] == str(pid)]
+
+
+@pytest.mark.parametrize("transport", ["shm", "flight"])
+def test_round_trips_of_every_size(server, transport):
     _, _, rest = server
-    ck = sluice.Checkpoint(sluice.Client(rest, token="s3cret"), "sizes",
-                           chunk_size=3 * CHUNK, workers=3)
+    ck = sluice.Checkpoint(sluice.Client(rest, token="s3cret"), f"sizes-{transport}",
+                           chunk_size=3 * CHUNK, workers=3, transport=transport)
     for n in [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK, 3 * CHUNK + 1, 10 * CHUNK + 12345]:
         data = pattern(n, n % 97)
         with ck.writer(f"f{n}.bin") as w:
+            assert w.transport == transport
             # Odd-sized writes, as torch.save makes them.
             for lo in range(0, n, 777_777):
                 w.write(data[lo:lo + 777_777])
         assert w.info["size"] == n
         with ck.reader(f"f{n}.bin") as r:
+            assert r.transport == transport
             assert r.size == n
             assert r.read() == data, n
             r.seek(n // 2)
             assert r.read(10) == data[n // 2:n // 2 + 10]
+            assert bytes(r.view()) == data
     assert sorted(ck.list()) == sorted(f"f{n}.bin" for n in
                                        [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK, 3 * CHUNK + 1,
                                         10 * CHUNK + 12345])
+    ck.close()
+    assert not shm_files(os.getpid())
+
+
+def test_shared_memory_and_flight_give_the_same_checkpoint(server):
+    """Written through one transport, read through the other: the same
+    bytes, the same checksummed extents on the server."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    shm = sluice.Checkpoint(client, "cross", chunk_size=2 * CHUNK, transport="shm")
+    fl = sluice.Checkpoint(client, "cross", chunk_size=2 * CHUNK, transport="flight")
+    data = pattern(9 * CHUNK + 4321, 11)
+    for writer, reader, name in [(shm, fl, "a.bin"), (fl, shm, "b.bin")]:
+        with writer.writer(name) as w:
+            w.write(data)
+        with reader.reader(name) as r:
+            assert r.transport == reader.transport
+            assert r.read() == data
+    assert shm.stat("a.bin")["size"] == fl.stat("b.bin")["size"] == len(data)
+    # A region is the writer's lanes: the next save reuses it.
+    with shm.writer("c.bin") as w:
+        w.write(data[:CHUNK])
+    assert len(shm._idle_puts) == 1
+    shm.close()
+    fl.close()
+
+
+def test_a_client_that_is_not_on_the_host_gets_flight(server):
+    """A probe the server cannot find (another host's /dev/shm) is
+    refused with shm_unavailable: `auto` falls back to Flight, `shm`
+    says why."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    real = sluice._lanes._shm.Probe
+
+    class Elsewhere(real):
+        def __init__(self):
+            super().__init__()
+            self.remove()  # the server looks for it and finds nothing
+            self.path = "/nonexistent"
+
+    sluice._lanes._shm.Probe = Elsewhere
+    try:
+        auto = sluice.Checkpoint(client, "remote", chunk_size=CHUNK)
+        with auto.writer("x.bin") as w:
+            w.write(pattern(3 * CHUNK, 1))
+        assert w.transport == "flight"
+        with auto.reader("x.bin") as r:
+            assert r.transport == "flight"
+            assert r.read() == pattern(3 * CHUNK, 1)
+        with pytest.raises(sluice.SluiceError) as e:
+            sluice.Checkpoint(client, "remote", transport="shm").reader("x.bin")
+        assert e.value.code == "shm_unavailable" and "not on this host" in e.value.message
+    finally:
+        sluice._lanes._shm.Probe = real
+
+
+def test_tensors_load_over_the_mapping(server):
+    """`Checkpoint.load` on the server's host: torch.load(mmap=True) over
+    the region the server read the version into; equal to the model."""
+    _, _, rest = server
+    ck = sluice.Checkpoint(sluice.Client(rest, token="s3cret"), "mapped")
+    torch.manual_seed(3)
+    state = {"w": torch.randn(256, 129), "b": torch.arange(7, dtype=torch.int64),
+             "h": torch.randn(33).to(torch.bfloat16)}
+    with ck.writer("m.pt") as w:
+        torch.save(state, w)
+    got = ck.load("m.pt", weights_only=True)
+    assert set(got) == set(state)
+    for k in state:
+        assert torch.equal(got[k], state[k]), k
+    assert not shm_files(os.getpid())
 
 
 def test_a_multi_gib_checkpoint_streams_with_bounded_client_memory(server):
@@ -115,7 +200,7 @@ import sys, time, sluice
 ck = sluice.Checkpoint(sluice.Client(sys.argv[1], token="s3cret"), "killed", chunk_size=1 << 20)
 w = ck.writer("model.pt")
 w.write(b"x" * (6 << 20))
-print("written", flush=True)
+print("written", w.transport, flush=True)
 time.sleep(60)
 """
 
@@ -130,9 +215,13 @@ def test_a_writer_killed_mid_stream(server):
     before = client._request("GET", "/metrics")
     proc = subprocess.Popen([sys.executable, "-c", WRITER, rest], stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout.readline().strip() == "written"
+    assert proc.stdout.readline().strip() == "written shm"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # It wrote through shared memory, and left nothing in /dev/shm: its
+    # probe went at once, the region's name as soon as it was mapped.
+    assert not shm_files(proc.pid)
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("sluice-seg-") and "-r" in f]
     # Nothing partial is listed, the previous version reads back whole...
     assert [v["version"] for v in ck.list(versions=True)] == [1]
     with ck.reader("model.pt") as r:
@@ -144,6 +233,54 @@ def test_a_writer_killed_mid_stream(server):
             break
         time.sleep(0.2)
     assert free(client) == free_from(before)
+
+
+STREAMING_WRITER = """
+import sys, sluice
+ck = sluice.Checkpoint(sluice.Client(sys.argv[1]), "crash", chunk_size=1 << 20)
+w = ck.writer("m.pt")
+print("writing", w.transport, flush=True)
+try:
+    for i in range(100000):
+        w.write(bytes([i % 251]) * (1 << 20))
+except sluice.SluiceError as e:
+    print("failed", e.code, flush=True)
+    sys.exit(3)
+"""
+
+
+def test_serve_killed_mid_save_keeps_the_previous_version():
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d, SLUICE_DEVICE_SIZE="1GiB")
+        proc, rest = start_serve(d, env)
+        try:
+            ck = sluice.Checkpoint(sluice.Client(rest), "crash", chunk_size=CHUNK)
+            good = pattern(4 * CHUNK + 3, 9)
+            with ck.writer("m.pt") as w:
+                w.write(good)
+            writer = subprocess.Popen([sys.executable, "-c", STREAMING_WRITER, rest],
+                                      stdout=subprocess.PIPE, text=True)
+            assert writer.stdout.readline().strip() == "writing shm"
+            time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        # The writer's next part fails: its server is gone.
+        assert writer.wait(timeout=60) == 3, writer.stdout.read()
+        dead = proc.pid
+        proc, rest = start_serve(d, env)
+        try:
+            ck = sluice.Checkpoint(sluice.Client(rest), "crash")
+            assert [v["version"] for v in ck.list(versions=True)] == [1]
+            with ck.reader("m.pt") as r:
+                assert r.transport == "shm"
+                assert r.read() == good
+            # That read lent a region, which swept what the dead server left.
+            assert not shm_files(dead)
+            assert not shm_files(writer.pid)
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0
 
 
 def free_from(metrics):

@@ -76,40 +76,47 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Commits `record` as the next version of its name (its `version` is
-    /// set here) and removes the versions past the newest `keep`.
-    pub fn commit_checkpoint(&self, record: &mut CheckpointRecord, keep: usize) -> Result<Removed> {
+    /// Commits each of `records` as the next version of its name (their
+    /// `version`s are set here) and removes the versions past the newest
+    /// `keep` of each name, in one transaction.
+    pub fn commit_checkpoints(
+        &self,
+        records: &mut [CheckpointRecord],
+        keep: usize,
+    ) -> Result<Removed> {
         let txn = self.db().begin_write().map_err(|e| self.err(e))?;
         let mut removed = Removed::default();
         {
             let mut table = txn.open_table(CHECKPOINTS).map_err(|e| self.err(e))?;
             let mut chunks = txn.open_table(CHECKPOINT_CHUNKS).map_err(|e| self.err(e))?;
             let mut last = txn.open_table(CHECKPOINT_LAST).map_err(|e| self.err(e))?;
-            let existing = self.versions_of(&table, &record.name)?;
-            // A catalog from before `checkpoint_last` has only its records.
-            let highest = last
-                .get(record.name.as_str())
-                .map_err(|e| self.err(e))?
-                .map(|v| v.value())
-                .into_iter()
-                .chain(existing.last().map(|r| r.version))
-                .max()
-                .unwrap_or(0);
-            record.version = highest + 1;
-            last.insert(record.name.as_str(), record.version)
-                .map_err(|e| self.err(e))?;
-            let bytes = serde_json::to_vec(record).map_err(|e| self.err(e))?;
-            table
-                .insert((record.name.as_str(), record.version), bytes.as_slice())
-                .map_err(|e| self.err(e))?;
-            for run in &record.runs {
-                chunks
-                    .insert(run.start, run.count)
+            for record in records.iter_mut() {
+                let existing = self.versions_of(&table, &record.name)?;
+                // A catalog from before `checkpoint_last` has only its records.
+                let highest = last
+                    .get(record.name.as_str())
+                    .map_err(|e| self.err(e))?
+                    .map(|v| v.value())
+                    .into_iter()
+                    .chain(existing.last().map(|r| r.version))
+                    .max()
+                    .unwrap_or(0);
+                record.version = highest + 1;
+                last.insert(record.name.as_str(), record.version)
                     .map_err(|e| self.err(e))?;
-            }
-            let drop_n = (existing.len() + 1).saturating_sub(keep.max(1));
-            for old in existing.iter().take(drop_n) {
-                self.remove_version(&mut table, &mut chunks, old, &mut removed)?;
+                let bytes = serde_json::to_vec(&*record).map_err(|e| self.err(e))?;
+                table
+                    .insert((record.name.as_str(), record.version), bytes.as_slice())
+                    .map_err(|e| self.err(e))?;
+                for run in &record.runs {
+                    chunks
+                        .insert(run.start, run.count)
+                        .map_err(|e| self.err(e))?;
+                }
+                let drop_n = (existing.len() + 1).saturating_sub(keep.max(1));
+                for old in existing.iter().take(drop_n) {
+                    self.remove_version(&mut table, &mut chunks, old, &mut removed)?;
+                }
             }
         }
         txn.commit().map_err(|e| self.err(e))?;
@@ -216,13 +223,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
         let mut a1 = record("run/a.pt", 0);
-        assert!(cat.commit_checkpoint(&mut a1, 2).unwrap().runs.is_empty());
+        assert!(cat.commit_checkpoints(std::slice::from_mut(&mut a1), 2).unwrap().runs.is_empty());
         let mut a2 = record("run/a.pt", 1);
-        cat.commit_checkpoint(&mut a2, 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut a2), 2).unwrap();
         let mut b = record("run/b.pt", 2);
-        cat.commit_checkpoint(&mut b, 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b), 2).unwrap();
         let mut a3 = record("run/a.pt", 3);
-        let removed = cat.commit_checkpoint(&mut a3, 2).unwrap();
+        let removed = cat.commit_checkpoints(std::slice::from_mut(&mut a3), 2).unwrap();
         assert_eq!((a1.version, a2.version, a3.version), (1, 2, 3));
         assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
         assert_eq!(cat.checkpoint("run/a.pt", None).unwrap().version, 3);
@@ -253,13 +260,39 @@ mod tests {
         assert!(err.to_string().contains("run/a.pt"), "{err}");
         // Written again after every version was deleted: a new number.
         let mut a4 = record("run/a.pt", 4);
-        cat.commit_checkpoint(&mut a4, 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut a4), 2).unwrap();
         assert_eq!(a4.version, 4);
         let mut b2 = record("run/b.pt", 5);
-        cat.commit_checkpoint(&mut b2, 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b2), 2).unwrap();
         cat.delete_checkpoint("run/b.pt", Some(2)).unwrap();
         let mut b3 = record("run/b.pt", 6);
-        cat.commit_checkpoint(&mut b3, 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b3), 2).unwrap();
         assert_eq!(b3.version, 3, "version 2 was deleted, not free to reuse");
+    }
+
+    #[test]
+    fn a_group_commits_every_name_in_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
+        let mut first = [record("s/1/__0.distcp", 0), record("s/1/.metadata", 1)];
+        cat.commit_checkpoints(&mut first, 1).unwrap();
+        let mut again = [record("s/1/__0.distcp", 2), record("s/1/__1.distcp", 3)];
+        let removed = cat.commit_checkpoints(&mut again, 1).unwrap();
+        assert_eq!((again[0].version, again[1].version), (2, 1));
+        assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
+        let listed: Vec<_> = cat
+            .checkpoints("s/1/")
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.name, i.version))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("s/1/.metadata".into(), 1),
+                ("s/1/__0.distcp".into(), 2),
+                ("s/1/__1.distcp".into(), 1)
+            ]
+        );
     }
 }

@@ -18,6 +18,7 @@ use serde_json::json;
 use sluice_base::CallError;
 use sluice_flight::MAX_MESSAGE;
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data_schema};
+use sluice_flight::shm_handshake::Probe;
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
@@ -96,6 +97,46 @@ struct UploadId {
 }
 
 #[derive(Deserialize)]
+struct Group {
+    uploads: Vec<Commit>,
+}
+
+#[derive(Deserialize)]
+struct PutOpen {
+    probe: Probe,
+    size: u64,
+}
+
+#[derive(Deserialize)]
+struct ShmPut {
+    region: String,
+    upload: String,
+    at: u64,
+    length: u64,
+    offset: u64,
+}
+
+#[derive(Deserialize)]
+struct GetOpen {
+    name: String,
+    #[serde(default)]
+    version: Option<u64>,
+    probe: Probe,
+}
+
+#[derive(Deserialize)]
+struct ShmGet {
+    region: String,
+    offset: u64,
+    length: u64,
+}
+
+#[derive(Deserialize)]
+struct RegionId {
+    region: String,
+}
+
+#[derive(Deserialize)]
 struct Prefix {
     #[serde(default)]
     prefix: String,
@@ -163,6 +204,48 @@ impl CheckpointEndpoint for Checkpoints {
             "checkpoint.commit" => {
                 let c: Commit = body(kind, bytes)?;
                 json_bytes(&self.commit(&c.upload, c.size).await.map_err(status)?)
+            }
+            "checkpoint.commit_group" => {
+                let g: Group = body(kind, bytes)?;
+                let group: Vec<(String, u64)> =
+                    g.uploads.into_iter().map(|c| (c.upload, c.size)).collect();
+                json_bytes(&self.commit_group(&group).await.map_err(status)?)
+            }
+            "checkpoint.shm.put_open" => {
+                let o: PutOpen = body(kind, bytes)?;
+                json_bytes(
+                    &self
+                        .shm_put_open(&o.probe, o.size)
+                        .map_err(status)?,
+                )
+            }
+            "checkpoint.shm.put" => {
+                let p: ShmPut = body(kind, bytes)?;
+                let n = self
+                    .shm_put(&p.region, &p.upload, p.at, p.length, p.offset)
+                    .await
+                    .map_err(status)?;
+                json_bytes(&json!({ "bytes": n }))
+            }
+            "checkpoint.shm.get_open" => {
+                let o: GetOpen = body(kind, bytes)?;
+                let (region, info) = self
+                    .shm_get_open(&o.name, o.version, &o.probe)
+                    .map_err(status)?;
+                json_bytes(&json!({ "region": region, "checkpoint": info }))
+            }
+            "checkpoint.shm.get" => {
+                let g: ShmGet = body(kind, bytes)?;
+                let n = self
+                    .shm_get(&g.region, g.offset, g.length)
+                    .await
+                    .map_err(status)?;
+                json_bytes(&json!({ "bytes": n }))
+            }
+            "checkpoint.shm.close" => {
+                let r: RegionId = body(kind, bytes)?;
+                self.shm_close(&r.region).map_err(status)?;
+                json_bytes(&json!({ "closed": r.region }))
             }
             "checkpoint.abort" => {
                 let u: UploadId = body(kind, bytes)?;

@@ -22,10 +22,20 @@
 //! - A version deleted (or retired) while someone reads it can have its
 //!   chunks reused under the reader: the checksum turns that into a named
 //!   error, never wrong bytes.
+//! - Several uploads (the files of every rank of a sharded save) can
+//!   commit together in one transaction ([`Checkpoints::commit_group`]):
+//!   all of them are listed, or none.
+//! - A client on this host moves the bytes through shared memory instead
+//!   of Flight ([`shared`]).
+//!
+//! Files: [`catalog`] (the redb tables), [`record`] (a version and its
+//! extents), [`upload`] (a version being written), [`shared`] (the
+//! same-host path), `flight` (the Flight protocol over all of it).
 
 pub(crate) mod catalog;
 mod flight;
 pub mod record;
+pub mod shared;
 mod upload;
 
 use std::collections::HashMap;
@@ -38,6 +48,8 @@ use futures::{Stream, StreamExt};
 pub use catalog::Removed;
 pub use flight::status;
 pub use record::{CheckpointExtent, CheckpointInfo, CheckpointRecord, validate_name};
+pub use shared::RegionInfo;
+use shared::Lent;
 use upload::Upload;
 
 use crate::device::DeviceExt;
@@ -68,6 +80,24 @@ pub struct Checkpoints {
     store: Arc<Store>,
     opts: CheckpointOptions,
     uploads: Mutex<HashMap<String, Arc<Upload>>>,
+    /// Shared-memory regions lent to clients on this host, by id.
+    lent: Mutex<HashMap<String, Arc<Lent>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh id for an upload or a region: random, and unique in time.
+fn new_id() -> String {
+    format!(
+        "{:016x}{:016x}",
+        getrandom::u64().unwrap_or_default(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or_default()
+    )
 }
 
 impl Checkpoints {
@@ -77,11 +107,12 @@ impl Checkpoints {
             store,
             opts,
             uploads: Mutex::new(HashMap::new()),
+            lent: Mutex::new(HashMap::new()),
         })
     }
 
     fn uploads(&self) -> MutexGuard<'_, HashMap<String, Arc<Upload>>> {
-        self.uploads.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.uploads)
     }
 
     /// The store they live in.
@@ -93,14 +124,7 @@ impl Checkpoints {
     pub fn begin(&self, name: &str) -> Result<String> {
         validate_name(name)?;
         self.expire_idle();
-        let id = format!(
-            "{:016x}{:016x}",
-            getrandom::u64().unwrap_or_default(),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or_default()
-        );
+        let id = new_id();
         let upload = Upload::new(
             name.to_owned(),
             Arc::clone(self.store.device()),
@@ -131,38 +155,91 @@ impl Checkpoints {
 
     /// Commits upload `id` as the next version of its name, `size` bytes.
     pub async fn commit(&self, id: &str, size: u64) -> Result<CheckpointInfo> {
-        let upload = self.upload(id)?;
-        let (extents, runs, reservation) = upload.seal(size).await?;
-        self.uploads().remove(id);
-        let mut record = CheckpointRecord {
-            name: upload.name.clone(),
-            version: 0,
-            size,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or_default(),
-            extents,
-            runs,
+        let mut infos = self.commit_group(&[(id.to_owned(), size)]).await?;
+        Ok(infos.remove(0))
+    }
+
+    /// Commits every upload of `group` (id, size) as the next version of
+    /// its name, in one catalog transaction: all become visible at once,
+    /// or none does (the files of every rank of a sharded save, with the
+    /// save's metadata). Their names must differ.
+    pub async fn commit_group(&self, group: &[(String, u64)]) -> Result<Vec<CheckpointInfo>> {
+        let uploads = group
+            .iter()
+            .map(|(id, _)| self.upload(id))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(first) = uploads.first() else {
+            return Err(StorageError::BadUpload {
+                name: "(group)".into(),
+                reason: "a commit of no uploads".into(),
+            });
         };
+        let mut names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(StorageError::BadUpload {
+                name: w[0].to_owned(),
+                reason: "two uploads of one name in one commit".into(),
+            });
+        }
+        let mut extents = Vec::with_capacity(uploads.len());
+        for (upload, (_, size)) in uploads.iter().zip(group) {
+            extents.push(upload.sealed_extents(*size)?);
+        }
+        // One flush makes every part of every upload durable.
+        self.store.device().flush().await?;
+        let mut held = Vec::with_capacity(uploads.len());
+        for upload in &uploads {
+            held.push(upload.take_reservation()?);
+        }
+        {
+            let mut map = self.uploads();
+            for (id, _) in group {
+                map.remove(id);
+            }
+        }
+        let created_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let mut records: Vec<CheckpointRecord> = uploads
+            .iter()
+            .zip(group)
+            .zip(extents)
+            .zip(&held)
+            .map(|(((upload, (_, size)), extents), (runs, _))| CheckpointRecord {
+                name: upload.name.clone(),
+                version: 0,
+                size: *size,
+                created_unix_ms,
+                extents,
+                runs: runs.clone(),
+            })
+            .collect();
         let removed = self
             .store
             .catalog()
-            .commit_checkpoint(&mut record, self.opts.keep)?;
-        reservation.keep();
+            .commit_checkpoints(&mut records, self.opts.keep)?;
+        for (_, reservation) in held {
+            reservation.keep();
+        }
         self.store.space_map().release(&removed.runs);
         tracing::info!(
-            "checkpoint '{}' version {} committed ({} bytes){}",
-            record.name,
-            record.version,
-            size,
+            "checkpoint '{}' version {} committed ({} bytes){}{}",
+            first.name,
+            records[0].version,
+            records[0].size,
+            match records.len() {
+                1 => String::new(),
+                n => format!(" with {} more in one transaction", n - 1),
+            },
             if removed.versions.is_empty() {
                 String::new()
             } else {
                 format!("; {} older version(s) retired", removed.versions.len())
             }
         );
-        Ok(CheckpointInfo::from(&record))
+        Ok(records.iter().map(CheckpointInfo::from).collect())
     }
 
     /// Abandons upload `id`: its chunks are free once no part of it is
@@ -190,7 +267,16 @@ impl Checkpoints {
             }
             keep
         });
-        before - uploads.len()
+        let expired = before - uploads.len();
+        drop(uploads);
+        lock(&self.lent).retain(|id, l| {
+            let keep = !l.idle_for(idle);
+            if !keep {
+                tracing::warn!("checkpoint region {id} idle for {} s, let go", idle.as_secs());
+            }
+            keep
+        });
+        expired
     }
 
     /// Uploads in progress.

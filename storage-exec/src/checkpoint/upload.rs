@@ -191,13 +191,10 @@ impl Upload {
         })
     }
 
-    /// Checks that the parts cover `[0, size)` exactly once, makes their
-    /// writes durable, and hands over the extents (in order), the chunk
-    /// runs and the reservation holding them.
-    pub async fn seal(
-        &self,
-        size: u64,
-    ) -> Result<(Vec<CheckpointExtent>, Vec<ChunkRun>, Reservation)> {
+    /// The extents (in order) once it is checked that no part is being
+    /// written and the parts cover `[0, size)` exactly once. Nothing
+    /// changes: a group commit checks every upload before it takes any.
+    pub fn sealed_extents(&self, size: u64) -> Result<Vec<CheckpointExtent>> {
         if self.active.load(Ordering::Acquire) > 0 {
             return Err(self.bad("parts are still being written; commit after they end".into()));
         }
@@ -219,12 +216,17 @@ impl Upload {
                 "{end} bytes were written but the commit says {size}"
             )));
         }
-        self.device.flush().await?;
+        Ok(extents)
+    }
+
+    /// Hands over the chunk runs and the reservation holding them (once
+    /// its writes are durable: the caller flushed the device).
+    pub fn take_reservation(&self) -> Result<(Vec<ChunkRun>, Reservation)> {
         let reservation = lock(&self.reservation)
             .take()
             .ok_or_else(|| self.bad("the upload is already committed".into()))?;
         let runs = merge_runs(reservation.runs());
-        Ok((extents, runs, reservation))
+        Ok((runs, reservation))
     }
 }
 

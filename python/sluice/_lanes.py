@@ -1,0 +1,323 @@
+"""How a checkpoint's bytes travel: the lanes of :mod:`sluice.checkpoint`.
+
+Two transports, one shape each way.
+
+Writing (``PutLanes``): the writer asks for a part buffer
+(:meth:`acquire`), fills it, and hands it over (:meth:`send`) while it
+fills the next; at most ``workers`` parts are in flight.
+
+- :class:`ShmPuts`: on the server's host. The part buffers are the slots
+  of a shared-memory region the server lent (``checkpoint.shm.put_open``),
+  so the writer's one copy of a byte is into the mapping, and the server
+  writes the slot from there to the device (``checkpoint.shm.put``). The
+  region outlives a save: the next one finds its pages in place.
+- :class:`FlightPuts`: anywhere. Each part is a ``DoPut`` stream of
+  8 MiB messages on a lane (its own connection).
+
+Reading (``GetLanes``): a reader asks for ranges, several at once
+(:meth:`fetch`), and reads them once they are in (:meth:`view`).
+
+- :class:`ShmGets`: the server reads each range O_DIRECT and checks its
+  crc32c, then puts it in a region of the version's size mapped here
+  (``checkpoint.shm.get``), where the reader parses it in place.
+- :class:`FlightGets`: each range is a ``DoGet`` stream on a lane; its
+  Arrow buffers are kept as they arrive.
+
+Shared memory is tried first unless ``transport="flight"``: the server
+accepts it only when this process's :class:`~sluice._shm.Probe` shows it
+shares the server's ``/dev/shm`` (and can open the server's 0600 files),
+and otherwise answers ``shm_unavailable``, after which Flight carries the
+bytes (``transport="shm"`` raises instead). Region files are unlinked as
+soon as they are mapped, so a process killed at any point leaves nothing
+in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import mmap
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from . import _shm
+from ._errors import SluiceError, from_flight
+
+# Bytes per Flight message of a part (the server takes up to 64 MiB).
+_PIECE = 8 << 20
+
+
+def action(client: Any, kind: str, body: Dict[str, Any], subject: str, lane: int = 0) -> Any:
+    """One checkpoint action's JSON answer, its errors as :class:`SluiceError`
+    naming ``subject``."""
+    try:
+        results = list(client.flight(lane).do_action(
+            flight.Action(kind, json.dumps(body).encode()), client.call_options()))
+    except (flight.FlightError, pa.ArrowException) as e:
+        raise from_flight(e, subject) from None
+    return json.loads(results[0].body.to_pybytes()) if results else None
+
+
+class Region:
+    """A region the server lent, mapped here; its file is unlinked at once
+    unless ``keep_name`` (a ``torch.load(mmap=True)`` opens it by name)."""
+
+    def __init__(self, info: Dict[str, Any], writable: bool, keep_name: bool = False):
+        self.id = info["region"]
+        self.path: Optional[str] = info["path"]
+        self.size = int(info["size"])
+        fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self.map = mmap.mmap(fd, max(self.size, 1), access=access) if self.size else None
+        finally:
+            os.close(fd)
+        if not keep_name:
+            self.unlink()
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+
+    def unlink(self) -> None:
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.path = None
+
+
+def _shm_refused(e: SluiceError) -> bool:
+    return e.code in ("shm_unavailable", "not_served") or e.grpc_code == "UNIMPLEMENTED"
+
+
+def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, transport: str,
+                writable: bool, keep_name: bool = False) -> Optional[Tuple[Region, Any]]:
+    """A region lent by ``kind`` (``put_open``/``get_open``) with this
+    process's probe, and the server's answer; ``None`` where the server
+    is not on this host (or ``transport`` is ``"flight"``)."""
+    if transport == "flight":
+        return None
+    with _shm.Probe() as probe:
+        ticket = probe.ticket()
+        if ticket is None:
+            if transport == "shm":
+                raise SluiceError(412, "shm_unavailable", f"{subject}: /dev/shm is not writable here")
+            return None
+        try:
+            answer = action(client, kind, dict(body, probe=ticket), subject)
+        except SluiceError as e:
+            if transport == "shm" or not _shm_refused(e):
+                raise
+            return None
+    info = answer.get("region", answer)
+    try:
+        region = Region(info, writable, keep_name)
+    except OSError as e:
+        # Not ours to open (another user's server): Flight it is.
+        try:
+            action(client, "checkpoint.shm.close", {"region": info["region"]}, subject)
+        except SluiceError:
+            pass
+        if transport == "shm":
+            raise SluiceError(412, "shm_unavailable", f"{subject}: {info['path']}: {e}") from None
+        return None
+    return region, answer
+
+
+class FlightPuts:
+    """Parts over Flight ``DoPut`` streams (see the module docs)."""
+
+    def __init__(self, client: Any, pool: ThreadPoolExecutor, chunk: int, workers: int):
+        self.client, self.pool, self.chunk, self.workers = client, pool, chunk, workers
+        self.inflight: List[Future] = []
+
+    def acquire(self) -> Tuple[Any, memoryview]:
+        buf = bytearray(self.chunk)
+        return buf, memoryview(buf)
+
+    def send(self, slot: Any, size: int, upload: str, offset: int, subject: str) -> None:
+        while len(self.inflight) >= self.workers:
+            self.inflight.pop(0).result()
+        data = memoryview(slot)[:size]
+        self.inflight.append(self.pool.submit(self._put, data, upload, offset, subject))
+
+    def _put(self, data: memoryview, upload: str, offset: int, subject: str) -> None:
+        c = self.client
+        cmd = json.dumps({"checkpoint_upload": upload, "offset": offset}).encode()
+        schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
+        try:
+            lane = offset // self.chunk % self.workers
+            writer, reader = c.flight(lane).do_put(
+                flight.FlightDescriptor.for_command(cmd), schema, c.call_options())
+            for lo in range(0, len(data), _PIECE):
+                piece = data[lo:lo + _PIECE]
+                offsets = pa.array([0, len(piece)], pa.int64()).buffers()[1]
+                arr = pa.LargeBinaryArray.from_buffers(
+                    pa.large_binary(), 1, [None, offsets, pa.py_buffer(piece)])
+                writer.write_batch(pa.record_batch([arr], schema=schema))
+            writer.done_writing()
+            reader.read()
+            writer.close()
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise from_flight(e, subject) from None
+
+    def drain(self) -> None:
+        try:
+            for f in self.inflight:
+                f.result()
+        finally:
+            self.inflight = []
+
+    def cancel(self) -> None:
+        for f in self.inflight:
+            f.cancel()
+        for f in self.inflight:
+            if not f.cancelled():
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - the upload is being aborted
+                    pass
+        self.inflight = []
+
+    def release(self) -> None:
+        """Nothing is kept between saves."""
+
+
+class ShmPuts(FlightPuts):
+    """Parts through the slots of a shared-memory region (see the module
+    docs). ``workers + 1`` slots: one fills while ``workers`` are written."""
+
+    def __init__(self, client: Any, pool: ThreadPoolExecutor, chunk: int, workers: int,
+                 region: Region, on_release: Callable[["ShmPuts"], None]):
+        super().__init__(client, pool, chunk, workers)
+        self.region = region
+        self.free = list(range(region.size // chunk))
+        self.on_release = on_release
+        self.pending: List[Tuple[int, Future]] = []
+
+    def acquire(self) -> Tuple[Any, memoryview]:
+        while not self.free:
+            slot, f = self.pending.pop(0)
+            try:
+                f.result()
+            finally:
+                self.free.append(slot)
+        slot = self.free.pop()
+        return slot, self.region.view[slot * self.chunk:(slot + 1) * self.chunk]
+
+    def send(self, slot: Any, size: int, upload: str, offset: int, subject: str) -> None:
+        body = {"region": self.region.id, "upload": upload, "at": slot * self.chunk,
+                "length": size, "offset": offset}
+        lane = offset // self.chunk % self.workers
+        f = self.pool.submit(action, self.client, "checkpoint.shm.put", body, subject, lane)
+        self.pending.append((slot, f))
+        self.inflight.append(f)
+
+    def drain(self) -> None:
+        try:
+            for _, f in self.pending:
+                f.result()
+        finally:
+            self.free.extend(slot for slot, _ in self.pending)
+            self.pending = []
+            self.inflight = []
+
+    def cancel(self) -> None:
+        super().cancel()
+        self.free.extend(slot for slot, _ in self.pending)
+        self.pending = []
+
+    def release(self) -> None:
+        """Back to the :class:`~sluice.Checkpoint` for its next save."""
+        self.on_release(self)
+
+
+class FlightGets:
+    """Ranges over Flight ``DoGet`` streams (see the module docs)."""
+
+    transport = "flight"
+
+    def __init__(self, client: Any, chunk: int, workers: int, name: str, version: int):
+        self.client, self.chunk, self.workers = client, chunk, workers
+        self.name, self.version = name, version
+        self.parts: Dict[int, List[Tuple[int, memoryview]]] = {}
+        self.starts: Dict[int, List[int]] = {}
+
+    def fetch(self, offset: int, length: int) -> None:
+        c = self.client
+        ticket = json.dumps({"type": "checkpoint", "checkpoint": self.name,
+                             "version": self.version, "offset": offset,
+                             "length": length}).encode()
+        out: List[Tuple[int, memoryview]] = []
+        pos = offset
+        try:
+            lane = offset // self.chunk % self.workers
+            stream = c.flight(lane).do_get(flight.Ticket(ticket), c.call_options())
+            while True:
+                try:
+                    chunk = stream.read_chunk()
+                except StopIteration:
+                    break
+                if chunk.data is None or chunk.data.num_rows == 0:
+                    continue
+                col = chunk.data.column(0)
+                offs = np.frombuffer(col.buffers()[1], dtype=np.int64)
+                offs = offs[col.offset:col.offset + len(col) + 1]
+                values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
+                if len(values):
+                    out.append((pos, values))
+                    pos += len(values)
+        except (flight.FlightError, pa.ArrowException) as e:
+            raise from_flight(e, f"checkpoint '{self.name}'") from None
+        if pos != offset + length:
+            raise SluiceError(500, "checkpoint_failed",
+                              f"checkpoint '{self.name}': bytes {pos}..{offset + length} missing")
+        self.parts[offset] = out
+        self.starts[offset] = [start for start, _ in out]
+
+    def view(self, offset: int, pos: int, want: int) -> memoryview:
+        """Up to ``want`` bytes from ``pos`` of the range at ``offset``
+        (fetched), without a copy."""
+        j = bisect.bisect_right(self.starts[offset], pos) - 1
+        start, view = self.parts[offset][j]
+        lo = pos - start
+        return view[lo:lo + want]
+
+    def close(self) -> None:
+        self.parts = {}
+        self.starts = {}
+
+
+class ShmGets:
+    """Ranges read by the server into a shared-memory region (see the
+    module docs)."""
+
+    transport = "shm"
+
+    def __init__(self, client: Any, chunk: int, workers: int, name: str, region: Region):
+        self.client, self.chunk, self.workers = client, chunk, workers
+        self.name, self.region = name, region
+
+    def fetch(self, offset: int, length: int) -> None:
+        body = {"region": self.region.id, "offset": offset, "length": length}
+        lane = offset // self.chunk % self.workers
+        got = action(self.client, "checkpoint.shm.get", body, f"checkpoint '{self.name}'", lane)
+        if int(got["bytes"]) != length:
+            raise SluiceError(500, "checkpoint_failed",
+                              f"checkpoint '{self.name}': bytes {offset + int(got['bytes'])}.."
+                              f"{offset + length} missing")
+
+    def view(self, offset: int, pos: int, want: int) -> memoryview:
+        return self.region.view[pos:pos + want]
+
+    def close(self) -> None:
+        try:
+            action(self.client, "checkpoint.shm.close", {"region": self.region.id},
+                   f"checkpoint '{self.name}'")
+        except SluiceError:
+            pass  # expired already: the server let it go
+        self.region.unlink()

@@ -1,0 +1,227 @@
+//! [`Region`]: one flat mapped file in `/dev/shm`, shared with a client on
+//! this host for bulk bytes (a checkpoint's parts on their way to the
+//! device, a checkpoint read back for the trainer to parse).
+//!
+//! Unlike a job's [`crate::Segment`], a region has no slots and no header:
+//! which byte ranges each side may touch at a time is the protocol's
+//! business (the checkpoint protocol hands a range to the server with a
+//! request and back with its answer). The file is made like a segment's:
+//! `create_new`, mode 0600 (a client of another user cannot open it and
+//! falls back to Flight), named `sluice-seg-<pid>-r<n>` so that
+//! [`crate::host::sweep`] removes it when a killed server left it. The
+//! client unlinks it as soon as it has mapped it; [`Region::unlink`] and
+//! drop remove it too, so a client that never came leaves nothing.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_flight::shm_handshake::{SEGMENT_PREFIX, SHM_DIR};
+
+use crate::host::sweep;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Region {
+    path: PathBuf,
+    /// Kept open to reserve pages ([`Region::reserve`]).
+    file: std::fs::File,
+    base: *mut u8,
+    len: usize,
+    /// Bytes mapped (at least one page: a zero-length mapping is refused).
+    mapped: usize,
+}
+
+// SAFETY: the mapping is owned by the `Region` alone and valid on any
+// thread until `drop` unmaps it; the pointer is never handed out past a
+// borrow of `self`.
+unsafe impl Send for Region {}
+// SAFETY: shared access goes through `bytes`/`bytes_mut`, whose callers
+// promise (their `# Safety`) that no two of them touch one range at once.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A new region of exactly `len` bytes (the file's size too, so a
+    /// client may open it as a file of that size), zeroed.
+    pub fn create(len: usize) -> std::io::Result<Self> {
+        static SWEEP: Once = Once::new();
+        SWEEP.call_once(sweep);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = Path::new(SHM_DIR).join(format!(
+            "{SEGMENT_PREFIX}{}-r{n}",
+            std::process::id()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        let mapped = len.max(1);
+        let base = (|| {
+            file.set_len(len as u64)?;
+            // SAFETY: a fresh shared mapping of a file we own; the result
+            // is checked against MAP_FAILED. Bytes past the file's end
+            // (up to the page) are never touched (`bytes` checks bounds).
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    mapped,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(base.cast::<u8>())
+        })();
+        match base {
+            Ok(base) => Ok(Self {
+                path,
+                file,
+                base,
+                len,
+                mapped,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Where its file is (until unlinked).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reserves the pages of `[at, at + len)` in `/dev/shm`: a full
+    /// `/dev/shm` is this error, not a SIGBUS when a page is first
+    /// touched. Whoever writes a range reserves it first (requests
+    /// reserve their own ranges, so the kernel zeroes pages on several
+    /// threads at once, beside the device's I/O).
+    pub fn reserve(&self, at: usize, len: usize) -> std::io::Result<()> {
+        self.check(at, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: a plain syscall on the file descriptor we own.
+        let err = unsafe {
+            libc::posix_fallocate(
+                self.file.as_raw_fd(),
+                at as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        match err {
+            0 => Ok(()),
+            e => Err(std::io::Error::from_raw_os_error(e)),
+        }
+    }
+
+    /// Removes its name (the memory stays while either side maps it).
+    pub fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    fn check(&self, at: usize, len: usize) -> std::io::Result<()> {
+        if at.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "bytes {at}..{} lie outside the {}-byte region {}",
+                    at.saturating_add(len),
+                    self.len,
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bytes `[at, at + len)`.
+    ///
+    /// # Safety
+    /// The client may write the mapping at any time: the caller must hold
+    /// the range by the protocol (the client handed it over and waits for
+    /// the answer), and no `bytes_mut` of an overlapping range may live.
+    pub unsafe fn bytes(&self, at: usize, len: usize) -> std::io::Result<&[u8]> {
+        self.check(at, len)?;
+        // SAFETY: inside the mapping (checked above), which lives as long
+        // as `self`; exclusive use of the range is the caller's promise.
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(at), len) })
+    }
+
+    /// The bytes `[at, at + len)`, to fill.
+    ///
+    /// # Safety
+    /// As for [`Region::bytes`], and no other borrow of an overlapping
+    /// range may live.
+    #[allow(clippy::mut_from_ref)] // the range's exclusivity is the caller's promise
+    pub unsafe fn bytes_mut(&self, at: usize, len: usize) -> std::io::Result<&mut [u8]> {
+        self.check(at, len)?;
+        // SAFETY: inside the mapping (checked above); the caller holds the
+        // range alone.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(at), len) })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.unlink();
+        // SAFETY: the mapping `create` made, unmapped once, here.
+        unsafe { libc::munmap(self.base.cast(), self.mapped) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_region_is_a_file_of_its_size_shared_and_removed_on_drop() {
+        let r = Region::create(10_000).unwrap();
+        r.reserve(8_192, 1_808).unwrap();
+        assert!(r.reserve(8_192, 1_809).is_err());
+        let path = r.path().to_owned();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), 10_000);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // SAFETY: nothing else touches this region in the test.
+        unsafe { r.bytes_mut(9_990, 10).unwrap() }.copy_from_slice(b"0123456789");
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[9_990..], b"0123456789");
+        // SAFETY: as above.
+        assert!(unsafe { r.bytes(9_991, 10) }.is_err(), "past the end");
+        // SAFETY: as above.
+        assert!(unsafe { r.bytes(usize::MAX, 2) }.is_err(), "overflow");
+        drop(r);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn an_empty_region_maps() {
+        let r = Region::create(0).unwrap();
+        assert!(r.is_empty());
+        // SAFETY: nothing else touches this region.
+        assert_eq!(unsafe { r.bytes(0, 0) }.unwrap(), b"");
+    }
+}

@@ -1,0 +1,309 @@
+//! The same-host path of checkpoints: bytes through a shared-memory
+//! [`Region`] instead of Flight's encoder, HTTP/2 and two socket copies.
+//!
+//! ```text
+//!  write:  client ─ copy ─► region ─► part buffers (crc32c) ─► O_DIRECT ─► chunks
+//!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
+//!  read:   chunks ─► O_DIRECT ─► crc32c ─► region ─► the client parses it in place
+//!          get_open(name, version, probe) → region of the version's size;
+//!          get(region, offset, length) ×N, several at once
+//! ```
+//!
+//! The client proves it shares this host with a [`Probe`] (a file it made
+//! in `/dev/shm` holding a nonce), as a trainer does for a job's
+//! batches; a client elsewhere (or of another user: the region's file is
+//! 0600) is refused with `shm_unavailable` and uses Flight. Who touches
+//! which bytes of a region is the protocol's: a range belongs to the
+//! server from the request that names it until the answer, and to the
+//! client otherwise, so no byte is written by both at once.
+//!
+//! A put region is the writer's lanes, not one checkpoint: a client keeps
+//! it from one save to the next (its pages stay in place) and names the
+//! upload with each part. A region lives until the client closes it or it
+//! goes unused past the checkpoints' idle timeout (a client killed -9
+//! costs nothing for long). The client unlinks the file
+//! once it has mapped it, and the server when it lets the region go, so
+//! nothing is left in `/dev/shm` by either side dying.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sluice_flight::shm_handshake::Probe;
+use sluice_shm::Region;
+
+use super::Checkpoints;
+use super::record::{CheckpointInfo, CheckpointRecord};
+use crate::error::{Result, StorageError};
+
+/// The largest region a writer may ask for: its lanes' parts, not the
+/// checkpoint (which streams through them).
+pub const MAX_PUT_REGION: u64 = 1 << 30;
+
+/// What a region is for.
+#[derive(Debug)]
+enum Use {
+    /// Parts of uploads, written by the client.
+    Put,
+    /// A version, read into it for the client.
+    Get { record: Arc<CheckpointRecord> },
+}
+
+/// A region lent to a client.
+#[derive(Debug)]
+pub(super) struct Lent {
+    region: Region,
+    what: Use,
+    active: AtomicUsize,
+    touched: Mutex<Instant>,
+    /// Ranges being read into it now: two requests never write one byte.
+    filling: Mutex<Vec<(u64, u64)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Lent {
+    /// Whether no request uses it and none came for `idle`.
+    pub(super) fn idle_for(&self, idle: Duration) -> bool {
+        self.active.load(Ordering::Acquire) == 0 && lock(&self.touched).elapsed() >= idle
+    }
+}
+
+/// Counts a request on a region while it runs.
+struct InUse(Arc<Lent>);
+
+impl InUse {
+    fn new(lent: Arc<Lent>) -> Self {
+        lent.active.fetch_add(1, Ordering::AcqRel);
+        Self(lent)
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        *lock(&self.0.touched) = Instant::now();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A range of a region being filled; let go on drop.
+struct Filling<'a> {
+    lent: &'a Lent,
+    range: (u64, u64),
+}
+
+impl<'a> Filling<'a> {
+    /// Claims `[lo, hi)`, or says which request holds part of it.
+    fn claim(lent: &'a Lent, lo: u64, hi: u64) -> Result<Self, (u64, u64)> {
+        let mut held = lock(&lent.filling);
+        if let Some(&r) = held.iter().find(|(a, b)| lo < *b && *a < hi) {
+            return Err(r);
+        }
+        held.push((lo, hi));
+        Ok(Self {
+            lent,
+            range: (lo, hi),
+        })
+    }
+}
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        lock(&self.lent.filling).retain(|r| *r != self.range);
+    }
+}
+
+/// A range of a region handed to the server by a `put` request.
+struct Lease {
+    lent: Arc<Lent>,
+    at: usize,
+    len: usize,
+}
+
+impl Deref for Lease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the client handed `[at, at + len)` over with the request
+        // this lease serves and touches it again only after the answer,
+        // which waits for the lease to be dropped; the bounds were checked
+        // when the lease was made, so this cannot fail.
+        unsafe { self.lent.region.bytes(self.at, self.len) }.unwrap_or_default()
+    }
+}
+
+/// Where a client finds the region it was lent.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RegionInfo {
+    /// Its id, for the requests that use it.
+    pub region: String,
+    /// The file to map (the client unlinks it once mapped).
+    pub path: String,
+    /// Its size.
+    pub size: u64,
+}
+
+impl Checkpoints {
+    fn lend(&self, what: &str, probe: &Probe, len: u64, use_: Use) -> Result<RegionInfo> {
+        let refused = |reason: String| StorageError::SharedMemory {
+            what: what.to_owned(),
+            reason,
+        };
+        sluice_shm::host::verify(probe).map_err(refused)?;
+        let region = Region::create(len as usize)
+            .map_err(|e| refused(format!("a {len}-byte region in /dev/shm: {e}")))?;
+        let id = super::new_id();
+        let info = RegionInfo {
+            region: id.clone(),
+            path: region.path().display().to_string(),
+            size: len,
+        };
+        let lent = Arc::new(Lent {
+            region,
+            what: use_,
+            active: AtomicUsize::new(0),
+            touched: Mutex::new(Instant::now()),
+            filling: Mutex::new(Vec::new()),
+        });
+        lock(&self.lent).insert(id, lent);
+        Ok(info)
+    }
+
+    fn lent(&self, id: &str) -> Result<Arc<Lent>> {
+        lock(&self.lent)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| StorageError::UnknownRegion(id.chars().take(64).collect()))
+    }
+
+    /// A region of `len` bytes for a writer's parts, for a client that
+    /// proves with `probe` that it is on this host. Its pages are
+    /// reserved at once: the client writes them.
+    pub fn shm_put_open(&self, probe: &Probe, len: u64) -> Result<RegionInfo> {
+        let what = "a checkpoint writer's parts";
+        if len == 0 || len > MAX_PUT_REGION {
+            return Err(StorageError::SharedMemory {
+                what: what.into(),
+                reason: format!(
+                    "a region of {len} bytes: between 1 and {MAX_PUT_REGION} bytes, \
+                     the parts in flight, not the whole checkpoint"
+                ),
+            });
+        }
+        let info = self.lend(what, probe, len, Use::Put)?;
+        let lent = self.lent(&info.region)?;
+        if let Err(e) = lent.region.reserve(0, len as usize) {
+            self.shm_close(&info.region)?;
+            return Err(StorageError::SharedMemory {
+                what: what.into(),
+                reason: format!("reserving {len} bytes in /dev/shm: {e}"),
+            });
+        }
+        Ok(info)
+    }
+
+    /// Writes the bytes `[at, at + len)` of region `region` as the part of
+    /// upload `upload` that starts at `offset`; returns its length. The
+    /// range is the client's again once this answers.
+    pub async fn shm_put(
+        &self,
+        region: &str,
+        upload: &str,
+        at: u64,
+        len: u64,
+        offset: u64,
+    ) -> Result<u64> {
+        let lent = self.lent(region)?;
+        if !matches!(lent.what, Use::Put) {
+            return Err(StorageError::UnknownRegion(format!(
+                "{region} (it reads a checkpoint; parts go to a region from put_open)"
+            )));
+        }
+        let upload = self.upload(upload)?;
+        let (at, len) = (at as usize, len as usize);
+        // SAFETY: only bounds are checked here; no bytes are borrowed.
+        unsafe { lent.region.bytes(at, len) }.map_err(|e| StorageError::BadUpload {
+            name: upload.name.clone(),
+            reason: e.to_string(),
+        })?;
+        let _in_use = InUse::new(Arc::clone(&lent));
+        let lease = Lease { lent, at, len };
+        upload
+            .write_part(offset, futures::stream::once(async { Ok(lease) }))
+            .await
+    }
+
+    /// A region holding version `version` of `name` (the newest when
+    /// `None`) once `shm_get` has filled it, for a client that proves
+    /// with `probe` that it is on this host.
+    pub fn shm_get_open(
+        &self,
+        name: &str,
+        version: Option<u64>,
+        probe: &Probe,
+    ) -> Result<(RegionInfo, CheckpointInfo)> {
+        let record = Arc::new(self.get(name, version)?);
+        let info = CheckpointInfo::from(record.as_ref());
+        let what = format!("checkpoint '{}' version {}", record.name, record.version);
+        let size = record.size;
+        let region = self.lend(&what, probe, size, Use::Get { record })?;
+        Ok((region, info))
+    }
+
+    /// Reads bytes `[offset, offset + length)` of the region's version
+    /// into the region at the same place (clipped to its size), each
+    /// extent checked against its crc32c; returns the bytes read.
+    pub async fn shm_get(&self, region: &str, offset: u64, length: u64) -> Result<u64> {
+        let lent = self.lent(region)?;
+        let Use::Get { record } = &lent.what else {
+            return Err(StorageError::UnknownRegion(format!(
+                "{region} (it takes parts; reads go to a region from get_open)"
+            )));
+        };
+        let record = Arc::clone(record);
+        let _in_use = InUse::new(Arc::clone(&lent));
+        let mut pos = offset.min(record.size);
+        let end = offset.saturating_add(length).min(record.size);
+        let refused = |reason: String| StorageError::SharedMemory {
+            what: format!("checkpoint '{}'", record.name),
+            reason,
+        };
+        let _filling = Filling::claim(&lent, pos, end).map_err(|(a, b)| {
+            refused(format!(
+                "bytes {pos}..{end} overlap bytes {a}..{b}, which another request is reading"
+            ))
+        })?;
+        lent.region
+            .reserve(pos as usize, (end - pos) as usize)
+            .map_err(|e| refused(format!("reserving bytes {pos}..{end} in /dev/shm: {e}")))?;
+        let mut bufs = std::pin::pin!(self.read(record, offset, length));
+        while let Some(buf) = bufs.next().await {
+            let buf = buf?;
+            // SAFETY: the client asked for this range and reads it only
+            // after the answer; ranges of requests in flight do not
+            // overlap (the client's rule), and `bytes_mut` checks bounds.
+            let dst = unsafe { lent.region.bytes_mut(pos as usize, buf.len()) }
+                .map_err(|e| StorageError::UnknownRegion(format!("{region}: {e}")))?;
+            dst.copy_from_slice(buf.as_slice());
+            pos += buf.len() as u64;
+        }
+        Ok(pos.saturating_sub(offset))
+    }
+
+    /// Lets region `region` go (its memory is freed once the client
+    /// unmaps it too).
+    pub fn shm_close(&self, region: &str) -> Result<()> {
+        lock(&self.lent)
+            .remove(region)
+            .map(drop)
+            .ok_or_else(|| StorageError::UnknownRegion(region.chars().take(64).collect()))
+    }
+
+    /// Regions lent now.
+    pub fn lent_regions(&self) -> usize {
+        lock(&self.lent).len()
+    }
+}
