@@ -113,7 +113,8 @@ def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, tran
             if transport == "shm" or not _shm_refused(e):
                 raise
             return None
-    info = answer.get("region", answer)
+    # get_open answers {"region": {…}, "checkpoint": {…}}, put_open the region.
+    info = answer["region"] if isinstance(answer.get("region"), dict) else answer
     try:
         region = Region(info, writable, keep_name)
     except OSError as e:
@@ -232,7 +233,11 @@ class ShmPuts(FlightPuts):
         self.pending = []
 
     def release(self) -> None:
-        """Back to the :class:`~sluice.Checkpoint` for its next save."""
+        """Back to the :class:`~sluice.Checkpoint` for its next save, every
+        slot free (the writer drained or cancelled its parts)."""
+        self.free = list(range(self.region.size // self.chunk))
+        self.pending = []
+        self.inflight = []
         self.on_release(self)
 
 
