@@ -51,10 +51,7 @@ impl Region {
         static SWEEP: Once = Once::new();
         SWEEP.call_once(sweep);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = Path::new(SHM_DIR).join(format!(
-            "{SEGMENT_PREFIX}{}-r{n}",
-            std::process::id()
-        ));
+        let path = Path::new(SHM_DIR).join(format!("{SEGMENT_PREFIX}{}-r{n}", std::process::id()));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -124,11 +121,7 @@ impl Region {
         }
         // SAFETY: a plain syscall on the file descriptor we own.
         let err = unsafe {
-            libc::posix_fallocate(
-                self.file.as_raw_fd(),
-                at as libc::off_t,
-                len as libc::off_t,
-            )
+            libc::posix_fallocate(self.file.as_raw_fd(), at as libc::off_t, len as libc::off_t)
         };
         match err {
             0 => Ok(()),

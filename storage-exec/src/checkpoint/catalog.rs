@@ -223,13 +223,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
         let mut a1 = record("run/a.pt", 0);
-        assert!(cat.commit_checkpoints(std::slice::from_mut(&mut a1), 2).unwrap().runs.is_empty());
+        assert!(
+            cat.commit_checkpoints(std::slice::from_mut(&mut a1), 2)
+                .unwrap()
+                .runs
+                .is_empty()
+        );
         let mut a2 = record("run/a.pt", 1);
-        cat.commit_checkpoints(std::slice::from_mut(&mut a2), 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut a2), 2)
+            .unwrap();
         let mut b = record("run/b.pt", 2);
-        cat.commit_checkpoints(std::slice::from_mut(&mut b), 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b), 2)
+            .unwrap();
         let mut a3 = record("run/a.pt", 3);
-        let removed = cat.commit_checkpoints(std::slice::from_mut(&mut a3), 2).unwrap();
+        let removed = cat
+            .commit_checkpoints(std::slice::from_mut(&mut a3), 2)
+            .unwrap();
         assert_eq!((a1.version, a2.version, a3.version), (1, 2, 3));
         assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
         assert_eq!(cat.checkpoint("run/a.pt", None).unwrap().version, 3);
@@ -260,13 +269,16 @@ mod tests {
         assert!(err.to_string().contains("run/a.pt"), "{err}");
         // Written again after every version was deleted: a new number.
         let mut a4 = record("run/a.pt", 4);
-        cat.commit_checkpoints(std::slice::from_mut(&mut a4), 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut a4), 2)
+            .unwrap();
         assert_eq!(a4.version, 4);
         let mut b2 = record("run/b.pt", 5);
-        cat.commit_checkpoints(std::slice::from_mut(&mut b2), 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b2), 2)
+            .unwrap();
         cat.delete_checkpoint("run/b.pt", Some(2)).unwrap();
         let mut b3 = record("run/b.pt", 6);
-        cat.commit_checkpoints(std::slice::from_mut(&mut b3), 2).unwrap();
+        cat.commit_checkpoints(std::slice::from_mut(&mut b3), 2)
+            .unwrap();
         assert_eq!(b3.version, 3, "version 2 was deleted, not free to reuse");
     }
 

@@ -213,11 +213,7 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.shm.put_open" => {
                 let o: PutOpen = body(kind, bytes)?;
-                json_bytes(
-                    &self
-                        .shm_put_open(&o.probe, o.size)
-                        .map_err(status)?,
-                )
+                json_bytes(&self.shm_put_open(&o.probe, o.size).map_err(status)?)
             }
             "checkpoint.shm.put" => {
                 let p: ShmPut = body(kind, bytes)?;

@@ -48,8 +48,8 @@ use futures::{Stream, StreamExt};
 pub use catalog::Removed;
 pub use flight::status;
 pub use record::{CheckpointExtent, CheckpointInfo, CheckpointRecord, validate_name};
-pub use shared::RegionInfo;
 use shared::Lent;
+pub use shared::RegionInfo;
 use upload::Upload;
 
 use crate::device::DeviceExt;
@@ -207,14 +207,16 @@ impl Checkpoints {
             .zip(group)
             .zip(extents)
             .zip(&held)
-            .map(|(((upload, (_, size)), extents), (runs, _))| CheckpointRecord {
-                name: upload.name.clone(),
-                version: 0,
-                size: *size,
-                created_unix_ms,
-                extents,
-                runs: runs.clone(),
-            })
+            .map(
+                |(((upload, (_, size)), extents), (runs, _))| CheckpointRecord {
+                    name: upload.name.clone(),
+                    version: 0,
+                    size: *size,
+                    created_unix_ms,
+                    extents,
+                    runs: runs.clone(),
+                },
+            )
             .collect();
         let removed = self
             .store
@@ -272,7 +274,10 @@ impl Checkpoints {
         lock(&self.lent).retain(|id, l| {
             let keep = !l.idle_for(idle);
             if !keep {
-                tracing::warn!("checkpoint region {id} idle for {} s, let go", idle.as_secs());
+                tracing::warn!(
+                    "checkpoint region {id} idle for {} s, let go",
+                    idle.as_secs()
+                );
             }
             keep
         });
