@@ -13,8 +13,9 @@ class Server:
     """`with Server(binary, work_dir, ingest_root) as client:` — a
     `sluice.Client` of a running server."""
 
-    def __init__(self, binary, work, ingest_root, extra=()):
+    def __init__(self, binary, work, ingest_root, extra=(), device_size="4GiB"):
         self.binary = binary
+        self.device_size = device_size
         self.work = work
         self.root = ingest_root
         self.extra = list(extra)
@@ -22,7 +23,7 @@ class Server:
 
     def __enter__(self):
         env = dict(os.environ, SLUICE_DATA_DIR=os.path.join(self.work, "data"),
-                   SLUICE_DEVICE_SIZE="4GiB")
+                   SLUICE_DEVICE_SIZE=self.device_size)
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0",
              "--ingest-root", self.root, *self.extra],

@@ -46,7 +46,9 @@ truncate -s 64M "$demo_dir/bench-device.img"
 "$VENV/bin/python" scripts/bench_train.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --per-class 8 --runs 1 --work "$demo_dir/train"
 "$VENV/bin/python" scripts/bench_torch.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
-  --sizes 8 --per-class 4 --crop 64 --runs 1 --work "$demo_dir"
+  --per-class 4 --crop 64 --runs 1 --work "$demo_dir"
+"$VENV/bin/python" scripts/bench_checkpoint.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+  --sizes 8 --runs 1 --work "$demo_dir"
 "$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --ranks 1 --files 8 --epochs 2 --record 262144 --model-size 1048576 --work "$demo_dir"
 "$VENV/bin/python" scripts/bench_load.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
