@@ -261,6 +261,62 @@ fn every_offload_mode_gives_the_same_bytes() {
     assert!(e.contains("offload cut 9 is out of range"), "{e}");
 }
 
+/// Queries whose filter (or `HAVING`) reads a UDF's output, with the
+/// CSV they must give: each UDF whose result type depends on its
+/// arguments, in `SELECT`, in `WHERE`, in a subquery's filter and in
+/// `HAVING`.
+const FILTERED: &[(&str, &str)] = &[
+    (
+        "SELECT count(*) AS n FROM pets WHERE to_tensor(resize(decode_image(data), 32, 32)) IS NOT NULL",
+        "n\n10\n",
+    ),
+    (
+        "SELECT count(*) AS n FROM (SELECT to_tensor(resize(decode_image(data), 32, 32)) AS x FROM pets) \
+         WHERE x IS NOT NULL",
+        "n\n10\n",
+    ),
+    (
+        "SELECT count(*) AS n FROM pets \
+         WHERE normalize(resize(decode_image(data), 8, 8), [0.5, 0.5, 0.5], [0.2, 0.2, 0.2]) IS NULL",
+        "n\n0\n",
+    ),
+    (
+        "SELECT label, count(*) AS n FROM pets GROUP BY label \
+         HAVING count(to_tensor(center_crop(decode_image(data), 16, 16))) > 4 ORDER BY label",
+        "label,n\nclass_0,5\nclass_1,5\n",
+    ),
+    (
+        "SELECT key FROM vols WHERE to_tensor(crop3d(npz(data, 'x'), 1, 1, 1, 4, 4, 4), 'float32') \
+         IS NOT NULL AND npz(data, 'x') IS NOT NULL ORDER BY key",
+        "key\nvol0.npz\nvol1.npz\nvol2.npz\n",
+    ),
+    (
+        "SELECT count(*) AS n FROM (SELECT decode_video(data, 4, 16, 16) AS clip FROM clips) \
+         WHERE clip IS NOT NULL",
+        "n\n3\n",
+    ),
+];
+
+#[test]
+fn a_filter_on_a_udfs_output_runs_on_either_side() {
+    let env = Env::new();
+    let (a, _, c, v) = sources(&env);
+    let data = env.data_dir();
+    ingest(&data, "pets", &a);
+    ingest(&data, "clips", &c);
+    ingest(&data, "vols", &v);
+    for (q, want) in FILTERED {
+        for offload in ["compute", "storage", "auto"] {
+            let got = ok(sluice(&data).args(["sql", q, "--format", "csv", "--offload", offload]));
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                *want,
+                "{q} with --offload {offload}"
+            );
+        }
+    }
+}
+
 #[test]
 fn separate_nodes_match_the_embedded_default_and_survive_a_node_going_down() {
     let env = Env::new();

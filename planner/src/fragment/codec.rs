@@ -11,20 +11,24 @@
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Result, internal_err};
 use datafusion::config::ConfigOptions;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion_proto::bytes::{
-    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    physical_plan_from_bytes_with_proto_converter, physical_plan_to_bytes_with_extension_codec,
 };
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::logical_plan::from_proto::parse_exprs;
 use datafusion_proto::logical_plan::to_proto::serialize_exprs;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr_with_converter;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr_with_converter;
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalPlanNodeExt,
+    PhysicalProtoConverterExtension,
+};
 use datafusion_proto::protobuf;
 use prost::Message;
 
@@ -225,30 +229,60 @@ pub fn encode_fragment(plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
     Ok(physical_plan_to_bytes_with_extension_codec(plan, &SluiceCodec)?.to_vec())
 }
 
-/// Decodes a storage fragment, resolving functions in `ctx`'s registry.
+/// Decodes a storage fragment, resolving functions in `ctx`'s registry;
+/// every function call's result field is recomputed where it is decoded
+/// ([`Retyping`]), whichever node holds it.
 pub fn decode_fragment(bytes: &[u8], ctx: &TaskContext) -> Result<Arc<dyn ExecutionPlan>> {
-    let plan = physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SluiceCodec)?;
-    let config = Arc::clone(ctx.session_config().options());
-    plan.transform_up(|node| {
-        let Some(p) = node.downcast_ref::<ProjectionExec>() else {
-            return Ok(Transformed::no(node));
-        };
-        let schema = p.input().schema();
-        let exprs = p
-            .expr()
-            .iter()
-            .map(|e| {
-                let expr = Arc::clone(&e.expr)
-                    .transform_up(|x| retype(x, &schema, &config))?
-                    .data;
-                Ok(ProjectionExpr::new(expr, e.alias.clone()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let rebuilt: Arc<dyn ExecutionPlan> =
-            Arc::new(ProjectionExec::try_new(exprs, Arc::clone(p.input()))?);
-        Ok(Transformed::yes(rebuilt))
-    })
-    .map(|t| t.data)
+    physical_plan_from_bytes_with_proto_converter(bytes, ctx, &SluiceCodec, &Retyping)
+}
+
+/// datafusion-proto's converter, but for the function calls it decodes:
+/// each is rebuilt from its (already rebuilt) arguments and the input
+/// schema, so its result field is the one the planner saw (see
+/// [`retype`]). A projection, a filter, an aggregate's arguments, a sort
+/// key or a join condition: every expression of the fragment passes here.
+#[derive(Debug, Default, Clone, Copy)]
+struct Retyping;
+
+impl PhysicalProtoConverterExtension for Retyping {
+    fn proto_to_execution_plan(
+        &self,
+        proto: &protobuf::PhysicalPlanNode,
+        ctx: &PhysicalPlanDecodeContext<'_>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        proto.try_into_physical_plan_with_context(ctx, self)
+    }
+
+    fn execution_plan_to_proto(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        codec: &dyn PhysicalExtensionCodec,
+    ) -> Result<protobuf::PhysicalPlanNode> {
+        protobuf::PhysicalPlanNode::try_from_physical_plan_with_converter(
+            Arc::clone(plan),
+            codec,
+            self,
+        )
+    }
+
+    fn proto_to_physical_expr(
+        &self,
+        proto: &protobuf::PhysicalExprNode,
+        input_schema: &Schema,
+        ctx: &PhysicalPlanDecodeContext<'_>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        let expr = parse_physical_expr_with_converter(proto, input_schema, ctx, self)?;
+        let config = ctx.task_ctx().session_config().options();
+        Ok(retype(expr, input_schema, config)?.data)
+    }
+
+    fn physical_expr_to_proto(
+        &self,
+        expr: &Arc<dyn PhysicalExpr>,
+        codec: &dyn PhysicalExtensionCodec,
+    ) -> Result<protobuf::PhysicalExprNode> {
+        serialize_physical_expr_with_converter(expr, codec, self)
+    }
 }
 
 /// datafusion-proto carries a function call's result type but not its
