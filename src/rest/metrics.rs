@@ -37,6 +37,7 @@ pub struct Readings {
     device_free: Option<u64>,
     cache: Option<CacheStats>,
     uploads: Option<u64>,
+    regions: Option<u64>,
     outputs: OutputCacheStats,
     stages: StageCacheStats,
     shm: u64,
@@ -55,6 +56,7 @@ impl Readings {
             }),
             cache: s.ingest_store.as_ref().map(|store| store.cache().stats()),
             uploads: s.checkpoints.as_ref().map(|c| c.pending_uploads() as u64),
+            regions: s.checkpoints.as_ref().map(|c| c.lent_regions() as u64),
             outputs: s.jobs.session().output_cache().stats(),
             stages: sluice_udfs::stage_cache::StageCache::global().stats(),
             shm: sluice_shm::segment::mapped_bytes(),
@@ -116,6 +118,10 @@ impl Readings {
         if let Some(n) = self.uploads {
             let help = "Checkpoint uploads begun and not yet committed or aborted.";
             gauge(e, "sluice_checkpoint_uploads", help, n)?;
+        }
+        if let Some(n) = self.regions {
+            let help = "Shared-memory regions lent to checkpoint writers and readers on this host.";
+            gauge(e, "sluice_checkpoint_regions", help, n)?;
         }
         self.job_caches(e)?;
         let help = "Bytes of the shared-memory segments open to trainers on this host.";

@@ -226,13 +226,15 @@ def test_a_writer_killed_mid_stream(server):
     assert [v["version"] for v in ck.list(versions=True)] == [1]
     with ck.reader("model.pt") as r:
         assert r.read() == good
-    # ... and once the upload's idle timeout (1 s here) passes, its space is back.
+    # ... and once the upload's idle timeout (1 s here) passes, its space
+    # is back and the region it wrote through is let go.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if free(client) == free_from(before):
+        if free(client) == free_from(before) and regions(client) == 0:
             break
         time.sleep(0.2)
     assert free(client) == free_from(before)
+    assert regions(client) == 0
 
 
 STREAMING_WRITER = """
@@ -288,6 +290,13 @@ def free_from(metrics):
         if line.startswith("sluice_device_free_bytes "):
             return int(float(line.split()[1]))
     raise AssertionError(f"no sluice_device_free_bytes in {metrics[:500]}")
+
+
+def regions(client):
+    for line in client._request("GET", "/metrics").splitlines():
+        if line.startswith("sluice_checkpoint_regions "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no sluice_checkpoint_regions in /metrics")
 
 
 def free(client):
