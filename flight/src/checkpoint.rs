@@ -34,6 +34,7 @@
 //!                                   → {"region": {"region", "path", "size"}, "checkpoint": {…}}
 //!  DoAction checkpoint.shm.get      {"region", "offset", "length"}
 //!           the version's bytes land in the region at the same place → {"bytes"}
+//!  DoAction checkpoint.shm.touch    {"region"}  (a kept region taken up again; not found once let go)
 //!  DoAction checkpoint.shm.close    {"region"}
 //! ```
 
@@ -54,7 +55,7 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 12] = [
+pub const ACTIONS: [(&str, &str); 13] = [
     (
         "checkpoint.begin",
         "start writing a checkpoint version: {name} → {upload}",
@@ -83,6 +84,10 @@ pub const ACTIONS: [(&str, &str); 12] = [
     (
         "checkpoint.shm.get",
         "read a range of the version into its region: {region, offset, length}",
+    ),
+    (
+        "checkpoint.shm.touch",
+        "mark a kept region used now (not found once let go): {region}",
     ),
     ("checkpoint.shm.close", "let a region go: {region}"),
     (

@@ -80,10 +80,20 @@ class Checkpoint:
         """A writer's lanes: a kept shared-memory region, a new one, or
         Flight (see :mod:`sluice._lanes`)."""
         pool = self._executor()
-        with self._lock:
-            if self._idle_puts:
-                return self._idle_puts.pop()
-            refused = self._shm_refused
+        while True:
+            with self._lock:
+                kept = self._idle_puts.pop() if self._idle_puts else None
+                refused = self._shm_refused
+            if kept is None:
+                break
+            try:
+                # The server lets a region go after its idle timeout.
+                _lanes.action(self.client, "checkpoint.shm.touch", {"region": kept.region.id},
+                              subject)
+                return kept
+            except SluiceError as e:
+                if e.code != "region_not_found":
+                    raise
         flight_puts = _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
         if refused and self.transport == "auto":
             return flight_puts

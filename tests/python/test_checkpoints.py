@@ -92,10 +92,19 @@ def test_shared_memory_and_flight_give_the_same_checkpoint(server):
             assert r.transport == reader.transport
             assert r.read() == data
     assert shm.stat("a.bin")["size"] == fl.stat("b.bin")["size"] == len(data)
-    # A region is the writer's lanes: the next save reuses it.
+    # A region is the writer's lanes: the next save reuses it...
+    kept = shm._idle_puts[0].region.id
     with shm.writer("c.bin") as w:
         w.write(data[:CHUNK])
-    assert len(shm._idle_puts) == 1
+    assert [p.region.id for p in shm._idle_puts] == [kept]
+    # ... unless the server let it go (idle past its timeout, 1 s here).
+    time.sleep(2.5)
+    with shm.writer("d.bin") as w:
+        w.write(data)
+    assert w.transport == "shm"
+    assert [p.region.id for p in shm._idle_puts] != [kept]
+    with fl.reader("d.bin") as r:
+        assert r.read() == data
     shm.close()
     fl.close()
 

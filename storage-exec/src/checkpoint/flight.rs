@@ -238,6 +238,11 @@ impl CheckpointEndpoint for Checkpoints {
                     .map_err(status)?;
                 json_bytes(&json!({ "bytes": n }))
             }
+            "checkpoint.shm.touch" => {
+                let r: RegionId = body(kind, bytes)?;
+                self.shm_touch(&r.region).map_err(status)?;
+                json_bytes(&json!({ "region": r.region }))
+            }
             "checkpoint.shm.close" => {
                 let r: RegionId = body(kind, bytes)?;
                 self.shm_close(&r.region).map_err(status)?;

@@ -293,6 +293,14 @@ impl Checkpoints {
         Ok(pos.saturating_sub(offset))
     }
 
+    /// Marks region `region` used now (a writer taking up its kept
+    /// region again); an error when it was let go meanwhile.
+    pub fn shm_touch(&self, region: &str) -> Result<()> {
+        let lent = self.lent(region)?;
+        *lock(&lent.touched) = Instant::now();
+        Ok(())
+    }
+
     /// Lets region `region` go (its memory is freed once the client
     /// unmaps it too).
     pub fn shm_close(&self, region: &str) -> Result<()> {
