@@ -401,10 +401,13 @@ def test_a_flipped_byte_on_the_device_is_named_on_read():
         assert cli.returncode != 0 and "flip/m.pt" in cli.stderr and "corrupt" in cli.stderr
         proc, rest = start_serve(d, env)
         try:
-            ck = sluice.Checkpoint(sluice.Client(rest), "flip", chunk_size=CHUNK)
-            with pytest.raises(sluice.SluiceError) as e:
-                ck.reader("m.pt").read()
-            assert "flip/m.pt" in e.value.message and "corrupt" in e.value.message
+            # Read into the shared region O_DIRECT (checked there) or over Flight.
+            for transport in ("shm", "flight"):
+                ck = sluice.Checkpoint(sluice.Client(rest), "flip", chunk_size=CHUNK,
+                                       transport=transport)
+                with pytest.raises(sluice.SluiceError) as e:
+                    ck.reader("m.pt").read()
+                assert "flip/m.pt" in e.value.message and "corrupt" in e.value.message
         finally:
             proc.terminate()
             assert proc.wait(timeout=30) == 0

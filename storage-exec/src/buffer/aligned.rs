@@ -19,6 +19,8 @@ pub struct AlignedBuf {
     len: usize,
     slot: Slot,
     pool: Arc<BufferPool>,
+    /// What keeps borrowed memory alive ([`BufferPool::borrow`]).
+    owner: Option<Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe>>,
 }
 
 // SAFETY: an `AlignedBuf` is the unique owner of its memory (the allocator
@@ -37,7 +39,16 @@ impl AlignedBuf {
             len: 0,
             slot,
             pool,
+            owner: None,
         }
+    }
+
+    /// Keeps `owner` (of borrowed memory) alive as long as the buffer.
+    pub(super) fn keep(
+        &mut self,
+        owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe>,
+    ) {
+        self.owner = Some(owner);
     }
 
     /// Number of bytes holding data.

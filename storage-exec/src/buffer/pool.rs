@@ -59,6 +59,8 @@ pub(super) enum Slot {
     Fixed(u16),
     Class(u32),
     Oversize,
+    /// Memory the pool does not own (see [`BufferPool::borrow`]).
+    Borrowed,
 }
 
 /// Counters describing a pool's use.
@@ -212,6 +214,29 @@ impl BufferPool {
         Ok(buf)
     }
 
+    /// A buffer over memory this pool does not own — a shared-memory
+    /// region a checkpoint is read into — for a device whose I/O takes
+    /// any aligned memory ([`crate::device::Device::takes_any_memory`]).
+    /// `owner` keeps the memory alive while the buffer lives; dropping
+    /// the buffer frees nothing. Not counted as on loan.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` initialised
+    /// bytes, aligned to [`BufferPool::align`], for as long as `owner`
+    /// lives, and no one else may touch those bytes while the buffer
+    /// lives (a device writes into them).
+    pub unsafe fn borrow(
+        self: &Arc<Self>,
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe>,
+    ) -> AlignedBuf {
+        let mut buf = AlignedBuf::new(ptr, len, Slot::Borrowed, Arc::clone(self));
+        buf.keep(owner);
+        buf.set_len(len);
+        buf
+    }
+
     /// True when `ptr` points into a buffer currently on loan from this pool.
     pub fn contains(&self, ptr: *const u8) -> bool {
         let addr = ptr as usize;
@@ -251,6 +276,9 @@ impl BufferPool {
     }
 
     pub(super) fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
+        if slot == Slot::Borrowed {
+            return; // never lent from here: its owner frees it
+        }
         self.outstanding_bytes
             .fetch_sub(cap as u64, Ordering::Relaxed);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
@@ -261,6 +289,7 @@ impl BufferPool {
                 free.retained_bytes += cap;
                 free.classes[class as usize].push(ptr);
             }
+            Slot::Borrowed => {} // returned above
             Slot::Class(_) | Slot::Oversize => {
                 drop(free);
                 // SAFETY: `ptr` came from `fresh(cap)` with this alignment and

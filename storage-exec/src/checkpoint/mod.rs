@@ -340,18 +340,7 @@ impl Checkpoints {
                 let record = Arc::clone(&record);
                 async move {
                     let (buf, at) = device.read_covering(e.device, e.len).await?;
-                    let bytes = &buf.as_slice()[at..at + e.len as usize];
-                    let actual = crc32c::crc32c(bytes);
-                    if actual != e.crc {
-                        return Err(StorageError::CheckpointCorrupt {
-                            name: record.name.clone(),
-                            version: record.version,
-                            offset: e.offset,
-                            end: e.end(),
-                            expected: e.crc,
-                            actual,
-                        });
-                    }
+                    record.check(&e, &buf.as_slice()[at..at + e.len as usize])?;
                     let lo = offset.max(e.offset) - e.offset;
                     let hi = end.min(e.end()) - e.offset;
                     Ok(buf

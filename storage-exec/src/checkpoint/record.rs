@@ -46,6 +46,23 @@ pub struct CheckpointRecord {
 }
 
 impl CheckpointRecord {
+    /// Checks `bytes` read back for extent `e` against its crc32c; a
+    /// mismatch names the checkpoint, version and byte range.
+    pub fn check(&self, e: &CheckpointExtent, bytes: &[u8]) -> crate::error::Result<()> {
+        let actual = crc32c::crc32c(bytes);
+        if actual != e.crc {
+            return Err(crate::error::StorageError::CheckpointCorrupt {
+                name: self.name.clone(),
+                version: self.version,
+                offset: e.offset,
+                end: e.end(),
+                expected: e.crc,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
     /// The extents that hold some of `[offset, offset + len)`.
     pub fn extents_in(&self, offset: u64, len: u64) -> &[CheckpointExtent] {
         let end = offset.saturating_add(len).min(self.size);

@@ -4,7 +4,7 @@
 //! ```text
 //!  write:  client ─ copy ─► region ─► part buffers (crc32c) ─► O_DIRECT ─► chunks
 //!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
-//!  read:   chunks ─► O_DIRECT ─► crc32c ─► region ─► the client parses it in place
+//!  read:   chunks ─► O_DIRECT into the region's pages ─► crc32c there ─► the client parses it in place
 //!          get_open(name, version, probe) → region of the version's size;
 //!          get(region, offset, length) ×N, several at once
 //! ```
@@ -35,7 +35,8 @@ use sluice_flight::shm_handshake::Probe;
 use sluice_shm::Region;
 
 use super::Checkpoints;
-use super::record::{CheckpointInfo, CheckpointRecord};
+use super::record::{CheckpointExtent, CheckpointInfo, CheckpointRecord};
+use crate::device::{Device, DeviceExt};
 use crate::error::{Result, StorageError};
 
 /// The largest region a writer may ask for: its lanes' parts, not the
@@ -265,7 +266,7 @@ impl Checkpoints {
         };
         let record = Arc::clone(record);
         let _in_use = InUse::new(Arc::clone(&lent));
-        let mut pos = offset.min(record.size);
+        let pos = offset.min(record.size);
         let end = offset.saturating_add(length).min(record.size);
         let refused = |reason: String| StorageError::SharedMemory {
             what: format!("checkpoint '{}'", record.name),
@@ -279,18 +280,17 @@ impl Checkpoints {
         lent.region
             .reserve(pos as usize, (end - pos) as usize)
             .map_err(|e| refused(format!("reserving bytes {pos}..{end} in /dev/shm: {e}")))?;
-        let mut bufs = std::pin::pin!(self.read(record, offset, length));
-        while let Some(buf) = bufs.next().await {
-            let buf = buf?;
-            // SAFETY: the client asked for this range and reads it only
-            // after the answer; ranges of requests in flight do not
-            // overlap (the client's rule), and `bytes_mut` checks bounds.
-            let dst = unsafe { lent.region.bytes_mut(pos as usize, buf.len()) }
-                .map_err(|e| StorageError::UnknownRegion(format!("{region}: {e}")))?;
-            dst.copy_from_slice(buf.as_slice());
-            pos += buf.len() as u64;
+        let device = Arc::clone(self.store.device());
+        let depth = device.parallelism().clamp(1, 8);
+        let extents = record.extents_in(pos, end - pos).to_vec();
+        let mut reads = futures::stream::iter(extents)
+            .map(|e| read_extent(Arc::clone(&device), Arc::clone(&lent), &record, e, pos, end))
+            .buffer_unordered(depth);
+        let mut read = 0;
+        while let Some(n) = reads.next().await {
+            read += n?;
         }
-        Ok(pos.saturating_sub(offset))
+        Ok(read)
     }
 
     /// Marks region `region` used now (a writer taking up its kept
@@ -314,4 +314,54 @@ impl Checkpoints {
     pub fn lent_regions(&self) -> usize {
         lock(&self.lent).len()
     }
+}
+
+/// Reads the part of extent `e` inside `[lo, hi)` of `record` into the
+/// region at the same place; returns its length. An extent wholly inside,
+/// aligned and a whole number of blocks long (every one but a
+/// checkpoint's last, with the client's usual ranges) lands straight in
+/// the mapping: the device reads O_DIRECT into the region's pages and the
+/// crc32c is checked there. Any other, or a device that needs its own
+/// memory (SPDK), goes through an aligned buffer and one copy.
+async fn read_extent(
+    device: Arc<dyn Device>,
+    lent: Arc<Lent>,
+    record: &CheckpointRecord,
+    e: CheckpointExtent,
+    lo: u64,
+    hi: u64,
+) -> Result<u64> {
+    let (lo, hi) = (lo.max(e.offset), hi.min(e.end()));
+    let outside = |err: std::io::Error| StorageError::SharedMemory {
+        what: format!("checkpoint '{}'", record.name),
+        reason: err.to_string(),
+    };
+    let pool = Arc::clone(device.pool());
+    let whole = lo == e.offset && hi == e.end();
+    let aligned = e.offset.is_multiple_of(pool.align() as u64)
+        && e.len.is_multiple_of(device.block_size() as u64);
+    if device.takes_any_memory() && whole && aligned && e.len > 0 {
+        // SAFETY: the request holds `[lo, hi)` (claimed above, the
+        // client's until the answer), so these bytes are ours alone; the
+        // slice is only turned into a pointer.
+        let dst = unsafe { lent.region.bytes_mut(lo as usize, e.len as usize) }.map_err(outside)?;
+        let ptr = std::ptr::NonNull::new(dst.as_mut_ptr())
+            .ok_or_else(|| outside(std::io::Error::other("a null region")))?;
+        let owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe> = lent.clone();
+        // SAFETY: `ptr` is `e.len` bytes of the mapping, initialised (the
+        // kernel zeroed them), aligned to the pool's alignment (the region
+        // is page-aligned and `e.offset` a multiple of it, checked above),
+        // held by this request alone, and `owner` keeps the mapping alive.
+        let buf = unsafe { pool.borrow(ptr, e.len as usize, owner) };
+        let buf = device.read_at(e.device, buf).await?;
+        record.check(&e, buf.as_slice())?;
+        return Ok(e.len);
+    }
+    let (buf, at) = device.read_covering(e.device, e.len).await?;
+    let bytes = &buf.as_slice()[at..at + e.len as usize];
+    record.check(&e, bytes)?;
+    // SAFETY: as above: `[lo, hi)` is this request's alone.
+    let dst = unsafe { lent.region.bytes_mut(lo as usize, (hi - lo) as usize) }.map_err(outside)?;
+    dst.copy_from_slice(&bytes[(lo - e.offset) as usize..(hi - e.offset) as usize]);
+    Ok(hi - lo)
 }

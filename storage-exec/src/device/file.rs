@@ -129,6 +129,10 @@ impl Device for FileDevice {
         &self.pool
     }
 
+    fn takes_any_memory(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> DeviceInfo {
         self.geometry.info("file", false)
     }

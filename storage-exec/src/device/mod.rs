@@ -150,6 +150,14 @@ pub trait Device: Debug + Send + Sync + 'static {
     /// The pool that buffers for this device come from.
     fn pool(&self) -> &Arc<BufferPool>;
 
+    /// Whether its I/O takes any aligned memory, not only its pool's
+    /// (a buffer from [`BufferPool::borrow`]): true where the kernel does
+    /// the I/O (`uring`, `file`), false for SPDK, whose DMA engine needs
+    /// its own memory.
+    fn takes_any_memory(&self) -> bool {
+        false
+    }
+
     /// Backend name and path, for logs and `sluice info`.
     fn describe(&self) -> DeviceInfo;
 

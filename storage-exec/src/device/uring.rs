@@ -359,6 +359,10 @@ impl Device for UringDevice {
         &self.pool
     }
 
+    fn takes_any_memory(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> DeviceInfo {
         self.geometry.info("uring", self.fixed_buffers)
     }
