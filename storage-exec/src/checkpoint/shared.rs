@@ -231,6 +231,45 @@ impl Checkpoints {
             reason: e.to_string(),
         })?;
         let _in_use = InUse::new(Arc::clone(&lent));
+        let device = Arc::clone(upload.device());
+        let pool = Arc::clone(device.pool());
+        if device.takes_any_memory() && (at as u64).is_multiple_of(pool.align() as u64) {
+            let chunk = upload.chunk_size() as usize;
+            let bs = device.block_size();
+            let staged = (0..len).step_by(chunk.max(1)).map(|lo| {
+                let n = chunk.min(len - lo);
+                // SAFETY: the client handed `[at, at + len)` over with this
+                // request and waits for the answer, which comes after
+                // every write below has ended; `bytes` checks bounds.
+                let piece = unsafe { lent.region.bytes(at + lo, n) }.map_err(|e| {
+                    StorageError::BadUpload {
+                        name: upload.name.clone(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                if !n.is_multiple_of(bs) {
+                    // The part's tail: padded to a block in a buffer of ours.
+                    let mut buf = device.buffer(n.div_ceil(bs) * bs)?;
+                    buf.as_mut_slice()[..n].copy_from_slice(piece);
+                    return Ok((buf, n));
+                }
+                let ptr = std::ptr::NonNull::new(piece.as_ptr().cast_mut()).ok_or_else(|| {
+                    StorageError::BadUpload {
+                        name: upload.name.clone(),
+                        reason: "a null region".into(),
+                    }
+                })?;
+                let owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe> =
+                    lent.clone();
+                // SAFETY: `n` initialised bytes of the mapping, aligned (the
+                // region is page-aligned, `at` and every chunk a multiple of
+                // the alignment), the request's alone until its answer, the
+                // device only reads them, and `owner` keeps them mapped.
+                Ok((unsafe { pool.borrow(ptr, n, owner) }, n))
+            });
+            return upload.write_staged(offset, staged).await;
+        }
+        // A device that needs its own memory (SPDK): one copy, into its buffers.
         let lease = Lease { lent, at, len };
         upload
             .write_part(offset, futures::stream::once(async { Ok(lease) }))

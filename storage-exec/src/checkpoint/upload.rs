@@ -169,6 +169,52 @@ impl Upload {
         Ok(pos - offset)
     }
 
+    /// The device it writes to.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Bytes per chunk (an extent's most).
+    pub fn chunk_size(&self) -> u64 {
+        self.chunk_size
+    }
+
+    /// Writes the part at `offset` from buffers already staged, each
+    /// holding the next `filled` bytes (at most a chunk); returns its
+    /// length. The same-host path hands its region's chunks here as
+    /// borrowed buffers, so they reach the device without a copy.
+    pub async fn write_staged<I>(self: &Arc<Self>, offset: u64, staged: I) -> Result<u64>
+    where
+        I: IntoIterator<Item = Result<(AlignedBuf, usize)>>,
+    {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = Active(self);
+        let max_in_flight = self.device.parallelism().clamp(1, 8);
+        let mut writes = FuturesUnordered::new();
+        let mut extents = Vec::new();
+        let mut pos = offset;
+        for item in staged {
+            let (buf, filled) = item?;
+            self.touch();
+            let start = pos;
+            pos += filled as u64;
+            while writes.len() >= max_in_flight {
+                if let Some(done) = writes.next().await {
+                    extents.push(joined(done)?);
+                }
+            }
+            let this = Arc::clone(self);
+            writes.push(sluice_base::task::to_end(async move {
+                this.write_extent(start, buf, filled).await
+            }));
+        }
+        while let Some(done) = writes.next().await {
+            extents.push(joined(done)?);
+        }
+        lock(&self.extents).extend(extents);
+        Ok(pos - offset)
+    }
+
     /// Checksums `filled` bytes of `buf` and writes them to a new chunk.
     async fn write_extent(
         &self,
