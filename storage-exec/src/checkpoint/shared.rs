@@ -2,7 +2,7 @@
 //! [`Region`] instead of Flight's encoder, HTTP/2 and two socket copies.
 //!
 //! ```text
-//!  write:  client ─ copy ─► region ─► part buffers (crc32c) ─► O_DIRECT ─► chunks
+//!  write:  client ─ copy ─► region ─► crc32c ─► O_DIRECT from the region ─► chunks
 //!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
 //!  read:   chunks ─► O_DIRECT into the region's pages ─► crc32c there ─► the client parses it in place
 //!          get_open(name, version, probe) → region of the version's size;
