@@ -22,6 +22,7 @@ pub async fn run_all(dev: Arc<dyn Device>) {
     rejects_out_of_range_requests(&dev).await;
     buffers_return_to_the_pool(&dev).await;
     read_buffer_becomes_arrow_without_copy(&dev).await;
+    borrowed_memory_round_trips(&dev).await;
 }
 
 /// `len` pseudo-random bytes from `seed` (xorshift): data that differs at
@@ -188,4 +189,62 @@ pub async fn read_buffer_becomes_arrow_without_copy(dev: &Arc<dyn Device>) {
     drop(arrow);
     assert!(!dev.pool().contains(ptr));
     assert_eq!(dev.pool().stats().outstanding, 0);
+}
+
+/// Where the device takes any aligned memory, a buffer borrowed over
+/// memory the pool does not own (a shared region) is written from and
+/// read into in place, and dropping it frees nothing.
+pub async fn borrowed_memory_round_trips(dev: &Arc<dyn Device>) {
+    if !dev.takes_any_memory() {
+        return;
+    }
+    let pool = Arc::clone(dev.pool());
+    let len = 4 * dev.block_size();
+    let layout = std::alloc::Layout::from_size_align(len, pool.align()).expect("layout");
+    /// Memory of ours, freed when the last borrowed buffer is gone.
+    struct Owned(std::ptr::NonNull<u8>, std::alloc::Layout);
+    // SAFETY: the memory is only reached through the buffers' pointers,
+    // one at a time in this test.
+    unsafe impl Send for Owned {}
+    // SAFETY: as above.
+    unsafe impl Sync for Owned {}
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            // SAFETY: allocated below with this layout, freed once.
+            unsafe { std::alloc::dealloc(self.0.as_ptr(), self.1) };
+        }
+    }
+    // SAFETY: a non-zero size; zeroed, so initialised.
+    let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+    let ptr = std::ptr::NonNull::new(raw).expect("allocation");
+    let owner = Arc::new(Owned(ptr, layout));
+    let data = pattern(11, len);
+    // SAFETY: `len` bytes allocated above, zeroed, nothing else uses them.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), len) };
+    let outstanding = pool.stats().outstanding;
+    // SAFETY: `ptr` is `len` initialised bytes aligned to the pool, kept
+    // alive by `owner`, and only this buffer touches them.
+    let buf = unsafe { pool.borrow(ptr, len, owner.clone()) };
+    let buf = dev
+        .write_at(0, buf)
+        .await
+        .expect("write from borrowed memory");
+    assert_eq!(buf.as_ptr(), ptr.as_ptr());
+    drop(buf);
+    // SAFETY: as above; no buffer over it is alive now.
+    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+    // SAFETY: as above.
+    let buf = unsafe { pool.borrow(ptr, len, owner.clone()) };
+    let buf = dev
+        .read_at(0, buf)
+        .await
+        .expect("read into borrowed memory");
+    assert_eq!(buf.as_slice(), &data[..]);
+    drop(buf);
+    assert_eq!(
+        pool.stats().outstanding,
+        outstanding,
+        "a borrowed buffer was counted"
+    );
+    assert_eq!(Arc::strong_count(&owner), 1, "the buffers kept their owner");
 }
