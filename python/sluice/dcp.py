@@ -103,34 +103,44 @@ def _id(checkpoint_id: Union[str, os.PathLike, None]) -> str:
     return cid
 
 
-def _valid(checkpoint_id: Union[str, os.PathLike]) -> bool:
-    try:
-        cid = str(os.fspath(checkpoint_id))
-    except TypeError:
-        return False
-    return bool(cid.strip("/")) and "://" not in cid
+class _Target:
+    """What the writer and the reader share: the checkpoint store, the
+    checkpoint id, and the names of its files."""
+
+    def __init__(self, checkpoint: Union[Checkpoint, Client],
+                 checkpoint_id: Union[str, os.PathLike, None]):
+        self.ckpt = _checkpoint(checkpoint)
+        self.path = _id(checkpoint_id) if checkpoint_id is not None else None
+
+    def _reset_id(self, checkpoint_id: Union[str, os.PathLike, None]) -> None:
+        if checkpoint_id is not None:
+            self.path = _id(checkpoint_id)
+
+    def _name(self, file: str) -> str:
+        return f"{_id(self.path)}/{file}"
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        try:
+            cid = str(os.fspath(checkpoint_id))
+        except TypeError:
+            return False
+        return bool(cid.strip("/")) and "://" not in cid
 
 
-class SluiceWriter(StorageWriter):
+class SluiceWriter(_Target, StorageWriter):
     """DCP's ``StorageWriter`` over a :class:`~sluice.Checkpoint` (see the
     module docs)."""
 
     def __init__(self, checkpoint: Union[Checkpoint, Client],
                  checkpoint_id: Union[str, os.PathLike, None] = None):
-        super().__init__()
-        self.ckpt = _checkpoint(checkpoint)
-        self.path = _id(checkpoint_id) if checkpoint_id is not None else None
+        _Target.__init__(self, checkpoint, checkpoint_id)
         self.is_coordinator = False
         self.save_id = uuid.uuid4().hex
 
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
-        if checkpoint_id is not None:
-            self.path = _id(checkpoint_id)
+        self._reset_id(checkpoint_id)
         self.save_id = uuid.uuid4().hex
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
-        return _valid(checkpoint_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -143,9 +153,6 @@ class SluiceWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         return [dataclasses.replace(p, storage_data=f"__{i}.distcp") for i, p in enumerate(plans)]
-
-    def _name(self, file: str) -> str:
-        return f"{_id(self.path)}/{file}"
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         results: List[WriteResult] = []
@@ -204,32 +211,20 @@ class SluiceWriter(StorageWriter):
         self.ckpt._action("checkpoint.commit_group", {"uploads": list(uploads.values())}, name)
 
 
-class SluiceReader(StorageReader):
+class SluiceReader(_Target, StorageReader):
     """DCP's ``StorageReader`` over a :class:`~sluice.Checkpoint` (see the
     module docs)."""
 
     def __init__(self, checkpoint: Union[Checkpoint, Client],
                  checkpoint_id: Union[str, os.PathLike, None] = None):
-        super().__init__()
-        self.ckpt = _checkpoint(checkpoint)
-        self.path = _id(checkpoint_id) if checkpoint_id is not None else None
+        _Target.__init__(self, checkpoint, checkpoint_id)
+        self.reset(checkpoint_id)
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        self._reset_id(checkpoint_id)
         self.storage_data: Dict[MetadataIndex, Stored] = {}
         self.versions: Dict[str, int] = {}
         self.load_id = uuid.uuid4().hex
-
-    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
-        self.storage_data = {}
-        self.versions = {}
-        if checkpoint_id is not None:
-            self.path = _id(checkpoint_id)
-        self.load_id = uuid.uuid4().hex
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
-        return _valid(checkpoint_id)
-
-    def _name(self, file: str) -> str:
-        return f"{_id(self.path)}/{file}"
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         with self.ckpt.reader(self._name(METADATA)) as r:

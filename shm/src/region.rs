@@ -52,46 +52,14 @@ impl Region {
         SWEEP.call_once(sweep);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = Path::new(SHM_DIR).join(format!("{SEGMENT_PREFIX}{}-r{n}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        let mapped = len.max(1);
-        let base = (|| {
-            file.set_len(len as u64)?;
-            // SAFETY: a fresh shared mapping of a file we own; the result
-            // is checked against MAP_FAILED. Bytes past the file's end
-            // (up to the page) are never touched (`bytes` checks bounds).
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    mapped,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if base == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(base.cast::<u8>())
-        })();
-        match base {
-            Ok(base) => Ok(Self {
-                path,
-                file,
-                base,
-                len,
-                mapped,
-            }),
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
-            }
-        }
+        let (file, base) = map_new(&path, len)?;
+        Ok(Self {
+            path,
+            file,
+            base,
+            len,
+            mapped: len.max(1),
+        })
     }
 
     /// Where its file is (until unlinked).
@@ -173,6 +141,48 @@ impl Region {
         // SAFETY: inside the mapping (checked above); the caller holds the
         // range alone.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(at), len) })
+    }
+}
+
+/// A new file at `path` (mode 0600, refused if the name exists) of `len`
+/// bytes, mapped shared, read-write; the file is removed again when the
+/// mapping fails. A zero-length file maps one page.
+pub(crate) fn map_new(path: &Path, len: usize) -> std::io::Result<(std::fs::File, *mut u8)> {
+    // `create_new` refuses a file someone else made under the name, and
+    // only the server's user may map it: a client of another user cannot
+    // open it and uses Flight instead.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    let mapped = (|| {
+        file.set_len(len as u64)?;
+        // SAFETY: a fresh shared mapping of a file we own; the result is
+        // checked against MAP_FAILED. Bytes past the file's end (up to
+        // the page) are never touched by the callers, who check bounds.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(base.cast::<u8>())
+    })();
+    match mapped {
+        Ok(base) => Ok((file, base)),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
     }
 }
 

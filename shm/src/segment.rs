@@ -38,8 +38,6 @@
 //! segment ([`sweep`], once per process), and so are probes of trainers
 //! killed before their server answered.
 
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
@@ -144,41 +142,10 @@ impl Segment {
         // someone else made under the name.
         let name = format!("{SEGMENT_PREFIX}{}-{n}", std::process::id());
         let path = Path::new(SHM_DIR).join(name);
+        let size = HEADER + slots * slot_bytes;
         // Only the server's user may map it: a trainer of another user
         // cannot open it and reads over Flight instead.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)?;
-        let size = HEADER + slots * slot_bytes;
-        let mapped = (|| {
-            file.set_len(size as u64)?;
-            // SAFETY: a fresh shared mapping of a file we own, `size` bytes
-            // long (set above); the result is checked against MAP_FAILED.
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    file.as_raw_fd(),
-                    0,
-                )
-            };
-            if base == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(base.cast::<u8>())
-        })();
-        let base = match mapped {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                return Err(e);
-            }
-        };
+        let (_file, base) = crate::region::map_new(&path, size)?;
         MAPPED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
         let seg = Self {
             path,

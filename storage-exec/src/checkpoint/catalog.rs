@@ -218,6 +218,15 @@ mod tests {
         }
     }
 
+    /// (name, version) of every version under `prefix`.
+    fn listed(cat: &Catalog, prefix: &str) -> Vec<(String, u64)> {
+        cat.checkpoints(prefix)
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.name, i.version))
+            .collect()
+    }
+
     #[test]
     fn versions_count_up_old_ones_retire_and_chunks_are_tracked() {
         let dir = tempfile::tempdir().unwrap();
@@ -243,14 +252,8 @@ mod tests {
         assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
         assert_eq!(cat.checkpoint("run/a.pt", None).unwrap().version, 3);
         assert!(cat.checkpoint("run/a.pt", Some(1)).is_err());
-        let listed: Vec<_> = cat
-            .checkpoints("run/")
-            .unwrap()
-            .into_iter()
-            .map(|i| (i.name, i.version))
-            .collect();
         assert_eq!(
-            listed,
+            listed(&cat, "run/"),
             vec![
                 ("run/a.pt".into(), 2),
                 ("run/a.pt".into(), 3),
@@ -292,14 +295,8 @@ mod tests {
         let removed = cat.commit_checkpoints(&mut again, 1).unwrap();
         assert_eq!((again[0].version, again[1].version), (2, 1));
         assert_eq!(removed.runs, vec![ChunkRun { start: 0, count: 1 }]);
-        let listed: Vec<_> = cat
-            .checkpoints("s/1/")
-            .unwrap()
-            .into_iter()
-            .map(|i| (i.name, i.version))
-            .collect();
         assert_eq!(
-            listed,
+            listed(&cat, "s/1/"),
             vec![
                 ("s/1/.metadata".into(), 1),
                 ("s/1/__0.distcp".into(), 2),

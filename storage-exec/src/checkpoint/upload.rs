@@ -118,12 +118,8 @@ impl Upload {
         S: Stream<Item = Result<B>> + Send,
         B: Deref<Target = [u8]> + Send,
     {
-        self.active.fetch_add(1, Ordering::AcqRel);
-        let _active = Active(self);
-        let max_in_flight = self.device.parallelism().clamp(1, 8);
+        let mut writes = Writes::new(self);
         let chunk = self.chunk_size as usize;
-        let mut writes = FuturesUnordered::new();
-        let mut extents = Vec::new();
         let mut staged: Option<(AlignedBuf, usize)> = None;
         let mut pos = offset;
         let mut pieces = std::pin::pin!(pieces);
@@ -145,27 +141,15 @@ impl Upload {
                     let Some((buf, filled)) = staged.take() else {
                         break;
                     };
-                    let start = pos;
+                    writes.push(pos, buf, filled).await?;
                     pos += filled as u64;
-                    while writes.len() >= max_in_flight {
-                        if let Some(done) = writes.next().await {
-                            extents.push(joined(done)?);
-                        }
-                    }
-                    let this = Arc::clone(self);
-                    writes.push(sluice_base::task::to_end(async move {
-                        this.write_extent(start, buf, filled).await
-                    }));
                 }
             }
             if last {
                 break;
             }
         }
-        while let Some(done) = writes.next().await {
-            extents.push(joined(done)?);
-        }
-        lock(&self.extents).extend(extents);
+        writes.finish().await?;
         Ok(pos - offset)
     }
 
@@ -187,31 +171,15 @@ impl Upload {
     where
         I: IntoIterator<Item = Result<(AlignedBuf, usize)>>,
     {
-        self.active.fetch_add(1, Ordering::AcqRel);
-        let _active = Active(self);
-        let max_in_flight = self.device.parallelism().clamp(1, 8);
-        let mut writes = FuturesUnordered::new();
-        let mut extents = Vec::new();
+        let mut writes = Writes::new(self);
         let mut pos = offset;
         for item in staged {
             let (buf, filled) = item?;
             self.touch();
-            let start = pos;
+            writes.push(pos, buf, filled).await?;
             pos += filled as u64;
-            while writes.len() >= max_in_flight {
-                if let Some(done) = writes.next().await {
-                    extents.push(joined(done)?);
-                }
-            }
-            let this = Arc::clone(self);
-            writes.push(sluice_base::task::to_end(async move {
-                this.write_extent(start, buf, filled).await
-            }));
         }
-        while let Some(done) = writes.next().await {
-            extents.push(joined(done)?);
-        }
-        lock(&self.extents).extend(extents);
+        writes.finish().await?;
         Ok(pos - offset)
     }
 
@@ -273,6 +241,54 @@ impl Upload {
             .ok_or_else(|| self.bad("the upload is already committed".into()))?;
         let runs = merge_runs(reservation.runs());
         Ok((runs, reservation))
+    }
+}
+
+/// The extent writes of one part: each a task of its own (checksum and
+/// write), a bounded number in flight; the part's extents join the
+/// upload only when all of them are written. Counts the part as active.
+struct Writes<'a> {
+    upload: &'a Arc<Upload>,
+    _active: Active<'a>,
+    max_in_flight: usize,
+    running: FuturesUnordered<tokio::task::JoinHandle<Result<CheckpointExtent>>>,
+    done: Vec<CheckpointExtent>,
+}
+
+impl<'a> Writes<'a> {
+    fn new(upload: &'a Arc<Upload>) -> Self {
+        upload.active.fetch_add(1, Ordering::AcqRel);
+        Self {
+            upload,
+            _active: Active(upload),
+            max_in_flight: upload.device.parallelism().clamp(1, 8),
+            running: FuturesUnordered::new(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Starts writing `filled` bytes of `buf` as the extent at `start`,
+    /// once fewer than the bound are running.
+    async fn push(&mut self, start: u64, buf: AlignedBuf, filled: usize) -> Result<()> {
+        while self.running.len() >= self.max_in_flight {
+            if let Some(done) = self.running.next().await {
+                self.done.push(joined(done)?);
+            }
+        }
+        let this = Arc::clone(self.upload);
+        self.running.push(sluice_base::task::to_end(async move {
+            this.write_extent(start, buf, filled).await
+        }));
+        Ok(())
+    }
+
+    /// Waits for every write and adds the part's extents to the upload.
+    async fn finish(mut self) -> Result<()> {
+        while let Some(done) = self.running.next().await {
+            self.done.push(joined(done)?);
+        }
+        lock(&self.upload.extents).extend(std::mem::take(&mut self.done));
+        Ok(())
     }
 }
 
