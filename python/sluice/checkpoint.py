@@ -353,6 +353,20 @@ class CheckpointReader(io.RawIOBase):
         self.readinto(out)
         return memoryview(out)
 
+    def slice(self, offset: int, length: int) -> memoryview:
+        """Bytes ``[offset, offset + length)`` as soon as the ranges that
+        hold them have arrived (the rest may still be on their way): a
+        view of the shared region, or (over Flight) a copy."""
+        end = min(self.size, offset + length)
+        if self.transport != "shm":
+            out = bytearray(max(0, end - offset))
+            self.seek(offset)
+            self.readinto(out)
+            return memoryview(out)
+        for lo in range(offset // self._range * self._range, end, self._range):
+            self._ready(lo)
+        return self._lanes.view(0, offset, end - offset)
+
     def mapped_path(self) -> Optional[str]:
         """The region's file while it still has a name (``keep_name``)."""
         return getattr(self._lanes, "region", None) and self._lanes.region.path

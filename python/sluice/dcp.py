@@ -35,7 +35,8 @@ versions of that commit (a save to the same id later cannot mix with the
 one whose metadata it read). Each rank writes its own file in parallel
 through the :class:`~sluice.Checkpoint`'s lanes (shared memory on the
 server's host, Flight elsewhere). A load reads each file it needs once,
-whole, and copies each item into the tensors DCP's planner hands it, so
+in parallel ranges, and copies each item into the tensors DCP's planner
+hands it as soon as its ranges are in (in file order), so
 a save from 2 ranks loads on 1 or 4 (resharding is DCP's planner's).
 """
 
@@ -260,12 +261,15 @@ class SluiceReader(_Target, StorageReader):
         for file, reqs in per_file.items():
             name = self._name(file)
             version = self.versions.get(self.ckpt._name(name))
+            # In file order: each item is copied out as soon as its
+            # ranges are in, while the later ones are still being read.
+            reqs.sort(key=lambda req: self.storage_data[req.storage_index].offset)
             with self.ckpt.reader(name, version) as r:
-                view = r.view()
                 for req in reqs:
                     st = self.storage_data[req.storage_index]
+                    view = r.slice(st.offset, st.length)
                     if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(bytes(view[st.offset:st.offset + st.length])))
+                        planner.load_bytes(req, io.BytesIO(bytes(view)))
                         continue
                     tensor = _tensor(view, st)
                     tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
@@ -282,8 +286,8 @@ class SluiceReader(_Target, StorageReader):
 
 
 def _tensor(view: memoryview, st: Stored) -> torch.Tensor:
-    """The stored tensor over ``view`` (no copy: the caller copies what it
-    needs before the view goes)."""
+    """The stored tensor over ``view`` (its bytes; no copy: the caller
+    copies what it needs before the view goes)."""
     dtype = getattr(torch, str(st.dtype).removeprefix("torch."))
     shape = tuple(st.shape or ())
     numel = 1
@@ -294,5 +298,5 @@ def _tensor(view: memoryview, st: Stored) -> torch.Tensor:
     with warnings.catch_warnings():
         # A read-only mapping: only copied from.
         warnings.simplefilter("ignore", UserWarning)
-        flat = torch.frombuffer(view, dtype=dtype, count=numel, offset=st.offset)
+        flat = torch.frombuffer(view, dtype=dtype, count=numel)
     return flat.reshape(shape)
