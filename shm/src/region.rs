@@ -50,6 +50,17 @@ impl Region {
     pub fn create(len: usize) -> std::io::Result<Self> {
         static SWEEP: Once = Once::new();
         SWEEP.call_once(sweep);
+        // A region larger than what /dev/shm has free is refused here, so
+        // the client uses Flight instead (a container's /dev/shm is often
+        // 64 MiB); `reserve` still guards each range against a race.
+        if let Some(free) = free_bytes(Path::new(SHM_DIR))
+            && len as u64 > free
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!("{len} bytes do not fit in {SHM_DIR}'s {free} free bytes"),
+            ));
+        }
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = Path::new(SHM_DIR).join(format!("{SEGMENT_PREFIX}{}-r{n}", std::process::id()));
         let (file, base) = map_new(&path, len)?;
@@ -144,6 +155,18 @@ impl Region {
     }
 }
 
+/// Bytes free for an unprivileged writer in the file system of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: an all-zero `statvfs` is a valid value of the plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// A new file at `path` (mode 0600, refused if the name exists) of `len`
 /// bytes, mapped shared, read-write; the file is removed again when the
 /// mapping fails. A zero-length file maps one page.
@@ -218,6 +241,14 @@ mod tests {
         assert!(unsafe { r.bytes(usize::MAX, 2) }.is_err(), "overflow");
         drop(r);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_region_larger_than_dev_shm_has_free_is_refused_before_a_file_is_made() {
+        let free = free_bytes(Path::new(SHM_DIR)).unwrap();
+        let err = Region::create(free as usize + 1).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
+        assert!(err.to_string().contains("free bytes"), "{err}");
     }
 
     #[test]
