@@ -189,7 +189,7 @@ def main():
                     print(f"{mib:>7} {'disk O_DIRECT (fio) w / r':<30} {dev['write']:>7.2f} "
                           f"{dev['read']:>7.2f}   sluice shm at {g['sw'] / dev['write']:.2f} / "
                           f"{g['sr'] / dev['read']:.2f} of it", flush=True)
-                del state
+                state = None  # its memory, before the next size
             shm.close()
             fl.close()
     if a.json:

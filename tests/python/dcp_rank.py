@@ -11,7 +11,6 @@ A load on any world size writes, from rank 0, what it got as full tensors
 to OUT (torch.save), for the test to compare with the original.
 """
 
-import os
 import sys
 import time
 
