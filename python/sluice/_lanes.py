@@ -91,7 +91,11 @@ class Region:
 
 
 def _shm_refused(e: SluiceError) -> bool:
-    return e.code in ("shm_unavailable", "not_served") or e.grpc_code == "UNIMPLEMENTED"
+    """Whether ``e`` says the server will not lend a region (not this
+    host, no room, or a server without the same-host path), so Flight
+    carries the bytes instead."""
+    older = e.code == "invalid_request" and "unknown checkpoint action" in e.message
+    return older or e.code in ("shm_unavailable", "not_served") or e.grpc_code == "UNIMPLEMENTED"
 
 
 def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, transport: str,
