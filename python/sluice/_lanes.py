@@ -138,17 +138,18 @@ class FlightPuts:
 
     def __init__(self, client: Any, pool: ThreadPoolExecutor, chunk: int, workers: int):
         self.client, self.pool, self.chunk, self.workers = client, pool, chunk, workers
-        self.inflight: List[Future] = []
+        # The parts in flight, oldest first: (their buffer, their send).
+        self.pending: List[Tuple[Any, Future]] = []
 
     def acquire(self) -> Tuple[Any, memoryview]:
         buf = bytearray(self.chunk)
         return buf, memoryview(buf)
 
     def send(self, slot: Any, size: int, upload: str, offset: int, subject: str) -> None:
-        while len(self.inflight) >= self.workers:
-            self.inflight.pop(0).result()
+        while len(self.pending) >= self.workers:
+            self.pending.pop(0)[1].result()
         data = memoryview(slot)[:size]
-        self.inflight.append(self.pool.submit(self._put, data, upload, offset, subject))
+        self.pending.append((slot, self.pool.submit(self._put, data, upload, offset, subject)))
 
     def _put(self, data: memoryview, upload: str, offset: int, subject: str) -> None:
         c = self.client
@@ -171,22 +172,24 @@ class FlightPuts:
             raise from_flight(e, subject) from None
 
     def drain(self) -> None:
+        """Waits for every part in flight (raises the first that failed)."""
         try:
-            for f in self.inflight:
+            for _, f in self.pending:
                 f.result()
         finally:
-            self.inflight = []
+            self.pending = []
 
     def cancel(self) -> None:
-        for f in self.inflight:
+        """Drops the parts not started and waits out the others."""
+        for _, f in self.pending:
             f.cancel()
-        for f in self.inflight:
+        for _, f in self.pending:
             if not f.cancelled():
                 try:
                     f.result()
                 except Exception:  # noqa: BLE001 - the upload is being aborted
                     pass
-        self.inflight = []
+        self.pending = []
 
     def release(self) -> None:
         """Nothing is kept between saves."""
@@ -202,7 +205,6 @@ class ShmPuts(FlightPuts):
         self.region = region
         self.free = list(range(region.size // chunk))
         self.on_release = on_release
-        self.pending: List[Tuple[int, Future]] = []
 
     def acquire(self) -> Tuple[Any, memoryview]:
         while not self.free:
@@ -220,28 +222,12 @@ class ShmPuts(FlightPuts):
         lane = offset // self.chunk % self.workers
         f = self.pool.submit(action, self.client, "checkpoint.shm.put", body, subject, lane)
         self.pending.append((slot, f))
-        self.inflight.append(f)
-
-    def drain(self) -> None:
-        try:
-            for _, f in self.pending:
-                f.result()
-        finally:
-            self.free.extend(slot for slot, _ in self.pending)
-            self.pending = []
-            self.inflight = []
-
-    def cancel(self) -> None:
-        super().cancel()
-        self.free.extend(slot for slot, _ in self.pending)
-        self.pending = []
 
     def release(self) -> None:
         """Back to the :class:`~sluice.Checkpoint` for its next save, every
         slot free (the writer drained or cancelled its parts)."""
         self.free = list(range(self.region.size // self.chunk))
         self.pending = []
-        self.inflight = []
         self.on_release(self)
 
 

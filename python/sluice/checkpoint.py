@@ -343,25 +343,18 @@ class CheckpointReader(io.RawIOBase):
         return self
 
     def view(self) -> memoryview:
-        """The whole version, once arrived: the shared region itself, or
-        (over Flight) one buffer the ranges are gathered into."""
-        self.wait()
-        if self.transport == "shm":
-            return self._lanes.view(0, 0, self.size)
-        out = bytearray(self.size)
-        self.seek(0)
-        self.readinto(out)
-        return memoryview(out)
+        """The whole version, once arrived (see :meth:`slice`)."""
+        return self.slice(0, self.size)
 
     def slice(self, offset: int, length: int) -> memoryview:
         """Bytes ``[offset, offset + length)`` as soon as the ranges that
         hold them have arrived (the rest may still be on their way): a
-        view of the shared region, or (over Flight) a copy."""
+        view of the shared region, or (over Flight) a copy. The stream's
+        position does not move."""
         end = min(self.size, offset + length)
         if self.transport != "shm":
             out = bytearray(max(0, end - offset))
-            self.seek(offset)
-            self.readinto(out)
+            self._copy_at(offset, memoryview(out))
             return memoryview(out)
         for lo in range(offset // self._range * self._range, end, self._range):
             self._ready(lo)
@@ -393,17 +386,22 @@ class CheckpointReader(io.RawIOBase):
         return self._pos
 
     def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        want = max(0, min(len(out), self.size - self._pos))
+        done = self._copy_at(self._pos, memoryview(b).cast("B"))
+        self._pos += done
+        return done
+
+    def _copy_at(self, pos: int, out: memoryview) -> int:
+        """Copies the bytes from ``pos`` into ``out`` (as many as fit),
+        each range once it has arrived; returns how many."""
+        want = max(0, min(len(out), self.size - pos))
         done = 0
         while done < want:
-            pos = self._pos + done
-            lo = pos // self._range * self._range
+            at = pos + done
+            lo = at // self._range * self._range
             self._ready(lo)
-            piece = self._lanes.view(lo, pos, min(want - done, lo + self._range - pos))
+            piece = self._lanes.view(lo, at, min(want - done, lo + self._range - at))
             out[done:done + len(piece)] = piece
             done += len(piece)
-        self._pos += done
         return done
 
     def read(self, size: int = -1) -> bytes:

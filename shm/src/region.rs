@@ -32,8 +32,6 @@ pub struct Region {
     file: std::fs::File,
     base: *mut u8,
     len: usize,
-    /// Bytes mapped (at least one page: a zero-length mapping is refused).
-    mapped: usize,
 }
 
 // SAFETY: the mapping is owned by the `Region` alone and valid on any
@@ -48,8 +46,6 @@ impl Region {
     /// A new region of exactly `len` bytes (the file's size too, so a
     /// client may open it as a file of that size), zeroed.
     pub fn create(len: usize) -> std::io::Result<Self> {
-        static SWEEP: Once = Once::new();
-        SWEEP.call_once(sweep);
         // A region larger than what /dev/shm has free is refused here, so
         // the client uses Flight instead (a container's /dev/shm is often
         // 64 MiB); `reserve` still guards each range against a race.
@@ -69,7 +65,6 @@ impl Region {
             file,
             base,
             len,
-            mapped: len.max(1),
         })
     }
 
@@ -171,6 +166,11 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 /// bytes, mapped shared, read-write; the file is removed again when the
 /// mapping fails. A zero-length file maps one page.
 pub(crate) fn map_new(path: &Path, len: usize) -> std::io::Result<(std::fs::File, *mut u8)> {
+    // A killed server's files go once per process, before its first
+    // file: they cannot come back while this one runs (their pids are
+    // gone).
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(sweep);
     // `create_new` refuses a file someone else made under the name, and
     // only the server's user may map it: a client of another user cannot
     // open it and uses Flight instead.
@@ -213,7 +213,8 @@ impl Drop for Region {
     fn drop(&mut self) {
         self.unlink();
         // SAFETY: the mapping `create` made, unmapped once, here.
-        unsafe { libc::munmap(self.base.cast(), self.mapped) };
+        // (A zero-length region maps one page: `map_new`.)
+        unsafe { libc::munmap(self.base.cast(), self.len.max(1)) };
     }
 }
 

@@ -35,18 +35,16 @@
 //! stream ends — or, when the stream was read to its end, kept for the
 //! trainer's next stream ([`crate::kept`]);
 //! files a killed server left are removed by the next one to make a
-//! segment ([`sweep`], once per process), and so are probes of trainers
+//! segment or region ([`crate::host::sweep`], once per process), and so are probes of trainers
 //! killed before their server answered.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use sluice_flight::shm_handshake::{SEGMENT_PREFIX, SHM_DIR, SegmentInfo, SlotRef};
 use sluice_flight::slices::SlicedMessage;
-
-use crate::host::sweep;
 
 /// Bytes before the first slot.
 pub const HEADER: usize = 4096;
@@ -133,10 +131,6 @@ impl Segment {
     /// A new segment of `slots` slots of `slot_bytes`.
     pub fn create(slots: usize, slot_bytes: usize) -> std::io::Result<Self> {
         assert!(slots > 0 && slots <= HEADER - STATES_AT && slot_bytes.is_multiple_of(4096));
-        // A killed server's files go once per process: they cannot come
-        // back while this one runs (their pids are gone).
-        static SWEEP: Once = Once::new();
-        SWEEP.call_once(sweep);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // Unique per process and stream; `create_new` refuses a file
         // someone else made under the name.

@@ -213,7 +213,7 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.shm.put_open" => {
                 let o: PutOpen = body(kind, bytes)?;
-                json_bytes(&self.shm_put_open(&o.probe, o.size).map_err(status)?)
+                json_bytes(&self.shm_put_open(&o.probe, o.size).await.map_err(status)?)
             }
             "checkpoint.shm.put" => {
                 let p: ShmPut = body(kind, bytes)?;
@@ -227,6 +227,7 @@ impl CheckpointEndpoint for Checkpoints {
                 let o: GetOpen = body(kind, bytes)?;
                 let (region, info) = self
                     .shm_get_open(&o.name, o.version, &o.probe)
+                    .await
                     .map_err(status)?;
                 json_bytes(&json!({ "region": region, "checkpoint": info }))
             }

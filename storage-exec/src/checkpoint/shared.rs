@@ -25,7 +25,6 @@
 //! once it has mapped it, and the server when it lets the region go, so
 //! nothing is left in `/dev/shm` by either side dying.
 
-use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -36,6 +35,7 @@ use sluice_shm::Region;
 
 use super::Checkpoints;
 use super::record::{CheckpointExtent, CheckpointInfo, CheckpointRecord};
+use crate::buffer::AlignedBuf;
 use crate::device::{Device, DeviceExt};
 use crate::error::{Result, StorageError};
 
@@ -118,24 +118,6 @@ impl Drop for Filling<'_> {
     }
 }
 
-/// A range of a region handed to the server by a `put` request.
-struct Lease {
-    lent: Arc<Lent>,
-    at: usize,
-    len: usize,
-}
-
-impl Deref for Lease {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the client handed `[at, at + len)` over with the request
-        // this lease serves and touches it again only after the answer,
-        // which waits for the lease to be dropped; the bounds were checked
-        // when the lease was made, so this cannot fail.
-        unsafe { self.lent.region.bytes(self.at, self.len) }.unwrap_or_default()
-    }
-}
-
 /// Where a client finds the region it was lent.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RegionInfo {
@@ -148,14 +130,32 @@ pub struct RegionInfo {
 }
 
 impl Checkpoints {
-    fn lend(&self, what: &str, probe: &Probe, len: u64, use_: Use) -> Result<RegionInfo> {
+    /// Lends a new region of `len` bytes to the client of `probe`; with
+    /// `reserved`, its pages are reserved at once (the client writes
+    /// them). The file is made and its pages zeroed on the blocking pool,
+    /// not on the runtime serving requests.
+    async fn lend(
+        &self,
+        what: &str,
+        probe: &Probe,
+        len: u64,
+        use_: Use,
+        reserved: bool,
+    ) -> Result<RegionInfo> {
         let refused = |reason: String| StorageError::SharedMemory {
             what: what.to_owned(),
             reason,
         };
         sluice_shm::host::verify(probe).map_err(refused)?;
-        let region = Region::create(len as usize)
-            .map_err(|e| refused(format!("a {len}-byte region in /dev/shm: {e}")))?;
+        let region = off_runtime(move || {
+            let region = Region::create(len as usize)?;
+            if reserved {
+                region.reserve(0, len as usize)?;
+            }
+            Ok(region)
+        })
+        .await
+        .map_err(|e| refused(format!("a {len}-byte region in /dev/shm: {e}")))?;
         let id = super::new_id();
         let info = RegionInfo {
             region: id.clone(),
@@ -183,7 +183,7 @@ impl Checkpoints {
     /// A region of `len` bytes for a writer's parts, for a client that
     /// proves with `probe` that it is on this host. Its pages are
     /// reserved at once: the client writes them.
-    pub fn shm_put_open(&self, probe: &Probe, len: u64) -> Result<RegionInfo> {
+    pub async fn shm_put_open(&self, probe: &Probe, len: u64) -> Result<RegionInfo> {
         let what = "a checkpoint writer's parts";
         if len == 0 || len > MAX_PUT_REGION {
             return Err(StorageError::SharedMemory {
@@ -194,16 +194,7 @@ impl Checkpoints {
                 ),
             });
         }
-        let info = self.lend(what, probe, len, Use::Put)?;
-        let lent = self.lent(&info.region)?;
-        if let Err(e) = lent.region.reserve(0, len as usize) {
-            self.shm_close(&info.region)?;
-            return Err(StorageError::SharedMemory {
-                what: what.into(),
-                reason: format!("reserving {len} bytes in /dev/shm: {e}"),
-            });
-        }
-        Ok(info)
+        self.lend(what, probe, len, Use::Put, true).await
     }
 
     /// Writes the bytes `[at, at + len)` of region `region` as the part of
@@ -232,54 +223,19 @@ impl Checkpoints {
         })?;
         let _in_use = InUse::new(Arc::clone(&lent));
         let device = Arc::clone(upload.device());
-        let pool = Arc::clone(device.pool());
-        if device.takes_any_memory() && (at as u64).is_multiple_of(pool.align() as u64) {
-            let chunk = upload.chunk_size() as usize;
-            let bs = device.block_size();
-            let staged = (0..len).step_by(chunk.max(1)).map(|lo| {
-                let n = chunk.min(len - lo);
-                // SAFETY: the client handed `[at, at + len)` over with this
-                // request and waits for the answer, which comes after
-                // every write below has ended; `bytes` checks bounds.
-                let piece = unsafe { lent.region.bytes(at + lo, n) }.map_err(|e| {
-                    StorageError::BadUpload {
-                        name: upload.name.clone(),
-                        reason: e.to_string(),
-                    }
-                })?;
-                if !n.is_multiple_of(bs) {
-                    // The part's tail: padded to a block in a buffer of ours.
-                    let mut buf = device.buffer(n.div_ceil(bs) * bs)?;
-                    buf.as_mut_slice()[..n].copy_from_slice(piece);
-                    return Ok((buf, n));
-                }
-                let ptr = std::ptr::NonNull::new(piece.as_ptr().cast_mut()).ok_or_else(|| {
-                    StorageError::BadUpload {
-                        name: upload.name.clone(),
-                        reason: "a null region".into(),
-                    }
-                })?;
-                let owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe> =
-                    lent.clone();
-                // SAFETY: `n` initialised bytes of the mapping, aligned (the
-                // region is page-aligned, `at` and every chunk a multiple of
-                // the alignment), the request's alone until its answer, the
-                // device only reads them, and `owner` keeps them mapped.
-                Ok((unsafe { pool.borrow(ptr, n, owner) }, n))
-            });
-            return upload.write_staged(offset, staged).await;
-        }
-        // A device that needs its own memory (SPDK): one copy, into its buffers.
-        let lease = Lease { lent, at, len };
-        upload
-            .write_part(offset, futures::stream::once(async { Ok(lease) }))
-            .await
+        let chunk = upload.chunk_size() as usize;
+        let in_place =
+            device.takes_any_memory() && (at as u64).is_multiple_of(device.pool().align() as u64);
+        let staged = (0..len)
+            .step_by(chunk.max(1))
+            .map(|lo| stage(&device, &lent, at + lo, chunk.min(len - lo), in_place));
+        upload.write_staged(offset, staged).await
     }
 
     /// A region holding version `version` of `name` (the newest when
     /// `None`) once `shm_get` has filled it, for a client that proves
     /// with `probe` that it is on this host.
-    pub fn shm_get_open(
+    pub async fn shm_get_open(
         &self,
         name: &str,
         version: Option<u64>,
@@ -289,7 +245,9 @@ impl Checkpoints {
         let info = CheckpointInfo::from(record.as_ref());
         let what = format!("checkpoint '{}' version {}", record.name, record.version);
         let size = record.size;
-        let region = self.lend(&what, probe, size, Use::Get { record })?;
+        let region = self
+            .lend(&what, probe, size, Use::Get { record }, false)
+            .await?;
         Ok((region, info))
     }
 
@@ -316,8 +274,9 @@ impl Checkpoints {
                 "bytes {pos}..{end} overlap bytes {a}..{b}, which another request is reading"
             ))
         })?;
-        lent.region
-            .reserve(pos as usize, (end - pos) as usize)
+        let reserving = Arc::clone(&lent);
+        off_runtime(move || reserving.region.reserve(pos as usize, (end - pos) as usize))
+            .await
             .map_err(|e| refused(format!("reserving bytes {pos}..{end} in /dev/shm: {e}")))?;
         let device = Arc::clone(self.store.device());
         let depth = device.parallelism().clamp(1, 8);
@@ -403,4 +362,50 @@ async fn read_extent(
     let dst = unsafe { lent.region.bytes_mut(lo as usize, (hi - lo) as usize) }.map_err(outside)?;
     dst.copy_from_slice(&bytes[(lo - e.offset) as usize..(hi - e.offset) as usize]);
     Ok(hi - lo)
+}
+
+/// Runs `work` (making a region's file, zeroing its pages) on the
+/// blocking pool: a few milliseconds per range that must not hold up the
+/// runtime serving other requests.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+/// The `n` bytes at `at` of a put region as a buffer for one extent's
+/// write: the mapping itself where the device takes any memory and they
+/// are whole blocks at an aligned place (`in_place`), else a copy in a
+/// buffer of the device's, padded to a block (a part's tail; SPDK).
+fn stage(
+    device: &Arc<dyn Device>,
+    lent: &Arc<Lent>,
+    at: usize,
+    n: usize,
+    in_place: bool,
+) -> Result<(AlignedBuf, usize)> {
+    let outside = |reason: String| StorageError::SharedMemory {
+        what: "a checkpoint writer's parts".into(),
+        reason,
+    };
+    // SAFETY: the client handed these bytes over with the request and
+    // waits for its answer, which comes after every extent's write has
+    // ended; `bytes` checks bounds.
+    let piece = unsafe { lent.region.bytes(at, n) }.map_err(|e| outside(e.to_string()))?;
+    let bs = device.block_size();
+    if in_place && n.is_multiple_of(bs) && n > 0 {
+        let ptr = std::ptr::NonNull::new(piece.as_ptr().cast_mut())
+            .ok_or_else(|| outside("a null region".into()))?;
+        let owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe> = lent.clone();
+        // SAFETY: `n` initialised bytes of the mapping, aligned (the region
+        // is page-aligned and `at` a multiple of the alignment, checked by
+        // the caller), the request's alone until its answer, only read by
+        // the device, and kept mapped by `owner`.
+        return Ok((unsafe { device.pool().borrow(ptr, n, owner) }, n));
+    }
+    let mut buf = device.buffer(n.div_ceil(bs) * bs)?;
+    buf.as_mut_slice()[..n].copy_from_slice(piece);
+    Ok((buf, n))
 }
