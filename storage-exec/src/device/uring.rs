@@ -217,6 +217,36 @@ fn entry_for(slot: usize, f: &mut InFlight, fixed_buffers: bool) -> io_uring::sq
     entry.user_data(slot as u64)
 }
 
+/// What a completion of `res` means for request `f`: done (its result),
+/// or `None` when a short transfer goes on from where it stopped.
+fn outcome(f: &mut InFlight, res: i32) -> Option<std::io::Result<()>> {
+    if res < 0 {
+        return Some(Err(std::io::Error::from_raw_os_error(-res)));
+    }
+    if res == 0 && f.done < f.req.buf.len() {
+        return Some(Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "transfer ended after {} of {} bytes",
+                f.done,
+                f.req.buf.len()
+            ),
+        )));
+    }
+    f.done += res as usize;
+    (f.done >= f.req.buf.len()).then_some(Ok(()))
+}
+
+/// The ring itself failed: every request in flight gets the error.
+fn fail_all(slots: &mut [Option<InFlight>], e: &std::io::Error) {
+    for slot in slots.iter_mut() {
+        if let Some(f) = slot.take() {
+            let err = std::io::Error::new(e.kind(), format!("io_uring_enter: {e}"));
+            let _ = f.req.reply.send((Err(err), f.req.buf));
+        }
+    }
+}
+
 fn ring_loop(
     mut ring: IoUring,
     rx: mpsc::Receiver<Request>,
@@ -280,13 +310,7 @@ fn ring_loop(
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            // The ring itself failed: fail everything in flight and stop.
-            for slot in slots.iter_mut() {
-                if let Some(f) = slot.take() {
-                    let err = std::io::Error::new(e.kind(), format!("io_uring_enter: {e}"));
-                    let _ = f.req.reply.send((Err(err), f.req.buf));
-                }
-            }
+            fail_all(&mut slots, &e);
             return;
         }
         for cqe in ring.completion() {
@@ -294,22 +318,7 @@ fn ring_loop(
             let Some(f) = slots[slot].as_mut() else {
                 continue;
             };
-            let outcome = if res < 0 {
-                Some(Err(std::io::Error::from_raw_os_error(-res)))
-            } else if res == 0 && f.done < f.req.buf.len() {
-                Some(Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "transfer ended after {} of {} bytes",
-                        f.done,
-                        f.req.buf.len()
-                    ),
-                )))
-            } else {
-                f.done += res as usize;
-                (f.done >= f.req.buf.len()).then_some(Ok(()))
-            };
-            match outcome {
+            match outcome(f, res) {
                 None => resubmit.push_back(slot),
                 Some(result) => {
                     if let Some(f) = slots[slot].take() {
