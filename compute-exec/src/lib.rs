@@ -35,6 +35,9 @@
 //!   statements, catalogs, schemas, tables, SQL info;
 //! - [`descriptors`]: dataset descriptors `ListFlights` lists, followed by
 //!   `GetFlightInfo`/`GetSchema` to a `DoGet` of the dataset's rows;
+//! - [`checkpoints`]: a cluster's checkpoints, striped and replicated
+//!   over its storage nodes, committed in two phases (the coordinator's
+//!   ledger last);
 //! - [`job`]: jobs — a pipeline delivered to the ranks of a trainer, epoch
 //!   by epoch, shuffled, resumable;
 //! - [`trainer`]: job streams to trainers (ticket, Flight info, batches
@@ -45,6 +48,7 @@
 
 pub mod access;
 pub mod calibration;
+pub mod checkpoints;
 pub mod client;
 pub mod compute_schema;
 pub mod cooperative;

@@ -11,7 +11,7 @@ use sluice_access::{Audit, Auth, Scope};
 use sluice_base::Executor;
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{ClientCerts, StorageClient, StorageEndpoint, Tls};
+use sluice_flight::{CheckpointEndpoint, ClientCerts, StorageClient, StorageEndpoint, Tls};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use tokio::net::TcpListener;
@@ -181,7 +181,16 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     // certificate it issued.
     let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
     let server = with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?;
-    storage_services(server, storage, node.decode.limits(), Some(auth))
+    // The stripes of the cluster's checkpoints, kept for its coordinator.
+    let checkpoints = Checkpoints::new(Arc::clone(storage.store()), CheckpointOptions::default());
+    Checkpoints::spawn_reaper(&checkpoints);
+    storage_services(
+        server,
+        storage,
+        node.decode.limits(),
+        Some(auth),
+        Some(checkpoints),
+    )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
         .await?;
     eprintln!("storage node stopped");
@@ -370,12 +379,30 @@ pub async fn serve(
         Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
     }
     spawn_job_expiry(Arc::clone(&jobs), addrs.job_ttl);
-    // Checkpoints live beside the datasets, in serve's own data dir.
-    let checkpoints = store.as_ref().map(|s| {
-        let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
-        Checkpoints::spawn_reaper(&c);
-        c
-    });
+    // Checkpoints live beside the datasets: in serve's own data dir, or
+    // striped over the cluster's storage nodes.
+    let checkpoints: Arc<dyn CheckpointEndpoint> = match store.as_ref() {
+        Some(s) => {
+            let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
+            Checkpoints::spawn_reaper(&c);
+            c
+        }
+        None => {
+            let keeping = sluice_compute::checkpoints::Keeping {
+                keep: addrs.checkpoints.keep,
+                idle_timeout: addrs.checkpoints.idle_timeout,
+                replicas: None,
+            };
+            let c = sluice_compute::checkpoints::ClusterCheckpoints::open(
+                Arc::clone(&session),
+                &cli.data_dir.join("cluster"),
+                keeping,
+                place::node_credential(cli)?,
+            )?;
+            sluice_compute::checkpoints::ClusterCheckpoints::spawn_upkeep(&c);
+            c
+        }
+    };
     let tls = place::tls(cli)?;
     let flight = listen(cli, tls.as_deref(), addrs.flight, "Flight").await?;
     let flight_addr = flight.local_addr()?;
@@ -386,7 +413,7 @@ pub async fn serve(
         jobs: Arc::clone(&jobs),
         auth: auth.clone(),
         ingest_store: store,
-        checkpoints: checkpoints.clone(),
+        checkpoints: Some(Arc::clone(&checkpoints)),
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
         flight: location(tls.as_deref(), "grpc", "grpc+tls", flight_addr),
@@ -419,10 +446,9 @@ pub async fn serve(
             .write_all(announce.as_bytes())
             .and_then(|()| out.flush());
     }
-    let mut query = QueryService::new(Arc::clone(&jobs)).with_query_timeout(addrs.limits.timeout());
-    if let Some(c) = checkpoints {
-        query = query.with_checkpoints(c);
-    }
+    let query = QueryService::new(Arc::clone(&jobs))
+        .with_query_timeout(addrs.limits.timeout())
+        .with_checkpoints(checkpoints);
     let flight_server = with_tls(flight_builder(), tls.as_deref(), ClientCerts::Optional)?
         .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
@@ -452,20 +478,24 @@ pub async fn serve(
     Ok(())
 }
 
-/// A storage node's services on `server`: Flight, and beside it, on the
-/// same port and behind the same check (`auth`, when given), the
-/// distributed engine's worker, which runs the storage fragments of
-/// queries and job streams planned on other nodes.
+/// A storage node's services on `server`: Flight (with the checkpoint
+/// protocol over `checkpoints`, when given), and beside it, on the same
+/// port and behind the same check (`auth`, when given), the distributed
+/// engine's worker, which runs the storage fragments of queries and job
+/// streams planned on other nodes.
 fn storage_services(
     mut server: Server,
     storage: Arc<sluice_storage::StorageNode>,
     limits: sluice_udfs::Limits,
     auth: Option<Auth>,
+    checkpoints: Option<Arc<Checkpoints>>,
 ) -> Router {
     let worker = sluice_storage::engine::worker(Arc::clone(&storage), limits);
-    let flight = StorageFlightService::new(storage)
-        .with_limits(limits)
-        .server();
+    let mut flight = StorageFlightService::new(storage).with_limits(limits);
+    if let Some(c) = checkpoints {
+        flight = flight.with_checkpoints(c);
+    }
+    let flight = flight.server();
     match auth {
         Some(auth) => server
             .add_service(InterceptedService::new(flight, auth.clone()))
@@ -485,7 +515,7 @@ async fn over_loopback(
 ) -> anyhow::Result<Arc<dyn StorageEndpoint>> {
     let listener = bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let router = storage_services(Server::builder(), storage, limits, None);
+    let router = storage_services(Server::builder(), storage, limits, None, None);
     sluice_base::task::detach(async move {
         let served = router
             .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())

@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
-use sluice_storage::StorageError;
-use sluice_storage::checkpoint::{CheckpointInfo, Checkpoints};
+use sluice_flight::CheckpointEndpoint;
+use sluice_flight::checkpoint::CheckpointInfo;
 
 use super::AppState;
 use super::error::ApiError;
@@ -58,19 +58,15 @@ pub struct DeleteQuery {
     pub version: Option<u64>,
 }
 
-fn store(s: &AppState) -> Result<&Arc<Checkpoints>, ApiError> {
+fn store(s: &AppState) -> Result<&Arc<dyn CheckpointEndpoint>, ApiError> {
     s.checkpoints.as_ref().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             "checkpoints_disabled",
-            "this server keeps no checkpoints: they live in the data dir of a \
-             `sluice serve` without --storage",
+            "this server keeps no checkpoints: they live on a `sluice serve` (its data dir, \
+             or its cluster's storage nodes)",
         )
     })
-}
-
-fn api_error(e: StorageError) -> ApiError {
-    ApiError::fault(&e)
 }
 
 /// Every version of the checkpoints under a prefix, by name then version
@@ -86,7 +82,10 @@ pub async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<Checkpoint>>, ApiError> {
     let Query(q) = query?;
-    let list = store(&s)?.list(&q.prefix).map_err(api_error)?;
+    let list = store(&s)?
+        .versions(&q.prefix)
+        .await
+        .map_err(|e| ApiError::status(&e))?;
     Ok(Json(
         list.into_iter()
             .filter(|c| who.may_checkpoint(&c.name))
@@ -117,6 +116,9 @@ pub async fn delete(
             why,
         ));
     }
-    let gone = store(&s)?.delete(&q.name, q.version).map_err(api_error)?;
+    let gone = store(&s)?
+        .remove(&q.name, q.version)
+        .await
+        .map_err(|e| ApiError::status(&e))?;
     Ok(Json(gone.into_iter().map(Checkpoint::from).collect()))
 }

@@ -46,6 +46,17 @@ impl ApiError {
     pub fn fault(e: &dyn Fault) -> Self {
         Self::new(http_status(e.code()), e.kind(), e.to_string())
     }
+
+    /// The error a Flight service answered: its kind (`error` when it
+    /// names none), and the HTTP status of its code.
+    pub fn status(s: &tonic::Status) -> Self {
+        let (kind, message) = sluice_base::fault::kind_of(s);
+        Self::new(
+            http_status(s.code()),
+            kind.as_deref().unwrap_or("error"),
+            message,
+        )
+    }
 }
 
 impl From<JobError> for ApiError {

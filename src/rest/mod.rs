@@ -52,7 +52,6 @@ use axum::routing::get;
 use sluice_access::Auth;
 use sluice_compute::Jobs;
 use sluice_storage::Store;
-use sluice_storage::checkpoint::Checkpoints;
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
@@ -69,8 +68,9 @@ pub struct AppState {
     pub auth: Auth,
     /// The store REST ingest writes to (embedded mode).
     pub ingest_store: Option<Arc<Store>>,
-    /// The checkpoints of the data dir (embedded mode).
-    pub checkpoints: Option<Arc<Checkpoints>>,
+    /// The checkpoints: the data dir's (embedded mode), or the
+    /// cluster's (striped over its storage nodes).
+    pub checkpoints: Option<Arc<dyn sluice_flight::CheckpointEndpoint>>,
     /// Directories REST ingest may read.
     pub ingest_roots: Vec<PathBuf>,
     /// When the server started.

@@ -10,7 +10,12 @@
 //!   an ingest spread over several nodes, prepared beneath the node's own
 //!   ingest roots and then committed or dropped (`sluice_flight::ingest`);
 //! - `DoPut`: a replica's rows, copied in by a move (`sluice_flight::copy`);
-//! - `DoGet(Ticket)`: a probe of N bytes (the link's measure).
+//! - `DoGet(Ticket)`: a probe of N bytes (the link's measure);
+//! - with checkpoints ([`StorageFlightService::with_checkpoints`]), the
+//!   checkpoint protocol of `sluice_flight::checkpoint`: `checkpoint.*`
+//!   actions, a `DoPut` whose descriptor names an upload, a `DoGet` whose
+//!   ticket is a checkpoint's (JSON). A cluster's coordinator keeps the
+//!   stripes of its checkpoints on its nodes through it.
 //!
 //! Storage fragments (a query's, a job stream's windows, a move's or a
 //! repair's read) do not run here: they are tasks of the distributed
@@ -36,6 +41,7 @@ use futures::{Stream, StreamExt, stream};
 use prost::Message;
 use sluice_base::CallError;
 use sluice_base::fault::{self, status_of};
+use sluice_flight::checkpoint::{ACTION_PREFIX, CheckpointEndpoint, PutCommand};
 use sluice_flight::copy::{CopyIn, RETIRE, Retire};
 use sluice_flight::ingest::{FINISH_INGEST, FinishIngest, IngestPart, PREPARE_INGEST};
 use sluice_flight::messages::{
@@ -47,6 +53,7 @@ use sluice_planner::fragment::decode_fragment;
 use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::checkpoint::Checkpoints;
 use crate::node::StorageNode;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -56,6 +63,7 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 pub struct StorageFlightService {
     node: Arc<StorageNode>,
     limits: Limits,
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 impl StorageFlightService {
@@ -64,7 +72,20 @@ impl StorageFlightService {
         Self {
             node,
             limits: Limits::default(),
+            checkpoints: None,
         }
+    }
+
+    /// Serves the checkpoint protocol over `checkpoints` too.
+    pub fn with_checkpoints(mut self, checkpoints: Arc<Checkpoints>) -> Self {
+        self.checkpoints = Some(checkpoints);
+        self
+    }
+
+    fn checkpoints(&self) -> Result<&Arc<Checkpoints>, Status> {
+        self.checkpoints.as_ref().ok_or_else(|| {
+            CallError::NotServed("this storage node keeps no checkpoints".into()).status()
+        })
     }
 
     /// This node's decoding limits: a fragment's options may lower them,
@@ -211,7 +232,12 @@ impl FlightService for StorageFlightService {
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        let ticket = Ticket::decode(request.into_inner().ticket)
+        let bytes = request.into_inner().ticket;
+        if let Ok(sluice_flight::Ticket::Checkpoint(t)) = sluice_flight::Ticket::parse(&bytes) {
+            let checkpoints = self.checkpoints()?;
+            return Ok(Response::new(CheckpointEndpoint::get(&**checkpoints, t).await?));
+        }
+        let ticket = Ticket::decode(bytes)
             .map_err(|e| CallError::bad_request(format!("bad ticket: {e}")))?;
         let stream = match ticket.kind {
             Some(TicketKind::Probe(p)) => self.probe(p),
@@ -230,13 +256,28 @@ impl FlightService for StorageFlightService {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        // The one put a node takes: a replica's rows (`sluice_flight::copy`),
-        // the first message's descriptor naming the move.
+        // A checkpoint's part, or a replica's rows (`sluice_flight::copy`):
+        // the first message's descriptor names the upload or the move.
         let mut data = request.into_inner();
         let first = data
             .message()
             .await?
             .ok_or_else(|| CallError::bad_request("an empty put"))?;
+        if let Some(command) = first
+            .flight_descriptor
+            .as_ref()
+            .and_then(|d| PutCommand::parse(&d.cmd))
+        {
+            let checkpoints = self.checkpoints()?;
+            let rest = stream::once(async { Ok(first) }).chain(data).boxed();
+            let bytes = checkpoints.put(command, rest).await?;
+            let body = serde_json::to_vec(&serde_json::json!({ "bytes": bytes }))
+                .map_err(|e| CallError::encoding(e.to_string()))?;
+            let reply = PutResult {
+                app_metadata: body.into(),
+            };
+            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
+        }
         let req: CopyIn = first
             .flight_descriptor
             .as_ref()
@@ -285,6 +326,14 @@ impl FlightService for StorageFlightService {
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
         let action = request.into_inner();
+        if action.r#type.starts_with(ACTION_PREFIX) {
+            let body = self
+                .checkpoints()?
+                .action(&action.r#type, &action.body)
+                .await?;
+            let reply = arrow_flight::Result { body };
+            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
+        }
         let body = match action.r#type.as_str() {
             NODE_INFO => serde_json::to_vec(&self.node.info()),
             TIME_FRAGMENT => serde_json::to_vec(&self.time(&action.body).await?),

@@ -3,26 +3,22 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, LargeBinaryArray, RecordBatch};
-use arrow::buffer::{Buffer, OffsetBuffer};
 use arrow_flight::FlightData;
-use arrow_flight::decode::FlightRecordBatchStream;
-use arrow_flight::encode::FlightDataEncoderBuilder;
-use arrow_flight::error::FlightError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_base::CallError;
-use sluice_flight::MAX_MESSAGE;
-use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data_schema};
+use sluice_flight::checkpoint::requests::{
+    Begin, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+};
+use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
 use sluice_flight::shm_handshake::Probe;
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
-use super::Checkpoints;
+use super::{CheckpointInfo, Checkpoints};
 use crate::error::StorageError;
 
 /// The status a checkpoint error answers (its [`sluice_base::Fault`]
@@ -30,75 +26,6 @@ use crate::error::StorageError;
 /// `RESOURCE_EXHAUSTED`).
 pub fn status(e: StorageError) -> Status {
     sluice_base::fault::status(&e)
-}
-
-fn body<'a, T: Deserialize<'a>>(kind: &str, bytes: &'a [u8]) -> Result<T, Status> {
-    serde_json::from_slice(bytes).map_err(|e| CallError::bad_request(format!("{kind}: {e}")))
-}
-
-fn json_bytes(v: &impl serde::Serialize) -> Result<Bytes, Status> {
-    serde_json::to_vec(v)
-        .map(Bytes::from)
-        .map_err(|e| CallError::encoding(e.to_string()))
-}
-
-/// The value buffers of a batch's first (binary) column, in row order.
-fn values(batch: &RecordBatch) -> Result<Vec<Buffer>, StorageError> {
-    let bad = |reason: String| StorageError::BadUpload {
-        name: "(upload)".into(),
-        reason,
-    };
-    let col = batch
-        .columns()
-        .first()
-        .ok_or_else(|| bad("a part batch has no column".into()))?;
-    let array = col
-        .as_any()
-        .downcast_ref::<LargeBinaryArray>()
-        .ok_or_else(|| {
-            bad(format!(
-                "part data must be LargeBinary, not {}",
-                col.data_type()
-            ))
-        })?;
-    if array.null_count() > 0 {
-        return Err(bad("part data has nulls".into()));
-    }
-    let offsets = array.value_offsets();
-    let values = array.values();
-    Ok(offsets
-        .windows(2)
-        .map(|w| values.slice_with_length(w[0] as usize, (w[1] - w[0]) as usize))
-        .filter(|b| !b.is_empty())
-        .collect())
-}
-
-#[derive(Deserialize)]
-struct Named {
-    name: String,
-    #[serde(default)]
-    version: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Begin {
-    name: String,
-}
-
-#[derive(Deserialize)]
-struct Commit {
-    upload: String,
-    size: u64,
-}
-
-#[derive(Deserialize)]
-struct UploadId {
-    upload: String,
-}
-
-#[derive(Deserialize)]
-struct Group {
-    uploads: Vec<Commit>,
 }
 
 #[derive(Deserialize)]
@@ -136,12 +63,6 @@ struct RegionId {
     region: String,
 }
 
-#[derive(Deserialize)]
-struct Prefix {
-    #[serde(default)]
-    prefix: String,
-}
-
 #[async_trait]
 impl CheckpointEndpoint for Checkpoints {
     async fn put(
@@ -149,17 +70,10 @@ impl CheckpointEndpoint for Checkpoints {
         command: PutCommand,
         data: BoxStream<'static, Result<FlightData, Status>>,
     ) -> Result<u64, Status> {
-        let batches = FlightRecordBatchStream::new_from_flight_data(
-            data.map_err(|s| FlightError::Tonic(Box::new(s))),
-        );
-        let pieces = batches
-            .map_err(|e| StorageError::BadUpload {
-                name: "(upload)".into(),
-                reason: format!("part stream: {e}"),
-            })
-            .and_then(|b| futures::future::ready(values(&b)))
-            .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
-            .try_flatten();
+        let pieces = data::pieces(data).map_err(|e| StorageError::BadUpload {
+            name: "(upload)".into(),
+            reason: format!("part stream: {e}"),
+        });
         self.write(&command.checkpoint_upload, command.offset, pieces)
             .await
             .map_err(status)
@@ -170,28 +84,26 @@ impl CheckpointEndpoint for Checkpoints {
             self.get(&ticket.checkpoint, Some(ticket.version))
                 .map_err(status)?,
         );
-        let schema = data_schema();
-        let batch_schema = Arc::clone(&schema);
-        let batches = self
+        let buffers = self
             .read(record, ticket.offset, ticket.length)
-            .map(move |buf| {
-                let buf = buf.map_err(|e| FlightError::Tonic(Box::new(status(e))))?;
-                let offsets = OffsetBuffer::from_lengths([buf.len()]);
-                let array = LargeBinaryArray::try_new(offsets, buf, None)?;
-                Ok(RecordBatch::try_new(
-                    Arc::clone(&batch_schema),
-                    vec![Arc::new(array)],
-                )?)
-            });
-        let data = FlightDataEncoderBuilder::new()
-            .with_max_flight_data_size(MAX_MESSAGE)
-            .with_schema(schema)
-            .build(batches)
-            .map_err(|e| match e {
-                FlightError::Tonic(s) => *s,
-                other => CallError::encoding(other.to_string()),
-            });
-        Ok(Box::pin(data))
+            .map(|buf| buf.map_err(status));
+        Ok(data::encode(buffers, None))
+    }
+
+    fn pending_uploads(&self) -> usize {
+        Checkpoints::pending_uploads(self)
+    }
+
+    fn lent_regions(&self) -> usize {
+        Checkpoints::lent_regions(self)
+    }
+
+    async fn versions(&self, prefix: &str) -> Result<Vec<CheckpointInfo>, Status> {
+        self.list(prefix).map_err(status)
+    }
+
+    async fn remove(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>, Status> {
+        self.delete(name, version).map_err(status)
     }
 
     async fn action(&self, kind: &str, bytes: &[u8]) -> Result<Bytes, Status> {
@@ -207,9 +119,7 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.commit_group" => {
                 let g: Group = body(kind, bytes)?;
-                let group: Vec<(String, u64)> =
-                    g.uploads.into_iter().map(|c| (c.upload, c.size)).collect();
-                json_bytes(&self.commit_group(&group).await.map_err(status)?)
+                json_bytes(&self.commit_group(&g.pairs()).await.map_err(status)?)
             }
             "checkpoint.shm.put_open" => {
                 let o: PutOpen = body(kind, bytes)?;
@@ -267,10 +177,7 @@ impl CheckpointEndpoint for Checkpoints {
                 let n: Named = body(kind, bytes)?;
                 json_bytes(&self.delete(&n.name, n.version).map_err(status)?)
             }
-            other => Err(CallError::bad_request(format!(
-                "unknown checkpoint action {:?}",
-                other.chars().take(64).collect::<String>()
-            ))),
+            other => Err(unknown(other)),
         }
     }
 }

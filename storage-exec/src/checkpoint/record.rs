@@ -5,8 +5,7 @@
 use crate::alloc::ChunkRun;
 use crate::error::{Result, StorageError};
 
-/// Longest checkpoint name, in bytes.
-pub const MAX_NAME: usize = 512;
+pub use sluice_flight::checkpoint::requests::MAX_NAME;
 
 /// A run of a checkpoint's bytes on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -75,18 +74,7 @@ impl CheckpointRecord {
     }
 }
 
-/// What a listing shows of a version.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CheckpointInfo {
-    /// Its name.
-    pub name: String,
-    /// Its version.
-    pub version: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Commit time, milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-}
+pub use sluice_flight::checkpoint::CheckpointInfo;
 
 impl From<&CheckpointRecord> for CheckpointInfo {
     fn from(r: &CheckpointRecord) -> Self {
@@ -102,30 +90,13 @@ impl From<&CheckpointRecord> for CheckpointInfo {
 /// Checks a checkpoint name: path-like (`run7/epoch3/rank0.pt`), segments
 /// of letters, digits, `.`, `_`, `-` and `=`, none empty, `.` or `..`.
 pub fn validate_name(name: &str) -> Result<()> {
-    let bad = |reason| {
-        Err(StorageError::InvalidCheckpointName {
+    match sluice_flight::checkpoint::requests::name_problem(name) {
+        None => Ok(()),
+        Some(reason) => Err(StorageError::InvalidCheckpointName {
             name: name.chars().take(64).collect(),
             reason,
-        })
-    };
-    if name.is_empty() {
-        return bad("it is empty");
+        }),
     }
-    if name.len() > MAX_NAME {
-        return bad("it is longer than 512 bytes");
-    }
-    for seg in name.split('/') {
-        if seg.is_empty() || seg == "." || seg == ".." {
-            return bad("segments between '/' must not be empty, '.' or '..'");
-        }
-        if !seg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'='))
-        {
-            return bad("use letters, digits, '.', '_', '-', '=' and '/' between segments");
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -37,17 +37,30 @@
 //!  DoAction checkpoint.shm.touch    {"region"}  (a kept region taken up again; not found once let go)
 //!  DoAction checkpoint.shm.close    {"region"}
 //! ```
+//!
+//! A storage node of a cluster serves the same protocol to its
+//! coordinator, which keeps each node's stripes of a checkpoint there as
+//! a version of its own ([`node::NodeCheckpoints`], the coordinator's
+//! client of it).
+//!
+//! Files: this one (the protocol), [`data`] (the bytes as batches),
+//! [`node`] (a storage node's checkpoints, called over Flight),
+//! [`requests`] (the actions' bodies, and what a name may be).
+
+pub mod data;
+pub mod node;
+pub mod requests;
 
 use std::fmt;
-use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow_flight::FlightData;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use tonic::Status;
+
+pub use data::data_schema;
 
 use crate::stream::FlightStream;
 
@@ -104,13 +117,18 @@ pub const ACTIONS: [(&str, &str); 13] = [
     ),
 ];
 
-/// The column checkpoint bytes travel in.
-pub fn data_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        "data",
-        DataType::LargeBinary,
-        false,
-    )]))
+/// What a listing shows of a version (and `checkpoint.stat`,
+/// `checkpoint.commit` answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    /// Its name.
+    pub name: String,
+    /// Its version.
+    pub version: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
 }
 
 /// The command of a DoPut descriptor: which upload, and where the part
@@ -156,6 +174,24 @@ pub trait CheckpointEndpoint: Send + Sync + fmt::Debug {
 
     /// Streams a range of a version.
     async fn get(&self, ticket: GetTicket) -> Result<FlightStream, Status>;
+
+    /// Every version of the checkpoints whose names start with `prefix`
+    /// (REST's listing).
+    async fn versions(&self, prefix: &str) -> Result<Vec<CheckpointInfo>, Status>;
+
+    /// Deletes one version of `name`, or every one; those deleted (REST's
+    /// delete).
+    async fn remove(&self, name: &str, version: Option<u64>)
+    -> Result<Vec<CheckpointInfo>, Status>;
+
+    /// Uploads in progress (a gauge).
+    fn pending_uploads(&self) -> usize;
+
+    /// Shared-memory regions lent to clients (a gauge; none where the
+    /// bytes never travel that way).
+    fn lent_regions(&self) -> usize {
+        0
+    }
 
     /// Answers a `checkpoint.*` action with a JSON body.
     async fn action(&self, kind: &str, body: &[u8]) -> Result<Bytes, Status>;

@@ -1,0 +1,187 @@
+//! The commit of cluster checkpoints: every node commits its piece of
+//! every upload of the group (durable and listed there, all at once),
+//! then one ledger transaction makes the versions exist. A node that
+//! fails its commit fails the group: the pieces already committed are
+//! deleted, the others aborted, and nothing is recorded.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sluice_base::CallError;
+use sluice_flight::checkpoint::CheckpointInfo;
+use sluice_flight::checkpoint::node::NodeCheckpoints;
+
+use super::ledger::{Piece, StripedVersion};
+use super::upload::ClusterUpload;
+use super::{ClusterCheckpointError, ClusterCheckpoints, Result, lock};
+
+/// One node's piece of one upload, to commit.
+struct Share {
+    upload: usize,
+    node: Arc<NodeCheckpoints>,
+    local_upload: String,
+    local_size: u64,
+    stripes: Vec<u64>,
+}
+
+impl ClusterCheckpoints {
+    /// Commits upload `id` as the next version of its name, `size` bytes.
+    pub async fn commit(&self, id: &str, size: u64) -> Result<CheckpointInfo> {
+        let mut infos = self.commit_group(&[(id.to_string(), size)]).await?;
+        Ok(infos.remove(0))
+    }
+
+    /// Commits every upload of `group` (id, size) as the next version of
+    /// its name, together: all exist, or none does. Their names must
+    /// differ.
+    pub async fn commit_group(&self, group: &[(String, u64)]) -> Result<Vec<CheckpointInfo>> {
+        let uploads = group
+            .iter()
+            .map(|(id, _)| self.upload(id))
+            .collect::<Result<Vec<_>>>()?;
+        let mut names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
+        names.sort_unstable();
+        if names.is_empty() || names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(ClusterCheckpointError::Call(CallError::BadRequest(
+                "a group commit takes one or more uploads of distinct names".into(),
+            )));
+        }
+        let (shares, empty) = shares(&uploads, group);
+        let commits = futures::future::join_all(
+            shares
+                .iter()
+                .map(|s| s.node.commit(&s.local_upload, s.local_size)),
+        );
+        let aborts = futures::future::join_all(
+            empty
+                .iter()
+                .map(|(node, upload)| async move { drop(node.abort(upload).await) }),
+        );
+        let (committed, _) = futures::join!(commits, aborts);
+        let mut first_error = None;
+        let mut versions_there = Vec::with_capacity(committed.len());
+        for (i, c) in committed.into_iter().enumerate() {
+            match c {
+                Ok(info) => versions_there.push(Some(info.version)),
+                Err(e) => {
+                    versions_there.push(None);
+                    first_error.get_or_insert((i, e));
+                }
+            }
+        }
+        if let Some((at, source)) = first_error {
+            let uploads = &uploads;
+            // Nothing of the group may stay: committed pieces go, the
+            // others are aborted (a node that cannot be told drops its
+            // upload by its idle timeout, its committed piece by the sweep).
+            futures::future::join_all(shares.iter().zip(&versions_there).map(|(s, v)| async move {
+                let undone = match v {
+                    Some(_) => s.node.delete(&uploads[s.upload].local).await.map(drop),
+                    None => s.node.abort(&s.local_upload).await,
+                };
+                if let Err(e) = undone {
+                    tracing::warn!("checkpoint '{}': {e}", uploads[s.upload].name);
+                }
+            }))
+            .await;
+            self.forget(group);
+            return Err(ClusterCheckpointError::Node {
+                name: uploads[shares[at].upload].name.clone(),
+                source,
+            });
+        }
+        let created_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let mut versions: Vec<StripedVersion> = uploads
+            .iter()
+            .zip(group)
+            .map(|(u, (_, size))| StripedVersion {
+                name: u.name.clone(),
+                version: 0,
+                size: *size,
+                created_unix_ms,
+                unit: u.striping.unit,
+                replicas: u.striping.replicas,
+                pieces: Vec::new(),
+            })
+            .collect();
+        for (s, v) in shares.into_iter().zip(versions_there) {
+            let local_version = v.unwrap_or_default();
+            versions[s.upload].pieces.push(Piece {
+                node: s.node.name().to_string(),
+                local: uploads[s.upload].local.clone(),
+                local_version,
+                stripes: s.stripes,
+            });
+        }
+        let recorded = self.ledger.commit(&mut versions, self.keeping.keep);
+        // Only now may the sweep take pieces the ledger does not name.
+        self.forget(group);
+        let dropped = recorded?;
+        self.delete_pieces(&dropped).await;
+        for v in &versions {
+            tracing::info!(
+                "checkpoint '{}' version {} committed ({} bytes over {} piece(s), {} replica(s))",
+                v.name,
+                v.version,
+                v.size,
+                v.pieces.len(),
+                v.replicas
+            );
+        }
+        Ok(versions.iter().map(StripedVersion::info).collect())
+    }
+
+    fn forget(&self, group: &[(String, u64)]) {
+        let mut map = lock(&self.uploads);
+        for (id, _) in group {
+            map.remove(id);
+        }
+    }
+
+    /// Deletes the pieces of `versions` from their nodes; a node that
+    /// does not answer keeps them until the sweep.
+    pub(super) async fn delete_pieces(&self, versions: &[StripedVersion]) {
+        let pieces = versions.iter().flat_map(|v| &v.pieces);
+        futures::future::join_all(pieces.map(|p| async move {
+            let gone = match self.node(&p.node) {
+                Ok(node) => node.delete(&p.local).await.map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = gone {
+                tracing::warn!("checkpoint piece {} left for the sweep: {e}", p.local);
+            }
+        }))
+        .await;
+    }
+}
+
+/// Every node's piece of every upload of the group, with its size; and
+/// the uploads of nodes holding no stripe of theirs (a checkpoint smaller
+/// than a stripe per node), to abort.
+fn shares(
+    uploads: &[Arc<ClusterUpload>],
+    group: &[(String, u64)],
+) -> (Vec<Share>, Vec<(Arc<NodeCheckpoints>, String)>) {
+    let mut out = Vec::new();
+    let mut empty = Vec::new();
+    for (i, (u, (_, size))) in uploads.iter().zip(group).enumerate() {
+        for (k, (node, local_upload)) in u.nodes.iter().enumerate() {
+            let stripes = u.striping.held(k as u32, *size);
+            if stripes.is_empty() {
+                empty.push((Arc::clone(node), local_upload.clone()));
+                continue;
+            }
+            out.push(Share {
+                upload: i,
+                node: Arc::clone(node),
+                local_upload: local_upload.clone(),
+                local_size: u.striping.local_size(k as u32, *size),
+                stripes,
+            });
+        }
+    }
+    (out, empty)
+}

@@ -1,0 +1,132 @@
+//! [`ClusterCheckpoints`] as a [`CheckpointEndpoint`]: the checkpoint
+//! protocol a trainer speaks to one machine, answered by the cluster. The
+//! same-host actions (`checkpoint.shm.*`) answer `shm_unavailable`: a
+//! cluster's checkpoint lives on several hosts, so its writers and readers
+//! go over Flight (the client falls back by itself).
+
+use std::sync::Arc;
+
+use arrow_flight::FlightData;
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::TryStreamExt;
+use serde_json::json;
+use sluice_base::CallError;
+use sluice_flight::checkpoint::requests::{
+    Begin, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+};
+use sluice_flight::checkpoint::{CheckpointEndpoint, CheckpointInfo, GetTicket, PutCommand, data};
+use sluice_flight::stream::FlightStream;
+use tonic::Status;
+
+use super::ledger::StripedVersion;
+use super::{ClusterCheckpointError, ClusterCheckpoints};
+
+impl ClusterCheckpoints {
+    /// Every version of the checkpoints whose names start with `prefix`.
+    pub fn list(&self, prefix: &str) -> Result<Vec<CheckpointInfo>, ClusterCheckpointError> {
+        Ok(self
+            .ledger
+            .list(prefix)?
+            .iter()
+            .map(StripedVersion::info)
+            .collect())
+    }
+
+    /// Deletes one version of `name`, or every one, and their pieces.
+    pub async fn delete(
+        &self,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<Vec<CheckpointInfo>, ClusterCheckpointError> {
+        let dropped = self.ledger.delete(name, version)?;
+        if dropped.is_empty() {
+            return Err(ClusterCheckpointError::Call(CallError::NotFound(format!(
+                "no checkpoint '{name}'{}",
+                version.map(|v| format!(" version {v}")).unwrap_or_default()
+            ))));
+        }
+        self.delete_pieces(&dropped).await;
+        Ok(dropped.iter().map(StripedVersion::info).collect())
+    }
+}
+
+#[async_trait]
+impl CheckpointEndpoint for ClusterCheckpoints {
+    async fn put(
+        &self,
+        command: PutCommand,
+        data: BoxStream<'static, Result<FlightData, Status>>,
+    ) -> Result<u64, Status> {
+        let upload = self.upload(&command.checkpoint_upload)?;
+        let name = upload.name.clone();
+        let pieces = data::pieces(data).map_err(move |e| {
+            ClusterCheckpointError::Call(CallError::BadRequest(format!(
+                "checkpoint '{name}': part stream: {e}"
+            )))
+        });
+        Ok(upload.write_part(command.offset, pieces).await?)
+    }
+
+    async fn get(&self, ticket: GetTicket) -> Result<FlightStream, Status> {
+        let version = Arc::new(self.version(&ticket.checkpoint, Some(ticket.version))?);
+        let buffers = self
+            .read(version, ticket.offset, ticket.length)
+            .map_err(Status::from);
+        Ok(data::encode(buffers, None))
+    }
+
+    fn pending_uploads(&self) -> usize {
+        super::lock(&self.uploads).len()
+    }
+
+    async fn versions(&self, prefix: &str) -> Result<Vec<CheckpointInfo>, Status> {
+        Ok(self.list(prefix)?)
+    }
+
+    async fn remove(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>, Status> {
+        Ok(self.delete(name, version).await?)
+    }
+
+    async fn action(&self, kind: &str, bytes: &[u8]) -> Result<Bytes, Status> {
+        match kind {
+            "checkpoint.begin" => {
+                let b: Begin = body(kind, bytes)?;
+                json_bytes(&json!({ "upload": self.begin(&b.name).await? }))
+            }
+            "checkpoint.commit" => {
+                let c: Commit = body(kind, bytes)?;
+                json_bytes(&self.commit(&c.upload, c.size).await?)
+            }
+            "checkpoint.commit_group" => {
+                let g: Group = body(kind, bytes)?;
+                json_bytes(&self.commit_group(&g.pairs()).await?)
+            }
+            "checkpoint.abort" => {
+                let u: UploadId = body(kind, bytes)?;
+                self.abort(&u.upload).await?;
+                json_bytes(&json!({ "aborted": u.upload }))
+            }
+            "checkpoint.stat" => {
+                let n: Named = body(kind, bytes)?;
+                json_bytes(&self.version(&n.name, n.version)?.info())
+            }
+            "checkpoint.list" => {
+                let p: Prefix = body(kind, bytes)?;
+                json_bytes(&self.list(&p.prefix)?)
+            }
+            "checkpoint.delete" => {
+                let n: Named = body(kind, bytes)?;
+                json_bytes(&self.delete(&n.name, n.version).await?)
+            }
+            shm if shm.starts_with("checkpoint.shm.") => Err(CallError::NoSharedMemory(
+                "a cluster keeps checkpoints striped over its storage nodes: they travel over \
+                 Flight"
+                    .into(),
+            )
+            .status()),
+            other => Err(unknown(other)),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The bodies of the checkpoint actions that every server of the
+//! protocol reads alike (a store on one machine, a cluster's
+//! coordinator), how they are read, and what a name may be.
+
+use bytes::Bytes;
+use serde::Deserialize;
+use sluice_base::CallError;
+use tonic::Status;
+
+/// Longest checkpoint name, in bytes.
+pub const MAX_NAME: usize = 512;
+
+/// Why `name` is not a checkpoint name (`None`: it is one): `/`-separated
+/// segments of letters, digits, `.`, `_`, `-` and `=`, none empty, `.` or
+/// `..`, at most [`MAX_NAME`] bytes in all.
+pub fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("it is empty");
+    }
+    if name.len() > MAX_NAME {
+        return Some("it is longer than 512 bytes");
+    }
+    for seg in name.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Some("segments between '/' must not be empty, '.' or '..'");
+        }
+        if !seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'='))
+        {
+            return Some("use letters, digits, '.', '_', '-', '=' and '/' between segments");
+        }
+    }
+    None
+}
+
+/// `checkpoint.stat`, `checkpoint.delete`: a name, and a version or none.
+#[derive(Debug, Deserialize)]
+pub struct Named {
+    /// The checkpoint.
+    pub name: String,
+    /// One version (none: the newest, or every one).
+    #[serde(default)]
+    pub version: Option<u64>,
+}
+
+/// `checkpoint.begin`.
+#[derive(Debug, Deserialize)]
+pub struct Begin {
+    /// The checkpoint a version is written of.
+    pub name: String,
+}
+
+/// `checkpoint.commit`, and each upload of a group.
+#[derive(Debug, Deserialize)]
+pub struct Commit {
+    /// The upload.
+    pub upload: String,
+    /// Its size: its parts cover `[0, size)` exactly once.
+    pub size: u64,
+}
+
+/// `checkpoint.abort`.
+#[derive(Debug, Deserialize)]
+pub struct UploadId {
+    /// The upload.
+    pub upload: String,
+}
+
+/// `checkpoint.commit_group`.
+#[derive(Debug, Deserialize)]
+pub struct Group {
+    /// The uploads, committed together.
+    pub uploads: Vec<Commit>,
+}
+
+impl Group {
+    /// Its uploads as (id, size).
+    pub fn pairs(self) -> Vec<(String, u64)> {
+        self.uploads.into_iter().map(|c| (c.upload, c.size)).collect()
+    }
+}
+
+/// `checkpoint.list`.
+#[derive(Debug, Deserialize)]
+pub struct Prefix {
+    /// Names starting with this (default: every one).
+    #[serde(default)]
+    pub prefix: String,
+}
+
+/// Action `kind`'s body, or `INVALID_ARGUMENT` saying what is wrong.
+pub fn body<'a, T: Deserialize<'a>>(kind: &str, bytes: &'a [u8]) -> Result<T, Status> {
+    serde_json::from_slice(bytes).map_err(|e| CallError::bad_request(format!("{kind}: {e}")))
+}
+
+/// An answer as JSON bytes.
+pub fn json_bytes(v: &impl serde::Serialize) -> Result<Bytes, Status> {
+    serde_json::to_vec(v)
+        .map(Bytes::from)
+        .map_err(|e| CallError::encoding(e.to_string()))
+}
+
+/// The error of an action no server of the protocol knows.
+pub fn unknown(kind: &str) -> Status {
+    CallError::bad_request(format!(
+        "unknown checkpoint action {:?}",
+        kind.chars().take(64).collect::<String>()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_paths_of_plain_segments() {
+        for ok in ["run7/epoch3/rank0.pt", "a", "x=1/y_2-z.bin", ".stripes/0a/run/x"] {
+            assert_eq!(name_problem(ok), None, "{ok}");
+        }
+        for bad in ["", "/a", "a//b", "a/../b", "a b", "é", &"x".repeat(513)] {
+            assert!(name_problem(bad).is_some(), "{bad}");
+        }
+    }
+}
