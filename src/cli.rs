@@ -621,6 +621,15 @@ pub enum Command {
         /// and its space freed (a writer that died).
         #[arg(long, default_value_t = 120.0)]
         checkpoint_idle_timeout: f64,
+        /// Checkpoints on a cluster: copies of each stripe on distinct
+        /// storage nodes (default: 2 with at least 2 nodes).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        checkpoint_replicas: Option<u32>,
+        /// Checkpoints on a cluster: seconds between sweeps of the storage
+        /// nodes for pieces no committed version names (left by a
+        /// coordinator killed mid-commit).
+        #[arg(long, default_value_t = 600.0)]
+        checkpoint_sweep_every: f64,
         /// Jobs: seconds a job may sit finished, or running with no reader,
         /// before it is forgotten with its record.
         #[arg(long, default_value_t = 7.0 * 86_400.0)]

@@ -191,8 +191,8 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         Some(auth),
         Some(checkpoints),
     )
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
-        .await?;
+    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+    .await?;
     eprintln!("storage node stopped");
     Ok(())
 }
@@ -312,6 +312,9 @@ pub struct ServeAddrs<'a> {
     pub remote_storage: bool,
     /// How checkpoints in the data dir are kept.
     pub checkpoints: CheckpointOptions,
+    /// On a cluster: copies of each checkpoint stripe (`None`: the
+    /// default), and the period of the sweep of stray pieces.
+    pub cluster_checkpoints: (Option<u32>, std::time::Duration),
     /// How long a finished or unread job is kept.
     pub job_ttl: std::time::Duration,
     /// A background scrub's period and request (`serve --scrub-every`).
@@ -391,7 +394,8 @@ pub async fn serve(
             let keeping = sluice_compute::checkpoints::Keeping {
                 keep: addrs.checkpoints.keep,
                 idle_timeout: addrs.checkpoints.idle_timeout,
-                replicas: None,
+                replicas: addrs.cluster_checkpoints.0,
+                sweep_every: addrs.cluster_checkpoints.1,
             };
             let c = sluice_compute::checkpoints::ClusterCheckpoints::open(
                 Arc::clone(&session),

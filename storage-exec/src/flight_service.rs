@@ -235,7 +235,9 @@ impl FlightService for StorageFlightService {
         let bytes = request.into_inner().ticket;
         if let Ok(sluice_flight::Ticket::Checkpoint(t)) = sluice_flight::Ticket::parse(&bytes) {
             let checkpoints = self.checkpoints()?;
-            return Ok(Response::new(CheckpointEndpoint::get(&**checkpoints, t).await?));
+            return Ok(Response::new(
+                CheckpointEndpoint::get(&**checkpoints, t).await?,
+            ));
         }
         let ticket = Ticket::decode(bytes)
             .map_err(|e| CallError::bad_request(format!("bad ticket: {e}")))?;

@@ -74,15 +74,17 @@ impl ClusterCheckpoints {
             // Nothing of the group may stay: committed pieces go, the
             // others are aborted (a node that cannot be told drops its
             // upload by its idle timeout, its committed piece by the sweep).
-            futures::future::join_all(shares.iter().zip(&versions_there).map(|(s, v)| async move {
-                let undone = match v {
-                    Some(_) => s.node.delete(&uploads[s.upload].local).await.map(drop),
-                    None => s.node.abort(&s.local_upload).await,
-                };
-                if let Err(e) = undone {
-                    tracing::warn!("checkpoint '{}': {e}", uploads[s.upload].name);
-                }
-            }))
+            futures::future::join_all(shares.iter().zip(&versions_there).map(
+                |(s, v)| async move {
+                    let undone = match v {
+                        Some(_) => s.node.delete(&uploads[s.upload].local).await.map(drop),
+                        None => s.node.abort(&s.local_upload).await,
+                    };
+                    if let Err(e) = undone {
+                        tracing::warn!("checkpoint '{}': {e}", uploads[s.upload].name);
+                    }
+                },
+            ))
             .await;
             self.forget(group);
             return Err(ClusterCheckpointError::Node {

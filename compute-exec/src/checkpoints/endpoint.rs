@@ -9,8 +9,8 @@ use std::sync::Arc;
 use arrow_flight::FlightData;
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use futures::TryStreamExt;
+use futures::stream::BoxStream;
 use serde_json::json;
 use sluice_base::CallError;
 use sluice_flight::checkpoint::requests::{
@@ -85,7 +85,11 @@ impl CheckpointEndpoint for ClusterCheckpoints {
         Ok(self.list(prefix)?)
     }
 
-    async fn remove(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>, Status> {
+    async fn remove(
+        &self,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<Vec<CheckpointInfo>, Status> {
         Ok(self.delete(name, version).await?)
     }
 

@@ -284,7 +284,11 @@ mod tests {
             .collect();
         assert_eq!(
             listed,
-            [("run/a".into(), 2), ("run/a".into(), 3), ("run/b".into(), 1)]
+            [
+                ("run/a".into(), 2),
+                ("run/a".into(), 3),
+                ("run/b".into(), 1)
+            ]
         );
         assert_eq!(ledger.get("run/a", None).unwrap().unwrap().version, 3);
         assert!(ledger.get("run/a", Some(1)).unwrap().is_none());

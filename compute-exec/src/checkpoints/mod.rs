@@ -77,6 +77,9 @@ pub struct Keeping {
     pub idle_timeout: Duration,
     /// Copies of each stripe (`None`: 2 with at least 2 nodes).
     pub replicas: Option<u32>,
+    /// How often the nodes are swept for pieces no version names (the
+    /// first sweep comes at most [`sweep::FIRST`] after start).
+    pub sweep_every: Duration,
 }
 
 /// Why a cluster checkpoint call failed.
@@ -265,7 +268,10 @@ impl ClusterCheckpoints {
                     .await
                     .map_err(|_| LinkError::Unavailable {
                         node: e.name().to_string(),
-                        reason: format!("no answer to begin a checkpoint within {} s", BEGIN_WAIT.as_secs()),
+                        reason: format!(
+                            "no answer to begin a checkpoint within {} s",
+                            BEGIN_WAIT.as_secs()
+                        ),
                     })??;
                 Ok::<_, LinkError>((node, upload))
             }
@@ -344,19 +350,25 @@ impl ClusterCheckpoints {
     }
 
     /// Expires idle uploads every quarter of the timeout and sweeps the
-    /// nodes' pieces no version names every [`sweep::EVERY`], for as long
-    /// as `this` lives.
+    /// nodes' pieces no version names every [`Keeping::sweep_every`], for
+    /// as long as `this` lives.
     pub fn spawn_upkeep(this: &Arc<Self>) {
         let weak = Arc::downgrade(this);
-        let period = (this.keeping.idle_timeout / 4).max(Duration::from_millis(100));
+        let every = this.keeping.sweep_every;
+        let period = (this.keeping.idle_timeout / 4)
+            .min(every)
+            .max(Duration::from_millis(100));
         sluice_base::task::detach(async move {
             let mut tick = tokio::time::interval(period);
-            let mut swept = Instant::now() - sweep::EVERY + sweep::FIRST;
+            let first = every.min(sweep::FIRST);
+            let mut swept = Instant::now()
+                .checked_sub(every - first)
+                .unwrap_or_else(Instant::now);
             loop {
                 tick.tick().await;
                 let Some(this) = weak.upgrade() else { break };
                 this.expire_idle().await;
-                if swept.elapsed() >= sweep::EVERY {
+                if swept.elapsed() >= every {
                     swept = Instant::now();
                     this.sweep().await;
                 }

@@ -132,10 +132,13 @@ impl Reads {
 
     /// `len` bytes at `at` of `piece`, from its node.
     async fn fetch(&self, piece: &Piece, at: u64, len: u64) -> Result<Vec<Buffer>, LinkError> {
-        let node = self.nodes.get(&piece.node).ok_or_else(|| LinkError::Unavailable {
-            node: piece.node.clone(),
-            reason: "cannot be dialled".into(),
-        })?;
+        let node = self
+            .nodes
+            .get(&piece.node)
+            .ok_or_else(|| LinkError::Unavailable {
+                node: piece.node.clone(),
+                reason: "cannot be dialled".into(),
+            })?;
         let bufs: Vec<Buffer> = node
             .get(&piece.local, piece.local_version, at, len)
             .await?

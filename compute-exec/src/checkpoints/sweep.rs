@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use super::{ClusterCheckpoints, PIECES, lock};
 
-/// How often the nodes are swept.
-pub const EVERY: Duration = Duration::from_secs(600);
 /// How soon after start the first sweep runs.
 pub const FIRST: Duration = Duration::from_secs(30);
 

@@ -238,10 +238,7 @@ mod tests {
     async fn a_part_is_cut_at_every_stripe_boundary_and_nowhere_else() {
         // A part at 6 in stripes of 4: 6..8, 8..12, 12..13.
         let got = cut(6, 4, &[3, 0, 4]).await;
-        assert_eq!(
-            got,
-            [(6, vec![1, 2]), (8, vec![3, 4, 5, 6]), (12, vec![7])]
-        );
+        assert_eq!(got, [(6, vec![1, 2]), (8, vec![3, 4, 5, 6]), (12, vec![7])]);
         // Many small pieces gather into one stretch; an aligned end adds
         // no empty one.
         let got = cut(0, 4, &[1, 1, 1, 1, 2, 2]).await;
@@ -253,7 +250,9 @@ mod tests {
     async fn an_error_of_the_part_ends_it() {
         let pieces: Vec<Result<Buffer>> = vec![
             Ok(Buffer::from(vec![1u8; 6])),
-            Err(ClusterCheckpointError::Call(sluice_base::CallError::BadRequest("cut".into()))),
+            Err(ClusterCheckpointError::Call(
+                sluice_base::CallError::BadRequest("cut".into()),
+            )),
         ];
         let got: Vec<_> = Stripes::new(Box::pin(futures::stream::iter(pieces)), 0, 4)
             .into_stream()

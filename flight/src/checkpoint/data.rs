@@ -76,16 +76,14 @@ pub fn pieces<S>(data: S) -> impl Stream<Item = Result<Buffer, PieceError>> + Se
 where
     S: Stream<Item = Result<FlightData, Status>> + Send + 'static,
 {
-    FlightRecordBatchStream::new_from_flight_data(
-        data.map_err(|s| FlightError::Tonic(Box::new(s))),
-    )
-    .map_err(|e| match e {
-        FlightError::Tonic(s) => PieceError::Status(*s),
-        other => PieceError::Bad(format!("part stream: {other}")),
-    })
-    .and_then(|b| futures::future::ready(values(&b).map_err(PieceError::Bad)))
-    .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
-    .try_flatten()
+    FlightRecordBatchStream::new_from_flight_data(data.map_err(|s| FlightError::Tonic(Box::new(s))))
+        .map_err(|e| match e {
+            FlightError::Tonic(s) => PieceError::Status(*s),
+            other => PieceError::Bad(format!("part stream: {other}")),
+        })
+        .and_then(|b| futures::future::ready(values(&b).map_err(PieceError::Bad)))
+        .map_ok(|v| futures::stream::iter(v.into_iter().map(Ok)))
+        .try_flatten()
 }
 
 /// A row of the data column holding `buf`.
@@ -103,7 +101,9 @@ pub fn messages(buffers: Vec<Buffer>) -> Result<Vec<FlightData>, FlightError> {
         .into_iter()
         .map(|b| row(&schema, b))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(arrow_flight::utils::batches_to_flight_data(&schema, batches)?)
+    Ok(arrow_flight::utils::batches_to_flight_data(
+        &schema, batches,
+    )?)
 }
 
 /// `buffers` as Flight messages (one row each), first the schema (with

@@ -75,10 +75,11 @@ impl NodeCheckpoints {
             .message()
             .await
             .map_err(|s| link.status(&s))?
-            .ok_or_else(|| LinkError::Protocol(format!("{} answered {kind} with nothing", link.node)))?;
-        serde_json::from_slice(&reply.body).map_err(|e| {
-            LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", link.node))
-        })
+            .ok_or_else(|| {
+                LinkError::Protocol(format!("{} answered {kind} with nothing", link.node))
+            })?;
+        serde_json::from_slice(&reply.body)
+            .map_err(|e| LinkError::Protocol(format!("{} sent a bad {kind} reply: {e}", link.node)))
     }
 
     /// Starts a version of `name` there; its upload id.
@@ -95,7 +96,12 @@ impl NodeCheckpoints {
 
     /// Writes `buffers`, in order, as the part of `upload` at `offset`;
     /// the bytes the node took.
-    pub async fn put(&self, upload: String, offset: u64, buffers: Vec<Buffer>) -> Result<u64, LinkError> {
+    pub async fn put(
+        &self,
+        upload: String,
+        offset: u64,
+        buffers: Vec<Buffer>,
+    ) -> Result<u64, LinkError> {
         let link = self.link();
         let cmd = serde_json::to_vec(&PutCommand {
             checkpoint_upload: upload,
@@ -119,7 +125,9 @@ impl NodeCheckpoints {
             .message()
             .await
             .map_err(|s| link.status(&s))?
-            .ok_or_else(|| LinkError::Protocol(format!("{} answered a part with nothing", link.node)))?;
+            .ok_or_else(|| {
+                LinkError::Protocol(format!("{} answered a part with nothing", link.node))
+            })?;
         #[derive(serde::Deserialize)]
         struct Took {
             bytes: u64,
@@ -201,4 +209,3 @@ impl NodeCheckpoints {
             .boxed())
     }
 }
-

@@ -77,7 +77,10 @@ pub struct Group {
 impl Group {
     /// Its uploads as (id, size).
     pub fn pairs(self) -> Vec<(String, u64)> {
-        self.uploads.into_iter().map(|c| (c.upload, c.size)).collect()
+        self.uploads
+            .into_iter()
+            .map(|c| (c.upload, c.size))
+            .collect()
     }
 }
 
@@ -115,7 +118,12 @@ mod tests {
 
     #[test]
     fn names_are_paths_of_plain_segments() {
-        for ok in ["run7/epoch3/rank0.pt", "a", "x=1/y_2-z.bin", ".stripes/0a/run/x"] {
+        for ok in [
+            "run7/epoch3/rank0.pt",
+            "a",
+            "x=1/y_2-z.bin",
+            ".stripes/0a/run/x",
+        ] {
             assert_eq!(name_problem(ok), None, "{ok}");
         }
         for bad in ["", "/a", "a//b", "a/../b", "a b", "é", &"x".repeat(513)] {

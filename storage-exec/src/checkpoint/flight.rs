@@ -102,7 +102,11 @@ impl CheckpointEndpoint for Checkpoints {
         self.list(prefix).map_err(status)
     }
 
-    async fn remove(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>, Status> {
+    async fn remove(
+        &self,
+        name: &str,
+        version: Option<u64>,
+    ) -> Result<Vec<CheckpointInfo>, Status> {
         self.delete(name, version).map_err(status)
     }
 

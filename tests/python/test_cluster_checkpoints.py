@@ -1,0 +1,258 @@
+"""Checkpoints on a cluster, over loopback: a coordinator (`serve
+--storage`) in front of three real storage nodes. A version is striped
+over every node and each stripe kept on two; it reads back byte-identical
+with a node killed -9; a node killed before the commit leaves the
+previous version and nothing partial; too few nodes is a named error;
+pieces no version names are swept; DCP saves and loads through the
+coordinator; scoped tokens apply. (`test_rig.py` runs the same over
+namespaces and a shaped link.)"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pyarrow.flight as flight
+import pytest
+
+import sluice
+from serve import SLUICE, serve_env, start_serve
+
+STRIPE = 4 << 20  # compute-exec/src/checkpoints/mod.rs: STRIPE
+
+
+def pattern(n, seed):
+    """`n` bytes that differ at every position and between seeds."""
+    block = bytes((seed * 31 + i * 7) % 251 for i in range(251))
+    return (block * (n // 251 + 1))[:n]
+
+
+def storage_node(d, env, name):
+    """A `sluice storage-node` over a data dir of its own: (process, URL)."""
+    env = dict(env, SLUICE_DATA_DIR=os.path.join(d, name))
+    log = open(os.path.join(d, f"{name}.log"), "a")
+    proc = subprocess.Popen([SLUICE, "storage-node", "--listen", "127.0.0.1:0"], env=env,
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    log.close()
+    line = proc.stdout.readline()
+    assert " listening on " in line, line
+    return proc, "http://" + line.split(" listening on ")[1].split()[0]
+
+
+@contextlib.contextmanager
+def cluster(nodes=3, token=None, args=()):
+    """A coordinator over `nodes` storage nodes: yields (client, node
+    processes, node URLs, temp dir, environment)."""
+    with tempfile.TemporaryDirectory() as d:
+        env = serve_env(d, SLUICE_DEVICE_SIZE="512MiB")
+        procs, urls = [], []
+        coord = None
+        try:
+            for i in range(nodes):
+                p, u = storage_node(d, env, f"node{i}")
+                procs.append(p)
+                urls.append(u)
+            coord_env = dict(env, **({"SLUICE_TOKEN": token} if token else {}))
+            coord, rest = start_serve(d, coord_env, ["--storage", ",".join(urls),
+                                                     "--checkpoint-idle-timeout", "2",
+                                                     *args])
+            yield sluice.Client(rest, token=token), procs, urls, d, env
+        finally:
+            for p in procs + ([coord] if coord else []):
+                if p.poll() is None:
+                    p.kill()
+                p.wait(timeout=30)
+
+
+def pieces(url):
+    """The pieces a storage node holds: {name: size} (its own checkpoint
+    listing, asked directly)."""
+    c = flight.FlightClient(url.replace("http://", "grpc://"))
+    try:
+        body = json.dumps({"prefix": ".stripes/"}).encode()
+        [reply] = list(c.do_action(flight.Action("checkpoint.list", body)))
+        return {v["name"]: v["size"] for v in json.loads(reply.body.to_pybytes())}
+    finally:
+        c.close()
+
+
+def write(ck, name, data):
+    with ck.writer(name) as w:
+        w.write(data)
+    return w.info
+
+
+def read(ck, name, version=None):
+    with ck.reader(name, version) as r:
+        return r.read()
+
+
+def test_a_version_is_striped_and_replicated_and_survives_a_lost_node():
+    with cluster() as (c, procs, urls, _, _):
+        ck = sluice.Checkpoint(c, "run1", workers=3)
+        data = pattern(10 * STRIPE + 12345, 1)  # 11 stripes
+        info = write(ck, "model.pt", data)
+        assert info["size"] == len(data) and info["version"] == 1, info
+        w = ck.writer("x")
+        assert w.transport == "flight"  # no same-host path to a striped version
+        w.close()
+        # Every node holds a piece; the pieces hold each byte twice.
+        held = [pieces(u) for u in urls]
+        assert all(len(h) == 1 for h in held), held
+        sizes = [next(iter(h.values())) for h in held]
+        assert sum(sizes) == 2 * len(data), sizes
+        assert max(sizes) - min(sizes) <= 2 * STRIPE, sizes
+        assert read(ck, "model.pt") == data
+        # A node killed -9: each stripe has another holder.
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait(timeout=30)
+        t0 = time.monotonic()
+        assert read(ck, "model.pt") == data
+        assert time.monotonic() - t0 < 30
+        # Two nodes still answer: a new version is striped over them.
+        small = pattern(3 * STRIPE + 7, 2)
+        assert write(ck, "model.pt", small)["version"] == 2
+        assert read(ck, "model.pt") == small
+        assert read(ck, "model.pt", version=1) == data
+        # One node left: too few for two copies, said with the nodes.
+        procs[2].send_signal(signal.SIGKILL)
+        procs[2].wait(timeout=30)
+        with pytest.raises(sluice.SluiceError) as e:
+            write(ck, "model.pt", small)
+        assert "2 replica(s)" in e.value.message and urls[1] in e.value.message, e.value
+        # Version 1 has stripes held only by the two dead nodes.
+        with pytest.raises(sluice.SluiceError) as e:
+            read(ck, "model.pt", version=1)
+        assert "every holder failed" in e.value.message, e.value
+        assert urls[1] in e.value.message and urls[2] in e.value.message, e.value
+        assert c._request("GET", "/healthz") == "ok\n"
+
+
+def test_a_node_lost_before_the_commit_leaves_the_previous_version_and_nothing_partial():
+    with cluster() as (c, procs, urls, _, _):
+        ck = sluice.Checkpoint(c, "run2", workers=2)
+        old = pattern(5 * STRIPE, 3)
+        write(ck, "opt.pt", old)
+        before = [pieces(u) for u in urls]
+        w = ck.writer("opt.pt")
+        w.write(pattern(6 * STRIPE + 1, 4))
+        w.flush()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=30)
+        with pytest.raises(sluice.SluiceError) as e:
+            w.close()
+        assert urls[0] in e.value.message, e.value
+        assert [v["version"] for v in ck.list(versions=True)] == [1]
+        assert read(ck, "opt.pt") == old
+        # The live nodes hold what they held: the new pieces are gone.
+        assert [pieces(u) for u in urls[1:]] == before[1:]
+        # A group commit (DCP's) fails alike, whole.
+        assert [v["name"] for v in c._request("GET", "/v1/checkpoints?prefix=run2/")] == \
+            ["run2/opt.pt"]
+
+
+def test_a_coordinator_killed_mid_save_keeps_the_previous_version_after_a_restart():
+    with cluster() as (c, _, urls, d, env):
+        ck = sluice.Checkpoint(c, "run4", workers=2)
+        old = pattern(3 * STRIPE + 5, 8)
+        write(ck, "m.pt", old)
+        w = ck.writer("m.pt")
+        w.write(pattern(4 * STRIPE, 9))
+        w.flush()
+        coord = [p for p in psutil_children() if "serve" in p[1]]
+        assert len(coord) == 1, coord
+        os.kill(coord[0][0], signal.SIGKILL)
+        with pytest.raises(Exception):
+            w.close()
+        proc, rest = start_serve(d, env, ["--storage", ",".join(urls)])
+        try:
+            again = sluice.Checkpoint(sluice.Client(rest), "run4")
+            assert [v["version"] for v in again.list(versions=True)] == [1]
+            assert read(again, "m.pt") == old
+            assert write(again, "m.pt", b"next")["version"] == 2
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def psutil_children():
+    """(pid, command line) of this process's children."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid():
+            out.append((int(pid), cmd))
+    return out
+
+
+def test_pieces_no_version_names_are_swept_and_deletes_reach_every_node():
+    with cluster(args=["--checkpoint-sweep-every", "1"]) as (c, _, urls, _, _):
+        ck = sluice.Checkpoint(c, "run3")
+        write(ck, "a.pt", pattern(2 * STRIPE, 5))
+        kept = [pieces(u) for u in urls]
+        # A piece the ledger does not name, as a coordinator killed
+        # between the nodes' commits and its own leaves one.
+        stray = flight.FlightClient(urls[2].replace("http://", "grpc://"))
+        act = lambda kind, body: json.loads(list(stray.do_action(
+            flight.Action(kind, json.dumps(body).encode())))[0].body.to_pybytes())
+        up = act("checkpoint.begin", {"name": ".stripes/0123abcd/run3/a.pt"})["upload"]
+        act("checkpoint.commit", {"upload": up, "size": 0})
+        assert ".stripes/0123abcd/run3/a.pt" in pieces(urls[2])
+        deadline = time.monotonic() + 30
+        while ".stripes/0123abcd/run3/a.pt" in pieces(urls[2]):
+            assert time.monotonic() < deadline, "the stray piece was not swept"
+            time.sleep(0.5)
+        assert [pieces(u) for u in urls] == kept
+        # Keep 2: a third version drops the first's pieces everywhere.
+        write(ck, "a.pt", pattern(STRIPE, 6))
+        write(ck, "a.pt", pattern(STRIPE, 7))
+        assert [v["version"] for v in ck.list(versions=True)] == [2, 3]
+        assert sum(len(pieces(u)) for u in urls) == 2 * 2  # 1 stripe x 2 copies, 2 versions
+        ck.delete("a.pt")
+        assert all(pieces(u) == {} for u in urls)
+        assert ck.list() == []
+
+
+def test_dcp_saves_and_loads_through_the_coordinator():
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    from sluice.dcp import SluiceReader, SluiceWriter
+    with cluster() as (c, _, _, _, _):
+        state = {"w": torch.arange(3 * 1024 * 1024, dtype=torch.float32).reshape(1024, -1),
+                 "b": torch.ones(17), "step": 5}
+        ck = sluice.Checkpoint(c, "dcp")
+        dcp.save(state, storage_writer=SluiceWriter(ck), checkpoint_id="step5", no_dist=True)
+        got = {"w": torch.zeros(1024, 3 * 1024), "b": torch.zeros(17), "step": 0}
+        dcp.load(got, storage_reader=SluiceReader(ck), checkpoint_id="step5", no_dist=True)
+        assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+        assert got["step"] == 5
+
+
+def test_scoped_tokens_keep_to_their_prefixes_on_the_cluster():
+    with tempfile.TemporaryDirectory() as t:
+        tokens = os.path.join(t, "tokens.yaml")
+        add = subprocess.run([SLUICE, "tokens", "add", tokens, "alice", "--scope", "read",
+                              "--checkpoint", "alice/"], check=True, capture_output=True,
+                             text=True)
+        secret = add.stdout.strip()
+        with cluster(args=["--tokens", tokens]) as (c, _, _, _, _):
+            alice = sluice.Client(c.url, token=secret)
+            write(sluice.Checkpoint(alice, "alice"), "m.pt", b"mine")
+            with pytest.raises(sluice.SluiceError) as e:
+                write(sluice.Checkpoint(alice, "bob"), "m.pt", b"not mine")
+            assert e.value.status == 403 or e.value.code == "forbidden", e.value
+            assert read(sluice.Checkpoint(alice, "alice"), "m.pt") == b"mine"
+            assert [v["name"] for v in alice._request("GET", "/v1/checkpoints")] == \
+                ["alice/m.pt"]
