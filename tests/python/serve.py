@@ -112,3 +112,19 @@ def reset_hwm(pid):
     """Starts a new peak: VmHWM reads the resident memory from now on."""
     with open(f"/proc/{pid}/clear_refs", "w") as f:
         f.write("5")
+
+
+def node_pieces(url):
+    """The pieces of the cluster's checkpoints a storage node at `url`
+    holds, asked of it directly: {name: size}."""
+    import json
+
+    import pyarrow.flight as flight
+
+    c = flight.FlightClient(url.replace("http://", "grpc://"))
+    try:
+        body = json.dumps({"prefix": ".stripes/"}).encode()
+        [reply] = list(c.do_action(flight.Action("checkpoint.list", body)))
+        return {v["name"]: v["size"] for v in json.loads(reply.body.to_pybytes())}
+    finally:
+        c.close()

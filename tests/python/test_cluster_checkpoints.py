@@ -19,7 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from serve import SLUICE, serve_env, start_serve
+from serve import SLUICE, node_pieces, serve_env, start_serve
 
 STRIPE = 4 << 20  # compute-exec/src/checkpoints/mod.rs: STRIPE
 
@@ -67,16 +67,7 @@ def cluster(nodes=3, token=None, args=()):
                 p.wait(timeout=30)
 
 
-def pieces(url):
-    """The pieces a storage node holds: {name: size} (its own checkpoint
-    listing, asked directly)."""
-    c = flight.FlightClient(url.replace("http://", "grpc://"))
-    try:
-        body = json.dumps({"prefix": ".stripes/"}).encode()
-        [reply] = list(c.do_action(flight.Action("checkpoint.list", body)))
-        return {v["name"]: v["size"] for v in json.loads(reply.body.to_pybytes())}
-    finally:
-        c.close()
+pieces = node_pieces
 
 
 def write(ck, name, data):
