@@ -47,7 +47,18 @@ pub async fn run(cli: &Cli, url: &str, action: &NodesAction) -> anyhow::Result<(
         }
         NodesAction::Drain { id } => {
             let path = format!("/v1/nodes/storage/{}/drain", urlencode(id));
-            print_moves(&client.call(Method::POST, &path, None).await?);
+            let drained = client.call(Method::POST, &path, None).await?;
+            print_moves(&drained["datasets"]);
+            let c = &drained["checkpoints"];
+            if !c.is_null() {
+                println!(
+                    "checkpoints: {} version(s), {} stripe copies, {} bytes",
+                    c["versions"], c["stripes"], c["bytes"]
+                );
+                for short in c["short"].as_array().into_iter().flatten() {
+                    println!("short\t{}", text(short));
+                }
+            }
         }
         NodesAction::Remove { kind, id } => {
             let path = format!("/v1/nodes/{}/{}", urlencode(kind), urlencode(id));

@@ -384,6 +384,7 @@ pub async fn serve(
     spawn_job_expiry(Arc::clone(&jobs), addrs.job_ttl);
     // Checkpoints live beside the datasets: in serve's own data dir, or
     // striped over the cluster's storage nodes.
+    let mut cluster_checkpoints = None;
     let checkpoints: Arc<dyn CheckpointEndpoint> = match store.as_ref() {
         Some(s) => {
             let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
@@ -404,6 +405,7 @@ pub async fn serve(
                 place::node_credential(cli)?,
             )?;
             sluice_compute::checkpoints::ClusterCheckpoints::spawn_upkeep(&c);
+            cluster_checkpoints = Some(Arc::clone(&c));
             c
         }
     };
@@ -418,6 +420,7 @@ pub async fn serve(
         auth: auth.clone(),
         ingest_store: store,
         checkpoints: Some(Arc::clone(&checkpoints)),
+        cluster_checkpoints,
         ingest_roots: addrs.ingest_roots.to_vec(),
         started: std::time::Instant::now(),
         flight: location(tls.as_deref(), "grpc", "grpc+tls", flight_addr),

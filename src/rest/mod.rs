@@ -71,6 +71,9 @@ pub struct AppState {
     /// The checkpoints: the data dir's (embedded mode), or the
     /// cluster's (striped over its storage nodes).
     pub checkpoints: Option<Arc<dyn sluice_flight::CheckpointEndpoint>>,
+    /// The same, on a cluster: what moves stripes off lost and drained
+    /// nodes.
+    pub cluster_checkpoints: Option<Arc<sluice_compute::checkpoints::ClusterCheckpoints>>,
     /// Directories REST ingest may read.
     pub ingest_roots: Vec<PathBuf>,
     /// When the server started.

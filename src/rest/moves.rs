@@ -14,24 +14,35 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use sluice_compute::checkpoints::moves::CheckpointMoves;
 use sluice_compute::moves::lost::LostNodes;
 use sluice_compute::moves::{MoveReport, Why, move_dataset};
 
 use super::AppState;
 use super::error::ApiError;
 
-/// Move every part node `id` (its location, or its `host:port`) holds to
-/// other nodes; its versions are retired once no job reads them.
+/// What a drain moved.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Drained {
+    /// Each dataset moved.
+    pub datasets: Vec<MoveReport>,
+    /// The checkpoint stripes moved (on a cluster that keeps them).
+    pub checkpoints: Option<CheckpointMoves>,
+}
+
+/// Move every part and checkpoint stripe node `id` (its location, or its
+/// `host:port`) holds to other nodes; its dataset versions are retired
+/// once no job reads them, its checkpoint pieces at once.
 #[utoipa::path(post, path = "/v1/nodes/storage/{id}/drain", operation_id = "drain_node",
     tag = "ops",
     params(("id" = String, Path, description = "The node's location or host:port")),
-    responses((status = 200, body = Vec<MoveReport>), (status = 404, body = ApiError),
+    responses((status = 200, body = Drained), (status = 404, body = ApiError),
         (status = 401, body = ApiError), (status = 403, body = ApiError)),
     security(("bearer" = [])))]
 pub async fn drain(
     State(s): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Vec<MoveReport>>, ApiError> {
+) -> Result<Json<Drained>, ApiError> {
     let session = s.jobs.session();
     let node = session
         .endpoints()
@@ -59,7 +70,20 @@ pub async fn drain(
                 .is_some_and(|l| l.versions.contains_key(&node))
         })
         .collect();
-    run(&s, &held, &Why::Drain(node)).await.map(Json)
+    let why = Why::Drain(node.clone());
+    let datasets = run(&s, &held, &why).await?;
+    let checkpoints = match &s.cluster_checkpoints {
+        Some(c) => Some(
+            c.move_away(std::slice::from_ref(&node), &why.to_string())
+                .await
+                .map_err(|e| ApiError::fault(&e))?,
+        ),
+        None => None,
+    };
+    Ok(Json(Drained {
+        datasets,
+        checkpoints,
+    }))
 }
 
 /// Spread every dataset's parts evenly over the storage nodes.
@@ -98,6 +122,7 @@ pub fn watch_lost(state: AppState, after_s: f64) {
     }
     let lost = Arc::new(LostNodes::new(Duration::from_secs_f64(after_s.min(1e9))));
     sluice_base::task::detach(async move {
+        let mut was_lost: Vec<String> = Vec::new();
         loop {
             tokio::time::sleep(lost.period()).await;
             for r in lost.tick(&state.jobs, &state.ingests).await {
@@ -109,6 +134,23 @@ pub fn watch_lost(state: AppState, after_s: f64) {
                     r.short.len()
                 );
             }
+            // Checkpoint stripes: copied once, then the lost node's pieces
+            // are no longer named (only stripes with nowhere to go are
+            // looked at again); a lost node back holds pieces no version
+            // names any more, which a sweep deletes at once.
+            let gone = lost.lost();
+            if let Some(c) = &state.cluster_checkpoints {
+                if !gone.is_empty() {
+                    let why = format!("re-replication of {}", gone.join(", "));
+                    if let Err(e) = c.move_away(&gone, &why).await {
+                        tracing::warn!("{why}: checkpoints: {e}");
+                    }
+                }
+                if was_lost.iter().any(|n| !gone.contains(n)) {
+                    c.sweep().await;
+                }
+            }
+            was_lost = gone;
         }
     });
 }

@@ -247,3 +247,32 @@ def test_scoped_tokens_keep_to_their_prefixes_on_the_cluster():
             assert read(sluice.Checkpoint(alice, "alice"), "m.pt") == b"mine"
             assert [v["name"] for v in alice._request("GET", "/v1/checkpoints")] == \
                 ["alice/m.pt"]
+
+
+def test_stripes_leave_a_lost_node_and_a_drained_one_and_read_whole():
+    with cluster(nodes=4, args=["--lost-after", "2"]) as (c, procs, urls, _, _):
+        ck = sluice.Checkpoint(c, "run5")
+        data = pattern(9 * STRIPE + 99, 10)
+        write(ck, "m.pt", data)
+        # Lost: the stripes node 3 held get a second copy on the others.
+        procs[3].send_signal(signal.SIGKILL)
+        procs[3].wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while sum(sum(pieces(u).values()) for u in urls[:3]) != 2 * len(data):
+            assert time.monotonic() < deadline, [pieces(u) for u in urls[:3]]
+            time.sleep(0.5)
+        assert read(ck, "m.pt") == data
+        # Drained: node 0's stripes go to nodes 1 and 2 (no copy twice).
+        drained = c._request("POST", "/v1/nodes/storage/" + urls[0].split("://")[1] + "/drain")
+        moved = drained["checkpoints"]
+        assert moved["versions"] == 1 and moved["short"] == [], drained
+        assert pieces(urls[0]) == {}
+        assert sum(sum(pieces(u).values()) for u in urls[1:3]) == 2 * len(data)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=30)
+        assert read(ck, "m.pt") == data
+        # Two nodes, two copies each: nowhere to move node 1's stripes.
+        drained = c._request("POST", "/v1/nodes/storage/" + urls[1].split("://")[1] + "/drain")
+        assert drained["checkpoints"]["versions"] == 0, drained
+        assert "no node without a copy" in drained["checkpoints"]["short"][0], drained
+        assert read(ck, "m.pt") == data

@@ -488,6 +488,14 @@ def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost(
             want = read_all()
             assert want.num_rows == 40
             assert replication()["full"] == 3
+            # A checkpoint striped over the three, two copies of each stripe.
+            ck = sluice.Checkpoint(c, "moves")
+            blob = os.urandom(7 * (4 << 20) + 11)
+            with ck.writer("m.pt") as w:
+                w.write(blob)
+
+            def ckpt_bytes(urls):
+                return sum(sum(node_pieces(u).values()) for u in urls)
 
             # Lost: storage2's two parts get their second copy back on the
             # two nodes left.
@@ -503,10 +511,17 @@ def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost(
             r = replication()
             assert (r["under"], r["lost"]) == (0, 0), r
             assert read_all().equals(want), "after re-replication the rows differ"
+            # The checkpoint's stripes have two copies again, on the two left.
+            wait_for("checkpoint re-replication",
+                     lambda: ckpt_bytes(nodes[:2]) == 2 * len(blob))
+            with ck.reader("m.pt") as r:
+                assert r.read() == blob
             # Back after its parts moved away: its stale copy is retired,
             # never read.
             rig_cmd("restart-storage", "2", rig_dir=rig_dir)
             wait_for("the returned node's retirement", lambda: storage_datasets(nodes[2]) == [])
+            wait_for("the returned node's stale checkpoint pieces",
+                     lambda: node_pieces(nodes[2]) == {})
             assert holding() == sorted(nodes[:2]) and replication()["full"] == 3
 
             # Joined: a fourth node, then a rebalance gives it a share.
@@ -528,8 +543,9 @@ def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost(
             got = [next(batches)]
             drained = c._request("POST", "/v1/nodes/storage/" + nodes[1].split("://")[1]
                                  + "/drain")
-            assert drained[0]["why"] == f"drain of {nodes[1]}", drained
-            assert drained[0]["retiring"][0]["waiting_for"] == [job.id], drained
+            assert drained["datasets"][0]["why"] == f"drain of {nodes[1]}", drained
+            assert drained["datasets"][0]["retiring"][0]["waiting_for"] == [job.id], drained
+            assert drained["checkpoints"]["versions"] == 1, drained
             got += list(batches)
             assert pa.Table.from_batches(got).equals(want), "the job read during a drain differs"
             # Its parts went to the nodes without a copy (storage2, back and
@@ -539,6 +555,12 @@ def test_parts_move_when_a_node_is_lost_joins_or_is_drained_and_nothing_is_lost(
             # Its copy goes once the job is done: the node lists nothing.
             wait_for("the drained node's retirement", lambda: storage_datasets(nodes[1]) == [])
             assert read_all().equals(want), "after the drain the rows differ"
+            # The checkpoint left the drained node too, and reads whole.
+            assert node_pieces(nodes[1]) == {}
+            live = [n for n in nodes + [added] if n != nodes[1]]
+            assert ckpt_bytes(live) == 2 * len(blob)
+            with ck.reader("m.pt") as r:
+                assert r.read() == blob
         finally:
             rig_cmd("down", rig_dir=rig_dir)
 

@@ -218,6 +218,42 @@ impl CheckpointLedger {
         Ok(out)
     }
 
+    /// Swaps, in version `version` of `name`, the pieces `dropped` (by
+    /// node and name) for `added`, in one transaction; whether the
+    /// version is still there to swap them in.
+    pub fn swap_pieces(
+        &self,
+        name: &str,
+        version: u64,
+        dropped: &[Piece],
+        added: &[Piece],
+    ) -> Result<bool, LedgerError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut table = txn.open_table(STRIPED).map_err(|e| self.err(e))?;
+            let found = table
+                .get((name, version))
+                .map_err(|e| self.err(e))?
+                .map(|g| self.decode(g.value()))
+                .transpose()?;
+            let Some(mut v) = found else {
+                return Ok(false);
+            };
+            v.pieces.retain(|p| {
+                !dropped
+                    .iter()
+                    .any(|d| d.node == p.node && d.local == p.local)
+            });
+            v.pieces.extend_from_slice(added);
+            let bytes = serde_json::to_vec(&v).map_err(|e| self.err(e))?;
+            table
+                .insert((name, version), bytes.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+
     /// Drops one version of `name`, or every one; those dropped.
     pub fn delete(
         &self,
@@ -292,6 +328,24 @@ mod tests {
         );
         assert_eq!(ledger.get("run/a", None).unwrap().unwrap().version, 3);
         assert!(ledger.get("run/a", Some(1)).unwrap().is_none());
+        // A piece swapped for others, as a move off a node does.
+        let moved = Piece {
+            node: "n9".into(),
+            local: "l2".into(),
+            local_version: 1,
+            stripes: vec![0, 1, 2],
+        };
+        let old = ledger.get("run/a", Some(3)).unwrap().unwrap().pieces;
+        assert!(
+            ledger
+                .swap_pieces("run/a", 3, &old, std::slice::from_ref(&moved))
+                .unwrap()
+        );
+        assert_eq!(
+            ledger.get("run/a", Some(3)).unwrap().unwrap().pieces,
+            [moved.clone()]
+        );
+        assert!(!ledger.swap_pieces("run/a", 1, &old, &[moved]).unwrap());
         // A deleted name's numbers are not reused.
         assert_eq!(ledger.delete("run/a", None).unwrap().len(), 2);
         let mut again = [version("run/a", "n0")];

@@ -29,13 +29,18 @@
 //! - **Scoped tokens** apply as on one machine: the Flight service checks
 //!   a call's checkpoint name before it reaches here.
 //!
+//! - **Lost and drained nodes** ([`moves`]): the stripes a node held get
+//!   a copy on a node that stays, from their other holders.
+//!
 //! Files: [`stripes`] (placement), [`ledger`] (what exists),
 //! [`upload`] (a version being written), [`commit`], [`read`],
-//! [`sweep`] (pieces no version names), [`endpoint`] (the protocol).
+//! [`sweep`] (pieces no version names), [`moves`] (stripes off nodes
+//! that leave), [`endpoint`] (the protocol).
 
 pub mod commit;
 pub mod endpoint;
 pub mod ledger;
+pub mod moves;
 pub mod read;
 pub mod stripes;
 pub mod sweep;

@@ -48,7 +48,7 @@ impl ClusterCheckpoints {
         version: Arc<StripedVersion>,
         offset: u64,
         len: u64,
-    ) -> impl Stream<Item = Result<Buffer>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Buffer>> + Send + use<> {
         let end = offset.saturating_add(len).min(version.size);
         let unit = version.unit;
         let mut nodes = HashMap::new();

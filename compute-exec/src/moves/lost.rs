@@ -51,6 +51,17 @@ impl LostNodes {
         (self.after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
     }
 
+    /// The nodes down past the lost time at the last tick.
+    pub fn lost(&self) -> Vec<String> {
+        self.down_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= self.after)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Asks every storage node, and re-replicates the parts of those down
     /// past the lost time: one report per dataset moved.
     pub async fn tick(&self, jobs: &Arc<Jobs>, ingests: &Ingests) -> Vec<MoveReport> {
