@@ -343,7 +343,7 @@ mod tests {
         );
         assert_eq!(
             ledger.get("run/a", Some(3)).unwrap().unwrap().pieces,
-            [moved.clone()]
+            std::slice::from_ref(&moved)
         );
         assert!(!ledger.swap_pieces("run/a", 1, &old, &[moved]).unwrap());
         // A deleted name's numbers are not reused.
