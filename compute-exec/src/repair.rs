@@ -44,6 +44,9 @@ pub struct NodeScrub {
     pub error: Option<String>,
     /// What became of each bad object.
     pub repairs: Vec<RepairLog>,
+    /// Its checkpoint pieces' scrub (on a cluster that keeps them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<crate::checkpoints::scrub::CheckpointsScrubbed>,
 }
 
 /// One bad object's repair.
@@ -102,6 +105,7 @@ async fn repair_found(
         report: None,
         error: None,
         repairs: Vec::new(),
+        checkpoints: None,
     };
     match report {
         Ok(report) => {

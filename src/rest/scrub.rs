@@ -67,7 +67,15 @@ pub async fn run(s: &AppState, req: &ScrubRequest) -> Vec<NodeScrub> {
         tracing::warn!("scrub: {e}");
     }
     let schemas = session.table_schemas().await;
-    let done = scrub_and_repair(&session.endpoints(), &schemas, req).await;
+    let mut done = scrub_and_repair(&session.endpoints(), &schemas, req).await;
+    // A scrub of every dataset reads the checkpoints' pieces too.
+    if let (Some(c), None) = (&s.cluster_checkpoints, &req.dataset) {
+        for (node, scrubbed) in c.scrub_and_repair(req.rate_bytes_per_s).await {
+            if let Some(n) = done.iter_mut().find(|n| n.node == node) {
+                n.checkpoints = Some(scrubbed);
+            }
+        }
+    }
     for n in &done {
         match (&n.report, &n.error) {
             (Some(r), _) => tracing::info!(

@@ -236,6 +236,19 @@ pub enum StorageError {
         /// What is wrong.
         reason: String,
     },
+    /// A checkpoint repair whose bytes are not the extent's, or whose
+    /// extent is not there.
+    #[error("cannot repair checkpoint '{name}' version {version} at byte {offset}: {reason}")]
+    BadCheckpointRepair {
+        /// The checkpoint.
+        name: String,
+        /// Its version.
+        version: u64,
+        /// Where the extent was said to start.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
     /// A checkpoint upload that does not exist (never begun, committed,
     /// aborted, or expired after a writer went silent).
     #[error("unknown checkpoint upload '{0}' (committed, aborted, or expired)")]
@@ -341,6 +354,7 @@ impl Fault for StorageError {
             | Self::BadSource { .. }
             | Self::EmptyIngest(_)
             | Self::BadRepair { .. }
+            | Self::BadCheckpointRepair { .. }
             | Self::BadUpload { .. } => Code::InvalidArgument,
             Self::RowOutOfRange { .. } => Code::OutOfRange,
             Self::OutsideRoots { .. } => Code::PermissionDenied,
@@ -380,7 +394,7 @@ impl Fault for StorageError {
             Self::InvalidDatasetName(_) => "invalid_dataset_name",
             Self::BadSample { .. } => "bad_sample",
             Self::BadSource { .. } => "bad_source",
-            Self::BadRepair { .. } => "bad_repair",
+            Self::BadRepair { .. } | Self::BadCheckpointRepair { .. } => "bad_repair",
             Self::OutsideRoots { .. } => "forbidden_path",
             Self::UnknownIngest(_) => "ingest_not_prepared",
             Self::EmptyIngest(_) => "empty_ingest",

@@ -128,3 +128,24 @@ def node_pieces(url):
         return {v["name"]: v["size"] for v in json.loads(reply.body.to_pybytes())}
     finally:
         c.close()
+
+
+def flip_in_device(device, needle):
+    """Flips the last byte of the first copy of `needle` in the device file
+    `device` (a node's objects are packed from its start as ingested; the
+    file is read a few MiB at a time until the copy is found)."""
+    with open(device, "r+b") as f:
+        seen, at = b"", -1
+        while at < 0:
+            more = f.read(4 << 20)
+            assert more, f"the object is not in {device}"
+            base = max(0, len(seen) - len(needle))
+            seen = seen[base:] + more
+            found = seen.find(needle)
+            at = -1 if found < 0 else f.tell() - len(seen) + found
+        f.seek(at + len(needle) - 1)
+        last = f.read(1)
+        f.seek(at + len(needle) - 1)
+        f.write(bytes([last[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())

@@ -19,7 +19,7 @@ import pyarrow.flight as flight
 import pytest
 
 import sluice
-from serve import SLUICE, node_pieces, serve_env, start_serve
+from serve import SLUICE, flip_in_device, node_pieces, serve_env, start_serve
 
 STRIPE = 4 << 20  # compute-exec/src/checkpoints/mod.rs: STRIPE
 
@@ -275,4 +275,24 @@ def test_stripes_leave_a_lost_node_and_a_drained_one_and_read_whole():
         drained = c._request("POST", "/v1/nodes/storage/" + urls[1].split("://")[1] + "/drain")
         assert drained["checkpoints"]["versions"] == 0, drained
         assert "no node without a copy" in drained["checkpoints"]["short"][0], drained
+        assert read(ck, "m.pt") == data
+
+
+def test_a_flipped_byte_in_a_piece_is_read_around_then_repaired_by_a_scrub():
+    with cluster() as (c, _, urls, d, _):
+        ck = sluice.Checkpoint(c, "run6")
+        data = os.urandom(5 * STRIPE + 17)
+        write(ck, "m.pt", data)
+        # A byte of stripe 1 flipped on one of its holders' devices.
+        holder = next(i for i, u in enumerate(urls) if pieces(u))
+        flip_in_device(os.path.join(d, f"node{holder}", "device.img"),
+                       data[STRIPE:STRIPE + 4096] if holder in (1, 2) else data[:4096])
+        assert read(ck, "m.pt") == data  # the bad copy is read around
+        scrubbed = {n["node"]: n for n in c._request("POST", "/v1/scrub", {})}
+        repairs = scrubbed[urls[holder]]["checkpoints"]["repairs"]
+        assert [r["outcome"] for r in repairs] == ["repaired"], scrubbed
+        assert repairs[0]["checkpoint"] == "run6/m.pt" and repairs[0]["version"] == 1
+        again = {n["node"]: n for n in c._request("POST", "/v1/scrub", {})}
+        assert all(n["checkpoints"]["report"]["bad"] == [] for n in again.values()), again
+        assert sum(n["checkpoints"]["report"]["extents"] for n in again.values()) > 0
         assert read(ck, "m.pt") == data

@@ -18,7 +18,7 @@ import pytest
 
 import sluice
 from rig import compute_nodes, ours, parse_env, rig_cmd, up
-from serve import SLUICE, node_pieces
+from serve import SLUICE, flip_in_device, node_pieces
 
 # For a test whose later job would otherwise be served by the first's rows.
 NO_OUTPUT_CACHE = {"SLUICE_OUTPUT_CACHE_MEMORY": "0"}
@@ -569,27 +569,6 @@ def storage_datasets(url):
     """The datasets the storage node at `url` lists, by name."""
     client = flight.FlightClient(url.replace("http://", "grpc://"))
     return sorted(f.descriptor.path[0].decode() for f in client.list_flights())
-
-
-def flip_in_device(device, needle):
-    """Flips the last byte of the first copy of `needle` in the device file
-    `device` (a node's objects are packed from its start as ingested; the
-    file is read a few MiB at a time until the copy is found)."""
-    with open(device, "r+b") as f:
-        seen, at = b"", -1
-        while at < 0:
-            more = f.read(4 << 20)
-            assert more, f"the object is not in {device}"
-            base = max(0, len(seen) - len(needle))
-            seen = seen[base:] + more
-            found = seen.find(needle)
-            at = -1 if found < 0 else f.tell() - len(seen) + found
-        f.seek(at + len(needle) - 1)
-        last = f.read(1)
-        f.seek(at + len(needle) - 1)
-        f.write(bytes([last[0] ^ 0xFF]))
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def test_a_corrupt_replica_is_read_around_then_repaired_by_a_scrub():

@@ -31,17 +31,22 @@
 //!
 //! - **Lost and drained nodes** ([`moves`]): the stripes a node held get
 //!   a copy on a node that stays, from their other holders.
+//! - **Scrub and repair** ([`scrub`]): each node reads its pieces back
+//!   against their checksums; a bad extent is rewritten from another
+//!   holder.
 //!
 //! Files: [`stripes`] (placement), [`ledger`] (what exists),
 //! [`upload`] (a version being written), [`commit`], [`read`],
 //! [`sweep`] (pieces no version names), [`moves`] (stripes off nodes
-//! that leave), [`endpoint`] (the protocol).
+//! that leave), [`scrub`] (reading back, repairing), [`endpoint`] (the
+//! protocol).
 
 pub mod commit;
 pub mod endpoint;
 pub mod ledger;
 pub mod moves;
 pub mod read;
+pub mod scrub;
 pub mod stripes;
 pub mod sweep;
 pub mod upload;

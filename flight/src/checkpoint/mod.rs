@@ -45,11 +45,13 @@
 //!
 //! Files: this one (the protocol), [`data`] (the bytes as batches),
 //! [`node`] (a storage node's checkpoints, called over Flight),
-//! [`requests`] (the actions' bodies, and what a name may be).
+//! [`requests`] (the actions' bodies, and what a name may be), [`scrub`]
+//! (reading versions back, and repairing an extent).
 
 pub mod data;
 pub mod node;
 pub mod requests;
+pub mod scrub;
 
 use std::fmt;
 
@@ -68,7 +70,7 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 13] = [
+pub const ACTIONS: [(&str, &str); 15] = [
     (
         "checkpoint.begin",
         "start writing a checkpoint version: {name} → {upload}",
@@ -114,6 +116,14 @@ pub const ACTIONS: [(&str, &str); 13] = [
     (
         "checkpoint.delete",
         "delete a version, or all of a name: {name, version?}",
+    ),
+    (
+        "checkpoint.scrub",
+        "read every version under a prefix back against its crc32c: {prefix, rate_bytes_per_s?}",
+    ),
+    (
+        "checkpoint.repair",
+        "rewrite one extent with its own bytes: {name, version, offset, data (base64)}",
     ),
 ];
 

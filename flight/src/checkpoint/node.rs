@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::data::{self, PieceError};
+use super::scrub::{CheckpointScrub, RepairExtent, RepairedExtent, ScrubCheckpoints};
 use super::{CheckpointInfo, GetTicket, PutCommand};
 use crate::credential::Credential;
 use crate::error::LinkError;
@@ -171,6 +172,32 @@ impl NodeCheckpoints {
     pub async fn delete(&self, name: &str) -> Result<Vec<CheckpointInfo>, LinkError> {
         self.action("checkpoint.delete", &json!({ "name": name }))
             .await
+    }
+
+    /// Reads back every version under `req.prefix` there against its
+    /// checksums (no deadline: it reads every byte, at the rate asked).
+    pub async fn scrub(&self, req: &ScrubCheckpoints) -> Result<CheckpointScrub, LinkError> {
+        self.action("checkpoint.scrub", req).await
+    }
+
+    /// Writes `bytes`, the extent's own, over the extent of `name`
+    /// `version` at `offset` there; whether it was rewritten.
+    pub async fn repair(
+        &self,
+        name: &str,
+        version: u64,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<bool, LinkError> {
+        use base64::Engine;
+        let req = RepairExtent {
+            name: name.to_string(),
+            version,
+            offset,
+            data: base64::engine::general_purpose::STANDARD.encode(bytes),
+        };
+        let done: RepairedExtent = self.action("checkpoint.repair", &req).await?;
+        Ok(done.rewritten)
     }
 
     /// The bytes `[offset, offset + length)` of version `version` of

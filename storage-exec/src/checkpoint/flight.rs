@@ -13,6 +13,7 @@ use serde_json::json;
 use sluice_flight::checkpoint::requests::{
     Begin, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
 };
+use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
 use sluice_flight::shm_handshake::Probe;
 use sluice_flight::stream::FlightStream;
@@ -180,6 +181,29 @@ impl CheckpointEndpoint for Checkpoints {
             "checkpoint.delete" => {
                 let n: Named = body(kind, bytes)?;
                 json_bytes(&self.delete(&n.name, n.version).map_err(status)?)
+            }
+            "checkpoint.scrub" => {
+                let req: ScrubCheckpoints = body(kind, bytes)?;
+                json_bytes(&self.scrub(&req).await.map_err(status)?)
+            }
+            "checkpoint.repair" => {
+                use base64::Engine;
+                let r: RepairExtent = body(kind, bytes)?;
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(r.data.as_bytes())
+                    .map_err(|e| {
+                        status(StorageError::BadCheckpointRepair {
+                            name: r.name.clone(),
+                            version: r.version,
+                            offset: r.offset,
+                            reason: format!("the bytes are not base64: {e}"),
+                        })
+                    })?;
+                let rewritten = self
+                    .repair(&r.name, r.version, r.offset, &data)
+                    .await
+                    .map_err(status)?;
+                json_bytes(&RepairedExtent { rewritten })
             }
             other => Err(unknown(other)),
         }

@@ -30,11 +30,13 @@
 //!
 //! Files: [`catalog`] (the redb tables), [`record`] (a version and its
 //! extents), [`upload`] (a version being written), [`shared`] (the
-//! same-host path), `flight` (the Flight protocol over all of it).
+//! same-host path), `scrub` (reading versions back, repairing an
+//! extent), `flight` (the Flight protocol over all of it).
 
 pub(crate) mod catalog;
 mod flight;
 pub mod record;
+mod scrub;
 pub mod shared;
 mod upload;
 
