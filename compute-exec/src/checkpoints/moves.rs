@@ -21,6 +21,8 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
+use sluice_flight::checkpoint::data::Encoded;
+
 use super::ledger::{Piece, StripedVersion};
 use super::{ClusterCheckpointError, ClusterCheckpoints, PIECES, Result, new_id};
 
@@ -213,8 +215,13 @@ impl ClusterCheckpoints {
                 let name = name.clone();
                 async move {
                     let bufs: Vec<_> = bytes.try_collect().await?;
-                    let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-                    to.put(upload, at, bufs)
+                    let part = Encoded::of(bufs).map_err(|e| {
+                        ClusterCheckpointError::Call(sluice_base::CallError::Encoding(format!(
+                            "checkpoint '{name}': {e}"
+                        )))
+                    })?;
+                    let len = part.bytes;
+                    to.put(upload, at, &part)
                         .await
                         .map_err(|source| ClusterCheckpointError::Node { name, source })?;
                     Ok::<_, ClusterCheckpointError>(len)

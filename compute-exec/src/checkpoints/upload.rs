@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use arrow::buffer::Buffer;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
+use sluice_flight::checkpoint::data::Encoded;
 use sluice_flight::checkpoint::node::NodeCheckpoints;
 
 use super::stripes::Striping;
@@ -103,15 +104,22 @@ impl ClusterUpload {
     async fn send(self: Arc<Self>, at: u64, bufs: Vec<Buffer>) -> Result<u64> {
         let s = self.striping.stripe_of(at);
         let within = at - s * self.striping.unit;
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        // Encoded once; each holder is sent the same messages.
+        let part = Arc::new(Encoded::of(bufs).map_err(|e| {
+            ClusterCheckpointError::Call(sluice_base::CallError::Encoding(format!(
+                "checkpoint '{}': {e}",
+                self.name
+            )))
+        })?);
+        let len = part.bytes;
         let sends: Vec<_> = self
             .striping
             .holders(s)
             .map(|k| {
                 let (node, upload) = self.nodes[k as usize].clone();
                 let local = self.striping.local_offset(k, s).unwrap_or_default() + within;
-                let bufs = bufs.clone();
-                async move { node.put(upload, local, bufs).await }
+                let part = Arc::clone(&part);
+                async move { node.put(upload, local, &part).await }
             })
             .collect();
         let sent = futures::future::join_all(sends).await;

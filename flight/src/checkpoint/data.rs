@@ -93,17 +93,29 @@ fn row(schema: &SchemaRef, buf: Buffer) -> Result<RecordBatch, arrow::error::Arr
     RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(array)])
 }
 
-/// `buffers` as Flight messages at once (one row each, the schema
-/// first): what a put of a few buffers sends.
-pub fn messages(buffers: Vec<Buffer>) -> Result<Vec<FlightData>, FlightError> {
-    let schema = data_schema();
-    let batches = buffers
-        .into_iter()
-        .map(|b| row(&schema, b))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(arrow_flight::utils::batches_to_flight_data(
-        &schema, batches,
-    )?)
+/// A part's bytes encoded once as Flight messages (one row each, the
+/// schema first), to be sent to each of its holders without encoding
+/// them again: the messages share their bodies.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The messages.
+    pub messages: Vec<FlightData>,
+    /// The bytes they carry.
+    pub bytes: u64,
+}
+
+impl Encoded {
+    /// `buffers` as messages.
+    pub fn of(buffers: Vec<Buffer>) -> Result<Self, FlightError> {
+        let schema = data_schema();
+        let bytes = buffers.iter().map(|b| b.len() as u64).sum();
+        let batches = buffers
+            .into_iter()
+            .map(|b| row(&schema, b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let messages = arrow_flight::utils::batches_to_flight_data(&schema, batches)?;
+        Ok(Self { messages, bytes })
+    }
 }
 
 /// `buffers` as Flight messages (one row each), first the schema (with
@@ -153,6 +165,20 @@ mod tests {
         let flat = |b: &[Buffer]| b.iter().flat_map(|b| b.to_vec()).collect::<Vec<u8>>();
         assert_eq!(flat(&got), flat(&sent));
         assert_eq!(got.len(), 2, "an empty row is no piece");
+    }
+
+    #[tokio::test]
+    async fn a_part_encoded_once_decodes_for_each_holder() {
+        let sent = vec![Buffer::from(vec![7u8; 3000]), Buffer::from(vec![9u8; 5])];
+        let part = Encoded::of(sent).unwrap();
+        assert_eq!(part.bytes, 3005);
+        for _ in 0..2 {
+            let data = futures::stream::iter(part.messages.clone().into_iter().map(Ok));
+            let got: Vec<Buffer> = pieces(data).try_collect().await.unwrap();
+            let flat: Vec<u8> = got.iter().flat_map(|b| b.to_vec()).collect();
+            assert_eq!(flat.len(), 3005);
+            assert!(flat[..3000].iter().all(|&b| b == 7) && flat[3000..] == [9; 5]);
+        }
     }
 
     #[tokio::test]

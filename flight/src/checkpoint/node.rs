@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::data::{self, PieceError};
+use super::data::{self, Encoded, PieceError};
 use super::scrub::{CheckpointScrub, RepairExtent, RepairedExtent, ScrubCheckpoints};
 use super::{CheckpointInfo, GetTicket, PutCommand};
 use crate::credential::Credential;
@@ -95,23 +95,17 @@ impl NodeCheckpoints {
         Ok(b.upload)
     }
 
-    /// Writes `buffers`, in order, as the part of `upload` at `offset`;
-    /// the bytes the node took.
-    pub async fn put(
-        &self,
-        upload: String,
-        offset: u64,
-        buffers: Vec<Buffer>,
-    ) -> Result<u64, LinkError> {
+    /// Writes `part` as the part of `upload` at `offset`; the bytes the
+    /// node took.
+    pub async fn put(&self, upload: String, offset: u64, part: &Encoded) -> Result<u64, LinkError> {
         let link = self.link();
         let cmd = serde_json::to_vec(&PutCommand {
             checkpoint_upload: upload,
             offset,
         })
         .map_err(|e| LinkError::Protocol(e.to_string()))?;
-        let sent: u64 = buffers.iter().map(|b| b.len() as u64).sum();
-        let mut messages = data::messages(buffers)
-            .map_err(|e| LinkError::Protocol(format!("a part for {}: {e}", link.node)))?;
+        let sent = part.bytes;
+        let mut messages = part.messages.clone();
         if let Some(first) = messages.first_mut() {
             first.flight_descriptor = Some(FlightDescriptor::new_cmd(cmd));
         }
