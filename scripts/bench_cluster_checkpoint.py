@@ -34,6 +34,10 @@ def rig(rig_dir, binary, *args):
     env = dict(os.environ, SLUICE_RIG_DIR=rig_dir, SLUICE_BIN=binary)
     p = subprocess.run(["bash", RIG, *args], env=env, capture_output=True, text=True,
                        timeout=300)
+    if p.returncode == 3:
+        # rig.sh's word for a machine that cannot run one (no namespaces).
+        print(f"SKIP: {p.stderr.strip()}")
+        raise SystemExit(0)
     if p.returncode != 0:
         raise SystemExit(f"rig.sh {' '.join(args)}: {p.stderr.strip()}")
     return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)

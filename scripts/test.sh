@@ -49,6 +49,10 @@ truncate -s 64M "$demo_dir/bench-device.img"
   --per-class 4 --crop 64 --runs 1 --work "$demo_dir"
 "$VENV/bin/python" scripts/bench_checkpoint.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --sizes 8 --runs 1 --work "$demo_dir"
+if [ "$(id -u)" = 0 ]; then  # the rig needs root
+  "$VENV/bin/python" scripts/bench_cluster_checkpoint.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+    --size 8 --runs 1 --links unlimited --layouts 1x1,2x1 --work "$demo_dir"
+fi
 "$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --ranks 1 --files 8 --epochs 2 --record 262144 --model-size 1048576 --work "$demo_dir"
 "$VENV/bin/python" scripts/bench_load.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
