@@ -120,7 +120,7 @@ mod tests {
     #[tokio::test]
     async fn dropped_inside_another_runtime_it_does_not_block_or_panic() {
         let ex = Executor::new("sluice-test-drop", 1).unwrap();
-        let pending = ex.handle().spawn(std::future::pending::<()>());
+        let pending = crate::task::to_end_on(ex.handle(), std::future::pending::<()>());
         drop(ex);
         assert!(pending.await.unwrap_err().is_cancelled());
     }

@@ -16,8 +16,10 @@
 //!   by themselves (their `Weak` is gone, their connection closed, their
 //!   process stopping): a reaper, a heartbeat, a connection's driver.
 //!
-//! Work meant for a node's CPU pool goes through its
-//! [`Executor`](crate::Executor)'s handle instead, owned the same ways.
+//! Work meant for another runtime (a node's CPU pool, an
+//! [`Executor`](crate::Executor)'s, or a job's) goes through [`to_end_on`]
+//! and [`detach_on`], the same two kinds on that runtime's handle;
+//! `Handle::spawn` is refused beside `tokio::spawn`.
 
 use std::future::Future;
 
@@ -51,6 +53,31 @@ where
     drop(tokio::spawn(work));
 }
 
+/// [`to_end`] on the runtime of `handle`.
+pub fn to_end_on<F>(handle: &tokio::runtime::Handle, work: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the one place work that must finish is spawned on another runtime"
+    )]
+    handle.spawn(work)
+}
+
+/// [`detach`] on the runtime of `handle`.
+pub fn detach_on<F>(handle: &tokio::runtime::Handle, work: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the one place self-owning work is spawned on another runtime"
+    )]
+    drop(handle.spawn(work));
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -78,6 +105,28 @@ mod tests {
         assert!(!owned.load(Ordering::SeqCst), "aborted when dropped");
         assert!(finished.load(Ordering::SeqCst), "ran to its end");
         assert!(detached.load(Ordering::SeqCst), "ran, owned by nothing");
+    }
+
+    #[tokio::test]
+    async fn work_on_another_runtime_runs_there() {
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sluice-test-other")
+            .build()
+            .unwrap();
+        let name = || std::thread::current().name().map(str::to_string);
+        assert_eq!(
+            to_end_on(other.handle(), async move { name() })
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("sluice-test-other")
+        );
+        let flag = Arc::new(AtomicBool::new(false));
+        detach_on(other.handle(), flag_after(Arc::clone(&flag)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(flag.load(Ordering::SeqCst));
+        other.shutdown_background();
     }
 
     #[tokio::test]

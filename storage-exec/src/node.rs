@@ -403,7 +403,7 @@ impl StorageNode {
         // policy, reported back with the UDFs' bad samples.
         let guarded = sluice_udfs::panic_guard::guard_plan(Arc::clone(&plan), udfs);
         let (tx, rx) = mpsc::channel::<DFResult<RecordBatch>>(4);
-        self.executor.handle().spawn(async move {
+        sluice_base::task::detach_on(self.executor.handle(), async move {
             let plan = match guarded {
                 Ok(plan) => plan,
                 Err(e) => {

@@ -132,7 +132,7 @@ impl Jobs {
         job.save();
         self.lock().insert(n, Arc::clone(&job));
         let starting = Arc::clone(&job);
-        self.handle().spawn(async move { starting.start().await });
+        sluice_base::task::detach_on(self.handle(), async move { starting.start().await });
         self.forget_old();
         Ok(job)
     }
@@ -214,12 +214,15 @@ impl Jobs {
         let mut restored = 0;
         for record in store.load()? {
             let id = record.id.clone();
-            let planned = self.handle().spawn(Job::restore(
-                record,
-                Arc::clone(&self.session),
-                self.handle().clone(),
-                self.store.clone(),
-            ));
+            let planned = sluice_base::task::to_end_on(
+                self.handle(),
+                Job::restore(
+                    record,
+                    Arc::clone(&self.session),
+                    self.handle().clone(),
+                    self.store.clone(),
+                ),
+            );
             let job = match planned.await {
                 Ok(Ok(j)) => Arc::new(j),
                 Ok(Err(e)) => {
@@ -235,7 +238,7 @@ impl Jobs {
             self.lock().insert(n, Arc::clone(&job));
             if !job.state().is_final() {
                 let starting = Arc::clone(&job);
-                self.handle().spawn(async move { starting.start().await });
+                sluice_base::task::detach_on(self.handle(), async move { starting.start().await });
             }
             restored += 1;
         }
@@ -315,12 +318,15 @@ impl Jobs {
         record.progress = Default::default();
         record.skipped = 0;
         record.bad_samples.clear();
-        let planned = self.handle().spawn(Job::restore(
-            record,
-            Arc::clone(&self.session),
-            self.handle().clone(),
-            None,
-        ));
+        let planned = sluice_base::task::to_end_on(
+            self.handle(),
+            Job::restore(
+                record,
+                Arc::clone(&self.session),
+                self.handle().clone(),
+                None,
+            ),
+        );
         let job = Arc::new(
             planned
                 .await
@@ -331,7 +337,7 @@ impl Jobs {
         self.lock().insert(n, Arc::clone(&job));
         if !job.state().is_final() {
             let starting = Arc::clone(&job);
-            self.handle().spawn(async move { starting.start().await });
+            sluice_base::task::detach_on(self.handle(), async move { starting.start().await });
         }
         Ok(job)
     }

@@ -163,7 +163,7 @@ impl Job {
         Box::new(move |node: &str| {
             let (session, datasets, node) =
                 (Arc::clone(&session), datasets.clone(), node.to_string());
-            runtime.spawn(async move {
+            sluice_base::task::detach_on(&runtime, async move {
                 let nodes = session.endpoints();
                 let Some(bad) = nodes.iter().find(|n| n.name() == node) else {
                     return;

@@ -164,7 +164,7 @@ impl Job {
         let cancel = self.stop.child();
         let batches = Batches::new(rx, cancel.on_drop());
         let job = Arc::clone(self);
-        self.runtime.spawn(async move {
+        sluice_base::task::detach_on(&self.runtime, async move {
             let mut cancelled = job.state.subscribe();
             let work = job.produce(&ready, span, next, &tx, cancel);
             let outcome = tokio::select! {
@@ -232,7 +232,7 @@ impl Job {
             )
         });
         let job = Arc::downgrade(self);
-        self.runtime.spawn(async move {
+        sluice_base::task::detach_on(&self.runtime, async move {
             tokio::time::sleep(AHEAD_WAIT).await;
             if let Some(job) = job.upgrade() {
                 job.ahead.expire(id);
