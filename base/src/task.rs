@@ -112,6 +112,7 @@ mod tests {
         let other = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("sluice-test-other")
+            .enable_time()
             .build()
             .unwrap();
         let name = || std::thread::current().name().map(str::to_string);
