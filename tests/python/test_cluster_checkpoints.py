@@ -97,6 +97,11 @@ def test_a_version_is_striped_and_replicated_and_survives_a_lost_node():
         assert sum(sizes) == 2 * len(data), sizes
         assert max(sizes) - min(sizes) <= 2 * STRIPE, sizes
         assert read(ck, "model.pt") == data
+        # A piece's name holds the checkpoint's: a name too long to fit is
+        # refused before any node is asked.
+        with pytest.raises(sluice.SluiceError) as e:
+            write(ck, "x" * 500, b"long")
+        assert "at most" in e.value.message, e.value
         # A node killed -9: each stripe has another holder.
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait(timeout=30)

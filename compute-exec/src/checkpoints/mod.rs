@@ -270,6 +270,15 @@ impl ClusterCheckpoints {
             .unwrap_or_else(|| crate::ingest::default_replicas(known.len()));
         let id = new_id();
         let local = format!("{PIECES}{id}/{name}");
+        let most = sluice_flight::checkpoint::requests::MAX_NAME - (local.len() - name.len());
+        if name.len() > most {
+            return Err(ClusterCheckpointError::Call(CallError::BadRequest(
+                format!(
+                    "bad checkpoint name {:?}: on a cluster a name is at most {most} bytes",
+                    name.chars().take(64).collect::<String>()
+                ),
+            )));
+        }
         let begun = futures::future::join_all(known.iter().map(|e| {
             let local = &local;
             async move {
