@@ -25,7 +25,7 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{UInt32Type, UInt64Type};
 use sluice_flight::scrub::{BadObject, Repaired, ScrubReport, ScrubRequest};
 
-use crate::device::DeviceExt;
+use crate::device::{Device, DeviceExt};
 use crate::error::{Result, StorageError};
 use crate::metadata::{CHUNK, CRC32C, KEY, LENGTH, OFFSET};
 use crate::scan::{DatasetVersion, VersionIndex};
@@ -81,6 +81,29 @@ async fn read_crc(store: &Store, at: u64, len: u64) -> Result<u32> {
     Ok(crc32c::crc32c(&buf.as_slice()[inner..inner + len as usize]))
 }
 
+/// Sleeps until `bytes` read since `began` are within `rate` bytes a
+/// second (none or 0: no limit): a scrub's pace.
+pub(crate) async fn pace(began: Instant, bytes: u64, rate: Option<u64>) {
+    if let Some(rate) = rate.filter(|r| *r > 0) {
+        let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(began.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Writes `bytes` over the device at `at`: the blocks covering them read,
+/// patched and written whole (their other bytes kept), then flushed. A
+/// repair's write.
+pub(crate) async fn patch(device: &Arc<dyn Device>, at: u64, bytes: &[u8]) -> Result<()> {
+    let (mut buf, inner) = device.read_covering(at, bytes.len() as u64).await?;
+    buf.as_mut_slice()[inner..inner + bytes.len()].copy_from_slice(bytes);
+    let bs = device.block_size() as u64;
+    device.write_at(at / bs * bs, buf).await?;
+    device.flush().await?;
+    Ok(())
+}
+
 /// Reads back every object of `store` (see the module docs).
 pub async fn scrub(store: &Arc<Store>, req: &ScrubRequest) -> Result<ScrubReport> {
     let began = Instant::now();
@@ -115,12 +138,7 @@ pub async fn scrub(store: &Arc<Store>, req: &ScrubRequest) -> Result<ScrubReport
                         actual_crc32c: actual,
                     });
                 }
-                if let Some(rate) = req.rate_bytes_per_s.filter(|r| *r > 0) {
-                    let due = Duration::from_secs_f64(report.bytes as f64 / rate as f64);
-                    if let Some(wait) = due.checked_sub(began.elapsed()) {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
+                pace(began, report.bytes, req.rate_bytes_per_s).await;
             }
         }
     }
@@ -166,12 +184,7 @@ pub async fn repair(
     if read_crc(store, e.at, e.len).await? == e.crc {
         return Ok(done(false));
     }
-    let device = store.device();
-    let (mut buf, inner) = device.read_covering(e.at, e.len).await?;
-    buf.as_mut_slice()[inner..inner + bytes.len()].copy_from_slice(bytes);
-    let bs = device.block_size() as u64;
-    device.write_at(e.at / bs * bs, buf).await?;
-    device.flush().await?;
+    patch(store.device(), e.at, bytes).await?;
     let again = read_crc(store, e.at, e.len).await?;
     if again != e.crc {
         return Err(StorageError::ChecksumMismatch {

@@ -12,13 +12,14 @@
 //! covering it are read, patched and written whole, flushed, and read
 //! again. An extent that reads back good already is left alone.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_flight::checkpoint::scrub::{BadExtent, CheckpointScrub, ScrubCheckpoints};
 
 use super::Checkpoints;
 use crate::device::DeviceExt;
 use crate::error::{Result, StorageError};
+use crate::scrub::{pace, patch};
 
 impl Checkpoints {
     /// The crc32c of the `len` bytes at `at` on the device.
@@ -60,12 +61,7 @@ impl Checkpoints {
                         actual_crc32c: actual,
                     });
                 }
-                if let Some(rate) = req.rate_bytes_per_s.filter(|r| *r > 0) {
-                    let due = Duration::from_secs_f64(report.bytes as f64 / rate as f64);
-                    if let Some(wait) = due.checked_sub(began.elapsed()) {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
+                pace(began, report.bytes, req.rate_bytes_per_s).await;
             }
         }
         report.seconds = began.elapsed().as_secs_f64();
@@ -107,11 +103,7 @@ impl Checkpoints {
             return Ok(false);
         }
         let device = self.store.device();
-        let (mut buf, inner) = device.read_covering(e.device, e.len).await?;
-        buf.as_mut_slice()[inner..inner + bytes.len()].copy_from_slice(bytes);
-        let bs = device.block_size() as u64;
-        device.write_at(e.device / bs * bs, buf).await?;
-        device.flush().await?;
+        patch(device, e.device, bytes).await?;
         let (again, at) = device.read_covering(e.device, e.len).await?;
         record.check(e, &again.as_slice()[at..at + e.len as usize])?;
         tracing::warn!(
