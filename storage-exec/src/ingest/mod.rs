@@ -1,6 +1,7 @@
 //! Ingest: put a dataset version on the device, atomically.
 //!
-//! 1. Enumerate the source ([`IngestSource`]).
+//! 1. Enumerate the source ([`IngestSource`]; `source` for directories
+//!    and manifests, [`shard_files`] for shards, both yielding `entries`).
 //! 2. Read each object (on the blocking pool, several at a time), probe its
 //!    header (image, video or array: [`sluice_udfs::probe`]) and compute its
 //!    crc32c; a bad object follows the [`OnError`] policy. Memory is
@@ -24,6 +25,7 @@
 
 mod confine;
 mod copy;
+mod entries;
 mod parts;
 mod pending;
 mod prepared;
@@ -53,8 +55,9 @@ use self::version::{Sealing, seal};
 use crate::error::{Result, StorageError};
 use crate::metadata::{ProbedColumns, metadata_schema};
 use crate::store::Store;
+use entries::{Entry, Origin};
 use sluice_udfs::probe::{Probe, probe, probe_file};
-use source::{Entry, Origin, enumerate};
+use source::enumerate;
 
 /// What to do with an object that cannot be ingested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,14 +21,15 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, StringArray, UInt32Array};
-use arrow::compute::{cast, concat_batches, take};
+use arrow::array::{Array, ArrayRef, StringArray};
+use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field};
 use datafusion::datasource::file_format::options::JsonReadOptions;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use futures::FutureExt;
 
 use super::confine::Confinement;
+use super::entries::{Entry, Enumerated, Origin, key_part};
 use super::shard::Shard;
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
@@ -99,80 +100,6 @@ impl IngestSource {
                 Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
             })
             .collect())
-    }
-}
-
-/// Where one sample's bytes are.
-#[derive(Debug)]
-pub(crate) enum Origin {
-    Path(PathBuf),
-    /// `len` bytes at `offset` of a shard file.
-    Range {
-        path: PathBuf,
-        offset: u64,
-        len: u64,
-    },
-    /// The object column's value in `row` of row group `row_group` of a
-    /// Parquet file.
-    Cell {
-        path: PathBuf,
-        row_group: usize,
-        row: u64,
-    },
-    Inline(Vec<u8>),
-    /// Refused before a byte is read, and why (a duplicate key).
-    Refused(String),
-}
-
-/// One sample to ingest.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub key: String,
-    pub origin: Origin,
-}
-
-/// The enumerated samples and their user columns (one row per entry).
-#[derive(Debug)]
-pub(crate) struct Enumerated {
-    pub entries: Vec<Entry>,
-    pub user_fields: Vec<Field>,
-    pub user_columns: Vec<ArrayRef>,
-    /// Only one storage node's part was enumerated (its shard files, see
-    /// `shard_files::enumerate`); otherwise the whole source.
-    pub part_only: bool,
-    /// Inflated `.tar.gz` shards, each under the shard's path: their
-    /// objects are read from these files.
-    pub inflated: Vec<(PathBuf, Arc<std::fs::File>)>,
-}
-
-impl Enumerated {
-    /// Only `part`'s entries (every N-th from the I-th) and the rows of
-    /// their user columns.
-    pub(crate) fn keep_part(self, part: Shard) -> Result<Self> {
-        let kept: Vec<u32> = (0..self.entries.len())
-            .filter(|&i| part.keeps(i))
-            .map(|i| i as u32)
-            .collect();
-        let rows = UInt32Array::from(kept);
-        let user_columns = self
-            .user_columns
-            .iter()
-            .map(|c| take(c.as_ref(), &rows, None))
-            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
-        let entries: Vec<Entry> = self
-            .entries
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| part.keeps(*i))
-            .map(|(_, entry)| entry)
-            .collect();
-        Ok(Self {
-            entries,
-            user_fields: self.user_fields,
-            user_columns,
-            part_only: true,
-            inflated: self.inflated,
-        })
     }
 }
 
@@ -272,23 +199,6 @@ fn rel_key(root: &Path, path: &Path) -> String {
         .map(|c| key_part(c.as_os_str()))
         .collect::<Vec<_>>()
         .join("/")
-}
-
-/// A file name as key text: UTF-8 as it is; each byte of an invalid
-/// sequence as `%XX`, so that `a\xff.jpg` and `a\xfe.jpg` stay two keys
-/// (a lossy conversion made both `a\u{fffd}.jpg`, and one was lost). A key
-/// that still collides is refused at ingest, named.
-pub(crate) fn key_part(name: &std::ffi::OsStr) -> String {
-    use std::fmt::Write;
-    use std::os::unix::ffi::OsStrExt;
-    let mut out = String::with_capacity(name.len());
-    for chunk in name.as_bytes().utf8_chunks() {
-        out.push_str(chunk.valid());
-        for b in chunk.invalid() {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
 }
 
 fn enumerate_dir(dir: &Path) -> Result<Enumerated> {

@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 
 use self::columns::{Columns, SourceOf, Value};
 use super::confine::Confinement;
+use super::entries::{Entry, Enumerated, Origin};
 use super::shard::Shard;
-use super::source::{Entry, Enumerated, Origin};
 use crate::error::{Result, StorageError};
 
 /// The layout of a shard file.

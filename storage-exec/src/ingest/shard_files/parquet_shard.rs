@@ -36,7 +36,7 @@ use parquet::schema::types::SchemaDescriptor;
 use super::Sample;
 use super::columns::{SourceOf, Value, column_name};
 use crate::ingest::confine::Confinement;
-use crate::ingest::source::Origin;
+use crate::ingest::entries::Origin;
 
 /// Columns that hold the object, in the order they are looked for.
 pub const OBJECT_COLUMNS: &[&str] = &[

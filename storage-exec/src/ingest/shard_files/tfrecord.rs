@@ -41,7 +41,7 @@ use prost::Message;
 use super::Sample;
 use super::columns::{SourceOf, Value, column_name};
 use crate::ingest::MAX_OBJECT_BYTES;
-use crate::ingest::source::Origin;
+use crate::ingest::entries::Origin;
 
 /// Features that hold the object, in the order they are looked for.
 pub const IMAGE_FEATURES: &[&str] = &[

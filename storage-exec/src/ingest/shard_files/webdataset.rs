@@ -37,7 +37,7 @@ use std::path::Path;
 
 use super::Sample;
 use super::columns::{SourceOf, Value, column_name};
-use crate::ingest::source::Origin;
+use crate::ingest::entries::Origin;
 
 /// Extensions of the objects a sample carries (the last part of a
 /// member's extension, any case).
@@ -177,7 +177,7 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
             continue;
         }
         let name = match entry.path() {
-            Ok(p) => crate::ingest::source::key_part(p.as_os_str()),
+            Ok(p) => crate::ingest::entries::key_part(p.as_os_str()),
             Err(e) => {
                 let why = format!("a member's name is unreadable: {e}");
                 out.push(broken(shard, header, why));
