@@ -39,12 +39,9 @@ impl ClusterCheckpoints {
             .iter()
             .map(|(id, _)| self.upload(id))
             .collect::<Result<Vec<_>>>()?;
-        let mut names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
-        names.sort_unstable();
-        if names.is_empty() || names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(ClusterCheckpointError::Call(CallError::BadRequest(
-                "a group commit takes one or more uploads of distinct names".into(),
-            )));
+        let names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
+        if let Some(problem) = sluice_flight::checkpoint::requests::group_problem(&names) {
+            return Err(ClusterCheckpointError::Call(CallError::BadRequest(problem)));
         }
         let (shares, empty) = shares(&uploads, group);
         let commits = futures::future::join_all(
@@ -70,54 +67,14 @@ impl ClusterCheckpoints {
             }
         }
         if let Some((at, source)) = first_error {
-            let uploads = &uploads;
-            // Nothing of the group may stay: committed pieces go, the
-            // others are aborted (a node that cannot be told drops its
-            // upload by its idle timeout, its committed piece by the sweep).
-            futures::future::join_all(shares.iter().zip(&versions_there).map(
-                |(s, v)| async move {
-                    let undone = match v {
-                        Some(_) => s.node.delete(&uploads[s.upload].local).await.map(drop),
-                        None => s.node.abort(&s.local_upload).await,
-                    };
-                    if let Err(e) = undone {
-                        tracing::warn!("checkpoint '{}': {e}", uploads[s.upload].name);
-                    }
-                },
-            ))
-            .await;
+            self.undo(&uploads, &shares, &versions_there).await;
             self.forget(group);
             return Err(ClusterCheckpointError::Node {
                 name: uploads[shares[at].upload].name.clone(),
                 source,
             });
         }
-        let created_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or_default();
-        let mut versions: Vec<StripedVersion> = uploads
-            .iter()
-            .zip(group)
-            .map(|(u, (_, size))| StripedVersion {
-                name: u.name.clone(),
-                version: 0,
-                size: *size,
-                created_unix_ms,
-                unit: u.striping.unit,
-                replicas: u.striping.replicas,
-                pieces: Vec::new(),
-            })
-            .collect();
-        for (s, v) in shares.into_iter().zip(versions_there) {
-            let local_version = v.unwrap_or_default();
-            versions[s.upload].pieces.push(Piece {
-                node: s.node.name().to_string(),
-                local: uploads[s.upload].local.clone(),
-                local_version,
-                stripes: s.stripes,
-            });
-        }
+        let mut versions = recorded_versions(&uploads, group, shares, versions_there);
         let recorded = self.ledger.commit(&mut versions, self.keeping.keep);
         // Only now may the sweep take pieces the ledger does not name.
         self.forget(group);
@@ -134,6 +91,27 @@ impl ClusterCheckpoints {
             );
         }
         Ok(versions.iter().map(StripedVersion::info).collect())
+    }
+
+    /// Takes a failed group back: committed pieces (`versions_there`
+    /// set) are deleted, the others aborted; a node that cannot be told
+    /// drops its upload by its idle timeout, its piece by the sweep.
+    async fn undo(
+        &self,
+        uploads: &[Arc<ClusterUpload>],
+        shares: &[Share],
+        versions_there: &[Option<u64>],
+    ) {
+        futures::future::join_all(shares.iter().zip(versions_there).map(|(s, v)| async move {
+            let undone = match v {
+                Some(_) => s.node.delete(&uploads[s.upload].local).await.map(drop),
+                None => s.node.abort(&s.local_upload).await,
+            };
+            if let Err(e) = undone {
+                tracing::warn!("checkpoint '{}': {e}", uploads[s.upload].name);
+            }
+        }))
+        .await;
     }
 
     fn forget(&self, group: &[(String, u64)]) {
@@ -158,6 +136,42 @@ impl ClusterCheckpoints {
         }))
         .await;
     }
+}
+
+/// The versions a committed group records: each upload's, with a piece
+/// per share at the version its node committed (`versions_there`).
+fn recorded_versions(
+    uploads: &[Arc<ClusterUpload>],
+    group: &[(String, u64)],
+    shares: Vec<Share>,
+    versions_there: Vec<Option<u64>>,
+) -> Vec<StripedVersion> {
+    let created_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    let mut versions: Vec<StripedVersion> = uploads
+        .iter()
+        .zip(group)
+        .map(|(u, (_, size))| StripedVersion {
+            name: u.name.clone(),
+            version: 0,
+            size: *size,
+            created_unix_ms,
+            unit: u.striping.unit,
+            replicas: u.striping.replicas,
+            pieces: Vec::new(),
+        })
+        .collect();
+    for (s, v) in shares.into_iter().zip(versions_there) {
+        versions[s.upload].pieces.push(Piece {
+            node: s.node.name().to_string(),
+            local: uploads[s.upload].local.clone(),
+            local_version: v.unwrap_or_default(),
+            stripes: s.stripes,
+        });
+    }
+    versions
 }
 
 /// Every node's piece of every upload of the group, with its size; and

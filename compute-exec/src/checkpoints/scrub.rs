@@ -62,13 +62,16 @@ impl ClusterCheckpoints {
             async move { self.node(url)?.scrub(req).await }
         }))
         .await;
+        // Read once for every bad extent of every node.
+        let versions = self.ledger.list("").unwrap_or_default();
         let mut out = Vec::with_capacity(nodes.len());
         for (url, report) in nodes.into_iter().zip(reports) {
             let mut done = CheckpointsScrubbed::default();
             match report {
                 Ok(report) => {
                     for bad in &report.bad {
-                        done.repairs.push(self.repair_extent(&url, bad).await);
+                        done.repairs
+                            .push(self.repair_extent(&versions, &url, bad).await);
                     }
                     done.report = Some(report);
                 }
@@ -79,14 +82,18 @@ impl ClusterCheckpoints {
         out
     }
 
-    /// Repairs `bad`, an extent of a piece on `url`.
-    async fn repair_extent(&self, url: &str, bad: &BadExtent) -> ExtentRepair {
-        let found = self.ledger.list("").ok().and_then(|all| {
-            all.into_iter().find(|v| {
-                v.pieces
-                    .iter()
-                    .any(|p| p.node == url && p.local == bad.name && p.local_version == bad.version)
-            })
+    /// Repairs `bad`, an extent of a piece on `url`, found among
+    /// `versions`.
+    async fn repair_extent(
+        &self,
+        versions: &[StripedVersion],
+        url: &str,
+        bad: &BadExtent,
+    ) -> ExtentRepair {
+        let found = versions.iter().find(|v| {
+            v.pieces
+                .iter()
+                .any(|p| p.node == url && p.local == bad.name && p.local_version == bad.version)
         });
         let Some(v) = found else {
             return ExtentRepair {
@@ -97,9 +104,9 @@ impl ClusterCheckpoints {
                 outcome: "no version names this piece (the sweep deletes it)".into(),
             };
         };
-        let at = cluster_offset(&v, url, bad);
+        let at = cluster_offset(v, url, bad);
         let outcome = match at {
-            Some(at) => match self.restore(&v, url, bad, at).await {
+            Some(at) => match self.restore(v, url, bad, at).await {
                 Ok(true) => "repaired".to_string(),
                 Ok(false) => "good".to_string(),
                 Err(e) => e.to_string(),

@@ -34,6 +34,20 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
     None
 }
 
+/// Why uploads of `names` cannot commit as one group (`None`: they can):
+/// a group holds one upload or more, each of its own name.
+pub fn group_problem(names: &[&str]) -> Option<String> {
+    let mut sorted = names.to_vec();
+    sorted.sort_unstable();
+    if sorted.is_empty() {
+        return Some("a commit of no uploads".into());
+    }
+    sorted
+        .windows(2)
+        .find(|w| w[0] == w[1])
+        .map(|w| format!("two uploads of '{}' in one commit", w[0]))
+}
+
 /// `checkpoint.stat`, `checkpoint.delete`: a name, and a version or none.
 #[derive(Debug, Deserialize)]
 pub struct Named {
@@ -115,6 +129,13 @@ pub fn unknown(kind: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_is_one_upload_or_more_of_distinct_names() {
+        assert_eq!(group_problem(&["a", "b"]), None);
+        assert!(group_problem(&[]).is_some());
+        assert!(group_problem(&["b", "a", "b"]).is_some());
+    }
 
     #[test]
     fn names_are_paths_of_plain_segments() {

@@ -170,20 +170,14 @@ impl Checkpoints {
             .iter()
             .map(|(id, _)| self.upload(id))
             .collect::<Result<Vec<_>>>()?;
-        let Some(first) = uploads.first() else {
+        let names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
+        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(&names) {
             return Err(StorageError::BadUpload {
                 name: "(group)".into(),
-                reason: "a commit of no uploads".into(),
-            });
-        };
-        let mut names: Vec<&str> = uploads.iter().map(|u| u.name.as_str()).collect();
-        names.sort_unstable();
-        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(StorageError::BadUpload {
-                name: w[0].to_owned(),
-                reason: "two uploads of one name in one commit".into(),
+                reason,
             });
         }
+        let first = &uploads[0];
         let mut extents = Vec::with_capacity(uploads.len());
         for (upload, (_, size)) in uploads.iter().zip(group) {
             extents.push(upload.sealed_extents(*size)?);
