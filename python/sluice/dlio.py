@@ -19,10 +19,20 @@ and finds the service through the environment:
   validation set is ``<name>_valid``). If it does not exist, rank 0
   ingests DLIO's ``<data_folder>/train`` (``valid``) into it, which must
   lie under one of the server's ``--ingest-root``s;
-- ``SLUICE_DLIO_SQL``: the job's SQL over ``{dataset}`` (default: each
-  ``.npz``'s ``x`` array decoded by the service, what DLIO's own NPZ
-  reader does with ``np.load``);
+- ``SLUICE_DLIO_READ``: ``decode`` (default) has the service decode each
+  sample as DLIO's own reader for the format does: an ``.npz``'s ``x``
+  array (``np.load``), a JPEG or PNG to its pixels in the file's own mode
+  (PIL's ``np.asarray(Image.open(f))``; DLIO generates greyscale);
+  ``bytes`` reads each sample's bytes as they are stored, as MLPerf
+  Storage's closed division does;
+- ``SLUICE_DLIO_SQL``: the job's SQL over ``{dataset}``, in place of the
+  two above;
 - ``SLUICE_DLIO_PREFIX``: where checkpoints go (default ``dlio/<model>``).
+
+:class:`PosixBytesReader` is the baseline for ``bytes``: DLIO's own
+reader of local files, reading each file's bytes without decoding them
+(MLPerf Storage's fork of DLIO does that; upstream DLIO 2.0 decodes
+JPEGs with PIL).
 
 Rank 0 submits one job for the run (batch size, world size = MPI ranks,
 epochs, the seed's shuffle, drop-last as DLIO counts steps) and
@@ -39,13 +49,38 @@ import torch
 from dlio_benchmark.checkpointing.base_checkpointing import BaseCheckpointing
 from dlio_benchmark.common.enumerations import DataLoaderType, DatasetType, Shuffle
 from dlio_benchmark.data_loader.base_data_loader import BaseDataLoader
+from dlio_benchmark.reader.reader_handler import FormatReader
 from dlio_benchmark.utils.utility import DLIOMPI
 
 from .checkpoint import Checkpoint
 from .client import Client, Job, SluiceError
 from .torch import to_torch
 
-DEFAULT_SQL = "SELECT key, npz(data, 'x') AS x FROM {dataset}"
+# The job that decodes a sample as DLIO's own reader of the format does.
+DECODE_SQL = {
+    "npz": "SELECT key, npz(data, 'x') AS x FROM {dataset}",
+    "jpeg": "SELECT key, decode_image(data, 'L') AS x FROM {dataset}",
+    "png": "SELECT key, decode_image(data, 'L') AS x FROM {dataset}",
+}
+# Each sample's stored bytes (MLPerf Storage's closed division).
+BYTES_SQL = "SELECT key, data AS x FROM {dataset}"
+
+
+def job_sql(fmt: str) -> str:
+    """The SQL of the run's job for DLIO's dataset format ``fmt``
+    (``SLUICE_DLIO_SQL`` and ``SLUICE_DLIO_READ`` choose; see above)."""
+    sql = os.environ.get("SLUICE_DLIO_SQL")
+    if sql:
+        return sql
+    read = os.environ.get("SLUICE_DLIO_READ", "decode")
+    if read == "bytes":
+        return BYTES_SQL
+    if read != "decode":
+        raise ValueError(f"SLUICE_DLIO_READ={read!r}: expected decode or bytes")
+    if fmt not in DECODE_SQL:
+        raise ValueError(f"sluice.dlio: no decode for DLIO format {fmt!r}; "
+                         "set SLUICE_DLIO_READ=bytes or SLUICE_DLIO_SQL")
+    return DECODE_SQL[fmt]
 
 
 def client() -> Client:
@@ -87,7 +122,8 @@ class SluiceDataLoader(BaseDataLoader):
             if mpi.rank() == 0:
                 folder = os.path.join(self._args.data_folder, "valid" if self._valid else "train")
                 _ensure_dataset(self._client, self._dataset, folder)
-                sql = os.environ.get("SLUICE_DLIO_SQL", DEFAULT_SQL).format(dataset=self._dataset)
+                fmt = getattr(self._args.format, "value", str(self._args.format))
+                sql = job_sql(fmt).format(dataset=self._dataset)
                 opts: Dict[str, Any] = {
                     "batch_size": self.batch_size,
                     "world_size": mpi.size(),
@@ -117,6 +153,42 @@ class SluiceDataLoader(BaseDataLoader):
         pass
 
 
+class PosixBytesReader(FormatReader):
+    """DLIO's reader of local files, reading each file's bytes and not
+    decoding them: the baseline of ``SLUICE_DLIO_READ=bytes``, named in
+    ``reader.reader_classname``. Like every DLIO 2.0 reader it hands the
+    loader DLIO's fixed sample, not the data it read."""
+
+    def __init__(self, dataset_type: Any, thread_index: int, epoch: int):
+        super().__init__(dataset_type, thread_index)
+
+    def open(self, filename: str) -> bytes:
+        super().open(filename)
+        with open(filename, "rb") as f:
+            return f.read()
+
+    def close(self, filename: str) -> None:
+        super().close(filename)
+
+    def get_sample(self, filename: str, sample_index: int) -> None:
+        super().get_sample(filename, sample_index)
+
+    def next(self) -> Iterator[Any]:
+        yield from super().next()
+
+    def read_index(self, image_idx: int, step: int) -> Any:
+        return super().read_index(image_idx, step)
+
+    def finalize(self) -> None:
+        return super().finalize()
+
+    def is_index_based(self) -> bool:
+        return True
+
+    def is_iterator_based(self) -> bool:
+        return True
+
+
 class SluiceCheckpointing(BaseCheckpointing):
     """DLIO's checkpoints (model, optimizer, layer states) written with
     ``torch.save`` through :class:`sluice.Checkpoint`."""
@@ -140,6 +212,13 @@ class SluiceCheckpointing(BaseCheckpointing):
     def save_state(self, suffix: str, state: Any) -> None:
         with self.store.writer(f"{suffix}.{self.ext}") as f:
             torch.save(state, f)
+
+    def load_state(self, suffix: str) -> Any:
+        """The state ``save_state`` wrote under ``suffix`` (DLIO 2.0 has
+        no load phase; ``python/dlio/checkpointing.py`` calls this for
+        MLPerf Storage's). On the server's host the tensors are the
+        region the server read the version into (no parse copy)."""
+        return self.store.load(f"{suffix}.{self.ext}", weights_only=True)
 
     def checkpoint(self, epoch: int, step_number: int) -> None:
         super().checkpoint(epoch, step_number)
