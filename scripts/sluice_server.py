@@ -13,8 +13,9 @@ class Server:
     """`with Server(binary, work_dir, ingest_root) as client:` — a
     `sluice.Client` of a running server."""
 
-    def __init__(self, binary, work, ingest_root, extra=(), device_size="4GiB"):
+    def __init__(self, binary, work, ingest_root, extra=(), device_size="4GiB", preexec=None):
         self.binary = binary
+        self.preexec = preexec
         self.device_size = device_size
         self.work = work
         self.root = ingest_root
@@ -27,7 +28,8 @@ class Server:
         self.proc = subprocess.Popen(
             [self.binary, "serve", "--rest", "127.0.0.1:0", "--flight", "127.0.0.1:0",
              "--ingest-root", self.root, *self.extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            preexec_fn=self.preexec)
         rest = None
         for _ in range(2):
             line = self.proc.stdout.readline()

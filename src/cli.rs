@@ -59,7 +59,9 @@ pub struct Cli {
     pub token: Vec<String>,
     /// The memory every query and job of this process shares, e.g. 8GiB
     /// (default: half the memory available at start): a query past it
-    /// fails, the process goes on.
+    /// fails, the process goes on. "Available", here and in the caches'
+    /// defaults, is the host's, or what the process's memory cgroup's
+    /// limit leaves if that is less.
     #[arg(long, global = true, env = "SLUICE_MEMORY_LIMIT", value_parser = parse_size)]
     pub memory_limit: Option<u64>,
     /// The token this process presents to the other nodes of its cluster

@@ -116,7 +116,7 @@ impl ObjectCache {
 
     /// The default budget: a quarter of the memory available now.
     pub fn default_budget() -> u64 {
-        sluice_flight::lru::available_memory() / 4
+        sluice_udfs::host_memory::available() / 4
     }
 
     /// Whether it holds anything ever.

@@ -63,6 +63,7 @@ pub mod calibrate;
 pub mod concat_operator;
 pub mod cost;
 pub mod env;
+pub mod host_memory;
 pub mod kernels;
 pub mod lru;
 pub mod memory_budget;

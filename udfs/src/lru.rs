@@ -20,19 +20,6 @@ use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 use std::sync::Mutex;
 
-/// The memory available on this host now (`MemAvailable`), from which
-/// the caches' default budgets are shares; 0 where it cannot be read.
-pub fn available_memory() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// Puts `items` (each a key, what its value is made from, and the bytes
 /// it is estimated at) in `lru`, behind its owner's mutex, between two
 /// short holds of the lock: the items [`Lru::admits`] at their estimates

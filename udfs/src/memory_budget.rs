@@ -76,7 +76,7 @@ impl MemoryBudget {
     /// The default size: half the memory available now (1 GiB where that
     /// cannot be read).
     pub fn default_size() -> u64 {
-        match crate::lru::available_memory() {
+        match crate::host_memory::available() {
             0 => 1 << 30,
             available => available / 2,
         }

@@ -118,7 +118,7 @@ impl StageCache {
 
     /// The default budget: an eighth of the memory available now.
     pub fn default_budget() -> u64 {
-        crate::lru::available_memory() / 8
+        crate::host_memory::available() / 8
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru<Key, ArrayRef>> {

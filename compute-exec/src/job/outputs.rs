@@ -118,7 +118,7 @@ impl OutputCache {
 
     /// The default budget: an eighth of the memory available now.
     pub fn default_budget() -> u64 {
-        sluice_flight::lru::available_memory() / 8
+        sluice_udfs::host_memory::available() / 8
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lru<(u64, u64), CachedRow>> {
