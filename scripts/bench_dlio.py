@@ -10,17 +10,18 @@ The fair baseline (run as root):
 - each side runs in a memory cgroup of its own (v2's memory.max, or v1's
   memory.limit_in_bytes where the memory controller is on v1): the DLIO
   ranks, and for sluice the `sluice serve` it reads from, started inside
-  it. Both get the same limit at each rank count: a calibration run (one
-  epoch; one save and load) measures what each side's processes hold
-  (anonymous memory, shared memory, the pages they map: about 1 GiB of
-  torch and TensorFlow per DLIO rank), and the limit is the larger of the
-  two plus --cache-room. The page cache left to the POSIX side is then at
-  most that room plus what sluice's side held beyond it (its server),
-  and each workload's dataset is made several times that; the bench
-  samples how much of each side's data files is in the page cache
-  (fincore: the dataset's files, sluice's device) and prints the peak.
-  sluice's own caches are off (--sluice-caches turns them on): it reads
-  every sample from its device with O_DIRECT;
+  it. Both get the same limit at each rank count: a calibration run of
+  the POSIX side (one epoch; one save and load) measures what its
+  processes hold (anonymous memory, shared memory, the pages they map:
+  about 1 GiB of torch and TensorFlow per DLIO rank), and the limit is
+  that plus --cache-room (256 MiB). So the page cache can hold little
+  more than that room of the dataset (1.5 GiB), and sluice's side, its
+  server included, must fit in what the ranks alone take on the other
+  (the server sizes its windows in flight to the room its cgroup
+  leaves). The bench samples how much of each side's data files is in
+  the page cache (fincore: the dataset's files, sluice's device) and
+  prints the peak. sluice's own caches are off (--sluice-caches turns
+  them on): it reads every sample from its device with O_DIRECT;
 - the page cache is dropped before every run (and, for checkpoints,
   between the save and the load phase, as MLPerf's rules require);
 - both sides are pinned to the same cores (--cpus, with taskset).
@@ -228,9 +229,10 @@ def accelerators_held(rows, threshold):
 
 
 def set_limits(a, cgroups, held):
-    """The same limit on both sides: what the hungrier side held (its
-    processes' memory and the pages they map) in the calibration runs,
-    plus the cache room."""
+    """The same limit on both sides: what the file system's side held
+    (its processes' memory and the pages they map) in its calibration
+    run, plus the cache room. sluice's side, its server included, must
+    fit in that."""
     limit = max(held.values()) + a.cache_room
     for cg in cgroups.values():
         cg.set_limit(limit)
@@ -284,8 +286,8 @@ def training(a, model, work, cgroups, env):
                 cg.set_limit(a.host_limit)
             held = {}
             for label, *rest in sides:
-                _, cg = one(ranks, label, *rest, 1)
-                held[label] = cg.peak_held
+                if label.startswith("posix"):
+                    held[label] = one(ranks, label, *rest, 1)[1].peak_held
             limit = limits[ranks] = set_limits(a, cgroups, held)
             print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB (held at most: " +
                   ", ".join(f"{k} {v / GiB:.2f}" for k, v in held.items()) + ")")
@@ -343,7 +345,7 @@ def checkpointing(a, work, cgroups, env):
 
             for cg in cgroups.values():
                 cg.set_limit(a.host_limit)
-            held = {side: one(side, 1, 1)[1].peak_held for side in ("posix", "sluice")}
+            held = {"posix": one("posix", 1, 1)[1].peak_held}
             limit = limits[ranks] = set_limits(a, cgroups, held)
             print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB")
             print(f"{'ranks':>5} {'side':<7} {'GB/ckpt':>8} {'save GB/s':>10} {'load GB/s':>10} "

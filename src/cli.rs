@@ -317,9 +317,10 @@ pub struct QueryLimitFlags {
     #[arg(long, default_value_t = 3600.0)]
     pub query_timeout: f64,
     /// Output bytes all job streams may have in flight together (windows
-    /// being decoded or cut into batches); past it, windows wait for room.
-    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
-    pub stream_memory: u64,
+    /// being decoded or cut into batches); past it, windows wait for room
+    /// (default: a quarter of the memory available at start, at most 2GiB).
+    #[arg(long, env = "SLUICE_STREAM_MEMORY", value_parser = parse_size)]
+    pub stream_memory: Option<u64>,
     /// Memory for the node-wide cache of deterministic jobs' output rows,
     /// e.g. 4GiB: their later epochs skip the reads and stages for the rows
     /// it holds (0: none; default: an eighth of the memory available at
@@ -346,6 +347,12 @@ impl QueryLimitFlags {
     pub fn output_cache(&self) -> u64 {
         self.output_cache_memory
             .unwrap_or_else(sluice_compute::job::OutputCache::default_budget)
+    }
+
+    /// The job streams' budget for windows in flight.
+    pub fn stream_memory(&self) -> u64 {
+        self.stream_memory
+            .unwrap_or_else(sluice_compute::job::WindowBudget::default_bytes)
     }
 
     /// The stage cache's budget.

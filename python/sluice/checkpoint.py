@@ -144,6 +144,13 @@ class Checkpoint:
         """A writable binary stream: a new version of ``name`` on close."""
         return CheckpointWriter(self, self._name(name))
 
+    def commit_group(self, uploads: List[Dict[str, Any]]) -> Any:
+        """Makes several uploads visible in one transaction, each a
+        :meth:`CheckpointWriter.uncommitted`: all of them are listed, or
+        (an error) none is. One device flush for all."""
+        return self._action("checkpoint.commit_group", {"uploads": uploads},
+                            f"{len(uploads)} uploads under '{self.prefix}'")
+
     def reader(self, name: str, version: Optional[int] = None) -> "CheckpointReader":
         """A readable, seekable binary stream of ``name`` (its newest
         version, or ``version``), fetched whole in parallel ranges."""

@@ -387,16 +387,58 @@ def _read_ahead(source: Iterator[Any], depth: int) -> Iterator[Any]:
         stop.set()
 
 
+# The struct columns of the array and image UDFs (sluice_udfs::tensor):
+# their bytes become numpy arrays over the Arrow buffer, not Python bytes.
+_ARRAY_FIELDS = ("dtype", "shape", "data")
+_IMAGE_FIELDS = ("height", "width", "channels", "pixels")
+
+
+def _field_names(t: pa.DataType) -> Tuple[str, ...]:
+    return tuple(t.field(i).name for i in range(t.num_fields)) if pa.types.is_struct(t) else ()
+
+
+def _row_views(col: pa.StructArray) -> np.ndarray:
+    """An array or image column as an object array of per-row numpy
+    arrays viewing the column's data buffer (``None`` for a null row)."""
+    image = _field_names(col.type) == _IMAGE_FIELDS
+    data = col.field("pixels" if image else "data")
+    if pa.types.is_large_binary(data.type):
+        offsets = np.frombuffer(data.buffers()[1], dtype=np.int64)
+    else:
+        offsets = np.frombuffer(data.buffers()[1], dtype=np.int32)
+    offsets = offsets[data.offset:data.offset + len(data) + 1]
+    values = data.buffers()[2]
+    if image:
+        dims = zip(col.field("height").to_pylist(), col.field("width").to_pylist(),
+                   col.field("channels").to_pylist())
+        kinds = [("uint8", (h, w, c)) for h, w, c in dims]
+    else:
+        kinds = list(zip(col.field("dtype").to_pylist(), col.field("shape").to_pylist()))
+    out = np.empty(len(col), dtype=object)
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    for i, (dtype, shape) in enumerate(kinds):
+        if valid[i]:
+            lo, hi = int(offsets[i]), int(offsets[i + 1])
+            dt = np.dtype(dtype)
+            out[i] = np.frombuffer(values, dtype=dt, count=(hi - lo) // dt.itemsize,
+                                   offset=lo).reshape(shape)
+    return out
+
+
 def to_numpy(batch: pa.RecordBatch) -> Dict[str, Any]:
     """A batch as a dict of numpy arrays: fixed-shape tensor columns as
     ``[rows, *shape]`` views of the Arrow buffers (no copy), primitive
-    columns as views, others (strings, structs) converted."""
+    columns as views, array and image columns (``npz``, ``decode_image``
+    …) as object arrays of per-row views (no copy), others (strings,
+    other structs) converted."""
     out: Dict[str, Any] = {}
     for name, col in zip(batch.schema.names, batch.columns):
         if isinstance(col.type, pa.FixedShapeTensorType):
             out[name] = col.to_numpy_ndarray()
         elif pa.types.is_primitive(col.type) and col.null_count == 0:
             out[name] = col.to_numpy(zero_copy_only=True)
+        elif _field_names(col.type) in (_ARRAY_FIELDS, _IMAGE_FIELDS):
+            out[name] = _row_views(col)
         else:
             out[name] = col.to_numpy(zero_copy_only=False)
     return out

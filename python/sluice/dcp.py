@@ -209,7 +209,7 @@ class SluiceWriter(_Target, StorageWriter):
         except BaseException:
             w.abort()
             raise
-        self.ckpt._action("checkpoint.commit_group", {"uploads": list(uploads.values())}, name)
+        self.ckpt.commit_group(list(uploads.values()))
 
 
 class SluiceReader(_Target, StorageReader):

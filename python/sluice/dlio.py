@@ -43,7 +43,7 @@ broadcasts its id; each rank then reads its share of each epoch. See
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from dlio_benchmark.checkpointing.base_checkpointing import BaseCheckpointing
@@ -112,6 +112,8 @@ class SluiceDataLoader(BaseDataLoader):
         self._valid = dataset_type is DatasetType.VALID
         self._dataset = f"{base}_valid" if self._valid else base
         self._job: Optional[Job] = None
+        # (epoch, its first batch, the rest) read ahead by read(); () once used.
+        self._primed: Optional[tuple] = None
 
     def read(self) -> None:
         """Submits the run's job (rank 0) and shares its id with every rank."""
@@ -137,17 +139,49 @@ class SluiceDataLoader(BaseDataLoader):
             self._jobs[key] = self._client.job(job_id)
         self._job = self._jobs[key]
         self._job.wait()
+        # DLIO calls read() before its first epoch, outside the time it
+        # measures, as its own loader builds its DataLoader there: the
+        # first epoch's stream starts now, and its first batch is waiting
+        # when training begins (the service begins each later epoch ahead
+        # of its reader).
+        if self._primed is None:
+            batches = self._batches(self._epoch())
+            self._primed = (self._epoch(), next(batches, None), batches)
+
+    def _epoch(self) -> int:
+        return (self.epoch_number - 1) % max(1, int(self._args.epochs))
+
+    def _batches(self, epoch: int) -> Iterator[Dict[str, Any]]:
+        assert self._job is not None
+        return iter(self._job.reader(DLIOMPI.get_instance().rank(), epoch, numpy=True))
 
     def next(self) -> Iterator[Dict[str, Any]]:
         """This rank's batches of the current epoch (DLIO counts from 1)."""
         if self._job is None:
             self.read()
-        assert self._job is not None
-        epoch = (self.epoch_number - 1) % max(1, int(self._args.epochs))
-        reader = self._job.reader(DLIOMPI.get_instance().rank(), epoch, numpy=True)
-        for batch in reader:
-            yield to_torch(batch)
+        epoch = self._epoch()
+        # DLIO stops at its step count without draining the generator, so
+        # the epoch is counted now: the next call reads the next epoch
+        # (which the service has begun ahead), never this one again.
         self.epoch_number += 1
+        first = None
+        if self._primed and self._primed[0] == epoch:
+            _, first, batches = self._primed
+        else:
+            if self._primed:
+                self._primed[2].close()
+            batches = self._batches(epoch)
+        self._primed = ()  # used (or not this epoch's): never primed again
+        try:
+            if first is not None:
+                yield to_torch(first)
+            for batch in batches:
+                yield to_torch(batch)
+        finally:
+            # Closing the generator ends the stream and its read-ahead.
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     def finalize(self) -> None:
         pass
@@ -205,13 +239,23 @@ class SluiceCheckpointing(BaseCheckpointing):
         super().__init__("pt")
         prefix = os.environ.get("SLUICE_DLIO_PREFIX") or f"dlio/{self.args.model}"
         self.store = Checkpoint(client(), prefix)
+        # The uploads of the checkpoint being written, committed together.
+        self._pending: Optional[List[Dict[str, Any]]] = None
 
     def get_tensor(self, size: int) -> torch.Tensor:
         return torch.randint(high=1, size=(size,), dtype=torch.int8)
 
     def save_state(self, suffix: str, state: Any) -> None:
-        with self.store.writer(f"{suffix}.{self.ext}") as f:
-            torch.save(state, f)
+        w = self.store.writer(f"{suffix}.{self.ext}")
+        try:
+            torch.save(state, w)
+        except BaseException:
+            w.abort()
+            raise
+        if self._pending is None:
+            w.close()
+        else:
+            self._pending.append(w.uncommitted())
 
     def load_state(self, suffix: str) -> Any:
         """The state ``save_state`` wrote under ``suffix`` (DLIO 2.0 has
@@ -221,7 +265,16 @@ class SluiceCheckpointing(BaseCheckpointing):
         return self.store.load(f"{suffix}.{self.ext}", weights_only=True)
 
     def checkpoint(self, epoch: int, step_number: int) -> None:
-        super().checkpoint(epoch, step_number)
+        """This rank's files of the step (model, optimizer, layers), made
+        visible together in one commit: one device flush for all, and a
+        checkpoint killed half-way lists none of them."""
+        self._pending = []
+        try:
+            super().checkpoint(epoch, step_number)
+            if self._pending:
+                self.store.commit_group(self._pending)
+        finally:
+            self._pending = None
 
     def finalize(self) -> None:
         super().finalize()

@@ -212,7 +212,7 @@ pub async fn compute_node(
         hints,
     )
     .with_query_memory(limits.query_memory as usize)
-    .with_stream_memory(limits.stream_memory)
+    .with_stream_memory(limits.stream_memory())
     .with_output_cache(limits.output_cache())
     .with_limits(limits.decode.limits())
     .with_calibration(place::calibration(limits.no_calibrate));
@@ -364,7 +364,7 @@ pub async fn serve(
         ComputeSession::new(endpoints, place::profiles(cli)?, hints)
             .with_ledger(ledger)
             .with_query_memory(addrs.limits.query_memory as usize)
-            .with_stream_memory(addrs.limits.stream_memory)
+            .with_stream_memory(addrs.limits.stream_memory())
             .with_output_cache(addrs.limits.output_cache())
             .with_limits(addrs.limits.decode.limits())
             .with_calibration(place::calibration(addrs.limits.no_calibrate)),

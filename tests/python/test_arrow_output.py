@@ -49,3 +49,39 @@ def test_tensors_arrive_as_fixed_shape_tensor_arrays():
             "SELECT key, to_tensor(random_resized_crop(decode_image(data), 16, 12)) AS x FROM pets ORDER BY key",
             "--format", "arrow", "--seed", "8").stdout).read_all()
         assert not np.array_equal(other.column("x").combine_chunks().to_numpy_ndarray(), arr)
+
+
+def test_array_and_image_columns_become_numpy_views():
+    # What a reader's numpy=True gives for npz(...) and decode_image(...):
+    # per-row arrays equal to np.load's and PIL's, over the Arrow buffer.
+    from PIL import Image
+
+    from sluice.client import to_numpy
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "src")
+        os.makedirs(src)
+        rng = np.random.default_rng(3)
+        want = {}
+        for i, (shape, dtype) in enumerate([((4, 5, 6), np.float32), ((7,), np.int16),
+                                            ((3, 2), np.uint8)]):
+            x = rng.integers(0, 100, size=shape).astype(dtype)
+            np.savez(os.path.join(src, f"v{i}.npz"), x=x, y=np.zeros(2))
+            want[f"v{i}.npz"] = x
+        grey = rng.integers(0, 255, size=(9, 11), dtype=np.uint8)
+        Image.fromarray(grey).save(os.path.join(src, "g.png"))
+        sluice(os.path.join(d, "data"), "ingest", "vols", src)
+        out = sluice(os.path.join(d, "data"), "sql",
+                     "SELECT key, npz(data, 'x') AS x FROM vols WHERE key LIKE '%.npz' "
+                     "ORDER BY key", "--format", "arrow").stdout
+        batch = pa.ipc.open_stream(out).read_all().combine_chunks().to_batches()[0]
+        got = to_numpy(batch)
+        assert list(got["key"]) == sorted(want)
+        for key, x in zip(got["key"], got["x"]):
+            assert x.dtype == want[key].dtype and np.array_equal(x, want[key]), key
+            assert not x.flags["OWNDATA"]  # a view of the Arrow buffer
+        out = sluice(os.path.join(d, "data"), "sql",
+                     "SELECT decode_image(data, 'L') AS img FROM vols WHERE key = 'g.png'",
+                     "--format", "arrow").stdout
+        img = to_numpy(pa.ipc.open_stream(out).read_all().combine_chunks().to_batches()[0])["img"]
+        assert img[0].shape == (9, 11, 1) and np.array_equal(img[0][:, :, 0], grey)

@@ -66,10 +66,24 @@ impl WindowBudget {
     }
 }
 
-impl Default for WindowBudget {
-    /// 2 GiB: the windows of 10 readers at full size (each takes
+impl WindowBudget {
+    /// A node's default budget: a quarter of the memory available to the
+    /// process now (its memory cgroup's room where that is less), at most
+    /// 2 GiB, the windows of 10 readers at full size (each takes
     /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it
-    /// cuts into batches).
+    /// cuts into batches). A server given 1.5 GiB keeps a few hundred MB
+    /// of windows in flight, not 2 GiB it does not have.
+    pub fn default_bytes() -> u64 {
+        match sluice_udfs::host_memory::available() {
+            0 => 2 << 30,
+            available => (available / 4).clamp(64 << 20, 2 << 30),
+        }
+    }
+}
+
+impl Default for WindowBudget {
+    /// 2 GiB (a session's budget unless it is given one; `serve` gives
+    /// [`WindowBudget::default_bytes`] unless told).
     fn default() -> Self {
         Self::new(2 << 30)
     }

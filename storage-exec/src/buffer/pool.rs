@@ -43,12 +43,20 @@ pub struct PoolOptions {
 }
 
 impl Default for PoolOptions {
+    /// 8 fixed buffers of 4 MiB; class buffers kept up to a sixteenth of
+    /// the memory available to the process (its memory cgroup's room
+    /// where that is less), between 16 and 256 MiB: what the free lists
+    /// hold between reads is memory a container's other processes lack.
     fn default() -> Self {
+        let available = sluice_udfs::host_memory::available();
         Self {
             align: 4096,
             fixed_count: 8,
             fixed_size: 4 << 20,
-            max_retained_bytes: 256 << 20,
+            max_retained_bytes: match available {
+                0 => 256 << 20,
+                a => usize::try_from(a / 16).unwrap_or(usize::MAX).clamp(16 << 20, 256 << 20),
+            },
         }
     }
 }
