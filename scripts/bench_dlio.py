@@ -10,18 +10,17 @@ The fair baseline (run as root):
 - each side runs in a memory cgroup of its own (v2's memory.max, or v1's
   memory.limit_in_bytes where the memory controller is on v1): the DLIO
   ranks, and for sluice the `sluice serve` it reads from, started inside
-  it. Both get the same limit at each rank count: a calibration run of
-  the POSIX side (one epoch; one save and load) measures what its
-  processes hold (anonymous memory, shared memory, the pages they map:
-  about 1 GiB of torch and TensorFlow per DLIO rank), and the limit is
-  that plus --cache-room (256 MiB). So the page cache can hold little
-  more than that room of the dataset (1.5 GiB), and sluice's side, its
-  server included, must fit in what the ranks alone take on the other
-  (the server sizes its windows in flight to the room its cgroup
-  leaves). The bench samples how much of each side's data files is in
-  the page cache (fincore: the dataset's files, sluice's device) and
-  prints the peak. sluice's own caches are off (--sluice-caches turns
-  them on): it reads every sample from its device with O_DIRECT;
+  it under the limit (so the budgets it sizes from the memory available
+  fit it). Both get the same limit at each rank count: a calibration run
+  of each side (one epoch; one save and load) measures what its processes
+  hold (anonymous and shared memory, the pages they map: a DLIO rank
+  holds about 1 GiB of torch and TensorFlow), and the limit is the larger
+  plus --cache-room. The bench samples how much of each side's data files
+  sits in the page cache (fincore: the dataset's files; sluice's device)
+  and prints the peak: the datasets (3 GiB) are made large enough that
+  the POSIX side's is a fraction. sluice's own caches are off
+  (--sluice-caches turns them on): it reads every sample from its device
+  with O_DIRECT;
 - the page cache is dropped before every run (and, for checkpoints,
   between the save and the load phase, as MLPerf's rules require);
 - both sides are pinned to the same cores (--cpus, with taskset).
@@ -53,7 +52,6 @@ DLIO = os.path.normpath(os.path.join(HERE, "..", "python", "dlio"))
 sys.path.insert(0, HERE)
 from sluice_server import Server  # noqa: E402
 
-import sluice  # noqa: E402  (sluice_server puts python/ on the path)
 
 BIN = os.path.dirname(sys.executable)
 GiB = 1 << 30
@@ -229,10 +227,9 @@ def accelerators_held(rows, threshold):
 
 
 def set_limits(a, cgroups, held):
-    """The same limit on both sides: what the file system's side held
-    (its processes' memory and the pages they map) in its calibration
-    run, plus the cache room. sluice's side, its server included, must
-    fit in that."""
+    """The same limit on both sides: what the hungrier side held (its
+    processes' memory and the pages they map) in its calibration run,
+    plus the cache room."""
     limit = max(held.values()) + a.cache_room
     for cg in cgroups.values():
         cg.set_limit(limit)
@@ -260,51 +257,66 @@ def training(a, model, work, cgroups, env):
     server_args = [] if a.sluice_caches else [
         "--cache-memory", "0", "--output-cache-memory", "0", "--stage-cache-memory", "0"]
     served = os.path.join(work, f"sluice-{model}")
-    with Server(a.sluice, served, data, server_args,
-                device_size=f"{max(2, int(total * 1.3 / GiB) + 1)}GiB",
-                preexec=cgroups["sluice"].join) as client:
+    device = f"{max(2, int(total * 1.3 / GiB) + 1)}GiB"
+
+    def server():
+        # Started inside sluice's cgroup under the limit of the moment,
+        # so the budgets it sizes from the memory available fit it.
+        return Server(a.sluice, served, data, server_args, device_size=device,
+                      preexec=cgroups["sluice"].join)
+
+    for cg in cgroups.values():
+        cg.set_limit(a.host_limit)
+    with server() as client:
         client.ingest(model, os.path.join(data, "train"), on_error="fail")
-        watched = {"posix": files, "sluice": data_files(served)}
+    watched = {"posix": files, "sluice": data_files(served)}
 
-        def one(ranks, label, workload, extra, side_env, epochs):
-            out = os.path.join(work, f"out-{model}-{ranks}-{label.replace(' ', '-')}-{epochs}")
-            side = "sluice" if label.startswith("sluice") else "posix"
-            cg = cgroups[side]
-            e = dict(env, SLUICE_URL=client.url, SLUICE_DLIO_DATASET=model,
-                     SLUICE_DLIO_PREFIX=f"dlio/{model}-{ranks}", **side_env)
-            more = [*overrides, *extra, f"++workload.train.epochs={epochs}"]
-            with cg.watching(watched[side]):
-                run(mpi(dlio_cmd(workload, data, out, more), ranks), cg, a.cpus, e, work,
-                    f"{model} {label} on {ranks} ranks")
-            shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
-            with open(os.path.join(out, "summary.json")) as f:
-                return json.load(f)["metric"], cg
+    def one(ranks, label, workload, extra, side_env, epochs, url):
+        out = os.path.join(work, f"out-{model}-{ranks}-{label.replace(' ', '-')}-{epochs}")
+        side = "sluice" if label.startswith("sluice") else "posix"
+        cg = cgroups[side]
+        e = dict(env, SLUICE_URL=url or "", SLUICE_DLIO_DATASET=model,
+                 SLUICE_DLIO_PREFIX=f"dlio/{model}-{ranks}", **side_env)
+        more = [*overrides, *extra, f"++workload.train.epochs={epochs}"]
+        with cg.watching(watched[side]):
+            run(mpi(dlio_cmd(workload, data, out, more), ranks), cg, a.cpus, e, work,
+                f"{model} {label} on {ranks} ranks")
+        shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f)["metric"], cg
 
-        for ranks in a.ranks:
-            # Calibration: one epoch of each side without a limit of its own.
-            for cg in cgroups.values():
-                cg.set_limit(a.host_limit)
-            held = {}
+    def each_side(ranks, epochs):
+        """Runs every side once: POSIX's, then sluice's with a server of
+        their own; yields (label, DLIO's metrics, its cgroup)."""
+        for label, *rest in sides:
+            if label.startswith("posix"):
+                yield (label, *one(ranks, label, *rest, epochs, None))
+        with server() as client:
             for label, *rest in sides:
-                if label.startswith("posix"):
-                    held[label] = one(ranks, label, *rest, 1)[1].peak_held
-            limit = limits[ranks] = set_limits(a, cgroups, held)
-            print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB (held at most: " +
-                  ", ".join(f"{k} {v / GiB:.2f}" for k, v in held.items()) + ")")
-            print(f"{'ranks':>5} {'side':<14} {'AU %':>6} {'samples/s':>10} {'GB/s':>6} "
-                  f"{'data cached MiB':>15} {'held MiB':>9} {'mem peak MiB':>12}")
-            for label, *rest in sides:
-                m, cg = one(ranks, label, *rest, a.epochs)
-                sps = m["train_throughput_mean_samples_per_second"]
-                row = {"ranks": ranks, "side": label, "au": m["train_au_mean_percentage"],
-                       "samples_per_s": sps, "gb_per_s": sps * total / len(files) / 1e9,
-                       "data_cached_peak_bytes": cg.peak_resident,
-                       "held_peak_bytes": cg.peak_held, "memory_peak_bytes": cg.peak_usage,
-                       "memory_limit_bytes": limit}
-                rows.append(row)
-                print(f"{ranks:>5} {label:<14} {row['au']:>6.1f} {sps:>10.1f} "
-                      f"{row['gb_per_s']:>6.3f} {cg.peak_resident >> 20:>15} "
-                      f"{cg.peak_held >> 20:>9} {cg.peak_usage >> 20:>12}", flush=True)
+                if label.startswith("sluice"):
+                    yield (label, *one(ranks, label, *rest, epochs, client.url))
+
+    for ranks in a.ranks:
+        # Calibration: one epoch of each side under no limit of its own.
+        for cg in cgroups.values():
+            cg.set_limit(a.host_limit)
+        held = {label: cg.peak_held for label, _, cg in each_side(ranks, 1)}
+        limit = limits[ranks] = set_limits(a, cgroups, held)
+        print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB (held at most: " +
+              ", ".join(f"{k} {v / GiB:.2f}" for k, v in held.items()) + ")")
+        print(f"{'ranks':>5} {'side':<14} {'AU %':>6} {'samples/s':>10} {'GB/s':>6} "
+              f"{'data cached MiB':>15} {'held MiB':>9} {'mem peak MiB':>12}")
+        for label, m, cg in each_side(ranks, a.epochs):
+            sps = m["train_throughput_mean_samples_per_second"]
+            row = {"ranks": ranks, "side": label, "au": m["train_au_mean_percentage"],
+                   "samples_per_s": sps, "gb_per_s": sps * total / len(files) / 1e9,
+                   "data_cached_peak_bytes": cg.peak_resident,
+                   "held_peak_bytes": cg.peak_held, "memory_peak_bytes": cg.peak_usage,
+                   "memory_limit_bytes": limit}
+            rows.append(row)
+            print(f"{ranks:>5} {label:<14} {row['au']:>6.1f} {sps:>10.1f} "
+                  f"{row['gb_per_s']:>6.3f} {cg.peak_resident >> 20:>15} "
+                  f"{cg.peak_held >> 20:>9} {cg.peak_usage >> 20:>12}", flush=True)
     figure = {label: accelerators_held([r for r in rows if r["side"] == label], TRAINING[model])
               for label, *_ in sides}
     print("accelerators held at or above the threshold: " +
@@ -322,45 +334,47 @@ def checkpointing(a, work, cgroups, env):
     for ranks in a.ranks:
         need = int(ranks * 0.11 * a.saves * 1.4) + 2
         served = os.path.join(work, f"sluice-llama3-{ranks}")
-        with Server(a.sluice, served, work, [] if a.sluice_caches else ["--cache-memory", "0"],
-                    device_size=f"{need}GiB", preexec=cgroups["sluice"].join) as client:
-            folder = os.path.join(work, f"ckpt-{ranks}")
+        folder = os.path.join(work, f"ckpt-{ranks}")
 
-            def one(side, saves, loads):
-                os.makedirs(folder, exist_ok=True)
-                out = os.path.join(work, f"llama3-{ranks}-{side}.json")
-                cmd = [sys.executable, os.path.join(DLIO, "checkpointing.py"), "--workload",
-                       workload, "--mechanism", side, "--folder", folder, "--saves",
-                       str(saves), "--loads", str(loads), "--drop-caches", "--json", out]
+        def one(side, saves, loads):
+            os.makedirs(folder, exist_ok=True)
+            out = os.path.join(work, f"llama3-{ranks}-{side}.json")
+            cmd = [sys.executable, os.path.join(DLIO, "checkpointing.py"), "--workload",
+                   workload, "--mechanism", side, "--folder", folder, "--saves",
+                   str(saves), "--loads", str(loads), "--drop-caches", "--json", out]
+            cg = cgroups[side]
+            # sluice's server starts inside its cgroup under the limit of
+            # the moment, and goes with the run (so do its checkpoints).
+            with Server(a.sluice, served, work,
+                        [] if a.sluice_caches else ["--cache-memory", "0"],
+                        device_size=f"{need}GiB", preexec=cgroups["sluice"].join) as client:
                 e = dict(env, SLUICE_URL=client.url, SLUICE_DLIO_PREFIX=f"llama3-{ranks}")
-                cg = cgroups[side]
                 with cg.watching():
                     run(mpi(cmd, ranks), cg, a.cpus, e, work, f"llama3 {side} on {ranks} ranks")
-                shutil.rmtree(folder, ignore_errors=True)
-                store = sluice.Checkpoint(client, f"llama3-{ranks}")
-                for name in store.list():
-                    store.delete(name)
-                with open(out) as f:
-                    return json.load(f), cg
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(served, ignore_errors=True)
+            with open(out) as f:
+                return json.load(f), cg
 
-            for cg in cgroups.values():
-                cg.set_limit(a.host_limit)
-            held = {"posix": one("posix", 1, 1)[1].peak_held}
-            limit = limits[ranks] = set_limits(a, cgroups, held)
-            print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB")
-            print(f"{'ranks':>5} {'side':<7} {'GB/ckpt':>8} {'save GB/s':>10} {'load GB/s':>10} "
-                  f"{'held MiB':>9}")
-            for side in ("posix", "sluice"):
-                r, cg = one(side, a.saves, a.loads)
-                row = {"ranks": ranks, "side": side, "bytes_per_checkpoint":
-                       r["bytes_per_checkpoint"], "save_gbps": r["save_gbps"],
-                       "load_gbps": r["load_gbps"], "save_seconds": r["save_seconds"],
-                       "load_seconds": r["load_seconds"], "held_peak_bytes": cg.peak_held,
-                       "memory_limit_bytes": limit}
-                rows.append(row)
-                print(f"{ranks:>5} {side:<7} {r['bytes_per_checkpoint'] / 1e9:>8.2f} "
-                      f"{r['save_gbps']:>10.2f} {r['load_gbps']:>10.2f} "
-                      f"{cg.peak_held >> 20:>9}", flush=True)
+        for cg in cgroups.values():
+            cg.set_limit(a.host_limit)
+        held = {side: one(side, 1, 1)[1].peak_held for side in ("posix", "sluice")}
+        limit = limits[ranks] = set_limits(a, cgroups, held)
+        print(f"{ranks} ranks: limit {limit / GiB:.2f} GiB (held at most: " +
+              ", ".join(f"{k} {v / GiB:.2f}" for k, v in held.items()) + ")")
+        print(f"{'ranks':>5} {'side':<7} {'GB/ckpt':>8} {'save GB/s':>10} {'load GB/s':>10} "
+              f"{'held MiB':>9}")
+        for side in ("posix", "sluice"):
+            r, cg = one(side, a.saves, a.loads)
+            row = {"ranks": ranks, "side": side, "bytes_per_checkpoint":
+                   r["bytes_per_checkpoint"], "save_gbps": r["save_gbps"],
+                   "load_gbps": r["load_gbps"], "save_seconds": r["save_seconds"],
+                   "load_seconds": r["load_seconds"], "held_peak_bytes": cg.peak_held,
+                   "memory_limit_bytes": limit}
+            rows.append(row)
+            print(f"{ranks:>5} {side:<7} {r['bytes_per_checkpoint'] / 1e9:>8.2f} "
+                  f"{r['save_gbps']:>10.2f} {r['load_gbps']:>10.2f} "
+                  f"{cg.peak_held >> 20:>9}", flush=True)
     return {"saves": a.saves, "loads": a.loads, "memory_limit_bytes": limits, "rows": rows}
 
 
@@ -390,7 +404,7 @@ def main():
         a.host_limit = int(f.readline().split()[1]) * 1024
     cgroups = {side: Cgroup(f"sluice-bench-dlio-{side}") for side in ("posix", "sluice")}
     print(f"both sides: the same memory limit per rank count (what the hungrier side held in "
-          f"a calibration run + {a.cache_room >> 20} MiB of cache room), cores {a.cpus}, page "
+          f"its calibration run + {a.cache_room >> 20} MiB), cores {a.cpus}, page "
           f"cache dropped before each run; sluice's caches {'on' if a.sluice_caches else 'off'}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     os.makedirs(a.work, exist_ok=True) if a.work else None
