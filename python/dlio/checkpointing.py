@@ -15,7 +15,8 @@ load phase; this driver gives DLIO 2.0 one, around the same classes:
   optimizer groups (``a``, ``b`` and ``combined``, as DLIO writes them);
 - ``--mechanism posix`` is DLIO's ``PyTorchCheckpointing`` (``torch.save``
   to a file) with the ``fsync`` MLPerf requires, and ``torch.load`` of
-  the file to read back; ``--mechanism sluice`` is
+  the file to read back; both mechanisms load a checkpoint's files on the
+  same number of threads; ``--mechanism sluice`` is
   ``sluice.dlio.SluiceCheckpointing`` (a commit flushes the device);
 - the state's tensors are filled with random bytes, seeded by rank, so
   both mechanisms write the same bytes (DLIO's own are zeros) and a load
@@ -38,6 +39,7 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -59,6 +61,14 @@ class FsyncCheckpointing(PyTorchCheckpointing):
 
     def load_state(self, suffix: str) -> Any:
         return torch.load(self.get_name(suffix), weights_only=True)
+
+    def load_states(self, suffixes: List[str]) -> List[Any]:
+        """As sluice's mechanism loads a checkpoint's files: on as many
+        threads at once, so neither side is timed with less parallelism."""
+        from sluice.dlio import LOAD_LANES
+
+        with ThreadPoolExecutor(LOAD_LANES) as pool:
+            return list(pool.map(self.load_state, suffixes))
 
     def stored_bytes(self, suffix: str) -> int:
         return os.path.getsize(self.get_name(suffix))
@@ -159,8 +169,10 @@ def main() -> None:
     bad: List[str] = []
 
     def load(i: int) -> None:
-        for suffix, state in saved[i * per_save:(i + 1) * per_save]:
-            got = mech.load_state(suffix)
+        part = saved[i * per_save:(i + 1) * per_save]
+        suffixes = [suffix for suffix, _ in part]
+        states = mech.load_states(suffixes)
+        for (suffix, state), got in zip(part, states):
             if a.verify:
                 want, have = tensors(state), tensors(got)
                 if len(want) != len(have) or any(not torch.equal(x, y) for x, y in zip(want, have)):
