@@ -55,7 +55,9 @@ impl Default for PoolOptions {
             fixed_size: 4 << 20,
             max_retained_bytes: match available {
                 0 => 256 << 20,
-                a => usize::try_from(a / 16).unwrap_or(usize::MAX).clamp(16 << 20, 256 << 20),
+                a => usize::try_from(a / 16)
+                    .unwrap_or(usize::MAX)
+                    .clamp(16 << 20, 256 << 20),
             },
         }
     }
