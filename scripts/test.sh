@@ -53,8 +53,14 @@ if [ "$(id -u)" = 0 ]; then  # the rig needs root
   "$VENV/bin/python" scripts/bench_cluster_checkpoint.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
     --size 8 --runs 1 --links unlimited --layouts 1x1,2x1 --work "$demo_dir"
 fi
-"$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
-  --ranks 1 --files 8 --epochs 2 --record 262144 --model-size 1048576 --work "$demo_dir"
+# MLPerf Storage's workloads under memory cgroups, caches dropped: root,
+# a writable memory controller and drop_caches (the tests run DLIO anyway).
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/drop_caches ] \
+  && { [ -w /sys/fs/cgroup/memory ] || [ -w /sys/fs/cgroup/cgroup.subtree_control ]; }; then
+  "$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
+    --workload unet3d,retinanet,llama3 --ranks 1 --files 48 --epochs 1 --saves 1 --loads 1 \
+    --work "$demo_dir/dlio"
+fi
 "$VENV/bin/python" scripts/bench_load.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
   --streams 8 --per-class 8 --size 32 --work "$demo_dir"
 "$CARGO_TARGET_DIR/debug/sluice" --data-dir "$bench_dir" udfs --calibrate
