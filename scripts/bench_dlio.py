@@ -23,7 +23,11 @@ The fair baseline (run as root):
   with O_DIRECT;
 - the page cache is dropped before every run (and, for checkpoints,
   between the save and the load phase, as MLPerf's rules require);
-- both sides are pinned to the same cores (--cpus, with taskset).
+- both sides are pinned to the same cores (--cpus, with taskset), and
+  the MPI ranks yield the CPU while they wait in DLIO's barrier after
+  every step (MPICH's MPIR_CVAR_POLLS_BEFORE_YIELD and ENABLE_HEAVY_YIELD;
+  spinning, 4 ranks on 2 cores take the cores either side's data path
+  needs).
 
 Per workload and rank count it prints AU %, samples/s and GB/s (of the
 dataset's bytes) for the training workloads, save and load GB/s for
@@ -408,7 +412,11 @@ def main():
     print(f"both sides: the same memory limit per rank count (what the hungrier side held in "
           f"its calibration run + {a.cache_room >> 20} MiB), cores {a.cpus}, page "
           f"cache dropped before each run; sluice's caches {'on' if a.sluice_caches else 'off'}")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # MPI ranks yield the CPU while they wait (DLIO's barrier after every
+    # step), as ranks on cores of their own would not take it: 4 ranks
+    # spinning on 2 cores otherwise starve the data path of either side.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MPIR_CVAR_POLLS_BEFORE_YIELD="1",
+               MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
     os.makedirs(a.work, exist_ok=True) if a.work else None
     work = a.work or tempfile.mkdtemp(prefix="bench-dlio-")
     results = {}

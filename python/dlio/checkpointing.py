@@ -15,8 +15,8 @@ load phase; this driver gives DLIO 2.0 one, around the same classes:
   optimizer groups (``a``, ``b`` and ``combined``, as DLIO writes them);
 - ``--mechanism posix`` is DLIO's ``PyTorchCheckpointing`` (``torch.save``
   to a file) with the ``fsync`` MLPerf requires, and ``torch.load`` of
-  the file to read back; both mechanisms load a checkpoint's files on the
-  same number of threads; ``--mechanism sluice`` is
+  the file to read back; both mechanisms write and load a checkpoint's
+  files on the same number of threads; ``--mechanism sluice`` is
   ``sluice.dlio.SluiceCheckpointing`` (a commit flushes the device);
 - the state's tensors are filled with random bytes, seeded by rank, so
   both mechanisms write the same bytes (DLIO's own are zeros) and a load
@@ -40,34 +40,52 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import yaml
 from dlio_benchmark.checkpointing.pytorch_checkpointing import PyTorchCheckpointing
 from dlio_benchmark.utils.config import ConfigArguments, LoadConfig
 from dlio_benchmark.utils.utility import DLIOMPI
+from sluice.dlio import LANES
 
 
 class FsyncCheckpointing(PyTorchCheckpointing):
     """DLIO's ``torch.save`` to a file, fsynced as MLPerf requires; loads
-    with ``torch.load`` of the file."""
+    with ``torch.load`` of the file. A checkpoint's files are written, and
+    loaded, on as many threads at once as sluice's mechanism uses, so
+    neither side is timed with less parallelism."""
+
+    _pending: Optional[List[Tuple[str, Any]]] = None
 
     def save_state(self, suffix: str, state: Any) -> None:
+        if self._pending is not None:
+            self._pending.append((suffix, state))  # written by checkpoint()
+            return
+        self._write((suffix, state))
+
+    def _write(self, item: Tuple[str, Any]) -> None:
+        suffix, state = item
         with open(self.get_name(suffix), "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
 
+    def checkpoint(self, epoch: int, step_number: int) -> None:
+        self._pending = []
+        try:
+            super().checkpoint(epoch, step_number)
+            files = self._pending
+        finally:
+            self._pending = None
+        with ThreadPoolExecutor(LANES) as pool:
+            list(pool.map(self._write, files))
+
     def load_state(self, suffix: str) -> Any:
         return torch.load(self.get_name(suffix), weights_only=True)
 
     def load_states(self, suffixes: List[str]) -> List[Any]:
-        """As sluice's mechanism loads a checkpoint's files: on as many
-        threads at once, so neither side is timed with less parallelism."""
-        from sluice.dlio import LOAD_LANES
-
-        with ThreadPoolExecutor(LOAD_LANES) as pool:
+        with ThreadPoolExecutor(LANES) as pool:
             return list(pool.map(self.load_state, suffixes))
 
     def stored_bytes(self, suffix: str) -> int:

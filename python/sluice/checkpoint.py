@@ -49,6 +49,11 @@ DEFAULT_WORKERS = 4
 TRANSPORTS = ("auto", "shm", "flight")
 
 
+# Versions smaller than this load by parsing the region's bytes, not by
+# mapping the region's file (whose opening costs more than the copy).
+MAPPED_LOAD_MIN = 8 << 20
+
+
 class Checkpoint:
     """The checkpoints under ``prefix`` of a sluice service (``client``)."""
 
@@ -166,7 +171,11 @@ class Checkpoint:
 
         with CheckpointReader(self, self._name(name), version, keep_name=True) as r:
             path = r.mapped_path()
-            if path is None:
+            if path is None or r.size < MAPPED_LOAD_MIN:
+                # A small version parses faster from the region's bytes
+                # than torch opens and maps a file of it.
+                if path is not None:
+                    r.unlink()
                 return torch.load(r, **torch_load)
             r.wait()
             try:

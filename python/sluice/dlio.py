@@ -63,8 +63,8 @@ DECODE_SQL = {
     "jpeg": "SELECT key, decode_image(data, 'L') AS x FROM {dataset}",
     "png": "SELECT key, decode_image(data, 'L') AS x FROM {dataset}",
 }
-# Files of a checkpoint loaded at once by SluiceCheckpointing.load_states.
-LOAD_LANES = 4
+# Files of a checkpoint written (or loaded, load_states) at once.
+LANES = 4
 
 # Each sample's stored bytes (MLPerf Storage's closed division).
 BYTES_SQL = "SELECT key, data AS x FROM {dataset}"
@@ -243,23 +243,29 @@ class SluiceCheckpointing(BaseCheckpointing):
         super().__init__("pt")
         prefix = os.environ.get("SLUICE_DLIO_PREFIX") or f"dlio/{self.args.model}"
         self.store = Checkpoint(client(), prefix)
-        # The uploads of the checkpoint being written, committed together.
-        self._pending: Optional[List[Dict[str, Any]]] = None
+        # The files of the checkpoint being written: (suffix, state).
+        self._pending: Optional[List[Any]] = None
 
     def get_tensor(self, size: int) -> torch.Tensor:
         return torch.randint(high=1, size=(size,), dtype=torch.int8)
 
     def save_state(self, suffix: str, state: Any) -> None:
+        if self._pending is not None:
+            self._pending.append((suffix, state))  # written by checkpoint()
+            return
+        with self.store.writer(f"{suffix}.{self.ext}") as w:
+            torch.save(state, w)
+
+    def _upload(self, item: Any) -> Dict[str, Any]:
+        """One file of a checkpoint written, its commit left to the group."""
+        suffix, state = item
         w = self.store.writer(f"{suffix}.{self.ext}")
         try:
             torch.save(state, w)
         except BaseException:
             w.abort()
             raise
-        if self._pending is None:
-            w.close()
-        else:
-            self._pending.append(w.uncommitted())
+        return w.uncommitted()
 
     def load_state(self, suffix: str) -> Any:
         """The state ``save_state`` wrote under ``suffix`` (DLIO 2.0 has
@@ -270,22 +276,40 @@ class SluiceCheckpointing(BaseCheckpointing):
 
     def load_states(self, suffixes: List[str]) -> List[Any]:
         """The states of several files (a checkpoint's), loaded on
-        ``LOAD_LANES`` threads at once: each file's fixed costs (a region
+        ``LANES`` threads at once: each file's fixed costs (a region
         lent, a round trip or two) overlap the others' reads."""
-        with ThreadPoolExecutor(LOAD_LANES, thread_name_prefix="sluice-dlio-load") as pool:
+        with ThreadPoolExecutor(LANES, thread_name_prefix="sluice-dlio-load") as pool:
             return list(pool.map(self.load_state, suffixes))
 
     def checkpoint(self, epoch: int, step_number: int) -> None:
-        """This rank's files of the step (model, optimizer, layers), made
-        visible together in one commit: one device flush for all, and a
-        checkpoint killed half-way lists none of them."""
+        """This rank's files of the step (model, optimizer, layers),
+        written on ``LANES`` threads at once and made visible together in
+        one commit: one device flush for all, and a checkpoint killed
+        half-way lists none of them."""
         self._pending = []
         try:
             super().checkpoint(epoch, step_number)
-            if self._pending:
-                self.store.commit_group(self._pending)
+            files, self._pending = self._pending, None
         finally:
             self._pending = None
+        uploads: List[Dict[str, Any]] = []
+        with ThreadPoolExecutor(LANES, thread_name_prefix="sluice-dlio-save") as pool:
+            futures = [pool.submit(self._upload, f) for f in files]
+            errors = []
+            for f in futures:
+                try:
+                    uploads.append(f.result())
+                except BaseException as e:  # noqa: BLE001 - the first is raised below
+                    errors.append(e)
+        if errors:
+            for u in uploads:
+                try:
+                    self.store._action("checkpoint.abort", {"upload": u["upload"]}, self.store.prefix)
+                except SluiceError:
+                    pass
+            raise errors[0]
+        if uploads:
+            self.store.commit_group(uploads)
 
     def finalize(self) -> None:
         super().finalize()
