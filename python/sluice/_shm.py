@@ -49,13 +49,41 @@ def _remove(path: str) -> None:
         pass
 
 
+_swept = threading.Lock()
+_swept_once = False
+
+
+def _sweep_probes() -> None:
+    """Removes probes whose process is gone: one killed (``kill -9``)
+    between making its probe and its server's answer could not. Once per
+    process, before its first probe, as a server sweeps before its first
+    segment."""
+    global _swept_once
+    with _swept:
+        if _swept_once:
+            return
+        _swept_once = True
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(PROBE_PREFIX):
+            continue
+        pid = name[len(PROBE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _remove(os.path.join(SHM_DIR, name))
+
+
 class Probe:
     """A file in ``/dev/shm`` holding a nonce, for one request: the server
     has read it once the stream's schema arrives, and :meth:`remove` (or
     the context manager) deletes it then, so no process leaves one behind
-    (a DataLoader worker ends without running ``atexit``)."""
+    (a DataLoader worker ends without running ``atexit``; one killed in
+    between is swept by the next process's first probe)."""
 
     def __init__(self) -> None:
+        _sweep_probes()
         self.name = f"{PROBE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         self.nonce = secrets.token_hex(16)
         self.path: Optional[str] = os.path.join(SHM_DIR, self.name)

@@ -215,3 +215,25 @@ def test_a_slot_overwritten_is_an_exception_not_a_crash(tmp_path):
         seg.batch(1, len(bad), batch.schema)
     with pytest.raises(ValueError, match="slot 0"):
         seg.batch(0, 40, batch.schema)
+
+
+def test_a_killed_trainers_probe_is_swept_by_the_next_process():
+    # A process killed between making its probe and its server's answer
+    # leaves the file; the next process's first probe removes it (its pid
+    # is gone), and leaves a live process's probe alone.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = f"/dev/shm/sluice-probe-{dead.pid}-0123456789abcdef"
+    live = f"/dev/shm/sluice-probe-{os.getpid()}-fedcba9876543210"
+    for path in (stale, live):
+        with open(path, "w") as f:
+            f.write("nonce")
+    try:
+        subprocess.run([sys.executable, "-c", "from sluice import _shm; _shm.Probe().remove()"],
+                       check=True)
+        assert not os.path.exists(stale)
+        assert os.path.exists(live)
+    finally:
+        for path in (stale, live):
+            if os.path.exists(path):
+                os.unlink(path)

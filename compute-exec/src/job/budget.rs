@@ -42,6 +42,19 @@ impl WindowBudget {
         }
     }
 
+    /// A node's default budget: a quarter of the memory available to the
+    /// process now (its memory cgroup's room where that is less), at most
+    /// 2 GiB, the windows of 10 readers at full size (each takes
+    /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it
+    /// cuts into batches). A server given 1.5 GiB keeps a few hundred MB
+    /// of windows in flight, not 2 GiB it does not have.
+    pub fn default_bytes() -> u64 {
+        match sluice_udfs::host_memory::available() {
+            0 => 2 << 30,
+            available => (available / 4).clamp(64 << 20, 2 << 30),
+        }
+    }
+
     /// The whole budget, in bytes.
     pub fn bytes(&self) -> u64 {
         u64::from(self.units) * UNIT
@@ -63,21 +76,6 @@ impl WindowBudget {
             .await
             .expect("the budget's semaphore is never closed");
         Reservation { _permit: permit }
-    }
-}
-
-impl WindowBudget {
-    /// A node's default budget: a quarter of the memory available to the
-    /// process now (its memory cgroup's room where that is less), at most
-    /// 2 GiB, the windows of 10 readers at full size (each takes
-    /// `WINDOWS_RUNNING + WINDOWS_WAITING` windows ahead of the one it
-    /// cuts into batches). A server given 1.5 GiB keeps a few hundred MB
-    /// of windows in flight, not 2 GiB it does not have.
-    pub fn default_bytes() -> u64 {
-        match sluice_udfs::host_memory::available() {
-            0 => 2 << 30,
-            available => (available / 4).clamp(64 << 20, 2 << 30),
-        }
     }
 }
 
