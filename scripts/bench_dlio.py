@@ -40,6 +40,7 @@ goes to --json-dir (docs/results/dlio-<workload>.json).
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -88,7 +89,6 @@ class Cgroup:
         self.limit = None
         self.peak_held = self.peak_usage = self.peak_resident = 0
         self.files = []
-        self._stop = None
 
     def set_limit(self, limit):
         self._write("memory.max" if self.v2 else "memory.limit_in_bytes", str(limit))
@@ -134,39 +134,34 @@ class Cgroup:
                             *self.files], capture_output=True, text=True)
         return sum(int(x) for x in p.stdout.split() if x.isdigit())
 
+    @contextlib.contextmanager
     def watching(self, files=()):
-        """A context that samples every 0.2 s (the residency of `files`,
-        every second), from zero peaks."""
-        cg = self
+        """Samples every 0.2 s (the residency of `files`, every second)
+        while the block runs, from zero peaks."""
+        self.peak_held = self.peak_usage = self.peak_resident = 0
+        self.files = list(files)
+        stop = threading.Event()
+        ooms = self.ooms()
 
-        class Watch:
-            def __enter__(self):
-                cg.peak_held = cg.peak_usage = cg.peak_resident = 0
-                cg.files = list(files)
-                cg._stop = threading.Event()
-                self.oom0 = cg.ooms()
+        def run():
+            tick = 0
+            while not stop.wait(0.2):
+                self.sample()
+                tick += 1
+                if tick % 5 == 0:
+                    self.peak_resident = max(self.peak_resident, self.resident())
 
-                def run():
-                    tick = 0
-                    while not cg._stop.wait(0.2):
-                        cg.sample()
-                        tick += 1
-                        if tick % 5 == 0:
-                            cg.peak_resident = max(cg.peak_resident, cg.resident())
-
-                self.thread = threading.Thread(target=run, daemon=True)
-                self.thread.start()
-                return cg
-
-            def __exit__(self, *exc):
-                cg._stop.set()
-                self.thread.join()
-                cg.sample()
-                cg.peak_resident = max(cg.peak_resident, cg.resident())
-                if cg.ooms() > self.oom0:
-                    print(f"warning: the OOM killer ran in {cg.dir}", file=sys.stderr)
-
-        return Watch()
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
+            self.sample()
+            self.peak_resident = max(self.peak_resident, self.resident())
+            if self.ooms() > ooms:
+                print(f"warning: the OOM killer ran in {self.dir}", file=sys.stderr)
 
     def remove(self):
         for _ in range(50):

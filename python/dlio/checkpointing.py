@@ -40,29 +40,21 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 import yaml
 from dlio_benchmark.checkpointing.pytorch_checkpointing import PyTorchCheckpointing
 from dlio_benchmark.utils.config import ConfigArguments, LoadConfig
 from dlio_benchmark.utils.utility import DLIOMPI
-from sluice.dlio import LANES
+from sluice.dlio import LANES, CheckpointFiles, SluiceCheckpointing
 
 
-class FsyncCheckpointing(PyTorchCheckpointing):
+class FsyncCheckpointing(CheckpointFiles, PyTorchCheckpointing):
     """DLIO's ``torch.save`` to a file, fsynced as MLPerf requires; loads
     with ``torch.load`` of the file. A checkpoint's files are written, and
-    loaded, on as many threads at once as sluice's mechanism uses, so
-    neither side is timed with less parallelism."""
-
-    _pending: Optional[List[Tuple[str, Any]]] = None
-
-    def save_state(self, suffix: str, state: Any) -> None:
-        if self._pending is not None:
-            self._pending.append((suffix, state))  # written by checkpoint()
-            return
-        self._write((suffix, state))
+    loaded, on as many threads as sluice's mechanism uses (both share
+    ``CheckpointFiles``), so neither side is timed with less parallelism."""
 
     def _write(self, item: Tuple[str, Any]) -> None:
         suffix, state = item
@@ -71,22 +63,12 @@ class FsyncCheckpointing(PyTorchCheckpointing):
             f.flush()
             os.fsync(f.fileno())
 
-    def checkpoint(self, epoch: int, step_number: int) -> None:
-        self._pending = []
-        try:
-            super().checkpoint(epoch, step_number)
-            files = self._pending
-        finally:
-            self._pending = None
+    def write_files(self, files: List[Tuple[str, Any]]) -> None:
         with ThreadPoolExecutor(LANES) as pool:
             list(pool.map(self._write, files))
 
     def load_state(self, suffix: str) -> Any:
         return torch.load(self.get_name(suffix), weights_only=True)
-
-    def load_states(self, suffixes: List[str]) -> List[Any]:
-        with ThreadPoolExecutor(LANES) as pool:
-            return list(pool.map(self.load_state, suffixes))
 
     def stored_bytes(self, suffix: str) -> int:
         return os.path.getsize(self.get_name(suffix))
@@ -95,11 +77,7 @@ class FsyncCheckpointing(PyTorchCheckpointing):
 def mechanism(kind: str) -> Any:
     if kind == "posix":
         return FsyncCheckpointing()
-    from sluice.dlio import SluiceCheckpointing
-
-    mech = SluiceCheckpointing()
-    mech.stored_bytes = lambda suffix: int(mech.store.stat(f"{suffix}.{mech.ext}")["size"])
-    return mech
+    return SluiceCheckpointing()
 
 
 def tensors(state: Any) -> List[torch.Tensor]:
@@ -121,19 +99,6 @@ def fill(mech: Any, rank: int) -> None:
     for state in states(mech):
         for t in tensors(state):
             t.random_(-128, 128, generator=g)
-
-
-def recording(mech: Any) -> List[Tuple[str, Any]]:
-    """Makes ``mech.save_state`` also note (suffix, state); returns the notes."""
-    saved: List[Tuple[str, Any]] = []
-    save = mech.save_state
-
-    def save_and_note(suffix: str, state: Any) -> None:
-        save(suffix, state)
-        saved.append((suffix, state))
-
-    mech.save_state = save_and_note
-    return saved
 
 
 def drop_caches() -> None:
@@ -172,10 +137,15 @@ def main() -> None:
     args.checkpoint_folder = a.folder
     mech = mechanism(a.mechanism)
     fill(mech, rank)
-    saved = recording(mech)
 
     # Saves: checkpoint i is DLIO's (epoch 1, step i + 1).
-    save_s = [timed(comm, lambda i=i: mech.checkpoint(1, i + 1)) for i in range(a.saves)]
+    saved: List[Tuple[str, Any]] = []
+
+    def save(i: int) -> None:
+        mech.checkpoint(1, i + 1)
+        saved.extend(mech.written)
+
+    save_s = [timed(comm, lambda i=i: save(i)) for i in range(a.saves)]
     per_save = len(saved) // max(1, a.saves)
     my_bytes = sum(mech.stored_bytes(s) for s, _ in saved[:per_save])
     total = comm.allreduce(my_bytes)

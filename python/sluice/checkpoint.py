@@ -156,6 +156,16 @@ class Checkpoint:
         return self._action("checkpoint.commit_group", {"uploads": uploads},
                             f"{len(uploads)} uploads under '{self.prefix}'")
 
+    def abort_upload(self, upload: Dict[str, Any]) -> None:
+        """Abandons an :meth:`CheckpointWriter.uncommitted` upload: nothing
+        is committed, its space is freed (one that expired already is
+        gone anyway)."""
+        try:
+            self._action("checkpoint.abort", {"upload": upload["upload"]},
+                         f"upload {upload['upload']}")
+        except SluiceError:
+            pass
+
     def reader(self, name: str, version: Optional[int] = None) -> "CheckpointReader":
         """A readable, seekable binary stream of ``name`` (its newest
         version, or ``version``), fetched whole in parallel ranges."""
@@ -259,10 +269,7 @@ class CheckpointWriter(io.RawIOBase):
         self._slot, self._part = self._lanes.acquire()
 
     def _abort_upload(self) -> None:
-        try:
-            self._ckpt._action("checkpoint.abort", {"upload": self._upload}, self.name)
-        except SluiceError:
-            pass  # expired already: the server freed it
+        self._ckpt.abort_upload({"upload": self._upload})
 
     def abort(self) -> None:
         """Abandons the upload: nothing is committed, the space is freed."""

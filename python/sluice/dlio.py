@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from dlio_benchmark.checkpointing.base_checkpointing import BaseCheckpointing
@@ -116,8 +116,8 @@ class SluiceDataLoader(BaseDataLoader):
         self._valid = dataset_type is DatasetType.VALID
         self._dataset = f"{base}_valid" if self._valid else base
         self._job: Optional[Job] = None
-        # (epoch, its first batch, the rest) read ahead by read(); () once used.
-        self._primed: Optional[tuple] = None
+        # (epoch, its first batch, the rest) read ahead by read().
+        self._primed: Optional[Tuple[int, Any, Iterator[Any]]] = None
 
     def read(self) -> None:
         """Submits the run's job (rank 0) and shares its id with every rank."""
@@ -149,8 +149,9 @@ class SluiceDataLoader(BaseDataLoader):
         # when training begins (the service begins each later epoch ahead
         # of its reader).
         if self._primed is None:
-            batches = self._batches(self._epoch())
-            self._primed = (self._epoch(), next(batches, None), batches)
+            epoch = self._epoch()
+            batches = self._batches(epoch)
+            self._primed = (epoch, next(batches, None), batches)
 
     def _epoch(self) -> int:
         return (self.epoch_number - 1) % max(1, int(self._args.epochs))
@@ -168,14 +169,14 @@ class SluiceDataLoader(BaseDataLoader):
         # the epoch is counted now: the next call reads the next epoch
         # (which the service has begun ahead), never this one again.
         self.epoch_number += 1
+        primed, self._primed = self._primed, None
         first = None
-        if self._primed and self._primed[0] == epoch:
-            _, first, batches = self._primed
+        if primed is not None and primed[0] == epoch:
+            _, first, batches = primed
         else:
-            if self._primed:
-                self._primed[2].close()
+            if primed is not None:
+                primed[2].close()
             batches = self._batches(epoch)
-        self._primed = ()  # used (or not this epoch's): never primed again
         try:
             if first is not None:
                 yield to_torch(first)
@@ -227,9 +228,52 @@ class PosixBytesReader(FormatReader):
         return True
 
 
-class SluiceCheckpointing(BaseCheckpointing):
+class CheckpointFiles:
+    """What both checkpoint mechanisms of the MLPerf workload share (a
+    mixin before DLIO's checkpointing class): ``checkpoint()`` gathers the
+    files DLIO's ``BaseCheckpointing`` saves for the step, hands them to
+    :meth:`write_files` together, and keeps them in :attr:`written`;
+    :meth:`load_states` loads several on ``LANES`` threads."""
+
+    _gathering: Optional[List[Tuple[str, Any]]] = None
+    # The (suffix, state) of every file of the last checkpoint written.
+    written: List[Tuple[str, Any]] = []
+
+    def write_files(self, files: List[Tuple[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def load_state(self, suffix: str) -> Any:
+        raise NotImplementedError
+
+    def save_state(self, suffix: str, state: Any) -> None:
+        if self._gathering is None:
+            self.write_files([(suffix, state)])
+        else:
+            self._gathering.append((suffix, state))
+
+    def checkpoint(self, epoch: int, step_number: int) -> None:
+        self._gathering = []
+        try:
+            super().checkpoint(epoch, step_number)  # type: ignore[misc]
+            files = self._gathering
+        finally:
+            self._gathering = None
+        if files:  # a rank that checkpoints nothing (DLIO's rank_zero)
+            self.write_files(files)
+        self.written = files
+
+    def load_states(self, suffixes: List[str]) -> List[Any]:
+        """The states of several files (a checkpoint's), on ``LANES``
+        threads at once: each file's fixed costs overlap the others'."""
+        with ThreadPoolExecutor(LANES, thread_name_prefix="dlio-load") as pool:
+            return list(pool.map(self.load_state, suffixes))
+
+
+class SluiceCheckpointing(CheckpointFiles, BaseCheckpointing):
     """DLIO's checkpoints (model, optimizer, layer states) written with
-    ``torch.save`` through :class:`sluice.Checkpoint`."""
+    ``torch.save`` through :class:`sluice.Checkpoint`: a step's files on
+    ``LANES`` threads at once, made visible together in one commit (one
+    device flush for all; a checkpoint killed half-way lists none)."""
 
     __instance: Optional["SluiceCheckpointing"] = None
 
@@ -243,21 +287,12 @@ class SluiceCheckpointing(BaseCheckpointing):
         super().__init__("pt")
         prefix = os.environ.get("SLUICE_DLIO_PREFIX") or f"dlio/{self.args.model}"
         self.store = Checkpoint(client(), prefix)
-        # The files of the checkpoint being written: (suffix, state).
-        self._pending: Optional[List[Any]] = None
 
     def get_tensor(self, size: int) -> torch.Tensor:
         return torch.randint(high=1, size=(size,), dtype=torch.int8)
 
-    def save_state(self, suffix: str, state: Any) -> None:
-        if self._pending is not None:
-            self._pending.append((suffix, state))  # written by checkpoint()
-            return
-        with self.store.writer(f"{suffix}.{self.ext}") as w:
-            torch.save(state, w)
-
-    def _upload(self, item: Any) -> Dict[str, Any]:
-        """One file of a checkpoint written, its commit left to the group."""
+    def _upload(self, item: Tuple[str, Any]) -> Dict[str, Any]:
+        """One file written and drained, its commit left to the group."""
         suffix, state = item
         w = self.store.writer(f"{suffix}.{self.ext}")
         try:
@@ -267,49 +302,27 @@ class SluiceCheckpointing(BaseCheckpointing):
             raise
         return w.uncommitted()
 
+    def write_files(self, files: List[Tuple[str, Any]]) -> None:
+        with ThreadPoolExecutor(LANES, thread_name_prefix="dlio-save") as pool:
+            futures = [pool.submit(self._upload, f) for f in files]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        uploads = [f.result() for f in futures if f.exception() is None]
+        if failed:
+            for upload in uploads:
+                self.store.abort_upload(upload)
+            raise failed[0]
+        self.store.commit_group(uploads)
+
     def load_state(self, suffix: str) -> Any:
         """The state ``save_state`` wrote under ``suffix`` (DLIO 2.0 has
         no load phase; ``python/dlio/checkpointing.py`` calls this for
-        MLPerf Storage's). On the server's host the tensors are the
-        region the server read the version into (no parse copy)."""
+        MLPerf Storage's). On the server's host a large one's tensors are
+        the region the server read the version into (no parse copy)."""
         return self.store.load(f"{suffix}.{self.ext}", weights_only=True)
 
-    def load_states(self, suffixes: List[str]) -> List[Any]:
-        """The states of several files (a checkpoint's), loaded on
-        ``LANES`` threads at once: each file's fixed costs (a region
-        lent, a round trip or two) overlap the others' reads."""
-        with ThreadPoolExecutor(LANES, thread_name_prefix="sluice-dlio-load") as pool:
-            return list(pool.map(self.load_state, suffixes))
-
-    def checkpoint(self, epoch: int, step_number: int) -> None:
-        """This rank's files of the step (model, optimizer, layers),
-        written on ``LANES`` threads at once and made visible together in
-        one commit: one device flush for all, and a checkpoint killed
-        half-way lists none of them."""
-        self._pending = []
-        try:
-            super().checkpoint(epoch, step_number)
-            files, self._pending = self._pending, None
-        finally:
-            self._pending = None
-        uploads: List[Dict[str, Any]] = []
-        with ThreadPoolExecutor(LANES, thread_name_prefix="sluice-dlio-save") as pool:
-            futures = [pool.submit(self._upload, f) for f in files]
-            errors = []
-            for f in futures:
-                try:
-                    uploads.append(f.result())
-                except BaseException as e:  # noqa: BLE001 - the first is raised below
-                    errors.append(e)
-        if errors:
-            for u in uploads:
-                try:
-                    self.store._action("checkpoint.abort", {"upload": u["upload"]}, self.store.prefix)
-                except SluiceError:
-                    pass
-            raise errors[0]
-        if uploads:
-            self.store.commit_group(uploads)
+    def stored_bytes(self, suffix: str) -> int:
+        """The size of the newest version of ``suffix``'s file."""
+        return int(self.store.stat(f"{suffix}.{self.ext}")["size"])
 
     def finalize(self) -> None:
         super().finalize()

@@ -214,31 +214,12 @@ impl Jobs {
         let mut restored = 0;
         for record in store.load()? {
             let id = record.id.clone();
-            let planned = sluice_base::task::to_end_on(
-                self.handle(),
-                Job::restore(
-                    record,
-                    Arc::clone(&self.session),
-                    self.handle().clone(),
-                    self.store.clone(),
-                ),
-            );
-            let job = match planned.await {
-                Ok(Ok(j)) => Arc::new(j),
-                Ok(Err(e)) => {
+            match self.replan(record, self.store.clone()).await {
+                Ok(job) => self.admit(&job),
+                Err(e) => {
                     tracing::warn!("job {id} cannot be restored: {e}");
                     continue;
                 }
-                Err(e) => {
-                    tracing::warn!("job {id} cannot be restored: its planning failed: {e}");
-                    continue;
-                }
-            };
-            let n = self.next.fetch_add(1, Ordering::Relaxed);
-            self.lock().insert(n, Arc::clone(&job));
-            if !job.state().is_final() {
-                let starting = Arc::clone(&job);
-                sluice_base::task::detach_on(self.handle(), async move { starting.start().await });
             }
             restored += 1;
         }
@@ -318,28 +299,41 @@ impl Jobs {
         record.progress = Default::default();
         record.skipped = 0;
         record.bad_samples.clear();
-        let planned = sluice_base::task::to_end_on(
-            self.handle(),
-            Job::restore(
-                record,
-                Arc::clone(&self.session),
-                self.handle().clone(),
-                None,
-            ),
-        );
-        let job = Arc::new(
-            planned
-                .await
-                .map_err(|e| JobError::Internal(e.to_string()))??,
-        );
+        let job = self.replan(record, None).await?;
         tracing::info!("job {} adopted from {source}", job.id());
+        self.admit(&job);
+        Ok(job)
+    }
+
+    /// Plans the job of `record` anew over the versions it pinned, on the
+    /// jobs' runtime (the stack and limits a submission has), saving its
+    /// progress to `store`.
+    async fn replan(
+        &self,
+        record: JobRecord,
+        store: Option<Arc<JobStore>>,
+    ) -> Result<Arc<Job>, JobError> {
+        let planned = Job::restore(
+            record,
+            Arc::clone(&self.session),
+            self.handle().clone(),
+            store,
+        );
+        Ok(Arc::new(
+            crate::offthread::plan_on(self.handle(), planned)
+                .await
+                .map_err(JobError::Internal)??,
+        ))
+    }
+
+    /// Lists `job` (restored or adopted) and starts it unless it ended.
+    fn admit(&self, job: &Arc<Job>) {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(n, Arc::clone(&job));
+        self.lock().insert(n, Arc::clone(job));
         if !job.state().is_final() {
-            let starting = Arc::clone(&job);
+            let starting = Arc::clone(job);
             sluice_base::task::detach_on(self.handle(), async move { starting.start().await });
         }
-        Ok(job)
     }
 
     /// Cancels the job `id`.
