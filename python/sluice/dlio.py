@@ -121,6 +121,12 @@ class SluiceDataLoader(BaseDataLoader):
 
     def read(self) -> None:
         """Submits the run's job (rank 0) and shares its id with every rank."""
+        if int(self._args.num_samples_per_file) != 1:
+            # A sluice dataset's sample is one file; DLIO would count
+            # steps over samples the job does not have, and report 0.
+            raise ValueError(
+                "sluice.dlio: dataset.num_samples_per_file is "
+                f"{self._args.num_samples_per_file}; the loader reads one sample per file")
         key = self._dataset
         mpi = DLIOMPI.get_instance()
         if key not in self._jobs:
