@@ -30,6 +30,13 @@ and otherwise answers ``shm_unavailable``, after which Flight carries the
 bytes (``transport="shm"`` raises instead). Region files are unlinked as
 soon as they are mapped, so a process killed at any point leaves nothing
 in ``/dev/shm``.
+
+A reader that copied what it needed out of its region (``torch.load``
+from :class:`~sluice.checkpoint.CheckpointReader`, ``sluice.dcp``'s
+load) leaves the region to its :class:`~sluice.Checkpoint`, which names
+it in its next ``get_open``: the server reads the next version into it,
+whose pages are in place on both sides already (allocating and faulting
+in a fresh region's pages was the largest fixed cost of a load).
 """
 
 from __future__ import annotations
@@ -64,30 +71,45 @@ def action(client: Any, kind: str, body: Dict[str, Any], subject: str, lane: int
 
 
 class Region:
-    """A region the server lent, mapped here; its file is unlinked at once
-    unless ``keep_name`` (a ``torch.load(mmap=True)`` opens it by name)."""
+    """A region the server lent, mapped here. Its file is unlinked at
+    once; the descriptor stays open, so :attr:`proc_path` names the file
+    while the region lives (``torch.load(path, mmap=True)`` maps it)."""
 
-    def __init__(self, info: Dict[str, Any], writable: bool, keep_name: bool = False):
+    def __init__(self, info: Dict[str, Any], writable: bool):
         self.id = info["region"]
-        self.path: Optional[str] = info["path"]
         self.size = int(info["size"])
-        fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        path = info["path"]
+        self.fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self.map = mmap.mmap(fd, max(self.size, 1), access=access) if self.size else None
+            self.map = mmap.mmap(self.fd, max(self.size, 1), access=access) if self.size else None
+        except BaseException:
+            os.close(self.fd)
+            raise
         finally:
-            os.close(fd)
-        if not keep_name:
-            self.unlink()
-        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
-
-    def unlink(self) -> None:
-        if self.path:
             try:
-                os.unlink(self.path)
+                os.unlink(path)
             except OSError:
                 pass
-            self.path = None
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+
+    @property
+    def proc_path(self) -> str:
+        """A name of the region's file for as long as it is open here."""
+        return f"/proc/self/fd/{self.fd}"
+
+    def close(self) -> None:
+        """Lets this side's descriptor and mapping go (views made of it
+        keep the mapping until they go too)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.view = memoryview(b"")
+        self.map = None
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            os.close(self.fd)
 
 
 def _shm_refused(e: SluiceError) -> bool:
@@ -99,10 +121,13 @@ def _shm_refused(e: SluiceError) -> bool:
 
 
 def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, transport: str,
-                writable: bool, keep_name: bool = False) -> Optional[Tuple[Region, Any]]:
+                writable: bool, kept: Optional[Dict[str, Region]] = None
+                ) -> Optional[Tuple[Region, Any]]:
     """A region lent by ``kind`` (``put_open``/``get_open``) with this
     process's probe, and the server's answer; ``None`` where the server
-    is not on this host (or ``transport`` is ``"flight"``)."""
+    is not on this host (or ``transport`` is ``"flight"``). Where the
+    server answers with one of the ``kept`` regions (``get_open``), that
+    one is used as it is mapped already."""
     if transport == "flight":
         return None
     with _shm.Probe() as probe:
@@ -117,10 +142,12 @@ def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, tran
             if transport == "shm" or not _shm_refused(e):
                 raise
             return None
-    # get_open answers {"region": {…}, "checkpoint": {…}}, put_open the region.
+    # get_open answers {"region": {…}, "checkpoint": {…}, "kept", …}, put_open the region.
     info = answer["region"] if isinstance(answer.get("region"), dict) else answer
+    if answer.get("kept") and kept and info["region"] in kept:
+        return kept[info["region"]], answer
     try:
-        region = Region(info, writable, keep_name)
+        region = Region(info, writable)
     except OSError as e:
         # Not ours to open (another user's server): Flight it is.
         try:
@@ -289,13 +316,17 @@ class FlightGets:
 
 class ShmGets:
     """Ranges read by the server into a shared-memory region (see the
-    module docs)."""
+    module docs). Closed with ``keep``, the region goes back to
+    ``on_release`` (the :class:`~sluice.Checkpoint`'s kept regions) for
+    the next read, not to the server."""
 
     transport = "shm"
 
-    def __init__(self, client: Any, chunk: int, workers: int, name: str, region: Region):
+    def __init__(self, client: Any, chunk: int, workers: int, name: str, region: Region,
+                 on_release: Callable[[Region], None]):
         self.client, self.chunk, self.workers = client, chunk, workers
         self.name, self.region = name, region
+        self.on_release = on_release
 
     def fetch(self, offset: int, length: int) -> None:
         body = {"region": self.region.id, "offset": offset, "length": length}
@@ -309,10 +340,17 @@ class ShmGets:
     def view(self, offset: int, pos: int, want: int) -> memoryview:
         return self.region.view[pos:pos + want]
 
-    def close(self) -> None:
-        try:
-            action(self.client, "checkpoint.shm.close", {"region": self.region.id},
-                   f"checkpoint '{self.name}'")
-        except SluiceError:
-            pass  # expired already: the server let it go
-        self.region.unlink()
+    def close(self, keep: bool = False) -> None:
+        if keep:
+            self.on_release(self.region)
+            return
+        close_region(self.client, self.region, f"checkpoint '{self.name}'")
+
+
+def close_region(client: Any, region: Region, subject: str) -> None:
+    """Lets ``region`` go on both sides."""
+    try:
+        action(client, "checkpoint.shm.close", {"region": region.id}, subject)
+    except SluiceError:
+        pass  # expired already: the server let it go
+    region.close()

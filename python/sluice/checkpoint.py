@@ -29,14 +29,20 @@ the checkpoint and byte range.
 On the server's host the bytes go through shared memory, elsewhere over
 Flight (:mod:`sluice._lanes`; ``transport`` chooses): a writer's parts
 are the slots of a region the server writes to the device from, and a
-reader's ranges land in a region of the version's size, which it parses
-in place. ``writer.transport`` and ``reader.transport`` say which ran.
+reader's ranges land in a region at least the version's size, which it
+parses in place. ``writer.transport`` and ``reader.transport`` say which
+ran. Both kinds of region are kept for the next save or load (a
+reader's when nothing made of its bytes outlives it), so their pages
+are allocated once: at most ``keep_read_bytes`` of read regions, the
+most recently used, and a version of at most ``chunk_size`` bytes is one
+request.
 """
 
 from __future__ import annotations
 
 import io
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
 
@@ -52,15 +58,22 @@ TRANSPORTS = ("auto", "shm", "flight")
 # Versions smaller than this load by parsing the region's bytes, not by
 # mapping the region's file (whose opening costs more than the copy).
 MAPPED_LOAD_MIN = 8 << 20
+# Read regions a Checkpoint keeps for its next reads: at most this many,
+# of at most DEFAULT_KEEP_READ bytes in all.
+KEEP_READ_REGIONS = 8
+DEFAULT_KEEP_READ = 1 << 30
 
 
 class Checkpoint:
     """The checkpoints under ``prefix`` of a sluice service (``client``)."""
 
     def __init__(self, client: Client, prefix: str = "", chunk_size: int = DEFAULT_CHUNK,
-                 workers: int = DEFAULT_WORKERS, transport: str = "auto"):
+                 workers: int = DEFAULT_WORKERS, transport: str = "auto",
+                 keep_read_bytes: int = DEFAULT_KEEP_READ):
         if chunk_size < 1 or workers < 1:
             raise ValueError("chunk_size and workers must be positive")
+        if keep_read_bytes < 0:
+            raise ValueError("keep_read_bytes must not be negative")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r}: expected one of {TRANSPORTS}")
         self.client = client
@@ -71,6 +84,9 @@ class Checkpoint:
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._idle_puts: List[_lanes.ShmPuts] = []
+        # Read regions kept for the next reads, least recently used first.
+        self._idle_gets: List[_lanes.Region] = []
+        self.keep_read_bytes = keep_read_bytes
         self._shm_refused = False
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -116,19 +132,42 @@ class Checkpoint:
         with self._lock:
             self._idle_puts.append(puts)
 
+    def _take_gets(self) -> Dict[str, "_lanes.Region"]:
+        """Kept read regions for one reader's ``get_open``, taken: the one
+        kept last and the largest (the rest stay for readers on other
+        threads); it gives back those the server did not choose."""
+        with self._lock:
+            idle = self._idle_gets
+            picks = {id(r): r for r in idle[-1:] + sorted(idle, key=lambda r: r.size)[-1:]}
+            self._idle_gets = [r for r in idle if id(r) not in picks]
+        return {r.id: r for r in picks.values()}
+
+    def _keep_gets(self, regions: List["_lanes.Region"], gone: List[str] = ()) -> None:
+        """Keeps ``regions`` for the next reads, within the bounds; lets
+        go of those past them and of ``gone`` (let go by the server)."""
+        drop = [r for r in regions if r.id in gone]
+        with self._lock:
+            self._idle_gets.extend(r for r in regions if r.id not in gone)
+            while self._idle_gets and (
+                    len(self._idle_gets) > KEEP_READ_REGIONS
+                    or sum(r.size for r in self._idle_gets) > self.keep_read_bytes):
+                drop.append(self._idle_gets.pop(0))
+        for r in drop:
+            if r.id in gone:
+                r.close()
+            else:
+                _lanes.close_region(self.client, r, "checkpoint region")
+
     def close(self) -> None:
         """Lets the kept regions and threads go (they also go with the
         process, and the server lets an unused region go after its idle
         timeout)."""
         with self._lock:
             idle, self._idle_puts = self._idle_puts, []
+            gets, self._idle_gets = self._idle_gets, []
             pool, self._pool = self._pool, None
-        for puts in idle:
-            try:
-                _lanes.action(self.client, "checkpoint.shm.close", {"region": puts.region.id},
-                              "checkpoint region")
-            except SluiceError:
-                pass
+        for region in [p.region for p in idle] + gets:
+            _lanes.close_region(self.client, region, "checkpoint region")
         if pool is not None:
             pool.shutdown(wait=True)
 
@@ -175,23 +214,22 @@ class Checkpoint:
         """``torch.load`` of ``name``. On the server's host the tensors'
         storage is the shared region the server read the version into
         (``torch.load(path, mmap=True)``: no parse copy; the pages are
-        this process's once the region's name is gone); elsewhere it
-        parses from a :meth:`reader`."""
+        this process's once the region is let go); elsewhere, and for a
+        version under ``MAPPED_LOAD_MIN`` bytes, it parses from a
+        :meth:`reader` (whose region is then kept for the next read)."""
         import torch
 
-        with CheckpointReader(self, self._name(name), version, keep_name=True) as r:
+        with CheckpointReader(self, self._name(name), version) as r:
             path = r.mapped_path()
-            if path is None or r.size < MAPPED_LOAD_MIN:
+            if path is None or r.size < MAPPED_LOAD_MIN or r.region_size != r.size:
                 # A small version parses faster from the region's bytes
-                # than torch opens and maps a file of it.
-                if path is not None:
-                    r.unlink()
+                # than torch opens and maps a file of it; a kept region
+                # larger than the version is no file torch can open.
                 return torch.load(r, **torch_load)
             r.wait()
-            try:
-                return torch.load(path, mmap=True, **torch_load)
-            finally:
-                r.unlink()
+            # The tensors map the region's pages: it is never read into again.
+            r.hand_over()
+            return torch.load(path, mmap=True, **torch_load)
 
     def stat(self, name: str, version: Optional[int] = None) -> Dict[str, Any]:
         """``name``'s newest version (or ``version``): size, version, time."""
@@ -325,18 +363,34 @@ class CheckpointReader(io.RawIOBase):
     landed (the shared region, or Flight's Arrow buffers) into the
     caller's memory; :meth:`view` gives them without a copy."""
 
-    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
-                 keep_name: bool = False):
+    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None):
         super().__init__()
         body: Dict[str, Any] = {"name": name}
         if version is not None:
             body["version"] = version
         self.name = name
         self._ckpt = ckpt
+        # Views handed out (slice, view): while one lives, the region is
+        # not read into again.
+        self._exported: List[weakref.ref] = []
+        self._handed_over = False
         subject = f"checkpoint '{name}'"
-        lent = None if ckpt._shm_refused and ckpt.transport == "auto" else _lanes.open_region(
-            ckpt.client, "checkpoint.shm.get_open", body, subject, ckpt.transport,
-            writable=False, keep_name=keep_name)
+        filled = 0
+        if ckpt._shm_refused and ckpt.transport == "auto":
+            lent = None
+        else:
+            kept = ckpt._take_gets()
+            try:
+                lent = _lanes.open_region(
+                    ckpt.client, "checkpoint.shm.get_open",
+                    dict(body, kept=list(kept), fill=ckpt.chunk_size), subject, ckpt.transport,
+                    writable=False, kept=kept)
+            except BaseException:
+                ckpt._keep_gets(list(kept.values()))
+                raise
+            chosen = lent[0].id if lent is not None else None
+            ckpt._keep_gets([r for r in kept.values() if r.id != chosen],
+                            gone=lent[1].get("gone", []) if lent is not None else [])
         if lent is None:
             self.info = ckpt._action("checkpoint.stat", body, name)
             self._lanes: Any = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers,
@@ -344,15 +398,24 @@ class CheckpointReader(io.RawIOBase):
         else:
             region, answer = lent
             self.info = answer["checkpoint"]
-            self._lanes = _lanes.ShmGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name, region)
+            filled = int(answer.get("filled", 0))
+            self._lanes = _lanes.ShmGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name, region,
+                                         lambda r: ckpt._keep_gets([r]))
         self.transport = self._lanes.transport
         self.size = int(self.info["size"])
+        # The region's size (a kept one may be larger than the version).
+        self.region_size = lent[0].size if lent is not None else None
         self._pos = 0
         self._range = ckpt.chunk_size
         starts = list(range(0, self.size, self._range))
         pool = ckpt._executor()
         self._futures: Dict[int, Future] = {}
         for lo in starts[-1:] + starts[:-1]:
+            if filled == self.size:
+                # get_open read it whole already.
+                self._futures[lo] = done = Future()
+                done.set_result(None)
+                continue
             self._futures[lo] = pool.submit(self._lanes.fetch, lo, min(self.size - lo, self._range))
 
     def _ready(self, lo: int) -> None:
@@ -381,16 +444,24 @@ class CheckpointReader(io.RawIOBase):
             return memoryview(out)
         for lo in range(offset // self._range * self._range, end, self._range):
             self._ready(lo)
-        return self._lanes.view(0, offset, end - offset)
+        view = self._lanes.view(0, offset, end - offset)
+        self._exported.append(weakref.ref(view))
+        return view
 
     def mapped_path(self) -> Optional[str]:
-        """The region's file while it still has a name (``keep_name``)."""
-        return getattr(self._lanes, "region", None) and self._lanes.region.path
+        """A name of the region's file while the reader is open (shared
+        memory only): what ``torch.load(path, mmap=True)`` maps."""
+        region = getattr(self._lanes, "region", None)
+        return region.proc_path if region is not None else None
 
-    def unlink(self) -> None:
-        """Removes the region's name (kept for ``torch.load(mmap=True)``)."""
-        if self.transport == "shm":
-            self._lanes.region.unlink()
+    def hand_over(self) -> None:
+        """Says the region's pages are mapped elsewhere now (by
+        :meth:`mapped_path`): it is let go on close, never kept."""
+        self._handed_over = True
+
+    def _keepable(self) -> bool:
+        """Whether nothing made of the region's bytes outlives the reader."""
+        return not self._handed_over and all(ref() is None for ref in self._exported)
 
     def readable(self) -> bool:
         return True
@@ -444,5 +515,10 @@ class CheckpointReader(io.RawIOBase):
                     f.result()
                 except Exception:  # noqa: BLE001 - closing: the reader's errors were raised on read
                     pass
-        self._lanes.close()
+        ok = all(f.done() and not f.cancelled() and f.exception() is None
+                 for f in self._futures.values())
+        if self.transport == "shm":
+            self._lanes.close(keep=ok and self._keepable())
+        else:
+            self._lanes.close()
         super().close()

@@ -266,23 +266,29 @@ class SluiceReader(_Target, StorageReader):
             reqs.sort(key=lambda req: self.storage_data[req.storage_index].offset)
             with self.ckpt.reader(name, version) as r:
                 for req in reqs:
-                    st = self.storage_data[req.storage_index]
-                    view = r.slice(st.offset, st.length)
-                    if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(bytes(view)))
-                        continue
-                    tensor = _tensor(view, st)
-                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
-                    if target.size() != tensor.size():
-                        raise ValueError(
-                            f"checkpoint '{self.path}': {req.storage_index.fqn} is "
-                            f"{tuple(tensor.size())} in {file} but {tuple(target.size())} is asked")
-                    target.copy_(tensor)
-                    planner.commit_tensor(req, target)
+                    self._load_item(r, file, req, planner)
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _load_item(self, r: Any, file: str, req: Any, planner: LoadPlanner) -> None:
+        """Copies one item out of reader ``r`` into what ``planner`` asks
+        (nothing made of the reader's bytes outlives this call, so its
+        region is kept for the next read)."""
+        st = self.storage_data[req.storage_index]
+        view = r.slice(st.offset, st.length)
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(bytes(view)))
+            return
+        tensor = _tensor(view, st)
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise ValueError(
+                f"checkpoint '{self.path}': {req.storage_index.fqn} is "
+                f"{tuple(tensor.size())} in {file} but {tuple(target.size())} is asked")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
 
 
 def _tensor(view: memoryview, st: Stored) -> torch.Tensor:

@@ -50,7 +50,16 @@ fn flight_builder() -> Server {
         .initial_stream_window_size(Some(FLIGHT_WINDOW))
         .initial_connection_window_size(Some(2 * FLIGHT_WINDOW))
         .http2_adaptive_window(Some(true))
-        .tcp_nodelay(true)
+}
+
+/// A listener's connections for tonic, with Nagle's algorithm off.
+/// tonic applies `Server::tcp_nodelay` only to a listener it binds
+/// itself, not to one handed to `serve_with_incoming`: without this, a
+/// small answer written after another (an action's result after its
+/// headers, a stream's trailers) waited for the peer's delayed ACK, up
+/// to 40 ms on Linux, whenever two calls shared a connection's turn.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// The HTTP/2 flow-control window of a Flight stream.
@@ -191,7 +200,7 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         Some(auth),
         Some(checkpoints),
     )
-    .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+    .serve_with_incoming_shutdown(incoming(listener), shutdown())
     .await?;
     eprintln!("storage node stopped");
     Ok(())
@@ -282,7 +291,7 @@ pub async fn compute_node(
                 // tokens file's.
                 .serve(accepted_tokens(cli, &[])?),
         )
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+        .serve_with_incoming_shutdown(incoming(listener), shutdown())
         .await?;
     eprintln!("compute node stopped");
     Ok(())
@@ -458,7 +467,7 @@ pub async fn serve(
         .with_checkpoints(checkpoints);
     let flight_server = with_tls(flight_builder(), tls.as_deref(), ClientCerts::Optional)?
         .add_service(query.serve(auth))
-        .serve_with_incoming_shutdown(TcpIncoming::from(flight), shutdown());
+        .serve_with_incoming_shutdown(incoming(flight), shutdown());
     let rest_server = serve_rest(rest, app, tls.as_deref());
     let servers = async {
         let (f, r) = tokio::join!(flight_server, rest_server);
@@ -525,7 +534,7 @@ async fn over_loopback(
     let router = storage_services(Server::builder(), storage, limits, None, None);
     sluice_base::task::detach(async move {
         let served = router
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown())
+            .serve_with_incoming_shutdown(incoming(listener), shutdown())
             .await;
         if let Err(e) = served {
             eprintln!("error: loopback storage service: {e}");
@@ -550,6 +559,10 @@ async fn serve_rest(rest: TcpListener, app: axum::Router, tls: Option<&Tls>) -> 
                 .await?;
         }
         None => {
+            // Nagle's algorithm off, as on the TLS listener and Flight's.
+            let rest = rest.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(rest, app)
                 .with_graceful_shutdown(shutdown())
                 .await?;

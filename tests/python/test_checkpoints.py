@@ -109,6 +109,62 @@ def test_shared_memory_and_flight_give_the_same_checkpoint(server):
     fl.close()
 
 
+def test_a_readers_region_is_kept_for_the_next_read(server):
+    """A reader that copied its bytes out leaves its region to the
+    Checkpoint: the next version that fits is read into it (the same
+    region, its pages in place; one request when it is small), never
+    while a view of it lives, never once mapped by torch, never after the
+    server let it go; and what is read is always the version's own."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    ck = sluice.Checkpoint(client, "keptreads", chunk_size=2 * CHUNK, transport="shm")
+    files = {"big.bin": pattern(5 * CHUNK + 17, 1), "small.bin": pattern(CHUNK // 3, 2),
+             "other.bin": pattern(5 * CHUNK + 17, 3)}
+    for name, data in files.items():
+        with ck.writer(name) as w:
+            w.write(data)
+    with ck.reader("big.bin") as r:
+        assert r.read() == files["big.bin"]
+    [kept] = [g.id for g in ck._idle_gets]
+    with ck.reader("small.bin") as r:
+        # get_open read it whole: no range is fetched after.
+        assert all(f.done() for f in r._futures.values())
+        assert r.region_size == 5 * CHUNK + 17 and r.size == CHUNK // 3
+        assert r.read() == files["small.bin"]
+        assert bytes(r.view()) == files["small.bin"]
+    assert [g.id for g in ck._idle_gets] == [kept]
+    # A view that outlives its reader keeps the region from the next read.
+    with ck.reader("other.bin") as r:
+        view = r.slice(CHUNK, 2 * CHUNK)
+    assert ck._idle_gets == []
+    with ck.reader("big.bin") as r:
+        assert r.read() == files["big.bin"]
+    assert bytes(view) == files["other.bin"][CHUNK:3 * CHUNK]
+    del view
+    # Tensors over a mapped region: that region is never read into again.
+    torch.manual_seed(5)
+    state = {f"w{i}": torch.randn(1 << 19) for i in range(5)}  # 10 MiB
+    with ck.writer("model.pt") as w:
+        torch.save(state, w)
+    loaded = ck.load("model.pt", weights_only=True)
+    for name, data in files.items():
+        with ck.reader(name) as r:
+            assert r.read() == data
+    for k in state:
+        assert torch.equal(loaded[k], state[k]), k
+    # The server lets idle regions go (after 1 s here): the next read
+    # gets a new one, and the client lets the old go too.
+    before = {g.id for g in ck._idle_gets}
+    assert before
+    time.sleep(2.5)
+    with ck.reader("small.bin") as r:
+        assert r.read() == files["small.bin"]
+    assert not before & {g.id for g in ck._idle_gets}
+    ck.close()
+    assert ck._idle_gets == []
+    assert not shm_files(os.getpid())
+
+
 def test_a_client_that_is_not_on_the_host_gets_flight(server):
     """A probe the server cannot find (another host's /dev/shm) is
     refused with shm_unavailable: `auto` falls back to Flight, `shm`

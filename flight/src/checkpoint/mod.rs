@@ -30,8 +30,10 @@
 //!  DoAction checkpoint.shm.put_open {"probe", "size"}     → {"region", "path", "size"}
 //!  DoAction checkpoint.shm.put      {"region", "upload", "at", "length", "offset"}
 //!           the region's bytes [at, at + length) are the upload's part at offset → {"bytes"}
-//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe"}
-//!                                   → {"region": {"region", "path", "size"}, "checkpoint": {…}}
+//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe", "kept"?: [region], "fill"?}
+//!           → {"region": {"region", "path", "size"}, "checkpoint": {…}, "kept", "filled", "gone"}
+//!           the smallest idle kept region the version fits (else a new one); a version
+//!           of at most `fill` bytes is read into it before the answer (`filled`)
 //!  DoAction checkpoint.shm.get      {"region", "offset", "length"}
 //!           the version's bytes land in the region at the same place → {"bytes"}
 //!  DoAction checkpoint.shm.touch    {"region"}  (a kept region taken up again; not found once let go)
@@ -94,7 +96,7 @@ pub const ACTIONS: [(&str, &str); 15] = [
     ),
     (
         "checkpoint.shm.get_open",
-        "a shared-memory region for a version, same host: {name, version?, probe}",
+        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?}",
     ),
     (
         "checkpoint.shm.get",

@@ -19,6 +19,7 @@ use sluice_flight::shm_handshake::Probe;
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
+use super::shared::GetRequest;
 use super::{CheckpointInfo, Checkpoints};
 use crate::error::StorageError;
 
@@ -50,6 +51,12 @@ struct GetOpen {
     #[serde(default)]
     version: Option<u64>,
     probe: Probe,
+    /// Regions the client keeps from earlier reads.
+    #[serde(default)]
+    kept: Vec<String>,
+    /// Read a version of at most this many bytes before answering.
+    #[serde(default)]
+    fill: u64,
 }
 
 #[derive(Deserialize)]
@@ -140,11 +147,14 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.shm.get_open" => {
                 let o: GetOpen = body(kind, bytes)?;
-                let (region, info) = self
-                    .shm_get_open(&o.name, o.version, &o.probe)
-                    .await
-                    .map_err(status)?;
-                json_bytes(&json!({ "region": region, "checkpoint": info }))
+                let req = GetRequest {
+                    name: &o.name,
+                    version: o.version,
+                    probe: &o.probe,
+                    kept: &o.kept,
+                    fill: o.fill,
+                };
+                json_bytes(&self.shm_get_open(req).await.map_err(status)?)
             }
             "checkpoint.shm.get" => {
                 let g: ShmGet = body(kind, bytes)?;

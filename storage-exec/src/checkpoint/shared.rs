@@ -5,8 +5,8 @@
 //!  write:  client ─ copy ─► region ─► crc32c ─► O_DIRECT from the region ─► chunks
 //!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
 //!  read:   chunks ─► O_DIRECT into the region's pages ─► crc32c there ─► the client parses it in place
-//!          get_open(name, version, probe) → region of the version's size;
-//!          get(region, offset, length) ×N, several at once
+//!          get_open(name, version, probe, kept, fill) → a region of at least the version's size;
+//!          get(region, offset, length) ×N, several at once (none when get_open filled it)
 //! ```
 //!
 //! The client proves it shares this host with a [`Probe`] (a file it made
@@ -19,7 +19,15 @@
 //!
 //! A put region is the writer's lanes, not one checkpoint: a client keeps
 //! it from one save to the next (its pages stay in place) and names the
-//! upload with each part. A region lives until the client closes it or it
+//! upload with each part. A get region is kept too, by a reader that
+//! copied what it needed out of it: the next `get_open` names the
+//! regions the client keeps (`kept`), and the server reads the new
+//! version into the smallest idle one it fits, so a load's pages are
+//! neither allocated, zeroed nor faulted in again (they were the largest
+//! fixed cost of a load: the kernel's `shmem_get_folio` under the
+//! O_DIRECT read's page pinning). A version no larger than `fill` is read
+//! whole before `get_open` answers: a small checkpoint is one request.
+//! A region lives until the client closes it or it
 //! goes unused past the checkpoints' idle timeout (a client killed -9
 //! costs nothing for long). The client unlinks the file
 //! once it has mapped it, and the server when it lets the region go, so
@@ -56,7 +64,9 @@ enum Use {
 #[derive(Debug)]
 pub(super) struct Lent {
     region: Region,
-    what: Use,
+    /// What it is for now: a kept get region is bound to each version
+    /// read into it in turn.
+    what: Mutex<Use>,
     active: AtomicUsize,
     touched: Mutex<Instant>,
     /// Ranges being read into it now: two requests never write one byte.
@@ -118,6 +128,42 @@ impl Drop for Filling<'_> {
     }
 }
 
+/// The most kept regions one `get_open` may name.
+pub const MAX_KEPT: usize = 64;
+
+/// What `get_open` answers.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GetOpened {
+    /// The region the version is read into: one of the kept ones (same
+    /// id, already mapped by the client) or a new one.
+    pub region: RegionInfo,
+    /// The version.
+    pub checkpoint: CheckpointInfo,
+    /// Whether `region` is one the client keeps.
+    pub kept: bool,
+    /// Bytes already read into it (the whole version, where it was no
+    /// larger than the request's `fill`; else 0).
+    pub filled: u64,
+    /// Kept regions this server no longer lends (idle past the timeout,
+    /// or a restarted server's): the client lets them go.
+    pub gone: Vec<String>,
+}
+
+/// What a reader asks `get_open` for.
+#[derive(Debug, Clone, Copy)]
+pub struct GetRequest<'a> {
+    /// The checkpoint.
+    pub name: &'a str,
+    /// Its version; the newest when `None`.
+    pub version: Option<u64>,
+    /// The client's proof that it is on this host.
+    pub probe: &'a Probe,
+    /// Regions the client keeps from earlier reads, idle now.
+    pub kept: &'a [String],
+    /// Read a version of at most this many bytes before answering.
+    pub fill: u64,
+}
+
 /// Where a client finds the region it was lent.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RegionInfo {
@@ -164,7 +210,7 @@ impl Checkpoints {
         };
         let lent = Arc::new(Lent {
             region,
-            what: use_,
+            what: Mutex::new(use_),
             active: AtomicUsize::new(0),
             touched: Mutex::new(Instant::now()),
             filling: Mutex::new(Vec::new()),
@@ -209,7 +255,7 @@ impl Checkpoints {
         offset: u64,
     ) -> Result<u64> {
         let lent = self.lent(region)?;
-        if !matches!(lent.what, Use::Put) {
+        if !matches!(*lock(&lent.what), Use::Put) {
             return Err(StorageError::UnknownRegion(format!(
                 "{region} (it reads a checkpoint; parts go to a region from put_open)"
             )));
@@ -234,21 +280,79 @@ impl Checkpoints {
 
     /// A region holding version `version` of `name` (the newest when
     /// `None`) once `shm_get` has filled it, for a client that proves
-    /// with `probe` that it is on this host.
-    pub async fn shm_get_open(
-        &self,
-        name: &str,
-        version: Option<u64>,
-        probe: &Probe,
-    ) -> Result<(RegionInfo, CheckpointInfo)> {
-        let record = Arc::new(self.get(name, version)?);
-        let info = CheckpointInfo::from(record.as_ref());
+    /// with `probe` that it is on this host: the smallest of its `kept`
+    /// regions that is idle and large enough, bound to this version, or
+    /// else a new one. A version of at most `fill` bytes is read into it
+    /// before the answer.
+    pub async fn shm_get_open(&self, req: GetRequest<'_>) -> Result<GetOpened> {
+        let record = Arc::new(self.get(req.name, req.version)?);
+        let checkpoint = CheckpointInfo::from(record.as_ref());
         let what = format!("checkpoint '{}' version {}", record.name, record.version);
+        if req.kept.len() > MAX_KEPT {
+            return Err(StorageError::SharedMemory {
+                what,
+                reason: format!("{} kept regions named; at most {MAX_KEPT}", req.kept.len()),
+            });
+        }
         let size = record.size;
-        let region = self
-            .lend(&what, probe, size, Use::Get { record }, false)
-            .await?;
-        Ok((region, info))
+        let (rebound, gone) = self.rebind(req.kept, &record);
+        let kept = rebound.is_some();
+        let region = match rebound {
+            Some(region) => region,
+            None => {
+                self.lend(&what, req.probe, size, Use::Get { record }, false)
+                    .await?
+            }
+        };
+        let filled = if size <= req.fill && size > 0 {
+            self.shm_get(&region.region, 0, size).await?
+        } else {
+            0
+        };
+        Ok(GetOpened {
+            region,
+            checkpoint,
+            kept,
+            filled,
+            gone,
+        })
+    }
+
+    /// Binds `record` to the smallest region of `kept` that is a get
+    /// region, idle and large enough; returns it, and the ids of `kept`
+    /// that are not lent (any more).
+    fn rebind(
+        &self,
+        kept: &[String],
+        record: &Arc<CheckpointRecord>,
+    ) -> (Option<RegionInfo>, Vec<String>) {
+        let lent = lock(&self.lent);
+        let mut gone = Vec::new();
+        let mut best: Option<(&String, &Arc<Lent>)> = None;
+        for id in kept {
+            let Some(l) = lent.get(id) else {
+                gone.push(id.chars().take(64).collect());
+                continue;
+            };
+            let fits = (l.region.len() as u64) >= record.size
+                && l.active.load(Ordering::Acquire) == 0
+                && matches!(*lock(&l.what), Use::Get { .. });
+            if fits && best.is_none_or(|(_, b)| l.region.len() < b.region.len()) {
+                best = Some((id, l));
+            }
+        }
+        let region = best.map(|(id, l)| {
+            *lock(&l.what) = Use::Get {
+                record: Arc::clone(record),
+            };
+            *lock(&l.touched) = Instant::now();
+            RegionInfo {
+                region: id.clone(),
+                path: l.region.path().display().to_string(),
+                size: l.region.len() as u64,
+            }
+        });
+        (region, gone)
     }
 
     /// Reads bytes `[offset, offset + length)` of the region's version
@@ -256,12 +360,14 @@ impl Checkpoints {
     /// extent checked against its crc32c; returns the bytes read.
     pub async fn shm_get(&self, region: &str, offset: u64, length: u64) -> Result<u64> {
         let lent = self.lent(region)?;
-        let Use::Get { record } = &lent.what else {
-            return Err(StorageError::UnknownRegion(format!(
-                "{region} (it takes parts; reads go to a region from get_open)"
-            )));
+        let record = match &*lock(&lent.what) {
+            Use::Get { record } => Arc::clone(record),
+            Use::Put => {
+                return Err(StorageError::UnknownRegion(format!(
+                    "{region} (it takes parts; reads go to a region from get_open)"
+                )));
+            }
         };
-        let record = Arc::clone(record);
         let _in_use = InUse::new(Arc::clone(&lent));
         let pos = offset.min(record.size);
         let end = offset.saturating_add(length).min(record.size);
