@@ -196,7 +196,10 @@ impl Checkpoints {
         let region = off_runtime(move || {
             let region = Region::create(len as usize)?;
             if reserved {
+                // The client writes every page, and the device writes
+                // them from this mapping: in place on both sides at once.
                 region.reserve(0, len as usize)?;
+                region.populate(0, len as usize)?;
             }
             Ok(region)
         })
@@ -380,10 +383,6 @@ impl Checkpoints {
                 "bytes {pos}..{end} overlap bytes {a}..{b}, which another request is reading"
             ))
         })?;
-        let reserving = Arc::clone(&lent);
-        off_runtime(move || reserving.region.reserve(pos as usize, (end - pos) as usize))
-            .await
-            .map_err(|e| refused(format!("reserving bytes {pos}..{end} in /dev/shm: {e}")))?;
         let device = Arc::clone(self.store.device());
         let depth = device.parallelism().clamp(1, 8);
         let extents = record.extents_in(pos, end - pos).to_vec();
@@ -440,6 +439,21 @@ async fn read_extent(
         what: format!("checkpoint '{}'", record.name),
         reason: err.to_string(),
     };
+    // Pages reserved (a full /dev/shm is this error, not a SIGBUS) and
+    // faulted in here, an extent at a time, so that the next extent's
+    // pages are made while this one is read, and not by the device's
+    // ring thread as it pins them (`Region::populate`).
+    let preparing = Arc::clone(&lent);
+    let (at, n) = (lo as usize, (hi - lo) as usize);
+    off_runtime(move || {
+        preparing.region.reserve(at, n)?;
+        preparing.region.populate(at, n)
+    })
+    .await
+    .map_err(|err| StorageError::SharedMemory {
+        what: format!("checkpoint '{}'", record.name),
+        reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
+    })?;
     let pool = Arc::clone(device.pool());
     let whole = lo == e.offset && hi == e.end();
     let aligned = e.offset.is_multiple_of(pool.align() as u64)
