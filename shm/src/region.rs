@@ -306,6 +306,26 @@ mod tests {
     }
 
     #[test]
+    fn populating_maps_the_pages_in_and_keeps_the_bytes() {
+        let r = Region::create(3 * 4096 + 100).unwrap();
+        // SAFETY: nothing else touches this region in the test.
+        unsafe { r.bytes_mut(4_000, 5).unwrap() }.copy_from_slice(b"kept!");
+        // Not reserved: populating alone makes the pages (a no-op would
+        // leave the file one page long in blocks, the one written).
+        // An unaligned range, and the whole region; both leave the bytes.
+        r.populate(4_001, 8_000).unwrap();
+        r.populate(0, r.len()).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { r.bytes(4_000, 5) }.unwrap(), b"kept!");
+        // The pages are in the file now: all of its blocks are allocated.
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(r.path()).unwrap();
+        assert!(meta.blocks() * 512 >= r.len() as u64, "{} blocks", meta.blocks());
+        assert!(r.populate(r.len() - 1, 2).is_err(), "past the end");
+        r.populate(r.len(), 0).unwrap();
+    }
+
+    #[test]
     fn an_empty_region_maps() {
         let r = Region::create(0).unwrap();
         assert!(r.is_empty());
