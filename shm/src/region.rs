@@ -320,7 +320,11 @@ mod tests {
         // The pages are in the file now: all of its blocks are allocated.
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(r.path()).unwrap();
-        assert!(meta.blocks() * 512 >= r.len() as u64, "{} blocks", meta.blocks());
+        assert!(
+            meta.blocks() * 512 >= r.len() as u64,
+            "{} blocks",
+            meta.blocks()
+        );
         assert!(r.populate(r.len() - 1, 2).is_err(), "past the end");
         r.populate(r.len(), 0).unwrap();
     }

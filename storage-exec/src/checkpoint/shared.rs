@@ -308,7 +308,17 @@ impl Checkpoints {
             }
         };
         let filled = if size <= req.fill && size > 0 {
-            self.shm_get(&region.region, 0, size).await?
+            match self.shm_get(&region.region, 0, size).await {
+                Ok(n) => n,
+                Err(e) => {
+                    // The client never learns a new region's id from an
+                    // error: let it go now, not at the idle timeout.
+                    if !kept {
+                        let _ = self.shm_close(&region.region);
+                    }
+                    return Err(e);
+                }
+            }
         } else {
             0
         };
