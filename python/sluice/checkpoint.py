@@ -34,14 +34,16 @@ parses in place. ``writer.transport`` and ``reader.transport`` say which
 ran. Both kinds of region are kept for the next save or load (a
 reader's when nothing made of its bytes outlives it), so their pages
 are allocated once: at most ``keep_read_bytes`` of read regions, the
-most recently used, and a version of at most ``chunk_size`` bytes is one
-request.
+most recently used, each for ``keep_read_seconds`` after its last read
+(then its memory goes back, on both sides), and a version of at most
+``chunk_size`` bytes is one request.
 """
 
 from __future__ import annotations
 
 import io
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional
@@ -59,9 +61,12 @@ TRANSPORTS = ("auto", "shm", "flight")
 # mapping the region's file (whose opening costs more than the copy).
 MAPPED_LOAD_MIN = 8 << 20
 # Read regions a Checkpoint keeps for its next reads: at most this many,
-# of at most DEFAULT_KEEP_READ bytes in all.
+# of at most DEFAULT_KEEP_READ bytes in all, each for DEFAULT_KEEP_READ_S
+# after its last read (less than the server's idle timeout, 120 s: a
+# trainer that loads once and trains for hours holds no idle region).
 KEEP_READ_REGIONS = 8
 DEFAULT_KEEP_READ = 1 << 30
+DEFAULT_KEEP_READ_S = 30.0
 
 
 class Checkpoint:
@@ -69,11 +74,12 @@ class Checkpoint:
 
     def __init__(self, client: Client, prefix: str = "", chunk_size: int = DEFAULT_CHUNK,
                  workers: int = DEFAULT_WORKERS, transport: str = "auto",
-                 keep_read_bytes: int = DEFAULT_KEEP_READ):
+                 keep_read_bytes: int = DEFAULT_KEEP_READ,
+                 keep_read_seconds: float = DEFAULT_KEEP_READ_S):
         if chunk_size < 1 or workers < 1:
             raise ValueError("chunk_size and workers must be positive")
-        if keep_read_bytes < 0:
-            raise ValueError("keep_read_bytes must not be negative")
+        if keep_read_bytes < 0 or keep_read_seconds < 0:
+            raise ValueError("keep_read_bytes and keep_read_seconds must not be negative")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r}: expected one of {TRANSPORTS}")
         self.client = client
@@ -86,7 +92,11 @@ class Checkpoint:
         self._idle_puts: List[_lanes.ShmPuts] = []
         # Read regions kept for the next reads, least recently used first.
         self._idle_gets: List[_lanes.Region] = []
+        # When each kept region was last given back (by id).
+        self._kept_at: Dict[str, float] = {}
+        self._expiry: Optional[threading.Timer] = None
         self.keep_read_bytes = keep_read_bytes
+        self.keep_read_seconds = keep_read_seconds
         self._shm_refused = False
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -140,19 +150,53 @@ class Checkpoint:
             idle = self._idle_gets
             picks = {id(r): r for r in idle[-1:] + sorted(idle, key=lambda r: r.size)[-1:]}
             self._idle_gets = [r for r in idle if id(r) not in picks]
+            for r in picks.values():
+                self._kept_at.pop(r.id, None)
         return {r.id: r for r in picks.values()}
 
     def _keep_gets(self, regions: List["_lanes.Region"], gone: List[str] = ()) -> None:
         """Keeps ``regions`` for the next reads, within the bounds; lets
         go of those past them and of ``gone`` (let go by the server)."""
         drop = [r for r in regions if r.id in gone]
+        now = time.monotonic()
         with self._lock:
-            self._idle_gets.extend(r for r in regions if r.id not in gone)
+            for r in regions:
+                if r.id not in gone:
+                    self._idle_gets.append(r)
+                    self._kept_at[r.id] = now
             while self._idle_gets and (
                     len(self._idle_gets) > KEEP_READ_REGIONS
                     or sum(r.size for r in self._idle_gets) > self.keep_read_bytes):
                 drop.append(self._idle_gets.pop(0))
-        for r in drop:
+            arm = self._idle_gets and self._expiry is None
+            if arm:
+                self._expiry = threading.Timer(self.keep_read_seconds, self._expire_gets)
+                self._expiry.daemon = True
+        if arm:
+            self._expiry.start()
+        self._let_go(drop, gone)
+
+    def _expire_gets(self) -> None:
+        """Lets go of the kept read regions unused for ``keep_read_seconds``
+        (on a timer while any is kept)."""
+        now = time.monotonic()
+        with self._lock:
+            self._expiry = None
+            old = [r for r in self._idle_gets
+                   if now - self._kept_at.get(r.id, now) >= self.keep_read_seconds]
+            self._idle_gets = [r for r in self._idle_gets if r not in old]
+        self._let_go(old, ())
+        with self._lock:
+            arm = self._idle_gets and self._expiry is None
+            if arm:
+                self._expiry = threading.Timer(self.keep_read_seconds / 2, self._expire_gets)
+                self._expiry.daemon = True
+        if arm:
+            self._expiry.start()
+
+    def _let_go(self, regions: List["_lanes.Region"], gone: Any) -> None:
+        for r in regions:
+            self._kept_at.pop(r.id, None)
             if r.id in gone:
                 r.close()
             else:
@@ -165,7 +209,11 @@ class Checkpoint:
         with self._lock:
             idle, self._idle_puts = self._idle_puts, []
             gets, self._idle_gets = self._idle_gets, []
+            self._kept_at = {}
+            expiry, self._expiry = self._expiry, None
             pool, self._pool = self._pool, None
+        if expiry is not None:
+            expiry.cancel()
         for region in [p.region for p in idle] + gets:
             _lanes.close_region(self.client, region, "checkpoint region")
         if pool is not None:

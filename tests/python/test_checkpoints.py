@@ -165,6 +165,39 @@ def test_a_readers_region_is_kept_for_the_next_read(server):
     assert not shm_files(os.getpid())
 
 
+def test_a_kept_read_region_goes_back_when_unused(server):
+    """A trainer that loads once holds no region for long: a kept read
+    region is let go, on both sides, `keep_read_seconds` after its last
+    read, with no call from the trainer."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    ck = sluice.Checkpoint(client, "keptidle", chunk_size=2 * CHUNK, transport="shm",
+                           keep_read_seconds=0.5)
+    data = pattern(3 * CHUNK + 5, 4)
+    with ck.writer("a.bin") as w:
+        w.write(data)
+    with ck.reader("a.bin") as r:
+        assert r.read() == data
+    [kept] = [g.id for g in ck._idle_gets]
+    # Read again before it expires: the same region, its clock restarted.
+    time.sleep(0.3)
+    with ck.reader("a.bin") as r:
+        assert r.read() == data
+    assert [g.id for g in ck._idle_gets] == [kept]
+    time.sleep(0.3)
+    assert [g.id for g in ck._idle_gets] == [kept]
+    deadline = time.monotonic() + 5
+    while ck._idle_gets and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ck._idle_gets == []
+    # Let go here (and closed on the server): the next read gets a new one.
+    with ck.reader("a.bin") as r:
+        assert r.read() == data
+    assert [g.id for g in ck._idle_gets] != [kept]
+    ck.close()
+    assert not shm_files(os.getpid())
+
+
 def test_a_client_that_is_not_on_the_host_gets_flight(server):
     """A probe the server cannot find (another host's /dev/shm) is
     refused with shm_unavailable: `auto` falls back to Flight, `shm`
