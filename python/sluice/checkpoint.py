@@ -189,7 +189,10 @@ class Checkpoint:
         with self._lock:
             arm = self._idle_gets and self._expiry is None
             if arm:
-                self._expiry = threading.Timer(self.keep_read_seconds / 2, self._expire_gets)
+                # When the oldest of those left is due.
+                due = min(self._kept_at.get(r.id, now) for r in self._idle_gets)
+                wait = max(0.01, due + self.keep_read_seconds - time.monotonic())
+                self._expiry = threading.Timer(wait, self._expire_gets)
                 self._expiry.daemon = True
         if arm:
             self._expiry.start()
