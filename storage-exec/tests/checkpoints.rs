@@ -1,14 +1,17 @@
 //! Checkpoints on a real file-backed device: round trips of many sizes,
 //! parts written concurrently, versions and retention, uploads that never
 //! commit (space returned, nothing listed, the previous version intact),
-//! a flipped byte on the device, and ingest running beside checkpoint
-//! writers without sharing a chunk.
+//! a flipped byte on the device, ingest running beside checkpoint
+//! writers without sharing a chunk, and kept shared-memory read regions
+//! bound to the next version that fits.
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use sluice_flight::shm_handshake::{PROBE_PREFIX, Probe, SHM_DIR};
+use sluice_storage::checkpoint::shared::{GetRequest, MAX_KEPT};
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use sluice_storage::device::Backend;
 use sluice_storage::device::conformance::pattern;
@@ -156,6 +159,107 @@ async fn an_upload_that_never_commits_leaves_the_last_version_and_its_space() {
         store.space().total_chunks - used,
         "only the committed version holds chunks after a restart"
     );
+}
+
+/// A probe in /dev/shm, as a client on this host makes one; removed on drop.
+struct TestProbe(Probe);
+
+impl TestProbe {
+    fn new(tag: &str) -> Self {
+        let name = format!("{PROBE_PREFIX}{}-{tag}", std::process::id());
+        let nonce = format!("n{tag}");
+        std::fs::write(std::path::Path::new(SHM_DIR).join(&name), &nonce).unwrap();
+        Self(Probe { name, nonce })
+    }
+}
+
+impl Drop for TestProbe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(std::path::Path::new(SHM_DIR).join(&self.0.name));
+    }
+}
+
+#[tokio::test]
+async fn a_kept_region_is_read_into_again_when_the_version_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let big = bytes(5 * CHUNK as usize + 123, 1);
+    let small = bytes(10_000, 2);
+    let other = bytes(5 * CHUNK as usize + 123, 3);
+    for (name, data) in [("big", &big), ("small", &small), ("other", &other)] {
+        write(&c, name, data, CHUNK as usize).await;
+    }
+    let probe = TestProbe::new("kept");
+    let open = |name: &'static str, kept: Vec<String>, fill: u64| {
+        let c = Arc::clone(&c);
+        let probe = probe.0.clone();
+        async move {
+            c.shm_get_open(GetRequest {
+                name,
+                version: None,
+                probe: &probe,
+                kept: &kept,
+                fill,
+            })
+            .await
+        }
+    };
+    // The region's file, as the client would see it through its mapping.
+    let held = |path: &str, len: usize| std::fs::read(path).unwrap()[..len].to_vec();
+
+    // A new region, read in ranges by the client.
+    let first = open("big", vec![], 0).await.unwrap();
+    assert!(!first.kept && first.filled == 0 && first.gone.is_empty());
+    let id = first.region.region.clone();
+    assert_eq!(first.region.size, big.len() as u64);
+    let n = c.shm_get(&id, 0, big.len() as u64).await.unwrap();
+    assert_eq!(n, big.len() as u64);
+    assert_eq!(held(&first.region.path, big.len()), big);
+
+    // A smaller version lands in the same region, read whole before the
+    // answer; a larger region than the version is fine.
+    let again = open("small", vec![id.clone()], 1 << 20).await.unwrap();
+    assert!(again.kept, "{again:?}");
+    assert_eq!(again.region.region, id);
+    assert_eq!(again.filled, small.len() as u64);
+    assert_eq!(again.checkpoint.size, small.len() as u64);
+    assert_eq!(held(&first.region.path, small.len()), small);
+    // Reads are clipped to the version bound to it now.
+    assert_eq!(
+        c.shm_get(&id, 0, u64::MAX).await.unwrap(),
+        small.len() as u64
+    );
+
+    // Ids the server does not lend come back as gone; the one it does
+    // is reused.
+    let third = open("other", vec!["0123456789abcdef".into(), id.clone()], 0)
+        .await
+        .unwrap();
+    assert!(third.kept && third.region.region == id);
+    assert_eq!(third.gone, vec!["0123456789abcdef".to_string()]);
+    c.shm_get(&id, 0, other.len() as u64).await.unwrap();
+    assert_eq!(held(&first.region.path, other.len()), other);
+
+    // Too small a kept region: a new one is lent, the small one stays.
+    let tiny = open("small", vec![], 1 << 20).await.unwrap();
+    let grown = open("big", vec![tiny.region.region.clone()], 0)
+        .await
+        .unwrap();
+    assert!(!grown.kept && grown.region.region != tiny.region.region);
+    assert!(grown.gone.is_empty());
+    assert_eq!(c.lent_regions(), 3);
+
+    // A put region is never bound to a version.
+    let put = c.shm_put_open(&probe.0, 1 << 20).await.unwrap();
+    let not_put = open("small", vec![put.region.clone()], 1 << 20)
+        .await
+        .unwrap();
+    assert!(!not_put.kept && not_put.region.region != put.region);
+
+    let many: Vec<String> = (0..=MAX_KEPT).map(|i| format!("{i:032x}")).collect();
+    let err = open("small", many, 0).await.unwrap_err();
+    assert!(err.to_string().contains("kept regions named"), "{err}");
 }
 
 #[tokio::test]
