@@ -270,7 +270,16 @@ class Checkpoint:
         :meth:`reader` (whose region is then kept for the next read)."""
         import torch
 
-        with CheckpointReader(self, self._name(name), version) as r:
+        offer = True
+        with self._lock:
+            keeping = bool(self._idle_gets)
+        if keeping:
+            # A version torch will map takes a region of its own, so that
+            # the kept ones stay for the reads that copy out of them.
+            info = self.stat(name, version)
+            version = int(info["version"])
+            offer = int(info["size"]) < MAPPED_LOAD_MIN
+        with CheckpointReader(self, self._name(name), version, offer_kept=offer) as r:
             path = r.mapped_path()
             if path is None or r.size < MAPPED_LOAD_MIN or r.region_size != r.size:
                 # A small version parses faster from the region's bytes
@@ -414,7 +423,8 @@ class CheckpointReader(io.RawIOBase):
     landed (the shared region, or Flight's Arrow buffers) into the
     caller's memory; :meth:`view` gives them without a copy."""
 
-    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None):
+    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
+                 offer_kept: bool = True):
         super().__init__()
         body: Dict[str, Any] = {"name": name}
         if version is not None:
@@ -430,7 +440,7 @@ class CheckpointReader(io.RawIOBase):
         if ckpt._shm_refused and ckpt.transport == "auto":
             lent = None
         else:
-            kept = ckpt._take_gets()
+            kept = ckpt._take_gets() if offer_kept else {}
             try:
                 lent = _lanes.open_region(
                     ckpt.client, "checkpoint.shm.get_open",

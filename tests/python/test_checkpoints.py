@@ -146,7 +146,10 @@ def test_a_readers_region_is_kept_for_the_next_read(server):
     state = {f"w{i}": torch.randn(1 << 19) for i in range(5)}  # 10 MiB
     with ck.writer("model.pt") as w:
         torch.save(state, w)
+    kept_before = [g.id for g in ck._idle_gets]
     loaded = ck.load("model.pt", weights_only=True)
+    # It mapped a region of its own: the kept ones are still there.
+    assert [g.id for g in ck._idle_gets] == kept_before != []
     for name, data in files.items():
         with ck.reader(name) as r:
             assert r.read() == data
