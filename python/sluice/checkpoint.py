@@ -35,8 +35,9 @@ ran. Both kinds of region are kept for the next save or load (a
 reader's when nothing made of its bytes outlives it), so their pages
 are allocated once: at most ``keep_read_bytes`` of read regions, the
 most recently used, each for ``keep_read_seconds`` after its last read
-(then its memory goes back, on both sides), and a version of at most
-``chunk_size`` bytes is one request.
+(then its memory goes back, on both sides). Into a kept region a reader
+asks for ranges of ``SHM_READ_RANGE`` (4 MiB), and a version no larger
+than one is a single request.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ TRANSPORTS = ("auto", "shm", "flight")
 # Versions smaller than this load by parsing the region's bytes, not by
 # mapping the region's file (whose opening costs more than the copy).
 MAPPED_LOAD_MIN = 8 << 20
+# The ranges a reader asks for over shared memory into a kept region (at
+# most chunk_size): four in flight keep the disk busy, and the first is in
+# while the rest are read, so torch.load parses beside the reads (64 MiB
+# into a kept region: 1.50 GB/s, against 0.85 with 16 MiB ranges, which
+# all arrived together while the parse waited). Into a fresh region,
+# chunk_size ranges (1 GiB: 1.34-1.37 GB/s, against 0.92-1.17).
+SHM_READ_RANGE = 4 << 20
 # Read regions a Checkpoint keeps for its next reads: at most this many,
 # of at most DEFAULT_KEEP_READ bytes in all, each for DEFAULT_KEEP_READ_S
 # after its last read (less than the server's idle timeout, 120 s: a
@@ -437,6 +445,8 @@ class CheckpointReader(io.RawIOBase):
         self._handed_over = False
         subject = f"checkpoint '{name}'"
         filled = 0
+        # A version no larger than one small range is read by get_open.
+        shm_range = min(ckpt.chunk_size, SHM_READ_RANGE)
         if ckpt._shm_refused and ckpt.transport == "auto":
             lent = None
         else:
@@ -444,7 +454,7 @@ class CheckpointReader(io.RawIOBase):
             try:
                 lent = _lanes.open_region(
                     ckpt.client, "checkpoint.shm.get_open",
-                    dict(body, kept=list(kept), fill=ckpt.chunk_size), subject, ckpt.transport,
+                    dict(body, kept=list(kept), fill=shm_range), subject, ckpt.transport,
                     writable=False, kept=kept)
             except BaseException:
                 ckpt._keep_gets(list(kept.values()))
@@ -460,14 +470,18 @@ class CheckpointReader(io.RawIOBase):
             region, answer = lent
             self.info = answer["checkpoint"]
             filled = int(answer.get("filled", 0))
-            self._lanes = _lanes.ShmGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name, region,
+            if not answer.get("kept"):
+                # A fresh region's pages are made as its extents are read:
+                # larger ranges keep more of that work beside the reads.
+                shm_range = ckpt.chunk_size
+            self._lanes = _lanes.ShmGets(ckpt.client, shm_range, ckpt.workers, name, region,
                                          lambda r: ckpt._keep_gets([r]))
         self.transport = self._lanes.transport
         self.size = int(self.info["size"])
         # The region's size (a kept one may be larger than the version).
         self.region_size = lent[0].size if lent is not None else None
         self._pos = 0
-        self._range = ckpt.chunk_size
+        self._range = shm_range if self.transport == "shm" else ckpt.chunk_size
         starts = list(range(0, self.size, self._range))
         pool = ckpt._executor()
         self._futures: Dict[int, Future] = {}
