@@ -19,8 +19,8 @@ version visible. Leaving the ``with`` block by an exception aborts the
 upload (nothing is listed, the space is freed); a writer process that dies
 is aborted by the server after its idle timeout.
 
-A reader fetches ``chunk_size`` ranges of one version, ``workers`` at
-once, the last first (a zip archive's directory, which ``torch.load``
+A reader fetches ranges of one version (``chunk_size``, or
+``SHM_READ_RANGE`` into a kept region), ``workers`` at once, the last first (a zip archive's directory, which ``torch.load``
 reads first, is at the end), and a read waits only for the ranges it
 needs — so ``torch.load`` parses while the rest arrives. Every extent is
 checked against its crc32c on the server; a mismatch is an error naming
