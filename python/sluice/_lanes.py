@@ -78,6 +78,8 @@ class Region:
     def __init__(self, info: Dict[str, Any], writable: bool):
         self.id = info["region"]
         self.size = int(info["size"])
+        # When a Checkpoint last kept it for the next read.
+        self.idle_since = 0.0
         path = info["path"]
         self.fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:

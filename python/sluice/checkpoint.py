@@ -20,8 +20,9 @@ upload (nothing is listed, the space is freed); a writer process that dies
 is aborted by the server after its idle timeout.
 
 A reader fetches ranges of one version (``chunk_size``, or
-``SHM_READ_RANGE`` into a kept region), ``workers`` at once, the last first (a zip archive's directory, which ``torch.load``
-reads first, is at the end), and a read waits only for the ranges it
+``SHM_READ_RANGE`` into a kept region), ``workers`` at once, the last
+first (a zip archive's directory, which ``torch.load`` reads first, is
+at the end), and a read waits only for the ranges it
 needs — so ``torch.load`` parses while the rest arrives. Every extent is
 checked against its crc32c on the server; a mismatch is an error naming
 the checkpoint and byte range.
@@ -98,10 +99,9 @@ class Checkpoint:
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._idle_puts: List[_lanes.ShmPuts] = []
-        # Read regions kept for the next reads, least recently used first.
+        # Read regions kept for the next reads, least recently used first
+        # (each with its `idle_since`).
         self._idle_gets: List[_lanes.Region] = []
-        # When each kept region was last given back (by id).
-        self._kept_at: Dict[str, float] = {}
         self._expiry: Optional[threading.Timer] = None
         self.keep_read_bytes = keep_read_bytes
         self.keep_read_seconds = keep_read_seconds
@@ -158,8 +158,6 @@ class Checkpoint:
             idle = self._idle_gets
             picks = {id(r): r for r in idle[-1:] + sorted(idle, key=lambda r: r.size)[-1:]}
             self._idle_gets = [r for r in idle if id(r) not in picks]
-            for r in picks.values():
-                self._kept_at.pop(r.id, None)
         return {r.id: r for r in picks.values()}
 
     def _keep_gets(self, regions: List["_lanes.Region"], gone: List[str] = ()) -> None:
@@ -170,44 +168,39 @@ class Checkpoint:
         with self._lock:
             for r in regions:
                 if r.id not in gone:
+                    r.idle_since = now
                     self._idle_gets.append(r)
-                    self._kept_at[r.id] = now
             while self._idle_gets and (
                     len(self._idle_gets) > KEEP_READ_REGIONS
                     or sum(r.size for r in self._idle_gets) > self.keep_read_bytes):
                 drop.append(self._idle_gets.pop(0))
-            arm = self._idle_gets and self._expiry is None
-            if arm:
-                self._expiry = threading.Timer(self.keep_read_seconds, self._expire_gets)
-                self._expiry.daemon = True
-        if arm:
-            self._expiry.start()
+        self._arm_expiry()
         self._let_go(drop, gone)
 
+    def _arm_expiry(self) -> None:
+        """Starts the timer for the oldest kept read region, if any is kept
+        and none runs."""
+        with self._lock:
+            if not self._idle_gets or self._expiry is not None:
+                return
+            due = min(r.idle_since for r in self._idle_gets) + self.keep_read_seconds
+            timer = self._expiry = threading.Timer(
+                max(0.01, due - time.monotonic()), self._expire_gets)
+            timer.daemon = True
+        timer.start()
+
     def _expire_gets(self) -> None:
-        """Lets go of the kept read regions unused for ``keep_read_seconds``
-        (on a timer while any is kept)."""
+        """Lets go of the kept read regions unused for ``keep_read_seconds``."""
         now = time.monotonic()
         with self._lock:
             self._expiry = None
-            old = [r for r in self._idle_gets
-                   if now - self._kept_at.get(r.id, now) >= self.keep_read_seconds]
+            old = [r for r in self._idle_gets if now - r.idle_since >= self.keep_read_seconds]
             self._idle_gets = [r for r in self._idle_gets if r not in old]
         self._let_go(old, ())
-        with self._lock:
-            arm = self._idle_gets and self._expiry is None
-            if arm:
-                # When the oldest of those left is due.
-                due = min(self._kept_at.get(r.id, now) for r in self._idle_gets)
-                wait = max(0.01, due + self.keep_read_seconds - time.monotonic())
-                self._expiry = threading.Timer(wait, self._expire_gets)
-                self._expiry.daemon = True
-        if arm:
-            self._expiry.start()
+        self._arm_expiry()
 
     def _let_go(self, regions: List["_lanes.Region"], gone: Any) -> None:
         for r in regions:
-            self._kept_at.pop(r.id, None)
             if r.id in gone:
                 r.close()
             else:
@@ -220,7 +213,6 @@ class Checkpoint:
         with self._lock:
             idle, self._idle_puts = self._idle_puts, []
             gets, self._idle_gets = self._idle_gets, []
-            self._kept_at = {}
             expiry, self._expiry = self._expiry, None
             pool, self._pool = self._pool, None
         if expiry is not None:
@@ -278,16 +270,9 @@ class Checkpoint:
         :meth:`reader` (whose region is then kept for the next read)."""
         import torch
 
-        offer = True
-        with self._lock:
-            keeping = bool(self._idle_gets)
-        if keeping:
-            # A version torch will map takes a region of its own, so that
-            # the kept ones stay for the reads that copy out of them.
-            info = self.stat(name, version)
-            version = int(info["version"])
-            offer = int(info["size"]) < MAPPED_LOAD_MIN
-        with CheckpointReader(self, self._name(name), version, offer_kept=offer) as r:
+        # A version torch will map gets a region of its own (`own_from`),
+        # so that the kept ones stay for the reads that copy out of them.
+        with CheckpointReader(self, self._name(name), version, own_from=MAPPED_LOAD_MIN) as r:
             path = r.mapped_path()
             if path is None or r.size < MAPPED_LOAD_MIN or r.region_size != r.size:
                 # A small version parses faster from the region's bytes
@@ -432,7 +417,7 @@ class CheckpointReader(io.RawIOBase):
     caller's memory; :meth:`view` gives them without a copy."""
 
     def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
-                 offer_kept: bool = True):
+                 own_from: int = 0):
         super().__init__()
         body: Dict[str, Any] = {"name": name}
         if version is not None:
@@ -450,12 +435,12 @@ class CheckpointReader(io.RawIOBase):
         if ckpt._shm_refused and ckpt.transport == "auto":
             lent = None
         else:
-            kept = ckpt._take_gets() if offer_kept else {}
+            kept = ckpt._take_gets()
             try:
                 lent = _lanes.open_region(
                     ckpt.client, "checkpoint.shm.get_open",
-                    dict(body, kept=list(kept), fill=shm_range), subject, ckpt.transport,
-                    writable=False, kept=kept)
+                    dict(body, kept=list(kept), fill=shm_range, own_from=own_from), subject,
+                    ckpt.transport, writable=False, kept=kept)
             except BaseException:
                 ckpt._keep_gets(list(kept.values()))
                 raise

@@ -201,6 +201,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
                 probe: &probe,
                 kept: &kept,
                 fill,
+                own_from: 0,
             })
             .await
         }
@@ -240,6 +241,36 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     assert_eq!(third.gone, vec!["0123456789abcdef".to_string()]);
     c.shm_get(&id, 0, other.len() as u64).await.unwrap();
     assert_eq!(held(&first.region.path, other.len()), other);
+
+    // A version the client will map takes a region of its own, exactly
+    // its size; the kept one stays idle.
+    let own = c
+        .shm_get_open(GetRequest {
+            name: "other",
+            version: None,
+            probe: &probe.0,
+            kept: std::slice::from_ref(&id),
+            fill: 0,
+            own_from: 100_000,
+        })
+        .await
+        .unwrap();
+    assert!(!own.kept && own.region.region != id && own.gone.is_empty());
+    assert_eq!(own.region.size, other.len() as u64);
+    assert!(c.shm_close(&own.region.region).is_ok());
+    // Below `own_from`, the kept one is used as before.
+    let under = c
+        .shm_get_open(GetRequest {
+            name: "small",
+            version: None,
+            probe: &probe.0,
+            kept: std::slice::from_ref(&id),
+            fill: 1 << 20,
+            own_from: 100_000,
+        })
+        .await
+        .unwrap();
+    assert!(under.kept && under.region.region == id);
 
     // Too small a kept region: a new one is lent, the small one stays.
     let tiny = open("small", vec![], 1 << 20).await.unwrap();

@@ -30,9 +30,10 @@
 //!  DoAction checkpoint.shm.put_open {"probe", "size"}     → {"region", "path", "size"}
 //!  DoAction checkpoint.shm.put      {"region", "upload", "at", "length", "offset"}
 //!           the region's bytes [at, at + length) are the upload's part at offset → {"bytes"}
-//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe", "kept"?: [region], "fill"?}
+//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe", "kept"?: [region], "fill"?, "own_from"?}
 //!           → {"region": {"region", "path", "size"}, "checkpoint": {…}, "kept", "filled", "gone"}
-//!           the smallest idle kept region the version fits (else a new one); a version
+//!           the smallest idle kept region the version fits (else a new one; always a new
+//!           one of its size from `own_from` bytes, for a client that maps it); a version
 //!           of at most `fill` bytes is read into it before the answer (`filled`)
 //!  DoAction checkpoint.shm.get      {"region", "offset", "length"}
 //!           the version's bytes land in the region at the same place → {"bytes"}
@@ -96,7 +97,7 @@ pub const ACTIONS: [(&str, &str); 15] = [
     ),
     (
         "checkpoint.shm.get_open",
-        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?}",
+        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?}",
     ),
     (
         "checkpoint.shm.get",

@@ -57,6 +57,9 @@ struct GetOpen {
     /// Read a version of at most this many bytes before answering.
     #[serde(default)]
     fill: u64,
+    /// A version of at least this many bytes gets a region of its own.
+    #[serde(default)]
+    own_from: u64,
 }
 
 #[derive(Deserialize)]
@@ -153,6 +156,7 @@ impl CheckpointEndpoint for Checkpoints {
                     probe: &o.probe,
                     kept: &o.kept,
                     fill: o.fill,
+                    own_from: o.own_from,
                 };
                 json_bytes(&self.shm_get_open(req).await.map_err(status)?)
             }

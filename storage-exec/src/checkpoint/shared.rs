@@ -5,7 +5,7 @@
 //!  write:  client ─ copy ─► region ─► crc32c ─► O_DIRECT from the region ─► chunks
 //!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
 //!  read:   chunks ─► O_DIRECT into the region's pages ─► crc32c there ─► the client parses it in place
-//!          get_open(name, version, probe, kept, fill) → a region of at least the version's size;
+//!          get_open(name, version, probe, kept, fill, own_from) → a region of at least the version's size;
 //!          get(region, offset, length) ×N, several at once (none when get_open filled it)
 //! ```
 //!
@@ -162,6 +162,10 @@ pub struct GetRequest<'a> {
     pub kept: &'a [String],
     /// Read a version of at most this many bytes before answering.
     pub fill: u64,
+    /// Where not 0, a version of at least this many bytes gets a region
+    /// of its own, of its exact size, and no kept one: the client maps
+    /// it as a file (`torch.load(mmap=True)`) and hands its pages over.
+    pub own_from: u64,
 }
 
 /// Where a client finds the region it was lent.
@@ -298,7 +302,8 @@ impl Checkpoints {
             });
         }
         let size = record.size;
-        let (rebound, gone) = self.rebind(req.kept, &record);
+        let own = req.own_from > 0 && size >= req.own_from;
+        let (rebound, gone) = self.rebind(req.kept, &record, own);
         let kept = rebound.is_some();
         let region = match rebound {
             Some(region) => region,
@@ -332,12 +337,14 @@ impl Checkpoints {
     }
 
     /// Binds `record` to the smallest region of `kept` that is a get
-    /// region, idle and large enough; returns it, and the ids of `kept`
-    /// that are not lent (any more).
+    /// region, idle and large enough (none where it wants one of its
+    /// `own`); returns it, and the ids of `kept` that are not lent (any
+    /// more).
     fn rebind(
         &self,
         kept: &[String],
         record: &Arc<CheckpointRecord>,
+        own: bool,
     ) -> (Option<RegionInfo>, Vec<String>) {
         let lent = lock(&self.lent);
         let mut gone = Vec::new();
@@ -350,7 +357,7 @@ impl Checkpoints {
             let fits = (l.region.len() as u64) >= record.size
                 && l.active.load(Ordering::Acquire) == 0
                 && matches!(*lock(&l.what), Use::Get { .. });
-            if fits && best.is_none_or(|(_, b)| l.region.len() < b.region.len()) {
+            if fits && !own && best.is_none_or(|(_, b)| l.region.len() < b.region.len()) {
                 best = Some((id, l));
             }
         }
