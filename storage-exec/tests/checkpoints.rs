@@ -191,7 +191,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         write(&c, name, data, CHUNK as usize).await;
     }
     let probe = TestProbe::new("kept");
-    let open = |name: &'static str, kept: Vec<String>, fill: u64| {
+    let open_own = |name: &'static str, kept: Vec<String>, fill: u64, own_from: u64| {
         let c = Arc::clone(&c);
         let probe = probe.0.clone();
         async move {
@@ -201,11 +201,12 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
                 probe: &probe,
                 kept: &kept,
                 fill,
-                own_from: 0,
+                own_from,
             })
             .await
         }
     };
+    let open = |name, kept, fill| open_own(name, kept, fill, 0);
     // The region's file, as the client would see it through its mapping.
     let held = |path: &str, len: usize| std::fs::read(path).unwrap()[..len].to_vec();
 
@@ -244,30 +245,14 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
 
     // A version the client will map takes a region of its own, exactly
     // its size; the kept one stays idle.
-    let own = c
-        .shm_get_open(GetRequest {
-            name: "other",
-            version: None,
-            probe: &probe.0,
-            kept: std::slice::from_ref(&id),
-            fill: 0,
-            own_from: 100_000,
-        })
+    let own = open_own("other", vec![id.clone()], 0, 100_000)
         .await
         .unwrap();
     assert!(!own.kept && own.region.region != id && own.gone.is_empty());
     assert_eq!(own.region.size, other.len() as u64);
     assert!(c.shm_close(&own.region.region).is_ok());
     // Below `own_from`, the kept one is used as before.
-    let under = c
-        .shm_get_open(GetRequest {
-            name: "small",
-            version: None,
-            probe: &probe.0,
-            kept: std::slice::from_ref(&id),
-            fill: 1 << 20,
-            own_from: 100_000,
-        })
+    let under = open_own("small", vec![id.clone()], 1 << 20, 100_000)
         .await
         .unwrap();
     assert!(under.kept && under.region.region == id);
