@@ -2,7 +2,7 @@
 # Installs what is missing (Debian packages, the Python venv with the
 # client package, Rust components) and runs every test of sluice:
 # formatting, clippy, unit and end-to-end tests, the Python tests against
-# the real server, the README's demo, a small run of each benchmark (to
+# the real server (and, for ingest from object stores, a real S3 server), the README's demo, a small run of each benchmark (to
 # prove they work; their figures are not judged here) and a seconds-long
 # run of each fuzz target. The SPDK backend's tests run when SPDK_DIR
 # points at an SPDK build (docs/spdk.md); otherwise they are skipped, and
@@ -13,6 +13,7 @@ source scripts/env.sh
 source scripts/prune.sh
 SLUICE_EXTRA_DEBS="chromium" source scripts/deps.sh
 source scripts/venv.sh
+source scripts/s3server.sh
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 
@@ -70,7 +71,8 @@ echo "== fuzz targets, a few seconds each"
 bash scripts/fuzz.sh 5
 echo "== python tests"
 # The dashboard's browser test saves its screenshots under artifacts/.
-SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" "$VENV/bin/python" -m pytest -q tests/python
+# The object-store tests must find their S3 server (installed above).
+SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" SLUICE_REQUIRE_S3=1 "$VENV/bin/python" -m pytest -q tests/python
 echo "== SPDK backend"
 if [[ -n "${SPDK_DIR:-}" ]]; then
   cargo clippy -p sluice -p sluice-storage --features sluice/spdk,sluice-storage/spdk \

@@ -298,6 +298,12 @@ pub struct NodeFlags {
     /// coordinator share a filesystem there.
     #[arg(long)]
     pub ingest_root: Vec<PathBuf>,
+    /// Object-store prefixes a coordinator's ingest may read beneath
+    /// (`s3://bucket/prefix`, `gs://…`, `az://…`, `http(s)://…`;
+    /// repeatable; none: no ingest from object stores). Each node reads
+    /// its own part from the store with its own credentials.
+    #[arg(long)]
+    pub ingest_url_allow: Vec<String>,
     /// Memory for this node's cache of random jobs' decode stages (0:
     /// none; default: an eighth of the memory available at start).
     #[arg(long, env = "SLUICE_STAGE_CACHE_MEMORY", value_parser = parse_size)]
@@ -479,7 +485,7 @@ pub enum Command {
     Ingest {
         /// Dataset name (letters, digits, '_' and '-').
         dataset: String,
-        /// A directory, a manifest file (.csv, .jsonl, .parquet) with a `path` column, or shards: a .tar (WebDataset), .tfrecord or .parquet (an `image` column of bytes) file, a directory of them, or a glob such as `shards/train-*.tar`.
+        /// A directory, a manifest file (.csv, .jsonl, .parquet) with a `path` column, or shards: a .tar (WebDataset), .tfrecord or .parquet (an `image` column of bytes) file, a directory of them, or a glob such as `shards/train-*.tar`. Or an object store's prefix or manifest: `s3://bucket/prefix` (credentials and `AWS_ENDPOINT_URL` from the environment or the AWS profile files), `gs://`, `az://`, `http(s)://`.
         source: PathBuf,
         /// A manifest whose relative paths resolve against SOURCE.
         #[arg(long)]
@@ -601,6 +607,12 @@ pub enum Command {
         /// Directories `POST /v1/datasets` may ingest from (repeatable; none: REST ingest is off).
         #[arg(long)]
         ingest_root: Vec<PathBuf>,
+        /// Object-store prefixes `POST /v1/datasets` may ingest from
+        /// (`s3://bucket/prefix`, `gs://…`, `az://…`, `http(s)://…`;
+        /// repeatable; none: no ingest from object stores over REST). A URL
+        /// outside them is refused before any request is sent.
+        #[arg(long)]
+        ingest_url_allow: Vec<String>,
         /// Remote storage nodes (comma-separated URLs) instead of the data dir:
         /// this process is then the coordinator (the compute side, with jobs
         /// and REST); storage nodes may also register with it.

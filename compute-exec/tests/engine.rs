@@ -86,7 +86,7 @@ async fn embedded(dir: &Path, src_root: &Path, src: &Path, sql: &str) -> String 
     opts.chunk_size = 1 << 20;
     let store = Store::open(&opts).unwrap();
     let node = StorageNode::new(store, ScanOptions::default(), 1, None).unwrap();
-    node.allow_ingest(&[src_root.to_path_buf()]).unwrap();
+    node.allow_ingest(&[src_root.to_path_buf()], &[]).unwrap();
     let nodes: Vec<Arc<dyn StorageEndpoint>> = vec![node];
     let session = sharded(&dir.join("ledger"), &nodes, src, 1).await;
     answer(&session, sql).await

@@ -34,7 +34,8 @@ async fn a_sharded_ingest_commits_on_every_node_or_none() {
     write_samples(&src);
     let (a_store, a) = node(root.path(), "a");
     let (b_store, b) = node(root.path(), "b");
-    a.allow_ingest(std::slice::from_ref(&src_root)).unwrap();
+    a.allow_ingest(std::slice::from_ref(&src_root), &[])
+        .unwrap();
     let nodes: Vec<Arc<dyn StorageEndpoint>> = vec![a.clone(), b.clone()];
     let req = IngestRequest {
         dataset: "vecs".into(),
@@ -63,7 +64,7 @@ async fn a_sharded_ingest_commits_on_every_node_or_none() {
 
     // Allowed on both: one part each, every sample once, version 1 on both
     // (node a's lock was freed with its dropped part).
-    b.allow_ingest(&[src_root]).unwrap();
+    b.allow_ingest(&[src_root], &[]).unwrap();
     let report = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         ingests.run(&nodes, &req),
@@ -121,7 +122,8 @@ async fn with_two_replicas_every_part_is_on_two_distinct_nodes() {
     let mut nodes: Vec<Arc<dyn StorageEndpoint>> = Vec::new();
     for name in ["a", "b", "c"] {
         let (store, node) = node(root.path(), name);
-        node.allow_ingest(std::slice::from_ref(&src_root)).unwrap();
+        node.allow_ingest(std::slice::from_ref(&src_root), &[])
+            .unwrap();
         stores.push(store);
         nodes.push(node);
     }

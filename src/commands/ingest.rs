@@ -1,11 +1,13 @@
-//! `sluice ingest DATASET SOURCE`: a new dataset version from a directory
-//! or manifest — into the data dir, or (`--url`) through a running
+//! `sluice ingest DATASET SOURCE`: a new dataset version from a directory,
+//! a manifest or an object store's prefix (`s3://`, `gs://`, `az://`,
+//! `http(s)://`) — into the data dir, or (`--url`) through a running
 //! server, which spreads it over its storage nodes.
 
 use std::io::IsTerminal;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use sluice_storage::ingest::objects::ObjectUrl;
 use sluice_storage::{IngestOptions, IngestSource, OnError, Shard};
 
 use super::open_store;
@@ -22,7 +24,11 @@ pub async fn run(
     format: DocFormat,
 ) -> anyhow::Result<()> {
     let store = open_store(cli)?;
-    let source = IngestSource::from_cli(source, manifest);
+    let source = IngestSource::from_arg(
+        &source.to_string_lossy(),
+        manifest.map(|m| m.to_string_lossy()).as_deref(),
+        None,
+    )?;
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -131,8 +137,14 @@ pub async fn remote(
         replicas,
     } = ask;
     // The server reads the path on its host: made absolute here, since a
-    // relative one would resolve against the server's directory.
-    let path = std::path::absolute(source)?;
+    // relative one would resolve against the server's directory. A URL
+    // (an object store's) goes as it is.
+    let arg = source.to_string_lossy();
+    let path = if ObjectUrl::is_url(&arg) {
+        arg.into_owned()
+    } else {
+        std::path::absolute(source)?.display().to_string()
+    };
     let body = serde_json::json!({
         "name": dataset,
         "path": path,

@@ -153,6 +153,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             flight,
             rest,
             ingest_root,
+            ingest_url_allow,
             storage,
             remote_storage,
             loopback,
@@ -174,6 +175,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 flight,
                 rest,
                 ingest_roots: ingest_root,
+                ingest_url_allow: sluice_storage::ingest::objects::UrlAllow::new(ingest_url_allow)?,
                 storage,
                 remote_storage: *remote_storage,
                 checkpoints: sluice_storage::checkpoint::CheckpointOptions {

@@ -155,8 +155,8 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
         .stage_cache_memory
         .unwrap_or_else(sluice_udfs::stage_cache::StageCache::default_budget);
     sluice_udfs::stage_cache::StageCache::global().configure(stage_cache);
-    if !node.ingest_root.is_empty() {
-        storage.allow_ingest(&node.ingest_root)?;
+    if !node.ingest_root.is_empty() || !node.ingest_url_allow.is_empty() {
+        storage.allow_ingest(&node.ingest_root, &node.ingest_url_allow)?;
     }
     let tls = place::tls(cli)?;
     let listener = listen(
@@ -315,6 +315,8 @@ pub struct ServeAddrs<'a> {
     pub rest: &'a str,
     /// Directories REST ingest may read.
     pub ingest_roots: &'a [std::path::PathBuf],
+    /// Object-store prefixes REST ingest may read.
+    pub ingest_url_allow: sluice_storage::ingest::objects::UrlAllow,
     /// Remote storage nodes instead of the data dir.
     pub storage: &'a [String],
     /// No storage of its own even with no `storage`: nodes register.
@@ -431,6 +433,7 @@ pub async fn serve(
         checkpoints: Some(Arc::clone(&checkpoints)),
         cluster_checkpoints,
         ingest_roots: addrs.ingest_roots.to_vec(),
+        ingest_url_allow: addrs.ingest_url_allow.clone(),
         started: std::time::Instant::now(),
         flight: location(tls.as_deref(), "grpc", "grpc+tls", flight_addr),
         ingests: Arc::default(),

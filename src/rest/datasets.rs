@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
 use sluice_base::Fault;
 use sluice_storage::ingest::Confinement;
+use sluice_storage::ingest::objects::ObjectUrl;
 use sluice_storage::{IngestOptions, IngestSource, OnError};
 use tonic::Code;
 
@@ -87,13 +88,15 @@ fn formats(sample: &[sluice_udfs::cost::SampleStats]) -> Vec<String> {
 }
 
 /// An ingest request: a directory (ImageFolder: class dirs become `label`)
-/// or a manifest, read on the server, under one of its `--ingest-root`s.
+/// or a manifest, read on the server, under one of its `--ingest-root`s;
+/// or an object store's prefix or manifest (`s3://bucket/prefix`, also
+/// `gs://`, `az://`, `http(s)://`) under one of its `--ingest-url-allow`s.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestRequest {
     /// The dataset (a new version if it exists).
     pub name: String,
-    /// The source directory or manifest file.
+    /// The source directory or manifest file, or an object store's URL.
     pub path: String,
     /// A manifest (CSV/Parquet with a `path` column) relative to `path`.
     #[serde(default)]
@@ -241,6 +244,52 @@ fn ingest_error(e: &dyn Fault, req: &IngestRequest) -> ApiError {
     }
 }
 
+/// A source admitted for a REST ingest.
+struct Admitted {
+    /// What storage nodes are sent: the path or URL, as admitted.
+    path: String,
+    /// The manifest, as nodes are sent it (a path; for a URL, the key
+    /// below it as asked).
+    manifest: Option<String>,
+    /// The roots every local object is read beneath.
+    confine: Option<std::sync::Arc<Confinement>>,
+    /// The source, for an ingest into the server's own data dir.
+    source: sluice_storage::Result<IngestSource>,
+}
+
+/// The request's source, beneath the server's `--ingest-root`s or (a
+/// URL) its `--ingest-url-allow` prefixes; refused before any file is
+/// opened or any request sent.
+fn admit_source(s: &AppState, req: &IngestRequest) -> sluice_storage::Result<Admitted> {
+    if ObjectUrl::is_url(&req.path) {
+        let allow = &s.ingest_url_allow;
+        let url = allow.admit(&req.path)?;
+        if let Some(m) = &req.manifest {
+            allow.admit(&url.join(m)?.to_string())?;
+        }
+        let source = IngestSource::from_arg(&req.path, req.manifest.as_deref(), Some(allow));
+        return Ok(Admitted {
+            path: url.to_string(),
+            manifest: req.manifest.clone(),
+            confine: None,
+            source,
+        });
+    }
+    // Every object, and every row of a manifest, is read beneath the roots.
+    let confine = Confinement::new(&s.ingest_roots)?;
+    let path = confine.admit(FsPath::new(&req.path))?;
+    let manifest = match &req.manifest {
+        Some(m) => Some(confine.admit(&path.join(m))?),
+        None => None,
+    };
+    Ok(Admitted {
+        source: Ok(IngestSource::from_cli(&path, manifest.as_deref())),
+        path: path.display().to_string(),
+        manifest: manifest.map(|m| m.display().to_string()),
+        confine: Some(std::sync::Arc::new(confine)),
+    })
+}
+
 /// Ingest a directory or manifest on the server into a new dataset version
 /// (only under the server's `--ingest-root`s). In embedded mode the server
 /// writes it to its own data dir; over remote storage nodes the version is
@@ -269,7 +318,16 @@ pub async fn ingest(
         );
         return Err(refuse(&s, &who, "POST /v1/datasets", why));
     }
-    if s.ingest_roots.is_empty() {
+    let from_store = ObjectUrl::is_url(&req.path);
+    if from_store && s.ingest_url_allow.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "ingest_disabled",
+            "ingest from object stores over REST is off: start `sluice serve` with \
+             --ingest-url-allow URL",
+        ));
+    }
+    if !from_store && s.ingest_roots.is_empty() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "ingest_disabled",
@@ -284,29 +342,15 @@ pub async fn ingest(
             .parse()
             .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", e))?,
     };
-    // Every object, and every row of a manifest, is read beneath the roots.
-    let confine = Confinement::new(&s.ingest_roots).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "ingest_failed",
-            e.to_string(),
-        )
-    })?;
-    let path = confine
-        .admit(FsPath::new(&req.path))
-        .map_err(|e| fail(&e))?;
-    let manifest = match &req.manifest {
-        Some(m) => Some(confine.admit(&path.join(m)).map_err(|e| fail(&e))?),
-        None => None,
-    };
+    let admitted = admit_source(&s, &req).map_err(|e| fail(&e))?;
     let json = match &s.ingest_store {
         Some(_) if req.replicas.is_some_and(|r| r != 1) => return Err(one_copy(&req)),
         Some(store) => {
-            let source = IngestSource::from_cli(&path, manifest.as_deref());
             let opts = IngestOptions {
-                confine: Some(std::sync::Arc::new(confine)),
+                confine: admitted.confine,
                 ..IngestOptions::with_policy(on_error)
             };
+            let source = admitted.source.map_err(|e| fail(&e))?;
             let report = sluice_storage::ingest(store, &req.name, source, opts)
                 .await
                 .map_err(|e| fail(&e))?;
@@ -321,8 +365,8 @@ pub async fn ingest(
         None => {
             let sharded = sluice_compute::ingest::IngestRequest {
                 dataset: req.name.clone(),
-                path: path.display().to_string(),
-                manifest: manifest.map(|m| m.display().to_string()),
+                path: admitted.path,
+                manifest: admitted.manifest,
                 on_error: on_error.to_string(),
                 replicas: req.replicas,
             };

@@ -76,6 +76,8 @@ pub struct AppState {
     pub cluster_checkpoints: Option<Arc<sluice_compute::checkpoints::ClusterCheckpoints>>,
     /// Directories REST ingest may read.
     pub ingest_roots: Vec<PathBuf>,
+    /// Object-store prefixes REST ingest may read (`--ingest-url-allow`).
+    pub ingest_url_allow: sluice_storage::ingest::objects::UrlAllow,
     /// When the server started.
     pub started: Instant,
     /// The Flight location trainers are sent to (`grpc://` or, serving

@@ -61,6 +61,9 @@ pub struct StorageNode {
     indexes: Arc<IndexCache>,
     /// Where ingests sent to this node may read (none: it takes none).
     pub(crate) ingest_roots: std::sync::OnceLock<Arc<crate::ingest::Confinement>>,
+    /// The object-store prefixes those ingests may read (none: no
+    /// ingest from object stores).
+    pub(crate) ingest_urls: std::sync::OnceLock<crate::ingest::objects::UrlAllow>,
     /// Ingest parts prepared here, awaiting their coordinator's word.
     pub(crate) pending: crate::ingest::PendingIngests,
     /// Fragments run (see [`NodeInfo::fragments`]).
@@ -101,6 +104,7 @@ impl StorageNode {
             listed: Mutex::new(HashMap::new()),
             indexes: Arc::new(IndexCache::default()),
             ingest_roots: std::sync::OnceLock::new(),
+            ingest_urls: std::sync::OnceLock::new(),
             pending: crate::ingest::PendingIngests::new(sluice_flight::ingest::PREPARED_TTL),
             fragments: std::sync::atomic::AtomicU64::new(0),
             streams: std::sync::atomic::AtomicU64::new(0),

@@ -42,7 +42,7 @@ pub async fn served_node(
     opts.chunk_size = 1 << 20;
     let store = Store::open(&opts).unwrap();
     let node = StorageNode::new(Arc::clone(&store), ScanOptions::default(), 1, None).unwrap();
-    node.allow_ingest(&[src_root.to_path_buf()]).unwrap();
+    node.allow_ingest(&[src_root.to_path_buf()], &[]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let worker = sluice_storage::engine::worker(Arc::clone(&node), Default::default());

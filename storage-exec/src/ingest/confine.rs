@@ -110,6 +110,11 @@ impl Confinement {
         }
     }
 
+    /// Whether there are no roots (nothing local may be read).
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
     /// The roots, canonical.
     pub fn roots(&self) -> impl Iterator<Item = &Path> {
         self.roots.iter().map(|r| r.path.as_path())

@@ -108,6 +108,7 @@ impl StorageNode {
             skipped: Vec::new(),
             columns,
             started,
+            requests: None,
         })
         .await?;
         let out = prepared.part();

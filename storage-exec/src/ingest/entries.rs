@@ -12,6 +12,7 @@ use arrow::array::{ArrayRef, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::Field;
 
+use super::objects::ObjectSource;
 use super::shard::Shard;
 use crate::error::Result;
 
@@ -33,6 +34,13 @@ pub(crate) enum Origin {
         row: u64,
     },
     Inline(Vec<u8>),
+    /// An object in a store (`super::objects`), with its size when the
+    /// listing gave it; fetched into `Inline` by its load group.
+    Object {
+        source: Arc<ObjectSource>,
+        location: object_store::path::Path,
+        size: Option<u64>,
+    },
     /// Refused before a byte is read, and why (a duplicate key).
     Refused(String),
 }

@@ -26,6 +26,7 @@
 mod confine;
 mod copy;
 mod entries;
+pub mod objects;
 mod parts;
 mod pending;
 mod prepared;
@@ -167,6 +168,10 @@ pub struct IngestReport {
     pub columns: Vec<String>,
     /// Wall time in seconds.
     pub seconds: f64,
+    /// For a source in an object store: the requests sent and the
+    /// attempts retried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<objects::Counts>,
 }
 
 /// Checks that a dataset name is usable as a table name and a directory
@@ -285,6 +290,10 @@ fn load(
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
+        // Fetched by its group before it is loaded (`objects::fetch_group`).
+        Origin::Object { location, .. } => {
+            return (entry.key, Err(format!("{location} was not fetched")));
+        }
         Origin::Range { len, .. } if len > MAX_OBJECT_BYTES => {
             return (entry.key, Err(too_large(len)));
         }
@@ -413,7 +422,7 @@ impl Piece {
 }
 
 /// Objects loaded per blocking task, and tasks in flight.
-const LOAD_GROUP: usize = 32;
+pub(crate) const LOAD_GROUP: usize = 32;
 const LOAD_TASKS: usize = 4;
 /// Bytes of loaded objects held at once, waiting for the writer: a group
 /// takes its size in permits (at most all of them) before it is read and
@@ -456,6 +465,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
                 .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),
             Origin::Range { len, .. } => (*len).min(LOAD_BUDGET),
+            Origin::Object { size, .. } => size.unwrap_or(0).min(LOAD_BUDGET),
             // Unknown until its row group is decoded; those decoded are
             // bounded by the row groups `Readers` keeps.
             Origin::Cell { .. } | Origin::Refused(_) => 0,
@@ -495,6 +505,10 @@ pub async fn prepare(
         None => source.describe(),
     };
     let scratch = Some(store.data_dir().to_owned());
+    let remote = match &source {
+        IngestSource::Objects(o) => Some(Arc::clone(o)),
+        _ => None,
+    };
     let mut enumerated = enumerate(source, opts.confine.clone(), opts.shard, scratch).await?;
     // Keys are checked over what this node enumerated: the whole source
     // when the part is every N-th sample, its own files when shard files
@@ -564,6 +578,7 @@ pub async fn prepare(
             let shards = Arc::clone(&shards);
             async move {
                 let (group, permit) = ready?;
+                let group = objects::fetch_group(group).await?;
                 let results = tokio::task::spawn_blocking(move || {
                     group
                         .into_iter()
@@ -664,6 +679,7 @@ pub async fn prepare(
         skipped,
         columns: column_names,
         started,
+        requests: remote.map(|o| o.counts()),
     })
     .await
 }

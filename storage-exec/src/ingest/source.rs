@@ -13,6 +13,8 @@
 //!   images inside (`super::shard_files`), each sample read in place from
 //!   its shard.
 //! - **Memory**: (key, bytes) pairs, for programs and benchmarks.
+//! - **Objects**: a prefix or a manifest in an object store
+//!   (`super::objects`).
 //!
 //! Keys default to the path relative to the source, with `/` separators;
 //! entries are sorted by key so re-ingesting the same tree is deterministic.
@@ -30,6 +32,7 @@ use futures::FutureExt;
 
 use super::confine::Confinement;
 use super::entries::{Entry, Enumerated, Origin, key_part};
+use super::objects::{ObjectSource, ObjectUrl, UrlAllow};
 use super::shard::Shard;
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
@@ -51,6 +54,8 @@ pub enum IngestSource {
     Shards(PathBuf),
     /// Objects already in memory, as (key, bytes).
     Memory(Vec<(String, Vec<u8>)>),
+    /// A prefix or a manifest in an object store (`super::objects`).
+    Objects(Arc<ObjectSource>),
 }
 
 impl IngestSource {
@@ -74,6 +79,23 @@ impl IngestSource {
         }
     }
 
+    /// The source a CLI or REST argument names: an object store's when
+    /// `arg` is a URL (`s3://`, `gs://`, `az://`, `http(s)://`; with
+    /// `manifest`, a key below it), else [`from_cli`](Self::from_cli)'s.
+    /// With `allow` (a server's `--ingest-url-allow`), the URL, its
+    /// manifest and every object a manifest names must lie beneath it.
+    pub fn from_arg(arg: &str, manifest: Option<&str>, allow: Option<&UrlAllow>) -> Result<Self> {
+        if ObjectUrl::is_url(arg) {
+            let url = match allow {
+                Some(allow) => allow.admit(arg)?,
+                None => ObjectUrl::parse(arg)?,
+            };
+            let source = ObjectSource::open(url, manifest, allow.cloned())?;
+            return Ok(Self::Objects(Arc::new(source)));
+        }
+        Ok(Self::from_cli(Path::new(arg), manifest.map(Path::new)))
+    }
+
     /// A short description for the catalog.
     pub fn describe(&self) -> String {
         match self {
@@ -81,6 +103,7 @@ impl IngestSource {
             Self::Manifest { manifest, .. } => format!("manifest {}", manifest.display()),
             Self::Shards(p) => format!("shards {}", p.display()),
             Self::Memory(s) => format!("{} in-memory objects", s.len()),
+            Self::Objects(o) => o.describe(),
         }
     }
 
@@ -96,6 +119,12 @@ impl IngestSource {
             .map(|e| match e.origin {
                 Origin::Path(p) | Origin::Range { path: p, .. } | Origin::Cell { path: p, .. } => {
                     (e.key, Some(p))
+                }
+                Origin::Object {
+                    source, location, ..
+                } => {
+                    let url = source.url().of_key(location.as_ref());
+                    (e.key, Some(PathBuf::from(url)))
                 }
                 Origin::Inline(_) | Origin::Refused(_) => (e.key, None),
             })
@@ -123,26 +152,9 @@ pub(crate) async fn enumerate(
             .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?,
         // The CSV, JSON and Parquet readers can panic on a malformed file
         // (a Parquet footer cut short did): that is the manifest's fault,
-        // named as such, never a lost request.
-        IngestSource::Manifest { manifest, base } => {
-            AssertUnwindSafe(enumerate_manifest(&manifest, &base))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    Err(bad_source(
-                        &manifest,
-                        format!(
-                            "cannot read manifest: its reader failed on it ({})",
-                            sluice_udfs::udf::panic_message(&panic)
-                        ),
-                    ))
-                })
-                .map_err(|e| match e {
-                    e @ StorageError::BadSource { .. } => e,
-                    // Arrow's errors (a column that does not cast) name no file.
-                    e => bad_source(&manifest, format!("cannot read manifest: {e}")),
-                })
-        }
+        // named as such, never a lost request (`read_manifest`).
+        IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base).await,
+        IngestSource::Objects(source) => source.enumerate().await,
         IngestSource::Memory(samples) => Ok(Enumerated {
             entries: samples
                 .into_iter()
@@ -242,15 +254,72 @@ fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
 }
 
 async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> {
-    let name = manifest.to_string_lossy().to_string();
     if !manifest.is_file() {
         return Err(bad_source(manifest, "manifest file not found"));
     }
-    let ext = manifest
-        .extension()
-        .map(|e| e.to_string_lossy().to_lowercase())
+    let at = ManifestAt {
+        read: manifest.to_string_lossy().to_string(),
+        shown: manifest.to_owned(),
+        ctx: SessionContext::new(),
+    };
+    read_manifest(at, |rel| {
+        let rel = PathBuf::from(rel);
+        Origin::Path(if rel.is_absolute() {
+            rel
+        } else {
+            base.join(rel)
+        })
+    })
+    .await
+}
+
+/// A manifest to read: what DataFusion reads (a path, or a URL of a store
+/// registered with `ctx`), and the name errors give it.
+pub(crate) struct ManifestAt {
+    pub read: String,
+    pub shown: PathBuf,
+    pub ctx: SessionContext,
+}
+
+/// The entries of a manifest, each row's `path` resolved by `resolve`;
+/// a reader's panic on a malformed file is the manifest's error, named.
+pub(crate) async fn read_manifest(
+    at: ManifestAt,
+    resolve: impl Fn(&str) -> Origin,
+) -> Result<Enumerated> {
+    let shown = at.shown.clone();
+    AssertUnwindSafe(read_rows(at, resolve))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(bad_source(
+                &shown,
+                format!(
+                    "cannot read manifest: its reader failed on it ({})",
+                    sluice_udfs::udf::panic_message(&panic)
+                ),
+            ))
+        })
+        .map_err(|e| match e {
+            e @ StorageError::BadSource { .. } => e,
+            // Arrow's errors (a column that does not cast) name no file.
+            e => bad_source(&shown, format!("cannot read manifest: {e}")),
+        })
+}
+
+async fn read_rows(at: ManifestAt, resolve: impl Fn(&str) -> Origin) -> Result<Enumerated> {
+    let ManifestAt {
+        read: name,
+        shown: manifest,
+        ctx,
+    } = at;
+    let manifest = manifest.as_path();
+    let ext = name
+        .rsplit('/')
+        .next()
+        .and_then(|file| file.rsplit_once('.'))
+        .map(|(_, e)| e.to_lowercase())
         .unwrap_or_default();
-    let ctx = SessionContext::new();
     let df = match ext.as_str() {
         "csv" => ctx.read_csv(&name, CsvReadOptions::new().file_extension(".csv")).await,
         "json" | "jsonl" | "ndjson" => {
@@ -293,7 +362,6 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
                 format!("row {}: 'path' is empty", i + 1),
             ));
         }
-        let rel = PathBuf::from(paths.value(i));
         let key = match &keys {
             Some(k) if !k.is_null(i) => k.value(i).to_owned(),
             Some(_) => {
@@ -304,14 +372,9 @@ async fn enumerate_manifest(manifest: &Path, base: &Path) -> Result<Enumerated> 
             }
             None => paths.value(i).to_owned(),
         };
-        let path = if rel.is_absolute() {
-            rel
-        } else {
-            base.join(rel)
-        };
         entries.push(Entry {
             key,
-            origin: Origin::Path(path),
+            origin: resolve(paths.value(i)),
         });
     }
 

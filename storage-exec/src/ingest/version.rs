@@ -42,6 +42,8 @@ pub(super) struct Sealing {
     /// The user columns, by name.
     pub columns: Vec<String>,
     pub started: Instant,
+    /// The store's requests and retries, for an object-store source.
+    pub requests: Option<super::objects::Counts>,
 }
 
 /// Writes `s`'s metadata to `meta/<dataset>/v<N>.parquet` (temp file,
@@ -95,6 +97,7 @@ pub(super) async fn seal(s: Sealing) -> Result<Prepared> {
         skipped: s.skipped,
         columns: s.columns,
         seconds: s.started.elapsed().as_secs_f64(),
+        requests: s.requests,
     };
     Ok(Prepared::new(
         s.store,

@@ -1,0 +1,213 @@
+//! The bytes of an ingest's objects, fetched from their store.
+//!
+//! A load group's objects are fetched all at once (the ingest keeps a few
+//! groups in flight, so some hundred GETs are open), each into memory,
+//! and handed to the loader as bytes, which probes and checksums them as
+//! it does a local file's. An object over [`RANGE_BYTES`] is fetched in
+//! ranged GETs of that size, [`RANGES_AT_ONCE`] at a time.
+//!
+//! Whose fault a failure is decides what it costs:
+//! - the object's own (`NoSuchKey`: a manifest row naming a key that is
+//!   not there; `AccessDenied` on that key; an object too large to read
+//!   back; one whose length changed between listing and reading): that
+//!   sample's, under the ingest's policy, as an unreadable local file is;
+//! - the store's (5xx or a dropped connection after the retries, a wrong
+//!   or expired credential, a missing bucket): the ingest's, which fails
+//!   and commits nothing. A store that is down must never leave a version
+//!   with samples silently missing.
+//!
+//! Above `object_store`'s own retries of each request, a fetch that still
+//! failed is tried again whole, up to [`BODY_TRIES`] times, and counted as
+//! a retry: a body cut off after good headers, or a connection reset
+//! mid-answer, is not retried below (a store restarting drops both).
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
+
+use super::ObjectSource;
+use crate::error::{Result, StorageError};
+use crate::ingest::MAX_OBJECT_BYTES;
+use crate::ingest::entries::{Entry, Origin};
+
+/// Objects larger than this are fetched in ranges of it.
+pub const RANGE_BYTES: u64 = 8 << 20;
+/// Ranges of one object in flight.
+pub const RANGES_AT_ONCE: usize = 4;
+/// Attempts at one object, whole.
+pub const BODY_TRIES: u32 = 3;
+
+/// `group` with each object's origin replaced by its bytes, or by why the
+/// object is refused; `Err` when the store failed (see the module docs).
+pub(crate) async fn fetch_group(group: Vec<Entry>) -> Result<Vec<Entry>> {
+    futures::stream::iter(group)
+        .map(|entry| async move {
+            let Origin::Object {
+                source,
+                location,
+                size,
+            } = entry.origin
+            else {
+                return Ok(entry);
+            };
+            let origin = match source.fetch(&location, size).await? {
+                Ok(bytes) => Origin::Inline(bytes),
+                Err(reason) => Origin::Refused(reason),
+            };
+            Ok(Entry {
+                key: entry.key,
+                origin,
+            })
+        })
+        .buffered(crate::ingest::LOAD_GROUP)
+        .try_collect()
+        .await
+}
+
+/// What an `object_store` error says, with the store's own code when its
+/// answer had one (`NoSuchBucket`, `AccessDenied`, `ExpiredToken`,
+/// `SlowDown`).
+pub(super) fn store_error(e: &object_store::Error) -> String {
+    let text = e.to_string();
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let close = format!("</{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&close)? + start;
+        Some(text[start..end].to_owned())
+    };
+    match (tag("Code"), tag("Message")) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code,
+        // No XML body: the error as `object_store` words it (the method,
+        // the URL, the status; never a credential).
+        _ => text,
+    }
+}
+
+/// Whether `e` is the object's own fault, not the store's.
+fn objects_fault(e: &object_store::Error) -> bool {
+    match e {
+        object_store::Error::NotFound { .. } => !store_error(e).contains("NoSuchBucket"),
+        object_store::Error::PermissionDenied { .. } => true,
+        _ => false,
+    }
+}
+
+impl ObjectSource {
+    /// The bytes of the object at `location` (`size` as listed, when it
+    /// was): `Ok(Err(reason))` for the object's fault, `Err` for the
+    /// store's.
+    async fn fetch(
+        &self,
+        location: &ObjectPath,
+        size: Option<u64>,
+    ) -> Result<std::result::Result<Vec<u8>, String>> {
+        let url = self.url.of_key(location.as_ref());
+        if let Some(len) = size.filter(|&l| l > MAX_OBJECT_BYTES) {
+            return Ok(Err(format!(
+                "{len} bytes, over the largest object sluice can read back \
+                 ({MAX_OBJECT_BYTES} bytes)"
+            )));
+        }
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let got = match size {
+                Some(len) if len > RANGE_BYTES => self.fetch_ranges(location, len).await,
+                _ => self.fetch_whole(location, size).await,
+            };
+            match got {
+                Ok(bytes) => return Ok(bytes),
+                Err(Failure::Object(reason)) => return Ok(Err(format!("{url}: {reason}"))),
+                Err(Failure::Body(e) | Failure::Store(e)) if tries < BODY_TRIES => {
+                    self.tally.body_failed();
+                    tracing::info!("{url}: {e}; fetching it again");
+                    tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+                }
+                Err(Failure::Body(e)) | Err(Failure::Store(e)) => {
+                    return Err(StorageError::BadSource {
+                        path: url.into(),
+                        reason: format!("its store failed: {e}"),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn fetch_whole(
+        &self,
+        location: &ObjectPath,
+        size: Option<u64>,
+    ) -> std::result::Result<std::result::Result<Vec<u8>, String>, Failure> {
+        let got = self.store.get(location).await.map_err(classify)?;
+        let len = got.meta.size;
+        if len > MAX_OBJECT_BYTES {
+            return Ok(Err(format!(
+                "{len} bytes, over the largest object sluice can read back \
+                 ({MAX_OBJECT_BYTES} bytes)"
+            )));
+        }
+        let bytes = got
+            .bytes()
+            .await
+            .map_err(|e| Failure::Body(store_error(&e)))?;
+        if let Some(listed) = size
+            && listed != bytes.len() as u64
+        {
+            return Ok(Err(changed(listed, bytes.len() as u64)));
+        }
+        Ok(Ok(Vec::from(bytes)))
+    }
+
+    async fn fetch_ranges(
+        &self,
+        location: &ObjectPath,
+        len: u64,
+    ) -> std::result::Result<std::result::Result<Vec<u8>, String>, Failure> {
+        let ranges = (0..len.div_ceil(RANGE_BYTES))
+            .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(len));
+        let pieces: Vec<bytes::Bytes> = futures::stream::iter(ranges)
+            .map(|r| async move {
+                let want = r.end - r.start;
+                let got = self.store.get_range(location, r).await.map_err(classify)?;
+                if got.len() as u64 != want {
+                    return Err(Failure::Object(changed(len, got.len() as u64)));
+                }
+                Ok(got)
+            })
+            .buffered(RANGES_AT_ONCE)
+            .try_collect()
+            .await?;
+        let mut out = Vec::with_capacity(len as usize);
+        for p in pieces {
+            out.extend_from_slice(&p);
+        }
+        Ok(Ok(out))
+    }
+}
+
+/// Why one fetch failed.
+enum Failure {
+    /// The object's fault (see the module docs).
+    Object(String),
+    /// The body was cut off after a good answer.
+    Body(String),
+    /// The store's fault: the ingest's error once the tries are spent.
+    Store(String),
+}
+
+fn classify(e: object_store::Error) -> Failure {
+    let text = store_error(&e);
+    if objects_fault(&e) {
+        Failure::Object(text)
+    } else {
+        Failure::Store(text)
+    }
+}
+
+fn changed(listed: u64, got: u64) -> String {
+    format!("the object changed while it was read ({listed} bytes listed, {got} read)")
+}

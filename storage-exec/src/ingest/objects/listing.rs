@@ -1,0 +1,179 @@
+//! What an object-store source holds, as the entries of an ingest.
+//!
+//! - **A prefix**, listed page by page: the objects beneath it, keyed by
+//!   their key relative to the prefix. As with a local directory, the
+//!   layout is ImageFolder when every object sits below a first-level
+//!   "directory" (the first segment becomes `label`), flat otherwise;
+//!   keys with a segment that starts with `.` are hidden and left out, and
+//!   so are "directory" placeholders (keys ending in `/`). Keys are sorted
+//!   in byte order, as a local ingest sorts them.
+//! - **A manifest** in the store: read by DataFusion through the same
+//!   client (`super::super::source::read_manifest`), each row's `path`
+//!   a key relative to the manifest's prefix, or an absolute URL in the
+//!   same bucket. A row that names a local file or another bucket is
+//!   refused, named: a manifest in a store reads that store only; on a
+//!   server, a row outside `--ingest-url-allow` is refused too.
+//! - **Shard files** in a store (WebDataset tars, TFRecord, Parquet with
+//!   the images inside) are refused with a message saying so: they are
+//!   not read from an object store yet.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, StringArray};
+use arrow::datatypes::{DataType, Field};
+use datafusion::prelude::SessionContext;
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+
+use super::ObjectSource;
+use super::address::ObjectUrl;
+use super::fetch::store_error;
+use crate::error::{Result, StorageError};
+use crate::ingest::entries::{Entry, Enumerated, Origin};
+use crate::ingest::shard_files::ShardKind;
+use crate::ingest::source::{ManifestAt, read_manifest};
+
+/// Whether `key` names a manifest by its extension.
+pub(super) fn is_manifest(key: &str) -> bool {
+    let lower = key.to_ascii_lowercase();
+    [".csv", ".json", ".jsonl", ".ndjson", ".parquet"]
+        .iter()
+        .any(|e| lower.ends_with(e))
+}
+
+/// Objects listed between two lines of the log.
+const LOG_EVERY: usize = 100_000;
+
+impl ObjectSource {
+    /// The entries of this source (see the module docs).
+    pub(crate) async fn enumerate(self: Arc<Self>) -> Result<Enumerated> {
+        match self.manifest.clone() {
+            Some(manifest) => self.enumerate_manifest(manifest).await,
+            None => self.enumerate_prefix().await,
+        }
+    }
+
+    async fn enumerate_prefix(self: Arc<Self>) -> Result<Enumerated> {
+        let prefix = ObjectPath::from(self.url.prefix.as_str());
+        let mut listed = self.store.list(Some(&prefix));
+        let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();
+        let mut shards = 0usize;
+        while let Some(meta) = listed.next().await {
+            let meta =
+                meta.map_err(|e| self.bad(format!("cannot list it: {}", store_error(&e))))?;
+            let location = meta.location.as_ref();
+            let rel = match self.url.prefix.as_str() {
+                "" => location,
+                p => location
+                    .strip_prefix(p)
+                    .and_then(|r| r.strip_prefix('/'))
+                    .unwrap_or(location),
+            };
+            if rel.is_empty() || rel.ends_with('/') || rel.split('/').any(|s| s.starts_with('.')) {
+                continue;
+            }
+            if ShardKind::of(rel).is_some() && !is_manifest(rel) {
+                shards += 1;
+            }
+            rows.push((rel.to_owned(), meta.location, meta.size));
+            if rows.len().is_multiple_of(LOG_EVERY) {
+                tracing::info!("listed {} objects under {}", rows.len(), self.url);
+            }
+        }
+        if rows.is_empty() {
+            return Err(self.bad("no objects under this prefix".into()));
+        }
+        if shards == rows.len() {
+            return Err(self.bad(
+                "it holds shard files (WebDataset, TFRecord): sluice does not read shards \
+                 from an object store yet; ingest them from a local path, or list the \
+                 images themselves"
+                    .into(),
+            ));
+        }
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let image_folder = rows.iter().all(|(rel, ..)| rel.contains('/'));
+        let (user_fields, user_columns) = if image_folder {
+            let labels: StringArray = rows
+                .iter()
+                .map(|(rel, ..)| rel.split('/').next().map(str::to_owned))
+                .collect();
+            (
+                vec![Field::new("label", DataType::Utf8, true)],
+                vec![Arc::new(labels) as ArrayRef],
+            )
+        } else {
+            (vec![], vec![])
+        };
+        let entries = rows
+            .into_iter()
+            .map(|(key, location, size)| Entry {
+                key,
+                origin: Origin::Object {
+                    source: Arc::clone(&self),
+                    location,
+                    size: Some(size),
+                },
+            })
+            .collect();
+        Ok(Enumerated {
+            entries,
+            user_fields,
+            user_columns,
+            part_only: false,
+            inflated: Vec::new(),
+        })
+    }
+
+    async fn enumerate_manifest(self: Arc<Self>, manifest: ObjectUrl) -> Result<Enumerated> {
+        let ctx = SessionContext::new();
+        let root = url::Url::parse(&manifest.root())
+            .map_err(|e| self.bad(format!("cannot register its store: {e}")))?;
+        ctx.register_object_store(&root, Arc::clone(&self.store));
+        let at = ManifestAt {
+            read: manifest.to_string(),
+            shown: manifest.to_string().into(),
+            ctx,
+        };
+        let source = Arc::clone(&self);
+        read_manifest(at, move |path| source.resolve_row(path)).await
+    }
+
+    /// A manifest row's `path` as an object of this store, or refused.
+    fn resolve_row(self: &Arc<Self>, path: &str) -> Origin {
+        let url = if ObjectUrl::is_url(path) {
+            ObjectUrl::parse(path)
+        } else if path.starts_with('/') {
+            return Origin::Refused(format!(
+                "the manifest names the local file {path}: a manifest in an object store \
+                 names objects of its own bucket only"
+            ));
+        } else {
+            self.url.join(path)
+        };
+        let url = url.and_then(|u| match &self.allow {
+            Some(allow) => allow.admit(&u.to_string()),
+            None => Ok(u),
+        });
+        match url {
+            Ok(u) if u.kind == self.url.kind && u.bucket == self.url.bucket => Origin::Object {
+                source: Arc::clone(self),
+                location: ObjectPath::from(u.prefix.as_str()),
+                size: None,
+            },
+            Ok(u) => Origin::Refused(format!(
+                "{u} is in another bucket: a manifest in an object store names objects of \
+                 its own bucket ({}) only",
+                self.url.root()
+            )),
+            Err(e) => Origin::Refused(e.to_string()),
+        }
+    }
+
+    fn bad(&self, reason: String) -> StorageError {
+        StorageError::BadSource {
+            path: self.url.to_string().into(),
+            reason,
+        }
+    }
+}

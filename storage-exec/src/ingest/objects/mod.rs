@@ -1,0 +1,116 @@
+//! Ingest from object stores: S3 and the S3-compatible stores (MinIO,
+//! Ceph's RADOS Gateway, the gateways of WekaIO and DAOS), Google Cloud
+//! Storage, Azure Blob Storage, and plain HTTP(S) stores that list.
+//!
+//! The client is the `object_store` crate's, the arrow-rs project's and
+//! the one DataFusion reads through (so a manifest in a bucket is read by
+//! the same DataFusion as a local one, and no second HTTP stack is
+//! built). The modules:
+//!
+//! - [`address`]: the source URL and the `--ingest-url-allow` list,
+//!   checked before any request is sent;
+//! - `connect`: the store's client, credentials by the standard means
+//!   (with `profile`, the AWS profile files), bounded retries;
+//! - [`tally`]: the requests and retries, counted where they leave;
+//! - `listing`: what a source holds, as entries (ImageFolder, flat, or
+//!   a manifest in the store);
+//! - `fetch`: the objects' bytes, many GETs at once, straight into the
+//!   ingest's load groups.
+//!
+//! Nothing is staged on a local disk: each object goes from its GET to
+//! the probe, the checksum and the device. The listing is paginated
+//! (1,000 keys a request on S3) and kept as one compact entry per object,
+//! which the version's metadata needs anyway; the raw listing is never
+//! held whole. A store's failure (5xx after the retries, refused
+//! connections, a wrong credential) fails the ingest, which then commits
+//! nothing; an object's own fault (a manifest row naming a missing key, a
+//! corrupt image) is that sample's, under the ingest's policy.
+
+pub mod address;
+mod connect;
+mod fetch;
+mod listing;
+mod profile;
+pub mod tally;
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+
+pub use self::address::{ObjectUrl, UrlAllow};
+pub(crate) use self::fetch::fetch_group;
+pub use self::tally::{Counts, Tally};
+use crate::error::Result;
+
+/// A source in an object store: a prefix to list, or a manifest in it.
+#[derive(Debug)]
+pub struct ObjectSource {
+    url: ObjectUrl,
+    manifest: Option<ObjectUrl>,
+    store: Arc<dyn ObjectStore>,
+    tally: Arc<Tally>,
+    /// Where a manifest's rows may point (a server's allow list).
+    allow: Option<UrlAllow>,
+}
+
+impl ObjectSource {
+    /// The source at `url` (an already admitted one, on a server); with
+    /// `manifest`, the manifest at that key below it. A `url` that names
+    /// a `.csv`, `.json`, `.jsonl`, `.ndjson` or `.parquet` object is a
+    /// manifest itself, its rows relative to the prefix it sits in.
+    /// With `allow`, the manifest and every object it names must lie
+    /// beneath the allowed prefixes. Nothing is sent until it is
+    /// enumerated.
+    pub fn open(url: ObjectUrl, manifest: Option<&str>, allow: Option<UrlAllow>) -> Result<Self> {
+        let tally = Arc::new(Tally::default());
+        let store = connect::connect(&url, &tally)?;
+        let (url, manifest) = match manifest {
+            Some(m) => {
+                let at = url.join(m)?;
+                (url, Some(at))
+            }
+            None if listing::is_manifest(&url.prefix) => {
+                let base = match url.prefix.rsplit_once('/') {
+                    Some((dir, _)) => ObjectUrl {
+                        prefix: dir.to_owned(),
+                        ..url.clone()
+                    },
+                    None => ObjectUrl {
+                        prefix: String::new(),
+                        ..url.clone()
+                    },
+                };
+                (base, Some(url))
+            }
+            None => (url, None),
+        };
+        if let (Some(allow), Some(m)) = (&allow, &manifest) {
+            allow.admit(&m.to_string())?;
+        }
+        Ok(Self {
+            url,
+            manifest,
+            store,
+            tally,
+            allow,
+        })
+    }
+
+    /// The prefix the objects are under.
+    pub fn url(&self) -> &ObjectUrl {
+        &self.url
+    }
+
+    /// A short description for the catalog (no credential is in it).
+    pub fn describe(&self) -> String {
+        match &self.manifest {
+            Some(m) => format!("manifest {m}"),
+            None => format!("objects {}", self.url),
+        }
+    }
+
+    /// The requests and retries so far.
+    pub fn counts(&self) -> Counts {
+        self.tally.counts()
+    }
+}
