@@ -304,3 +304,43 @@ def test_a_prefix_of_100000_objects_is_ingested_in_bounded_memory():
         # here (a debug build's baseline is about 60 MiB).
         assert sluice_mib < 320, sluice_mib
         assert server_mib < 512, server_mib
+
+
+def test_webdataset_and_tfrecord_shards_in_the_store_equal_the_local_ones():
+    from test_shards import example, images, record, webdataset
+
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        env = s3.env(ENV)
+        _, samples = images(d)
+        wds = webdataset(os.path.join(d, "wds"), samples, shards=3)
+        tf = os.path.join(d, "tf")
+        os.makedirs(tf)
+        with open(os.path.join(tf, "train-00000-of-00001.tfrecord"), "wb") as f:
+            for key, cls, blob in samples:
+                f.write(record(example({"image/encoded": blob, "image/filename": key.encode(),
+                                        "image/class/text": cls.encode()})))
+        open(os.path.join(tf, "train-00000-of-00001.tfrecord.index"), "w").close()
+        upload_tree(s3, "train", "wds", wds)
+        upload_tree(s3, "train", "tf", tf)
+        ingest(data, ENV, "wds_local", wds)
+        report = ingest(data, env, "wds_remote", "s3://train/wds")
+        assert report["samples"] == len(samples)
+        q = ("SELECT key, label, json, source_shard, source_index, source_offset, data "
+             "FROM {} ORDER BY key")
+        got = rows(data, q.format("wds_remote"))
+        assert got == rows(data, q.format("wds_local")) and len(got) == 12
+        # One shard named by its URL; and a storage node's part of three
+        # files: its own files only.
+        ingest(data, env, "one", "s3://train/wds/train-0001.tar")
+        assert {r["source_shard"] for r in rows(data, "SELECT source_shard FROM one")} == \
+            {"train-0001.tar"}
+        part = os.path.join(d, "part")
+        ingest(part, env, "wds", "s3://train/wds", "--shard", "1/2")
+        assert {r["source_shard"] for r in rows(part, "SELECT source_shard FROM wds")} == \
+            {"train-0001.tar"}
+        ingest(data, ENV, "tf_local", tf)
+        ingest(data, env, "tf_remote", "s3://train/tf")
+        q = "SELECT key, image_class_text, data FROM {} ORDER BY key"
+        got = rows(data, q.format("tf_remote"))
+        assert got == rows(data, q.format("tf_local")) and len(got) == 12

@@ -35,11 +35,13 @@ pub(crate) enum Origin {
     },
     Inline(Vec<u8>),
     /// An object in a store (`super::objects`), with its size when the
-    /// listing gave it; fetched into `Inline` by its load group.
+    /// listing gave it, or (a shard's member) the range of it that holds
+    /// the sample; fetched into `Inline` by its load group.
     Object {
         source: Arc<ObjectSource>,
         location: object_store::path::Path,
         size: Option<u64>,
+        range: Option<std::ops::Range<u64>>,
     },
     /// Refused before a byte is read, and why (a duplicate key).
     Refused(String),

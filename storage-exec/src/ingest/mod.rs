@@ -216,7 +216,7 @@ const STREAM_ABOVE: u64 = 16 << 20;
 const PIECE_BYTES: usize = 4 << 20;
 
 /// Why an object of `len` bytes is refused.
-fn too_large(len: u64) -> String {
+pub(crate) fn too_large(len: u64) -> String {
     format!("{len} bytes, over the largest object sluice can read back ({MAX_OBJECT_BYTES} bytes)")
 }
 

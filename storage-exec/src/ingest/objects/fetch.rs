@@ -21,6 +21,8 @@
 //! a retry: a body cut off after good headers, or a connection reset
 //! mid-answer, is not retried below (a store restarting drops both).
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -29,8 +31,8 @@ use object_store::path::Path as ObjectPath;
 
 use super::ObjectSource;
 use crate::error::{Result, StorageError};
-use crate::ingest::MAX_OBJECT_BYTES;
 use crate::ingest::entries::{Entry, Origin};
+use crate::ingest::{MAX_OBJECT_BYTES, too_large};
 
 /// Objects larger than this are fetched in ranges of it.
 pub const RANGE_BYTES: u64 = 8 << 20;
@@ -41,13 +43,51 @@ pub const BODY_TRIES: u32 = 3;
 
 /// `group` with each object's origin replaced by its bytes, or by why the
 /// object is refused; `Err` when the store failed (see the module docs).
-pub(crate) async fn fetch_group(group: Vec<Entry>) -> Result<Vec<Entry>> {
+/// The members of one shard in the group are fetched together, their
+/// ranges coalesced by `object_store` into few requests.
+pub(crate) async fn fetch_group(mut group: Vec<Entry>) -> Result<Vec<Entry>> {
+    let mut shards: Vec<Members> = Vec::new();
+    for (i, e) in group.iter_mut().enumerate() {
+        let Origin::Object {
+            source,
+            location,
+            range: Some(range),
+            ..
+        } = &e.origin
+        else {
+            continue;
+        };
+        if range.end - range.start > MAX_OBJECT_BYTES {
+            let len = range.end - range.start;
+            e.origin = Origin::Refused(too_large(len));
+            continue;
+        }
+        let range = range.clone();
+        match shards
+            .iter_mut()
+            .find(|m| Arc::ptr_eq(&m.source, source) && &m.location == location)
+        {
+            Some(m) => m.wanted.push((i, range)),
+            None => shards.push(Members {
+                source: Arc::clone(source),
+                location: location.clone(),
+                wanted: vec![(i, range)],
+            }),
+        }
+    }
+    let fetched = futures::future::try_join_all(shards.iter().map(Members::fetch)).await?;
+    for (members, bytes) in shards.iter().zip(fetched) {
+        for ((i, _), b) in members.wanted.iter().zip(bytes) {
+            group[*i].origin = Origin::Inline(Vec::from(b));
+        }
+    }
     futures::stream::iter(group)
         .map(|entry| async move {
             let Origin::Object {
                 source,
                 location,
                 size,
+                range: None,
             } = entry.origin
             else {
                 return Ok(entry);
@@ -64,6 +104,47 @@ pub(crate) async fn fetch_group(group: Vec<Entry>) -> Result<Vec<Entry>> {
         .buffered(crate::ingest::LOAD_GROUP)
         .try_collect()
         .await
+}
+
+/// The members of one shard a load group wants: (entry, range) each.
+struct Members {
+    source: Arc<ObjectSource>,
+    location: ObjectPath,
+    wanted: Vec<(usize, Range<u64>)>,
+}
+
+impl Members {
+    /// Their bytes, in order; `Err` when the store failed (tried
+    /// [`BODY_TRIES`] times: a shard's bytes are no sample's fault).
+    async fn fetch(&self) -> Result<Vec<bytes::Bytes>> {
+        let ranges: Vec<Range<u64>> = self.wanted.iter().map(|(_, r)| r.clone()).collect();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let why = match self.source.store.get_ranges(&self.location, &ranges).await {
+                Ok(got)
+                    if got
+                        .iter()
+                        .zip(&ranges)
+                        .all(|(b, r)| b.len() as u64 == r.end - r.start) =>
+                {
+                    return Ok(got);
+                }
+                Ok(_) => "the shard is shorter than when it was read".to_owned(),
+                Err(e) => store_error(&e),
+            };
+            let url = self.source.url.of_key(self.location.as_ref());
+            if tries >= BODY_TRIES {
+                return Err(StorageError::BadSource {
+                    path: url.into(),
+                    reason: format!("its store failed: {why}"),
+                });
+            }
+            self.source.tally.body_failed();
+            tracing::info!("{url}: {why}; fetching its members again");
+            tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+        }
+    }
 }
 
 /// What an `object_store` error says, with the store's own code when its
@@ -107,10 +188,7 @@ impl ObjectSource {
     ) -> Result<std::result::Result<Vec<u8>, String>> {
         let url = self.url.of_key(location.as_ref());
         if let Some(len) = size.filter(|&l| l > MAX_OBJECT_BYTES) {
-            return Ok(Err(format!(
-                "{len} bytes, over the largest object sluice can read back \
-                 ({MAX_OBJECT_BYTES} bytes)"
-            )));
+            return Ok(Err(too_large(len)));
         }
         let mut tries = 0;
         loop {
@@ -145,10 +223,7 @@ impl ObjectSource {
         let got = self.store.get(location).await.map_err(classify)?;
         let len = got.meta.size;
         if len > MAX_OBJECT_BYTES {
-            return Ok(Err(format!(
-                "{len} bytes, over the largest object sluice can read back \
-                 ({MAX_OBJECT_BYTES} bytes)"
-            )));
+            return Ok(Err(too_large(len)));
         }
         let bytes = got
             .bytes()

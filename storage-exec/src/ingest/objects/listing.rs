@@ -13,9 +13,10 @@
 //!   same bucket. A row that names a local file or another bucket is
 //!   refused, named: a manifest in a store reads that store only; on a
 //!   server, a row outside `--ingest-url-allow` is refused too.
-//! - **Shard files** in a store (WebDataset tars, TFRecord, Parquet with
-//!   the images inside) are refused with a message saying so: they are
-//!   not read from an object store yet.
+//! - **Shard files**: a prefix whose objects are all WebDataset tars or
+//!   TFRecord files, or a URL naming one, is read as shards
+//!   (`super::shards`). A `.parquet` object is a manifest here: Parquet
+//!   with the images inside is read from local paths only.
 
 use std::sync::Arc;
 
@@ -23,13 +24,16 @@ use arrow::array::{ArrayRef, StringArray};
 use arrow::datatypes::{DataType, Field};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 
 use super::ObjectSource;
 use super::address::ObjectUrl;
 use super::fetch::store_error;
+use super::shards::ShardObject;
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Enumerated, Origin};
+use crate::ingest::shard::Shard;
 use crate::ingest::shard_files::ShardKind;
 use crate::ingest::source::{ManifestAt, read_manifest};
 
@@ -41,23 +45,50 @@ pub(super) fn is_manifest(key: &str) -> bool {
         .any(|e| lower.ends_with(e))
 }
 
+/// The kind of shard file `key` names (a Parquet file is a manifest here).
+fn shard_kind(key: &str) -> Option<ShardKind> {
+    match ShardKind::of(key) {
+        Some(Ok(ShardKind::Parquet)) | None => None,
+        Some(Ok(kind)) => Some(kind),
+        // A compressed tar sluice does not read: `enumerate_shards` names it.
+        Some(Err(_)) => Some(ShardKind::TarGz),
+    }
+}
+
 /// Objects listed between two lines of the log.
 const LOG_EVERY: usize = 100_000;
 
 impl ObjectSource {
-    /// The entries of this source (see the module docs).
-    pub(crate) async fn enumerate(self: Arc<Self>) -> Result<Enumerated> {
+    /// The entries of this source (see the module docs); of `part`'s
+    /// shard files only, for shards and a storage node's part.
+    pub(crate) async fn enumerate(self: Arc<Self>, part: Option<Shard>) -> Result<Enumerated> {
         match self.manifest.clone() {
             Some(manifest) => self.enumerate_manifest(manifest).await,
-            None => self.enumerate_prefix().await,
+            None if shard_kind(&self.url.prefix).is_some() => {
+                // One shard file, named.
+                let location = ObjectPath::from(self.url.prefix.as_str());
+                let meta =
+                    self.store.head(&location).await.map_err(|e| {
+                        self.bad(format!("cannot read the shard: {}", store_error(&e)))
+                    })?;
+                let name = self.url.prefix.rsplit('/').next().unwrap_or_default();
+                let shard = ShardObject {
+                    name: name.to_owned(),
+                    kind: shard_kind(name).unwrap_or(ShardKind::Tar),
+                    location,
+                    size: meta.size,
+                };
+                self.enumerate_shards(vec![shard], part).await
+            }
+            None => self.enumerate_prefix(part).await,
         }
     }
 
-    async fn enumerate_prefix(self: Arc<Self>) -> Result<Enumerated> {
+    async fn enumerate_prefix(self: Arc<Self>, part: Option<Shard>) -> Result<Enumerated> {
         let prefix = ObjectPath::from(self.url.prefix.as_str());
         let mut listed = self.store.list(Some(&prefix));
         let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();
-        let mut shards = 0usize;
+        let (mut shards, mut companions) = (0usize, 0usize);
         while let Some(meta) = listed.next().await {
             let meta =
                 meta.map_err(|e| self.bad(format!("cannot list it: {}", store_error(&e))))?;
@@ -72,8 +103,11 @@ impl ObjectSource {
             if rel.is_empty() || rel.ends_with('/') || rel.split('/').any(|s| s.starts_with('.')) {
                 continue;
             }
-            if ShardKind::of(rel).is_some() && !is_manifest(rel) {
+            if shard_kind(rel).is_some() {
                 shards += 1;
+            } else if rel.ends_with(".index") {
+                // A TFRecord index, beside its shard: passed over, as locally.
+                companions += 1;
             }
             rows.push((rel.to_owned(), meta.location, meta.size));
             if rows.len().is_multiple_of(LOG_EVERY) {
@@ -83,15 +117,20 @@ impl ObjectSource {
         if rows.is_empty() {
             return Err(self.bad("no objects under this prefix".into()));
         }
-        if shards == rows.len() {
-            return Err(self.bad(
-                "it holds shard files (WebDataset, TFRecord): sluice does not read shards \
-                 from an object store yet; ingest them from a local path, or list the \
-                 images themselves"
-                    .into(),
-            ));
-        }
         rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if shards > 0 && shards + companions == rows.len() {
+            let shards = rows
+                .into_iter()
+                .filter(|(name, ..)| !name.ends_with(".index"))
+                .map(|(name, location, size)| ShardObject {
+                    kind: shard_kind(&name).unwrap_or(ShardKind::Tar),
+                    name,
+                    location,
+                    size,
+                })
+                .collect();
+            return self.enumerate_shards(shards, part).await;
+        }
         let image_folder = rows.iter().all(|(rel, ..)| rel.contains('/'));
         let (user_fields, user_columns) = if image_folder {
             let labels: StringArray = rows
@@ -113,6 +152,7 @@ impl ObjectSource {
                     source: Arc::clone(&self),
                     location,
                     size: Some(size),
+                    range: None,
                 },
             })
             .collect();
@@ -160,6 +200,7 @@ impl ObjectSource {
                 source: Arc::clone(self),
                 location: ObjectPath::from(u.prefix.as_str()),
                 size: None,
+                range: None,
             },
             Ok(u) => Origin::Refused(format!(
                 "{u} is in another bucket: a manifest in an object store names objects of \
@@ -170,7 +211,7 @@ impl ObjectSource {
         }
     }
 
-    fn bad(&self, reason: String) -> StorageError {
+    pub(super) fn bad(&self, reason: String) -> StorageError {
         StorageError::BadSource {
             path: self.url.to_string().into(),
             reason,

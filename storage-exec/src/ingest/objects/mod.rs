@@ -14,6 +14,7 @@
 //! - [`tally`]: the requests and retries, counted where they leave;
 //! - `listing`: what a source holds, as entries (ImageFolder, flat, or
 //!   a manifest in the store);
+//! - `shards`: WebDataset and TFRecord shards in the store, streamed;
 //! - `fetch`: the objects' bytes, many GETs at once, straight into the
 //!   ingest's load groups.
 //!
@@ -31,6 +32,7 @@ mod connect;
 mod fetch;
 mod listing;
 mod profile;
+mod shards;
 pub mod tally;
 
 use std::sync::Arc;

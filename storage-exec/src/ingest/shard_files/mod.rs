@@ -309,6 +309,16 @@ pub(crate) fn enumerate(
             ShardKind::Parquet => parquet_shard::samples(&file, &name, handle, &mut samples),
         }
     }
+    Ok(gather(samples, part_only, inflated))
+}
+
+/// The entries and columns of shards' `samples` (`part_only`: of one
+/// storage node's files only).
+pub(crate) fn gather(
+    samples: Vec<Sample>,
+    part_only: bool,
+    inflated: Vec<(PathBuf, std::sync::Arc<std::fs::File>)>,
+) -> Enumerated {
     let mut columns = Columns::default();
     let mut entries = Vec::with_capacity(samples.len());
     for s in samples {
@@ -319,13 +329,13 @@ pub(crate) fn enumerate(
         });
     }
     let (user_fields, user_columns) = columns.finish();
-    Ok(Enumerated {
+    Enumerated {
         entries,
         user_fields,
         user_columns,
         part_only,
         inflated,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -193,7 +193,12 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Appends the samples of the TFRecord `file` (`shard`: its name under
 /// the source, `path`: where ingest reads it) to `out`.
 pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample>) {
-    let mut r = BufReader::with_capacity(1 << 20, file);
+    samples_from(path, shard, BufReader::with_capacity(1 << 20, file), out);
+}
+
+/// [`samples`] of a shard read through `r` (a file's, or a stream from an
+/// object store), sequentially.
+pub(crate) fn samples_from(path: &Path, shard: &str, mut r: impl Read, out: &mut Vec<Sample>) {
     let (mut at, mut index) = (0u64, 0u64);
     loop {
         let source = SourceOf {

@@ -143,6 +143,28 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         Ok(m) => m.len(),
         Err(e) => return out.push(broken(shard, 0, format!("cannot read the shard: {e}"))),
     };
+    // Read through in large sequential reads (objects passed over, not
+    // kept): a few system calls per MiB where a seek past each member
+    // costs two per member, and the pass leaves the shard in the page
+    // cache for the objects' preads.
+    samples_from(
+        path,
+        shard,
+        BufReader::with_capacity(READ_BYTES, file),
+        size,
+        out,
+    );
+}
+
+/// [`samples`] of a tar of `size` bytes read through `reader` (a file's,
+/// or a stream from an object store), sequentially.
+pub(crate) fn samples_from(
+    path: &Path,
+    shard: &str,
+    reader: impl Read,
+    size: u64,
+    out: &mut Vec<Sample>,
+) {
     let mut grouping = Grouping {
         path,
         shard,
@@ -150,11 +172,7 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         latest: HashMap::new(),
         left_out: BTreeSet::new(),
     };
-    // Read through in large sequential reads (objects passed over, not
-    // kept): a few system calls per MiB where a seek past each member
-    // costs two per member, and the pass leaves the shard in the page
-    // cache for the objects' preads.
-    let mut archive = tar::Archive::new(BufReader::with_capacity(READ_BYTES, file));
+    let mut archive = tar::Archive::new(reader);
     let entries = match archive.entries() {
         Ok(e) => e,
         Err(e) => return out.push(broken(shard, 0, format!("not a tar file: {e}"))),

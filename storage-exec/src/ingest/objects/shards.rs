@@ -1,0 +1,223 @@
+//! Shard files in an object store: WebDataset tars and TFRecord files,
+//! read as the local ones are (`crate::ingest::shard_files`), through a
+//! stream instead of a file.
+//!
+//! Each shard is read once from start to end by one streamed GET
+//! ([`StreamRead`]), on the blocking pool, a few shards at once: the
+//! tar headers (or the TFRecord framing) and the small members that
+//! become columns are parsed as the bytes pass, and each object member
+//! is kept as its byte range in the shard, not its bytes. The objects are
+//! then fetched by ranged GETs when their load group comes
+//! (`super::fetch`), the ranges of one shard in one group coalesced into
+//! few requests. So a shard is never held whole, in memory or on a disk,
+//! at the cost of reading its object bytes twice from the store (once
+//! passed over, once fetched); a store that stops mid-stream is resumed
+//! from the byte it reached, up to `super::fetch::BODY_TRIES` times.
+//!
+//! With a storage node's part of N, and at least N shards, the node reads
+//! the shards at positions ≡ I mod N of the name order only, as it does
+//! locally. Gzipped tars and Parquet shards are not read from a store:
+//! the first would have to be inflated to a local file, the second is
+//! refused by the listing with a message saying so.
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange};
+
+use super::ObjectSource;
+use super::fetch::{BODY_TRIES, store_error};
+use crate::error::{Result, StorageError};
+use crate::ingest::entries::{Enumerated, Origin};
+use crate::ingest::shard::Shard;
+use crate::ingest::shard_files::{self, Sample, ShardKind, tfrecord, webdataset};
+
+/// Shards streamed at once.
+const SHARDS_AT_ONCE: usize = 4;
+
+/// One shard file of a listing: its name under the prefix, where it is,
+/// its size and kind.
+pub(super) struct ShardObject {
+    pub name: String,
+    pub location: ObjectPath,
+    pub size: u64,
+    pub kind: ShardKind,
+}
+
+impl ObjectSource {
+    /// The samples of `shards` (sorted by name), or of this node's files
+    /// among them (see the module docs).
+    pub(super) async fn enumerate_shards(
+        self: Arc<Self>,
+        mut shards: Vec<ShardObject>,
+        part: Option<Shard>,
+    ) -> Result<Enumerated> {
+        if let Some(bad) = shards
+            .iter()
+            .find(|s| !matches!(s.kind, ShardKind::Tar | ShardKind::TfRecord))
+        {
+            return Err(self.bad(format!(
+                "{}: of shards in an object store, sluice reads .tar (WebDataset) and \
+                 .tfrecord files; a .tar.gz would have to be inflated to a local file \
+                 first, and Parquet shards are read from local paths only",
+                bad.name
+            )));
+        }
+        let part_only = part.is_some_and(|p| shards.len() >= p.count as usize);
+        if let Some(p) = part.filter(|_| part_only) {
+            shards = shards
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| p.keeps(*i))
+                .map(|(_, s)| s)
+                .collect();
+        }
+        let per_shard: Vec<Vec<Sample>> = futures::stream::iter(shards)
+            .map(|shard| Arc::clone(&self).shard_samples(shard))
+            .buffered(SHARDS_AT_ONCE)
+            .try_collect()
+            .await?;
+        let samples = per_shard.into_iter().flatten().collect();
+        Ok(shard_files::gather(samples, part_only, Vec::new()))
+    }
+
+    /// One shard's samples, their objects as ranges of it.
+    async fn shard_samples(self: Arc<Self>, shard: ShardObject) -> Result<Vec<Sample>> {
+        let url = self.url.of_key(shard.location.as_ref());
+        let handle = tokio::runtime::Handle::current();
+        let source = Arc::clone(&self);
+        let location = shard.location.clone();
+        let (mut samples, failure) = tokio::task::spawn_blocking(move || {
+            let mut reader = StreamRead {
+                handle,
+                source: &source,
+                location: &location,
+                stream: None,
+                buf: Bytes::new(),
+                at: 0,
+                size: shard.size,
+                tries: 0,
+                failure: None,
+            };
+            let path = std::path::PathBuf::from(&url);
+            let mut out = Vec::new();
+            match shard.kind {
+                ShardKind::TfRecord => {
+                    tfrecord::samples_from(&path, &shard.name, &mut reader, &mut out);
+                }
+                _ => {
+                    webdataset::samples_from(&path, &shard.name, &mut reader, shard.size, &mut out)
+                }
+            }
+            (out, reader.failure)
+        })
+        .await
+        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?;
+        if let Some(why) = failure {
+            return Err(StorageError::BadSource {
+                path: self.url.of_key(shard.location.as_ref()).into(),
+                reason: format!("its store failed while the shard was read: {why}"),
+            });
+        }
+        for s in &mut samples {
+            if let Origin::Range { offset, len, .. } = s.origin {
+                s.origin = Origin::Object {
+                    source: Arc::clone(&self),
+                    location: shard.location.clone(),
+                    size: Some(len),
+                    range: Some(offset..offset + len),
+                };
+            }
+        }
+        Ok(samples)
+    }
+}
+
+/// A shard read as one stream, resumed where it broke (see the module
+/// docs); `failure` says why it ended early, when the store failed.
+struct StreamRead<'a> {
+    handle: tokio::runtime::Handle,
+    source: &'a ObjectSource,
+    location: &'a ObjectPath,
+    stream: Option<BoxStream<'static, object_store::Result<Bytes>>>,
+    buf: Bytes,
+    at: u64,
+    size: u64,
+    tries: u32,
+    failure: Option<String>,
+}
+
+impl StreamRead<'_> {
+    /// The stream from byte `at` on.
+    fn open(&mut self) -> std::result::Result<(), String> {
+        let options = GetOptions {
+            range: Some(GetRange::Offset(self.at)),
+            ..Default::default()
+        };
+        let got = self
+            .handle
+            .block_on(self.source.store.get_opts(self.location, options))
+            .map_err(|e| store_error(&e))?;
+        self.stream = Some(got.into_stream());
+        Ok(())
+    }
+
+    /// Counts a failed stream and waits before the next try; `Err` once
+    /// the tries are spent.
+    fn broke(&mut self, why: String) -> std::io::Result<()> {
+        self.stream = None;
+        self.tries += 1;
+        if self.tries >= BODY_TRIES {
+            self.failure = Some(why.clone());
+            return Err(std::io::Error::other(why));
+        }
+        self.source.tally.body_failed();
+        tracing::info!(
+            "{}: the stream broke at byte {} ({why}); resuming there",
+            self.location,
+            self.at
+        );
+        std::thread::sleep(Duration::from_millis(200 << self.tries));
+        Ok(())
+    }
+}
+
+impl Read for StreamRead<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if !self.buf.is_empty() {
+                let n = out.len().min(self.buf.len());
+                out[..n].copy_from_slice(&self.buf[..n]);
+                self.buf.advance(n);
+                self.at += n as u64;
+                return Ok(n);
+            }
+            if self.at >= self.size || out.is_empty() {
+                return Ok(0);
+            }
+            if self.stream.is_none()
+                && let Err(why) = self.open()
+            {
+                self.broke(why)?;
+                continue;
+            }
+            let next = match self.stream.as_mut() {
+                Some(stream) => self.handle.block_on(stream.next()),
+                None => continue,
+            };
+            match next {
+                Some(Ok(bytes)) => self.buf = bytes,
+                Some(Err(e)) => self.broke(store_error(&e))?,
+                None => {
+                    let why = format!("the stream ended at byte {} of {}", self.at, self.size);
+                    self.broke(why)?;
+                }
+            }
+        }
+    }
+}
