@@ -9,7 +9,8 @@
 //!  DELETE /v1/jobs/{id}          cancel
 //!  GET    /v1/jobs/{id}/explain  placement
 //!  GET    /v1/datasets[/{name}]  datasets
-//!  POST   /v1/datasets           ingest a directory under an --ingest-root
+//!  POST   /v1/datasets           ingest a directory under an --ingest-root, or an
+//!                                 object store URL under an --ingest-url-allow
 //!  GET    /v1/checkpoints        checkpoint versions (?prefix=)
 //!  DELETE /v1/checkpoints        delete one (?name=, &version=)
 //!  GET    /v1/info               version, the Flight address

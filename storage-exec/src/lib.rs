@@ -19,7 +19,8 @@
 //! - [`space`]: the free chunks every writer allocates from;
 //! - [`cache`]: the node-wide cache of raw objects every scan reads
 //!   through (later epochs of a dataset that fits come from memory);
-//! - [`ingest`]: atomic ingest of directories and manifests;
+//! - [`ingest`]: atomic ingest of directories, manifests, shards and
+//!   object stores (`s3://`, `gs://`, `az://`, `http(s)://`);
 //! - [`checkpoint`]: named, versioned checkpoints on the same device, and
 //!   the Flight protocol trainers write and read them with;
 //! - [`scan`]: the table provider and the zero-copy `ExtentSource`.

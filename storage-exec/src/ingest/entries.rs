@@ -69,6 +69,21 @@ pub(crate) struct Enumerated {
 }
 
 impl Enumerated {
+    /// The whole source's `entries` and their user columns.
+    pub(crate) fn whole(
+        entries: Vec<Entry>,
+        user_fields: Vec<Field>,
+        user_columns: Vec<ArrayRef>,
+    ) -> Self {
+        Self {
+            entries,
+            user_fields,
+            user_columns,
+            part_only: false,
+            inflated: Vec::new(),
+        }
+    }
+
     /// Only `part`'s entries (every N-th from the I-th) and the rows of
     /// their user columns.
     pub(crate) fn keep_part(self, part: Shard) -> Result<Self> {

@@ -1,7 +1,9 @@
 //! Ingest: put a dataset version on the device, atomically.
 //!
 //! 1. Enumerate the source ([`IngestSource`]; `source` for directories
-//!    and manifests, [`shard_files`] for shards, both yielding `entries`).
+//!    and manifests, [`shard_files`] for shards, [`objects`] for a prefix,
+//!    a manifest or shards in an object store, all yielding `entries`;
+//!    an object store's objects are fetched by their load group).
 //! 2. Read each object (on the blocking pool, several at a time), probe its
 //!    header (image, video or array: [`sluice_udfs::probe`]) and compute its
 //!    crc32c; a bad object follows the [`OnError`] policy. Memory is

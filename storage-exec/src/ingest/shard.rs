@@ -91,6 +91,26 @@ impl Shard {
         let part = Self::part_of(self.count, position);
         sluice_flight::ingest::holds(self.index, part, self.count, self.replicas)
     }
+
+    /// Of shard `files` (in name order), those `part` reads, and whether
+    /// that is its part only: with at least N files, the files at
+    /// positions this node keeps; with fewer, all of them (every node
+    /// then keeps every N-th sample).
+    pub(crate) fn own_files<T>(part: Option<Self>, files: Vec<T>) -> (Vec<T>, bool) {
+        let part_only = part.is_some_and(|p| files.len() >= p.count as usize);
+        match part.filter(|_| part_only) {
+            Some(p) => (
+                files
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| p.keeps(*i))
+                    .map(|(_, f)| f)
+                    .collect(),
+                true,
+            ),
+            None => (files, false),
+        }
+    }
 }
 
 #[cfg(test)]

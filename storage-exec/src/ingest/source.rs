@@ -404,13 +404,7 @@ async fn read_rows(at: ManifestAt, resolve: impl Fn(&str) -> Origin) -> Result<E
         user_fields.push(Field::new(name, dt, true));
         user_columns.push(col);
     }
-    Ok(Enumerated {
-        entries,
-        user_fields,
-        user_columns,
-        part_only: false,
-        inflated: Vec::new(),
-    })
+    Ok(Enumerated::whole(entries, user_fields, user_columns))
 }
 
 #[cfg(test)]

@@ -156,13 +156,7 @@ impl ObjectSource {
                 },
             })
             .collect();
-        Ok(Enumerated {
-            entries,
-            user_fields,
-            user_columns,
-            part_only: false,
-            inflated: Vec::new(),
-        })
+        Ok(Enumerated::whole(entries, user_fields, user_columns))
     }
 
     async fn enumerate_manifest(self: Arc<Self>, manifest: ObjectUrl) -> Result<Enumerated> {

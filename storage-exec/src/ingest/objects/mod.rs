@@ -45,7 +45,6 @@ pub use self::tally::{Counts, Tally};
 use crate::error::Result;
 
 /// A source in an object store: a prefix to list, or a manifest in it.
-#[derive(Debug)]
 pub struct ObjectSource {
     url: ObjectUrl,
     manifest: Option<ObjectUrl>,
@@ -53,6 +52,16 @@ pub struct ObjectSource {
     tally: Arc<Tally>,
     /// Where a manifest's rows may point (a server's allow list).
     allow: Option<UrlAllow>,
+}
+
+impl std::fmt::Debug for ObjectSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL only: the client's own Debug would show its credentials.
+        f.debug_struct("ObjectSource")
+            .field("url", &self.url.to_string())
+            .field("manifest", &self.manifest.as_ref().map(ToString::to_string))
+            .finish_non_exhaustive()
+    }
 }
 
 impl ObjectSource {

@@ -54,7 +54,7 @@ impl ObjectSource {
     /// among them (see the module docs).
     pub(super) async fn enumerate_shards(
         self: Arc<Self>,
-        mut shards: Vec<ShardObject>,
+        shards: Vec<ShardObject>,
         part: Option<Shard>,
     ) -> Result<Enumerated> {
         if let Some(bad) = shards
@@ -68,15 +68,7 @@ impl ObjectSource {
                 bad.name
             )));
         }
-        let part_only = part.is_some_and(|p| shards.len() >= p.count as usize);
-        if let Some(p) = part.filter(|_| part_only) {
-            shards = shards
-                .into_iter()
-                .enumerate()
-                .filter(|(i, _)| p.keeps(*i))
-                .map(|(_, s)| s)
-                .collect();
-        }
+        let (shards, part_only) = Shard::own_files(part, shards);
         let per_shard: Vec<Vec<Sample>> = futures::stream::iter(shards)
             .map(|shard| Arc::clone(&self).shard_samples(shard))
             .buffered(SHARDS_AT_ONCE)

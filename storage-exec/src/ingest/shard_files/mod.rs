@@ -267,16 +267,7 @@ pub(crate) fn enumerate(
     part: Option<Shard>,
     scratch: &Path,
 ) -> Result<Enumerated> {
-    let mut files = list(path)?;
-    let part_only = part.is_some_and(|p| files.len() >= p.count as usize);
-    if let Some(p) = part.filter(|_| part_only) {
-        files = files
-            .into_iter()
-            .enumerate()
-            .filter(|(i, _)| p.keeps(*i))
-            .map(|(_, f)| f)
-            .collect();
-    }
+    let (files, part_only) = Shard::own_files(part, list(path)?);
     let mut samples = Vec::new();
     let mut inflated = Vec::new();
     for (file, name) in files {
