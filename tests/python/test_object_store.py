@@ -199,6 +199,10 @@ def test_a_servers_allow_list_is_checked_before_any_request():
             status, body = post({"name": "pets", "path": "s3://train/pets"})
             assert status == 201, body
             assert body["samples"] == 4
+            # The CLI through the server sends the URL as it is.
+            p = subprocess.run([SLUICE, "ingest", "pets2", "s3://train/pets", "--url", rest],
+                               env=env, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0 and "4 samples" in p.stdout, p.stdout + p.stderr
             for outside in ("s3://train/secret", "s3://train/petsx", "s3://other/pets"):
                 status, body = post({"name": "nope", "path": outside})
                 assert status == 403, body

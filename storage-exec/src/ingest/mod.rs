@@ -432,6 +432,12 @@ const LOAD_TASKS: usize = 4;
 /// the files' sizes (a file over [`STREAM_ABOVE`] is streamed, and counts
 /// as that much).
 const LOAD_BUDGET: u64 = 256 << 20;
+/// Bytes of a store's objects one load group fetches, at most (its last
+/// object may bring it past: a group ends after it). With the budget,
+/// memory holds the budget's bytes or, at most, one group whose large
+/// object takes the whole budget (an object of a store over 16 MiB is
+/// fetched whole, not streamed into the device as a local file is).
+const GROUP_FETCH_BYTES: u64 = 64 << 20;
 
 /// Marks every entry whose key an earlier entry already has: keys are
 /// unique within a version by construction, and a duplicate is refused,
@@ -467,7 +473,13 @@ fn group_bytes(group: &[Entry]) -> u64 {
                 .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),
             Origin::Range { len, .. } => (*len).min(LOAD_BUDGET),
-            Origin::Object { size, .. } => size.unwrap_or(0).min(LOAD_BUDGET),
+            // Held whole once fetched (see `GROUP_FETCH_BYTES`).
+            Origin::Object {
+                size: Some(size), ..
+            } => *size,
+            // Unknown until fetched (a manifest's row): as small objects
+            // are, bounded by the group's count.
+            Origin::Object { size: None, .. } => 0,
             // Unknown until its row group is decoded; those decoded are
             // bounded by the row groups `Readers` keeps.
             Origin::Cell { .. } | Origin::Refused(_) => 0,
@@ -552,8 +564,22 @@ pub async fn prepare(
         row_groups: Default::default(),
     });
     let mut entries = enumerated.entries.into_iter();
+    // A group ends at LOAD_GROUP entries, or after the object of a store
+    // that brings its fetched bytes to GROUP_FETCH_BYTES: a store's object
+    // is held whole once fetched, so a large one rides in a small group,
+    // whose bytes (over the budget) then hold every permit until written.
     let groups = std::iter::from_fn(|| {
-        let group: Vec<Entry> = entries.by_ref().take(LOAD_GROUP).collect();
+        let mut group = Vec::with_capacity(LOAD_GROUP);
+        let mut fetched = 0u64;
+        while group.len() < LOAD_GROUP && fetched < GROUP_FETCH_BYTES {
+            let Some(entry) = entries.next() else { break };
+            if let Origin::Object { size, range, .. } = &entry.origin {
+                fetched += range
+                    .as_ref()
+                    .map_or(size.unwrap_or(0), |r| r.end - r.start);
+            }
+            group.push(entry);
+        }
         (!group.is_empty()).then_some(group)
     });
     let confine = opts.confine.clone();
