@@ -487,6 +487,28 @@ fn group_bytes(group: &[Entry]) -> u64 {
         .sum()
 }
 
+/// `entries` in load groups: a group ends at [`LOAD_GROUP`] entries, or
+/// after the object of a store that brings its fetched bytes to
+/// [`GROUP_FETCH_BYTES`]. A store's object is held whole once fetched,
+/// so a large one rides in a small group, whose bytes (over the budget)
+/// then hold every permit until written.
+fn load_groups(mut entries: impl Iterator<Item = Entry>) -> impl Iterator<Item = Vec<Entry>> {
+    std::iter::from_fn(move || {
+        let mut group = Vec::with_capacity(LOAD_GROUP);
+        let mut fetched = 0u64;
+        while group.len() < LOAD_GROUP && fetched < GROUP_FETCH_BYTES {
+            let Some(entry) = entries.next() else { break };
+            if let Origin::Object { size, range, .. } = &entry.origin {
+                fetched += range
+                    .as_ref()
+                    .map_or(size.unwrap_or(0), |r| r.end - r.start);
+            }
+            group.push(entry);
+        }
+        (!group.is_empty()).then_some(group)
+    })
+}
+
 /// Ingests `source` as a new version of `dataset`: [`prepare`], then
 /// [`Prepared::commit`].
 pub async fn ingest(
@@ -563,25 +585,7 @@ pub async fn prepare(
         files: OpenShards::pinned(enumerated.inflated),
         row_groups: Default::default(),
     });
-    let mut entries = enumerated.entries.into_iter();
-    // A group ends at LOAD_GROUP entries, or after the object of a store
-    // that brings its fetched bytes to GROUP_FETCH_BYTES: a store's object
-    // is held whole once fetched, so a large one rides in a small group,
-    // whose bytes (over the budget) then hold every permit until written.
-    let groups = std::iter::from_fn(|| {
-        let mut group = Vec::with_capacity(LOAD_GROUP);
-        let mut fetched = 0u64;
-        while group.len() < LOAD_GROUP && fetched < GROUP_FETCH_BYTES {
-            let Some(entry) = entries.next() else { break };
-            if let Origin::Object { size, range, .. } = &entry.origin {
-                fetched += range
-                    .as_ref()
-                    .map_or(size.unwrap_or(0), |r| r.end - r.start);
-            }
-            group.push(entry);
-        }
-        (!group.is_empty()).then_some(group)
-    });
+    let groups = load_groups(enumerated.entries.into_iter());
     let confine = opts.confine.clone();
     let loaded = futures::stream::iter(groups)
         .then(|group| {
