@@ -353,3 +353,27 @@ def test_webdataset_and_tfrecord_shards_in_the_store_equal_the_local_ones():
         q = "SELECT key, image_class_text, data FROM {} ORDER BY key"
         got = rows(data, q.format("tf_remote"))
         assert got == rows(data, q.format("tf_local")) and len(got) == 12
+
+
+def test_keys_with_spaces_accents_and_signs_are_read_as_named():
+    """A key is sent as it is listed or named, never percent-encoded
+    (`été 1.npy` is another key than `%C3%A9t%C3%A9 1.npy`)."""
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        env = s3.env(ENV)
+        keys = ["cat s/été 1.npy", "cat s/a+b=c.npy", "dog/x (1).npy"]
+        for i, k in enumerate(keys):
+            s3.put("odd", f"set/{k}", npy(i))
+        report = ingest(data, env, "listed", "s3://odd/set")
+        assert report["samples"] == 3 and report["skipped"] == [], report
+        got = rows(data, "SELECT key, label, data FROM listed ORDER BY key")
+        assert got == [{"key": k, "label": k.split("/")[0], "data": npy(keys.index(k))}
+                       for k in sorted(keys)]
+        manifest = "".join(json.dumps({"path": k, "n": i}) + "\n" for i, k in enumerate(keys))
+        s3.put("odd", "set/m.jsonl", manifest.encode())
+        report = ingest(data, env, "named", "s3://odd/set/m.jsonl")
+        assert report["samples"] == 3 and report["skipped"] == [], report
+        got = rows(data, "SELECT key, n, data FROM named ORDER BY n")
+        assert got == [{"key": k, "n": i, "data": npy(i)} for i, k in enumerate(keys)]
+        # A prefix with an accent is listed as named too.
+        assert ingest(data, env, "one", "s3://odd/set/cat s")["samples"] == 2

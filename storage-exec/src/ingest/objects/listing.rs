@@ -55,6 +55,13 @@ fn shard_kind(key: &str) -> Option<ShardKind> {
     }
 }
 
+/// A key as the store's client names it: as it is, never percent-encoded
+/// (`Path::from` would encode `été.jpg`, another key than the one listed),
+/// refused where the client cannot name it.
+fn key_path(key: &str) -> std::result::Result<ObjectPath, String> {
+    ObjectPath::parse(key).map_err(|e| format!("a key sluice cannot name in the store: {e}"))
+}
+
 /// Objects listed between two lines of the log.
 const LOG_EVERY: usize = 100_000;
 
@@ -66,7 +73,7 @@ impl ObjectSource {
             Some(manifest) => self.enumerate_manifest(manifest).await,
             None if shard_kind(&self.url.prefix).is_some() => {
                 // One shard file, named.
-                let location = ObjectPath::from(self.url.prefix.as_str());
+                let location = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
                 let meta =
                     self.store.head(&location).await.map_err(|e| {
                         self.bad(format!("cannot read the shard: {}", store_error(&e)))
@@ -85,7 +92,7 @@ impl ObjectSource {
     }
 
     async fn enumerate_prefix(self: Arc<Self>, part: Option<Shard>) -> Result<Enumerated> {
-        let prefix = ObjectPath::from(self.url.prefix.as_str());
+        let prefix = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
         let mut listed = self.store.list(Some(&prefix));
         let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();
         let (mut shards, mut companions) = (0usize, 0usize);
@@ -190,12 +197,17 @@ impl ObjectSource {
             None => Ok(u),
         });
         match url {
-            Ok(u) if u.kind == self.url.kind && u.bucket == self.url.bucket => Origin::Object {
-                source: Arc::clone(self),
-                location: ObjectPath::from(u.prefix.as_str()),
-                size: None,
-                range: None,
-            },
+            Ok(u) if u.kind == self.url.kind && u.bucket == self.url.bucket => {
+                match key_path(&u.prefix) {
+                    Ok(location) => Origin::Object {
+                        source: Arc::clone(self),
+                        location,
+                        size: None,
+                        range: None,
+                    },
+                    Err(why) => Origin::Refused(format!("{u}: {why}")),
+                }
+            }
             Ok(u) => Origin::Refused(format!(
                 "{u} is in another bucket: a manifest in an object store names objects of \
                  its own bucket ({}) only",
