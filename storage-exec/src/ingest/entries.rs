@@ -114,6 +114,23 @@ impl Enumerated {
     }
 }
 
+/// The user columns of an ImageFolder: `label`, each key's first
+/// segment (its class), for `keys` in entry order; none for a flat
+/// layout. Local directories and object-store prefixes alike.
+pub(crate) fn image_folder_labels<'a>(
+    image_folder: bool,
+    keys: impl Iterator<Item = &'a str>,
+) -> (Vec<Field>, Vec<ArrayRef>) {
+    if !image_folder {
+        return (vec![], vec![]);
+    }
+    let labels: arrow::array::StringArray = keys.map(|k| k.split('/').next()).collect();
+    (
+        vec![Field::new("label", arrow::datatypes::DataType::Utf8, true)],
+        vec![Arc::new(labels) as ArrayRef],
+    )
+}
+
 /// A file name as key text: UTF-8 as it is; each byte of an invalid
 /// sequence as `%XX`, so that `a\xff.jpg` and `a\xfe.jpg` stay two keys
 /// (a lossy conversion made both `a\u{fffd}.jpg`, and one was lost). A key

@@ -23,7 +23,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, StringArray};
+use arrow::array::{Array, StringArray};
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{DataType, Field};
 use datafusion::datasource::file_format::options::JsonReadOptions;
@@ -31,7 +31,7 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions, SessionContext};
 use futures::FutureExt;
 
 use super::confine::Confinement;
-use super::entries::{Entry, Enumerated, Origin, key_part};
+use super::entries::{Entry, Enumerated, Origin, image_folder_labels, key_part};
 use super::objects::{ObjectSource, ObjectUrl, UrlAllow};
 use super::shard::Shard;
 use crate::error::{Result, StorageError};
@@ -226,18 +226,8 @@ fn enumerate_dir(dir: &Path) -> Result<Enumerated> {
     let mut rows: Vec<(String, PathBuf)> =
         files.into_iter().map(|p| (rel_key(dir, &p), p)).collect();
     rows.sort();
-    let (user_fields, user_columns) = if image_folder {
-        let labels: StringArray = rows
-            .iter()
-            .map(|(key, _)| key.split('/').next().map(str::to_owned))
-            .collect();
-        (
-            vec![Field::new("label", DataType::Utf8, true)],
-            vec![Arc::new(labels) as ArrayRef],
-        )
-    } else {
-        (vec![], vec![])
-    };
+    let (user_fields, user_columns) =
+        image_folder_labels(image_folder, rows.iter().map(|(key, _)| key.as_str()));
     Ok(Enumerated {
         entries: rows
             .into_iter()

@@ -20,8 +20,6 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, StringArray};
-use arrow::datatypes::{DataType, Field};
 use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
@@ -32,7 +30,7 @@ use super::address::ObjectUrl;
 use super::fetch::store_error;
 use super::shards::ShardObject;
 use crate::error::{Result, StorageError};
-use crate::ingest::entries::{Entry, Enumerated, Origin};
+use crate::ingest::entries::{Entry, Enumerated, Origin, image_folder_labels};
 use crate::ingest::shard::Shard;
 use crate::ingest::shard_files::ShardKind;
 use crate::ingest::source::{ManifestAt, read_manifest};
@@ -139,18 +137,8 @@ impl ObjectSource {
             return self.enumerate_shards(shards, part).await;
         }
         let image_folder = rows.iter().all(|(rel, ..)| rel.contains('/'));
-        let (user_fields, user_columns) = if image_folder {
-            let labels: StringArray = rows
-                .iter()
-                .map(|(rel, ..)| rel.split('/').next().map(str::to_owned))
-                .collect();
-            (
-                vec![Field::new("label", DataType::Utf8, true)],
-                vec![Arc::new(labels) as ArrayRef],
-            )
-        } else {
-            (vec![], vec![])
-        };
+        let (user_fields, user_columns) =
+            image_folder_labels(image_folder, rows.iter().map(|(rel, ..)| rel.as_str()));
         let entries = rows
             .into_iter()
             .map(|(key, location, size)| Entry {
