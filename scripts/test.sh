@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages, the Python venv with the
-# client package, Rust components) and runs every test of sluice:
-# formatting, clippy, unit and end-to-end tests, the Python tests against
-# the real server (and, for ingest from object stores, a real S3 server), the README's demo, a small run of each benchmark (to
-# prove they work; their figures are not judged here) and a seconds-long
+# client package, Rust components) and runs every test of sluice: the
+# structure checks (scripts/structure.py), formatting, clippy, unit and
+# end-to-end tests, the Python tests against the real server (and, for
+# ingest from object stores, a real S3 server), the README's demo, a
+# small run of each benchmark (to prove they work; their figures are not
+# judged here) and a seconds-long
 # run of each fuzz target. The SPDK backend's tests run when SPDK_DIR
 # points at an SPDK build (docs/spdk.md); otherwise they are skipped, and
 # the last line says so.
@@ -17,6 +19,8 @@ source scripts/s3server.sh
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 
+echo "== structure (guides, circles, floors, sizes)"
+python3 scripts/structure.py
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 cargo fmt --manifest-path tests/fuzz/Cargo.toml -- --check
@@ -77,7 +81,7 @@ echo "== SPDK backend"
 if [[ -n "${SPDK_DIR:-}" ]]; then
   cargo clippy -p sluice -p sluice-storage --features sluice/spdk,sluice-storage/spdk \
     --all-targets -- -D warnings
-  cargo test -p sluice-storage --features spdk --test spdk
+  cargo test -p sluice-storage --features spdk --test storage spdk::
   cargo build -p sluice --features spdk
   SLUICE_BIN="$CARGO_TARGET_DIR/debug/sluice" SLUICE_SPDK_BIN="$CARGO_TARGET_DIR/debug/sluice" \
     "$VENV/bin/python" -m pytest -q -rs tests/python/test_spdk.py

@@ -18,6 +18,20 @@
 //! ```
 //!
 //! Every command exits non-zero with a one-line `error: …` on failure.
+//!
+//! Modules:
+//! - `cli`: command-line arguments;
+//! - `commands`: one file per command;
+//! - `coordinator`: a node's link to its coordinator (`sluice serve`), over
+//!   the coordinator's REST API;
+//! - `output`: printing query results: aligned table, CSV, JSON lines, or an
+//!   Arrow IPC stream;
+//! - `rest`: the REST API (axum), documented by the OpenAPI document it
+//!   serves at `/openapi.json`;
+//! - `rest_client`: a small client of the REST API for the CLI's `job`
+//!   commands and a compute node's calls to its coordinator;
+//! - `size`: byte sizes on the command line: `512`, `64KiB`, `4MiB`, `16GiB`,
+//!   `1G`.
 
 mod cli;
 mod commands;

@@ -1,10 +1,8 @@
 //! The CLI contract, end to end, against the real binary.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::{Env, gen_sample, unbase64};
+use crate::common::{Env, gen_sample, unbase64};
 
 #[test]
 fn ingest_list_and_query_an_image_folder() {

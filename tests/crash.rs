@@ -6,13 +6,11 @@
 //! named by no version stays on disk, reported by `sluice info`, until
 //! `sluice gc` removes it: reopening the store never deletes anything.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Env, gen_sample, unbase64};
+use crate::common::{Env, gen_sample, unbase64};
 use rand::{Rng, SeedableRng};
 
 const KILLS: usize = 24;

@@ -3,11 +3,9 @@
 //! a panic), no read-only command deletes a file, orphans go only through
 //! `sluice gc`, and one damaged metadata file affects only its dataset.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{Env, gen_sample};
+use crate::common::{Env, gen_sample};
 
 /// An env with two ingested datasets, `pets` and `more`.
 fn populated() -> Env {

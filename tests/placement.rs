@@ -4,13 +4,11 @@
 //! the embedded default; a storage node that goes down fails the queries
 //! that need it, by name, while the compute node keeps serving the others.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::{Env, gen_sample};
+use crate::common::{Env, gen_sample};
 use sluice_udfs::kernels::{npy, npz, video};
 
 /// The pipelines of the issue, at test sizes, in a stable order.

@@ -2,12 +2,10 @@
 //! pipelines over images, videos and arrays, the error policies, and the
 //! Arrow IPC output with its extension types.
 
-mod common;
-
 use std::path::Path;
 
+use crate::common::{Env, gen_sample};
 use arrow::array::AsArray;
-use common::{Env, gen_sample};
 use sluice_udfs::kernels::{npy, npz, video};
 
 /// An ImageFolder with JPEG/PNG images, plus a clip, a volume and a JPEG

@@ -19,7 +19,13 @@
 //! - `node` is not a user's scope: it is the identity a storage or compute
 //!   node joins the cluster with. A node's registration, its progress
 //!   reports and the coordinator's calls to storage nodes need it, and a
-//!   user's token never has it unless the operator wrote it there.
+//!   user's token never has it unless the operator wrote it there;
+//! - [`audit`]: `Audit`: the record of every refusal: who, what, when, from
+//!   where;
+//! - [`auth`]: `Auth`: the bearer check of every REST route and Flight call;
+//! - [`grant`]: `Grant`: what one token allows;
+//! - [`tokens`]: `TokenFile`: the tokens a server accepts, as its operator
+//!   writes them.
 //! - With no token configured at all, the server is open: every caller is
 //!   [`Grant::everyone`] (a development server on loopback).
 //! - Tokens given on the command line (`--token`) carry every scope, as

@@ -44,7 +44,24 @@
 //!   with resume offsets), each through its sink: Flight messages, or
 //!   shared-memory slots;
 //! - [`direct`]: `DoGet` of job tickets answered in gRPC frames in front of
-//!   tonic, so tensor bytes are not copied on their way out.
+//!   tonic, so tensor bytes are not copied on their way out;
+//! - [`access`]: what a caller may read through the compute side;
+//! - [`engine`]: the cross-host data plane on the distributed engine;
+//! - [`ingest`]: sharded ingest: one dataset version spread over every
+//!   storage node, committed on all of them or on none;
+//! - [`ledger`]: `PartLedger`: the parts of datasets this cluster wrote, by
+//!   node — what a storage node that registers may bring;
+//! - [`moves`]: moving a replicated dataset's parts between storage nodes,
+//!   online;
+//! - [`repair`]: scrub and repair over a cluster: every storage node reads
+//!   back its objects against their checksums;
+//! - [`replica_reads`]: `KeyOwners`: a query over a dataset spread over
+//!   several storage nodes reads each key once;
+//! - [`reported`]: `ReportedExec`: the receiving end of storage fragments
+//!   that carry their report in band;
+//! - [`sql_params`]: parameters of a prepared statement;
+//! - [`statement_limits`]: `check_statement_size`: how big a SQL statement
+//!   may be before it is planned.
 
 pub mod access;
 pub mod calibration;

@@ -18,9 +18,7 @@ use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
 use sluice_udfs::UdfEnv;
 
-mod common;
-
-use common::{SAMPLES, served_node, write_samples};
+use crate::common::{SAMPLES, served_node, write_samples};
 
 const GROUP_BY: &str = "SELECT label, count(*) AS n, count(DISTINCT key) AS keys, \
     min(key) AS first, max(key) AS last FROM vecs GROUP BY label ORDER BY label";

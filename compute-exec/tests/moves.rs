@@ -15,9 +15,7 @@ use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
 use sluice_flight::StorageEndpoint;
 use sluice_storage::Store;
 
-mod common;
-
-use common::{SAMPLES, served_node, write_samples};
+use crate::common::{SAMPLES, served_node, write_samples};
 
 /// Every sample's key and tensor bytes, by key, as a job reads them.
 async fn read_all(jobs: &Jobs) -> Vec<(String, String)> {

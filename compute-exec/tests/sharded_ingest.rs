@@ -13,9 +13,7 @@ use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
 use tonic::Code;
 
-mod common;
-
-use common::{SAMPLES, write_samples};
+use crate::common::{SAMPLES, write_samples};
 
 fn node(root: &Path, name: &str) -> (Arc<Store>, Arc<StorageNode>) {
     let mut opts = StoreOptions::new(root.join(name));

@@ -42,7 +42,12 @@
 //! - [`lru`]: [`Lru`], a map under a byte budget, scan-resistant: the
 //!   eviction policy of the node's caches (defined in `sluice_udfs`, whose
 //!   stage cache uses it too, and re-exported here);
-//! - [`throttle`]: a token bucket to limit the link (an experiment knob).
+//! - [`throttle`]: a token bucket to limit the link (an experiment knob);
+//! - [`client`]: `StorageClient`: a storage node over Arrow Flight;
+//! - [`copy`]: moving replicas between storage nodes, as it travels between
+//!   the coordinator and a node;
+//! - [`scrub`]: scrub and repair of a storage node's objects, as they travel
+//!   between the coordinator and a node.
 
 pub mod body;
 pub mod checkpoint;

@@ -25,6 +25,8 @@
 //! - [`delivery`]: a job's last stage deferred to delivery, costed on the
 //!   compute side;
 //! - [`explain`]: the reasoning, as text or JSON;
+//! - [`fragment`]: the storage fragment, defined once;
+//! - [`offload`]: `Offload`: who decides where the stages run.
 //! - [`Planner::place`]: the rewrite into fragments.
 //!
 //! The planner only rewrites plans. Who runs a storage fragment — a storage

@@ -1,9 +1,39 @@
 //! One file per command; [`run`] dispatches.
+//!
+//! Modules:
+//! - [`bench`]: `sluice bench`: the storage path measured against the
+//!   device's own limit;
+//! - `certs`: `sluice certs`: the cluster's certificates, so that a cluster
+//!   speaks TLS without an outside PKI;
+//! - `checkpoints`: `sluice checkpoints`: list, delete, or copy out the
+//!   checkpoints of the data dir;
+//! - `datasets`: `sluice datasets`: datasets with their versions, sample
+//!   counts and bytes;
+//! - `explain`: `sluice explain "QUERY"`: where each stage would run and why;
+//! - `gc`: `sluice gc`: removes metadata files that no committed version
+//!   names;
+//! - `gen_sample`: `sluice gen-sample DIR`: a small generated ImageFolder
+//!   dataset;
+//! - `info`: `sluice info`: the data dir's device, backend and free space;
+//! - `ingest`: `sluice ingest DATASET SOURCE`: a new dataset version from a
+//!   directory, a manifest or an object store's prefix;
+//! - `job`: `sluice job`: a running `serve`'s jobs from the command line,
+//!   over its REST API;
+//! - `membership`: `sluice nodes`: a coordinator's nodes from the command
+//!   line, over its REST API;
+//! - `nodes`: the node processes: `sluice storage-node`, `sluice
+//!   compute-node` and `sluice serve`;
+//! - [`place`]: the compute session a command plans and runs queries with:
+//!   over remote storage nodes;
+//! - `scrub`: `sluice scrub --url URL`: `POST /v1/scrub` on a running server;
+//! - `sql`: `sluice sql "QUERY"`: DataFusion SQL over the datasets, with
+//!   sluice's UDFs;
+//! - `tokens`: `sluice tokens`: the tokens file an operator keeps
+//!   (`sluice_access::TokenFile`);
+//! - `udfs`: `sluice udfs [--calibrate]`: the UDFs, their arguments and cost
+//!   profiles.
 
 pub mod bench;
-mod bench_device;
-mod bench_epoch;
-mod bench_udf;
 mod certs;
 mod checkpoints;
 mod datasets;

@@ -25,6 +25,29 @@
 //! With bearer tokens configured, every route but `/healthz` and the
 //! dashboard's static files needs `authorization: Bearer TOKEN` (401
 //! otherwise).
+//!
+//! Modules:
+//! - `access`: who may call which route: `authorize`, the middleware, and
+//!   `need`, the scope each route needs;
+//! - `caller`: `Caller`: the address a REST request came from, where the
+//!   server knows it;
+//! - [`checkpoints`]: `/v1/checkpoints`: the checkpoints trainers wrote over
+//!   Flight, listed and deleted;
+//! - [`dashboard`]: the dashboard: three static files compiled into the
+//!   binary and served at `/`;
+//! - [`datasets`]: `/v1/datasets`: the datasets the storage side holds;
+//! - [`error`]: `ApiError`: every REST error is JSON with a stable code and
+//!   a message naming the thing at fault;
+//! - [`jobs`]: `/v1/jobs`: submit, list, look at, explain and cancel jobs;
+//! - [`metrics`]: `/metrics`: the server's readings in the Prometheus text
+//!   format 0.0.4, written by `prometheus-client`;
+//! - [`moves`]: moving replicated parts between storage nodes;
+//! - [`nodes`]: `/v1/nodes`: the storage nodes this server reads, their
+//!   admission and their state;
+//! - [`ops`]: operations endpoints: `/healthz` and `/metrics`;
+//! - [`scrub`]: `POST /v1/scrub`: every storage node reads back its objects
+//!   against their checksums;
+//! - [`tls`]: the REST API over TLS: `TlsListener`.
 
 mod access;
 mod caller;

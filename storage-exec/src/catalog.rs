@@ -151,7 +151,7 @@ impl Catalog {
         txn.open_table(DATASETS).map_err(|e| cat.err(e))?;
         txn.open_table(CHUNKS).map_err(|e| cat.err(e))?;
         txn.open_table(RETIRED).map_err(|e| cat.err(e))?;
-        crate::checkpoint::catalog::create_tables(&txn).map_err(|e| cat.err(e))?;
+        crate::checkpoint::tables::create_tables(&txn).map_err(|e| cat.err(e))?;
         txn.commit().map_err(|e| cat.err(e))?;
         Ok(cat)
     }
@@ -317,7 +317,7 @@ impl Catalog {
     pub fn chunk_runs(&self) -> Result<Vec<ChunkRun>> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
-        let mut out = crate::checkpoint::catalog::chunk_runs(&txn).map_err(|e| self.err(e))?;
+        let mut out = crate::checkpoint::tables::chunk_runs(&txn).map_err(|e| self.err(e))?;
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (k, v) = entry.map_err(|e| self.err(e))?;
             let owner: ChunkOwner = self.decode(v.value())?;

@@ -27,14 +27,20 @@
 //!
 //! - [`stats`]: a dataset's statistics for the planner;
 //! - [`node`]: the storage node, which binds storage fragments to local
-//!   scans and runs them on its own cores;
+//!   scans and runs them on its own cores; `node_endpoint`: the same node
+//!   as the compute side of its own process reaches it;
 //! - [`engine`]: the node as a worker of the distributed engine, where
 //!   every fragment from another host runs (a query's, a job stream's
 //!   windows, a move's or a repair's read); [`flight_service`]: its
 //!   control plane over Arrow Flight (datasets, node info, calibration,
 //!   ingest, copies, scrubs);
 //! - [`node_feed`]: a job stream's fragment bound once and run for each of
-//!   its windows (in this process, or as an engine task).
+//!   its windows (in this process, or as an engine task);
+//! - `error`: the storage crate's error type;
+//! - [`scrub`]: scrub and repair: a node reads back its objects against the
+//!   checksums recorded at ingest;
+//! - `session`: a DataFusion session whose tables are a store's datasets and
+//!   whose functions include sluice's UDFs.
 //!
 //! This crate does not decide what runs where (that is `sluice-planner`);
 //! it runs the fragments it is sent.
@@ -64,6 +70,7 @@ pub mod ingest;
 pub mod layout;
 pub mod metadata;
 pub mod node;
+mod node_endpoint;
 pub mod node_feed;
 pub mod scan;
 pub mod scrub;

@@ -36,7 +36,7 @@ use datafusion::logical_expr::{
     ScalarUDFImpl, Signature, Volatility,
 };
 
-use crate::bounded::byte_lens;
+use crate::arg_sizes::byte_lens;
 
 /// The function `||` on strings becomes.
 pub const NAME: &str = "concat_operator";

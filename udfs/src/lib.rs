@@ -56,7 +56,37 @@
 //! are recorded in the [`UdfEnv`]'s [`ErrorLog`]. [`Limits`] bound what a
 //! sample may decode to (pixels, frames, bytes) and are checked from headers
 //! before any decoding, so a 100k×100k JPEG header costs nothing.
+//!
+//! Modules:
+//! - `arg_sizes`: what a function's arguments hold, row by row, measured
+//!   without expanding a scalar;
+//! - [`args`]: argument specifications: what each UDF accepts;
+//! - [`bounded`]: DataFusion's built-in functions whose output is not bounded
+//!   by their input, under a size limit;
+//! - [`calibrate`]: measuring the cost profiles on the machine at hand;
+//! - [`concat_operator`]: the `||` operator on strings and bytes, under the
+//!   size limit;
+//! - [`cost`]: cost profiles: CPU time and result size of each UDF, from
+//!   sample statistics;
+//! - [`env`]: what the UDFs of one session share: options, limits, the log of
+//!   bad samples and the clock of their stages;
+//! - [`host_memory`]: `available`: the memory this process may still use;
+//! - [`lru`]: `Lru`: a map under a byte budget, the eviction policy of the
+//!   node's caches;
+//! - [`memory_budget`]: `MemoryBudget`: the memory every query and job of a
+//!   process shares;
+//! - [`panic_guard`]: a panic in any function of a projection, as one named
+//!   sample;
+//! - [`probe`]: cheap facts about an object, read from its header at ingest;
+//! - [`rebind`]: a placed plan bound to another stream's `UdfEnv`;
+//! - [`stage_cache`]: `StageCache`: a node's cache of the deterministic
+//!   decode stages under a random pipeline;
+//! - [`stage_clock`]: where a pipeline's time goes: every UDF call is timed,
+//!   per stage;
+//! - [`tensor`]: Arrow representations of images, arrays and fixed-shape
+//!   tensors.
 
+mod arg_sizes;
 pub mod args;
 pub mod bounded;
 pub mod calibrate;

@@ -30,6 +30,20 @@
 //! left as it was. Exchanges are uncompressed (sluice measured that what
 //! crosses a cut does not shrink, `docs/benchmarks.md`) and the engine's
 //! end-of-task metrics collection is off (the report carries sluice's).
+//!
+//! Modules:
+//! - `channels`: `NodeChannels`: how the coordinating session reaches the
+//!   storage nodes' engine workers;
+//! - `feed`: `EngineFeed`: a job stream's feed on one storage node;
+//! - `one_stream`: `OneStream`: a plan that crosses hosts on the engine ends
+//!   in one partition;
+//! - `owed`: `OwedWindows`: the windows an engine feed owes, oldest first;
+//! - `partial`: `PartialOnStorage`: a query's partial aggregate runs in the
+//!   storage fragments;
+//! - `single`: `run_on_node`: one storage fragment run on one node reached by
+//!   network, as an engine query of its own;
+//! - `stage_query`: `run_stage`: a stage built by hand, run as one engine
+//!   query of its own.
 
 mod channels;
 mod feed;

@@ -40,7 +40,23 @@
 //! - [`store`]: the job records that survive a restart;
 //! - [`registry`]: [`Jobs`], the jobs of a node;
 //! - [`cluster`]: many compute nodes — which serves each rank, and how a
-//!   node finds a job the coordinator holds.
+//!   node finds a job the coordinator holds;
+//! - [`coverage`]: `Progress`: the bookkeeping behind a job's status;
+//! - [`failover`]: `Failover`: a job's storage nodes found lost, and the
+//!   windows that ran again elsewhere because of them;
+//! - [`holders`]: a sample's holders, as a window reads them: the nodes it
+//!   must avoid, the samples left with none, and which holder reads;
+//! - [`mix`]: a weighted mixture's epoch: which source each position of the
+//!   epoch's global sequence reads;
+//! - [`mix_plan`]: a mixture's window plan: each part's placed plan with its
+//!   name as a `source` column;
+//! - [`mix_sql`]: a mixture in SQL: the pipeline reads `mix(…)` where it
+//!   would read a dataset;
+//! - [`mix_status`]: what a job's status says of its mixture;
+//! - [`report`]: `NodeReport`: what a compute node serving some of a job's
+//!   ranks tells the coordinator;
+//! - [`routes`]: `RankRoutes`: which compute nodes each rank of a job was
+//!   sent to.
 
 pub mod adapt;
 pub mod ahead;

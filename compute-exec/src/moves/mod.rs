@@ -22,6 +22,10 @@
 //!
 //! Moves run one at a time, and never beside a sharded ingest (both hold
 //! the storage nodes' ingest locks).
+//!
+//! Modules:
+//! - [`lost`]: `LostNodes`: a storage node that does not answer for longer
+//!   than the cluster's lost time counts as lost.
 
 pub mod copy;
 pub mod lost;

@@ -1,6 +1,14 @@
 //! [`ComputeSession`]: the compute side of sluice — it learns the storage
 //! nodes' datasets, plans a query with the offload-aware planner, and runs
 //! the compute fragment over the storage fragments' streams.
+//!
+//! Modules:
+//! - `nodes`: the storage nodes a session reads: given at start, registered
+//!   with the coordinator;
+//! - `prepared`: `Prepared`: a statement parsed and optimized against a
+//!   snapshot of the datasets, with what placing it needs;
+//! - [`replication`]: a dataset spread over several nodes as the session sees
+//!   it: the reads that take each key once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

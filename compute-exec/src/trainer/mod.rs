@@ -14,7 +14,11 @@
 //!   sent as several messages; only the last carries the metadata. The
 //!   messages' bodies borrow the window batches the rows were gathered
 //!   from (`Gathered::encode_split`): the batch is never made, and
-//!   [`crate::direct`] frames the pieces for gRPC without copying them.
+//!   [`crate::direct`] frames the pieces for gRPC without copying them;
+//! - `shm_sink`: `ShmSink`: a trainer's batches through a shared-memory
+//!   segment (`sluice_shm`);
+//! - `sink`: `TrainerSink`: where a reader's batches go on their way to a
+//!   trainer.
 //!
 //! A trainer on this host (its ticket's probe checks out) gets its
 //! batches through shared memory instead ([`sluice_shm`]): after

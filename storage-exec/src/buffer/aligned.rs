@@ -6,7 +6,21 @@ use std::sync::Arc;
 
 use arrow::buffer::Buffer;
 
-use super::pool::{BufferPool, Slot};
+/// Where a buffer came from, so it can go back there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    Fixed(u16),
+    Class(u32),
+    Oversize,
+    /// Memory the pool does not own (see `BufferPool::borrow`).
+    Borrowed,
+}
+
+/// What a buffer goes back to when it drops: the pool that lent it.
+pub(super) trait Lender: Send + Sync + std::panic::RefUnwindSafe {
+    /// Takes back the `cap` bytes at `ptr`, lent from `slot`.
+    fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot);
+}
 
 /// A block-aligned buffer of `capacity()` bytes, of which the first `len()`
 /// hold data, borrowed from a [`BufferPool`] and returned to it on drop.
@@ -18,7 +32,7 @@ pub struct AlignedBuf {
     cap: usize,
     len: usize,
     slot: Slot,
-    pool: Arc<BufferPool>,
+    pool: Arc<dyn Lender>,
     /// What keeps borrowed memory alive ([`BufferPool::borrow`]).
     owner: Option<Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe>>,
 }
@@ -32,7 +46,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    pub(super) fn new(ptr: NonNull<u8>, cap: usize, slot: Slot, pool: Arc<BufferPool>) -> Self {
+    pub(super) fn new(ptr: NonNull<u8>, cap: usize, slot: Slot, pool: Arc<dyn Lender>) -> Self {
         Self {
             ptr,
             cap,

@@ -12,6 +12,13 @@
 //! Where the memory comes from is the [`DmaAllocator`]'s business: the
 //! kernel's anonymous pages for the `uring` and `file` backends, SPDK's DMA allocator
 //! for the SPDK backend. Callers never see the difference.
+//!
+//! Modules:
+//! - `aligned`: `AlignedBuf`: one block-aligned I/O buffer on loan from a
+//!   pool;
+//! - `allocator`: where I/O memory comes from: the `DmaAllocator` contract;
+//! - `pool`: `BufferPool`: reusable aligned buffers, some registered with the
+//!   device.
 
 mod aligned;
 mod allocator;

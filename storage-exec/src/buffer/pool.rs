@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::aligned::AlignedBuf;
+use super::aligned::{AlignedBuf, Lender, Slot};
 use super::allocator::DmaAllocator;
 
 /// Smallest class: one 4 KiB block.
@@ -63,14 +63,10 @@ impl Default for PoolOptions {
     }
 }
 
-/// Where a buffer came from, so it can go back there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Slot {
-    Fixed(u16),
-    Class(u32),
-    Oversize,
-    /// Memory the pool does not own (see [`BufferPool::borrow`]).
-    Borrowed,
+impl Lender for BufferPool {
+    fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
+        self.give_back(ptr, cap, slot);
+    }
 }
 
 /// Counters describing a pool's use.
@@ -219,7 +215,7 @@ impl BufferPool {
         drop(free);
         self.outstanding_bytes
             .fetch_add(cap as u64, Ordering::Relaxed);
-        let mut buf = AlignedBuf::new(ptr, cap, slot, Arc::clone(self));
+        let mut buf = AlignedBuf::new(ptr, cap, slot, Arc::clone(self) as Arc<dyn Lender>);
         buf.set_len(len);
         Ok(buf)
     }
@@ -241,7 +237,12 @@ impl BufferPool {
         len: usize,
         owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe>,
     ) -> AlignedBuf {
-        let mut buf = AlignedBuf::new(ptr, len, Slot::Borrowed, Arc::clone(self));
+        let mut buf = AlignedBuf::new(
+            ptr,
+            len,
+            Slot::Borrowed,
+            Arc::clone(self) as Arc<dyn Lender>,
+        );
         buf.keep(owner);
         buf.set_len(len);
         buf
@@ -285,7 +286,7 @@ impl BufferPool {
         Ok(ptr)
     }
 
-    pub(super) fn release(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
+    fn give_back(&self, ptr: NonNull<u8>, cap: usize, slot: Slot) {
         if slot == Slot::Borrowed {
             return; // never lent from here: its owner frees it
         }

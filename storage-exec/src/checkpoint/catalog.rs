@@ -17,38 +17,13 @@
 //! old ones it replaced are gone, or nothing changed. redb serialises write
 //! transactions, so two writers of one name get consecutive versions.
 
-use redb::{ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable};
 
 use super::record::{CheckpointInfo, CheckpointRecord};
+use super::tables::{CHECKPOINT_CHUNKS, CHECKPOINT_LAST, CHECKPOINTS};
 use crate::alloc::ChunkRun;
 use crate::catalog::Catalog;
 use crate::error::{Result, StorageError};
-
-const CHECKPOINTS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("checkpoints");
-const CHECKPOINT_CHUNKS: TableDefinition<'_, u64, u64> = TableDefinition::new("checkpoint_chunks");
-const CHECKPOINT_LAST: TableDefinition<'_, &str, u64> = TableDefinition::new("checkpoint_last");
-
-/// Creates the tables (at catalog open).
-pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<(), redb::Error> {
-    txn.open_table(CHECKPOINTS)?;
-    txn.open_table(CHECKPOINT_CHUNKS)?;
-    txn.open_table(CHECKPOINT_LAST)?;
-    Ok(())
-}
-
-/// The chunk runs checkpoints own.
-pub(crate) fn chunk_runs(txn: &ReadTransaction) -> Result<Vec<ChunkRun>, redb::Error> {
-    let table = txn.open_table(CHECKPOINT_CHUNKS)?;
-    let mut out = Vec::new();
-    for entry in table.iter()? {
-        let (k, v) = entry?;
-        out.push(ChunkRun {
-            start: k.value(),
-            count: v.value(),
-        });
-    }
-    Ok(out)
-}
 
 /// What a commit or a delete changed.
 #[derive(Debug, Default)]

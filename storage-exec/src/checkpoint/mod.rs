@@ -28,7 +28,8 @@
 //! - A client on this host moves the bytes through shared memory instead
 //!   of Flight ([`shared`]).
 //!
-//! Files: [`catalog`] (the redb tables), [`record`] (a version and its
+//! Files: [`catalog`] (versions in the catalog), `tables` (its redb
+//! tables, created with the catalog's own), [`record`] (a version and its
 //! extents), [`upload`] (a version being written), [`shared`] (the
 //! same-host path), `scrub` (reading versions back, repairing an
 //! extent), `flight` (the Flight protocol over all of it).
@@ -38,6 +39,7 @@ mod flight;
 pub mod record;
 mod scrub;
 pub mod shared;
+pub(crate) mod tables;
 mod upload;
 
 use std::collections::HashMap;

@@ -22,7 +22,8 @@
 //! - [`spdk`] (cargo feature `spdk`): an SPDK bdev, polled in user space by
 //!   a thread of its own; its pool uses SPDK's DMA allocator and its
 //!   completions are sent back through a oneshot channel, exactly as the
-//!   io_uring thread does; [`affinity`] keeps that thread's core for it.
+//!   io_uring thread does; [`affinity`] keeps that thread's core for it;
+//! - `stats`: I/O counters shared by every backend.
 
 pub mod affinity;
 pub mod conformance;

@@ -24,6 +24,20 @@
 //! by nobody (free again at the next open) and the metadata file by no
 //! version (an orphan that `sluice gc` removes; opening deletes nothing).
 //! A crash after it leaves a complete version.
+//!
+//! Modules:
+//! - `confine`: `Confinement`: ingest reads only beneath the roots it was
+//!   given;
+//! - `copy`: a storage node's side of moving replicas;
+//! - `parts`: a storage node's side of an ingest spread over several nodes;
+//! - `pending`: `PendingIngests`: a storage node's prepared ingest parts,
+//!   waiting for their coordinator's word;
+//! - `prepared`: `Prepared`: an ingest whose objects and metadata are written
+//!   but whose version is not yet committed;
+//! - `shard`: `Shard`: one of N storage nodes' part of a source;
+//! - `version`: the last step of every way a version is written;
+//! - `writer`: `ExtentWriter`: packs objects tightly into chunks and writes
+//!   them.
 
 mod confine;
 mod copy;

@@ -18,15 +18,25 @@
 //! A job's scan is a *take* ([`take`]): the rows it names, by row id of the
 //! version it pinned, in its order, sliced from the version's metadata
 //! held in memory, through the same reads and checks.
+//!
+//! Modules:
+//! - `reads`: turning a batch of extents into device reads;
+//! - `schema`: `DatasetSchema`: the catalog's datasets as DataFusion tables;
+//! - `source`: `ExtentSource`: the zero-copy scan of a dataset version, as a
+//!   DataFusion `DataSource` behind `DataSourceExec`;
+//! - `table`: `DatasetTable`: one dataset version as a DataFusion table;
+//! - `version`: `DatasetVersion`: one dataset version opened for reading.
 
 mod reads;
 mod schema;
 mod source;
 mod table;
 mod take;
+mod version;
 
 pub use reads::{ReadPlan, Run, plan_reads};
 pub use schema::{DatasetSchema, parse_table};
 pub use source::{ExtentSource, SHARED_OBJECT, ScanColumns, ScanOptions};
-pub use table::{DatasetTable, DatasetVersion};
+pub use table::DatasetTable;
 pub use take::{INDEXES_KEPT, IndexCache, TakePart, VersionIndex};
+pub use version::DatasetVersion;

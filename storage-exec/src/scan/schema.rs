@@ -12,7 +12,8 @@ use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DFResult};
 
 use super::source::ScanOptions;
-use super::table::{DatasetTable, DatasetVersion};
+use super::table::DatasetTable;
+use super::version::DatasetVersion;
 use crate::error::StorageError;
 use crate::store::Store;
 

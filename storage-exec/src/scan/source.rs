@@ -44,8 +44,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice_planner::fragment::Take;
 
 use super::reads::{ReadPlan, plan_reads};
-use super::table::DatasetVersion;
 use super::take::{TakePart, VersionIndex, take_parts, with_slot};
+use super::version::DatasetVersion;
 use crate::cache::{Miss, ObjectKey};
 use crate::device::DeviceExt;
 use crate::error::StorageError;

@@ -31,7 +31,7 @@ use datafusion::error::Result as DFResult;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice_planner::fragment::Take;
 
-use super::table::DatasetVersion;
+use super::version::DatasetVersion;
 use crate::error::{Result, StorageError};
 
 /// Versions whose metadata a node keeps in memory.

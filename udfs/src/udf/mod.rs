@@ -4,6 +4,29 @@
 //! result field (computed from constant arguments and argument fields when
 //! the query is planned), its evaluation over a batch, and its cost profile.
 //! [`Udf`] turns any of them into a DataFusion `ScalarUDFImpl`.
+//!
+//! Modules:
+//! - `center_crop`: `center_crop(img, h, w)`: the centred h×w window,
+//!   zero-padded when the image is smaller;
+//! - `crop3d`: `crop3d(arr, z, y, x, d, h, w[, channels])`: a box of a
+//!   volume;
+//! - `decode_image`: `decode_image(data[, mode])`: encoded bytes → image;
+//! - `decode_resize`: fused decode + resize and decode + random resized crop,
+//!   with JPEG DCT-domain downscaling;
+//! - `decode_video`: `decode_video(data, num_frames, h, w[, stride |
+//!   'uniform'])` → uint8 [T, H, W, 3];
+//! - `normalize`: `normalize(img, mean, std)`: uint8 HWC image → float32 CHW
+//!   tensor;
+//! - `npy`: `npy(data)`: a `.npy` file → array;
+//! - `npz`: `npz(data, name)`: one member of a `.npz` archive → array;
+//! - `random_flip`: `random_horizontal_flip(img[, p])`: mirror with
+//!   probability p, drawn from (seed, epoch, key);
+//! - `random_resized_crop`: `random_resized_crop(img, h, w[, scale_min,
+//!   scale_max, ratio_min, ratio_max])`;
+//! - `resize`: `resize(img, h, w[, filter])`: resample an image to h×w;
+//! - `resize3d`: `resize3d(arr, d, h, w[, channels])`: trilinear resize of a
+//!   volume to float32;
+//! - `to_tensor`: `to_tensor(img)` → uint8 [H, W, C].
 
 mod center_crop;
 mod crop3d;

@@ -15,7 +15,10 @@
 //! - [`progress`]: batches received, compute nodes' reports, done;
 //! - [`record`]: the record that survives a restart, and its saving, so
 //!   that a restarted server serves the same job: same versions, same
-//!   order, same bytes, and the progress it had.
+//!   order, same bytes, and the progress it had;
+//! - `mix_shares`: a mixture as it runs: its parts' weights and sizes;
+//! - `ready`: `Ready`: what a job holds once its samples are listed;
+//! - `source`: `Source`: what a job reads for one of its pipelines.
 
 mod create;
 mod mix_shares;

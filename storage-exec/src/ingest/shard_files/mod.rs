@@ -8,7 +8,9 @@
 //!   Face Hub's layout), each object decoded with its row group;
 //! - [`columns`]: the metadata columns their small members and features
 //!   become, and the columns that trace a sample to its shard
-//!   (`source_shard`, `source_index`, `source_offset`).
+//!   (`source_shard`, `source_index`, `source_offset`);
+//! - `open_shards`: `OpenShards`: the shard files an ingest reads objects
+//!   from, kept open between objects.
 //!
 //! A source is one shard file, a directory of them (every visible file a
 //! shard, TFRecord `.index` companions ignored) or a glob in the last

@@ -20,16 +20,8 @@ use sluice_base::task::SpawnedTask;
 use sluice_storage::device::{Device, DeviceOptions, open_device};
 
 use crate::cli::Cli;
+use crate::cli::Pattern;
 use crate::size::human;
-
-/// Access pattern.
-#[derive(Debug, Clone, Copy, clap::ValueEnum, PartialEq, Eq, serde::Serialize)]
-pub enum Pattern {
-    /// Uniformly random aligned offsets.
-    Randread,
-    /// Consecutive offsets, wrapping at the end.
-    Read,
-}
 
 /// What one configuration measured.
 #[derive(Debug, serde::Serialize)]

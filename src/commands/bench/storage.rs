@@ -1,18 +1,8 @@
-//! `sluice bench`: the storage path measured against the device's own limit,
-//! in the same run, on the same device file.
-//!
-//! - `scan`: a sequential scan of a dataset's `data` through SQL, against
-//!   `dd iflag=direct` (and `fio` when installed) reading the same bytes;
-//! - `random`: random object reads (crc-checked, many in flight) against
-//!   `fio --rw=randread` at the same block size and depth;
-//! - `catalog`: ingest of 1,000,000 small objects' metadata, `count(*)`, a
-//!   selective filter, and peak RSS.
-//!
-//! Each prints a table with our figure, the baseline's and the ratio, and
-//! writes the same as JSON (`--json FILE`). Runs repeat and report medians:
-//! the machine is shared and noisy.
+//! `sluice bench scan`, `random` and `catalog`: the storage path against
+//! the device's own limit (`dd iflag=direct`, `fio`) on the same device
+//! file, and the catalog at a million objects.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command as Process;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,303 +10,14 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{UInt32Type, UInt64Type};
-use clap::Subcommand;
 use futures::{StreamExt, TryStreamExt};
 use sluice_storage::device::DeviceExt;
 use sluice_storage::scan::ScanOptions;
-use sluice_storage::{IngestOptions, IngestReport, IngestSource, OnError, Store, StoreOptions};
+use sluice_storage::{Store, StoreOptions};
 
-use crate::cli::Cli;
-use crate::size::{human, parse_size};
+use crate::size::human;
 
-/// The benchmarks.
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Sequential scan of `data` vs dd/fio sequential reads of the same device file.
-    Scan {
-        /// Bytes of objects to ingest and scan.
-        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-        bytes: u64,
-        /// Object size.
-        #[arg(long, default_value = "256KiB", value_parser = parse_size)]
-        object_size: u64,
-        /// Repetitions (the median is reported).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Random object reads vs fio random reads at the same block size and depth.
-    Random {
-        /// Bytes of objects to ingest.
-        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-        bytes: u64,
-        /// Object size (and fio block size).
-        #[arg(long, default_value = "128KiB", value_parser = parse_size)]
-        object_size: u64,
-        /// Reads in flight.
-        #[arg(long, default_value_t = 32)]
-        depth: usize,
-        /// Reads per run.
-        #[arg(long, default_value_t = 4000)]
-        reads: usize,
-        /// Repetitions (the median is reported).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// A UDF pipeline on one core over the files of DIR in memory (table `files(key, data)`).
-    Udf {
-        /// Directory of input files.
-        #[arg(long)]
-        dir: PathBuf,
-        /// The query, e.g. "SELECT decode_image(data) FROM files".
-        #[arg(long)]
-        sql: String,
-        /// Repetitions after a warm-up (the median is reported).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// A job's epoch at scale: for each size, ingest that many tiny PNGs,
-    /// submit a trivial job (decode + 16x16 resize) on an in-process node,
-    /// and time submit → first batch and one epoch of one rank.
-    Epoch {
-        /// Dataset sizes, comma separated.
-        #[arg(long, value_delimiter = ',', default_value = "10000,100000,1280000")]
-        samples: Vec<usize>,
-        /// Samples per batch.
-        #[arg(long, default_value_t = 256)]
-        batch: u64,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Raw reads through the device backend (`--device`, read only): IOPS
-    /// and MiB/s, to compare backends and SPDK's bdevperf on one device.
-    Device {
-        /// Random or sequential reads.
-        #[arg(long, value_enum, default_value = "randread")]
-        pattern: super::bench_device::Pattern,
-        /// Size of each read.
-        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
-        io_size: u64,
-        /// Reads in flight.
-        #[arg(long, default_value_t = 32)]
-        depth: usize,
-        /// Seconds per run.
-        #[arg(long, default_value_t = 10.0)]
-        seconds: f64,
-        /// Repetitions (the median is reported).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-    /// Metadata path at scale: ingest many small objects, count, filter.
-    Catalog {
-        /// Number of objects.
-        #[arg(long, default_value_t = 1_000_000)]
-        samples: usize,
-        /// Write results as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
-}
-
-/// Says, on stderr, when a benchmark runs on a build without optimisation
-/// of sluice's own crates: its figures are not what a deployment gets.
-pub(super) fn warn_if_debug(what: &str) {
-    if cfg!(debug_assertions) {
-        eprintln!(
-            "warning: {what} on a debug build: the figures are not a deployment's; \
-             build with `cargo build --release` (see the README) to measure"
-        );
-    }
-}
-
-pub async fn run(cli: &Cli, which: &BenchCommand) -> anyhow::Result<()> {
-    warn_if_debug("sluice bench");
-    if let BenchCommand::Device {
-        pattern,
-        io_size,
-        depth,
-        seconds,
-        runs,
-        json,
-    } = which
-    {
-        // No data dir: the device itself, read only.
-        return super::bench_device::run(
-            cli,
-            *pattern,
-            *io_size,
-            *depth,
-            *seconds,
-            *runs,
-            json.as_deref(),
-        )
-        .await;
-    }
-    // Benchmarks use their own data dir beside the configured one, so they
-    // never touch real datasets; it is removed afterwards.
-    let dir = cli.data_dir.with_file_name(format!(
-        "{}-bench-{}",
-        cli.data_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_else(|| "sluice".into()),
-        std::process::id()
-    ));
-    let _cleanup = RemoveOnDrop(dir.clone());
-    let opts = StoreOptions {
-        backend: cli.device_backend,
-        chunk_size: cli.chunk_size,
-        ..StoreOptions::new(&dir)
-    };
-    match which {
-        BenchCommand::Scan {
-            bytes,
-            object_size,
-            runs,
-            json,
-        } => scan(&opts, *bytes, *object_size, *runs, json.as_deref()).await,
-        BenchCommand::Random {
-            bytes,
-            object_size,
-            depth,
-            reads,
-            runs,
-            json,
-        } => {
-            random(
-                &opts,
-                *bytes,
-                *object_size,
-                *depth,
-                *reads,
-                *runs,
-                json.as_deref(),
-            )
-            .await
-        }
-        BenchCommand::Catalog { samples, json } => catalog(&opts, *samples, json.as_deref()).await,
-        BenchCommand::Epoch {
-            samples,
-            batch,
-            json,
-        } => {
-            super::bench_epoch::epoch(&opts, samples, *batch, json.as_deref()).await?;
-            Ok(())
-        }
-        BenchCommand::Udf {
-            dir,
-            sql,
-            runs,
-            json,
-        } => super::bench_udf::run(dir, sql, *runs, json.as_deref()).await,
-        BenchCommand::Device { .. } => unreachable!("run before the bench data dir is made"),
-    }
-}
-
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// A 64×64 JPEG of noise made exactly `size` bytes long: padded after the
-/// end-of-image marker (which decoders ignore), or cut when smaller — ingest
-/// only reads the header, and the scan benchmarks only move bytes.
-fn noise_jpeg(size: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let side = 64u32;
-    let img = image::RgbImage::from_fn(side, side, |_, _| {
-        let v = next();
-        image::Rgb([v as u8, (v >> 8) as u8, (v >> 16) as u8])
-    });
-    let mut out = std::io::Cursor::new(Vec::new());
-    let _ = img.write_to(&mut out, image::ImageFormat::Jpeg);
-    let mut bytes = out.into_inner();
-    while bytes.len() < size {
-        let v = next();
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
-    bytes.truncate(size);
-    bytes
-}
-
-/// Ingests `n` objects keyed `obj_00000000…`, cycling through `templates`;
-/// returns the report and the ingest's wall time (building the objects in
-/// memory is not timed).
-pub(super) async fn ingest_objects(
-    store: &std::sync::Arc<Store>,
-    name: &str,
-    templates: &[Vec<u8>],
-    n: usize,
-) -> anyhow::Result<(IngestReport, f64)> {
-    let samples = (0..n)
-        .map(|i| {
-            (
-                format!("obj_{i:08}"),
-                templates[i % templates.len()].clone(),
-            )
-        })
-        .collect();
-    let t = Instant::now();
-    let report = sluice_storage::ingest(
-        store,
-        name,
-        IngestSource::Memory(samples),
-        IngestOptions::with_policy(OnError::Fail),
-    )
-    .await?;
-    Ok((report, t.elapsed().as_secs_f64()))
-}
-
-async fn fill(store: &Arc<Store>, name: &str, bytes: u64, object_size: u64) -> anyhow::Result<u64> {
-    let n = (bytes / object_size).max(1) as usize;
-    let templates: Vec<Vec<u8>> = (0..16)
-        .map(|i| noise_jpeg(object_size as usize, i + 1))
-        .collect();
-    let (report, seconds) = ingest_objects(store, name, &templates, n).await?;
-    println!(
-        "ingested {} objects of {} ({}) in {seconds:.1} s",
-        report.samples,
-        human(object_size),
-        human(report.bytes),
-    );
-    Ok(report.bytes)
-}
-
-/// Drops the device file's pages from the page cache (O_DIRECT never uses
-/// them, but the file backend and dd without iflag=direct would).
-fn drop_cache(path: &Path) {
-    if let Ok(f) = std::fs::File::open(path) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: posix_fadvise on a valid open descriptor has no memory effects.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
-}
+use super::fixture::{drop_cache, fill, ingest_objects, median, peak_rss_bytes, write_json};
 
 fn dd_direct(path: &Path, bytes: u64) -> anyhow::Result<f64> {
     let bs = 4u64 << 20;
@@ -378,19 +79,11 @@ fn fio(
     Ok((bw, iops))
 }
 
-pub(super) fn write_json(path: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
-    if let Some(p) = path {
-        std::fs::write(p, serde_json::to_string_pretty(doc)?)
-            .with_context(|| format!("write {}", p.display()))?;
-    }
-    Ok(())
-}
-
 /// Scan depths tried: devices differ in the depth they like (NVMe wants
 /// many requests in flight; some virtual disks are fastest at one).
 const SCAN_DEPTHS: [usize; 3] = [1, 2, 8];
 
-async fn scan(
+pub(super) async fn scan(
     opts: &StoreOptions,
     bytes: u64,
     object_size: u64,
@@ -486,7 +179,7 @@ async fn scan(
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn random(
+pub(super) async fn random(
     opts: &StoreOptions,
     bytes: u64,
     object_size: u64,
@@ -583,20 +276,11 @@ async fn random(
     write_json(json, &doc)
 }
 
-pub(super) fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse::<u64>().ok())
-            })
-        })
-        .map_or(0, |kib| kib * 1024)
-}
-
-async fn catalog(opts: &StoreOptions, samples: usize, json: Option<&Path>) -> anyhow::Result<()> {
+pub(super) async fn catalog(
+    opts: &StoreOptions,
+    samples: usize,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
     let store = Store::open(opts)?;
     // The smallest valid image: the metadata path is what is measured.
     let png = {

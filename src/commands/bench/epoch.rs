@@ -25,7 +25,7 @@ use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
 use sluice_storage::scan::ScanOptions;
 use sluice_storage::{StorageNode, Store, StoreOptions};
 
-use super::bench::{ingest_objects, write_json};
+use super::fixture::{ingest_objects, write_json};
 
 /// One size's figures.
 #[derive(Debug, serde::Serialize)]
