@@ -14,8 +14,6 @@ use datafusion::sql::parser::DFParser;
 use datafusion::sql::resolve::resolve_table_references;
 use sluice_access::Grant;
 
-use crate::job::Job;
-
 /// Relations that are DataFusion's table functions, not datasets.
 const TABLE_FUNCTIONS: [&str; 2] = ["generate_series", "range"];
 
@@ -66,14 +64,18 @@ pub fn may_read(who: &Grant, dataset: &str) -> Result<(), String> {
     }
 }
 
-/// Whether `who` may read `job`'s streams, status and plan.
-pub fn may_read_job(who: &Grant, job: &Job) -> Result<(), String> {
-    match job.datasets().find(|d| !who.may_read(d)) {
+/// Whether `who` may read the streams, status and plan of job `job`,
+/// which reads `datasets` (`Job::may_be_read_by`).
+pub fn may_read_job<'a>(
+    who: &Grant,
+    job: &str,
+    mut datasets: impl Iterator<Item = &'a str>,
+) -> Result<(), String> {
+    match datasets.find(|d| !who.may_read(d)) {
         None => Ok(()),
         Some(dataset) => Err(format!(
-            "token {:?} may not read job {} (it reads dataset {dataset:?})",
+            "token {:?} may not read job {job} (it reads dataset {dataset:?})",
             who.name(),
-            job.id(),
         )),
     }
 }

@@ -6,7 +6,7 @@
 //! damaged metadata file), and the query naming it gets that node's error,
 //! naming the file, while every other dataset stays usable. A dataset
 //! that is nowhere is recorded ([`ComputeSchema::missing`]): a statement
-//! that then fails to plan fails as [`UnknownDataset`], a typed error
+//! that then fails to plan fails as `UnknownDataset` (`crate::error`), a typed error
 //! found again inside DataFusion's (never by its message).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -16,9 +16,7 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::{DataFusionError, Result};
-use sluice_base::Fault;
 use sluice_flight::{LinkError, StorageEndpoint};
-use tonic::Code;
 
 use crate::remote::RemoteDatasetTable;
 
@@ -63,22 +61,6 @@ impl ComputeSchema {
     pub fn versions(&self) -> Vec<String> {
         let v = self.versions.lock().unwrap_or_else(|e| e.into_inner());
         v.iter().cloned().collect()
-    }
-}
-
-/// A table that no storage node holds (`pets`, or `pets@9` of a dataset
-/// with no version 9 on any node).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("dataset {0:?} not found: no storage node holds it")]
-pub struct UnknownDataset(pub String);
-
-impl Fault for UnknownDataset {
-    fn code(&self) -> Code {
-        Code::NotFound
-    }
-
-    fn kind(&self) -> &str {
-        "dataset_not_found"
     }
 }
 

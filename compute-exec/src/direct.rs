@@ -134,7 +134,7 @@ where
             // Found (adopted from the coordinator, on a compute node)
             // before its dataset is checked.
             if let Ok(job) = jobs.find(&ticket.job).await
-                && let Err(why) = crate::access::may_read_job(&who, &job)
+                && let Err(why) = job.may_be_read_by(&who)
             {
                 auth.audit()
                     .refused(who.name(), None, "Flight DoGet of a job", &why);

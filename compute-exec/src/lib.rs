@@ -49,14 +49,15 @@
 //! - [`engine`]: the cross-host data plane on the distributed engine;
 //! - [`ingest`]: sharded ingest: one dataset version spread over every
 //!   storage node, committed on all of them or on none;
-//! - [`ledger`]: `PartLedger`: the parts of datasets this cluster wrote, by
-//!   node — what a storage node that registers may bring;
+//! - [`replicas`]: where each sample of a dataset spread over several
+//!   storage nodes is, and who reads it (the ledger, `SampleIndex`, the key
+//!   owners);
+//! - [`error`]: `JobError` and `UnknownDataset`, each with its gRPC code
+//!   and kind;
 //! - [`moves`]: moving a replicated dataset's parts between storage nodes,
 //!   online;
 //! - [`repair`]: scrub and repair over a cluster: every storage node reads
 //!   back its objects against their checksums;
-//! - [`replica_reads`]: `KeyOwners`: a query over a dataset spread over
-//!   several storage nodes reads each key once;
 //! - [`reported`]: `ReportedExec`: the receiving end of storage fragments
 //!   that carry their report in band;
 //! - [`sql_params`]: parameters of a prepared statement;
@@ -72,11 +73,11 @@ pub mod cooperative;
 pub mod descriptors;
 pub mod direct;
 pub mod engine;
+pub mod error;
 pub mod explain;
 pub mod flight_sql;
 pub mod ingest;
 pub mod job;
-pub mod ledger;
 pub mod moves;
 pub mod offthread;
 pub mod on_node;
@@ -84,7 +85,7 @@ pub mod plan_feeds;
 pub mod queries;
 pub mod remote;
 pub mod repair;
-pub mod replica_reads;
+pub mod replicas;
 pub mod reported;
 pub mod service;
 pub mod session;

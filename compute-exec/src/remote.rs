@@ -42,7 +42,7 @@ use crate::reported::Tally;
 pub use sluice_planner::fragment::NodeReads;
 
 /// Which node reads which key of a dataset held by several nodes, so that
-/// a query reads each key once (`crate::replica_reads`).
+/// a query reads each key once (`crate::replicas::key_owners`).
 #[async_trait]
 pub trait ReplicaReads: fmt::Debug + Send + Sync {
     /// What `endpoint` reads.

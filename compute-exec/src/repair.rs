@@ -13,7 +13,8 @@
 //! Scrubs run on every node at once (each reads its own device, at the
 //! rate asked); repairs follow, one object at a time. A job whose read
 //! met a corrupt replica scrubs that node's copy of the job's datasets at
-//! once, in the background ([`scrub_node_and_repair`]).
+//! once, in the background ([`on_corrupt`], the session's
+//! [`RepairNode`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ use sluice_flight::StorageEndpoint;
 use sluice_flight::scrub::{BadObject, RepairObject, ScrubReport, ScrubRequest};
 use sluice_planner::fragment::DatasetScanExec;
 use sluice_udfs::UdfEnv;
+
+use crate::session::{ComputeSession, RepairNode};
 
 /// What a node's scrub found and what was repaired.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -78,6 +81,30 @@ pub async fn scrub_and_repair(
         out.push(repair_found(node, nodes, schemas, report).await);
     }
     out
+}
+
+/// The [`RepairNode`] the node processes install on their sessions: the
+/// node found holding a corrupt replica is scrubbed alone for each of the
+/// job's datasets, and what it holds bad is rewritten from the others.
+pub fn on_corrupt() -> RepairNode {
+    RepairNode(Arc::new(
+        |session: Arc<ComputeSession>, node: String, datasets: Vec<String>| {
+            Box::pin(async move {
+                let nodes = session.endpoints();
+                let Some(bad) = nodes.iter().find(|n| n.name() == node) else {
+                    return;
+                };
+                let schemas = session.table_schemas().await;
+                for dataset in datasets {
+                    let req = ScrubRequest {
+                        dataset: Some(dataset),
+                        rate_bytes_per_s: None,
+                    };
+                    scrub_node_and_repair(bad, &nodes, &schemas, &req).await;
+                }
+            })
+        },
+    ))
 }
 
 /// Scrubs `node` alone and repairs what it finds from the other `nodes`

@@ -78,10 +78,9 @@ impl QueryService {
     /// the job is found (adopted from the coordinator) first.
     async fn allow_job(&self, who: &Grant, id: &str) -> Result<(), Status> {
         match self.jobs.find(id).await {
-            Ok(job) => {
-                self.queries
-                    .allow(who, "read a job", crate::access::may_read_job(who, &job))
-            }
+            Ok(job) => self
+                .queries
+                .allow(who, "read a job", job.may_be_read_by(who)),
             Err(_) => Ok(()),
         }
     }
@@ -114,11 +113,9 @@ impl QueryService {
         match std::str::from_utf8(&d.cmd) {
             // Held here only: GetFlightInfo answers jobs this node holds.
             Ok(id) => match self.jobs.get(id) {
-                Ok(job) => self.queries.allow(
-                    who,
-                    "describe a job",
-                    crate::access::may_read_job(who, &job),
-                ),
+                Ok(job) => self
+                    .queries
+                    .allow(who, "describe a job", job.may_be_read_by(who)),
                 Err(_) => Ok(()),
             },
             Err(_) => Ok(()),
@@ -231,7 +228,7 @@ impl FlightService for QueryService {
         // Jobs that can be read, by id (what GetFlightInfo takes).
         for job in self.jobs.list() {
             if !matches!(job.state(), JobState::Running | JobState::Done)
-                || crate::access::may_read_job(&who, &job).is_err()
+                || job.may_be_read_by(&who).is_err()
             {
                 continue;
             }

@@ -257,13 +257,13 @@ impl QueryLimitFlags {
     /// The output cache's budget.
     pub fn output_cache(&self) -> u64 {
         self.output_cache_memory
-            .unwrap_or_else(sluice_compute::job::OutputCache::default_budget)
+            .unwrap_or_else(sluice_compute::session::output_cache::OutputCache::default_budget)
     }
 
     /// The job streams' budget for windows in flight.
     pub fn stream_memory(&self) -> u64 {
         self.stream_memory
-            .unwrap_or_else(sluice_compute::job::WindowBudget::default_bytes)
+            .unwrap_or_else(sluice_compute::session::window_budget::WindowBudget::default_bytes)
     }
 
     /// The stage cache's budget.

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use sluice_access::Principal;
 use sluice_compute::JobSpec;
-use sluice_compute::access::{may_query, may_read_job};
+use sluice_compute::access::may_query;
 use sluice_compute::job::adapt::Replan;
 use sluice_compute::job::report::NodeReport;
 use sluice_compute::job::stages::JobStages;
@@ -109,7 +109,7 @@ pub async fn list(
         s.jobs
             .list()
             .iter()
-            .filter(|j| may_read_job(&who, j).is_ok())
+            .filter(|j| j.may_be_read_by(&who).is_ok())
             .map(|j| located(&s, j, near))
             .collect(),
     )
@@ -118,7 +118,7 @@ pub async fn list(
 /// The job `id`, if `who` may read it (a refusal is audited as `what`).
 fn readable(s: &AppState, who: &Principal, id: &str, what: &str) -> Result<Arc<Job>, ApiError> {
     let job = s.jobs.get(id)?;
-    check(s, who, what, may_read_job(who, &job))?;
+    check(s, who, what, job.may_be_read_by(who))?;
     Ok(job)
 }
 

@@ -21,7 +21,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use sluice_compute::job::{JobStatus, OutputCacheStats};
+use sluice_compute::job::JobStatus;
+use sluice_compute::session::output_cache::OutputCacheStats;
 use sluice_storage::cache::CacheStats;
 use sluice_udfs::stage_cache::StageCacheStats;
 

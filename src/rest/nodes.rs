@@ -37,7 +37,7 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
 use sluice_compute::job::cluster::Refused;
-use sluice_compute::ledger::Unknown;
+use sluice_compute::replicas::ledger::Unknown;
 use sluice_flight::StorageEndpoint;
 
 use super::AppState;

@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex};
 use sluice_udfs::env::CancelOnDrop;
 use tokio::sync::mpsc;
 
-use super::error::JobError;
 use super::rank_batch::RankBatch;
+use crate::error::JobError;
 
 /// A stream's batches as its reader receives them. Dropped (its reader
 /// left, or a read-ahead nobody took), it stops the stream's UDFs at their

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::holders::Avoid;
-use crate::job::index::SampleIndex;
+use crate::replicas::holders::Avoid;
+use crate::replicas::index::SampleIndex;
 
 /// How long a node that could not be reached is left out of reads.
 pub const LOST_FOR: Duration = Duration::from_secs(10);

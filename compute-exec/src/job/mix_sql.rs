@@ -22,9 +22,9 @@ use datafusion::sql::sqlparser::ast::{
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
-use super::error::JobError;
 use super::mix::MixEpoch;
 use super::plan::MixPart;
+use crate::error::JobError;
 
 /// The argument naming the epoch rule rather than a part.
 const RULE: &str = "mix_epoch";

@@ -3,17 +3,12 @@
 //! offload.
 //!
 //! - [`spec`]: [`JobSpec`] as submitted;
-//! - [`error`]: [`JobError`], typed, each with its gRPC code and kind;
 //! - [`plan`]: the YAML/JSON plan form of a pipeline, compiled to SQL;
 //! - [`order`]: the job maths — every epoch's order and each rank's share;
 //! - [`query`]: the plan of a job — its SQL as a pipeline, and the plan
 //!   every window runs (with each row's slot);
 //! - [`placed`]: that plan prepared and placed once per job, bound to each
 //!   stream's epoch; a re-plan replaces it for every stream;
-//! - [`outputs`]: [`OutputCache`], the node's cache of deterministic
-//!   jobs' output rows: later epochs skip the plan for the rows it holds;
-//! - [`index`]: the samples resolved once, at submit, to row ids of the
-//!   versions the job pins;
 //! - [`rank_batch`]: [`RankBatch`], a batch of a rank's stream as its
 //!   reader gets it;
 //! - [`run`]: [`Job`] — its states, and a rank's share of an epoch from
@@ -23,8 +18,6 @@
 //!   what the job learns from it behind an observer;
 //! - [`in_order`]: windows run as cores free up, handed on in order;
 //! - [`ahead`]: each rank's next epoch, begun before its reader asks;
-//! - [`budget`]: [`WindowBudget`], the output bytes all streams of a node
-//!   may have in flight together;
 //! - [`window_rows`]: a window's output row by slot, from its plan, the
 //!   output cache or both;
 //! - [`rebatch`]: rows back in the epoch's order, in batches;
@@ -44,8 +37,6 @@
 //! - [`coverage`]: `Progress`: the bookkeeping behind a job's status;
 //! - [`failover`]: `Failover`: a job's storage nodes found lost, and the
 //!   windows that ran again elsewhere because of them;
-//! - [`holders`]: a sample's holders, as a window reads them: the nodes it
-//!   must avoid, the samples left with none, and which holder reads;
 //! - [`mix`]: a weighted mixture's epoch: which source each position of the
 //!   epoch's global sequence reads;
 //! - [`mix_plan`]: a mixture's window plan: each part's placed plan with its
@@ -60,21 +51,16 @@
 
 pub mod adapt;
 pub mod ahead;
-pub mod budget;
 pub mod cluster;
 pub mod coverage;
-pub mod error;
 pub mod failover;
 pub mod finish;
-pub mod holders;
 pub mod in_order;
-pub mod index;
 pub mod mix;
 pub mod mix_plan;
 pub mod mix_sql;
 pub mod mix_status;
 pub mod order;
-pub mod outputs;
 pub mod pipeline;
 pub mod placed;
 pub mod plan;
@@ -92,11 +78,9 @@ pub mod status;
 pub mod store;
 pub mod window_rows;
 
-pub use budget::WindowBudget;
+pub use crate::error::{Failure, JobError};
 pub use cluster::{ComputeNodes, JobSource};
-pub use error::{Failure, JobError};
 pub use order::{Layout, Shuffle, ShuffleMode};
-pub use outputs::{OutputCache, OutputCacheStats};
 pub use plan::{MixPart, PlanInput, PlanSpec};
 pub use rank_batch::RankBatch;
 pub use registry::Jobs;

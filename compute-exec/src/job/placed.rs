@@ -25,7 +25,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use sluice_planner::Offload;
 use sluice_udfs::UdfEnv;
 
-use super::error::JobError;
+use crate::error::JobError;
 use crate::remote::for_stream;
 use crate::reported::Tally;
 use crate::session::{PlannedQuery, Prepared};

@@ -23,14 +23,13 @@ use sluice_planner::fragment::slot_field;
 use sluice_planner::pipeline::Pipeline;
 use sluice_udfs::{StageClock, UdfEnv, UdfOptions};
 
-use super::error::JobError;
 use super::finish::{Deferred, defer};
 use super::spec::JobSpec;
+use crate::error::JobError;
 use crate::remote::RemoteDatasetTable;
 use crate::session::{ComputeSession, Prepared};
 
-/// The dataset column holding each sample's key.
-pub const KEY: &str = "key";
+pub use crate::replicas::index::KEY;
 
 /// The UDF options of `spec`'s `epoch`, under the server's `limits`.
 pub fn udf_options(spec: &JobSpec, epoch: u64, limits: &sluice_udfs::Limits) -> UdfOptions {

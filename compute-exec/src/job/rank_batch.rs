@@ -10,7 +10,7 @@ use arrow::array::RecordBatch;
 use sluice_base::BadSample;
 use sluice_flight::gather::Gathered;
 
-use super::error::JobError;
+use crate::error::JobError;
 
 /// What a batch keeps alive besides its rows' memory: its windows' room
 /// in the node's window budget (a `Reservation`), given back when the

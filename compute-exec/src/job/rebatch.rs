@@ -17,9 +17,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use sluice_flight::gather::{Finishes, Gathered};
 
-use super::error::JobError;
 use super::rank_batch::{RankBatch, Room};
 use super::window_rows::WindowRows;
+use crate::error::JobError;
 
 fn internal(e: impl std::fmt::Display) -> JobError {
     JobError::Internal(e.to_string())

@@ -17,11 +17,11 @@ use sluice_base::Executor;
 use tokio::runtime::Handle;
 
 use super::cluster::{ComputeNodes, JobSource};
-use super::error::JobError;
 use super::run::Job;
 use super::spec::JobSpec;
 use super::status::JobState;
 use super::store::{JobRecord, JobStore};
+use crate::error::JobError;
 use crate::session::ComputeSession;
 
 /// Finished jobs (done, failed, cancelled) kept, newest first: older ones

@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 use sluice_planner::Offload;
 use sluice_udfs::OnError;
 
-use super::error::JobError;
 use super::mix::MixEpoch;
 use super::mix_sql::{mix_in_sql, with_source};
 use super::order::{Layout, Shuffle};
 use super::plan::{MixPart, PlanInput};
+use crate::error::JobError;
 
 /// Most rows a batch may have.
 pub const MAX_BATCH: u64 = 1 << 16;

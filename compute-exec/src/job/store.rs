@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use sluice_base::BadSample;
 
 use super::coverage::ProgressRecord;
-use super::error::Failure;
-use super::index::Pin;
 use super::spec::JobSpec;
 use super::status::JobState;
+use crate::error::Failure;
+use crate::replicas::index::Pin;
 
 /// What the store keeps of a job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,7 +45,7 @@ pub struct JobRecord {
     /// How the cluster laid out each part's version (replicas and their
     /// holders), part by part, where its ingest did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layouts: Vec<Option<crate::ledger::Layout>>,
+    pub layouts: Vec<Option<crate::replicas::ledger::Layout>>,
     /// Its state when saved.
     pub state: JobState,
     /// Why it failed, if it did.

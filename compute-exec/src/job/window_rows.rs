@@ -14,8 +14,8 @@ use std::sync::Arc;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{SchemaRef, UInt32Type};
 
-use super::error::JobError;
-use super::outputs::{CachedRow, row_bytes};
+use crate::error::JobError;
+use crate::session::output_cache::{CachedRow, row_bytes};
 
 fn internal(e: impl std::fmt::Display) -> JobError {
     JobError::Internal(e.to_string())

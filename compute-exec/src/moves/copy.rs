@@ -33,8 +33,8 @@ use sluice_udfs::UdfEnv;
 
 use super::MoveError;
 use super::plan::Plan;
-use crate::job::index::SampleIndex;
-use crate::ledger::Layout;
+use crate::replicas::index::SampleIndex;
+use crate::replicas::ledger::Layout;
 
 /// What one node's new version holds.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]

@@ -44,7 +44,7 @@ use tonic::Code;
 pub use self::copy::NodeVersion;
 pub use self::plan::{Move, Plan, Short};
 use crate::job::Jobs;
-use crate::ledger::Layout;
+use crate::replicas::ledger::Layout;
 
 /// Why parts move.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::ledger::Layout;
+use crate::replicas::ledger::Layout;
 
 /// One part copied from one node to another.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]

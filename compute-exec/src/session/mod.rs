@@ -8,7 +8,14 @@
 //! - `prepared`: `Prepared`: a statement parsed and optimized against a
 //!   snapshot of the datasets, with what placing it needs;
 //! - [`replication`]: a dataset spread over several nodes as the session sees
-//!   it: the reads that take each key once.
+//!   it: the reads that take each key once;
+//! - [`output_cache`]: `OutputCache`, the node's cache of deterministic
+//!   jobs' output rows (later epochs skip the plan for the rows it holds),
+//!   kept by the session for every job it runs;
+//! - [`window_budget`]: `WindowBudget`, the output bytes all streams of a
+//!   node may have in flight together;
+//! - `settings`: what a session is built with (calibration, memory, the
+//!   caches, limits, the ledger, the repair of a corrupt replica).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,18 +36,24 @@ use sluice_udfs::cost::Profiles;
 use tokio::sync::Mutex;
 
 use crate::calibration::CalibrationCache;
-use crate::compute_schema::{ComputeSchema, UnknownDataset, base_name};
+use crate::compute_schema::{ComputeSchema, base_name};
 use crate::engine::NodeChannels;
-use crate::job::{OutputCache, WindowBudget};
-use crate::ledger::PartLedger;
+use crate::error::UnknownDataset;
+use crate::replicas::ledger::PartLedger;
 use crate::reported::Tally;
+use output_cache::OutputCache;
+pub use settings::RepairNode;
+use window_budget::WindowBudget;
 
 pub use self::prepared::{PlannedQuery, Prepared};
 use self::prepared::{Tables, query_runtime};
 
 mod nodes;
+pub mod output_cache;
 mod prepared;
 pub mod replication;
+mod settings;
+pub mod window_budget;
 
 /// Bytes fetched to measure a link that is neither configured nor limited.
 pub const PROBE_BYTES: u64 = 32 << 20;
@@ -124,6 +137,7 @@ pub struct ComputeSession {
     limits: sluice_udfs::Limits,
     calibration: Option<CalibrationOptions>,
     calibrations: Arc<CalibrationCache>,
+    repair: Option<RepairNode>,
 }
 
 /// How long a refresh waits for a storage node's answer.
@@ -153,74 +167,8 @@ impl ComputeSession {
             limits: sluice_udfs::Limits::default(),
             calibration: Some(CalibrationOptions::default()),
             calibrations: Arc::new(CalibrationCache::default()),
+            repair: None,
         }
-    }
-
-    /// Whether (and how) plans are calibrated on their datasets' own
-    /// objects before auto placement and for EXPLAIN (`None`: never; the
-    /// UDF profiles alone decide). On by default.
-    pub fn with_calibration(mut self, calibration: Option<CalibrationOptions>) -> Self {
-        self.calibration = calibration;
-        self
-    }
-
-    /// The job streams of this session hold at most `bytes` of output in
-    /// flight together (windows decoding, or waiting to be cut into
-    /// batches); past it their windows wait for room.
-    pub fn with_stream_memory(mut self, bytes: u64) -> Self {
-        self.windows = WindowBudget::new(bytes);
-        self
-    }
-
-    /// Deterministic jobs keep up to `bytes` of output rows for their
-    /// later epochs (see [`OutputCache`]; 0, the default: none).
-    pub fn with_output_cache(mut self, bytes: u64) -> Self {
-        self.outputs = Arc::new(OutputCache::new(bytes));
-        self
-    }
-
-    /// The node's cache of deterministic jobs' output rows.
-    pub fn output_cache(&self) -> &Arc<OutputCache> {
-        &self.outputs
-    }
-
-    /// The server's decoding limits: jobs run under them, and a query's
-    /// own limits are capped by them (a client may lower them, never
-    /// raise them).
-    pub fn with_limits(mut self, limits: sluice_udfs::Limits) -> Self {
-        self.limits = limits;
-        self
-    }
-
-    /// See [`ComputeSession::with_limits`].
-    pub fn limits(&self) -> &sluice_udfs::Limits {
-        &self.limits
-    }
-
-    /// The budget the job streams' windows reserve from.
-    pub fn window_budget(&self) -> &WindowBudget {
-        &self.windows
-    }
-
-    /// Each query's own memory pool holds at most `bytes`: its sorts
-    /// spill to disk past it and its other operators (joins,
-    /// aggregations) fail with `ResourcesExhausted` instead of growing the
-    /// process until the allocator aborts.
-    pub fn with_query_memory(mut self, bytes: usize) -> Self {
-        self.query_memory = bytes.max(1 << 20);
-        self
-    }
-
-    /// Keeps the cluster's parts in `ledger` (the coordinator's, in its
-    /// data dir).
-    pub fn with_ledger(mut self, ledger: Arc<PartLedger>) -> Self {
-        self.ledger = ledger;
-        self
-    }
-
-    /// The parts of datasets this cluster wrote.
-    pub fn ledger(&self) -> &Arc<PartLedger> {
-        &self.ledger
     }
 
     /// The nodes holding `table` (`dataset`, or `dataset@N`) as last

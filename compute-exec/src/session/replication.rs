@@ -1,5 +1,5 @@
 //! A dataset spread over several nodes as the session sees it: the reads
-//! that take each key once (`crate::replica_reads`), and the replication
+//! that take each key once (`crate::replicas::key_owners`), and the replication
 //! health of the cluster's last ingest of it — per part, which holders
 //! are live.
 //!
@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use sluice_flight::StorageEndpoint;
 
 use super::ComputeSession;
-use crate::ledger::Layout;
 use crate::remote::ReplicaReads;
-use crate::replica_reads::KeyOwners;
+use crate::replicas::key_owners::KeyOwners;
+use crate::replicas::ledger::Layout;
 
 /// A dataset's replication, as `GET /v1/datasets/{name}` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -90,7 +90,7 @@ impl ComputeSession {
 
     /// For each table of `holders` (a dataset, or `dataset@N`) held by
     /// more than one node, the reads that take each key once
-    /// (`crate::replica_reads`), at the versions a job would pin.
+    /// (`crate::replicas::key_owners`), at the versions a job would pin.
     pub(super) async fn replica_reads(
         &self,
         holders: &HashMap<String, Vec<Arc<dyn StorageEndpoint>>>,

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::fetch::Fetched;
 use super::observe::Observe;
-use crate::job::error::JobError;
+use crate::error::JobError;
 use crate::job::in_order::InOrder;
 use crate::job::rank_batch::RankBatch;
 use crate::job::rebatch::Rebatcher;

@@ -3,7 +3,7 @@
 //! 1. **cache**: the rows the node's output cache holds (a deterministic
 //!    job's, `crate::job::outputs`) come from memory;
 //! 2. **budget**: room among all streams' windows is reserved
-//!    (`crate::job::WindowBudget`): the bytes the last window measured
+//!    (`crate::session::window_budget::WindowBudget`): the bytes the last window measured
 //!    per sample, or a whole window's before any;
 //! 3. **executor**: for the rest, the job's plan as it is now (a re-plan
 //!    replaces it; windows in flight finish under the one they began)
@@ -34,15 +34,15 @@ use tonic::Code;
 
 use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
-use crate::job::budget::{Reservation, WindowBudget};
-use crate::job::error::JobError;
-use crate::job::holders::{Avoid, Unheld};
+use crate::error::JobError;
 use crate::job::mix_plan::with_part_takes;
 use crate::job::order::{Layout, Worker};
-use crate::job::outputs::OutputCache;
 use crate::job::placed::StreamPlan;
 use crate::job::run::Ready;
 use crate::job::window_rows::WindowRows;
+use crate::replicas::holders::{Avoid, Unheld};
+use crate::session::output_cache::OutputCache;
+use crate::session::window_budget::{Reservation, WindowBudget};
 
 /// A window, fetched: its rows by slot, and the room they hold.
 #[derive(Debug)]

@@ -38,6 +38,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use futures::StreamExt;
+use sluice_udfs::OnError;
 use sluice_udfs::UdfEnv;
 use sluice_udfs::env::Cancel;
 
@@ -48,12 +49,14 @@ use self::options::{WINDOWS_RUNNING, WINDOWS_WAITING};
 use self::windows::{Sizing, Span, windows};
 use super::Job;
 use super::ahead::NextEpoch;
-use super::error::JobError;
 use super::in_order::InOrder;
 use super::placed::StreamPlan;
 use super::query::udf_options;
 use super::rebatch::Rebatcher;
 use super::run::Ready;
+use crate::error::JobError;
+use crate::replicas::index::SampleIndex;
+use crate::session::output_cache::OutputCache;
 
 impl Job {
     /// Runs the windows of `span` and hands their batches to `sink` until
@@ -139,5 +142,34 @@ impl Job {
                 job.read_ahead(&ready, span.rank, span.epoch + 1);
             }
         }))
+    }
+}
+
+impl Job {
+    /// The node's output cache and this job's identity in it, when the
+    /// job qualifies (see the module docs) and the cache is enabled.
+    /// `index` is the job's: its pins name the versions its keys are rows of.
+    fn output_cache(&self, index: &SampleIndex) -> Option<(Arc<OutputCache>, u64)> {
+        let cache = self.session().output_cache();
+        if !cache.enabled()
+            || self.spec().on_error == OnError::Null
+            || !self.placed().same_every_epoch()
+        {
+            return None;
+        }
+        let pins: Vec<String> = index
+            .pins()
+            .iter()
+            .map(|p| format!("{}@{}", p.node, p.version))
+            .collect();
+        let identity = format!(
+            "{}\n{:?}\n{:?}\n{}",
+            self.sql(),
+            self.spec().on_error,
+            self.session().limits(),
+            pins.join(",")
+        );
+        let id = cache.identity(&identity);
+        Some((Arc::clone(cache), id))
     }
 }

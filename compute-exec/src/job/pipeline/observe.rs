@@ -24,9 +24,9 @@ use sluice_udfs::OnError;
 use super::fetch::Fetched;
 use super::pace::Pace;
 use super::windows::Sizing;
+use crate::error::JobError;
 use crate::job::Job;
 use crate::job::adapt::{GAIN, Meter, choice_of, observed_link};
-use crate::job::error::JobError;
 use crate::job::placed::StreamPlan;
 
 /// Bad samples met and not yet handed on: how many, and the first ones.

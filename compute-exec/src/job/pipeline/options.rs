@@ -6,7 +6,7 @@
 //! Memory per reader is bounded by `WINDOWS_RUNNING + WINDOWS_WAITING + 1`
 //! windows of about `WINDOW_BYTES` each and the channel's
 //! `CHANNEL_BATCHES` batches, whatever the size of a sample; the windows
-//! of all readers together by the node's [`crate::job::WindowBudget`].
+//! of all readers together by the node's [`crate::session::window_budget::WindowBudget`].
 
 use std::time::Duration;
 

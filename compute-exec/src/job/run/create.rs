@@ -19,11 +19,10 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::{Inner, Job, Source};
+use crate::error::JobError;
 use crate::job::adapt::Adaptive;
 use crate::job::ahead::ReadAhead;
 use crate::job::coverage::Progress;
-use crate::job::error::JobError;
-use crate::job::index::Pin;
 use crate::job::mix_plan::{source_field, union_of};
 use crate::job::placed::JobPlan;
 use crate::job::query::{JobQuery, WindowPlan, udf_options};
@@ -32,6 +31,7 @@ use crate::job::spec::{JobSpec, Part};
 use crate::job::stages::StageStats;
 use crate::job::status::JobState;
 use crate::job::store::{JobRecord, JobStore};
+use crate::replicas::index::Pin;
 use crate::session::{ComputeSession, PlannedQuery, Prepared};
 
 impl Job {

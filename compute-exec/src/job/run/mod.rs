@@ -46,7 +46,6 @@ use tokio::sync::watch;
 use super::adapt::Adaptive;
 use super::ahead::ReadAhead;
 use super::coverage::Progress;
-use super::error::{Failure, JobError};
 use super::order::Layout;
 use super::placed::JobPlan;
 use super::routes::RankRoutes;
@@ -54,6 +53,7 @@ use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus};
 use super::store::JobStore;
+use crate::error::{Failure, JobError};
 use crate::session::ComputeSession;
 
 #[derive(Debug)]
@@ -152,9 +152,8 @@ impl Job {
     }
 
     /// What its reads do when a node's replica is first found corrupt:
-    /// that node's copy of the job's datasets is scrubbed at once, in the
-    /// background, and what is bad rewritten from the other holders
-    /// (`crate::repair`).
+    /// the session's [`RepairNode`](crate::session::RepairNode), if it has
+    /// one, runs in the background over that node and the job's datasets.
     fn repair_on_corrupt(&self) -> crate::job::failover::OnCorrupt {
         let session = Arc::clone(&self.session);
         let runtime = self.runtime.clone();
@@ -164,22 +163,11 @@ impl Job {
             .map(|s| s.table.split('@').next().unwrap_or_default().to_string())
             .collect();
         Box::new(move |node: &str| {
-            let (session, datasets, node) =
-                (Arc::clone(&session), datasets.clone(), node.to_string());
-            sluice_base::task::detach_on(&runtime, async move {
-                let nodes = session.endpoints();
-                let Some(bad) = nodes.iter().find(|n| n.name() == node) else {
-                    return;
-                };
-                let schemas = session.table_schemas().await;
-                for dataset in datasets {
-                    let req = sluice_flight::scrub::ScrubRequest {
-                        dataset: Some(dataset),
-                        rate_bytes_per_s: None,
-                    };
-                    crate::repair::scrub_node_and_repair(bad, &nodes, &schemas, &req).await;
-                }
-            });
+            let Some(repair) = session.repair().cloned() else {
+                return;
+            };
+            let run = (repair.0)(Arc::clone(&session), node.to_string(), datasets.clone());
+            sluice_base::task::detach_on(&runtime, run);
         })
     }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{Inner, Job};
-use crate::job::error::JobError;
+use crate::error::JobError;
 use crate::job::order::Worker;
 use crate::job::rank_batch::RankBatch;
 use crate::job::report::{NodeReport, ReportBounds, Reported};

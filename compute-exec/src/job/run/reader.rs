@@ -10,8 +10,8 @@ use futures::Stream;
 use tokio::sync::mpsc;
 
 use super::{Job, Ready};
+use crate::error::JobError;
 use crate::job::ahead::{Batches, NextEpoch};
-use crate::job::error::JobError;
 use crate::job::order::Worker;
 use crate::job::pipeline::options::{AHEAD_ROOM, AHEAD_WAIT, CHANNEL_BATCHES};
 use crate::job::pipeline::windows::Span;

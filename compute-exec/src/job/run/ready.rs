@@ -6,12 +6,12 @@
 use std::sync::{Arc, Mutex};
 
 use crate::job::failover::Failover;
-use crate::job::index::SampleIndex;
 use crate::job::mix::MixLayout;
 use crate::job::order::{Layout, Worker};
 use crate::job::pipeline::windows::Span;
 use crate::job::spec::JobSpec;
 use crate::job::status::ResumedEpoch;
+use crate::replicas::index::SampleIndex;
 
 /// What a running job holds: its samples' row ids and its layout.
 #[derive(Debug)]

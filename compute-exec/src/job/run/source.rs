@@ -11,9 +11,9 @@ use datafusion::logical_expr::Expr;
 use sluice_flight::StorageEndpoint;
 
 use super::Job;
-use crate::job::error::JobError;
-use crate::job::index::{Pin, SampleIndex};
-use crate::ledger::Layout;
+use crate::error::JobError;
+use crate::replicas::index::{Pin, SampleIndex};
+use crate::replicas::ledger::Layout;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -110,6 +110,12 @@ impl Job {
     /// The datasets it reads (as its SQL names them).
     pub fn datasets(&self) -> impl Iterator<Item = &str> {
         self.sources.iter().map(|s| s.table.as_str())
+    }
+
+    /// Whether `who` may read its streams, status and plan: every dataset
+    /// it reads (`crate::access::may_read_job`).
+    pub fn may_be_read_by(&self, who: &sluice_access::Grant) -> Result<(), String> {
+        crate::access::may_read_job(who, self.id(), self.datasets())
     }
 
     /// Whether its placement may move while it runs: under `auto`, on

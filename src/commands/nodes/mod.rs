@@ -3,151 +3,33 @@
 //! trainers' Flight service). Each prints `listening on
 //! ADDR` on stdout once it accepts connections, and stops cleanly on
 //! Ctrl-C or SIGTERM.
+//!
+//! Modules:
+//! - `listen`: ports, TLS, the Flight and REST listeners, tokens, shutdown;
+//! - `storage`: a storage node's gRPC services on one port.
 
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
-use sluice_access::{Audit, Auth, Scope};
+use sluice_access::Scope;
 use sluice_base::Executor;
+use sluice_compute::checkpoints::ClusterCheckpoints;
 use sluice_compute::job::JobStore;
 use sluice_compute::{ComputeSession, Jobs, QueryService, ResourceHints};
-use sluice_flight::{CheckpointEndpoint, ClientCerts, StorageClient, StorageEndpoint, Tls};
-use sluice_storage::StorageFlightService;
+use sluice_flight::{CheckpointEndpoint, ClientCerts, StorageClient, StorageEndpoint};
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
-use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
-use tonic::transport::server::Router;
-use tonic::transport::server::TcpIncoming;
 
 use super::place;
 use crate::cli::{Cli, NodeFlags, QueryLimitFlags, RateArg};
 
-/// Resolves on Ctrl-C or SIGTERM.
-/// How long `serve` waits for open streams to end once told to stop.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+mod listen;
+mod storage;
 
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-}
-
-/// A Flight server builder with HTTP/2 windows sized for bulk tensors
-/// (h2's default 64 KiB stream window stalls a stream of multi-MiB
-/// messages on every round trip).
-fn flight_builder() -> Server {
-    Server::builder()
-        .initial_stream_window_size(Some(FLIGHT_WINDOW))
-        .initial_connection_window_size(Some(2 * FLIGHT_WINDOW))
-        .http2_adaptive_window(Some(true))
-}
-
-/// A listener's connections for tonic, with Nagle's algorithm off.
-/// tonic applies `Server::tcp_nodelay` only to a listener it binds
-/// itself, not to one handed to `serve_with_incoming`: without this, a
-/// small answer written after another (an action's result after its
-/// headers, a stream's trailers) waited for the peer's delayed ACK, up
-/// to 40 ms on Linux, whenever two calls shared a connection's turn.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
-/// The HTTP/2 flow-control window of a Flight stream.
-const FLIGHT_WINDOW: u32 = 8 << 20;
-
-/// The tokens a server accepts: `given` (every scope) and the tokens
-/// file's (`--tokens`), read again on SIGHUP; refusals go to the audit
-/// log (`--audit-log`).
-fn accepted_tokens(cli: &Cli, given: &[String]) -> anyhow::Result<Auth> {
-    let audit = match &cli.audit_log {
-        Some(path) => Audit::to(path).map_err(anyhow::Error::msg)?,
-        None => Audit::default(),
-    };
-    let auth = Auth::new(given.iter().cloned(), cli.tokens.as_deref(), audit)
-        .map_err(anyhow::Error::msg)?;
-    if cli.tokens.is_some() {
-        reload_on_sighup(auth.clone());
-    }
-    Ok(auth)
-}
-
-/// Reads the tokens file again at each SIGHUP, until the process ends.
-fn reload_on_sighup(auth: Auth) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        eprintln!("warning: no SIGHUP: the tokens file is read only at start");
-        return;
-    };
-    sluice_base::task::detach(async move {
-        while hup.recv().await.is_some() {
-            match auth.reload() {
-                Ok(n) => eprintln!("tokens file read again: {n} token(s)"),
-                Err(e) => eprintln!("error: {e}; the tokens in use are kept"),
-            }
-        }
-    });
-}
-
-async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
-}
-
-/// A listener for `what` on `addr`: plain text only on loopback, unless
-/// this process serves TLS (`--tls-cert`) or is told `--insecure`.
-async fn listen(
-    cli: &Cli,
-    tls: Option<&Tls>,
-    addr: &str,
-    what: &str,
-) -> anyhow::Result<TcpListener> {
-    let listener = bind(addr).await?;
-    let at = listener.local_addr()?;
-    if !at.ip().is_loopback() && !tls.is_some_and(Tls::serves) && !cli.insecure {
-        anyhow::bail!(
-            "refusing to serve {what} in plain text on {at}, which is not loopback: give \
-             --tls-cert and --tls-key (`sluice certs` makes them), listen on 127.0.0.1, \
-             or pass --insecure on a network you trust"
-        );
-    }
-    Ok(listener)
-}
-
-/// `builder` serving TLS when this process has a certificate, asking
-/// callers for one of the cluster's as `client_certs` says.
-fn with_tls(
-    builder: Server,
-    tls: Option<&Tls>,
-    client_certs: ClientCerts,
-) -> anyhow::Result<Server> {
-    match tls.filter(|t| t.serves()) {
-        Some(t) => {
-            Ok(builder.tls_config(t.tonic_server(client_certs).map_err(anyhow::Error::msg)?)?)
-        }
-        None => Ok(builder),
-    }
-}
-
-/// `scheme://addr`, the TLS scheme when this process serves TLS.
-fn location(tls: Option<&Tls>, plain: &str, secure: &str, addr: std::net::SocketAddr) -> String {
-    let scheme = if tls.is_some_and(Tls::serves) {
-        secure
-    } else {
-        plain
-    };
-    format!("{scheme}://{addr}")
-}
+use listen::{
+    SHUTDOWN_GRACE, accepted_tokens, flight_builder, incoming, listen, location, serve_rest,
+    shutdown, with_tls,
+};
+use storage::{over_loopback, storage_services};
 
 pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     let storage = place::local_node(cli, node.cores, node.link_limit)?;
@@ -223,6 +105,7 @@ pub async fn compute_node(
     .with_query_memory(limits.query_memory as usize)
     .with_stream_memory(limits.stream_memory())
     .with_output_cache(limits.output_cache())
+    .with_repair(sluice_compute::repair::on_corrupt())
     .with_limits(limits.decode.limits())
     .with_calibration(place::calibration(limits.no_calibrate));
     let session = Arc::new(session);
@@ -350,25 +233,20 @@ pub async fn serve(
     // in-process storage node's fragments (unless `--storage-cores`
     // models a storage machine of its own), on the same cores.
     let cpu = Executor::new("sluice-cpu", sluice_planner::resources::machine_cores())?;
-    let (endpoints, store): (Vec<Arc<dyn StorageEndpoint>>, _) = if remote {
-        (place::remote_nodes(cli, addrs.storage)?, None)
-    } else {
-        let storage = match storage_cores {
-            None => place::local_node_on(cli, Arc::clone(&cpu), link_limit)?,
-            Some(cores) => place::local_node(cli, Some(cores), link_limit)?,
-        };
-        let store = Arc::clone(storage.store());
-        let endpoint: Arc<dyn StorageEndpoint> = if loopback {
-            over_loopback(storage, addrs.limits.decode.limits()).await?
-        } else {
-            storage
-        };
-        (vec![endpoint], Some(store))
-    };
+    let (endpoints, store) = serve_storage(
+        cli,
+        addrs,
+        remote,
+        loopback,
+        storage_cores,
+        link_limit,
+        &cpu,
+    )
+    .await?;
     sluice_udfs::stage_cache::StageCache::global().configure(addrs.limits.stage_cache());
     // The parts this cluster wrote: what a storage node that registers
     // may bring (sluice_compute::ledger).
-    let ledger = Arc::new(sluice_compute::ledger::PartLedger::open(
+    let ledger = Arc::new(sluice_compute::replicas::ledger::PartLedger::open(
         &cli.data_dir.join("cluster"),
     )?);
     let session = Arc::new(
@@ -377,6 +255,7 @@ pub async fn serve(
             .with_query_memory(addrs.limits.query_memory as usize)
             .with_stream_memory(addrs.limits.stream_memory())
             .with_output_cache(addrs.limits.output_cache())
+            .with_repair(sluice_compute::repair::on_corrupt())
             .with_limits(addrs.limits.decode.limits())
             .with_calibration(place::calibration(addrs.limits.no_calibrate)),
     );
@@ -384,42 +263,9 @@ pub async fn serve(
         eprintln!("warning: {e}");
     }
     let auth = accepted_tokens(cli, &cli.token)?;
-    // Jobs survive a restart: their records live beside the data.
-    let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
-    let jobs = Arc::new(Jobs::on(cpu, Arc::clone(&session), Some(job_store)));
-    match jobs.restore().await {
-        Ok(0) => {}
-        Ok(n) => eprintln!("{n} job(s) restored"),
-        Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
-    }
-    spawn_job_expiry(Arc::clone(&jobs), addrs.job_ttl);
-    // Checkpoints live beside the datasets: in serve's own data dir, or
-    // striped over the cluster's storage nodes.
-    let mut cluster_checkpoints = None;
-    let checkpoints: Arc<dyn CheckpointEndpoint> = match store.as_ref() {
-        Some(s) => {
-            let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
-            Checkpoints::spawn_reaper(&c);
-            c
-        }
-        None => {
-            let keeping = sluice_compute::checkpoints::Keeping {
-                keep: addrs.checkpoints.keep,
-                idle_timeout: addrs.checkpoints.idle_timeout,
-                replicas: addrs.cluster_checkpoints.0,
-                sweep_every: addrs.cluster_checkpoints.1,
-            };
-            let c = sluice_compute::checkpoints::ClusterCheckpoints::open(
-                Arc::clone(&session),
-                &cli.data_dir.join("cluster"),
-                keeping,
-                place::node_credential(cli)?,
-            )?;
-            sluice_compute::checkpoints::ClusterCheckpoints::spawn_upkeep(&c);
-            cluster_checkpoints = Some(Arc::clone(&c));
-            c
-        }
-    };
+    let jobs = serve_jobs(cli, cpu, &session, addrs.job_ttl).await?;
+    let (checkpoints, cluster_checkpoints) =
+        serve_checkpoints(cli, addrs, &session, store.as_ref())?;
     let tls = place::tls(cli)?;
     let flight = listen(cli, tls.as_deref(), addrs.flight, "Flight").await?;
     let flight_addr = flight.local_addr()?;
@@ -447,8 +293,7 @@ pub async fn serve(
         crate::rest::moves::watch_lost(state.clone(), addrs.lost_after);
     }
     let app = crate::rest::app(state);
-    // One write, and no panic if whoever started us stopped reading.
-    let announce = format!(
+    announce(&format!(
         "sluice serve listening on {flight_addr} ({} dataset(s); Flight: jobs and queries)\n\
          REST API on {rest_url} (OpenAPI at /openapi.json){}\n",
         session.datasets().await.len(),
@@ -457,14 +302,7 @@ pub async fn serve(
         } else {
             ""
         }
-    );
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = out
-            .write_all(announce.as_bytes())
-            .and_then(|()| out.flush());
-    }
+    ));
     let query = QueryService::new(Arc::clone(&jobs))
         .with_query_timeout(addrs.limits.timeout())
         .with_checkpoints(checkpoints);
@@ -472,15 +310,120 @@ pub async fn serve(
         .add_service(query.serve(auth))
         .serve_with_incoming_shutdown(incoming(flight), shutdown());
     let rest_server = serve_rest(rest, app, tls.as_deref());
+    until_stopped(flight_server, rest_server).await?;
+    // Progress delivered since the last periodic save is kept.
+    jobs.save_all();
+    eprintln!("sluice serve stopped");
+    Ok(())
+}
+
+/// `serve`'s jobs, on `cpu`: those an earlier run saved beside the data
+/// brought back, and expired after `ttl` idle.
+async fn serve_jobs(
+    cli: &Cli,
+    cpu: Arc<Executor>,
+    session: &Arc<ComputeSession>,
+    ttl: std::time::Duration,
+) -> anyhow::Result<Arc<Jobs>> {
+    // Jobs survive a restart: their records live beside the data.
+    let job_store = JobStore::open(cli.data_dir.join("jobs"))?;
+    let jobs = Arc::new(Jobs::on(cpu, Arc::clone(session), Some(job_store)));
+    match jobs.restore().await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("{n} job(s) restored"),
+        Err(e) => eprintln!("warning: jobs of an earlier run: {e}"),
+    }
+    spawn_job_expiry(Arc::clone(&jobs), ttl);
+    Ok(jobs)
+}
+
+/// The storage nodes `serve` reads: remote ones (`--storage`, or none
+/// yet with `--remote-storage`), or its own data dir as an in-process node
+/// (on `cpu` unless `--storage-cores` gives it cores of its own; over a
+/// loopback Flight port with `--loopback`) with its store.
+async fn serve_storage(
+    cli: &Cli,
+    addrs: &ServeAddrs<'_>,
+    remote: bool,
+    loopback: bool,
+    storage_cores: Option<usize>,
+    link_limit: Option<RateArg>,
+    cpu: &Arc<Executor>,
+) -> anyhow::Result<(
+    Vec<Arc<dyn StorageEndpoint>>,
+    Option<Arc<sluice_storage::Store>>,
+)> {
+    if remote {
+        return Ok((place::remote_nodes(cli, addrs.storage)?, None));
+    }
+    let storage = match storage_cores {
+        None => place::local_node_on(cli, Arc::clone(cpu), link_limit)?,
+        Some(cores) => place::local_node(cli, Some(cores), link_limit)?,
+    };
+    let store = Arc::clone(storage.store());
+    let endpoint: Arc<dyn StorageEndpoint> = if loopback {
+        over_loopback(storage, addrs.limits.decode.limits()).await?
+    } else {
+        storage
+    };
+    Ok((vec![endpoint], Some(store)))
+}
+
+/// The checkpoints `serve` answers for, and the cluster's (for REST) when
+/// they are striped over its storage nodes.
+type ServeCheckpoints = (Arc<dyn CheckpointEndpoint>, Option<Arc<ClusterCheckpoints>>);
+
+/// Where `serve`'s checkpoints live: in its own data dir (`store`), or
+/// striped over the cluster's storage nodes (the second value, for REST).
+fn serve_checkpoints(
+    cli: &Cli,
+    addrs: &ServeAddrs<'_>,
+    session: &Arc<ComputeSession>,
+    store: Option<&Arc<sluice_storage::Store>>,
+) -> anyhow::Result<ServeCheckpoints> {
+    if let Some(s) = store {
+        let c = Checkpoints::new(Arc::clone(s), addrs.checkpoints.clone());
+        Checkpoints::spawn_reaper(&c);
+        return Ok((c, None));
+    }
+    let keeping = sluice_compute::checkpoints::Keeping {
+        keep: addrs.checkpoints.keep,
+        idle_timeout: addrs.checkpoints.idle_timeout,
+        replicas: addrs.cluster_checkpoints.0,
+        sweep_every: addrs.cluster_checkpoints.1,
+    };
+    let c = ClusterCheckpoints::open(
+        Arc::clone(session),
+        &cli.data_dir.join("cluster"),
+        keeping,
+        place::node_credential(cli)?,
+    )?;
+    ClusterCheckpoints::spawn_upkeep(&c);
+    Ok((Arc::clone(&c) as Arc<dyn CheckpointEndpoint>, Some(c)))
+}
+
+/// Prints `text` on stdout in one write, without a panic if whoever
+/// started us stopped reading.
+fn announce(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Runs both servers until the process is told to stop. A client that
+/// keeps a stream open (a trainer that stopped reading) must not keep the
+/// server from stopping: after a grace period the connections left are
+/// closed.
+async fn until_stopped(
+    flight: impl std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    rest: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
     let servers = async {
-        let (f, r) = tokio::join!(flight_server, rest_server);
+        let (f, r) = tokio::join!(flight, rest);
         f?;
         r?;
         anyhow::Ok(())
     };
-    // A client that keeps a stream open (a trainer that stopped reading)
-    // must not keep the server from stopping: after a grace period the
-    // connections left are closed.
     tokio::select! {
         r = servers => r?,
         () = async {
@@ -490,86 +433,6 @@ pub async fn serve(
             "sluice serve: connections still open {} s after the signal; closing them",
             SHUTDOWN_GRACE.as_secs()
         ),
-    }
-    // Progress delivered since the last periodic save is kept.
-    jobs.save_all();
-    eprintln!("sluice serve stopped");
-    Ok(())
-}
-
-/// A storage node's services on `server`: Flight (with the checkpoint
-/// protocol over `checkpoints`, when given), and beside it, on the same
-/// port and behind the same check (`auth`, when given), the distributed
-/// engine's worker, which runs the storage fragments of queries and job
-/// streams planned on other nodes.
-fn storage_services(
-    mut server: Server,
-    storage: Arc<sluice_storage::StorageNode>,
-    limits: sluice_udfs::Limits,
-    auth: Option<Auth>,
-    checkpoints: Option<Arc<Checkpoints>>,
-) -> Router {
-    let worker = sluice_storage::engine::worker(Arc::clone(&storage), limits);
-    let mut flight = StorageFlightService::new(storage).with_limits(limits);
-    if let Some(c) = checkpoints {
-        flight = flight.with_checkpoints(c);
-    }
-    let flight = flight.server();
-    match auth {
-        Some(auth) => server
-            .add_service(InterceptedService::new(flight, auth.clone()))
-            .add_service(InterceptedService::new(worker.into_worker_server(), auth)),
-        None => server
-            .add_service(flight)
-            .add_service(worker.into_worker_server()),
-    }
-}
-
-/// `storage` served on a loopback Flight port of its own, and a client of
-/// it (`serve --loopback`: both sides of a cut in one process, with the
-/// wire between them).
-async fn over_loopback(
-    storage: Arc<sluice_storage::StorageNode>,
-    limits: sluice_udfs::Limits,
-) -> anyhow::Result<Arc<dyn StorageEndpoint>> {
-    let listener = bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let router = storage_services(Server::builder(), storage, limits, None, None);
-    sluice_base::task::detach(async move {
-        let served = router
-            .serve_with_incoming_shutdown(incoming(listener), shutdown())
-            .await;
-        if let Err(e) = served {
-            eprintln!("error: loopback storage service: {e}");
-        }
-    });
-    eprintln!("storage side on loopback Flight at {addr}");
-    Ok(Arc::new(StorageClient::new(&format!("http://{addr}"))?))
-}
-
-/// Serves the REST API `app` on `rest` (over TLS when this process has a
-/// certificate) until the process is told to stop.
-async fn serve_rest(rest: TcpListener, app: axum::Router, tls: Option<&Tls>) -> anyhow::Result<()> {
-    // With connect info: a trainer's ranks go to a compute node beside it.
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    match tls.filter(|t| t.serves()) {
-        Some(t) => {
-            let config = t.rustls_server().map_err(anyhow::Error::msg)?;
-            // `tap_io`: the listener axum knows the peer address of.
-            let tls_rest = crate::rest::tls::TlsListener::new(rest, config)?.tap_io(|_| {});
-            axum::serve(tls_rest, app)
-                .with_graceful_shutdown(shutdown())
-                .await?;
-        }
-        None => {
-            // Nagle's algorithm off, as on the TLS listener and Flight's.
-            let rest = rest.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(rest, app)
-                .with_graceful_shutdown(shutdown())
-                .await?;
-        }
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! [`JobError`]: what can go wrong with a job, as typed variants that
+//! The compute side's errors: [`JobError`], what can go wrong with a job
+//! (and with what a query plans and reads on the way), as typed variants that
 //! carry the thing at fault, each with its gRPC code and stable kind
 //! ([`Fault`]): the trainer's Flight status, REST's HTTP status and the
 //! Python client's exception all follow from them.
@@ -6,7 +7,8 @@
 //! An error from a storage node keeps the node's code and kind
 //! ([`JobError::Storage`]: a checksum mismatch is `DATA_LOSS` from the
 //! node's device to the trainer), and a job that failed answers later
-//! readers with the code of what failed it.
+//! readers with the code of what failed it. [`UnknownDataset`]: a table no
+//! storage node holds.
 
 use std::error::Error;
 
@@ -15,8 +17,6 @@ use serde::{Deserialize, Serialize};
 use sluice_base::fault::{Fault, engine, fault_of};
 use sluice_flight::LinkError;
 use tonic::Code;
-
-use crate::compute_schema::UnknownDataset;
 
 /// See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -238,6 +238,22 @@ impl JobError {
             kind,
             reason: reason.to_string(),
         }
+    }
+}
+
+/// A table that no storage node holds (`pets`, or `pets@9` of a dataset
+/// with no version 9 on any node).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("dataset {0:?} not found: no storage node holds it")]
+pub struct UnknownDataset(pub String);
+
+impl Fault for UnknownDataset {
+    fn code(&self) -> Code {
+        Code::NotFound
+    }
+
+    fn kind(&self) -> &str {
+        "dataset_not_found"
     }
 }
 

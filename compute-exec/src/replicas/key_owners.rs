@@ -27,10 +27,10 @@ use sluice_flight::endpoint::endpoint_id;
 use sluice_flight::{LinkError, StorageEndpoint};
 use tokio::sync::OnceCell;
 
-use crate::job::error::JobError;
-use crate::job::holders::Avoid;
-use crate::job::index::SampleIndex;
-use crate::ledger::Layout;
+use super::holders::Avoid;
+use super::index::SampleIndex;
+use super::ledger::Layout;
+use crate::error::JobError;
 use crate::plan_feeds::Takes;
 use crate::remote::{NodeReads, ReplicaReads};
 

@@ -32,12 +32,14 @@ use sluice_planner::fragment::slot_field;
 use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::UdfEnv;
 
-use super::error::JobError;
 pub use super::holders::MAX_NODES;
 use super::holders::{Avoid, Unheld, spread};
-use super::query::KEY;
+use crate::error::JobError;
 use crate::plan_feeds::Takes;
 use sluice_flight::endpoint::endpoint_id;
+
+/// The dataset column holding each sample's key.
+pub const KEY: &str = "key";
 
 /// A dataset version a job reads on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

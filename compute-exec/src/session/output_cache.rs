@@ -42,10 +42,6 @@ use arrow::compute::take_record_batch;
 use arrow::error::ArrowError;
 use sluice_flight::Lru;
 use sluice_flight::lru::insert_owned;
-use sluice_udfs::OnError;
-
-use super::Job;
-use super::index::SampleIndex;
 
 /// One output row: a batch (the job's schema), shared, and the row there.
 #[derive(Debug, Clone)]
@@ -193,35 +189,6 @@ impl OutputCache {
 /// cached row's batch is that row alone).
 pub fn row_bytes(batch: &RecordBatch) -> u64 {
     (batch.get_array_memory_size() / batch.num_rows().max(1)) as u64
-}
-
-impl Job {
-    /// The node's output cache and this job's identity in it, when the
-    /// job qualifies (see the module docs) and the cache is enabled.
-    /// `index` is the job's: its pins name the versions its keys are rows of.
-    pub(super) fn output_cache(&self, index: &SampleIndex) -> Option<(Arc<OutputCache>, u64)> {
-        let cache = self.session().output_cache();
-        if !cache.enabled()
-            || self.spec().on_error == OnError::Null
-            || !self.placed().same_every_epoch()
-        {
-            return None;
-        }
-        let pins: Vec<String> = index
-            .pins()
-            .iter()
-            .map(|p| format!("{}@{}", p.node, p.version))
-            .collect();
-        let identity = format!(
-            "{}\n{:?}\n{:?}\n{}",
-            self.sql(),
-            self.spec().on_error,
-            self.session().limits(),
-            pins.join(",")
-        );
-        let id = cache.identity(&identity);
-        Some((Arc::clone(cache), id))
-    }
 }
 
 #[cfg(test)]
