@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow::util::pretty::pretty_format_batches;
 use futures::TryStreamExt;
 use sluice_compute::ingest::{IngestRequest, Ingests};
-use sluice_compute::replicas::ledger::{Layout, PartLedger};
+use sluice_compute::replicas::ledger::{PartLayout, PartLedger};
 use sluice_compute::{ComputeSession, ResourceHints};
 use sluice_flight::StorageEndpoint;
 use sluice_planner::Offload;
@@ -46,7 +46,7 @@ async fn sharded(
         .map(|p| (p.node.clone(), p.version))
         .collect();
     ledger.committed("vecs", &parts).unwrap();
-    let layout = Layout {
+    let layout = PartLayout {
         replicas,
         holders: report.holders.clone(),
         versions: parts.iter().cloned().collect(),

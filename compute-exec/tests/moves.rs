@@ -10,7 +10,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use futures::{StreamExt, TryStreamExt};
 use sluice_compute::ingest::{IngestRequest, Ingests};
 use sluice_compute::moves::{Why, move_dataset};
-use sluice_compute::replicas::ledger::{Layout, PartLedger};
+use sluice_compute::replicas::ledger::{PartLayout, PartLedger};
 use sluice_compute::{ComputeSession, JobSpec, Jobs, ResourceHints};
 use sluice_flight::StorageEndpoint;
 use sluice_storage::Store;
@@ -51,7 +51,7 @@ fn counts(stores: &[Arc<Store>]) -> Vec<u64> {
         .collect()
 }
 
-fn held(layout: &Layout, node: &str) -> usize {
+fn held(layout: &PartLayout, node: &str) -> usize {
     layout
         .holders
         .iter()
@@ -88,7 +88,7 @@ async fn drain_rebalance_and_loss_move_parts_and_lose_no_sample() {
         .map(|p| (p.node.clone(), p.version))
         .collect();
     ledger.committed("vecs", &parts).unwrap();
-    let layout = Layout {
+    let layout = PartLayout {
         replicas: 2,
         holders: report.holders.clone(),
         versions: parts.iter().cloned().collect(),

@@ -145,7 +145,7 @@ pub enum Command {
         /// source from the I-th, for one of N storage nodes (shard files,
         /// when there are at least N: every N-th file from the I-th).
         #[arg(long, conflicts_with = "url")]
-        shard: Option<sluice_storage::Shard>,
+        shard: Option<sluice_storage::NodeShare>,
         /// How many storage nodes hold each part: through `--url`, the
         /// cluster's replication factor (default 2 with at least 2 storage
         /// nodes); with `--shard I/N`, this node keeps parts I, I-1, …,

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_storage::ingest::objects::ObjectUrl;
-use sluice_storage::{IngestOptions, IngestSource, OnError, Shard};
+use sluice_storage::{IngestOptions, IngestSource, NodeShare, OnError};
 
 use super::open_store;
 use crate::cli::{Cli, DocFormat};
@@ -20,7 +20,7 @@ pub async fn run(
     source: &Path,
     manifest: Option<&Path>,
     on_error: OnError,
-    shard: Option<Shard>,
+    shard: Option<NodeShare>,
     format: DocFormat,
 ) -> anyhow::Result<()> {
     let store = open_store(cli)?;
@@ -93,11 +93,14 @@ pub async fn run(
 
 /// `--shard I/N` with `--replicas R`: this node's R parts; `--replicas`
 /// alone is an error (one data dir holds one copy).
-pub fn replicated(shard: Option<Shard>, replicas: Option<u32>) -> anyhow::Result<Option<Shard>> {
+pub fn replicated(
+    shard: Option<NodeShare>,
+    replicas: Option<u32>,
+) -> anyhow::Result<Option<NodeShare>> {
     match (shard, replicas) {
         (_, None) => Ok(shard),
         (Some(s), Some(r)) => Ok(Some(
-            Shard::new(s.index, s.count, r).map_err(anyhow::Error::msg)?,
+            NodeShare::new(s.index, s.count, r).map_err(anyhow::Error::msg)?,
         )),
         (None, Some(1)) => Ok(None),
         (None, Some(r)) => anyhow::bail!(

@@ -200,7 +200,7 @@ fn note_in_ledger(s: &AppState, name: &str, report: &sluice_compute::ingest::Sha
         .iter()
         .map(|p| (p.node.clone(), p.version))
         .collect();
-    let layout = sluice_compute::replicas::ledger::Layout {
+    let layout = sluice_compute::replicas::ledger::PartLayout {
         replicas: report.replicas,
         holders: report.holders.clone(),
         versions: parts.iter().cloned().collect(),

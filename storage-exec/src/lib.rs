@@ -81,7 +81,7 @@ pub mod store;
 
 pub use error::{Result, StorageError};
 pub use flight_service::StorageFlightService;
-pub use ingest::{IngestOptions, IngestReport, IngestSource, OnError, Shard, ingest};
+pub use ingest::{IngestOptions, IngestReport, IngestSource, NodeShare, OnError, ingest};
 pub use node::StorageNode;
 pub use session::{session_context, session_context_with};
 pub use store::{GcReport, OrphanReport, Store, StoreOptions};

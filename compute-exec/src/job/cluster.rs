@@ -15,7 +15,7 @@
 //!   time (registering another moves it), no other token may take that
 //!   location, and only that token may report progress for it. New
 //!   locations are let in at a bounded rate ([`NEW_PER_SECOND`]) and up to
-//!   [`MAX_NODES`] at once: a flood of registrations is refused, not
+//!   [`MAX_COMPUTE_NODES`] at once: a flood of registrations is refused, not
 //!   routed to.
 //! - [`JobSource`] is where a compute node finds a job it does not hold:
 //!   the coordinator's record of it (spec, pinned versions, created). The
@@ -38,7 +38,7 @@ use super::store::JobRecord;
 pub const REGISTER_EVERY: Duration = Duration::from_secs(2);
 
 /// Most compute nodes a coordinator holds at once.
-pub const MAX_NODES: usize = 4096;
+pub const MAX_COMPUTE_NODES: usize = 4096;
 /// New compute locations let in per second (and twice that at once).
 pub const NEW_PER_SECOND: f64 = 20.0;
 
@@ -118,9 +118,9 @@ impl ComputeNodes {
             });
         }
         if !seen.at.contains_key(location) {
-            if seen.at.len() >= MAX_NODES {
+            if seen.at.len() >= MAX_COMPUTE_NODES {
                 return Err(Refused::Busy(format!(
-                    "{MAX_NODES} compute nodes are registered already"
+                    "{MAX_COMPUTE_NODES} compute nodes are registered already"
                 )));
             }
             let now = Instant::now();

@@ -22,7 +22,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_udfs::random::SampleRng;
 
-use super::order::{Layout, Shuffle};
+use super::order::{EpochShape, Shuffle};
 
 /// What ends a mixture's epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -143,7 +143,7 @@ impl Draws {
                 seed: pass_seed(s.seed, self.j as u64, pass),
                 ..s
             });
-            self.pass = Layout {
+            self.pass = EpochShape {
                 samples: self.n,
                 world_size: 1,
                 batch_size: 1,

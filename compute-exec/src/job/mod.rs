@@ -80,7 +80,7 @@ pub mod window_rows;
 
 pub use crate::error::{Failure, JobError};
 pub use cluster::{ComputeNodes, JobSource};
-pub use order::{Layout, Shuffle, ShuffleMode};
+pub use order::{EpochShape, Shuffle, ShuffleMode};
 pub use plan::{MixPart, PlanInput, PlanSpec};
 pub use rank_batch::RankBatch;
 pub use registry::Jobs;

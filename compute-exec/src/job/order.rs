@@ -72,7 +72,7 @@ fn default_window() -> u64 {
 
 /// The shape of a job's epochs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Layout {
+pub struct EpochShape {
     /// Samples in the dataset (after the pipeline's filters).
     pub samples: u64,
     /// Ranks.
@@ -88,7 +88,7 @@ pub struct Layout {
     pub start: u64,
 }
 
-impl Layout {
+impl EpochShape {
     /// Samples each rank reads per epoch.
     pub fn per_rank(&self) -> u64 {
         let world = self.world_size.max(1);
@@ -231,8 +231,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn layout(n: u64, world: u64, batch: u64, drop_last: bool, shuffle: Option<Shuffle>) -> Layout {
-        Layout {
+    fn layout(
+        n: u64,
+        world: u64,
+        batch: u64,
+        drop_last: bool,
+        shuffle: Option<Shuffle>,
+    ) -> EpochShape {
+        EpochShape {
             samples: n,
             world_size: world,
             batch_size: batch,
@@ -429,7 +435,7 @@ mod tests {
     /// What a rank's trainer receives when `workers` DataLoader workers
     /// each read their part and the loader takes a batch from each in
     /// turn: the first `batches` batches.
-    fn received(l: &Layout, order: &[u64], rank: u64, workers: u64, batches: u64) -> Vec<u64> {
+    fn received(l: &EpochShape, order: &[u64], rank: u64, workers: u64, batches: u64) -> Vec<u64> {
         let parts: Vec<Vec<u64>> = (0..workers)
             .map(|index| {
                 let w = Worker {

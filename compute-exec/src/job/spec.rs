@@ -7,7 +7,7 @@ use sluice_udfs::OnError;
 
 use super::mix::MixEpoch;
 use super::mix_sql::{mix_in_sql, with_source};
-use super::order::{Layout, Shuffle};
+use super::order::{EpochShape, Shuffle};
 use super::plan::{MixPart, PlanInput};
 use crate::error::JobError;
 
@@ -359,12 +359,12 @@ impl JobSpec {
 
     /// The layout of this job's `epoch` over `samples` samples: from the
     /// resumed position in the epoch it resumes, whole after it.
-    pub fn layout(&self, samples: u64, epoch: u64) -> Layout {
+    pub fn layout(&self, samples: u64, epoch: u64) -> EpochShape {
         let start = match &self.resume {
             Some(r) if r.epoch == epoch => r.position.min(samples),
             _ => 0,
         };
-        Layout {
+        EpochShape {
             samples,
             world_size: self.world_size,
             batch_size: self.batch_size,

@@ -45,7 +45,7 @@ pub struct JobRecord {
     /// How the cluster laid out each part's version (replicas and their
     /// holders), part by part, where its ingest did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layouts: Vec<Option<crate::replicas::ledger::Layout>>,
+    pub layouts: Vec<Option<crate::replicas::ledger::PartLayout>>,
     /// Its state when saved.
     pub state: JobState,
     /// Why it failed, if it did.

@@ -34,7 +34,7 @@ use sluice_udfs::UdfEnv;
 use super::MoveError;
 use super::plan::Plan;
 use crate::replicas::index::SampleIndex;
-use crate::replicas::ledger::Layout;
+use crate::replicas::ledger::PartLayout;
 
 /// What one node's new version holds.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
@@ -67,7 +67,7 @@ struct Work {
 pub async fn execute(
     dataset: &str,
     schema: &SchemaRef,
-    layout: &Layout,
+    layout: &PartLayout,
     plan: &Plan,
     endpoints: &[Arc<dyn StorageEndpoint>],
     txn: &str,
@@ -159,7 +159,7 @@ pub async fn execute(
 /// Each node's work: the rows it reads from others, and those it drops.
 fn assign(
     index: &SampleIndex,
-    layout: &Layout,
+    layout: &PartLayout,
     plan: &Plan,
 ) -> Result<BTreeMap<String, Work>, MoveError> {
     // The nodes listed: those that answered (one that did not is pinned
@@ -230,7 +230,7 @@ struct Classes {
 /// The [`Classes`] of `layout`'s parts over the nodes `listed` (see the
 /// module docs); parts that look alike and would move differently are
 /// an error.
-fn classes(layout: &Layout, plan: &Plan, listed: &[&str]) -> Result<Classes, MoveError> {
+fn classes(layout: &PartLayout, plan: &Plan, listed: &[&str]) -> Result<Classes, MoveError> {
     let seen = |holders: &[String]| -> Vec<String> {
         let mut h: Vec<String> = holders
             .iter()

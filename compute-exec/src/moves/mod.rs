@@ -44,7 +44,7 @@ use tonic::Code;
 pub use self::copy::NodeVersion;
 pub use self::plan::{Move, Plan, Short};
 use crate::job::Jobs;
-use crate::replicas::ledger::Layout;
+use crate::replicas::ledger::PartLayout;
 
 /// Why parts move.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,7 +250,7 @@ pub async fn move_dataset(
 }
 
 /// The layout once `plan` is carried out and `versions` committed.
-fn laid_out(layout: &Layout, plan: &Plan, versions: &[NodeVersion]) -> Layout {
+fn laid_out(layout: &PartLayout, plan: &Plan, versions: &[NodeVersion]) -> PartLayout {
     let holding: HashSet<&String> = plan.holders.iter().flatten().collect();
     let mut v: BTreeMap<String, u64> = layout
         .versions
@@ -261,7 +261,7 @@ fn laid_out(layout: &Layout, plan: &Plan, versions: &[NodeVersion]) -> Layout {
     for nv in versions {
         v.insert(nv.node.clone(), nv.version);
     }
-    Layout {
+    PartLayout {
         replicas: layout.replicas,
         holders: plan.holders.clone(),
         versions: v,
@@ -269,7 +269,12 @@ fn laid_out(layout: &Layout, plan: &Plan, versions: &[NodeVersion]) -> Layout {
 }
 
 /// Notes the new layout in the ledger and has the session read it.
-fn note(jobs: &Arc<Jobs>, dataset: &str, before: &Layout, after: &Layout) -> Result<(), MoveError> {
+fn note(
+    jobs: &Arc<Jobs>,
+    dataset: &str,
+    before: &PartLayout,
+    after: &PartLayout,
+) -> Result<(), MoveError> {
     let ledger = jobs.session().ledger();
     let gone: Vec<String> = before
         .versions

@@ -1,4 +1,4 @@
-//! Which part goes where: a pure function of a dataset's [`Layout`] and
+//! Which part goes where: a pure function of a dataset's [`PartLayout`] and
 //! the storage nodes, kept apart from the moving of bytes so that it can
 //! be checked on its own.
 //!
@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::replicas::ledger::Layout;
+use crate::replicas::ledger::PartLayout;
 
 /// One part copied from one node to another.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -75,7 +75,7 @@ fn loads(holders: &[Vec<String>], nodes: &[String]) -> BTreeMap<String, usize> {
 /// live and staying, in a stable order); `readable(node)` says whether a
 /// node can be read now (see the module docs).
 pub fn away(
-    layout: &Layout,
+    layout: &PartLayout,
     leaving: &[String],
     nodes: &[String],
     readable: &dyn Fn(&str) -> bool,
@@ -155,7 +155,7 @@ pub fn away(
 
 /// Moves parts onto the least loaded of `nodes` (a node that joined)
 /// until the load is even (see the module docs).
-pub fn spread(layout: &Layout, nodes: &[String]) -> Plan {
+pub fn spread(layout: &PartLayout, nodes: &[String]) -> Plan {
     let mut plan = Plan {
         holders: layout.holders.clone(),
         ..Plan::default()
@@ -199,8 +199,8 @@ pub fn spread(layout: &Layout, nodes: &[String]) -> Plan {
 mod tests {
     use super::*;
 
-    fn layout(holders: &[&[&str]], r: u32) -> Layout {
-        Layout {
+    fn layout(holders: &[&[&str]], r: u32) -> PartLayout {
+        PartLayout {
             replicas: r,
             holders: holders
                 .iter()

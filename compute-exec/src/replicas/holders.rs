@@ -4,12 +4,12 @@
 //! ([`spread`]). `SampleIndex::takes` uses all three.
 
 /// The most nodes a job's dataset may be spread over.
-pub const MAX_NODES: usize = u8::MAX as usize + 1;
+pub const MAX_HOLDERS: usize = u8::MAX as usize + 1;
 
 /// Pins (by index) a window must not read from: a set of at most
-/// [`MAX_NODES`].
+/// [`MAX_HOLDERS`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Avoid([u64; MAX_NODES / 64]);
+pub struct Avoid([u64; MAX_HOLDERS / 64]);
 
 impl Avoid {
     /// Adds pin `pin`.

@@ -32,7 +32,7 @@ use sluice_planner::fragment::slot_field;
 use sluice_planner::fragment::{DatasetScanExec, Take};
 use sluice_udfs::UdfEnv;
 
-pub use super::holders::MAX_NODES;
+pub use super::holders::MAX_HOLDERS;
 use super::holders::{Avoid, Unheld, spread};
 use crate::error::JobError;
 use crate::plan_feeds::Takes;
@@ -81,9 +81,9 @@ impl SampleIndex {
         pins: &[(Arc<dyn StorageEndpoint>, u64)],
         whole: &(dyn Fn(&[&str]) -> bool + Sync),
     ) -> Result<Self, JobError> {
-        if pins.len() > MAX_NODES {
+        if pins.len() > MAX_HOLDERS {
             return Err(JobError::InvalidOptions(format!(
-                "dataset {table} is spread over {} nodes; a job reads at most {MAX_NODES}",
+                "dataset {table} is spread over {} nodes; a job reads at most {MAX_HOLDERS}",
                 pins.len()
             )));
         }
@@ -198,10 +198,10 @@ impl SampleIndex {
     /// pins.
     pub fn concat(parts: Vec<SampleIndex>) -> Result<Self, JobError> {
         let pins: usize = parts.iter().map(|p| p.pins.len()).sum();
-        if pins > MAX_NODES {
+        if pins > MAX_HOLDERS {
             return Err(JobError::InvalidOptions(format!(
                 "a mixture's parts are spread over {pins} (part, node) pairs; a job reads at \
-                 most {MAX_NODES}"
+                 most {MAX_HOLDERS}"
             )));
         }
         let mut out = Self {

@@ -29,7 +29,7 @@ use tokio::sync::OnceCell;
 
 use super::holders::Avoid;
 use super::index::SampleIndex;
-use super::ledger::Layout;
+use super::ledger::PartLayout;
 use crate::error::JobError;
 use crate::plan_feeds::Takes;
 use crate::remote::{NodeReads, ReplicaReads};
@@ -40,7 +40,7 @@ pub struct KeyOwners {
     table: String,
     schema: SchemaRef,
     pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
-    layout: Option<Layout>,
+    layout: Option<PartLayout>,
     takes: OnceCell<std::result::Result<Option<Takes>, LinkError>>,
 }
 
@@ -52,7 +52,7 @@ impl KeyOwners {
         table: String,
         schema: SchemaRef,
         pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
-        layout: Option<Layout>,
+        layout: Option<PartLayout>,
     ) -> Self {
         Self {
             table,

@@ -17,7 +17,7 @@
 //! refresh asks [`PartLedger::version`]).
 //!
 //! It also keeps, per dataset, how the cluster's last ingest laid it out
-//! ([`Layout`]: its replicas and each part's holders), from which a
+//! ([`PartLayout`]: its replicas and each part's holders), from which a
 //! dataset's replication health and its replicated reads follow.
 //!
 //! The ledger is one JSON file (`<data dir>/cluster/parts.json`), replaced
@@ -45,7 +45,7 @@ struct Parts {
     parts: BTreeMap<String, BTreeMap<String, u64>>,
     /// Dataset → how its last ingest is laid out.
     #[serde(default)]
-    layouts: BTreeMap<String, Layout>,
+    layouts: BTreeMap<String, PartLayout>,
     /// (dataset, node) → the last version the cluster wrote there before
     /// moving its parts away (`crate::moves`): what the node may still
     /// hold, and is told to retire.
@@ -55,7 +55,7 @@ struct Parts {
 
 /// How one sharded ingest laid out a dataset version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Layout {
+pub struct PartLayout {
     /// How many nodes hold each part.
     pub replicas: u32,
     /// Part `p`'s holders, by node name.
@@ -64,7 +64,7 @@ pub struct Layout {
     pub versions: BTreeMap<String, u64>,
 }
 
-impl Layout {
+impl PartLayout {
     /// Whether `node` at `version` holds what this layout wrote there.
     pub fn wrote(&self, node: &str, version: u64) -> bool {
         self.versions.get(node) == Some(&version)
@@ -172,7 +172,7 @@ impl PartLedger {
 
     /// Notes how the committed ingest of `dataset` is laid out (after
     /// [`PartLedger::committed`]), and saves the ledger.
-    pub fn laid_out(&self, dataset: &str, layout: Layout) -> std::io::Result<()> {
+    pub fn laid_out(&self, dataset: &str, layout: PartLayout) -> std::io::Result<()> {
         let mut p = self.lock();
         p.layouts.insert(dataset.to_string(), layout);
         self.save(&p)
@@ -180,7 +180,7 @@ impl PartLedger {
 
     /// How the cluster's last ingest of `dataset` is laid out, if it made
     /// one.
-    pub fn layout(&self, dataset: &str) -> Option<Layout> {
+    pub fn layout(&self, dataset: &str) -> Option<PartLayout> {
         self.lock().layouts.get(dataset).cloned()
     }
 
@@ -268,7 +268,7 @@ mod tests {
             1,
             "another node's part is not this one's"
         );
-        let layout = Layout {
+        let layout = PartLayout {
             replicas: 2,
             holders: vec![vec![a.into(), "b".into()], vec!["b".into(), a.into()]],
             versions: [(a.to_string(), 3), ("b".to_string(), 2)].into(),

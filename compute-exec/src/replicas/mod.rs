@@ -4,7 +4,7 @@
 //! read through it.
 //!
 //! - [`ledger`]: `PartLedger`, the parts of datasets this cluster wrote, by
-//!   node, and each dataset's `Layout` (its parts and their holders);
+//!   node, and each dataset's `PartLayout` (its parts and their holders);
 //! - [`index`]: `SampleIndex`, every key of a job's or a query's datasets
 //!   with its row id on each holder, and the takes that read each key once;
 //! - [`holders`]: a sample's holders as a window reads them: the nodes it

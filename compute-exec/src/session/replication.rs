@@ -16,7 +16,7 @@ use sluice_flight::StorageEndpoint;
 use super::ComputeSession;
 use crate::remote::ReplicaReads;
 use crate::replicas::key_owners::KeyOwners;
-use crate::replicas::ledger::Layout;
+use crate::replicas::ledger::PartLayout;
 
 /// A dataset's replication, as `GET /v1/datasets/{name}` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -49,7 +49,7 @@ pub struct PartHealth {
 
 impl Replication {
     /// The health of `layout` where `live(node)` says which holders are.
-    pub fn of(layout: &Layout, live: impl Fn(&str) -> bool) -> Self {
+    pub fn of(layout: &PartLayout, live: impl Fn(&str) -> bool) -> Self {
         let mut out = Self {
             replicas: layout.replicas,
             parts: layout.holders.len(),
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn parts_are_full_under_or_lost_by_their_live_holders() {
-        let layout = Layout {
+        let layout = PartLayout {
             replicas: 2,
             holders: vec![
                 vec!["a".into(), "b".into()],

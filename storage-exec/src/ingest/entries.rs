@@ -12,8 +12,8 @@ use arrow::array::{ArrayRef, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::Field;
 
+use super::node_share::NodeShare;
 use super::objects::ObjectSource;
-use super::shard::Shard;
 use crate::error::Result;
 
 /// Where one sample's bytes are.
@@ -86,7 +86,7 @@ impl Enumerated {
 
     /// Only `part`'s entries (every N-th from the I-th) and the rows of
     /// their user columns.
-    pub(crate) fn keep_part(self, part: Shard) -> Result<Self> {
+    pub(crate) fn keep_part(self, part: NodeShare) -> Result<Self> {
         let kept: Vec<u32> = (0..self.entries.len())
             .filter(|&i| part.keeps(i))
             .map(|i| i as u32)

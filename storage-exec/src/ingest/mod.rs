@@ -34,7 +34,7 @@
 //!   waiting for their coordinator's word;
 //! - `prepared`: `Prepared`: an ingest whose objects and metadata are written
 //!   but whose version is not yet committed;
-//! - `shard`: `Shard`: one of N storage nodes' part of a source;
+//! - `node_share`: `NodeShare`: one of N storage nodes' part of a source;
 //! - `version`: the last step of every way a version is written;
 //! - `writer`: `ExtentWriter`: packs objects tightly into chunks and writes
 //!   them.
@@ -42,11 +42,11 @@
 mod confine;
 mod copy;
 mod entries;
+mod node_share;
 pub mod objects;
 mod parts;
 mod pending;
 mod prepared;
-mod shard;
 pub mod shard_files;
 mod source;
 mod version;
@@ -61,9 +61,9 @@ use arrow::compute::take;
 use futures::StreamExt;
 
 pub use confine::Confinement;
+pub use node_share::NodeShare;
 pub use pending::PendingIngests;
 pub use prepared::Prepared;
-pub use shard::Shard;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
@@ -131,7 +131,7 @@ pub struct IngestOptions {
     pub confine: Option<Arc<Confinement>>,
     /// When set, only this part of the source is ingested (one storage
     /// node's share of a dataset spread over several).
-    pub shard: Option<Shard>,
+    pub shard: Option<NodeShare>,
 }
 
 impl IngestOptions {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sluice_flight::ingest::{IngestPart, IngestedPart, PreparedPart, SkippedObject};
 
 use super::objects::{ObjectUrl, UrlAllow};
-use super::{Confinement, IngestOptions, IngestSource, OnError, Shard, prepare};
+use super::{Confinement, IngestOptions, IngestSource, NodeShare, OnError, prepare};
 use crate::error::{Result, StorageError};
 use crate::node::StorageNode;
 
@@ -72,7 +72,7 @@ impl StorageNode {
                 })?;
         let shard = match part.shard {
             None => None,
-            Some((index, count)) => match Shard::new(index, count, part.replicas) {
+            Some((index, count)) => match NodeShare::new(index, count, part.replicas) {
                 Ok(s) => Some(s),
                 Err(reason) => return Err(StorageError::BadSource { path, reason }),
             },

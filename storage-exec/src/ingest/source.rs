@@ -32,8 +32,8 @@ use futures::FutureExt;
 
 use super::confine::Confinement;
 use super::entries::{Entry, Enumerated, Origin, image_folder_labels, key_part};
+use super::node_share::NodeShare;
 use super::objects::{ObjectSource, ObjectUrl, UrlAllow};
-use super::shard::Shard;
 use crate::error::{Result, StorageError};
 use crate::metadata::{KEY, RESERVED};
 
@@ -49,7 +49,7 @@ pub enum IngestSource {
         /// Directory that relative paths are relative to.
         base: PathBuf,
     },
-    /// Shard files: one, a directory of them, or a glob
+    /// NodeShare files: one, a directory of them, or a glob
     /// (`shards/train-*.tar`).
     Shards(PathBuf),
     /// Objects already in memory, as (key, bytes).
@@ -137,7 +137,7 @@ impl IngestSource {
 pub(crate) async fn enumerate(
     source: IngestSource,
     confine: Option<Arc<Confinement>>,
-    part: Option<Shard>,
+    part: Option<NodeShare>,
     scratch: Option<PathBuf>,
 ) -> Result<Enumerated> {
     match source {

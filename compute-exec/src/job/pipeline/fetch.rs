@@ -36,7 +36,7 @@ use super::options::{RETRY_FIRST, RETRY_MAX, WINDOW_BYTES};
 use super::windows::Sizing;
 use crate::error::JobError;
 use crate::job::mix_plan::with_part_takes;
-use crate::job::order::{Layout, Worker};
+use crate::job::order::{EpochShape, Worker};
 use crate::job::placed::StreamPlan;
 use crate::job::run::Ready;
 use crate::job::window_rows::WindowRows;
@@ -66,7 +66,7 @@ pub struct Fetch {
     pub(super) ready: Arc<Ready>,
     pub(super) order: Arc<Vec<u64>>,
     /// The epoch's layout (from where a resumed job begins, for its first).
-    pub(super) layout: Layout,
+    pub(super) layout: EpochShape,
     pub(super) worker: Worker,
     pub(super) rank: u64,
     pub(super) plan: Arc<StreamPlan>,

@@ -46,7 +46,7 @@ use tokio::sync::watch;
 use super::adapt::Adaptive;
 use super::ahead::ReadAhead;
 use super::coverage::Progress;
-use super::order::Layout;
+use super::order::EpochShape;
 use super::placed::JobPlan;
 use super::routes::RankRoutes;
 use super::spec::JobSpec;
@@ -350,13 +350,13 @@ impl Job {
     }
 
     /// Samples per epoch and per rank, once known.
-    pub async fn layout(&self) -> Result<Layout, JobError> {
+    pub async fn layout(&self) -> Result<EpochShape, JobError> {
         Ok(self.ready().await?.layout)
     }
 
     /// The first epoch the job reads and its layout, once known (a
     /// resumed job's begins where the training stopped).
-    pub async fn first_epoch(&self) -> Result<(u64, Layout), JobError> {
+    pub async fn first_epoch(&self) -> Result<(u64, EpochShape), JobError> {
         let ready = self.ready().await?;
         let first = ready.first_epoch();
         Ok((first, ready.layout_of(first)))

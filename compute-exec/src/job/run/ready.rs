@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::job::failover::Failover;
 use crate::job::mix::MixLayout;
-use crate::job::order::{Layout, Worker};
+use crate::job::order::{EpochShape, Worker};
 use crate::job::pipeline::windows::Span;
 use crate::job::spec::JobSpec;
 use crate::job::status::ResumedEpoch;
@@ -22,10 +22,10 @@ pub struct Ready {
     /// the windows that ran again on other holders.
     pub failover: Failover,
     /// A whole epoch's layout.
-    pub layout: Layout,
+    pub layout: EpochShape,
     /// The first epoch the job reads, and its layout: from the position
     /// it resumes at (see `crate::job::order`), or whole.
-    first: (u64, Layout),
+    first: (u64, EpochShape),
     /// A mixture's parts (see `crate::job::mix`).
     mix: Option<MixLayout>,
     orders: Mutex<Vec<(u64, Arc<Vec<u64>>)>>,
@@ -73,7 +73,7 @@ impl Ready {
     }
 
     /// The layout of `epoch` (from where it resumes, for the first).
-    pub fn layout_of(&self, epoch: u64) -> Layout {
+    pub fn layout_of(&self, epoch: u64) -> EpochShape {
         if epoch == self.first.0 {
             self.first.1
         } else {

@@ -13,7 +13,7 @@ use sluice_flight::StorageEndpoint;
 use super::Job;
 use crate::error::JobError;
 use crate::replicas::index::{Pin, SampleIndex};
-use crate::replicas::ledger::Layout;
+use crate::replicas::ledger::PartLayout;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub struct Source {
     pub pins: Vec<(Arc<dyn StorageEndpoint>, u64)>,
     /// How the cluster's ingest laid out the version (at submit, from the
     /// coordinator's ledger; on a compute node, from the job's record).
-    pub layout: Option<Layout>,
+    pub layout: Option<PartLayout>,
 }
 
 impl Source {

@@ -13,7 +13,7 @@
 //!   same bucket. A row that names a local file or another bucket is
 //!   refused, named: a manifest in a store reads that store only; on a
 //!   server, a row outside `--ingest-url-allow` is refused too.
-//! - **Shard files**: a prefix whose objects are all WebDataset tars or
+//! - **NodeShare files**: a prefix whose objects are all WebDataset tars or
 //!   TFRecord files, or a URL naming one, is read as shards
 //!   (`super::shards`). A `.parquet` object is a manifest here: Parquet
 //!   with the images inside is read from local paths only.
@@ -31,7 +31,7 @@ use super::fetch::store_error;
 use super::shards::ShardObject;
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Enumerated, Origin, image_folder_labels};
-use crate::ingest::shard::Shard;
+use crate::ingest::node_share::NodeShare;
 use crate::ingest::shard_files::ShardKind;
 use crate::ingest::source::{ManifestAt, read_manifest};
 
@@ -66,7 +66,7 @@ const LOG_EVERY: usize = 100_000;
 impl ObjectSource {
     /// The entries of this source (see the module docs); of `part`'s
     /// shard files only, for shards and a storage node's part.
-    pub(crate) async fn enumerate(self: Arc<Self>, part: Option<Shard>) -> Result<Enumerated> {
+    pub(crate) async fn enumerate(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
         match self.manifest.clone() {
             Some(manifest) => self.enumerate_manifest(manifest).await,
             None if shard_kind(&self.url.prefix).is_some() => {
@@ -89,7 +89,7 @@ impl ObjectSource {
         }
     }
 
-    async fn enumerate_prefix(self: Arc<Self>, part: Option<Shard>) -> Result<Enumerated> {
+    async fn enumerate_prefix(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
         let prefix = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
         let mut listed = self.store.list(Some(&prefix));
         let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();

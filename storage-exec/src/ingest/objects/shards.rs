@@ -1,4 +1,4 @@
-//! Shard files in an object store: WebDataset tars and TFRecord files,
+//! NodeShare files in an object store: WebDataset tars and TFRecord files,
 //! read as the local ones are (`crate::ingest::shard_files`), through a
 //! stream instead of a file.
 //!
@@ -34,7 +34,7 @@ use super::ObjectSource;
 use super::fetch::{BODY_TRIES, store_error};
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Enumerated, Origin};
-use crate::ingest::shard::Shard;
+use crate::ingest::node_share::NodeShare;
 use crate::ingest::shard_files::{self, Sample, ShardKind, tfrecord, webdataset};
 
 /// Shards streamed at once.
@@ -55,7 +55,7 @@ impl ObjectSource {
     pub(super) async fn enumerate_shards(
         self: Arc<Self>,
         shards: Vec<ShardObject>,
-        part: Option<Shard>,
+        part: Option<NodeShare>,
     ) -> Result<Enumerated> {
         if let Some(bad) = shards
             .iter()
@@ -68,7 +68,7 @@ impl ObjectSource {
                 bad.name
             )));
         }
-        let (shards, part_only) = Shard::own_files(part, shards);
+        let (shards, part_only) = NodeShare::own_files(part, shards);
         let per_shard: Vec<Vec<Sample>> = futures::stream::iter(shards)
             .map(|shard| Arc::clone(&self).shard_samples(shard))
             .buffered(SHARDS_AT_ONCE)

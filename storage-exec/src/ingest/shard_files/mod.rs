@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use self::columns::{Columns, SourceOf, Value};
 use super::confine::Confinement;
 use super::entries::{Entry, Enumerated, Origin};
-use super::shard::Shard;
+use super::node_share::NodeShare;
 use crate::error::{Result, StorageError};
 
 /// The layout of a shard file.
@@ -266,10 +266,10 @@ pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
 pub(crate) fn enumerate(
     path: &Path,
     confine: Option<&Confinement>,
-    part: Option<Shard>,
+    part: Option<NodeShare>,
     scratch: &Path,
 ) -> Result<Enumerated> {
-    let (files, part_only) = Shard::own_files(part, list(path)?);
+    let (files, part_only) = NodeShare::own_files(part, list(path)?);
     let mut samples = Vec::new();
     let mut inflated = Vec::new();
     for (file, name) in files {

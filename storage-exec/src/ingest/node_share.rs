@@ -1,4 +1,4 @@
-//! [`Shard`]: one of N storage nodes' part of a source.
+//! [`NodeShare`]: one of N storage nodes' part of a source.
 //!
 //! A dataset spread over N storage nodes is N ingests of the same source,
 //! one per node, each keeping every N-th sample of the source's sorted
@@ -22,7 +22,7 @@ use std::str::FromStr;
 /// Node `index` of `count` (`0 <= index < count`), holding `replicas`
 /// parts (`1 <= replicas <= count`; see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shard {
+pub struct NodeShare {
     /// Which node, from 0 (with one replica: which part).
     pub index: u32,
     /// How many parts (and nodes).
@@ -31,7 +31,7 @@ pub struct Shard {
     pub replicas: u32,
 }
 
-impl FromStr for Shard {
+impl FromStr for NodeShare {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -50,7 +50,7 @@ impl FromStr for Shard {
     }
 }
 
-impl fmt::Display for Shard {
+impl fmt::Display for NodeShare {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.index, self.count)?;
         if self.replicas > 1 {
@@ -60,7 +60,7 @@ impl fmt::Display for Shard {
     }
 }
 
-impl Shard {
+impl NodeShare {
     /// Node `index` of `count`, holding `replicas` parts; an error names
     /// what is out of range.
     pub fn new(index: u32, count: u32, replicas: u32) -> Result<Self, String> {
@@ -120,15 +120,15 @@ mod tests {
     #[test]
     fn shards_parse_and_refuse_nonsense() {
         assert_eq!(
-            "1/3".parse::<Shard>().unwrap(),
-            Shard {
+            "1/3".parse::<NodeShare>().unwrap(),
+            NodeShare {
                 index: 1,
                 count: 3,
                 replicas: 1
             }
         );
         for bad in ["3/3", "0/0", "1", "a/2", "-1/2", "1/2/3"] {
-            let e = bad.parse::<Shard>().unwrap_err();
+            let e = bad.parse::<NodeShare>().unwrap_err();
             assert!(e.contains(bad), "{e}");
         }
     }
@@ -138,7 +138,7 @@ mod tests {
         let n = 3;
         let mut seen = vec![0; 10];
         for index in 0..n {
-            let s = Shard::new(index, n, 1).unwrap();
+            let s = NodeShare::new(index, n, 1).unwrap();
             for (p, hits) in seen.iter_mut().enumerate() {
                 if s.keeps(p) {
                     *hits += 1;
@@ -151,14 +151,14 @@ mod tests {
     #[test]
     fn with_replicas_each_part_is_on_r_distinct_nodes_and_each_node_holds_r_parts() {
         for (n, r) in [(2, 2), (3, 2), (4, 3), (5, 1)] {
-            let nodes: Vec<Shard> = (0..n).map(|i| Shard::new(i, n, r).unwrap()).collect();
+            let nodes: Vec<NodeShare> = (0..n).map(|i| NodeShare::new(i, n, r).unwrap()).collect();
             for p in 0..40usize {
                 let holding: Vec<u32> = nodes
                     .iter()
                     .filter(|s| s.keeps(p))
                     .map(|s| s.index)
                     .collect();
-                let part = Shard::part_of(n, p);
+                let part = NodeShare::part_of(n, p);
                 let named: Vec<u32> = {
                     let mut h: Vec<u32> = sluice_flight::ingest::holders(part, n, r).collect();
                     h.sort_unstable();
@@ -171,7 +171,7 @@ mod tests {
                 assert_eq!(parts, r as usize, "node {s}");
             }
         }
-        assert!(Shard::new(0, 2, 3).unwrap_err().contains("replicas 3"));
-        assert!(Shard::new(0, 2, 0).is_err());
+        assert!(NodeShare::new(0, 2, 3).unwrap_err().contains("replicas 3"));
+        assert!(NodeShare::new(0, 2, 0).is_err());
     }
 }
