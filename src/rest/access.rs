@@ -25,14 +25,14 @@
 //! in the request's extensions for the handlers.
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sluice_access::{Principal, Scope};
 
 use super::AppState;
 use super::dashboard;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// What a route needs of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +88,7 @@ pub async fn authorize(State(s): State<AppState>, mut req: Request, next: Next) 
                 .audit()
                 .refused(unknown.who(), from, &what, "no valid bearer token");
             let mut r = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                Kind::Unauthorized,
                 "a valid bearer token is required (authorization: Bearer TOKEN)",
             )
             .into_response();
@@ -109,7 +108,7 @@ pub async fn authorize(State(s): State<AppState>, mut req: Request, next: Next) 
             scope.name()
         );
         s.auth.audit().refused(who.name(), from, &what, &why);
-        return ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response();
+        return ApiError::new(Kind::Forbidden, why).into_response();
     }
     req.extensions_mut().insert(who);
     next.run(req).await
@@ -119,7 +118,7 @@ pub async fn authorize(State(s): State<AppState>, mut req: Request, next: Next) 
 /// answer.
 pub fn refuse(s: &AppState, who: &Principal, what: &str, why: String) -> ApiError {
     s.auth.audit().refused(who.name(), None, what, &why);
-    ApiError::new(StatusCode::FORBIDDEN, "forbidden", why)
+    ApiError::new(Kind::Forbidden, why)
 }
 
 /// `Ok` when `allowed`, else [`refuse`].

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
@@ -12,7 +11,7 @@ use sluice_flight::CheckpointEndpoint;
 use sluice_flight::checkpoint::CheckpointInfo;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// A checkpoint version.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -61,8 +60,7 @@ pub struct DeleteQuery {
 fn store(s: &AppState) -> Result<&Arc<dyn CheckpointEndpoint>, ApiError> {
     s.checkpoints.as_ref().ok_or_else(|| {
         ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "checkpoints_disabled",
+            Kind::CheckpointsDisabled,
             "this server keeps no checkpoints: they live on a `sluice serve` (its data dir, \
              or its cluster's storage nodes)",
         )

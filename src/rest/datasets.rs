@@ -18,7 +18,7 @@ use tonic::Code;
 
 use super::AppState;
 use super::access::refuse;
-use super::error::{ApiError, http_status};
+use super::error::{ApiError, Kind, http_status};
 
 /// A column of a dataset.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -113,13 +113,10 @@ pub struct IngestRequest {
 
 async fn all(s: &AppState) -> Result<Vec<Dataset>, ApiError> {
     let session = s.jobs.session();
-    session.refresh().await.map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            e.to_string(),
-        )
-    })?;
+    session
+        .refresh()
+        .await
+        .map_err(|e| ApiError::new(Kind::Unavailable, e.to_string()))?;
     let mut out = Vec::new();
     for (name, schema, stats) in session.datasets().await {
         let versions = session
@@ -181,13 +178,7 @@ pub async fn get(
         .into_iter()
         .find(|d| d.name == name)
         .map(Json)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "dataset_not_found",
-                format!("unknown dataset {name:?}"),
-            )
-        })
+        .ok_or_else(|| ApiError::new(Kind::DatasetNotFound, format!("unknown dataset {name:?}")))
 }
 
 /// The parts of a committed sharded ingest, noted as the cluster's: a node
@@ -217,8 +208,7 @@ fn note_in_ledger(s: &AppState, name: &str, report: &sluice_compute::ingest::Sha
 /// Replicas asked of a server that holds its data itself.
 fn one_copy(req: &IngestRequest) -> ApiError {
     ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "bad_replicas",
+        Kind::BadReplicas,
         format!(
             "replicas {}: this server holds its data itself (one node, one copy); replicas \
              need a cluster of storage nodes",
@@ -238,9 +228,9 @@ fn ingest_error(e: &dyn Fault, req: &IngestRequest) -> ApiError {
     let message = format!("ingest of {} into {}: {e}", req.path, req.name);
     match e.code() {
         Code::InvalidArgument | Code::NotFound | Code::OutOfRange | Code::AlreadyExists => {
-            ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", message)
+            ApiError::new(Kind::IngestFailed, message)
         }
-        code => ApiError::new(http_status(code), e.kind(), message),
+        code => ApiError::coded(http_status(code), e.kind(), message),
     }
 }
 
@@ -321,16 +311,14 @@ pub async fn ingest(
     let from_store = ObjectUrl::is_url(&req.path);
     if from_store && s.ingest_url_allow.is_empty() {
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "ingest_disabled",
+            Kind::IngestDisabled,
             "ingest from object stores over REST is off: start `sluice serve` with \
              --ingest-url-allow URL",
         ));
     }
     if !from_store && s.ingest_roots.is_empty() {
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "ingest_disabled",
+            Kind::IngestDisabled,
             "ingest over REST is off: start `sluice serve` with --ingest-root DIR",
         ));
     }
@@ -340,7 +328,7 @@ pub async fn ingest(
         None => OnError::Skip,
         Some(p) => p
             .parse()
-            .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "ingest_failed", e))?,
+            .map_err(|e: String| ApiError::new(Kind::IngestFailed, e))?,
     };
     let admitted = admit_source(&s, &req).map_err(|e| fail(&e))?;
     let json = match &s.ingest_store {
@@ -384,6 +372,6 @@ pub async fn ingest(
             serde_json::to_value(&report)
         }
     }
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    .map_err(|e| ApiError::new(Kind::Internal, e.to_string()))?;
     Ok((StatusCode::CREATED, Json(json)))
 }

@@ -1,7 +1,8 @@
 //! [`ApiError`]: every REST error is JSON `{"code", "message"}` with a
 //! stable code and a message naming the thing at fault. An error that
 //! knows its gRPC code and kind ([`Fault`]) answers with that kind and the
-//! HTTP status of that code ([`http_status`]), as Flight answers it.
+//! HTTP status of that code ([`http_status`]), as Flight answers it; the
+//! API's own errors are of a [`Kind`].
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -11,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use sluice_base::Fault;
 use sluice_compute::JobError;
 use tonic::Code;
+
+pub use super::error_kind::Kind;
 
 /// See the module docs.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -30,8 +33,14 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with `status`, `code` and `message`.
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    /// An error of one of the REST API's own kinds.
+    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
+        Self::coded(kind.status(), kind.code(), message)
+    }
+
+    /// An error with `status` and the kind `code` of an error the engine
+    /// named (a [`Fault`]'s, a Flight status's).
+    pub fn coded(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
         Self {
             code: code.to_string(),
             message: message.into(),
@@ -44,14 +53,14 @@ impl ApiError {
     /// The error of any [`Fault`]: its kind, and the HTTP status of its
     /// code.
     pub fn fault(e: &dyn Fault) -> Self {
-        Self::new(http_status(e.code()), e.kind(), e.to_string())
+        Self::coded(http_status(e.code()), e.kind(), e.to_string())
     }
 
     /// The error a Flight service answered: its kind (`error` when it
     /// names none), and the HTTP status of its code.
     pub fn status(s: &tonic::Status) -> Self {
         let (kind, message) = sluice_base::fault::kind_of(s);
-        Self::new(
+        Self::coded(
             http_status(s.code()),
             kind.as_deref().unwrap_or("error"),
             message,
@@ -90,8 +99,7 @@ impl ApiError {
     /// 413 for `what` (a body) over the 2 MiB limit on request bodies.
     pub fn payload_too_large(what: &str) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            Kind::PayloadTooLarge,
             format!("{what} is over the 2 MiB limit"),
         )
     }
@@ -103,13 +111,13 @@ impl From<JsonRejection> for ApiError {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             return Self::payload_too_large("the request body");
         }
-        Self::new(StatusCode::BAD_REQUEST, "invalid_json", r.body_text())
+        Self::new(Kind::InvalidJson, r.body_text())
     }
 }
 
 impl From<axum::extract::rejection::QueryRejection> for ApiError {
     fn from(r: axum::extract::rejection::QueryRejection) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", r.body_text())
+        Self::new(Kind::InvalidRequest, r.body_text())
     }
 }
 

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use super::AppState;
 use super::access::check;
 use super::caller::Caller;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// A job's placement: the text `sluice explain` prints and its JSON.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -233,13 +233,8 @@ pub async fn explain(
 ) -> Result<Json<JobExplain>, ApiError> {
     let job = readable(&s, &who, &id, "GET /v1/jobs/{id}/explain")?;
     let e = job.explanation();
-    let placement = serde_json::from_str(&e.to_json()).map_err(|err| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            err.to_string(),
-        )
-    })?;
+    let placement = serde_json::from_str(&e.to_json())
+        .map_err(|err| ApiError::new(Kind::Internal, err.to_string()))?;
     let replans = job.adaptive().history();
     let mut text = e.to_text();
     for r in &replans {

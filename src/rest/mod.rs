@@ -38,6 +38,8 @@
 //! - [`datasets`]: `/v1/datasets`: the datasets the storage side holds;
 //! - [`error`]: `ApiError`: every REST error is JSON with a stable code and
 //!   a message naming the thing at fault;
+//! - `error_kind`: `Kind`, the API's own error kinds, each with its status
+//!   and code;
 //! - [`jobs`]: `/v1/jobs`: submit, list, look at, explain and cancel jobs;
 //! - [`metrics`]: `/metrics`: the server's readings in the Prometheus text
 //!   format 0.0.4, written by `prometheus-client`;
@@ -55,6 +57,7 @@ pub mod checkpoints;
 pub mod dashboard;
 pub mod datasets;
 pub mod error;
+mod error_kind;
 pub mod jobs;
 pub mod metrics;
 pub mod moves;
@@ -69,7 +72,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::Request;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -81,7 +84,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use error::ApiError;
+use error::{ApiError, Kind};
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -171,8 +174,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
+        Kind::NotFound,
         format!(
             "no route {} {} (see /openapi.json)",
             req.method(),

@@ -13,13 +13,12 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use sluice_compute::checkpoints::moves::CheckpointMoves;
 use sluice_compute::moves::lost::LostNodes;
 use sluice_compute::moves::{MoveReport, Why, move_dataset};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// What a drain moved.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
@@ -53,13 +52,7 @@ pub async fn drain(
                 || n.split_once("://")
                     .is_some_and(|(_, a)| a.trim_end_matches('/') == id)
         })
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "node_not_found",
-                format!("no storage node {id:?}"),
-            )
-        })?;
+        .ok_or_else(|| ApiError::new(Kind::NodeNotFound, format!("no storage node {id:?}")))?;
     let ledger = session.ledger();
     let held: Vec<String> = ledger
         .laid_out_datasets()

@@ -32,7 +32,6 @@ use std::time::{Duration, SystemTime};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
@@ -41,7 +40,7 @@ use sluice_compute::replicas::ledger::Unknown;
 use sluice_flight::StorageEndpoint;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// A storage node as the compute side sees it.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -224,7 +223,7 @@ pub async fn register(
         Refused::Taken { .. } => {
             super::access::refuse(&s, &who, "POST /v1/nodes/compute", e.to_string())
         }
-        Refused::Busy(why) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_nodes", why),
+        Refused::Busy(why) => ApiError::new(Kind::TooManyNodes, why),
     })?;
     // The storage nodes this coordinator reads, by the names other
     // processes reach them at (not asked now: the answer is a heartbeat's).
@@ -255,13 +254,13 @@ async fn identified(
     let Some(tls) = s.node_credential.tls().filter(|t| t.trusts()) else {
         return Ok(());
     };
-    let refuse = |kind: &str, why: String| {
+    let refuse = |kind: Kind, why: String| {
         s.auth.audit().refused(who.name(), None, call, &why);
-        Err(ApiError::new(StatusCode::BAD_REQUEST, kind, why))
+        Err(ApiError::new(kind, why))
     };
     if !sluice_flight::tls::is_tls(location) {
         return refuse(
-            "tls_required",
+            Kind::TlsRequired,
             format!(
                 "this cluster speaks TLS: register a grpc+tls:// location, served with a \
                  certificate of the cluster's CA (not {location})"
@@ -274,7 +273,7 @@ async fn identified(
     match tls.connect(authority).await {
         Ok(_) => Ok(()),
         Err(e) => refuse(
-            "node_identity",
+            Kind::NodeIdentity,
             format!(
                 "the node at {location} holds no certificate of this cluster for its host: {e}"
             ),
@@ -291,8 +290,7 @@ async fn identified(
 fn well_formed(location: &str) -> Result<(), ApiError> {
     location_error(location).map_or(Ok(()), |why| {
         Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_location",
+            Kind::InvalidLocation,
             format!(
                 "location {:?}: {why}; expected grpc://HOST:PORT",
                 location.chars().take(64).collect::<String>()
@@ -387,11 +385,10 @@ pub async fn register_storage(
     }
     identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
     let client = sluice_flight::StorageClient::with_credential(&url, s.node_credential.clone())
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_location", e.to_string()))?;
+        .map_err(|e| ApiError::new(Kind::InvalidLocation, e.to_string()))?;
     let unreachable = |why: String| {
         ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "node_unreachable",
+            Kind::NodeUnreachable,
             format!("storage node {url} did not answer: {why}"),
         )
     };
@@ -422,7 +419,7 @@ pub async fn register_storage(
         s.auth
             .audit()
             .refused(who.name(), None, "POST /v1/nodes/storage", &why);
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "quarantined", why));
+        return Err(ApiError::new(Kind::Quarantined, why));
     }
     s.quarantine.release(&url);
     let client: Arc<dyn StorageEndpoint> = Arc::new(client);
@@ -494,16 +491,14 @@ pub async fn remove(
         }
         other => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_kind",
+                Kind::NoSuchNodeType,
                 format!("kind {other:?}: storage or compute"),
             ));
         }
     };
     if removed.is_empty() {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "node_not_found",
+            Kind::NodeNotFound,
             format!("no {kind} node {id:?}"),
         ));
     }

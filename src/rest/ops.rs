@@ -6,7 +6,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// Where the rest of the service is.
 #[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -46,13 +46,9 @@ pub async fn healthz() -> &'static str {
         content_type = "text/plain")),
     security(("bearer" = [])))]
 pub async fn metrics(State(s): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let text = super::metrics::Readings::take(&s).text().map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("cannot write the metrics: {e}"),
-        )
-    })?;
+    let text = super::metrics::Readings::take(&s)
+        .text()
+        .map_err(|e| ApiError::new(Kind::Internal, format!("cannot write the metrics: {e}")))?;
     Ok((
         [(
             header::CONTENT_TYPE,

@@ -5,13 +5,12 @@
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use sluice_compute::repair::{NodeScrub, scrub_and_repair};
 use sluice_flight::scrub::ScrubRequest;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, Kind};
 
 /// What to scrub.
 #[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -48,8 +47,7 @@ fn request(body: &ScrubBody) -> Result<ScrubRequest, ApiError> {
         Some(r) if r.is_finite() && r > 0.0 => Some((r * 1e6) as u64),
         Some(r) => {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
+                Kind::BadRequest,
                 format!("rate_mb_s must be a positive number, not {r}"),
             ));
         }
