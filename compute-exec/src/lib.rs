@@ -47,6 +47,8 @@
 //!   tonic, so tensor bytes are not copied on their way out;
 //! - [`access`]: what a caller may read through the compute side;
 //! - [`engine`]: the cross-host data plane on the distributed engine;
+//! - [`admission`]: whether a storage node that registers is read (its
+//!   datasets against the ledger), the REST handler's logic;
 //! - [`ingest`]: sharded ingest: one dataset version spread over every
 //!   storage node, committed on all of them or on none;
 //! - [`replicas`]: where each sample of a dataset spread over several
@@ -65,6 +67,7 @@
 //!   may be before it is planned.
 
 pub mod access;
+pub mod admission;
 pub mod calibration;
 pub mod checkpoints;
 pub mod client;

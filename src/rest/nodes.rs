@@ -27,17 +27,17 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use sluice_access::Principal;
+use sluice_compute::admission::{Admitted, NotAdmitted, admit_storage};
 use sluice_compute::job::cluster::Refused;
 use sluice_compute::replicas::ledger::Unknown;
-use sluice_flight::StorageEndpoint;
 
 use super::AppState;
 use super::error::{ApiError, Kind};
@@ -176,9 +176,6 @@ impl Quarantine {
 
 /// Most storage nodes listed in quarantine at once.
 const MAX_QUARANTINED: usize = 256;
-/// How long a registering storage node has to answer.
-const STORAGE_ANSWER: Duration = Duration::from_secs(2);
-
 /// A compute node registered with this coordinator.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ComputeView {
@@ -379,60 +376,35 @@ pub async fn register_storage(
     well_formed(&r.location)?;
     // Flight over gRPC is HTTP/2: the client speaks `http://` (`https://`).
     let url = sluice_flight::tls::dial_url(&r.location);
-    let session = s.jobs.session();
-    if session.endpoints().iter().any(|e| e.name() == url) {
-        return Ok(Json(serde_json::json!({ "location": url, "new": false })));
+    if !s.jobs.session().endpoints().iter().any(|e| e.name() == url) {
+        identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
     }
-    identified(&s, &who, "POST /v1/nodes/storage", &r.location).await?;
-    let client = sluice_flight::StorageClient::with_credential(&url, s.node_credential.clone())
-        .map_err(|e| ApiError::new(Kind::InvalidLocation, e.to_string()))?;
-    let unreachable = |why: String| {
-        ApiError::new(
-            Kind::NodeUnreachable,
-            format!("storage node {url} did not answer: {why}"),
-        )
-    };
-    let held = tokio::time::timeout(STORAGE_ANSWER, client.datasets())
-        .await
-        .map_err(|_| unreachable(format!("nothing within {} s", STORAGE_ANSWER.as_secs())))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let held: Vec<(String, u64)> = held.into_iter().map(|d| (d.name, d.version)).collect();
-    // Versions the cluster wrote there and then moved away (the node was
-    // lost, or drained) are stale, not foreign: retired, never read.
-    let ledger = session.ledger();
-    let unknown: Vec<Unknown> = ledger
-        .unknown(&url, &held)
-        .into_iter()
-        .filter(|u| !ledger.moved_away(&u.dataset, &url, u.version))
-        .collect();
-    if !unknown.is_empty() {
-        s.quarantine.hold(&url, who.name(), &unknown);
-        let names: Vec<String> = unknown
-            .iter()
-            .map(|u| format!("{}@{}", u.dataset, u.version))
-            .collect();
-        let why = format!(
-            "storage node {url} holds dataset versions this cluster did not write there ({}): \
-             quarantined; remove them from the node (or ingest through the coordinator)",
-            names.join(", ")
-        );
-        s.auth
-            .audit()
-            .refused(who.name(), None, "POST /v1/nodes/storage", &why);
-        return Err(ApiError::new(Kind::Quarantined, why));
-    }
-    s.quarantine.release(&url);
-    let client: Arc<dyn StorageEndpoint> = Arc::new(client);
-    sluice_compute::moves::lost::retire_stale(&s.jobs, &client, &held);
-    let new = session.admit(client);
-    if new {
-        tracing::info!("storage node {url} joined (registered by {})", who.name());
-        // Its datasets are known before the next request needs them.
-        if let Err(e) = session.refresh().await {
-            tracing::warn!("after {} registered: {e}", r.location);
+    match admit_storage(&s.jobs, &url, s.node_credential.clone()).await {
+        Ok(admitted) => {
+            s.quarantine.release(&url);
+            let new = admitted == Admitted::Joined;
+            if new {
+                tracing::info!("storage node {url} joined (registered by {})", who.name());
+            }
+            Ok(Json(serde_json::json!({ "location": url, "new": new })))
+        }
+        Err(e @ NotAdmitted::Location(_)) => {
+            Err(ApiError::new(Kind::InvalidLocation, e.to_string()))
+        }
+        Err(e @ NotAdmitted::Unreachable { .. }) => {
+            Err(ApiError::new(Kind::NodeUnreachable, e.to_string()))
+        }
+        Err(e @ NotAdmitted::Foreign { .. }) => {
+            if let NotAdmitted::Foreign { unknown, .. } = &e {
+                s.quarantine.hold(&url, who.name(), unknown);
+            }
+            let why = e.to_string();
+            s.auth
+                .audit()
+                .refused(who.name(), None, "POST /v1/nodes/storage", &why);
+            Err(ApiError::new(Kind::Quarantined, why))
         }
     }
-    Ok(Json(serde_json::json!({ "location": url, "new": new })))
 }
 
 /// Takes node `id` (its location, or its `host:port`) of `kind`
