@@ -255,33 +255,45 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn windows_are_cut_into_batches_in_the_epochs_order() {
-        let windows = in_order(vec![
-            Ok(window(0, &[7, 3, 9], &[]).await),
-            Ok(window(3, &[1, 4], &[]).await),
-        ]);
+    /// A stream of `windows` from position `from` to `to`, cut in batches
+    /// of 2, delivered to `sink` under an observer that `skips` samples
+    /// with no row: what `deliver` returned, and what it told the observer.
+    async fn run(
+        windows: Vec<Result<Fetched, JobError>>,
+        (from, to): (u64, u64),
+        skips: bool,
+        sink: &Kept,
+    ) -> (Result<(), JobError>, Vec<String>) {
         let told = Told::default();
         let observer = Noting {
             told: told.clone(),
-            skips: false,
+            skips,
         };
+        let rebatch = Rebatcher::new(schema(), None, 2, from);
+        let out = deliver(in_order(windows), rebatch, to, observer, sink).await;
+        (out, told.said())
+    }
+
+    #[tokio::test]
+    async fn windows_are_cut_into_batches_in_the_epochs_order() {
         let sink = Kept::default();
-        deliver(
-            windows,
-            Rebatcher::new(schema(), None, 2, 0),
-            5,
-            observer,
+        let (out, told) = run(
+            vec![
+                Ok(window(0, &[7, 3, 9], &[]).await),
+                Ok(window(3, &[1, 4], &[]).await),
+            ],
+            (0, 5),
+            false,
             &sink,
         )
-        .await
-        .unwrap();
+        .await;
+        out.unwrap();
         assert_eq!(
             delivered(&sink),
             vec![(0, 2, vec![7, 3]), (2, 4, vec![9, 1]), (4, 5, vec![4])]
         );
         assert_eq!(
-            told.said(),
+            told,
             [
                 "window 0",
                 "missing [] at 0",
@@ -300,108 +312,87 @@ mod tests {
 
     #[tokio::test]
     async fn a_skipped_sample_leaves_no_row_and_the_next_batch_resumes_past_it() {
-        let windows = in_order(vec![Ok(window(10, &[5, 6, 8], &[1]).await)]);
-        let observer = Noting {
-            told: Told::default(),
-            skips: true,
-        };
         let sink = Kept::default();
-        deliver(
-            windows,
-            Rebatcher::new(schema(), None, 2, 10),
-            13,
-            observer,
+        let (out, told) = run(
+            vec![Ok(window(10, &[5, 6, 8], &[1]).await)],
+            (10, 13),
+            true,
             &sink,
         )
-        .await
-        .unwrap();
+        .await;
+        out.unwrap();
         assert_eq!(delivered(&sink), vec![(10, 13, vec![5, 8])]);
+        assert_eq!(
+            told,
+            ["window 10", "missing [1] at 10", "handed on", "sent", "end"]
+        );
     }
 
     #[tokio::test]
     async fn a_missing_row_the_policy_does_not_skip_fails_the_stream() {
-        let windows = in_order(vec![Ok(window(0, &[5, 6], &[0]).await)]);
-        let observer = Noting {
-            told: Told::default(),
-            skips: false,
-        };
         let sink = Kept::default();
-        let e = deliver(
-            windows,
-            Rebatcher::new(schema(), None, 2, 0),
-            2,
-            observer,
+        let (out, told) = run(
+            vec![Ok(window(0, &[5, 6], &[0]).await)],
+            (0, 2),
+            false,
             &sink,
         )
-        .await
-        .unwrap_err();
+        .await;
+        let e = out.unwrap_err();
         assert!(e.to_string().contains("sample 5 has no row"), "{e}");
         assert!(delivered(&sink).is_empty());
+        assert_eq!(told, ["window 0", "missing [0] at 0"]);
     }
 
     #[tokio::test]
     async fn a_windows_error_is_the_streams_and_nothing_after_it_is_sent() {
-        let windows = in_order(vec![
-            Ok(window(0, &[1, 2], &[]).await),
-            Err(JobError::Unavailable {
-                node: "node-b".into(),
-                reason: "connection refused".into(),
-            }),
-            Ok(window(4, &[3, 4], &[]).await),
-        ]);
-        let told = Told::default();
-        let observer = Noting {
-            told: told.clone(),
-            skips: false,
-        };
         let sink = Kept::default();
-        let e = deliver(
-            windows,
-            Rebatcher::new(schema(), None, 2, 0),
-            6,
-            observer,
+        let (out, told) = run(
+            vec![
+                Ok(window(0, &[1, 2], &[]).await),
+                Err(JobError::Unavailable {
+                    node: "node-b".into(),
+                    reason: "connection refused".into(),
+                }),
+                Ok(window(4, &[3, 4], &[]).await),
+            ],
+            (0, 6),
+            false,
             &sink,
         )
-        .await
-        .unwrap_err();
+        .await;
+        let e = out.unwrap_err();
         assert!(
             matches!(e, JobError::Unavailable { ref node, .. } if node == "node-b"),
             "{e}"
         );
         assert_eq!(delivered(&sink), vec![(0, 2, vec![1, 2])]);
-        assert!(!told.said().contains(&"end".to_string()));
+        assert!(!told.contains(&"end".to_string()));
     }
 
     #[tokio::test]
     async fn a_reader_that_leaves_ends_the_stream_without_an_error() {
-        let windows = in_order(vec![
-            Ok(window(0, &[1, 2], &[]).await),
-            Ok(window(2, &[3, 4], &[]).await),
-        ]);
-        let told = Told::default();
-        let observer = Noting {
-            told: told.clone(),
-            skips: false,
-        };
         let sink = Kept {
             leaves_after: Some(1),
             ..Kept::default()
         };
-        deliver(
-            windows,
-            Rebatcher::new(schema(), None, 2, 0),
-            4,
-            observer,
+        let (out, told) = run(
+            vec![
+                Ok(window(0, &[1, 2], &[]).await),
+                Ok(window(2, &[3, 4], &[]).await),
+            ],
+            (0, 4),
+            false,
             &sink,
         )
-        .await
-        .unwrap();
+        .await;
+        out.unwrap();
         assert_eq!(delivered(&sink).len(), 1);
         // The range's last batch is held for its end (`Rebatcher::finish`):
         // the reader left at that send, so the stream did not end with
         // every batch handed on, and its observer is not told it did.
         assert_eq!(
-            told.said(),
+            told,
             [
                 "window 0",
                 "missing [] at 0",
