@@ -305,3 +305,82 @@ fn retype(
     )?;
     Ok(Transformed::yes(Arc::new(call)))
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::logical_expr::{col, lit};
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::limit::GlobalLimitExec;
+    use datafusion::physical_plan::{ExecutionPlan, displayable};
+
+    use super::*;
+    use crate::fragment::scan::{DatasetScanExec, Take};
+
+    fn scan(take: Option<Take>) -> DatasetScanExec {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("key", DataType::Utf8, false),
+            Field::new("label", DataType::Int64, true),
+            Field::new("data", DataType::Binary, true),
+        ]));
+        DatasetScanExec::new(
+            "pets".into(),
+            Some(vec![0, 1, 3]),
+            vec![col("label").gt(lit(2i64))],
+            Some(7),
+            schema,
+        )
+        .with_take(take)
+    }
+
+    fn leaf(plan: &Arc<dyn ExecutionPlan>) -> &DatasetScanExec {
+        let mut node = plan;
+        while node.downcast_ref::<DatasetScanExec>().is_none() {
+            node = node.children()[0];
+        }
+        node.downcast_ref().unwrap()
+    }
+
+    #[test]
+    fn a_fragment_decodes_to_the_plan_that_was_encoded() {
+        let take = Take {
+            version: 4,
+            rows: Some(Arc::from(vec![9u32, 2, 5])),
+            slots: Arc::from(vec![0u32, 1, 2]),
+        };
+        let leaf_plan: Arc<dyn ExecutionPlan> = Arc::new(scan(Some(take.clone())));
+        let predicate = datafusion::physical_expr::expressions::binary(
+            datafusion::physical_expr::expressions::col("label", &leaf_plan.schema()).unwrap(),
+            datafusion::logical_expr::Operator::Gt,
+            datafusion::physical_expr::expressions::lit(1i64),
+            &leaf_plan.schema(),
+        )
+        .unwrap();
+        let filtered = Arc::new(FilterExec::try_new(predicate, leaf_plan).unwrap());
+        let plan: Arc<dyn ExecutionPlan> = Arc::new(GlobalLimitExec::new(filtered, 0, Some(3)));
+
+        let bytes = encode_fragment(Arc::clone(&plan)).unwrap();
+        let back = decode_fragment(&bytes, &TaskContext::default()).unwrap();
+
+        assert_eq!(
+            displayable(back.as_ref()).indent(true).to_string(),
+            displayable(plan.as_ref()).indent(true).to_string()
+        );
+        assert_eq!(back.schema(), plan.schema());
+        let (got, want) = (leaf(&back), leaf(&plan));
+        assert_eq!(got.dataset, "pets");
+        assert_eq!(got.projection, want.projection);
+        assert_eq!(got.limit, Some(7));
+        assert_eq!(got.filters, want.filters);
+        assert_eq!(got.take, Some(take));
+    }
+
+    #[test]
+    fn a_querys_scan_decodes_without_a_take_and_bytes_that_are_no_fragment_are_an_error() {
+        let plan: Arc<dyn ExecutionPlan> = Arc::new(scan(None));
+        let back =
+            decode_fragment(&encode_fragment(plan).unwrap(), &TaskContext::default()).unwrap();
+        assert_eq!(leaf(&back).take, None);
+        assert!(decode_fragment(b"not a plan", &TaskContext::default()).is_err());
+    }
+}
