@@ -47,7 +47,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_shards import shards  # noqa: E402
+from bench_shards import folder_and_shards  # noqa: E402
 
 ACCESS, SECRET = "bench-key", "bench-secret-0123456789"
 BOTO3_COPY = r"""
@@ -122,14 +122,7 @@ def main():
     bin_dir = venv(a.cache)
     work = a.work or tempfile.mkdtemp(prefix="sluice-bench-s3-")
     env = dict(os.environ, SLUICE_DEVICE_SIZE="8GiB", SLUICE_CHUNK_SIZE="16MiB")
-    src = os.path.join(work, "folder")
-    if not os.path.isdir(src):
-        subprocess.run([a.sluice, "gen-sample", src, "--classes", str(a.classes),
-                        "--per-class", str(a.per_class)], env=env, check=True,
-                       capture_output=True)
-    tars = os.path.join(work, "shards")
-    shutil.rmtree(tars, ignore_errors=True)
-    n = shards(src, tars, a.per_shard)
+    src, tars, n = folder_and_shards(a.sluice, work, a.classes, a.per_class, a.per_shard, env)
     root = os.path.join(work, "s3")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(os.path.join(root, "bench"))

@@ -66,6 +66,21 @@ def shards(src, out, per_shard):
     return len(files)
 
 
+def folder_and_shards(sluice, work, classes, per_class, per_shard, env):
+    """The bench's data under `work`: a generated ImageFolder (`folder`,
+    kept between runs) and the same samples as WebDataset tars of
+    `per_shard` samples (`shards`, made afresh). Returns both paths and the
+    sample count."""
+    src = os.path.join(work, "folder")
+    if not os.path.isdir(src):
+        subprocess.run([sluice, "gen-sample", src, "--classes", str(classes),
+                        "--per-class", str(per_class)], env=env, check=True,
+                       capture_output=True)
+    tars = os.path.join(work, "shards")
+    shutil.rmtree(tars, ignore_errors=True)
+    return src, tars, shards(src, tars, per_shard)
+
+
 def ingest(sluice, data, name, source, env, strace=None):
     shutil.rmtree(data, ignore_errors=True)
     cmd = [sluice, "--data-dir", data, "ingest", name, source]
@@ -105,14 +120,8 @@ def main():
         raise SystemExit("use the optimized build (cargo build --release): this is a debug binary")
     work = args.work or tempfile.mkdtemp(prefix="sluice-bench-shards-")
     env = dict(os.environ, SLUICE_DEVICE_SIZE="8GiB", SLUICE_CHUNK_SIZE="16MiB")
-    src = os.path.join(work, "folder")
-    if not os.path.isdir(src):
-        subprocess.run([args.sluice, "gen-sample", src, "--classes", str(args.classes),
-                        "--per-class", str(args.per_class)], env=env, check=True,
-                       capture_output=True)
-    tars = os.path.join(work, "shards")
-    shutil.rmtree(tars, ignore_errors=True)
-    n = shards(src, tars, args.per_shard)
+    src, tars, n = folder_and_shards(args.sluice, work, args.classes, args.per_class,
+                                     args.per_shard, env)
     size = sum(os.path.getsize(os.path.join(tars, f)) for f in os.listdir(tars))
     cold = drop_caches()
     print(f"{n} images ({size / n / 1024:.0f} KiB each on average), "

@@ -388,21 +388,22 @@ pub async fn register_storage(
             }
             Ok(Json(serde_json::json!({ "location": url, "new": new })))
         }
-        Err(e @ NotAdmitted::Location(_)) => {
-            Err(ApiError::new(Kind::InvalidLocation, e.to_string()))
-        }
-        Err(e @ NotAdmitted::Unreachable { .. }) => {
-            Err(ApiError::new(Kind::NodeUnreachable, e.to_string()))
-        }
-        Err(e @ NotAdmitted::Foreign { .. }) => {
-            if let NotAdmitted::Foreign { unknown, .. } = &e {
-                s.quarantine.hold(&url, who.name(), unknown);
-            }
-            let why = e.to_string();
-            s.auth
-                .audit()
-                .refused(who.name(), None, "POST /v1/nodes/storage", &why);
-            Err(ApiError::new(Kind::Quarantined, why))
+        Err(e) => {
+            let kind = match &e {
+                NotAdmitted::Location(_) => Kind::InvalidLocation,
+                NotAdmitted::Unreachable { .. } => Kind::NodeUnreachable,
+                NotAdmitted::Foreign { unknown, .. } => {
+                    s.quarantine.hold(&url, who.name(), unknown);
+                    s.auth.audit().refused(
+                        who.name(),
+                        None,
+                        "POST /v1/nodes/storage",
+                        &e.to_string(),
+                    );
+                    Kind::Quarantined
+                }
+            };
+            Err(ApiError::new(kind, e.to_string()))
         }
     }
 }
