@@ -18,8 +18,10 @@ Reading (``GetLanes``): a reader asks for ranges, several at once
 (:meth:`fetch`), and reads them once they are in (:meth:`view`).
 
 - :class:`ShmGets`: the server reads each range O_DIRECT and checks its
-  crc32c, then puts it in a region of the version's size mapped here
-  (``checkpoint.shm.get``), where the reader parses it in place.
+  crc32c, then puts it in a region mapped here (``checkpoint.shm.get``):
+  one of the version's size, where the reader parses it in place, or a
+  window smaller than the version that its ranges take in turn
+  (:mod:`sluice._window`).
 - :class:`FlightGets`: each range is a ``DoGet`` stream on a lane; its
   Arrow buffers are kept as they arrive.
 
@@ -330,8 +332,12 @@ class ShmGets:
         self.name, self.region = name, region
         self.on_release = on_release
 
-    def fetch(self, offset: int, length: int) -> None:
+    def fetch(self, offset: int, length: int, at: Optional[int] = None) -> None:
+        """Reads the range into the region at ``at`` (at ``offset`` when
+        ``None``: a region the version's size)."""
         body = {"region": self.region.id, "offset": offset, "length": length}
+        if at is not None:
+            body["at"] = at
         lane = offset // self.chunk % self.workers
         got = action(self.client, "checkpoint.shm.get", body, f"checkpoint '{self.name}'", lane)
         if int(got["bytes"]) != length:

@@ -30,8 +30,12 @@ the checkpoint and byte range.
 On the server's host the bytes go through shared memory, elsewhere over
 Flight (:mod:`sluice._lanes`; ``transport`` chooses): a writer's parts
 are the slots of a region the server writes to the device from, and a
-reader's ranges land in a region at least the version's size, which it
-parses in place. ``writer.transport`` and ``reader.transport`` say which
+reader's ranges land in a region: the version's size where it is no
+larger than ``read_window`` (or a mapped load wants it whole), which it
+parses in place; else a window of ``read_window`` bytes that the ranges
+take in turn, read ahead of the position and copied out
+(:mod:`sluice._window`), so a load of any size makes only the window's
+pages and fits in a small ``/dev/shm``. ``writer.transport`` and ``reader.transport`` say which
 ran. Both kinds of region are kept for the next save or load (a
 reader's when nothing made of its bytes outlives it), so their pages
 are allocated once: at most ``keep_read_bytes`` of read regions, the
@@ -52,6 +56,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _lanes
 from ._errors import SluiceError
+from ._window import Window
 from .client import Client
 
 DEFAULT_CHUNK = 16 << 20
@@ -76,6 +81,10 @@ SHM_READ_RANGE = 4 << 20
 KEEP_READ_REGIONS = 8
 DEFAULT_KEEP_READ = 1 << 30
 DEFAULT_KEEP_READ_S = 30.0
+# A version larger than this many ranges streams through a window of that
+# many (sluice._window): ``workers`` being read ahead, the one being copied
+# out and one for the zip directory at the end. Its pages are made once.
+WINDOW_RANGES_OVER_WORKERS = 2
 
 
 class Checkpoint:
@@ -84,7 +93,8 @@ class Checkpoint:
     def __init__(self, client: Client, prefix: str = "", chunk_size: int = DEFAULT_CHUNK,
                  workers: int = DEFAULT_WORKERS, transport: str = "auto",
                  keep_read_bytes: int = DEFAULT_KEEP_READ,
-                 keep_read_seconds: float = DEFAULT_KEEP_READ_S):
+                 keep_read_seconds: float = DEFAULT_KEEP_READ_S,
+                 read_window: Optional[int] = None):
         if chunk_size < 1 or workers < 1:
             raise ValueError("chunk_size and workers must be positive")
         if keep_read_bytes < 0 or keep_read_seconds < 0:
@@ -105,6 +115,14 @@ class Checkpoint:
         self._expiry: Optional[threading.Timer] = None
         self.keep_read_bytes = keep_read_bytes
         self.keep_read_seconds = keep_read_seconds
+        # The region a larger version streams through (0: one the
+        # version's size, always).
+        span = min(chunk_size, SHM_READ_RANGE)
+        if read_window is None:
+            read_window = (workers + WINDOW_RANGES_OVER_WORKERS) * span
+        if read_window and read_window < 2 * span:
+            raise ValueError(f"read_window {read_window}: 0, or at least two ranges ({2 * span})")
+        self.read_window = read_window
         self._shm_refused = False
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -439,7 +457,8 @@ class CheckpointReader(io.RawIOBase):
             try:
                 lent = _lanes.open_region(
                     ckpt.client, "checkpoint.shm.get_open",
-                    dict(body, kept=list(kept), fill=shm_range, own_from=own_from), subject,
+                    dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
+                         window=ckpt.read_window), subject,
                     ckpt.transport, writable=False, kept=kept)
             except BaseException:
                 ckpt._keep_gets(list(kept.values()))
@@ -455,7 +474,8 @@ class CheckpointReader(io.RawIOBase):
             region, answer = lent
             self.info = answer["checkpoint"]
             filled = int(answer.get("filled", 0))
-            if not answer.get("kept"):
+            windowed = region.size < int(self.info["size"])
+            if not answer.get("kept") and not windowed:
                 # A fresh region's pages are made as its extents are read:
                 # larger ranges keep more of that work beside the reads.
                 shm_range = ckpt.chunk_size
@@ -463,14 +483,23 @@ class CheckpointReader(io.RawIOBase):
                                          lambda r: ckpt._keep_gets([r]))
         self.transport = self._lanes.transport
         self.size = int(self.info["size"])
-        # The region's size (a kept one may be larger than the version).
+        # The region's size (a kept one may be larger than the version; a
+        # window smaller).
         self.region_size = lent[0].size if lent is not None else None
         self._pos = 0
         self._range = shm_range if self.transport == "shm" else ckpt.chunk_size
         starts = list(range(0, self.size, self._range))
+        # The last first: a zip archive's directory, which torch.load reads first.
+        first = starts[-1:] + starts[:-1]
         pool = ckpt._executor()
         self._futures: Dict[int, Future] = {}
-        for lo in starts[-1:] + starts[:-1]:
+        self._window: Optional[Window] = None
+        if self.region_size is not None and self.region_size < self.size:
+            self._window = Window(self._lanes.fetch, pool, self.size, self._range,
+                                  self.region_size // self._range, ckpt.workers)
+            self._window.start(first)
+            return
+        for lo in first:
             if filled == self.size:
                 # get_open read it whole already.
                 self._futures[lo] = done = Future()
@@ -483,10 +512,18 @@ class CheckpointReader(io.RawIOBase):
         self._futures[lo].result()
 
     def wait(self) -> "CheckpointReader":
-        """Waits until every range has arrived."""
+        """Waits until every range has arrived (through a window: those
+        being read now)."""
         for lo in self._futures:
             self._ready(lo)
         return self
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the version streams through a region smaller than
+        itself (:mod:`sluice._window`): its bytes are copied out as they
+        are read, never viewed in place."""
+        return self._window is not None
 
     def view(self) -> memoryview:
         """The whole version, once arrived (see :meth:`slice`)."""
@@ -495,10 +532,10 @@ class CheckpointReader(io.RawIOBase):
     def slice(self, offset: int, length: int) -> memoryview:
         """Bytes ``[offset, offset + length)`` as soon as the ranges that
         hold them have arrived (the rest may still be on their way): a
-        view of the shared region, or (over Flight) a copy. The stream's
-        position does not move."""
+        view of the shared region, or (over Flight, or through a window)
+        a copy. The stream's position does not move."""
         end = min(self.size, offset + length)
-        if self.transport != "shm":
+        if self.transport != "shm" or self._window is not None:
             out = bytearray(max(0, end - offset))
             self._copy_at(offset, memoryview(out))
             return memoryview(out)
@@ -512,7 +549,7 @@ class CheckpointReader(io.RawIOBase):
         """A name of the region's file while the reader is open (shared
         memory only): what ``torch.load(path, mmap=True)`` maps."""
         region = getattr(self._lanes, "region", None)
-        return region.proc_path if region is not None else None
+        return region.proc_path if region is not None and self._window is None else None
 
     def hand_over(self) -> None:
         """Says the region's pages are mapped elsewhere now (by
@@ -544,6 +581,11 @@ class CheckpointReader(io.RawIOBase):
         self._pos += done
         return done
 
+    def readinto_at(self, offset: int, b: Any) -> int:
+        """Copies the bytes from ``offset`` into ``b`` (as many as fit)
+        without moving the stream's position; returns how many."""
+        return self._copy_at(offset, memoryview(b).cast("B"))
+
     def _copy_at(self, pos: int, out: memoryview) -> int:
         """Copies the bytes from ``pos`` into ``out`` (as many as fit),
         each range once it has arrived; returns how many."""
@@ -552,8 +594,13 @@ class CheckpointReader(io.RawIOBase):
         while done < want:
             at = pos + done
             lo = at // self._range * self._range
-            self._ready(lo)
-            piece = self._lanes.view(lo, at, min(want - done, lo + self._range - at))
+            n = min(want - done, lo + self._range - at)
+            if self._window is not None:
+                base = self._window.place(lo) + (at - lo)
+                piece = self._lanes.region.view[base:base + n]
+            else:
+                self._ready(lo)
+                piece = self._lanes.view(lo, at, n)
             out[done:done + len(piece)] = piece
             done += len(piece)
         return done
@@ -577,6 +624,9 @@ class CheckpointReader(io.RawIOBase):
                     pass
         ok = all(f.done() and not f.cancelled() and f.exception() is None
                  for f in self._futures.values())
+        if self._window is not None:
+            # A window's reads that never ran left nothing half-written.
+            ok = self._window.close()
         if self.transport == "shm":
             self._lanes.close(keep=ok and self._keepable())
         else:

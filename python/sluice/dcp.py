@@ -36,7 +36,9 @@ one whose metadata it read). Each rank writes its own file in parallel
 through the :class:`~sluice.Checkpoint`'s lanes (shared memory on the
 server's host, Flight elsewhere). A load reads each file it needs once,
 in parallel ranges, and copies each item into the tensors DCP's planner
-hands it as soon as its ranges are in (in file order), so
+hands it as soon as its ranges are in (in file order; a file larger than
+the :class:`~sluice.Checkpoint`'s ``read_window`` streams through a
+window, a whole tensor straight into its target), so
 a save from 2 ranks loads on 1 or 4 (resharding is DCP's planner's).
 """
 
@@ -276,13 +278,18 @@ class SluiceReader(_Target, StorageReader):
         (nothing made of the reader's bytes outlives this call, so its
         region is kept for the next read)."""
         st = self.storage_data[req.storage_index]
-        view = r.slice(st.offset, st.length)
         if req.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(req, io.BytesIO(bytes(view)))
+            planner.load_bytes(req, io.BytesIO(bytes(r.slice(st.offset, st.length))))
             return
-        tensor = _tensor(view, st)
-        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
         target = planner.resolve_tensor(req).detach()
+        if r.windowed and _reads_into(target, st, req):
+            # The whole stored tensor into a target of its own shape and
+            # type: one copy, from the window into the target.
+            r.readinto_at(st.offset, _bytes_of(target))
+            planner.commit_tensor(req, target)
+            return
+        tensor = _tensor(r.slice(st.offset, st.length), st)
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
         if target.size() != tensor.size():
             raise ValueError(
                 f"checkpoint '{self.path}': {req.storage_index.fqn} is "
@@ -291,10 +298,31 @@ class SluiceReader(_Target, StorageReader):
         planner.commit_tensor(req, target)
 
 
+def _reads_into(target: torch.Tensor, st: Stored, req: Any) -> bool:
+    """Whether item ``req`` is the whole stored tensor and ``target`` its
+    own contiguous memory of the same shape and type, so the stored
+    bytes can be copied straight into it."""
+    shape = tuple(st.shape or ())
+    return (target.is_contiguous() and target.device.type == "cpu"
+            and _dtype_name(target.dtype) == _dtype_name(st.dtype)
+            and tuple(target.size()) == shape
+            and tuple(req.lengths) == shape and not any(req.storage_offsets)
+            and target.numel() * target.element_size() == st.length and st.length > 0)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _bytes_of(target: torch.Tensor) -> memoryview:
+    """``target``'s memory as writable bytes (it is contiguous)."""
+    return memoryview(target.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
 def _tensor(view: memoryview, st: Stored) -> torch.Tensor:
     """The stored tensor over ``view`` (its bytes; no copy: the caller
     copies what it needs before the view goes)."""
-    dtype = getattr(torch, str(st.dtype).removeprefix("torch."))
+    dtype = getattr(torch, _dtype_name(st.dtype))
     shape = tuple(st.shape or ())
     numel = 1
     for d in shape:

@@ -2,8 +2,9 @@
 //! parts written concurrently, versions and retention, uploads that never
 //! commit (space returned, nothing listed, the previous version intact),
 //! a flipped byte on the device, ingest running beside checkpoint
-//! writers without sharing a chunk, and kept shared-memory read regions
-//! bound to the next version that fits.
+//! writers without sharing a chunk, kept shared-memory read regions
+//! bound to the next version that fits, and a version larger than its
+//! region streamed through it as a window.
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -202,6 +203,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
                 kept: &kept,
                 fill,
                 own_from,
+                window: 0,
             })
             .await
         }
@@ -215,7 +217,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     assert!(!first.kept && first.filled == 0 && first.gone.is_empty());
     let id = first.region.region.clone();
     assert_eq!(first.region.size, big.len() as u64);
-    let n = c.shm_get(&id, 0, big.len() as u64).await.unwrap();
+    let n = c.shm_get(&id, 0, big.len() as u64, None).await.unwrap();
     assert_eq!(n, big.len() as u64);
     assert_eq!(held(&first.region.path, big.len()), big);
 
@@ -229,7 +231,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     assert_eq!(held(&first.region.path, small.len()), small);
     // Reads are clipped to the version bound to it now.
     assert_eq!(
-        c.shm_get(&id, 0, u64::MAX).await.unwrap(),
+        c.shm_get(&id, 0, u64::MAX, None).await.unwrap(),
         small.len() as u64
     );
 
@@ -240,7 +242,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         .unwrap();
     assert!(third.kept && third.region.region == id);
     assert_eq!(third.gone, vec!["0123456789abcdef".to_string()]);
-    c.shm_get(&id, 0, other.len() as u64).await.unwrap();
+    c.shm_get(&id, 0, other.len() as u64, None).await.unwrap();
     assert_eq!(held(&first.region.path, other.len()), other);
 
     // A version the client will map takes a region of its own, exactly
@@ -276,6 +278,64 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     let many: Vec<String> = (0..=MAX_KEPT).map(|i| format!("{i:032x}")).collect();
     let err = open("small", many, 0).await.unwrap_err();
     assert!(err.to_string().contains("kept regions named"), "{err}");
+}
+
+#[tokio::test]
+async fn a_version_streams_through_a_window_smaller_than_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    // Six chunks and a tail, through a window of two chunks.
+    let data = bytes(6 * CHUNK as usize + 321, 4);
+    write(&c, "w", &data, CHUNK as usize).await;
+    let probe = TestProbe::new("window");
+    let window = 2 * CHUNK;
+    let open = |window: u64, fill: u64| {
+        c.shm_get_open(GetRequest {
+            name: "w",
+            version: None,
+            probe: &probe.0,
+            kept: &[],
+            fill,
+            own_from: 0,
+            window,
+        })
+    };
+    let opened = open(window, 1 << 30).await.unwrap();
+    assert_eq!(opened.region.size, window, "{opened:?}");
+    // A version its window cannot hold is never read whole by get_open.
+    assert_eq!(opened.filled, 0);
+    let id = opened.region.region.clone();
+    let mapped = |len: usize| std::fs::read(&opened.region.path).unwrap()[..len].to_vec();
+    // Each chunk of the version lands in one of the window's two slots,
+    // in turn, the last (a tail, not a whole block) too.
+    for (i, lo) in (0..data.len() as u64).step_by(CHUNK as usize).enumerate() {
+        let slot = (i as u64 % 2) * CHUNK;
+        let n = c.shm_get(&id, lo, CHUNK, Some(slot)).await.unwrap();
+        let hi = (lo + n) as usize;
+        assert_eq!(n, CHUNK.min(data.len() as u64 - lo));
+        let got = mapped(slot as usize + n as usize);
+        assert_eq!(&got[slot as usize..], &data[lo as usize..hi], "chunk {i}");
+    }
+    // An odd place (not aligned) still lands right, through a copy.
+    let n = c.shm_get(&id, CHUNK, 1000, Some(7)).await.unwrap();
+    assert_eq!(n, 1000);
+    assert_eq!(
+        &mapped(1007)[7..],
+        &data[CHUNK as usize..CHUNK as usize + 1000]
+    );
+    // A range that would run past the window is refused, naming it.
+    let err = c
+        .shm_get(&id, 0, CHUNK, Some(window - 10))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("run past"), "{err}");
+    // A window no smaller than the version is the version's size, and
+    // get_open reads a version it holds whole within `fill`.
+    let whole = open(1 << 30, 1 << 30).await.unwrap();
+    assert_eq!(whole.region.size, data.len() as u64);
+    assert_eq!(whole.filled, data.len() as u64);
+    assert_eq!(std::fs::read(&whole.region.path).unwrap(), data);
 }
 
 #[tokio::test]

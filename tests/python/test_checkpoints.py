@@ -1,6 +1,7 @@
 """Checkpoints through the real `sluice serve`: round trips of many sizes
 (up to past 2 GiB) over shared memory and over Flight, the two giving the
-same bytes, concurrent writers, a writer and the server killed -9
+same bytes, a version larger than the reader's window streamed through
+it, concurrent writers, a writer and the server killed -9
 mid-stream (nothing partial listed, nothing left in /dev/shm), a flipped
 byte on the device, auth, REST and the CLI, and torch.save / torch.load
 of a real model bit-identical (also with its tensors over the mapping)."""
@@ -199,6 +200,70 @@ def test_a_kept_read_region_goes_back_when_unused(server):
     assert [g.id for g in ck._idle_gets] != [kept]
     ck.close()
     assert not shm_files(os.getpid())
+
+
+def test_a_version_larger_than_the_window_streams_through_it(server):
+    """A version larger than `read_window` is read through a region of
+    the window's size: sequential reads, seeks back and to the end,
+    reads at an offset and copies of a slice all give the version's own
+    bytes, and torch.load of a model through it is bit-identical; the
+    window is kept for the next read and nothing is left in /dev/shm."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    before = regions(client)
+    ck = sluice.Checkpoint(client, "windowed", chunk_size=CHUNK, workers=2,
+                           read_window=3 * CHUNK, transport="shm")
+    data = pattern(11 * CHUNK + 333, 7)
+    with ck.writer("w.bin") as w:
+        w.write(data)
+    with ck.reader("w.bin") as r:
+        assert r.windowed and r.region_size == 3 * CHUNK and r.size == len(data)
+        assert r.mapped_path() is None
+        # In pieces that straddle ranges, as torch.load reads them.
+        got = bytearray()
+        while True:
+            piece = r.read(777_777)
+            if not piece:
+                break
+            got += piece
+        assert got == data
+        # Back to the start, to the end, and about, at odd places.
+        for lo in [0, len(data) - 5, 5 * CHUNK - 3, CHUNK + 1, 10 * CHUNK, 17]:
+            r.seek(lo)
+            assert r.read(2 * CHUNK + 11) == data[lo:lo + 2 * CHUNK + 11], lo
+        out = bytearray(4 * CHUNK)
+        assert r.readinto_at(6 * CHUNK + 9, out) == 4 * CHUNK
+        assert out == data[6 * CHUNK + 9:10 * CHUNK + 9]
+        # A slice is a copy through a window (its slots are reused).
+        assert bytes(r.slice(2 * CHUNK - 1, 3 * CHUNK)) == data[2 * CHUNK - 1:5 * CHUNK - 1]
+    [kept] = ck._idle_gets
+    assert kept.size == 3 * CHUNK
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(700, 900), torch.nn.Linear(900, 300))
+    want = model.state_dict()
+    with ck.writer("model.pt") as w:
+        torch.save(want, w)
+    assert w.info["size"] > 3 * CHUNK
+    with ck.reader("model.pt") as r:
+        assert r.windowed
+        got = torch.load(r, weights_only=True)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    # The same window, read into again.
+    assert [g.id for g in ck._idle_gets] == [kept.id]
+    # read_window=0: a region the version's size, as before.
+    whole = sluice.Checkpoint(client, "windowed", chunk_size=CHUNK, read_window=0,
+                              transport="shm")
+    with whole.reader("w.bin") as r:
+        assert not r.windowed and r.region_size == len(data)
+        assert bytes(r.view()) == data
+    with pytest.raises(ValueError, match="read_window"):
+        sluice.Checkpoint(client, "windowed", chunk_size=CHUNK, read_window=CHUNK)
+    whole.close()
+    ck.close()
+    assert not shm_files(os.getpid())
+    assert regions(client) == before
 
 
 def test_a_client_that_is_not_on_the_host_gets_flight(server):

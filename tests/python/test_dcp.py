@@ -6,7 +6,10 @@ ranks on gloo (CPU) in their own processes against a real `sluice serve`.
 - `async_save` returns before its bytes have left, and a training step
   runs while they do;
 - a save killed -9 half-way leaves the previous step loadable and nothing
-  of its own listed.
+  of its own listed;
+- files larger than the reader's window load through it, whole tensors
+  straight into their targets and the rest (a non-contiguous target) by
+  a copy, equal to the original.
 """
 
 import os
@@ -134,3 +137,34 @@ def test_a_save_killed_half_way_leaves_the_previous_step(server):
     for p in procs:
         assert not [f for f in os.listdir("/dev/shm") if f.startswith("sluice-") and
                     f.split("-")[2] == str(p.pid)]
+
+
+def test_files_larger_than_the_window_load_through_it(server):
+    """One process, no process group: a save whose file is several times
+    the Checkpoint's `read_window` loads through the window into fresh
+    targets, one of them a transposed (non-contiguous) view, equal to
+    what was saved; the window is the one region kept."""
+    import torch.distributed.checkpoint as dcp
+    from sluice.dcp import SluiceReader, SluiceWriter
+
+    _, rest = server
+    ck = sluice.Checkpoint(sluice.Client(rest), "dcpwin", chunk_size=1 << 20, workers=2,
+                           read_window=2 << 20, transport="shm")
+    g = torch.Generator().manual_seed(77)
+    state = {"a": torch.randn(1000, 1500, generator=g), "b": torch.randn(300, 513, generator=g),
+             "c": torch.arange(1000, dtype=torch.int16), "d": torch.randn(3, generator=g),
+             "step": 9}
+    dcp.save(state, storage_writer=SluiceWriter(ck), checkpoint_id="w1")
+    assert ck.stat("w1/__0.distcp")["size"] > 2 * (2 << 20)
+    target = {"a": torch.zeros(1000, 1500), "b": torch.zeros(513, 300).T,
+              "c": torch.zeros(1000, dtype=torch.int16), "d": torch.zeros(3), "step": 0}
+    assert not target["b"].is_contiguous()
+    dcp.load(target, storage_reader=SluiceReader(ck), checkpoint_id="w1")
+    for k, v in state.items():
+        if torch.is_tensor(v):
+            assert torch.equal(target[k], v), k
+        else:
+            assert target[k] == v, k
+    # The window, kept; no region the size of the file.
+    assert max(r.size for r in ck._idle_gets) == 2 << 20
+    ck.close()

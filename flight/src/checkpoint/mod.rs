@@ -97,11 +97,11 @@ pub const ACTIONS: [(&str, &str); 15] = [
     ),
     (
         "checkpoint.shm.get_open",
-        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?}",
+        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?, window?}",
     ),
     (
         "checkpoint.shm.get",
-        "read a range of the version into its region: {region, offset, length}",
+        "read a range of the version into its region: {region, offset, length, at?}",
     ),
     (
         "checkpoint.shm.touch",

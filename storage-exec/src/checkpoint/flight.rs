@@ -60,6 +60,23 @@ struct GetOpen {
     /// A version of at least this many bytes gets a region of its own.
     #[serde(default)]
     own_from: u64,
+    /// A larger version streams through a region of this many bytes.
+    #[serde(default)]
+    window: u64,
+}
+
+impl GetOpen {
+    fn request(&self) -> GetRequest<'_> {
+        GetRequest {
+            name: &self.name,
+            version: self.version,
+            probe: &self.probe,
+            kept: &self.kept,
+            fill: self.fill,
+            own_from: self.own_from,
+            window: self.window,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -67,6 +84,9 @@ struct ShmGet {
     region: String,
     offset: u64,
     length: u64,
+    /// Where in the region the range lands (at `offset` when absent).
+    #[serde(default)]
+    at: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -150,20 +170,12 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.shm.get_open" => {
                 let o: GetOpen = body(kind, bytes)?;
-                let req = GetRequest {
-                    name: &o.name,
-                    version: o.version,
-                    probe: &o.probe,
-                    kept: &o.kept,
-                    fill: o.fill,
-                    own_from: o.own_from,
-                };
-                json_bytes(&self.shm_get_open(req).await.map_err(status)?)
+                json_bytes(&self.shm_get_open(o.request()).await.map_err(status)?)
             }
             "checkpoint.shm.get" => {
                 let g: ShmGet = body(kind, bytes)?;
                 let n = self
-                    .shm_get(&g.region, g.offset, g.length)
+                    .shm_get(&g.region, g.offset, g.length, g.at)
                     .await
                     .map_err(status)?;
                 json_bytes(&json!({ "bytes": n }))

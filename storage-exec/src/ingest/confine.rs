@@ -166,7 +166,7 @@ impl Confinement {
         if !self.roots().any(|r| real.starts_with(r)) {
             return None;
         }
-        Some(super::open_no_follow(&real))
+        Some(open_no_follow(&real))
     }
 }
 
@@ -239,6 +239,21 @@ fn lexically_normal(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Opens a source file, refusing a symbolic link: a link inside an ingest
+/// root may point anywhere on the host (`/etc/passwd`), and is never
+/// followed.
+pub(super) fn open_no_follow(path: &Path) -> std::result::Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symbolic link (links are not followed)".to_string(),
+            _ => format!("cannot read {}: {e}", path.display()),
+        })
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@
 //! held in memory, through the same reads and checks.
 //!
 //! Modules:
+//! - `options`: `ScanOptions`: how a scan reads the device;
+//! - `partition`: one partition's stream: metadata read and filtered, its
+//!   device reads issued and checked, output batches cut;
 //! - `reads`: turning a batch of extents into device reads;
 //! - `schema`: `DatasetSchema`: the catalog's datasets as DataFusion tables;
 //! - `source`: `ExtentSource`: the zero-copy scan of a dataset version, as a
@@ -27,6 +30,8 @@
 //! - `table`: `DatasetTable`: one dataset version as a DataFusion table;
 //! - `version`: `DatasetVersion`: one dataset version opened for reading.
 
+mod options;
+mod partition;
 mod reads;
 mod schema;
 mod source;
@@ -34,9 +39,11 @@ mod table;
 mod take;
 mod version;
 
+pub use options::ScanOptions;
+pub use partition::SHARED_OBJECT;
 pub use reads::{ReadPlan, Run, plan_reads};
 pub use schema::{DatasetSchema, parse_table};
-pub use source::{ExtentSource, SHARED_OBJECT, ScanColumns, ScanOptions};
+pub use source::{ExtentSource, ScanColumns};
 pub use table::DatasetTable;
 pub use take::{INDEXES_KEPT, IndexCache, TakePart, VersionIndex};
 pub use version::DatasetVersion;

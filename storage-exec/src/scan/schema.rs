@@ -11,7 +11,7 @@ use datafusion::catalog::SchemaProvider;
 use datafusion::datasource::TableProvider;
 use datafusion::error::{DataFusionError, Result as DFResult};
 
-use super::source::ScanOptions;
+use super::options::ScanOptions;
 use super::table::DatasetTable;
 use super::version::DatasetVersion;
 use crate::error::StorageError;

@@ -15,7 +15,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use sluice_planner::fragment::Take;
 use sluice_planner::fragment::filter_pushdown;
 
-use super::source::{ExtentSource, ScanColumns, ScanOptions};
+use super::options::ScanOptions;
+use super::source::{ExtentSource, ScanColumns};
 use super::take::VersionIndex;
 use super::version::DatasetVersion;
 

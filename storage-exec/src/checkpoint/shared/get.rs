@@ -1,0 +1,325 @@
+//! The read half of the same-host path: `get_open` lends (or rebinds) a
+//! region for a version, and `get` reads ranges of the version into it,
+//! O_DIRECT into its pages where the extent allows, each checked against
+//! its crc32c there.
+//!
+//! A region is the version's size, so the client parses it in place, or
+//! (a `window` asked for) a window smaller than the version that the
+//! client streams it through: each `get` names where in the region its
+//! range lands (`at`), and the client reuses the window's slots once it
+//! has copied them out, so a load of any size makes only the window's
+//! pages.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use sluice_flight::shm_handshake::Probe;
+
+use super::{Filling, InUse, Lent, RegionInfo, Use, lock, off_runtime};
+use crate::checkpoint::Checkpoints;
+use crate::checkpoint::record::{CheckpointExtent, CheckpointInfo, CheckpointRecord};
+use crate::device::{Device, DeviceExt};
+use crate::error::{Result, StorageError};
+
+/// The most kept regions one `get_open` may name.
+pub const MAX_KEPT: usize = 64;
+
+/// What `get_open` answers.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GetOpened {
+    /// The region the version is read into: one of the kept ones (same
+    /// id, already mapped by the client) or a new one.
+    pub region: RegionInfo,
+    /// The version.
+    pub checkpoint: CheckpointInfo,
+    /// Whether `region` is one the client keeps.
+    pub kept: bool,
+    /// Bytes already read into it (the whole version, where it was no
+    /// larger than the request's `fill`; else 0).
+    pub filled: u64,
+    /// Kept regions this server no longer lends (idle past the timeout,
+    /// or a restarted server's): the client lets them go.
+    pub gone: Vec<String>,
+}
+
+/// What a reader asks `get_open` for.
+#[derive(Debug, Clone, Copy)]
+pub struct GetRequest<'a> {
+    /// The checkpoint.
+    pub name: &'a str,
+    /// Its version; the newest when `None`.
+    pub version: Option<u64>,
+    /// The client's proof that it is on this host.
+    pub probe: &'a Probe,
+    /// Regions the client keeps from earlier reads, idle now.
+    pub kept: &'a [String],
+    /// Read a version of at most this many bytes before answering.
+    pub fill: u64,
+    /// Where not 0, a version of at least this many bytes gets a region
+    /// of its own, of its exact size, and no kept one: the client maps
+    /// it as a file (`torch.load(mmap=True)`) and hands its pages over.
+    pub own_from: u64,
+    /// Where not 0, a region of at least this many bytes is enough for a
+    /// larger version: the client streams the version through it
+    /// (`shm_get`'s `at`). A version of its own (`own_from`) ignores it.
+    pub window: u64,
+}
+
+impl GetRequest<'_> {
+    /// The bytes a region for a version of `size` bytes must hold.
+    fn region_size(&self, size: u64) -> u64 {
+        if self.window > 0 && !self.owns(size) {
+            size.min(self.window)
+        } else {
+            size
+        }
+    }
+
+    /// Whether a version of `size` bytes gets a region of its own.
+    fn owns(&self, size: u64) -> bool {
+        self.own_from > 0 && size >= self.own_from
+    }
+}
+
+impl Checkpoints {
+    /// A region for version `version` of `name` (the newest when `None`),
+    /// for a client that proves with `probe` that it is on this host: the
+    /// smallest of its `kept` regions that is idle and large enough (the
+    /// version's size, or the `window`), bound to this version, or else a
+    /// new one. A version of at most `fill` bytes that the region holds
+    /// whole is read into it before the answer.
+    pub async fn shm_get_open(&self, req: GetRequest<'_>) -> Result<GetOpened> {
+        let record = Arc::new(self.get(req.name, req.version)?);
+        let checkpoint = CheckpointInfo::from(record.as_ref());
+        let what = format!("checkpoint '{}' version {}", record.name, record.version);
+        if req.kept.len() > MAX_KEPT {
+            return Err(StorageError::SharedMemory {
+                what,
+                reason: format!("{} kept regions named; at most {MAX_KEPT}", req.kept.len()),
+            });
+        }
+        let size = record.size;
+        let need = req.region_size(size);
+        let (rebound, gone) = self.rebind(req.kept, &record, req.owns(size), need);
+        let kept = rebound.is_some();
+        let region = match rebound {
+            Some(region) => region,
+            None => {
+                self.lend(&what, req.probe, need, Use::Get { record }, false)
+                    .await?
+            }
+        };
+        let filled = if size <= req.fill && size > 0 && size <= region.size {
+            match self.shm_get(&region.region, 0, size, None).await {
+                Ok(n) => n,
+                Err(e) => {
+                    // The client never learns a new region's id from an
+                    // error: let it go now, not at the idle timeout.
+                    if !kept {
+                        let _ = self.shm_close(&region.region);
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            0
+        };
+        Ok(GetOpened {
+            region,
+            checkpoint,
+            kept,
+            filled,
+            gone,
+        })
+    }
+
+    /// Binds `record` to the smallest region of `kept` that is a get
+    /// region, idle and at least `need` bytes (none where it wants one of
+    /// its `own`); returns it, and the ids of `kept` that are not lent
+    /// (any more).
+    fn rebind(
+        &self,
+        kept: &[String],
+        record: &Arc<CheckpointRecord>,
+        own: bool,
+        need: u64,
+    ) -> (Option<RegionInfo>, Vec<String>) {
+        let lent = lock(&self.lent);
+        let mut gone = Vec::new();
+        let mut best: Option<(&String, &Arc<Lent>)> = None;
+        for id in kept {
+            let Some(l) = lent.get(id) else {
+                gone.push(id.chars().take(64).collect());
+                continue;
+            };
+            let fits = (l.region.len() as u64) >= need
+                && l.active.load(std::sync::atomic::Ordering::Acquire) == 0
+                && matches!(*lock(&l.what), Use::Get { .. });
+            if fits && !own && best.is_none_or(|(_, b)| l.region.len() < b.region.len()) {
+                best = Some((id, l));
+            }
+        }
+        let region = best.map(|(id, l)| {
+            *lock(&l.what) = Use::Get {
+                record: Arc::clone(record),
+            };
+            *lock(&l.touched) = Instant::now();
+            RegionInfo {
+                region: id.clone(),
+                path: l.region.path().display().to_string(),
+                size: l.region.len() as u64,
+            }
+        });
+        (region, gone)
+    }
+
+    /// Reads bytes `[offset, offset + length)` of the region's version
+    /// (clipped to its size) into the region at `at` (at the same place
+    /// where `None`), each extent checked against its crc32c; returns
+    /// the bytes read. The region's bytes it lands in are the request's
+    /// until it answers: another request for any of them is refused.
+    pub async fn shm_get(
+        &self,
+        region: &str,
+        offset: u64,
+        length: u64,
+        at: Option<u64>,
+    ) -> Result<u64> {
+        let lent = self.lent(region)?;
+        let record = match &*lock(&lent.what) {
+            Use::Get { record } => Arc::clone(record),
+            Use::Put => {
+                return Err(StorageError::UnknownRegion(format!(
+                    "{region} (it takes parts; reads go to a region from get_open)"
+                )));
+            }
+        };
+        let _in_use = InUse::new(Arc::clone(&lent));
+        let pos = offset.min(record.size);
+        let end = offset.saturating_add(length).min(record.size);
+        let place = Place {
+            pos,
+            at: at.unwrap_or(pos),
+        };
+        let refused = |reason: String| StorageError::SharedMemory {
+            what: format!("checkpoint '{}'", record.name),
+            reason,
+        };
+        let (lo, hi) = (place.at, place.at.saturating_add(end - pos));
+        if hi > lent.region.len() as u64 {
+            return Err(refused(format!(
+                "bytes {pos}..{end} at {lo} run past the {}-byte region",
+                lent.region.len()
+            )));
+        }
+        let _filling = Filling::claim(&lent, lo, hi).map_err(|(a, b)| {
+            refused(format!(
+                "region bytes {lo}..{hi} overlap bytes {a}..{b}, which another request is reading"
+            ))
+        })?;
+        let device = Arc::clone(self.store.device());
+        let depth = device.parallelism().clamp(1, 8);
+        let extents = record.extents_in(pos, end - pos).to_vec();
+        let mut reads = futures::stream::iter(extents)
+            .map(|e| {
+                let span = (pos, end);
+                read_extent(
+                    Arc::clone(&device),
+                    Arc::clone(&lent),
+                    &record,
+                    e,
+                    span,
+                    place,
+                )
+            })
+            .buffer_unordered(depth);
+        let mut read = 0;
+        while let Some(n) = reads.next().await {
+            read += n?;
+        }
+        Ok(read)
+    }
+}
+
+/// Where a request's bytes land: version byte `pos` at region byte `at`,
+/// and the rest after it in order.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    pos: u64,
+    at: u64,
+}
+
+impl Place {
+    /// The region byte that version byte `v` (at least `pos`) lands on.
+    fn of(self, v: u64) -> u64 {
+        self.at + (v - self.pos)
+    }
+}
+
+/// Reads the part of extent `e` inside `span` (`[lo, hi)` of `record`)
+/// into the region where `place` puts it; returns its length. An extent
+/// wholly inside, landing at an aligned place and a whole number of
+/// blocks long (every one but a checkpoint's last, with the client's
+/// usual ranges) lands straight in the mapping: the device reads
+/// O_DIRECT into the region's pages and the crc32c is checked there. Any
+/// other, or a device that needs its own memory (SPDK), goes through an
+/// aligned buffer and one copy.
+async fn read_extent(
+    device: Arc<dyn Device>,
+    lent: Arc<Lent>,
+    record: &CheckpointRecord,
+    e: CheckpointExtent,
+    span: (u64, u64),
+    place: Place,
+) -> Result<u64> {
+    let (lo, hi) = (span.0.max(e.offset), span.1.min(e.end()));
+    let outside = |err: std::io::Error| StorageError::SharedMemory {
+        what: format!("checkpoint '{}'", record.name),
+        reason: err.to_string(),
+    };
+    let dst_at = place.of(lo);
+    // Pages reserved (a full /dev/shm is this error, not a SIGBUS) and
+    // faulted in here, an extent at a time, so that the next extent's
+    // pages are made while this one is read, and not by the device's
+    // ring thread as it pins them (`Region::populate`).
+    let preparing = Arc::clone(&lent);
+    let (at, n) = (dst_at as usize, (hi - lo) as usize);
+    off_runtime(move || {
+        preparing.region.reserve(at, n)?;
+        preparing.region.populate(at, n)
+    })
+    .await
+    .map_err(|err| StorageError::SharedMemory {
+        what: format!("checkpoint '{}'", record.name),
+        reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
+    })?;
+    let pool = Arc::clone(device.pool());
+    let whole = lo == e.offset && hi == e.end();
+    let aligned = dst_at.is_multiple_of(pool.align() as u64)
+        && e.len.is_multiple_of(device.block_size() as u64);
+    if device.takes_any_memory() && whole && aligned && e.len > 0 {
+        // SAFETY: the request holds these region bytes (claimed by
+        // `shm_get`, the client's until the answer), so they are ours
+        // alone; the slice is only turned into a pointer.
+        let dst = unsafe { lent.region.bytes_mut(at, n) }.map_err(outside)?;
+        let ptr = std::ptr::NonNull::new(dst.as_mut_ptr())
+            .ok_or_else(|| outside(std::io::Error::other("a null region")))?;
+        let owner: Arc<dyn std::any::Any + Send + Sync + std::panic::RefUnwindSafe> = lent.clone();
+        // SAFETY: `ptr` is `e.len` bytes of the mapping, initialised (the
+        // kernel zeroed them), aligned to the pool's alignment (the region
+        // is page-aligned and `dst_at` a multiple of it, checked above),
+        // held by this request alone, and `owner` keeps the mapping alive.
+        let buf = unsafe { pool.borrow(ptr, e.len as usize, owner) };
+        let buf = device.read_at(e.device, buf).await?;
+        record.check(&e, buf.as_slice())?;
+        return Ok(e.len);
+    }
+    let (buf, skip) = device.read_covering(e.device, e.len).await?;
+    let bytes = &buf.as_slice()[skip..skip + e.len as usize];
+    record.check(&e, bytes)?;
+    // SAFETY: as above: these region bytes are this request's alone.
+    let dst = unsafe { lent.region.bytes_mut(at, n) }.map_err(outside)?;
+    dst.copy_from_slice(&bytes[(lo - e.offset) as usize..(hi - e.offset) as usize]);
+    Ok(hi - lo)
+}
