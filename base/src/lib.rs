@@ -10,6 +10,7 @@
 //!   status details; [`call_error`]: [`CallError`], what a service
 //!   answers when a call itself is wrong;
 //! - [`bad_sample`]: [`BadSample`], a sample a stage refused, by name;
+//!   [`on_error`]: [`OnError`], what a stage does with it;
 //! - [`executor`]: [`Executor`], the named pool of threads a process
 //!   computes on, shared by the roles it plays; [`task`]: how work is
 //!   spawned, each task owned (or not) as its kind of work needs;
@@ -21,6 +22,7 @@ pub mod cpu_time;
 pub mod error_details;
 pub mod executor;
 pub mod fault;
+pub mod on_error;
 pub mod task;
 
 pub use bad_sample::BadSample;
@@ -28,3 +30,4 @@ pub use call_error::CallError;
 pub use cpu_time::process_cpu_ns;
 pub use executor::Executor;
 pub use fault::Fault;
+pub use on_error::OnError;

@@ -139,7 +139,7 @@ pub enum Command {
         #[arg(long)]
         manifest: Option<PathBuf>,
         /// What to do with unreadable or unrecognised objects.
-        #[arg(long, default_value = "skip")]
+        #[arg(long, default_value = "skip", value_parser = sluice_storage::OnError::parse_ingest)]
         on_error: sluice_storage::OnError,
         /// Ingest only part I of N (`I/N`): every N-th sample of the sorted
         /// source from the I-th, for one of N storage nodes (shard files,

@@ -326,9 +326,9 @@ pub async fn ingest(
     sluice_storage::ingest::validate_dataset_name(&req.name).map_err(|e| fail(&e))?;
     let on_error: OnError = match req.on_error.as_deref() {
         None => OnError::Skip,
-        Some(p) => p
-            .parse()
-            .map_err(|e: String| ApiError::new(Kind::IngestFailed, e))?,
+        Some(p) => {
+            OnError::parse_ingest(p).map_err(|e: String| ApiError::new(Kind::IngestFailed, e))?
+        }
     };
     let admitted = admit_source(&s, &req).map_err(|e| fail(&e))?;
     let json = match &s.ingest_store {

@@ -6,46 +6,10 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+pub use sluice_base::OnError;
 use sluice_base::BadSample;
 
 use crate::stage_clock::{Site, StageClock};
-
-/// What to do with a sample that cannot be decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnError {
-    /// Drop the row, count it and log its key.
-    Skip,
-    /// Keep the row with a NULL result, count it and log its key.
-    Null,
-    /// Fail the query with an error naming the key and the reason.
-    #[default]
-    Fail,
-}
-
-impl FromStr for OnError {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "skip" => Ok(Self::Skip),
-            "null" => Ok(Self::Null),
-            "fail" => Ok(Self::Fail),
-            other => Err(format!(
-                "unknown error policy '{other}' (expected skip, null or fail)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for OnError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Skip => "skip",
-            Self::Null => "null",
-            Self::Fail => "fail",
-        })
-    }
-}
 
 /// Bounds on what one sample may decode to, checked from headers before decoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

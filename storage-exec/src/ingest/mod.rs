@@ -68,6 +68,7 @@ use std::time::Instant;
 use futures::StreamExt;
 
 pub use confine::Confinement;
+pub use sluice_base::OnError;
 pub use node_share::NodeShare;
 pub use pending::PendingIngests;
 pub use prepared::Prepared;
@@ -82,38 +83,6 @@ use crate::error::{Result, StorageError};
 use crate::store::Store;
 use source::enumerate;
 
-/// What to do with an object that cannot be ingested.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnError {
-    /// Leave it out, count it and name it in the report.
-    #[default]
-    Skip,
-    /// Abort the ingest; nothing is committed.
-    Fail,
-}
-
-impl std::str::FromStr for OnError {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "skip" => Ok(Self::Skip),
-            "fail" => Ok(Self::Fail),
-            other => Err(format!(
-                "unknown error policy '{other}' (expected skip or fail)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for OnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Skip => "skip",
-            Self::Fail => "fail",
-        })
-    }
-}
-
 /// Progress of a running ingest.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
@@ -126,9 +95,9 @@ pub struct Progress {
 }
 
 /// How to ingest.
-#[derive(Default)]
 pub struct IngestOptions {
-    /// Policy for bad objects.
+    /// Policy for bad objects: skip (the default) or fail; `null` is a
+    /// query's, and an ingest given it is refused before it reads.
     pub on_error: OnError,
     /// Called after each object.
     pub progress: Option<Box<dyn Fn(Progress) + Send + Sync>>,
@@ -138,6 +107,12 @@ pub struct IngestOptions {
     /// When set, only this part of the source is ingested (one storage
     /// node's share of a dataset spread over several).
     pub shard: Option<NodeShare>,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self::with_policy(OnError::Skip)
+    }
 }
 
 impl IngestOptions {
@@ -252,6 +227,12 @@ pub async fn prepare(
     opts: IngestOptions,
 ) -> Result<Prepared> {
     validate_dataset_name(dataset)?;
+    opts.on_error
+        .for_ingest()
+        .map_err(|reason| StorageError::BadSource {
+            path: source.describe().into(),
+            reason,
+        })?;
     let started = Instant::now();
     let guard = store.lock_ingest_owned().await;
     let source_desc = match opts.shard {
@@ -322,7 +303,8 @@ async fn write_loaded(
     let mut rows = Rows::default();
     let mut skipped = Vec::new();
     let mut refuse = |key: String, reason: String| match opts.on_error {
-        OnError::Skip => {
+        // (`null` was refused before the ingest began.)
+        OnError::Skip | OnError::Null => {
             tracing::info!("dataset '{dataset}': skipping '{key}': {reason}");
             skipped.push(Skipped { key, reason });
             Ok(())

@@ -64,8 +64,7 @@ impl StorageNode {
         let (source, confine) = self.part_source(part)?;
         let path = PathBuf::from(&part.path);
         let on_error: OnError =
-            part.on_error
-                .parse()
+            OnError::parse_ingest(&part.on_error)
                 .map_err(|reason: String| StorageError::BadSource {
                     path: path.clone(),
                     reason,
