@@ -346,3 +346,29 @@ async fn write_loaded(
     }
     Ok((rows, skipped))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Backend;
+    use crate::store::StoreOptions;
+
+    /// `null` is a query's policy: an ingest given it is refused before
+    /// it reads an object, naming the policy, and commits nothing.
+    #[tokio::test]
+    async fn an_ingest_refuses_the_null_policy_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&StoreOptions {
+            backend: Backend::File,
+            device_size: 16 << 20,
+            ..StoreOptions::new(dir.path())
+        })
+        .unwrap();
+        let source = IngestSource::Memory(vec![("a".into(), b"x".to_vec())]);
+        let err = ingest(&store, "d", source, IngestOptions::with_policy(OnError::Null))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("'null'"), "{err}");
+        assert_eq!(store.catalog().next_version("d").unwrap(), 1);
+    }
+}
