@@ -77,7 +77,10 @@ mod tests {
             assert_eq!(p.to_string().parse::<OnError>(), Ok(p));
         }
         let err = "drop".parse::<OnError>().unwrap_err();
-        assert!(err.contains("'drop'") && err.contains("skip, null or fail"), "{err}");
+        assert!(
+            err.contains("'drop'") && err.contains("skip, null or fail"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -85,7 +88,10 @@ mod tests {
         assert_eq!(OnError::parse_ingest("skip"), Ok(OnError::Skip));
         assert_eq!(OnError::parse_ingest("fail"), Ok(OnError::Fail));
         let err = OnError::parse_ingest("null").unwrap_err();
-        assert!(err.contains("'null'") && err.contains("skip or fail"), "{err}");
+        assert!(
+            err.contains("'null'") && err.contains("skip or fail"),
+            "{err}"
+        );
         assert!(OnError::parse_ingest("nope").is_err());
     }
 }

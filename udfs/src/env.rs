@@ -1,13 +1,11 @@
 //! What the UDFs of one session share: options, limits, the log of bad
 //! samples and the clock of their stages.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use sluice_base::OnError;
 use sluice_base::BadSample;
+pub use sluice_base::OnError;
 
 use crate::stage_clock::{Site, StageClock};
 

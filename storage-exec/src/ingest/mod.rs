@@ -68,10 +68,10 @@ use std::time::Instant;
 use futures::StreamExt;
 
 pub use confine::Confinement;
-pub use sluice_base::OnError;
 pub use node_share::NodeShare;
 pub use pending::PendingIngests;
 pub use prepared::Prepared;
+pub use sluice_base::OnError;
 pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
@@ -365,9 +365,14 @@ mod tests {
         })
         .unwrap();
         let source = IngestSource::Memory(vec![("a".into(), b"x".to_vec())]);
-        let err = ingest(&store, "d", source, IngestOptions::with_policy(OnError::Null))
-            .await
-            .unwrap_err();
+        let err = ingest(
+            &store,
+            "d",
+            source,
+            IngestOptions::with_policy(OnError::Null),
+        )
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains("'null'"), "{err}");
         assert_eq!(store.catalog().next_version("d").unwrap(), 1);
     }

@@ -64,11 +64,12 @@ impl StorageNode {
         let (source, confine) = self.part_source(part)?;
         let path = PathBuf::from(&part.path);
         let on_error: OnError =
-            OnError::parse_ingest(&part.on_error)
-                .map_err(|reason: String| StorageError::BadSource {
+            OnError::parse_ingest(&part.on_error).map_err(|reason: String| {
+                StorageError::BadSource {
                     path: path.clone(),
                     reason,
-                })?;
+                }
+            })?;
         let shard = match part.shard {
             None => None,
             Some((index, count)) => match NodeShare::new(index, count, part.replicas) {

@@ -2,18 +2,15 @@
 //! an [`ArrayRefView`] through [`ArrayColumn`], and built by
 //! [`ArrayBuilder`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, LargeBinaryBuilder, ListBuilder,
-    NullBufferBuilder, PrimitiveArray, StringBuilder, StructArray, UInt8Builder, UInt32Builder,
+    Array, ArrayRef, AsArray, LargeBinaryBuilder, ListBuilder, NullBufferBuilder, StringBuilder,
+    StructArray, UInt32Builder,
 };
-use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Field, FieldRef, Fields, Float32Type, UInt8Type,
-};
-use datafusion::error::{DataFusionError, Result};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType, Field};
+use datafusion::error::Result;
 
 use super::{array_fields, not_an};
 

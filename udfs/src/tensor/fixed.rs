@@ -2,20 +2,12 @@
 //! row by [`TensorBuilder`], or over a buffer already filled
 //! ([`tensor_from_buffer`]).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, LargeBinaryBuilder, ListBuilder,
-    NullBufferBuilder, PrimitiveArray, StringBuilder, StructArray, UInt8Builder, UInt32Builder,
-};
+use arrow::array::{ArrayRef, FixedSizeListArray, NullBufferBuilder, PrimitiveArray};
 use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Field, FieldRef, Fields, Float32Type, UInt8Type,
-};
+use arrow::datatypes::{ArrowPrimitiveType, DataType, Field, Float32Type, UInt8Type};
 use datafusion::error::{DataFusionError, Result};
-
-use super::tensor_shape;
 
 /// Builds a fixed-shape tensor column of `T` with `size` elements a row.
 #[derive(Debug)]

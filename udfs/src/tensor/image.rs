@@ -2,20 +2,16 @@
 //! [`Image`]) through [`ImageColumn`], and built by [`ImageBuilder`],
 //! pixels written straight into the column's values buffer.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, LargeBinaryBuilder, ListBuilder,
-    NullBufferBuilder, PrimitiveArray, StringBuilder, StructArray, UInt8Builder, UInt32Builder,
+    Array, ArrayRef, AsArray, NullBufferBuilder, StructArray, UInt8Builder, UInt32Builder,
 };
-use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Field, FieldRef, Fields, Float32Type, UInt8Type,
-};
-use datafusion::error::{DataFusionError, Result};
+use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow::datatypes::UInt8Type;
+use datafusion::error::Result;
 
-use super::{image_dims, image_fields, not_an, ImageDims};
+use super::{image_fields, not_an};
 
 /// One row of an image column.
 #[derive(Debug, Clone, Copy)]

@@ -19,14 +19,9 @@ pub use image::{Image, ImageBuilder, ImageColumn, ImageRef};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, LargeBinaryBuilder, ListBuilder,
-    NullBufferBuilder, PrimitiveArray, StringBuilder, StructArray, UInt8Builder, UInt32Builder,
-};
-use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{
-    ArrowPrimitiveType, DataType, Field, FieldRef, Fields, Float32Type, UInt8Type,
-};
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType, Field, FieldRef, Fields};
 use datafusion::error::{DataFusionError, Result};
 
 /// Field metadata key of an image or array whose shape is the same on every row.
@@ -230,6 +225,8 @@ pub fn expect_array(udf: &str, field: &Field) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use arrow::datatypes::Float32Type;
+
     use super::*;
 
     #[test]
