@@ -117,13 +117,14 @@ class Window:
         """Reads the ranges after ``lo`` ahead into free slots or those of
         ranges already used (never ``lo``'s, never one read ahead and not
         used yet), ``workers`` at most in flight."""
+        running = sum(not f.done() for f in self._reads.values())
         for k in range(1, self.slots):
             nxt = lo + k * self.span
             if nxt >= self.size:
                 return
             if nxt in self._slot:
                 continue
-            if sum(not f.done() for f in self._reads.values()) >= self.workers:
+            if running >= self.workers:
                 return
             if self._free:
                 slot = self._free.pop()
@@ -134,3 +135,4 @@ class Window:
                     return
                 slot = self._evict(min(used, key=self._used.__getitem__))
             self._schedule(nxt, slot)
+            running += 1
