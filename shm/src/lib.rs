@@ -12,14 +12,18 @@
 //!   streams, so an epoch does not pay for fresh pages;
 //! - [`region`]: [`Region`], a flat mapped file for bulk bytes (a
 //!   checkpoint's parts and reads on the same host);
+//! - [`prepared`]: [`Prepared`], the granules of a region already
+//!   reserved and faulted in;
 //! - [`host`]: whether a trainer's probe shows it shares this host
 //!   ([`host::verify`]), and [`host::sweep`] of what killed processes left.
 
 pub mod host;
 pub mod kept;
+pub mod prepared;
 pub mod region;
 pub mod segment;
 
 pub use kept::KeptSegments;
+pub use prepared::Prepared;
 pub use region::Region;
 pub use segment::Segment;

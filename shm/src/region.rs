@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sluice_flight::shm_handshake::{SEGMENT_PREFIX, SHM_DIR};
 
 use crate::host::sweep;
+use crate::prepared::Prepared;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -32,6 +33,8 @@ pub struct Region {
     file: std::fs::File,
     base: *mut u8,
     len: usize,
+    /// What [`Region::prepare`] has made ready already.
+    prepared: Prepared,
 }
 
 // SAFETY: the mapping is owned by the `Region` alone and valid on any
@@ -65,6 +68,7 @@ impl Region {
             file,
             base,
             len,
+            prepared: Prepared::new(len),
         })
     }
 
@@ -144,6 +148,20 @@ impl Region {
                     .fetch_add(0, std::sync::atomic::Ordering::Relaxed);
             }
         }
+        Ok(())
+    }
+
+    /// [`Region::reserve`] and [`Region::populate`] of `[at, at + len)`,
+    /// skipped where an earlier call prepared all of it already (a kept
+    /// region read into again: see [`Prepared`]).
+    pub fn prepare(&self, at: usize, len: usize) -> std::io::Result<()> {
+        self.check(at, len)?;
+        if self.prepared.covers(at, len) {
+            return Ok(());
+        }
+        self.reserve(at, len)?;
+        self.populate(at, len)?;
+        self.prepared.mark(at, len);
         Ok(())
     }
 
@@ -303,6 +321,33 @@ mod tests {
         let err = Region::create(free as usize + 1).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
         assert!(err.to_string().contains("free bytes"), "{err}");
+    }
+
+    #[test]
+    fn preparing_reserves_a_range_once() {
+        use std::os::unix::fs::MetadataExt;
+        let g = crate::prepared::GRANULE;
+        let r = Region::create(3 * g).unwrap();
+        let blocks = |r: &Region| std::fs::metadata(r.path()).unwrap().blocks() * 512;
+        r.prepare(0, 2 * g).unwrap();
+        assert!(blocks(&r) >= 2 * g as u64 && blocks(&r) < 3 * g as u64);
+        // Its pages punched out behind its back: a second prepare of the
+        // range trusts what it did (it is skipped), a wider one is not.
+        // SAFETY: a plain syscall on the region's own descriptor.
+        let punched = unsafe {
+            libc::fallocate(
+                r.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                g as libc::off_t,
+            )
+        };
+        assert_eq!(punched, 0);
+        r.prepare(0, 2 * g).unwrap();
+        assert!(blocks(&r) < 2 * g as u64, "skipped");
+        r.prepare(0, 3 * g).unwrap();
+        assert!(blocks(&r) >= 3 * g as u64, "the whole region now");
+        assert!(r.prepare(3 * g - 1, 2).is_err(), "past the end");
     }
 
     #[test]
