@@ -282,18 +282,16 @@ async fn read_extent(
     // Pages reserved (a full /dev/shm is this error, not a SIGBUS) and
     // faulted in here, an extent at a time, so that the next extent's
     // pages are made while this one is read, and not by the device's
-    // ring thread as it pins them (`Region::populate`).
+    // ring thread as it pins them (`Region::populate`); a kept region's
+    // pages are prepared once (`Region::prepare`).
     let preparing = Arc::clone(&lent);
     let (at, n) = (dst_at as usize, (hi - lo) as usize);
-    off_runtime(move || {
-        preparing.region.reserve(at, n)?;
-        preparing.region.populate(at, n)
-    })
-    .await
-    .map_err(|err| StorageError::SharedMemory {
-        what: format!("checkpoint '{}'", record.name),
-        reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
-    })?;
+    off_runtime(move || preparing.region.prepare(at, n))
+        .await
+        .map_err(|err| StorageError::SharedMemory {
+            what: format!("checkpoint '{}'", record.name),
+            reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
+        })?;
     let pool = Arc::clone(device.pool());
     let whole = lo == e.offset && hi == e.end();
     let aligned = dst_at.is_multiple_of(pool.align() as u64)

@@ -165,8 +165,7 @@ impl Checkpoints {
             if reserved {
                 // The client writes every page, and the device writes
                 // them from this mapping: in place on both sides at once.
-                region.reserve(0, len as usize)?;
-                region.populate(0, len as usize)?;
+                region.prepare(0, len as usize)?;
             }
             Ok(region)
         })
