@@ -14,7 +14,10 @@ first `#[cfg(test)]`. The rules:
 - floors: in a crate with a `floors.txt`, a module imports only modules
   on its own floor or below (the file lists the floors, top first);
 - sizes: a file holds at most 500 production lines and a function at
-  most 100.
+  most 100;
+- homes: a type's own methods (`impl Type`, not a trait's) are in at
+  most 3 files of its crate, so a reader finds them in one of a few
+  places.
 
 The breaches that were there when a rule came in are listed in
 `scripts/structure-allow.txt`: a file or function with its size then,
@@ -35,6 +38,8 @@ from collections import defaultdict
 
 MAX_FILE = 500
 MAX_FN = 100
+MAX_HOMES = 3
+IMPL_DECL = re.compile(r"^impl(?:<[^>]*>)?\s+([A-Z]\w*)\b(?:<[^{]*>)?\s*\{", re.M)
 ALLOW = "scripts/structure-allow.txt"
 
 MOD_DECL = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", re.M)
@@ -285,8 +290,8 @@ def sizes(root: str, files: list[str]) -> dict[str, int]:
 
 
 def read_allow(root: str, kind: str = "size") -> dict[str, int]:
-    """The allow list's entries of one kind: `size` (what → lines) or
-    `circle` (the circle → 0)."""
+    """The allow list's entries of one kind: `size` (what → lines),
+    `circle` (the circle → 0) or `homes` (`crate Type` → files)."""
     allow = {}
     path = os.path.join(root, ALLOW)
     if os.path.exists(path):
@@ -298,6 +303,10 @@ def read_allow(root: str, kind: str = "size") -> dict[str, int]:
             if first == "circle":
                 if kind == "circle":
                     allow[what] = 0
+            elif first == "homes":
+                if kind == "homes":
+                    n, key = what.split(None, 1)
+                    allow[key] = int(n)
             elif kind == "size":
                 allow[what] = int(first)
     return allow
@@ -320,6 +329,35 @@ def check_sizes(root: str, files: list[str]) -> list[str]:
     return out
 
 
+def check_homes(root: str, files: list[str]) -> list[str]:
+    """Types whose inherent impls are spread over more than MAX_HOMES files
+    (or, where listed, over more files than the allow list's)."""
+    homes: dict[str, set[str]] = defaultdict(set)
+    for path in files:
+        found = crate_of(path)
+        if found is None:
+            continue
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            text = production(f.read())
+        for ty in IMPL_DECL.findall(text):
+            homes[f"{found[0]} {ty}"].add(path)
+    allow = read_allow(root, "homes")
+    out = []
+    for key, paths in sorted(homes.items()):
+        limit = allow.get(key, MAX_HOMES)
+        if len(paths) > limit:
+            crate, ty = key.split()
+            out.append(f"homes: impl {ty} is in {len(paths)} files of {crate} "
+                       f"(at most {limit}): " + ", ".join(sorted(paths)))
+    for key, n in sorted(allow.items()):
+        if len(homes.get(key, ())) <= MAX_HOMES:
+            out.append(f"homes: {key} fits now: take it out of {ALLOW}")
+        elif len(homes[key]) < n:
+            out.append(f"homes: {key} is in {len(homes[key])} files now: "
+                       f"lower its entry in {ALLOW}")
+    return out
+
+
 def main() -> int:
     root = sys.argv[1] if len(sys.argv) > 1 else "."
     files = tracked(root)
@@ -329,6 +367,7 @@ def main() -> int:
         + check_circles(root, graphs)
         + check_floors(root, graphs)
         + check_sizes(root, files)
+        + check_homes(root, files)
     )
     for b in breaches:
         print(b)

@@ -99,3 +99,28 @@ def test_code_after_the_tests_module_does_not_count(tmp_path):
     )
     out = crate(tmp_path, files)
     assert out.returncode == 0, out.stdout
+
+
+def test_a_type_whose_methods_are_in_more_than_three_files_is_a_breach(tmp_path):
+    files = {
+        "a/src/lib.rs": "//! A crate.\n//!\n//! - `one`, `two`, `three`, `four`: parts.\n"
+                        "mod one;\nmod two;\nmod three;\nmod four;\npub struct Job;\n",
+    }
+    for i, name in enumerate(["one", "two", "three", "four"]):
+        files[f"a/src/{name}.rs"] = (
+            f"//! Part.\nimpl crate::Job {{}}\nimpl Job {{\n    pub fn f{i}(&self) {{}}\n}}\n"
+            "impl std::fmt::Debug for Job {}\n"
+        )
+    out = crate(tmp_path, files)
+    assert out.returncode == 1
+    assert "impl Job is in 4 files of a (at most 3)" in out.stdout
+    # A trait's impls do not count, nor do three homes.
+    three = dict(files)
+    three["a/src/four.rs"] = "//! Part.\nimpl std::fmt::Debug for Job {}\n"
+    assert crate(tmp_path, three).returncode == 0
+    # One that was spread when the rule came in may shrink, never grow.
+    assert crate(tmp_path, files, allow="homes 4 a Job\n").returncode == 0
+    grew = crate(tmp_path, files, allow="homes 3 a Job\n")
+    assert grew.returncode == 1 and "(at most 3)" in grew.stdout
+    fits = crate(tmp_path, three, allow="homes 4 a Job\n")
+    assert fits.returncode == 1 and "a Job fits now" in fits.stdout

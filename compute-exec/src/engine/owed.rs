@@ -125,3 +125,100 @@ pub fn answered(
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int32Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use futures::StreamExt;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, false)]))
+    }
+
+    fn batch(v: i32) -> RecordBatch {
+        RecordBatch::try_new(schema(), vec![Arc::new(Int32Array::from(vec![v]))]).unwrap()
+    }
+
+    fn lost() -> LinkError {
+        LinkError::Unavailable {
+            node: "n1".into(),
+            reason: "reset".into(),
+        }
+    }
+
+    async fn values(s: SendableRecordBatchStream) -> (Vec<i32>, Option<String>) {
+        let mut out = Vec::new();
+        let mut s = s;
+        while let Some(b) = s.next().await {
+            match b {
+                Ok(b) => out.extend(
+                    b.column(0)
+                        .as_any()
+                        .downcast_ref::<Int32Array>()
+                        .unwrap()
+                        .values()
+                        .iter()
+                        .copied(),
+                ),
+                Err(e) => return (out, Some(e.to_string())),
+            }
+        }
+        (out, None)
+    }
+
+    #[tokio::test]
+    async fn windows_are_answered_oldest_first() {
+        let owed = OwedWindows::default();
+        let (a, ra) = mpsc::unbounded_channel();
+        let (b, rb) = mpsc::unbounded_channel();
+        owed.ask(&a, "n1", || true).unwrap();
+        owed.ask(&b, "n1", || true).unwrap();
+        assert!(owed.batch(batch(1)));
+        assert!(owed.batch(batch(2)));
+        owed.done();
+        assert!(owed.batch(batch(3)));
+        owed.done();
+        assert!(!owed.batch(batch(4)), "nothing is owed any more");
+        drop((a, b));
+        assert_eq!(values(answered(ra, schema(), "n1")).await, (vec![1, 2], None));
+        assert_eq!(values(answered(rb, schema(), "n1")).await, (vec![3], None));
+    }
+
+    #[tokio::test]
+    async fn a_failed_transport_fails_every_window_owed_and_asked_for_after() {
+        let owed = OwedWindows::default();
+        let (a, ra) = mpsc::unbounded_channel();
+        owed.ask(&a, "n1", || true).unwrap();
+        assert!(owed.batch(batch(7)));
+        owed.fail(lost());
+        drop(a);
+        let (got, err) = values(answered(ra, schema(), "n1")).await;
+        assert_eq!(got, vec![7], "what came before the failure is kept");
+        assert!(err.unwrap().contains("reset"));
+        let (b, _rb) = mpsc::unbounded_channel();
+        let mut sent = false;
+        let e = owed.ask(&b, "n1", || {
+            sent = true;
+            true
+        });
+        assert!(e.is_err() && !sent, "refused before it is sent");
+    }
+
+    #[tokio::test]
+    async fn a_closed_feed_refuses_the_window_and_a_window_never_done_fails() {
+        let owed = OwedWindows::default();
+        let (a, _ra) = mpsc::unbounded_channel();
+        let e = owed.ask(&a, "n2", || false).unwrap_err();
+        assert!(e.to_string().contains("n2"), "{e}");
+        assert!(!owed.batch(batch(1)), "the refused window is not owed");
+        // Its channel closed without `Done`: never taken for complete.
+        let (b, rb) = mpsc::unbounded_channel();
+        b.send(Answer::Batch(batch(5))).unwrap();
+        drop(b);
+        let (got, err) = values(answered(rb, schema(), "n2")).await;
+        assert_eq!(got, vec![5]);
+        assert!(err.unwrap().contains("closed before the window was answered"));
+    }
+}

@@ -238,7 +238,7 @@ impl Jobs {
         self.list()
             .into_iter()
             .filter(|j| matches!(j.state(), JobState::Pending | JobState::Running))
-            .filter(|j| j.reads_through(dataset, node, through))
+            .filter(|j| j.sources().reads_through(dataset, node, through))
             .map(|j| j.id().to_string())
             .collect()
     }

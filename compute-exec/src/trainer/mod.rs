@@ -15,10 +15,9 @@
 //!   messages' bodies borrow the window batches the rows were gathered
 //!   from (`Gathered::encode_split`): the batch is never made, and
 //!   [`crate::direct`] frames the pieces for gRPC without copying them;
-//! - `shm_sink`: `ShmSink`: a trainer's batches through a shared-memory
+//! - `shm_carrier`: `ShmCarrier`: a trainer's batches through a shared-memory
 //!   segment (`sluice_shm`);
-//! - `sink`: `TrainerSink`: where a reader's batches go on their way to a
-//!   trainer.
+//! - `carrier`: `Carrier`: how a reader's batches travel to a trainer.
 //!
 //! A trainer on this host (its ticket's probe checks out) gets its
 //! batches through shared memory instead ([`sluice_shm`]): after
@@ -51,11 +50,11 @@ use tonic::Status;
 use crate::job::order::Worker;
 use crate::job::{JobError, Jobs, RankBatch};
 
-mod shm_sink;
-mod sink;
+mod shm_carrier;
+mod carrier;
 
-use shm_sink::ShmSink;
-use sink::{FlightSink, TrainerSink};
+use shm_carrier::ShmCarrier;
+use carrier::{FlightCarrier, Carrier};
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.
@@ -178,7 +177,7 @@ fn worker(t: &JobTicket) -> Result<Worker, Status> {
 const MAX_WORKERS: u64 = 1024;
 
 /// The Flight messages of a [`JobTicket`]'s read: the schema, then the
-/// batches as the ticket's [`TrainerSink`] carries them.
+/// batches as the ticket's [`Carrier`] carries them.
 pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
     let shm = wants_shm(&t)?;
     let job = jobs.find(&t.job).await.map_err(|e| job_status(&e))?;
@@ -188,10 +187,10 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
         .deliver_part(t.rank, worker(&t)?, t.epoch, t.offset, t.limit)
         .await
         .map_err(|e| job_status(&e))?;
-    let flight = FlightSink::new(Arc::clone(&job));
+    let flight = FlightCarrier::new(Arc::clone(&job));
     let body = if shm {
         let forced = t.transport == Transport::Shm;
-        through(batches, ShmSink::new(flight, forced, t.held))
+        through(batches, ShmCarrier::new(flight, forced, t.held))
     } else {
         through(batches, flight)
     };
@@ -200,25 +199,25 @@ pub async fn messages(jobs: &Jobs, t: JobTicket) -> Result<Messages, Status> {
     ))
 }
 
-/// `batches` as `sink` carries them; the sink hears of the stream's end
+/// `batches` as `carrier` carries them; the carrier hears of the stream's end
 /// when it was read to it.
-fn through<B, S>(batches: B, sink: S) -> Messages
+fn through<B, S>(batches: B, carrier: S) -> Messages
 where
     B: Stream<Item = Result<RankBatch, JobError>> + Send + 'static,
-    S: TrainerSink + 'static,
+    S: Carrier + 'static,
 {
     let messages = stream::unfold(
-        (Box::pin(batches), sink),
-        |(mut batches, mut sink)| async move {
+        (Box::pin(batches), carrier),
+        |(mut batches, mut carrier)| async move {
             let out = match batches.next().await {
                 None => {
-                    sink.end().await;
+                    carrier.end().await;
                     return None;
                 }
-                Some(Ok(batch)) => sink.messages(&batch).await,
+                Some(Ok(batch)) => carrier.messages(&batch).await,
                 Some(Err(e)) => vec![Err(job_status(&e))],
             };
-            Some((stream::iter(out), (batches, sink)))
+            Some((stream::iter(out), (batches, carrier)))
         },
     );
     Box::pin(messages.flatten())

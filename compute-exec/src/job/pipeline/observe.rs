@@ -88,7 +88,7 @@ impl JobObserver {
         fetched: Arc<AtomicU64>,
     ) -> Self {
         let meter = if job.may_replan() {
-            let nodes = job.nodes();
+            let nodes = job.sources().nodes();
             Some((Meter::start(&nodes).await, nodes))
         } else {
             None

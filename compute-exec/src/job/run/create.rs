@@ -2,7 +2,8 @@
 //! the options checked, the plan prepared and placed once, the version
 //! each node holds pinned), or restored from its record after a restart
 //! ([`Job::restore`]: the same plan over the versions it pinned then, and
-//! the progress it had).
+//! the progress it had); then started ([`Job::start`]: its samples
+//! listed, and it is readable).
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -18,7 +19,7 @@ use sluice_udfs::env::Cancel;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use super::{Inner, Job, Source};
+use super::{Inner, Job, Ready, Saves, Source, Sources};
 use crate::error::JobError;
 use crate::job::adapt::Adaptive;
 use crate::job::ahead::ReadAhead;
@@ -35,6 +36,70 @@ use crate::replicas::index::Pin;
 use crate::session::{ComputeSession, PlannedQuery, Prepared};
 
 impl Job {
+    /// Resolves the samples to row ids of the pinned versions and makes
+    /// the job readable.
+    pub async fn start(&self) {
+        match self.sources.index().await {
+            Ok(index) => {
+                if index.replicated() > 0 {
+                    tracing::info!(
+                        "job {}: {} of {} samples are held by more than one storage node \
+                         (replicas); each is read once, from a live holder",
+                        self.id,
+                        index.replicated(),
+                        index.len()
+                    );
+                }
+                let ready = Arc::new(Ready::new(&self.spec, index));
+                ready.failover.on_corrupt(self.repair_on_corrupt());
+                if let Err(e) = self.spec.check_samples(ready.epoch_len()) {
+                    self.fail(&e);
+                    return;
+                }
+                let total = ready.positions(self.spec.epochs);
+                let done = {
+                    let mut inner = self.lock();
+                    inner.ready = Some(ready);
+                    total == 0 || inner.progress.positions >= total
+                };
+                self.state.send_if_modified(|s| {
+                    if *s == JobState::Pending {
+                        *s = if done {
+                            JobState::Done
+                        } else {
+                            JobState::Running
+                        };
+                        true
+                    } else {
+                        false
+                    }
+                });
+                self.save();
+            }
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    /// What its reads do when a node's replica is first found corrupt:
+    /// the session's [`RepairNode`](crate::session::RepairNode), if it has
+    /// one, runs in the background over that node and the job's datasets.
+    fn repair_on_corrupt(&self) -> crate::job::failover::OnCorrupt {
+        let session = Arc::clone(&self.session);
+        let runtime = self.runtime.clone();
+        let datasets: Vec<String> = self
+            .sources
+            .iter()
+            .map(|s| s.table.split('@').next().unwrap_or_default().to_string())
+            .collect();
+        Box::new(move |node: &str| {
+            let Some(repair) = session.repair().cloned() else {
+                return;
+            };
+            let run = (repair.0)(Arc::clone(&session), node.to_string(), datasets.clone());
+            sluice_base::task::detach_on(&runtime, run);
+        })
+    }
+
     /// Plans `spec` on `session` (every error of the SQL or the options
     /// comes back here) and pins the version each node holds now, as job
     /// `id` in state pending, whose index and windows will run on
@@ -141,10 +206,8 @@ impl Job {
             }),
             bad: ErrorLog::default(),
             runtime,
-            sources: whole.sources,
-            store,
-            next_save: std::sync::atomic::AtomicU64::new(0),
-            saved: Mutex::new(0),
+            sources: Sources::new(whole.sources),
+            saves: Saves::new(store),
             active: Mutex::new(std::time::Instant::now()),
         })
     }

@@ -4,76 +4,70 @@
 //! global sequence), so the realised proportions are what the trainers
 //! received, not what was planned.
 
-use super::{Inner, Job, Ready};
+use super::{Inner, Ready, Source};
 use crate::job::coverage::RankSpans;
 use crate::job::mix::MixLayout;
 use crate::job::mix_status::{MixPartStatus, MixStatus};
 
-impl Job {
-    /// Its mixture's status now (`None`: not a mixture, or not started).
-    pub fn mix_status(&self) -> Option<MixStatus> {
-        self.mix_status_of(&self.lock())
-    }
-
-    pub(super) fn mix_status_of(&self, inner: &Inner) -> Option<MixStatus> {
-        let ready = inner.ready.as_ref()?;
-        let mix = ready.mix()?;
-        let (epoch, delivered) = match inner.progress.latest_epoch() {
-            Some((epoch, spans)) => (epoch, realised(ready, mix, epoch, &spans)),
-            None => (ready.first_epoch(), vec![0; mix.sizes.len()]),
-        };
-        let total: u64 = delivered.iter().sum();
-        let parts = self
-            .sources
-            .iter()
-            .zip(&mix.sizes)
-            .zip(delivered)
-            .map(|((s, &samples), delivered)| MixPartStatus {
-                name: s.name.clone(),
-                weight: s.weight,
-                samples,
-                delivered,
-                share: if total == 0 {
-                    0.0
-                } else {
-                    delivered as f64 / total as f64
-                },
-            })
-            .collect();
-        Some(MixStatus {
-            rule: mix.rule,
-            epoch_samples: ready.epoch_len(),
-            epoch,
-            parts,
+/// The status of the mixture of `sources` (its parts) whose job's state
+/// is `inner` (`None`: not a mixture, or not started).
+pub(super) fn status(sources: &[Source], inner: &Inner) -> Option<MixStatus> {
+    let ready = inner.ready.as_ref()?;
+    let mix = ready.mix()?;
+    let (epoch, delivered) = match inner.progress.latest_epoch() {
+        Some((epoch, spans)) => (epoch, realised(ready, mix, epoch, &spans)),
+        None => (ready.first_epoch(), vec![0; mix.sizes.len()]),
+    };
+    let total: u64 = delivered.iter().sum();
+    let parts = sources
+        .iter()
+        .zip(&mix.sizes)
+        .zip(delivered)
+        .map(|((s, &samples), delivered)| MixPartStatus {
+            name: s.name.clone(),
+            weight: s.weight,
+            samples,
+            delivered,
+            share: if total == 0 {
+                0.0
+            } else {
+                delivered as f64 / total as f64
+            },
         })
-    }
+        .collect();
+    Some(MixStatus {
+        rule: mix.rule,
+        epoch_samples: ready.epoch_len(),
+        epoch,
+        parts,
+    })
+}
 
-    /// The mixture as EXPLAIN shows it: its rule, then a line a part.
-    pub(super) fn mix_lines(&self) -> Vec<String> {
-        let Some(m) = self.mix_status() else {
-            return Vec::new();
-        };
-        let weights: f64 = m.parts.iter().map(|p| p.weight).sum();
-        let rule = serde_json::to_string(&m.rule).unwrap_or_default();
-        let mut lines = vec![format!(
-            "{}, {} positions an epoch; shares of epoch {} delivered so far",
-            rule.trim_matches('"'),
-            m.epoch_samples,
-            m.epoch
-        )];
-        lines.extend(m.parts.iter().map(|p| {
-            format!(
-                "{}: weight {} ({:.3} planned), {} samples, {} delivered ({:.3})",
-                p.name,
-                p.weight,
-                p.weight / weights,
-                p.samples,
-                p.delivered,
-                p.share
-            )
-        }));
-        lines
-    }
+/// A mixture's status as EXPLAIN shows it: its rule, then a line a part.
+pub(super) fn lines(status: Option<MixStatus>) -> Vec<String> {
+    let Some(m) = status else {
+        return Vec::new();
+    };
+    let weights: f64 = m.parts.iter().map(|p| p.weight).sum();
+    let rule = serde_json::to_string(&m.rule).unwrap_or_default();
+    let mut lines = vec![format!(
+        "{}, {} positions an epoch; shares of epoch {} delivered so far",
+        rule.trim_matches('"'),
+        m.epoch_samples,
+        m.epoch
+    )];
+    lines.extend(m.parts.iter().map(|p| {
+        format!(
+            "{}: weight {} ({:.3} planned), {} samples, {} delivered ({:.3})",
+            p.name,
+            p.weight,
+            p.weight / weights,
+            p.samples,
+            p.delivered,
+            p.share
+        )
+    }));
+    lines
 }
 
 /// Positions of `epoch` delivered from each part, over the ranks' spans.

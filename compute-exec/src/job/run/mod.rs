@@ -1,5 +1,7 @@
-//! [`Job`]: a submitted pipeline with its options — its states, and the
-//! delivery of a rank's share of an epoch ([`Job::deliver`]).
+//! [`Job`]: a submitted pipeline with its options — its states, what it
+//! reads, its progress and records. `impl Job` is in three files: here,
+//! [`create`] (how it comes to be and starts), and `crate::job::pipeline`
+//! (a rank's share of an epoch: [`Job::deliver`], the stream).
 //!
 //! ```text
 //!  submit ─► plan the SQL (errors → 4xx), pin each node's version ─► Pending
@@ -8,28 +10,26 @@
 //!                                    when every position has been read
 //! ```
 //!
-//! Here: the job, its states and what it reads. Beside it:
-//! - [`create`]: planned at submit, or restored from its record;
-//! - [`reader`]: a rank's share of an epoch for its reader, and the next
-//!   epoch begun ahead;
-//! - [`progress`]: batches received, compute nodes' reports, done;
-//! - [`record`]: the record that survives a restart, and its saving, so
-//!   that a restarted server serves the same job: same versions, same
-//!   order, same bytes, and the progress it had;
+//! Beside it:
+//! - [`create`]: planned at submit, or restored from its record; started;
+//! - [`progress`]: batches received, nodes' reports, done, in its state;
+//! - [`record`]: the record that survives a restart, and its saving (a
+//!   restarted server serves the same job, with the progress it had);
 //! - `mix_shares`: a mixture as it runs: its parts' weights and sizes;
 //! - `ready`: `Ready`: what a job holds once its samples are listed;
-//! - `source`: `Source`: what a job reads for one of its pipelines.
+//! - `source`: `Source` and `Sources`: what a job reads.
 
 mod create;
 mod mix_shares;
 mod progress;
-mod reader;
 mod ready;
 mod record;
 mod source;
 
 pub use ready::Ready;
-pub use source::Source;
+pub use source::{Source, Sources};
+
+use self::record::Saves;
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -52,7 +52,11 @@ use super::routes::RankRoutes;
 use super::spec::JobSpec;
 use super::stages::{JobStages, StageStats};
 use super::status::{JobState, JobStatus};
-use super::store::JobStore;
+use super::order::Worker;
+use super::rank_batch::RankBatch;
+use super::report::{NodeReport, Reported};
+use super::store::JobRecord;
+use super::mix_status::MixStatus;
 use crate::error::{Failure, JobError};
 use crate::session::ComputeSession;
 
@@ -96,81 +100,14 @@ pub struct Job {
     /// Where its CPU work runs (off the runtime serving requests).
     runtime: Handle,
     /// What it reads: its dataset, or its mixture's parts.
-    sources: Vec<Source>,
-    store: Option<Arc<JobStore>>,
-    /// Records are numbered as made; the newest written is kept here, so
-    /// that a record written late never replaces a newer one.
-    next_save: std::sync::atomic::AtomicU64,
-    saved: Mutex<u64>,
+    sources: Sources,
+    /// Where its records go (see [`record`]).
+    saves: Saves,
     /// When it last did anything (planned, read): an idle job expires.
     active: Mutex<std::time::Instant>,
 }
 
 impl Job {
-    /// Resolves the samples to row ids of the pinned versions and makes
-    /// the job readable.
-    pub async fn start(&self) {
-        match self.index().await {
-            Ok(index) => {
-                if index.replicated() > 0 {
-                    tracing::info!(
-                        "job {}: {} of {} samples are held by more than one storage node \
-                         (replicas); each is read once, from a live holder",
-                        self.id,
-                        index.replicated(),
-                        index.len()
-                    );
-                }
-                let ready = Arc::new(Ready::new(&self.spec, index));
-                ready.failover.on_corrupt(self.repair_on_corrupt());
-                if let Err(e) = self.spec.check_samples(ready.epoch_len()) {
-                    self.fail(&e);
-                    return;
-                }
-                let total = ready.positions(self.spec.epochs);
-                let done = {
-                    let mut inner = self.lock();
-                    inner.ready = Some(ready);
-                    total == 0 || inner.progress.positions >= total
-                };
-                self.state.send_if_modified(|s| {
-                    if *s == JobState::Pending {
-                        *s = if done {
-                            JobState::Done
-                        } else {
-                            JobState::Running
-                        };
-                        true
-                    } else {
-                        false
-                    }
-                });
-                self.save();
-            }
-            Err(e) => self.fail(&e),
-        }
-    }
-
-    /// What its reads do when a node's replica is first found corrupt:
-    /// the session's [`RepairNode`](crate::session::RepairNode), if it has
-    /// one, runs in the background over that node and the job's datasets.
-    fn repair_on_corrupt(&self) -> crate::job::failover::OnCorrupt {
-        let session = Arc::clone(&self.session);
-        let runtime = self.runtime.clone();
-        let datasets: Vec<String> = self
-            .sources
-            .iter()
-            .map(|s| s.table.split('@').next().unwrap_or_default().to_string())
-            .collect();
-        Box::new(move |node: &str| {
-            let Some(repair) = session.repair().cloned() else {
-                return;
-            };
-            let run = (repair.0)(Arc::clone(&session), node.to_string(), datasets.clone());
-            sluice_base::task::detach_on(&runtime, run);
-        })
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -221,7 +158,7 @@ impl Job {
     pub fn explanation(&self) -> Explanation {
         let mut e = self.adaptive.explanation();
         e.at_delivery = super::finish::describe(&self.schema, self.finishes.as_ref());
-        e.mixture = self.mix_lines();
+        e.mixture = mix_shares::lines(self.mix_status());
         e
     }
 
@@ -272,7 +209,7 @@ impl Job {
     }
 
     /// Marks it failed by `e`.
-    fn fail(&self, e: &JobError) {
+    pub(in crate::job) fn fail(&self, e: &JobError) {
         // The error is in place before the state says failed: a status
         // read in between never shows a failed job without its reason.
         let mut inner = self.lock();
@@ -315,13 +252,11 @@ impl Job {
         // see the cancel too, run on the executor whose threads may all be
         // inside those UDFs.
         self.stop.cancel();
-        if let Some(Err(e)) = self.store.as_ref().map(|s| s.remove(&self.id)) {
-            tracing::warn!("job {}: cannot remove its record: {e}", self.id);
-        }
+        self.saves.remove(&self.id);
     }
 
     /// Waits until the job is readable.
-    async fn ready(&self) -> Result<Arc<Ready>, JobError> {
+    pub(in crate::job) async fn ready(&self) -> Result<Arc<Ready>, JobError> {
         let mut rx = self.state.subscribe();
         let state = *rx
             .wait_for(|s| *s != JobState::Pending)
@@ -389,7 +324,7 @@ impl Job {
             samples: layout.map(|l| l.samples),
             samples_per_rank: layout.map(|l| l.per_rank()),
             resumed: inner.ready.as_ref().and_then(|r| r.resumed()),
-            mix: self.mix_status_of(&inner),
+            mix: mix_shares::status(&self.sources, &inner),
             progress,
             delivered: inner.progress.delivered,
             samples_per_s: inner.progress.rate(),
@@ -424,5 +359,141 @@ impl Job {
     /// Where the streams of the job record what they do.
     pub(super) fn stage_stats(&self) -> &StageStats {
         &self.stages
+    }
+
+    /// What it reads.
+    pub fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// Whether it is a weighted mixture of pipelines.
+    pub fn is_mixture(&self) -> bool {
+        self.spec.mix.is_some()
+    }
+
+    /// Whether `who` may read its streams, status and plan: every dataset
+    /// it reads (`crate::access::may_read_job`).
+    pub fn may_be_read_by(&self, who: &sluice_access::Grant) -> Result<(), String> {
+        crate::access::may_read_job(who, self.id(), self.sources.datasets())
+    }
+
+    /// Whether its placement may move while it runs: under `auto`, on
+    /// separate machines, and not a mixture (each part keeps the
+    /// placement it was calibrated for at submit).
+    pub fn may_replan(&self) -> bool {
+        !self.is_mixture() && self.adaptive().may_move(self.offload())
+    }
+
+    /// Its mixture's status now (`None`: not a mixture, or not started).
+    pub fn mix_status(&self) -> Option<MixStatus> {
+        mix_shares::status(&self.sources, &self.lock())
+    }
+
+    /// The record the job store keeps.
+    pub fn record(&self) -> JobRecord {
+        record::record_of(self, &self.lock())
+    }
+
+    /// Saves its record (a failure to is logged: the job goes on). A
+    /// cancelled job has none.
+    pub fn save(&self) {
+        if self.state() != JobState::Cancelled {
+            self.saves.save(|| self.record(), None);
+        }
+    }
+
+    /// [`Job::save`] on the jobs' blocking pool: progress saved while a
+    /// reader's stream is polled, off the runtime serving requests.
+    pub(in crate::job) fn save_in_background(&self) {
+        if self.state() != JobState::Cancelled {
+            self.saves.save(|| self.record(), Some(&self.runtime));
+        }
+    }
+
+    /// Notes that a reader began a stream of it.
+    pub(in crate::job) fn reading(&self) {
+        self.lock().progress.start();
+        self.touch();
+    }
+
+    /// Records a batch handed to `worker` of `rank`'s reader.
+    pub(in crate::job) fn delivered(
+        &self,
+        rank: u64,
+        worker: Worker,
+        epoch: u64,
+        d: &mut RankBatch,
+    ) {
+        self.touch();
+        if let Some((count, fresh)) = d.bad.take() {
+            self.record_bad(count, fresh);
+        }
+        let mut inner = self.lock();
+        inner.delivered(rank, worker, epoch, self.spec.batch_size, d);
+        self.settle(inner);
+    }
+
+    /// After progress: done when every position of every epoch was
+    /// delivered (saved at once), else saved at most every second.
+    fn settle(&self, mut inner: std::sync::MutexGuard<'_, Inner>) {
+        let (done, due) = inner.settled(self.spec.epochs);
+        drop(inner);
+        if done {
+            self.state.send_if_modified(|s| {
+                let running = *s == JobState::Running;
+                if running {
+                    *s = JobState::Done;
+                }
+                running
+            });
+            self.save();
+        } else if due {
+            self.save_in_background();
+        }
+    }
+
+    /// This node's report to the coordinator of what changed since `last`.
+    pub fn report_since(&self, node: &str, last: &Reported) -> Option<(NodeReport, Reported)> {
+        self.lock().report_since(node, last, &self.bad)
+    }
+
+    /// Notes that `rank` is served by the compute node at `node` (what a
+    /// trainer was just told): that node's reports of it count.
+    pub fn route(&self, rank: u64, node: &str) {
+        self.lock().routes.note(rank, node);
+    }
+
+    /// Adds a compute node's report, checked first (see [`progress`]).
+    pub fn merge_report(&self, report: NodeReport) -> Result<(), JobError> {
+        let mut inner = self.lock();
+        inner.merge_report(report, self.spec.epochs, &self.bad)?;
+        self.touch();
+        self.settle(inner);
+        Ok(())
+    }
+
+    /// Records Flight bytes sent to a trainer.
+    pub fn sent(&self, bytes: u64) {
+        self.lock().progress.bytes.trainer += bytes;
+    }
+
+    /// Counts `bytes` handed to a trainer through shared memory.
+    pub fn sent_shm(&self, bytes: u64) {
+        self.lock().progress.bytes.shm += bytes;
+    }
+
+    /// Each rank's next epoch begun ahead.
+    pub(in crate::job) fn ahead(&self) -> &ReadAhead {
+        &self.ahead
+    }
+
+    /// The parent of its streams' cancel flags.
+    pub(in crate::job) fn stop(&self) -> &Cancel {
+        &self.stop
+    }
+
+    /// Its state, as it changes.
+    pub(in crate::job) fn watch_state(&self) -> watch::Receiver<JobState> {
+        self.state.subscribe()
     }
 }

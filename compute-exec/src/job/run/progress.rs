@@ -1,78 +1,65 @@
-//! A job's progress: each batch a reader receives here
-//! ([`Job::delivered`]), each report a compute node sends the coordinator
-//! ([`Job::merge_report`], checked against the job and the nodes its
-//! ranks were sent to), and the bytes sent to trainers. A job is done when
-//! every position of every epoch was delivered; its record is saved then,
-//! and at most every second before.
+//! A job's progress, as its state ([`Inner`]) counts it: each batch a
+//! reader receives here ([`Inner::delivered`]), each report a compute
+//! node sends the coordinator ([`Inner::merge_report`], checked against
+//! the job and the nodes its ranks were sent to), and what this node
+//! reports in turn ([`Inner::report_since`]). A job is done when every
+//! position of every epoch was delivered ([`Inner::settled`]); `Job`
+//! saves its record then, and at most every second before.
 
 use std::sync::Arc;
 
-use super::{Inner, Job};
+use sluice_udfs::ErrorLog;
+
+use super::Inner;
 use crate::error::JobError;
 use crate::job::order::Worker;
 use crate::job::rank_batch::RankBatch;
 use crate::job::report::{NodeReport, ReportBounds, Reported};
-use crate::job::status::{JobState, TierBytes};
+use crate::job::status::TierBytes;
 
-impl Job {
-    /// Records a batch handed to `worker` of `rank`'s reader: the
+impl Inner {
+    /// Counts a batch handed to `worker` of `rank`'s reader: the
     /// positions of the rank's share it covers (one batch of the rank's
-    /// when the worker's part is every Nth batch).
+    /// when the worker's part is every Nth batch of `batch`).
     pub(super) fn delivered(
-        self: &Arc<Self>,
+        &mut self,
         rank: u64,
         worker: Worker,
         epoch: u64,
-        d: &mut RankBatch,
+        batch: u64,
+        d: &RankBatch,
     ) {
-        self.touch();
-        if let Some((count, fresh)) = d.bad.take() {
-            self.record_bad(count, fresh);
-        }
-        let mut inner = self.lock();
-        let batch = self.spec.batch_size;
         let (from, to) = if d.next_offset > d.from {
             let first = worker.rank_position(d.from, batch);
             (first, first + (d.next_offset - d.from))
         } else {
             (d.from, d.next_offset)
         };
-        inner
-            .progress
+        self.progress
             .deliver(rank, epoch, from, to, d.num_rows() as u64);
-        self.settle(inner);
     }
 
-    /// After progress: done when every position of every epoch was
-    /// delivered (saved at once), else saved at most every second.
-    pub(super) fn settle(self: &Arc<Self>, mut inner: std::sync::MutexGuard<'_, Inner>) {
-        let total = inner.ready.as_ref().map(|r| r.positions(self.spec.epochs));
-        let due = inner.progress.save_due();
-        if total.is_some_and(|t| inner.progress.positions >= t) {
-            drop(inner);
-            self.state.send_if_modified(|s| {
-                if *s == JobState::Running {
-                    *s = JobState::Done;
-                    true
-                } else {
-                    false
-                }
-            });
-            self.save();
-        } else if due {
-            drop(inner);
-            self.save_in_background();
-        }
+    /// Whether every position of `epochs` epochs was delivered, and
+    /// whether a save of the progress is due (at most every second).
+    pub(super) fn settled(&mut self, epochs: u64) -> (bool, bool) {
+        let total = self.ready.as_ref().map(|r| r.positions(epochs));
+        let due = self.progress.save_due();
+        (total.is_some_and(|t| self.progress.positions >= t), due)
     }
 
-    /// What this node delivered, moved and skipped since `last` (what its
-    /// earlier reports said), as `node`'s report to the coordinator, with
-    /// the watermark it leaves; `None` when nothing changed.
-    pub fn report_since(&self, node: &str, last: &Reported) -> Option<(NodeReport, Reported)> {
-        let (skipped, named) = self.bad.snapshot();
-        let inner = self.lock();
-        let p = &inner.progress;
-        let failover = inner.ready.as_ref().map(|r| &r.failover);
+    /// What this node delivered, moved and skipped (`bad`) since `last`
+    /// (what its earlier reports said), as `node`'s report to the
+    /// coordinator, with the watermark it leaves; `None` when nothing
+    /// changed.
+    pub(super) fn report_since(
+        &self,
+        node: &str,
+        last: &Reported,
+        bad: &ErrorLog,
+    ) -> Option<(NodeReport, Reported)> {
+        let (skipped, named) = bad.snapshot();
+        let p = &self.progress;
+        let failover = self.ready.as_ref().map(|r| &r.failover);
         let now = Reported {
             delivered: p.delivered,
             bytes: p.bytes,
@@ -99,51 +86,38 @@ impl Job {
         Some((report, now))
     }
 
-    /// Notes that `rank` is served by the compute node at `node` (what a
-    /// trainer was just told): that node's reports of it count.
-    pub fn route(&self, rank: u64, node: &str) {
-        self.lock().routes.note(rank, node);
-    }
-
-    /// Adds a compute node's report (see [`NodeReport`]), once it is
-    /// checked against this job and the nodes its ranks were sent to; a
-    /// report that does not fit is refused whole and changes nothing.
-    pub fn merge_report(self: &Arc<Self>, report: NodeReport) -> Result<(), JobError> {
+    /// Adds a compute node's report (see [`NodeReport`]) to a job of
+    /// `epochs` epochs, once it is checked against the job and the nodes
+    /// its ranks were sent to (its bad samples go to `bad`); a report
+    /// that does not fit is refused whole and changes nothing.
+    pub(super) fn merge_report(
+        &mut self,
+        report: NodeReport,
+        epochs: u64,
+        bad: &ErrorLog,
+    ) -> Result<(), JobError> {
         let refused = |reason: String| JobError::BadReport {
             node: report.node.chars().take(64).collect(),
             reason,
         };
-        let mut inner = self.lock();
-        let Some(ready) = inner.ready.as_ref() else {
+        let Some(ready) = self.ready.as_ref() else {
             return Err(refused("the job is still being planned here".into()));
         };
         let bounds = ReportBounds {
             world_size: ready.layout.world_size,
-            epochs: self.spec.epochs,
+            epochs,
             per_rank: ready.layout.per_rank(),
         };
-        let routes = &inner.routes;
+        let routes = &self.routes;
         report
             .check(&bounds, |rank| routes.sent(rank, &report.node))
             .map_err(refused)?;
+        // The job's listing, held apart from the progress it changes.
         let ready = Arc::clone(ready);
-        inner
-            .progress
+        self.progress
             .merge(&report.ranges, report.delivered, report.bytes);
         ready.failover.reported(&report.node, report.failovers);
-        self.bad.merge(report.skipped, report.bad_samples);
-        self.touch();
-        self.settle(inner);
+        bad.merge(report.skipped, report.bad_samples);
         Ok(())
-    }
-
-    /// Records Flight bytes sent to a trainer.
-    pub fn sent(&self, bytes: u64) {
-        self.lock().progress.bytes.trainer += bytes;
-    }
-
-    /// Counts `bytes` handed to a trainer through shared memory.
-    pub fn sent_shm(&self, bytes: u64) {
-        self.lock().progress.bytes.shm += bytes;
     }
 }

@@ -1,8 +1,8 @@
 //! [`Source`]: what a job reads for one of its pipelines — the job's
 //! one, or a part of its mixture: the dataset, the filters its samples
 //! pass, and the versions pinned on the nodes holding it. The job's
-//! samples are listed from its sources once, at start
-//! ([`Job::index`]).
+//! samples are listed from its [`Sources`] once, at start
+//! ([`Sources::index`]).
 
 use std::sync::Arc;
 
@@ -10,7 +10,6 @@ use arrow::datatypes::SchemaRef;
 use datafusion::logical_expr::Expr;
 use sluice_flight::StorageEndpoint;
 
-use super::Job;
 use crate::error::JobError;
 use crate::replicas::index::{Pin, SampleIndex};
 use crate::replicas::ledger::PartLayout;
@@ -67,29 +66,33 @@ impl Source {
     }
 }
 
-impl Job {
+/// What a job reads: its one source, or its mixture's parts in order.
+#[derive(Debug)]
+pub struct Sources(Vec<Source>);
+
+impl Sources {
+    /// `parts` in order (at least one).
+    pub fn new(parts: Vec<Source>) -> Self {
+        Self(parts)
+    }
+
     /// Its samples: its source's, or its mixture's parts' one after
     /// another.
     pub(super) async fn index(&self) -> Result<SampleIndex, JobError> {
-        if let [one] = self.sources.as_slice() {
+        if let [one] = self.0.as_slice() {
             return one.index().await;
         }
-        let mut parts = Vec::with_capacity(self.sources.len());
-        for s in &self.sources {
+        let mut parts = Vec::with_capacity(self.0.len());
+        for s in &self.0 {
             parts.push(s.index().await?);
         }
         SampleIndex::concat(parts)
     }
 
-    /// What it reads.
-    pub fn sources(&self) -> &[Source] {
-        &self.sources
-    }
-
-    /// The storage nodes it reads, each once.
+    /// The storage nodes they are read on, each once.
     pub fn nodes(&self) -> Vec<Arc<dyn StorageEndpoint>> {
         let mut out: Vec<Arc<dyn StorageEndpoint>> = Vec::new();
-        for (e, _) in self.sources.iter().flat_map(|s| &s.pins) {
+        for (e, _) in self.0.iter().flat_map(|s| &s.pins) {
             if !out.iter().any(|o| o.name() == e.name()) {
                 out.push(Arc::clone(e));
             }
@@ -97,9 +100,9 @@ impl Job {
         out
     }
 
-    /// Whether it reads a version of `dataset` up to `through` on `node`.
+    /// Whether one reads a version of `dataset` up to `through` on `node`.
     pub fn reads_through(&self, dataset: &str, node: &str, through: u64) -> bool {
-        self.sources.iter().any(|s| {
+        self.0.iter().any(|s| {
             s.table.split('@').next() == Some(dataset)
                 && s.pins
                     .iter()
@@ -107,26 +110,22 @@ impl Job {
         })
     }
 
-    /// The datasets it reads (as its SQL names them).
+    /// The datasets read (as the SQL names them).
     pub fn datasets(&self) -> impl Iterator<Item = &str> {
-        self.sources.iter().map(|s| s.table.as_str())
+        self.0.iter().map(|s| s.table.as_str())
     }
+}
 
-    /// Whether `who` may read its streams, status and plan: every dataset
-    /// it reads (`crate::access::may_read_job`).
-    pub fn may_be_read_by(&self, who: &sluice_access::Grant) -> Result<(), String> {
-        crate::access::may_read_job(who, self.id(), self.datasets())
+impl std::ops::Deref for Sources {
+    type Target = [Source];
+
+    fn deref(&self) -> &[Source] {
+        &self.0
     }
+}
 
-    /// Whether its placement may move while it runs: under `auto`, on
-    /// separate machines, and not a mixture (each part keeps the
-    /// placement it was calibrated for at submit).
-    pub fn may_replan(&self) -> bool {
-        !self.is_mixture() && self.adaptive().may_move(self.offload())
-    }
-
-    /// Whether it is a weighted mixture of pipelines.
-    pub fn is_mixture(&self) -> bool {
-        self.spec.mix.is_some()
+impl std::ops::DerefMut for Sources {
+    fn deref_mut(&mut self) -> &mut [Source] {
+        &mut self.0
     }
 }

@@ -1,8 +1,9 @@
-//! [`TrainerSink`]: where a reader's batches go on their way to a
-//! trainer, and [`FlightSink`], the one every stream can take: each batch
-//! as Flight messages whose bodies borrow the window batches its rows came
+//! [`Carrier`]: how a reader's batches travel to a trainer (the messages
+//! that carry each; the stream's one sink is `crate::job::pipeline`'s
+//! channel, which the carrier drains), and [`FlightCarrier`], the one
+//! every stream can take: each batch as Flight messages whose bodies borrow the window batches its rows came
 //! from (sliced under [`MAX_TRAINER_MESSAGE`], the last carrying the
-//! batch's [`BatchMeta`]). The shared-memory sink is `super::shm_sink`.
+//! batch's [`BatchMeta`]). The shared-memory carrier is `super::shm_carrier`.
 
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ use tonic::Status;
 use super::{BatchMeta, MAX_TRAINER_MESSAGE};
 use crate::job::{Job, RankBatch};
 
-/// Where a reader's batches go: the messages that carry each, in order.
-pub(super) trait TrainerSink: Send {
+/// How a reader's batches travel: the messages that carry each, in order.
+pub(super) trait Carrier: Send {
     /// The messages that carry `batch`; an `Err` among them ends the
     /// stream.
     fn messages(
@@ -30,11 +31,11 @@ pub(super) trait TrainerSink: Send {
 }
 
 /// Batches as Flight messages (see the module docs).
-pub(super) struct FlightSink {
+pub(super) struct FlightCarrier {
     job: Arc<Job>,
 }
 
-impl FlightSink {
+impl FlightCarrier {
     pub(super) fn new(job: Arc<Job>) -> Self {
         Self { job }
     }
@@ -45,7 +46,7 @@ impl FlightSink {
     }
 }
 
-impl TrainerSink for FlightSink {
+impl Carrier for FlightCarrier {
     async fn messages(&mut self, batch: &RankBatch) -> Vec<Result<SlicedMessage, Status>> {
         let msgs = match encode(&batch.rows, &meta_of(batch)) {
             Ok(msgs) => made(msgs).await,

@@ -1,9 +1,9 @@
-//! [`ShmSink`]: a trainer's batches through a shared-memory segment
+//! [`ShmCarrier`]: a trainer's batches through a shared-memory segment
 //! (`sluice_shm`). The first batch sizes the slots (or the trainer's kept
 //! segment from its earlier stream is taken back); each batch is written
 //! into a free slot and announced by a control message; a batch that does
 //! not fit, or finds no slot free in time, goes as Flight messages
-//! ([`FlightSink`]).
+//! ([`FlightCarrier`]).
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use sluice_shm::segment::{Segment, message_len};
 use tonic::Status;
 
 use super::BatchMeta;
-use super::sink::{FlightSink, TrainerSink, control, meta_of};
+use super::carrier::{Carrier, FlightCarrier, control, meta_of};
 use crate::job::RankBatch;
 
 /// A batch's metadata when it is in a slot.
@@ -30,9 +30,9 @@ struct SlotMeta {
 
 /// One shared-memory read: its segment, made at the first batch (whose
 /// size sets the slots') or taken back from the trainer's earlier stream.
-pub(super) struct ShmSink {
+pub(super) struct ShmCarrier {
     /// Batches that do not go through the segment.
-    flight: FlightSink,
+    flight: FlightCarrier,
     segment: Option<Arc<Segment>>,
     tried: bool,
     forced: bool,
@@ -40,10 +40,10 @@ pub(super) struct ShmSink {
     held: Option<Held>,
 }
 
-impl ShmSink {
+impl ShmCarrier {
     /// `forced`: the ticket asked for shared memory only, so a segment
     /// that cannot be made is an error, not Flight.
-    pub(super) fn new(flight: FlightSink, forced: bool, held: Option<Held>) -> Self {
+    pub(super) fn new(flight: FlightCarrier, forced: bool, held: Option<Held>) -> Self {
         Self {
             flight,
             segment: None,
@@ -67,7 +67,7 @@ impl ShmSink {
     }
 }
 
-impl TrainerSink for ShmSink {
+impl Carrier for ShmCarrier {
     /// The stream was read to its end: once the trainer has mapped the
     /// segment, it is kept for the trainer's next stream (if the trainer
     /// said who it is); else it goes with the stream.
