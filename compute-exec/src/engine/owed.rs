@@ -182,7 +182,10 @@ mod tests {
         owed.done();
         assert!(!owed.batch(batch(4)), "nothing is owed any more");
         drop((a, b));
-        assert_eq!(values(answered(ra, schema(), "n1")).await, (vec![1, 2], None));
+        assert_eq!(
+            values(answered(ra, schema(), "n1")).await,
+            (vec![1, 2], None)
+        );
         assert_eq!(values(answered(rb, schema(), "n1")).await, (vec![3], None));
     }
 
@@ -219,6 +222,9 @@ mod tests {
         drop(b);
         let (got, err) = values(answered(rb, schema(), "n2")).await;
         assert_eq!(got, vec![5]);
-        assert!(err.unwrap().contains("closed before the window was answered"));
+        assert!(
+            err.unwrap()
+                .contains("closed before the window was answered")
+        );
     }
 }

@@ -50,11 +50,11 @@ use tonic::Status;
 use crate::job::order::Worker;
 use crate::job::{JobError, Jobs, RankBatch};
 
-mod shm_carrier;
 mod carrier;
+mod shm_carrier;
 
+use carrier::{Carrier, FlightCarrier};
 use shm_carrier::ShmCarrier;
-use carrier::{FlightCarrier, Carrier};
 
 /// Largest Arrow body of one message to a trainer; larger batches are
 /// sliced by rows.

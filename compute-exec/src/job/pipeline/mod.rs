@@ -43,10 +43,10 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
 use sluice_udfs::OnError;
 use sluice_udfs::UdfEnv;
 use sluice_udfs::env::Cancel;
+use tokio::sync::mpsc;
 
 use self::deliver::{Sink, deliver};
 use self::fetch::Fetch;
@@ -55,14 +55,14 @@ use self::options::{AHEAD_ROOM, AHEAD_WAIT, CHANNEL_BATCHES, WINDOWS_RUNNING, WI
 use self::windows::{Sizing, Span, windows};
 use super::Job;
 use super::ahead::{Batches, NextEpoch};
-use super::order::Worker;
-use super::rank_batch::RankBatch;
-use super::status::JobState;
 use super::in_order::InOrder;
+use super::order::Worker;
 use super::placed::StreamPlan;
 use super::query::udf_options;
+use super::rank_batch::RankBatch;
 use super::rebatch::Rebatcher;
 use super::run::Ready;
+use super::status::JobState;
 use crate::error::JobError;
 use crate::replicas::index::SampleIndex;
 use crate::session::output_cache::OutputCache;
@@ -202,12 +202,7 @@ impl Job {
     /// Starts the stream of `span` on the jobs' runtime: its batches, as
     /// made, in a channel of [`CHANNEL_BATCHES`].
     /// `next`: when it begins the epoch after it (see [`NextEpoch`]).
-    fn stream(
-        self: &Arc<Self>,
-        ready: Arc<Ready>,
-        span: Span,
-        next: Arc<NextEpoch>,
-    ) -> Batches {
+    fn stream(self: &Arc<Self>, ready: Arc<Ready>, span: Span, next: Arc<NextEpoch>) -> Batches {
         let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
         let cancel = self.stop().child();
         let batches = Batches::new(rx, cancel.on_drop());
