@@ -68,6 +68,12 @@ TRANSPORTS = ("auto", "shm", "flight")
 # Versions smaller than this load by parsing the region's bytes, not by
 # mapping the region's file (whose opening costs more than the copy).
 MAPPED_LOAD_MIN = 8 << 20
+# Versions of this size and more load by parsing through the window, not
+# by mapping a region of their own: its fresh pages cost more than the
+# window's copy. On the 2-core VM (docs/benchmarks.md, checkpoints run 7),
+# 4 GiB mapped at 0.80-0.84 GB/s against 1.17-1.23 through the window;
+# 1 GiB mapped at 1.03-1.23 against 0.84.
+MAPPED_LOAD_MAX = 2 << 30
 # The ranges a reader asks for over shared memory into a kept region (at
 # most chunk_size): four in flight keep the disk busy, and the first is in
 # while the rest are read, so torch.load parses beside the reads (64 MiB
@@ -291,14 +297,17 @@ class Checkpoint:
         """``torch.load`` of ``name``. On the server's host the tensors'
         storage is the shared region the server read the version into
         (``torch.load(path, mmap=True)``: no parse copy; the pages are
-        this process's once the region is let go); elsewhere, and for a
-        version under ``MAPPED_LOAD_MIN`` bytes, it parses from a
-        :meth:`reader` (whose region is then kept for the next read)."""
+        this process's once the region is let go); elsewhere, for a
+        version under ``MAPPED_LOAD_MIN`` bytes, and for one of
+        ``MAPPED_LOAD_MAX`` and more (through the window), it parses from
+        a :meth:`reader` (whose region is then kept for the next read)."""
         import torch
 
         # A version torch will map gets a region of its own (`own_from`),
-        # so that the kept ones stay for the reads that copy out of them.
-        with CheckpointReader(self, self._name(name), version, own_from=MAPPED_LOAD_MIN) as r:
+        # so that the kept ones stay for the reads that copy out of them;
+        # a larger one (`own_below`) streams through the window.
+        with CheckpointReader(self, self._name(name), version, own_from=MAPPED_LOAD_MIN,
+                              own_below=MAPPED_LOAD_MAX) as r:
             path = r.mapped_path()
             if path is None or r.size < MAPPED_LOAD_MIN or r.region_size != r.size:
                 # A small version parses faster from the region's bytes
@@ -443,7 +452,7 @@ class CheckpointReader(io.RawIOBase):
     caller's memory; :meth:`view` gives them without a copy."""
 
     def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
-                 own_from: int = 0):
+                 own_from: int = 0, own_below: int = 0):
         super().__init__()
         body: Dict[str, Any] = {"name": name}
         if version is not None:
@@ -466,6 +475,7 @@ class CheckpointReader(io.RawIOBase):
                 lent = _lanes.open_region(
                     ckpt.client, "checkpoint.shm.get_open",
                     dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
+                         own_below=own_below,
                          window=ckpt.read_window), subject,
                     ckpt.transport, writable=False, kept=kept)
             except BaseException:

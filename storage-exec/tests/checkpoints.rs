@@ -192,7 +192,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         write(&c, name, data, CHUNK as usize).await;
     }
     let probe = TestProbe::new("kept");
-    let open_own = |name: &'static str, kept: Vec<String>, fill: u64, own_from: u64| {
+    let open_own = |name: &'static str, kept: Vec<String>, fill: u64, own: (u64, u64)| {
         let c = Arc::clone(&c);
         let probe = probe.0.clone();
         async move {
@@ -202,13 +202,14 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
                 probe: &probe,
                 kept: &kept,
                 fill,
-                own_from,
+                own_from: own.0,
+                own_below: own.1,
                 window: 0,
             })
             .await
         }
     };
-    let open = |name, kept, fill| open_own(name, kept, fill, 0);
+    let open = |name, kept, fill| open_own(name, kept, fill, (0, 0));
     // The region's file, as the client would see it through its mapping.
     let held = |path: &str, len: usize| std::fs::read(path).unwrap()[..len].to_vec();
 
@@ -247,17 +248,22 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
 
     // A version the client will map takes a region of its own, exactly
     // its size; the kept one stays idle.
-    let own = open_own("other", vec![id.clone()], 0, 100_000)
+    let own = open_own("other", vec![id.clone()], 0, (100_000, 0))
         .await
         .unwrap();
     assert!(!own.kept && own.region.region != id && own.gone.is_empty());
     assert_eq!(own.region.size, other.len() as u64);
     assert!(c.shm_close(&own.region.region).is_ok());
     // Below `own_from`, the kept one is used as before.
-    let under = open_own("small", vec![id.clone()], 1 << 20, 100_000)
+    let under = open_own("small", vec![id.clone()], 1 << 20, (100_000, 0))
         .await
         .unwrap();
     assert!(under.kept && under.region.region == id);
+    // From `own_below` up, none of its own either: the kept one again.
+    let large = open_own("other", vec![id.clone()], 0, (100_000, other.len() as u64))
+        .await
+        .unwrap();
+    assert!(large.kept && large.region.region == id, "{large:?}");
 
     // Too small a kept region: a new one is lent, the small one stays.
     let tiny = open("small", vec![], 1 << 20).await.unwrap();
@@ -298,6 +304,7 @@ async fn a_version_streams_through_a_window_smaller_than_itself() {
             kept: &[],
             fill,
             own_from: 0,
+            own_below: 0,
             window,
         })
     };

@@ -313,6 +313,39 @@ def test_tensors_load_over_the_mapping(server):
     assert not shm_files(os.getpid())
 
 
+def test_load_maps_a_mid_sized_version_and_streams_a_larger_one(server, monkeypatch):
+    """`Checkpoint.load` maps a version from MAPPED_LOAD_MIN bytes (its
+    own region, torch.load(mmap=True)) and streams one of MAPPED_LOAD_MAX
+    and more through the window (torch.load over the reader); both equal
+    the state saved, and nothing is left in /dev/shm."""
+    import sluice.checkpoint as checkpoint_mod
+
+    _, _, rest = server
+    ck = sluice.Checkpoint(sluice.Client(rest, token="s3cret"), "mapped",
+                           chunk_size=1 << 20, read_window=2 << 20, transport="shm")
+    monkeypatch.setattr(checkpoint_mod, "MAPPED_LOAD_MIN", 1 << 20)
+    monkeypatch.setattr(checkpoint_mod, "MAPPED_LOAD_MAX", 4 << 20)
+    torch.manual_seed(4)
+    states = {"mid.pt": {"w": torch.randn(400_000)}, "big.pt": {"w": torch.randn(1_500_000)}}
+    for name, state in states.items():
+        with ck.writer(name) as w:
+            torch.save(state, w)
+    mapped = []
+    real = torch.load
+
+    def spy(f, *a, **k):
+        mapped.append(isinstance(f, str))
+        return real(f, *a, **k)
+
+    monkeypatch.setattr(torch, "load", spy)
+    for name, state in states.items():
+        got = ck.load(name, weights_only=True)
+        assert torch.equal(got["w"], state["w"]), name
+    assert mapped == [True, False]
+    ck.close()
+    assert not shm_files(os.getpid())
+
+
 def test_a_multi_gib_checkpoint_streams_with_bounded_client_memory(server):
     _, _, rest = server
     ck = sluice.Checkpoint(sluice.Client(rest, token="s3cret"), "big", chunk_size=32 << 20)

@@ -30,11 +30,14 @@
 //!  DoAction checkpoint.shm.put_open {"probe", "size"}     → {"region", "path", "size"}
 //!  DoAction checkpoint.shm.put      {"region", "upload", "at", "length", "offset"}
 //!           the region's bytes [at, at + length) are the upload's part at offset → {"bytes"}
-//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe", "kept"?: [region], "fill"?, "own_from"?}
+//!  DoAction checkpoint.shm.get_open {"name", "version"?, "probe", "kept"?: [region], "fill"?,
+//!                                    "own_from"?, "own_below"?, "window"?}
 //!           → {"region": {"region", "path", "size"}, "checkpoint": {…}, "kept", "filled", "gone"}
 //!           the smallest idle kept region the version fits (else a new one; always a new
-//!           one of its size from `own_from` bytes, for a client that maps it); a version
-//!           of at most `fill` bytes is read into it before the answer (`filled`)
+//!           one of its size from `own_from` bytes and under `own_below`, for a client that
+//!           maps it; a region of `window` bytes for a larger version, which the client
+//!           streams through it); a version of at most `fill` bytes is read into it before
+//!           the answer (`filled`)
 //!  DoAction checkpoint.shm.get      {"region", "offset", "length"}
 //!           the version's bytes land in the region at the same place → {"bytes"}
 //!  DoAction checkpoint.shm.touch    {"region"}  (a kept region taken up again; not found once let go)
@@ -97,7 +100,7 @@ pub const ACTIONS: [(&str, &str); 15] = [
     ),
     (
         "checkpoint.shm.get_open",
-        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?, window?}",
+        "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?, own_below?, window?}",
     ),
     (
         "checkpoint.shm.get",

@@ -60,6 +60,9 @@ struct GetOpen {
     /// A version of at least this many bytes gets a region of its own.
     #[serde(default)]
     own_from: u64,
+    /// ...and below this many (0: any larger one too).
+    #[serde(default)]
+    own_below: u64,
     /// A larger version streams through a region of this many bytes.
     #[serde(default)]
     window: u64,
@@ -74,6 +77,7 @@ impl GetOpen {
             kept: &self.kept,
             fill: self.fill,
             own_from: self.own_from,
+            own_below: self.own_below,
             window: self.window,
         }
     }

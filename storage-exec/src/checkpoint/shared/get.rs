@@ -60,6 +60,10 @@ pub struct GetRequest<'a> {
     /// of its own, of its exact size, and no kept one: the client maps
     /// it as a file (`torch.load(mmap=True)`) and hands its pages over.
     pub own_from: u64,
+    /// Where not 0, a version of at least this many bytes gets none of
+    /// its own after all (it streams through `window`): a mapping of a
+    /// whole large version costs a fresh page for each of its bytes.
+    pub own_below: u64,
     /// Where not 0, a region of at least this many bytes is enough for a
     /// larger version: the client streams the version through it
     /// (`shm_get`'s `at`). A version of its own (`own_from`) ignores it.
@@ -78,7 +82,7 @@ impl GetRequest<'_> {
 
     /// Whether a version of `size` bytes gets a region of its own.
     fn owns(&self, size: u64) -> bool {
-        self.own_from > 0 && size >= self.own_from
+        self.own_from > 0 && size >= self.own_from && (self.own_below == 0 || size < self.own_below)
     }
 }
 

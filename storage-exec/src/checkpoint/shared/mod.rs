@@ -5,8 +5,9 @@
 //!  write:  client ─ copy ─► region ─► crc32c ─► O_DIRECT from the region ─► chunks
 //!          put_open(probe, len) → region; put(region, upload, at, len, offset) ×N
 //!  read:   chunks ─► O_DIRECT into the region's pages ─► crc32c there ─► the client parses it in place
-//!          get_open(name, version, probe, kept, fill, own_from, window) → a region of the version's size,
-//!            or a window the client streams a larger one through;
+//!          get_open(name, version, probe, kept, fill, own_from, own_below, window)
+//!            → a region of the version's size, or a window the client streams a larger
+//!            one through;
 //!          get(region, offset, length, at) ×N, several at once (none when get_open filled it)
 //! ```
 //!
