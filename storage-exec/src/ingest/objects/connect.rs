@@ -13,8 +13,10 @@
 //! - **Plain HTTP** to an S3-compatible endpoint the operator names with
 //!   `http://` (a store on the same rack), or with `AWS_ALLOW_HTTP=true`.
 //! - **Retries**: `object_store`'s own, on 5xx (S3's `SlowDown`), 429,
-//!   408 and transport errors, with exponential backoff from 100 ms up to
-//!   10 s a wait, at most [`MAX_RETRIES`] times and [`RETRY_FOR`] in all
+//!   408 and transport errors, with exponential backoff from 500 ms up to
+//!   10 s a wait (each wait is drawn between 500 ms and the next step, so
+//!   ten retries span at least 5 s: from 100 ms, a server restarting
+//!   under load once outlasted all ten in 1.7 s), at most [`MAX_RETRIES`] times and [`RETRY_FOR`] in all
 //!   per request; each attempt is counted ([`super::tally`]). Requests
 //!   time out after 30 s without an answer (`object_store`'s default),
 //!   connections after 5 s.
@@ -41,7 +43,7 @@ pub const RETRY_FOR: Duration = Duration::from_secs(120);
 fn retry() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(100),
+            init_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(10),
             base: 2.0,
         },
