@@ -156,13 +156,20 @@ impl Region {
     /// region read into again: see [`Prepared`]).
     pub fn prepare(&self, at: usize, len: usize) -> std::io::Result<()> {
         self.check(at, len)?;
-        if self.prepared.covers(at, len) {
+        if self.is_prepared(at, len) {
             return Ok(());
         }
         self.reserve(at, len)?;
         self.populate(at, len)?;
         self.prepared.mark(at, len);
         Ok(())
+    }
+
+    /// Whether [`Region::prepare`] made all of `[at, at + len)` ready
+    /// already: a bitmap lookup, so a caller can skip moving the call to
+    /// a thread that may block.
+    pub fn is_prepared(&self, at: usize, len: usize) -> bool {
+        self.prepared.covers(at, len)
     }
 
     /// Removes its name (the memory stays while either side maps it).

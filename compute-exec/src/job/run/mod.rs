@@ -9,8 +9,6 @@
 //!  deliver(rank, epoch, offset) ─► the epoch's stream (see `pipeline`) ─► Done
 //!                                    when every position has been read
 //! ```
-//!
-//! Beside it:
 //! - [`create`]: planned at submit, or restored from its record; started;
 //! - [`progress`]: batches received, nodes' reports, done, in its state;
 //! - [`record`]: the record that survives a restart, and its saving (a
@@ -397,16 +395,18 @@ impl Job {
     /// Saves its record (a failure to is logged: the job goes on). A
     /// cancelled job has none.
     pub fn save(&self) {
-        if self.state() != JobState::Cancelled {
-            self.saves.save(|| self.record(), None);
-        }
+        self.save_on(None);
     }
 
     /// [`Job::save`] on the jobs' blocking pool: progress saved while a
     /// reader's stream is polled, off the runtime serving requests.
     pub(in crate::job) fn save_in_background(&self) {
+        self.save_on(Some(&self.runtime));
+    }
+
+    fn save_on(&self, runtime: Option<&Handle>) {
         if self.state() != JobState::Cancelled {
-            self.saves.save(|| self.record(), Some(&self.runtime));
+            self.saves.save(|| self.record(), runtime);
         }
     }
 

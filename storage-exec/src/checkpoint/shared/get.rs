@@ -287,15 +287,18 @@ async fn read_extent(
     // faulted in here, an extent at a time, so that the next extent's
     // pages are made while this one is read, and not by the device's
     // ring thread as it pins them (`Region::populate`); a kept region's
-    // pages are prepared once (`Region::prepare`).
-    let preparing = Arc::clone(&lent);
+    // pages are prepared once (`Region::prepare`), and a range prepared
+    // already costs no hop to the blocking pool.
     let (at, n) = (dst_at as usize, (hi - lo) as usize);
-    off_runtime(move || preparing.region.prepare(at, n))
-        .await
-        .map_err(|err| StorageError::SharedMemory {
-            what: format!("checkpoint '{}'", record.name),
-            reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
-        })?;
+    if !lent.region.is_prepared(at, n) {
+        let preparing = Arc::clone(&lent);
+        off_runtime(move || preparing.region.prepare(at, n))
+            .await
+            .map_err(|err| StorageError::SharedMemory {
+                what: format!("checkpoint '{}'", record.name),
+                reason: format!("reserving bytes {lo}..{hi} in /dev/shm: {err}"),
+            })?;
+    }
     let pool = Arc::clone(device.pool());
     let whole = lo == e.offset && hi == e.end();
     let aligned = dst_at.is_multiple_of(pool.align() as u64)
