@@ -361,4 +361,5 @@ def close_region(client: Any, region: Region, subject: str) -> None:
         action(client, "checkpoint.shm.close", {"region": region.id}, subject)
     except SluiceError:
         pass  # expired already: the server let it go
-    region.close()
+    finally:
+        region.close()

@@ -647,7 +647,12 @@ class CheckpointReader(io.RawIOBase):
         if self._window is not None:
             # A window's reads that never ran left nothing half-written.
             ok = self._window.close()
-        if self.transport == "shm":
+        if self.transport == "shm" and self._handed_over:
+            # Its pages are mapped by what the caller holds now: letting it
+            # go (the server unmaps it) need not hold up the load.
+            # `Checkpoint.close` waits for it, with the other threads.
+            self._ckpt._executor().submit(self._lanes.close)
+        elif self.transport == "shm":
             self._lanes.close(keep=ok and self._keepable())
         else:
             self._lanes.close()

@@ -253,7 +253,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         .unwrap();
     assert!(!own.kept && own.region.region != id && own.gone.is_empty());
     assert_eq!(own.region.size, other.len() as u64);
-    assert!(c.shm_close(&own.region.region).is_ok());
+    assert!(c.shm_close(&own.region.region).await.is_ok());
     // Below `own_from`, the kept one is used as before.
     let under = open_own("small", vec![id.clone()], 1 << 20, (100_000, 0))
         .await

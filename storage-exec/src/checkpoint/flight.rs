@@ -191,7 +191,7 @@ impl CheckpointEndpoint for Checkpoints {
             }
             "checkpoint.shm.close" => {
                 let r: RegionId = body(kind, bytes)?;
-                self.shm_close(&r.region).map_err(status)?;
+                self.shm_close(&r.region).await.map_err(status)?;
                 json_bytes(&json!({ "closed": r.region }))
             }
             "checkpoint.abort" => {

@@ -121,7 +121,7 @@ impl Checkpoints {
                     // The client never learns a new region's id from an
                     // error: let it go now, not at the idle timeout.
                     if !kept {
-                        let _ = self.shm_close(&region.region);
+                        let _ = self.shm_close(&region.region).await;
                     }
                     return Err(e);
                 }

@@ -205,12 +205,20 @@ impl Checkpoints {
     }
 
     /// Lets region `region` go (its memory is freed once the client
-    /// unmaps it too).
-    pub fn shm_close(&self, region: &str) -> Result<()> {
-        lock(&self.lent)
+    /// unmaps it too). Unmapping a region of many megabytes takes
+    /// milliseconds: that is done on the blocking pool, not the runtime.
+    pub async fn shm_close(&self, region: &str) -> Result<()> {
+        let lent = lock(&self.lent)
             .remove(region)
-            .map(drop)
-            .ok_or_else(|| StorageError::UnknownRegion(region.chars().take(64).collect()))
+            .ok_or_else(|| StorageError::UnknownRegion(region.chars().take(64).collect()))?;
+        // A pool that is shutting down gives the region back: it is
+        // dropped here then.
+        let _ = off_runtime(move || {
+            drop(lent);
+            Ok(())
+        })
+        .await;
+        Ok(())
     }
 
     /// Regions lent now.
