@@ -41,6 +41,8 @@
 //! - `error_kind`: `Kind`, the API's own error kinds, each with its status
 //!   and code;
 //! - [`jobs`]: `/v1/jobs`: submit, list, look at, explain and cancel jobs;
+//! - `location`: `well_formed`: a node's location, checked before it is
+//!   dialled;
 //! - [`metrics`]: `/metrics`: the server's readings in the Prometheus text
 //!   format 0.0.4, written by `prometheus-client`;
 //! - [`moves`]: moving replicated parts between storage nodes;
@@ -59,6 +61,7 @@ pub mod datasets;
 pub mod error;
 mod error_kind;
 pub mod jobs;
+mod location;
 pub mod metrics;
 pub mod moves;
 pub mod nodes;

@@ -261,3 +261,108 @@ pub fn describe(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     plan.is::<DistributedExec>()
         .then(|| display_plan_ascii(plan.as_ref(), false))
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_plan::empty::EmptyExec;
+    use sluice_flight::StorageClient;
+
+    use super::*;
+
+    fn node(port: u16) -> Arc<dyn StorageEndpoint> {
+        // A client connects on first use: none is made here.
+        Arc::new(StorageClient::new(&format!("http://127.0.0.1:{port}")).unwrap())
+    }
+
+    fn fragment() -> Arc<dyn ExecutionPlan> {
+        let schema = Arc::new(Schema::new(vec![Field::new("key", DataType::Utf8, false)]));
+        Arc::new(EmptyExec::new(schema))
+    }
+
+    fn stage(reads: Vec<(Arc<dyn StorageEndpoint>, NodeReads)>) -> Result<Arc<dyn ExecutionPlan>> {
+        let udfs = Arc::new(UdfEnv::default());
+        fragment_stage(
+            "photos",
+            fragment(),
+            reads,
+            &udfs,
+            &Arc::new(Tally::default()),
+        )
+    }
+
+    fn url(port: u16) -> String {
+        format!("http://127.0.0.1:{port}")
+    }
+
+    #[tokio::test]
+    async fn a_fragments_tasks_go_to_the_nodes_that_read_and_are_two_at_least() {
+        // A node that reads nothing gets no task.
+        let s = stage(vec![
+            (node(1), NodeReads::Whole),
+            (node(2), NodeReads::Nothing),
+            (node(3), NodeReads::Whole),
+        ])
+        .unwrap();
+        assert!(s.is::<ReportedExec>());
+        assert_eq!(fragment_nodes(&s).unwrap(), [url(1), url(3)]);
+        // One node reads: a second task on it, reading nothing, keeps the
+        // boundary (two one-task stages would be merged here).
+        let s = stage(vec![
+            (node(1), NodeReads::Nothing),
+            (node(2), NodeReads::Whole),
+        ])
+        .unwrap();
+        assert_eq!(fragment_nodes(&s).unwrap(), [url(2), url(2)]);
+        // No node reads (all down, say): the stage still crosses.
+        let s = stage(vec![(node(4), NodeReads::Nothing)]).unwrap();
+        assert_eq!(fragment_nodes(&s).unwrap(), [url(4), url(4)]);
+        // No node at all: an error naming the dataset.
+        let e = stage(Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("no storage node holds dataset photos"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_restaged_fragment_keeps_its_nodes_and_grows_each_task() {
+        let s = stage(vec![
+            (node(1), NodeReads::Whole),
+            (node(2), NodeReads::Whole),
+        ])
+        .unwrap();
+        let reported = s.downcast_ref::<ReportedExec>().unwrap();
+        let grown = restage(reported, |p| {
+            Ok(Arc::new(
+                datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(p),
+            ) as _)
+        })
+        .unwrap()
+        .expect("a stage fragment_stage made");
+        assert_eq!(fragment_nodes(&grown).unwrap(), [url(1), url(2)]);
+        let mut grew = Vec::new();
+        grown
+            .apply(|p| {
+                let Some(leaf) = p.downcast_ref::<DistributedLeafExec>() else {
+                    return Ok(TreeNodeRecursion::Continue);
+                };
+                for v in leaf.variants() {
+                    let f = v.downcast_ref::<StorageFragmentExec>().unwrap();
+                    let FragmentPlan::Planned(plan) = &f.plan else {
+                        panic!("a task's fragment is planned");
+                    };
+                    grew.push(plan.name().to_string());
+                }
+                Ok(TreeNodeRecursion::Stop)
+            })
+            .unwrap();
+        assert_eq!(grew, ["CoalescePartitionsExec"; 2]);
+        // A plan with no fragment is no stage: nothing to route or grow.
+        assert!(fragment_nodes(&fragment()).is_none());
+        let other = ReportedExec::new(
+            fragment(),
+            fragment().schema(),
+            Arc::new(UdfEnv::default()),
+            Arc::new(Tally::default()),
+        );
+        assert!(restage(&other, Ok).unwrap().is_none());
+    }
+}

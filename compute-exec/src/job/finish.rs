@@ -143,3 +143,100 @@ impl NormalizeFinish {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::prelude::col;
+    use sluice_udfs::tensor::{ImageBuilder, ImageRef};
+
+    use super::*;
+
+    /// Two 2×2 RGB images, then a NULL row.
+    fn images() -> ArrayRef {
+        let mut b = ImageBuilder::with_capacity(3, 12);
+        for v in [10u8, 200] {
+            let pixels: Vec<u8> = (0..12).map(|i| v.wrapping_add(i)).collect();
+            b.append(ImageRef {
+                height: 2,
+                width: 2,
+                channels: 3,
+                pixels: &pixels,
+            });
+        }
+        b.append_null();
+        b.finish()
+    }
+
+    fn finish(clock: &Arc<StageClock>) -> NormalizeFinish {
+        let rows =
+            NormalizeRows::new(vec![0.5, 0.4, 0.3], vec![0.2, 0.25, 0.3], [2, 2, 3]).unwrap();
+        NormalizeFinish {
+            rows,
+            clock: Arc::clone(clock),
+        }
+    }
+
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_finish_writes_the_stages_floats_aligned_or_not_and_times_itself() {
+        let clock = Arc::new(StageClock::default());
+        let f = finish(&clock);
+        assert_eq!(f.row_bytes(), 48);
+        let source = images();
+        // The kernel's own floats, the reference.
+        let mut want = vec![0f32; 36];
+        f.rows.write(&source, 0, 3, &mut want);
+        assert!(want[24..].iter().all(|&v| v == 0.0), "a NULL row is zeros");
+        assert!((want[0] - ((10.0 / 255.0 - 0.5) / 0.2) as f32).abs() < 1e-5);
+
+        // An aligned body and one a byte off a 4-byte boundary get the
+        // same values.
+        let mut words = [0u32; 37];
+        // SAFETY: a `u32` buffer viewed as its bytes, every one initialized.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 148) };
+        f.write(&source, 0, 3, &mut bytes[..144]);
+        assert_eq!(floats(&bytes[..144]), want);
+        f.write(&source, 0, 3, &mut bytes[1..145]);
+        assert_eq!(floats(&bytes[1..145]), want);
+        // Rows from an offset: the second image alone.
+        let mut one = vec![0u8; 48];
+        f.write(&source, 1, 1, &mut one);
+        assert_eq!(floats(&one), want[12..24]);
+
+        let timed = clock.snapshot();
+        assert_eq!(timed.len(), 1, "{timed:?}");
+        assert_eq!(timed[0].udf, "normalize");
+        assert_eq!(timed[0].tally.rows, 7);
+        assert_eq!(timed[0].site, Site::default());
+    }
+
+    #[test]
+    fn only_deferred_outputs_are_described_and_none_when_nothing_is() {
+        let clock = Arc::new(StageClock::default());
+        let f: Arc<dyn Finish> = Arc::new(finish(&clock));
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("key", DataType::Utf8, false),
+            Field::new("image", DataType::Binary, true),
+        ]));
+        let finishes = Finishes::from(vec![None, Some(f)]);
+        assert_eq!(
+            describe(&schema, Some(&finishes)),
+            ["image = normalize(the window's image, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])"]
+        );
+        assert!(describe(&schema, None).is_empty());
+
+        // An output that is no `normalize` is left as it is.
+        let input = DFSchema::try_from(schema.as_ref().clone()).unwrap();
+        let exprs = [col("key"), col("image")];
+        let d = defer(&exprs, &input, &input, &clock);
+        assert_eq!(d.exprs, exprs);
+        assert!(d.finishes.is_none());
+    }
+}

@@ -291,3 +291,49 @@ pub(super) fn encode_windows(w: &WindowsExec, buf: &mut Vec<u8>) -> Result<()> {
 fn wire_error(e: impl std::fmt::Display) -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::Internal(e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_crosses_the_wire_as_the_take_it_asks_for() {
+        let take = Take::listed(7, vec![4, 0, 9], vec![0, 1, 2]).unwrap();
+        let unit = WindowUnit::of(&take).unwrap();
+        let wire = WindowUnit::decode(unit.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(wire.take().unwrap(), take);
+        // A job's index (every row) is no window.
+        assert!(WindowUnit::of(&Take::index(7)).is_none());
+        // A unit whose rows and slots disagree names what it holds.
+        let bad = WindowUnit {
+            version: 7,
+            rows: vec![1, 2],
+            slots: vec![0],
+        };
+        let e = bad.take().unwrap_err().to_string();
+        assert!(e.contains("a window of 2 rows but 1 slots"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn windows_are_fed_to_task_zero_in_order_once() {
+        let (source, tx) = WindowSource::new();
+        let ctx = Arc::new(TaskContext::default());
+        // Task 1 is fed nothing.
+        let none: Vec<_> = source.feed(1, Arc::clone(&ctx)).unwrap().collect().await;
+        assert!(none.is_empty());
+        let fed = source.feed(0, Arc::clone(&ctx)).unwrap();
+        for v in [3u64, 1, 2] {
+            tx.send(WindowUnit {
+                version: v,
+                rows: vec![v as u32],
+                slots: vec![0],
+            })
+            .unwrap();
+        }
+        drop(tx);
+        let got: Vec<u64> = fed.map_ok(|u| u.version).try_collect().await.unwrap();
+        assert_eq!(got, [3, 1, 2]);
+        let e = source.feed(0, ctx).err().unwrap().to_string();
+        assert!(e.contains("fed twice"), "{e}");
+    }
+}
