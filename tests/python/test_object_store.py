@@ -363,6 +363,81 @@ def test_webdataset_and_tfrecord_shards_in_the_store_equal_the_local_ones():
         assert got == rows(data, q.format("tf_local")) and len(got) == 12
 
 
+def test_parquet_shards_in_the_store_equal_the_local_ones():
+    """The Hugging Face Hub's layout (image {bytes, path}, label, text) in
+    small row groups, so that a shard's rows span several and a load
+    group several of them: from the store equal to from local files. A
+    .parquet URL with a `path` column is still a manifest; one with the
+    images inside is one shard; a file that is no Parquet is named."""
+    import pyarrow.parquet as pq
+    from test_shards import images
+
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        env = s3.env(ENV)
+        src, samples = images(d)
+        hub = os.path.join(d, "hub")
+        os.makedirs(hub)
+        classes = sorted({cls for _, cls, _ in samples})
+        for part, part_rows in enumerate([samples[:7], samples[7:]]):
+            table = pa.table({
+                "image": pa.array([{"bytes": b, "path": k} for k, _, b in part_rows],
+                                  pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                "label": pa.array([classes.index(c) for _, c, _ in part_rows], pa.int64()),
+                "text": pa.array([c for _, c, _ in part_rows]),
+            })
+            pq.write_table(table, os.path.join(hub, f"train-{part:05d}-of-00002.parquet"),
+                           row_group_size=3)
+        upload_tree(s3, "train", "hub", hub)
+        ingest(data, ENV, "hub_local", hub)
+        report = ingest(data, env, "hub_remote", "s3://train/hub")
+        assert report["samples"] == len(samples), report
+        q = ("SELECT key, label, text, image_path, source_shard, source_index, source_offset, "
+             "data, crc32c FROM {} ORDER BY key")
+        got = rows(data, q.format("hub_remote"))
+        assert got == rows(data, q.format("hub_local")) and len(got) == 12
+        # One shard named by its URL.
+        one = ingest(data, env, "one", "s3://train/hub/train-00001-of-00002.parquet")
+        assert one["samples"] == 5, one
+        assert rows(data, "SELECT key, data FROM one ORDER BY key") == \
+            [{"key": k, "data": b} for k, _, b in sorted(samples[7:])]
+        # 96 rows in one row group span three load groups: its image
+        # column is read once (a listing, the footer twice, the other
+        # columns, the images: some 7 requests; 13 or more if each load
+        # group read the row group again).
+        many = [(f"copy{i}/{k}", c, b) for i in range(8) for k, c, b in samples]
+        table = pa.table({
+            "image": pa.array([{"bytes": b, "path": k} for k, _, b in many],
+                              pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            "text": pa.array([c for _, c, _ in many]),
+        })
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf, row_group_size=len(many))
+        s3.put("train", "many/all.parquet", buf.getvalue().to_pybytes())
+        report = ingest(data, env, "many", "s3://train/many")
+        assert report["samples"] == 96, report
+        assert report["requests"]["requests"] < 12, report["requests"]
+        # A Parquet manifest in the bucket is still one.
+        listed = [{"path": key} for key, _, _ in samples]
+        upload_tree(s3, "train", "pets", src)
+        buf = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(listed), buf)
+        s3.put("train", "pets/m.parquet", buf.getvalue().to_pybytes())
+        man = ingest(data, env, "man", "s3://train/pets/m.parquet")
+        assert man["samples"] == len(samples), man
+        # Not Parquet at all: named, nothing else lost; nothing committed
+        # when errors fail the ingest.
+        s3.put("train", "bad/a.parquet", b"PAR1 this is no parquet file PAR1")
+        s3.put("train", "bad/b.parquet", open(os.path.join(hub, "train-00000-of-00002.parquet"),
+                                              "rb").read())
+        p = run(data, env, "ingest", "bad", "s3://train/bad", "--on-error", "fail")
+        assert p.returncode != 0 and "a.parquet" in p.stderr, p.stderr
+        assert "bad" not in datasets(data)
+        skipped = ingest(data, env, "bad", "s3://train/bad")
+        assert skipped["samples"] == 7, skipped
+        assert any("a.parquet" in json.dumps(b) for b in skipped["skipped"]), skipped
+
+
 def test_keys_with_spaces_accents_and_signs_are_read_as_named():
     """A key is sent as it is listed or named, never percent-encoded
     (`été 1.npy` is another key than `%C3%A9t%C3%A9 1.npy`)."""

@@ -43,6 +43,16 @@ pub(crate) enum Origin {
         size: Option<u64>,
         range: Option<std::ops::Range<u64>>,
     },
+    /// The object column's value in `row` of row group `row_group` of a
+    /// Parquet object in a store (`super::objects`), `size` bytes long;
+    /// fetched into `Inline` by its load group, a row group at a time.
+    ObjectCell {
+        source: Arc<ObjectSource>,
+        location: object_store::path::Path,
+        size: u64,
+        row_group: usize,
+        row: u64,
+    },
     /// Refused before a byte is read, and why (a duplicate key).
     Refused(String),
 }

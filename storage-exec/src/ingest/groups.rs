@@ -70,7 +70,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
             Origin::Object { size: None, .. } => 0,
             // Unknown until its row group is decoded; those decoded are
             // bounded by the row groups `Readers` keeps.
-            Origin::Cell { .. } | Origin::Refused(_) => 0,
+            Origin::Cell { .. } | Origin::ObjectCell { .. } | Origin::Refused(_) => 0,
         })
         .sum()
 }

@@ -93,7 +93,7 @@ pub(super) fn load(
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
         // Fetched by its group before it is loaded (`objects::fetch_group`).
-        Origin::Object { location, .. } => {
+        Origin::Object { location, .. } | Origin::ObjectCell { location, .. } => {
             return (entry.key, Err(format!("{location} was not fetched")));
         }
         Origin::Range { len, .. } if len > MAX_OBJECT_BYTES => {

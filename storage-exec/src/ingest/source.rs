@@ -122,6 +122,9 @@ impl IngestSource {
                 }
                 Origin::Object {
                     source, location, ..
+                }
+                | Origin::ObjectCell {
+                    source, location, ..
                 } => {
                     let url = source.url().of_key(location.as_ref());
                     (e.key, Some(PathBuf::from(url)))

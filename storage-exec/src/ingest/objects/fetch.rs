@@ -1,6 +1,7 @@
 //! The bytes of an ingest's objects, fetched from their store.
 //!
-//! A load group's objects are fetched all at once (the ingest keeps a few
+//! A load group's objects are fetched all at once (a Parquet shard's cells
+//! by row group, `super::parquet_shards`) (the ingest keeps a few
 //! groups in flight, so some hundred GETs are open), each into memory,
 //! and handed to the loader as bytes, which probes and checksums them as
 //! it does a local file's. An object over [`RANGE_BYTES`] is fetched in
@@ -30,6 +31,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 
 use super::ObjectSource;
+use super::faults::{BODY_TRIES, objects_fault, store_error};
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Origin};
 use crate::ingest::{MAX_OBJECT_BYTES, too_large};
@@ -38,14 +40,13 @@ use crate::ingest::{MAX_OBJECT_BYTES, too_large};
 pub const RANGE_BYTES: u64 = 8 << 20;
 /// Ranges of one object in flight.
 pub const RANGES_AT_ONCE: usize = 4;
-/// Attempts at one object, whole.
-pub const BODY_TRIES: u32 = 3;
 
 /// `group` with each object's origin replaced by its bytes, or by why the
 /// object is refused; `Err` when the store failed (see the module docs).
 /// The members of one shard in the group are fetched together, their
 /// ranges coalesced by `object_store` into few requests.
 pub(crate) async fn fetch_group(mut group: Vec<Entry>) -> Result<Vec<Entry>> {
+    super::parquet_shards::fetch_cells(&mut group).await?;
     let mut shards: Vec<Members> = Vec::new();
     for (i, e) in group.iter_mut().enumerate() {
         let Origin::Object {
@@ -144,36 +145,6 @@ impl Members {
             tracing::info!("{url}: {why}; fetching its members again");
             tokio::time::sleep(Duration::from_millis(200 << tries)).await;
         }
-    }
-}
-
-/// What an `object_store` error says, with the store's own code when its
-/// answer had one (`NoSuchBucket`, `AccessDenied`, `ExpiredToken`,
-/// `SlowDown`).
-pub(super) fn store_error(e: &object_store::Error) -> String {
-    let text = e.to_string();
-    let tag = |name: &str| {
-        let open = format!("<{name}>");
-        let close = format!("</{name}>");
-        let start = text.find(&open)? + open.len();
-        let end = text[start..].find(&close)? + start;
-        Some(text[start..end].to_owned())
-    };
-    match (tag("Code"), tag("Message")) {
-        (Some(code), Some(message)) => format!("{code}: {message}"),
-        (Some(code), None) => code,
-        // No XML body: the error as `object_store` words it (the method,
-        // the URL, the status; never a credential).
-        _ => text,
-    }
-}
-
-/// Whether `e` is the object's own fault, not the store's.
-fn objects_fault(e: &object_store::Error) -> bool {
-    match e {
-        object_store::Error::NotFound { .. } => !store_error(e).contains("NoSuchBucket"),
-        object_store::Error::PermissionDenied { .. } => true,
-        _ => false,
     }
 }
 

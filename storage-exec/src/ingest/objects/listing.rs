@@ -15,8 +15,10 @@
 //!   server, a row outside `--ingest-url-allow` is refused too.
 //! - **NodeShare files**: a prefix whose objects are all WebDataset tars or
 //!   TFRecord files, or a URL naming one, is read as shards
-//!   (`super::shards`). A `.parquet` object is a manifest here: Parquet
-//!   with the images inside is read from local paths only.
+//!   (`super::shards`), and so is a prefix of Parquet files with the
+//!   images inside (`super::parquet_shards`). A `.parquet` URL is a manifest
+//!   when it has a top-level `path` column, and one shard when it has an
+//!   object column instead, as a local file is.
 
 use std::sync::Arc;
 
@@ -27,8 +29,9 @@ use object_store::path::Path as ObjectPath;
 
 use super::ObjectSource;
 use super::address::ObjectUrl;
-use super::fetch::store_error;
-use super::shards::ShardObject;
+use super::faults::store_error;
+use super::parquet_shards;
+use super::shard_object::ShardObject;
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Enumerated, Origin, image_folder_labels};
 use crate::ingest::node_share::NodeShare;
@@ -43,10 +46,10 @@ pub(super) fn is_manifest(key: &str) -> bool {
         .any(|e| lower.ends_with(e))
 }
 
-/// The kind of shard file `key` names (a Parquet file is a manifest here).
+/// The kind of shard file `key` names.
 fn shard_kind(key: &str) -> Option<ShardKind> {
     match ShardKind::of(key) {
-        Some(Ok(ShardKind::Parquet)) | None => None,
+        None => None,
         Some(Ok(kind)) => Some(kind),
         // A compressed tar sluice does not read: `enumerate_shards` names it.
         Some(Err(_)) => Some(ShardKind::TarGz),
@@ -68,6 +71,26 @@ impl ObjectSource {
     /// shard files only, for shards and a storage node's part.
     pub(crate) async fn enumerate(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
         match self.manifest.clone() {
+            Some(manifest) if manifest.prefix.to_ascii_lowercase().ends_with(".parquet") => {
+                let location = key_path(&manifest.prefix).map_err(|e| self.bad(e))?;
+                if !parquet_shards::is_shard(&self, &location).await? {
+                    return self.enumerate_manifest(manifest).await;
+                }
+                let size = self
+                    .store
+                    .head(&location)
+                    .await
+                    .map_err(|e| self.bad(format!("cannot read the shard: {}", store_error(&e))))?
+                    .size;
+                let name = manifest.prefix.rsplit('/').next().unwrap_or_default();
+                let shard = ShardObject {
+                    name: name.to_owned(),
+                    kind: ShardKind::Parquet,
+                    location,
+                    size,
+                };
+                self.enumerate_shards(vec![shard], part).await
+            }
             Some(manifest) => self.enumerate_manifest(manifest).await,
             None if shard_kind(&self.url.prefix).is_some() => {
                 // One shard file, named.

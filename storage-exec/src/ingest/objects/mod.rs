@@ -14,7 +14,13 @@
 //! - [`tally`]: the requests and retries, counted where they leave;
 //! - `listing`: what a source holds, as entries (ImageFolder, flat, or
 //!   a manifest in the store);
+//! - `shard_object`: `ShardObject`, a shard file a listing found;
 //! - `shards`: WebDataset and TFRecord shards in the store, streamed;
+//! - `parquet_file`: `ParquetObject`, a Parquet object as the parquet
+//!   crate's async file;
+//! - `parquet_shards`: Parquet shards in the store (images inside), read by
+//!   column chunk;
+//! - `faults`: a store's errors, named, and whose fault they are;
 //! - `fetch`: the objects' bytes, many GETs at once, straight into the
 //!   ingest's load groups.
 //!
@@ -29,9 +35,13 @@
 
 pub mod address;
 mod connect;
+mod faults;
 mod fetch;
 mod listing;
+mod parquet_file;
+mod parquet_shards;
 mod profile;
+mod shard_object;
 mod shards;
 pub mod tally;
 
@@ -52,6 +62,8 @@ pub struct ObjectSource {
     tally: Arc<Tally>,
     /// Where a manifest's rows may point (a server's allow list).
     allow: Option<UrlAllow>,
+    /// The Parquet shards' row groups read last (`parquet_shards`).
+    row_groups: parquet_shards::RowGroupObjects,
 }
 
 impl std::fmt::Debug for ObjectSource {
@@ -104,6 +116,7 @@ impl ObjectSource {
             store,
             tally,
             allow,
+            row_groups: parquet_shards::RowGroupObjects::default(),
         })
     }
 

@@ -16,9 +16,9 @@
 //!
 //! With a storage node's part of N, and at least N shards, the node reads
 //! the shards at positions ≡ I mod N of the name order only, as it does
-//! locally. Gzipped tars and Parquet shards are not read from a store:
-//! the first would have to be inflated to a local file, the second is
-//! refused by the listing with a message saying so.
+//! locally. Parquet shards are read by column chunk instead
+//! (`super::parquet_shards`). Gzipped tars are not read from a store: they would
+//! have to be inflated to a local file.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -31,7 +31,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange};
 
 use super::ObjectSource;
-use super::fetch::{BODY_TRIES, store_error};
+use super::faults::{BODY_TRIES, store_error};
+use super::parquet_shards;
+pub(super) use super::shard_object::ShardObject;
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Enumerated, Origin};
 use crate::ingest::node_share::NodeShare;
@@ -39,15 +41,6 @@ use crate::ingest::shard_files::{self, Sample, ShardKind, tfrecord, webdataset};
 
 /// Shards streamed at once.
 const SHARDS_AT_ONCE: usize = 4;
-
-/// One shard file of a listing: its name under the prefix, where it is,
-/// its size and kind.
-pub(super) struct ShardObject {
-    pub name: String,
-    pub location: ObjectPath,
-    pub size: u64,
-    pub kind: ShardKind,
-}
 
 impl ObjectSource {
     /// The samples of `shards` (sorted by name), or of this node's files
@@ -57,20 +50,25 @@ impl ObjectSource {
         shards: Vec<ShardObject>,
         part: Option<NodeShare>,
     ) -> Result<Enumerated> {
-        if let Some(bad) = shards
-            .iter()
-            .find(|s| !matches!(s.kind, ShardKind::Tar | ShardKind::TfRecord))
-        {
+        if let Some(bad) = shards.iter().find(|s| s.kind == ShardKind::TarGz) {
             return Err(self.bad(format!(
-                "{}: of shards in an object store, sluice reads .tar (WebDataset) and \
-                 .tfrecord files; a .tar.gz would have to be inflated to a local file \
-                 first, and Parquet shards are read from local paths only",
+                "{}: of shards in an object store, sluice reads .tar (WebDataset), \
+                 .tfrecord and .parquet files; a .tar.gz would have to be inflated to a \
+                 local file first: ingest it from a local path",
                 bad.name
             )));
         }
         let (shards, part_only) = NodeShare::own_files(part, shards);
         let per_shard: Vec<Vec<Sample>> = futures::stream::iter(shards)
-            .map(|shard| Arc::clone(&self).shard_samples(shard))
+            .map(|shard| {
+                let source = Arc::clone(&self);
+                async move {
+                    match shard.kind {
+                        ShardKind::Parquet => parquet_shards::samples(source, shard).await,
+                        _ => source.shard_samples(shard).await,
+                    }
+                }
+            })
             .buffered(SHARDS_AT_ONCE)
             .try_collect()
             .await?;

@@ -17,6 +17,9 @@
 //! - every other column is a metadata value ([`super::columns`]), a
 //!   struct's fields flattened (`image_path`).
 //!
+//! The same files in an object store are read by `crate::ingest::objects`
+//! with these helpers, through the `parquet` crate's object-store reader.
+//!
 //! Compression is whatever the build's `parquet` reads (Snappy and Zstd,
 //! the Hub's two, both tried); a file in another codec is refused, named,
 //! by the reader's own error.
@@ -46,13 +49,13 @@ pub const OBJECT_COLUMNS: &[&str] = &[
 /// Where a file's objects are: the top-level column, and whether it is a
 /// struct (with `bytes`, and maybe `path`) or the bytes themselves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct ObjectColumn {
+pub(crate) struct ObjectColumn {
     name: String,
     is_struct: bool,
 }
 
 /// The object column of `schema`, if it has one.
-fn object_column(schema: &Schema) -> Option<ObjectColumn> {
+pub(crate) fn object_column(schema: &Schema) -> Option<ObjectColumn> {
     let binary = |t: &DataType| {
         matches!(
             t,
@@ -92,7 +95,7 @@ pub fn is_object_file(path: &Path) -> bool {
 }
 
 /// The leaves of the object's bytes (`object.bytes`, or `object`).
-fn bytes_leaves(parquet: &SchemaDescriptor, object: &ObjectColumn) -> Vec<usize> {
+pub(crate) fn bytes_leaves(parquet: &SchemaDescriptor, object: &ObjectColumn) -> Vec<usize> {
     let want = if object.is_struct {
         format!("{}.bytes", object.name)
     } else {
@@ -157,7 +160,7 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
 }
 
 /// Which row group and row the next row is.
-struct Place {
+pub(crate) struct Place {
     rows_per_group: Vec<u64>,
     group: usize,
     in_group: u64,
@@ -165,7 +168,7 @@ struct Place {
 }
 
 impl Place {
-    fn new(rows_per_group: Vec<u64>) -> Self {
+    pub(crate) fn new(rows_per_group: Vec<u64>) -> Self {
         Self {
             rows_per_group,
             group: 0,
@@ -190,7 +193,7 @@ impl Place {
 }
 
 /// The samples of one batch of rows (the object column without its bytes).
-fn rows(
+pub(crate) fn rows(
     path: &Path,
     shard: &str,
     object: &ObjectColumn,
@@ -291,17 +294,7 @@ impl RowGroups {
         confine: Option<&Confinement>,
     ) -> Result<Vec<u8>, String> {
         let column = self.column(path, group, confine)?;
-        let row = row as usize;
-        if row >= column.len() || column.is_null(row) {
-            return Err(format!("row {row} of row group {group} has no object"));
-        }
-        let bytes = match column.data_type() {
-            DataType::Binary => column.as_binary::<i32>().value(row),
-            DataType::LargeBinary => column.as_binary::<i64>().value(row),
-            DataType::BinaryView => column.as_binary_view().value(row),
-            t => return Err(format!("the object column is {t}, not binary")),
-        };
-        Ok(bytes.to_vec())
+        row_object(&column, group, row)
     }
 
     fn column(
@@ -348,18 +341,44 @@ fn read_group(
         .with_batch_size(1 << 16)
         .build()
         .map_err(|e| fail(&e))?;
-    let mut parts = Vec::new();
+    let mut batches = Vec::new();
     for batch in reader {
-        let batch = batch.map_err(|e| fail(&e))?;
+        batches.push(batch.map_err(|e| fail(&e))?);
+    }
+    object_bytes(&batches).map_err(|e| fail(&e))
+}
+
+/// The objects' bytes of a row group's `batches` (read with the
+/// [`bytes_leaves`] projection), as one binary column.
+pub(crate) fn object_bytes(batches: &[RecordBatch]) -> Result<ArrayRef, String> {
+    let mut parts = Vec::with_capacity(batches.len());
+    for batch in batches {
         let c = Arc::clone(batch.column(0));
         parts.push(match c.as_struct_opt() {
-            Some(s) => Arc::clone(s.column_by_name("bytes").ok_or_else(|| fail(&"no bytes"))?),
+            Some(s) => Arc::clone(s.column_by_name("bytes").ok_or("no bytes field")?),
             None => c,
         });
     }
     let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
     match refs.len() {
+        0 => Err("the row group has no rows".into()),
         1 => Ok(Arc::clone(&parts[0])),
-        _ => arrow::compute::concat(&refs).map_err(|e| fail(&e)),
+        _ => arrow::compute::concat(&refs).map_err(|e| e.to_string()),
     }
+}
+
+/// The object of `row` of row group `group`'s bytes `column`
+/// ([`object_bytes`]).
+pub(crate) fn row_object(column: &ArrayRef, group: usize, row: u64) -> Result<Vec<u8>, String> {
+    let row = row as usize;
+    if row >= column.len() || column.is_null(row) {
+        return Err(format!("row {row} of row group {group} has no object"));
+    }
+    let bytes = match column.data_type() {
+        DataType::Binary => column.as_binary::<i32>().value(row),
+        DataType::LargeBinary => column.as_binary::<i64>().value(row),
+        DataType::BinaryView => column.as_binary_view().value(row),
+        t => return Err(format!("the object column is {t}, not binary")),
+    };
+    Ok(bytes.to_vec())
 }

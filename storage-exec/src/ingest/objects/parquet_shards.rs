@@ -1,0 +1,333 @@
+//! Parquet shards in an object store (the Hugging Face Hub's layout: an
+//! image column of `{bytes, path}` beside labels and text), read as the
+//! local ones are (`crate::ingest::shard_files::parquet_shard`, whose
+//! helpers these are) through the `parquet` crate's async reader
+//! (`super::parquet_file`):
+//! the footer first, then only the column chunks asked for, in ranged
+//! GETs it coalesces. A shard is never held whole:
+//!
+//! - **Enumeration** reads every column but the objects' bytes: a row's
+//!   key (the struct's `path`, or `shard/row`) and its metadata values.
+//!   Each sample is an [`Origin::ObjectCell`]: its row group and row.
+//! - **Loading.** A load group's cells are fetched by row group
+//!   ([`fetch_cells`], from `super::fetch`): the object column of one row
+//!   group, read and decoded once for all of its rows, and kept for the
+//!   next load groups ([`RowGroupObjects`], the last few row groups of a
+//!   source: a row group's rows span many load groups). Load groups in
+//!   flight that want the same row group wait for one read of it. A row
+//!   group is what the writer put in one (the Hub's are tens of MB).
+//!
+//! Whose fault: a store that fails (after `object_store`'s retries, and
+//! [`BODY_TRIES`] tries of the whole read) fails the ingest, which
+//! commits nothing; a file that is not Parquet, or a row group that does
+//! not decode, is its samples' fault, named, under the ingest's policy.
+//! A `.parquet` URL with a top-level `path` column is a manifest, as a
+//! local one is; with an object column and none, it is one shard.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::ArrayRef;
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::errors::ParquetError;
+
+use super::ObjectSource;
+use super::faults::{BODY_TRIES, store_error};
+use super::parquet_file::ParquetObject;
+use super::shard_object::ShardObject;
+use crate::error::{Result, StorageError};
+use crate::ingest::entries::{Entry, Origin};
+use crate::ingest::shard_files::Sample;
+use crate::ingest::shard_files::columns::SourceOf;
+use crate::ingest::shard_files::parquet_shard::{
+    OBJECT_COLUMNS, Place, bytes_leaves, object_bytes, object_column, row_object, rows,
+};
+
+/// Rows decoded at a time when a shard is enumerated.
+const BATCH_ROWS: usize = 8192;
+
+/// One row group's objects: their bytes, or why the file cannot give them.
+type Objects = std::result::Result<ArrayRef, String>;
+
+/// The object columns of a source's row groups read last, each read once
+/// however many load groups want it (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct RowGroupObjects {
+    kept: Mutex<VecDeque<RowGroupSlot>>,
+}
+
+/// A row group's objects (of the object at the path), once read.
+type RowGroupSlot = ((ObjectPath, usize), Arc<tokio::sync::OnceCell<Objects>>);
+
+impl RowGroupObjects {
+    /// Row groups kept: the few load groups in flight each span one or two.
+    const KEEP: usize = 4;
+
+    /// The slot of row group `group` of `location`, made if it has none.
+    fn slot(&self, location: &ObjectPath, group: usize) -> Arc<tokio::sync::OnceCell<Objects>> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, cell)) = kept.iter().find(|((l, g), _)| l == location && *g == group) {
+            return Arc::clone(cell);
+        }
+        let cell = Arc::new(tokio::sync::OnceCell::new());
+        kept.push_back(((location.clone(), group), Arc::clone(&cell)));
+        while kept.len() > Self::KEEP {
+            kept.pop_front();
+        }
+        cell
+    }
+}
+
+/// Why a read of a Parquet object failed: the store (the ingest's fault)
+/// or the file (its samples').
+enum Failed {
+    Store(String),
+    File(String),
+}
+
+impl From<ParquetError> for Failed {
+    fn from(e: ParquetError) -> Self {
+        if let ParquetError::External(inner) = &e
+            && let Some(s) = inner.downcast_ref::<object_store::Error>()
+        {
+            return Self::Store(store_error(s));
+        }
+        Self::File(e.to_string())
+    }
+}
+
+/// The reader of the Parquet object at `location`, `size` bytes long.
+async fn builder(
+    source: &ObjectSource,
+    location: &ObjectPath,
+    size: u64,
+) -> std::result::Result<ParquetRecordBatchStreamBuilder<ParquetObject>, Failed> {
+    let reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
+    Ok(ParquetRecordBatchStreamBuilder::new(reader).await?)
+}
+
+/// Runs `read` until the store answers, at most [`BODY_TRIES`] times;
+/// a store that still fails is the ingest's error, naming `location`.
+async fn tried<T, F>(
+    source: &ObjectSource,
+    location: &ObjectPath,
+    mut read: impl FnMut() -> F,
+) -> Result<std::result::Result<T, String>>
+where
+    F: Future<Output = std::result::Result<T, Failed>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match read().await {
+            Ok(v) => return Ok(Ok(v)),
+            Err(Failed::File(why)) => return Ok(Err(why)),
+            Err(Failed::Store(why)) if tries >= BODY_TRIES => {
+                return Err(StorageError::BadSource {
+                    path: source.url.of_key(location.as_ref()).into(),
+                    reason: format!("its store failed: {why}"),
+                });
+            }
+            Err(Failed::Store(why)) => {
+                source.tally.body_failed();
+                tracing::info!("{location}: {why}; reading it again");
+                tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+            }
+        }
+    }
+}
+
+/// Whether the `.parquet` object at `location` is a shard of objects
+/// (an object column, no top-level `path`) rather than a manifest.
+pub(super) async fn is_shard(source: &ObjectSource, location: &ObjectPath) -> Result<bool> {
+    let size = match source.store.head(location).await {
+        Ok(meta) => meta.size,
+        // Read as a manifest, whose reader names the failure.
+        Err(_) => return Ok(false),
+    };
+    let schema = tried(source, location, || async move {
+        Ok::<_, Failed>(Arc::clone(builder(source, location, size).await?.schema()))
+    })
+    .await?;
+    Ok(schema.is_ok_and(|s| s.field_with_name("path").is_err() && object_column(&s).is_some()))
+}
+
+/// The samples of the Parquet shard `shard`, each a cell of it.
+pub(super) async fn samples(source: Arc<ObjectSource>, shard: ShardObject) -> Result<Vec<Sample>> {
+    let url = source.url.of_key(shard.location.as_ref());
+    let read = tried(&source, &shard.location, || cells_of(&source, &shard, &url)).await?;
+    let mut samples = match read {
+        Ok(samples) => samples,
+        Err(why) => {
+            return Ok(vec![Sample::refused(
+                format!("{}@0", shard.name),
+                why,
+                SourceOf {
+                    shard: shard.name.clone(),
+                    index: 0,
+                    offset: 0,
+                },
+            )]);
+        }
+    };
+    for s in &mut samples {
+        if let Origin::Cell { row_group, row, .. } = s.origin {
+            s.origin = Origin::ObjectCell {
+                source: Arc::clone(&source),
+                location: shard.location.clone(),
+                size: shard.size,
+                row_group,
+                row,
+            };
+        }
+    }
+    Ok(samples)
+}
+
+/// One read of `shard`'s rows (every column but the objects' bytes).
+async fn cells_of(
+    source: &ObjectSource,
+    shard: &ShardObject,
+    url: &str,
+) -> std::result::Result<Vec<Sample>, Failed> {
+    let builder = builder(source, &shard.location, shard.size).await?;
+    let Some(object) = object_column(builder.schema()) else {
+        return Err(Failed::File(format!(
+            "no object column (looked for {} as binary, or a struct with binary `bytes`)",
+            OBJECT_COLUMNS.join(", ")
+        )));
+    };
+    let skip = bytes_leaves(builder.parquet_schema(), &object);
+    let keep: Vec<usize> = (0..builder.parquet_schema().num_columns())
+        .filter(|i| !skip.contains(i))
+        .collect();
+    let rows_per_group = builder
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows() as u64)
+        .collect();
+    let mask = ProjectionMask::leaves(builder.parquet_schema(), keep);
+    let mut batches = builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()?;
+    let mut place = Place::new(rows_per_group);
+    let mut out = Vec::new();
+    let path = std::path::PathBuf::from(url);
+    while let Some(batch) = batches.try_next().await? {
+        rows(&path, &shard.name, &object, &batch, &mut place, &mut out);
+    }
+    Ok(out)
+}
+
+/// The objects' bytes of row group `group` of the Parquet object at
+/// `location` (`size` bytes), one binary value a row, from the kept
+/// ones or read once; the inner `Err` says why the file cannot give
+/// them (its samples' fault). A store's failure is not kept: the next
+/// load group tries again.
+async fn row_group_objects(
+    source: &ObjectSource,
+    location: &ObjectPath,
+    size: u64,
+    group: usize,
+) -> Result<Objects> {
+    let slot = source.row_groups.slot(location, group);
+    slot.get_or_try_init(|| read_row_group(source, location, size, group))
+        .await
+        .cloned()
+}
+
+/// One read of row group `group`'s objects (see `row_group_objects`).
+async fn read_row_group(
+    source: &ObjectSource,
+    location: &ObjectPath,
+    size: u64,
+    group: usize,
+) -> Result<Objects> {
+    let read = || async move {
+        let builder = builder(source, location, size).await?;
+        let object = object_column(builder.schema())
+            .ok_or_else(|| Failed::File("no object column".into()))?;
+        if group >= builder.metadata().num_row_groups() {
+            return Err(Failed::File(format!("no row group {group}")));
+        }
+        let mask = ProjectionMask::leaves(
+            builder.parquet_schema(),
+            bytes_leaves(builder.parquet_schema(), &object),
+        );
+        let batches: Vec<_> = builder
+            .with_row_groups(vec![group])
+            .with_projection(mask)
+            .with_batch_size(1 << 16)
+            .build()?
+            .try_collect()
+            .await?;
+        object_bytes(&batches).map_err(Failed::File)
+    };
+    let got = tried(source, location, read).await?;
+    Ok(got.map_err(|why| {
+        format!(
+            "{}: row group {group}: {why}",
+            source.url.of_key(location.as_ref())
+        )
+    }))
+}
+
+/// Replaces each cell of `group` ([`Origin::ObjectCell`]) by its object's
+/// bytes, or by why it has none; `Err` when a store failed. Each row group
+/// the group's cells are in is read once (see the module docs).
+pub(super) async fn fetch_cells(group: &mut [Entry]) -> Result<()> {
+    /// A row group wanted: its source, object, size and index, and the
+    /// (entry, row) of each of its cells.
+    type Wanted = (Arc<ObjectSource>, ObjectPath, u64, usize, Vec<(usize, u64)>);
+    let mut wanted: Vec<Wanted> = Vec::new();
+    for (i, e) in group.iter().enumerate() {
+        let Origin::ObjectCell {
+            source,
+            location,
+            size,
+            row_group,
+            row,
+        } = &e.origin
+        else {
+            continue;
+        };
+        let same =
+            |w: &&mut Wanted| Arc::ptr_eq(&w.0, source) && &w.1 == location && w.3 == *row_group;
+        match wanted.iter_mut().find(same) {
+            Some(w) => w.4.push((i, *row)),
+            None => wanted.push((
+                Arc::clone(source),
+                location.clone(),
+                *size,
+                *row_group,
+                vec![(i, *row)],
+            )),
+        }
+    }
+    let columns = futures::future::try_join_all(
+        wanted
+            .iter()
+            .map(|(source, location, size, g, _)| row_group_objects(source, location, *size, *g)),
+    )
+    .await?;
+    for ((.., g, cells), column) in wanted.iter().zip(columns) {
+        for &(i, row) in cells {
+            let object = column
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|c| row_object(c, *g, row));
+            group[i].origin = match object {
+                Ok(bytes) => Origin::Inline(bytes),
+                Err(why) => Origin::Refused(why),
+            };
+        }
+    }
+    Ok(())
+}
