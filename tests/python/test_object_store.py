@@ -352,6 +352,19 @@ def test_webdataset_and_tfrecord_shards_in_the_store_equal_the_local_ones():
         ingest(data, env, "one", "s3://train/wds/train-0001.tar")
         assert {r["source_shard"] for r in rows(data, "SELECT source_shard FROM one")} == \
             {"train-0001.tar"}
+        # A pattern in the URL's last part: the shards beside each other
+        # that match it; one that matches a file that is no shard, or
+        # nothing, is refused by name.
+        ingest(data, env, "glob", "s3://train/wds/train-000[0-1].t*")
+        assert {r["source_shard"] for r in rows(data, "SELECT source_shard FROM glob")} == \
+            {"train-0000.tar", "train-0001.tar"}
+        upload_tree(s3, "train", "mixed", wds)
+        s3.put("train", "mixed/notes.txt", b"not a shard")
+        p = run(data, env, "ingest", "bad_glob", "s3://train/mixed/*")
+        assert p.returncode != 0 and "notes.txt matches but is not a shard" in p.stderr, p.stderr
+        p = run(data, env, "ingest", "no_glob", "s3://train/wds/val-*.tar")
+        assert p.returncode != 0 and "no shards" in p.stderr, p.stderr
+        assert not {"bad_glob", "no_glob"} & set(datasets(data))
         part = os.path.join(d, "part")
         ingest(part, env, "wds", "s3://train/wds", "--shard", "1/2")
         assert {r["source_shard"] for r in rows(part, "SELECT source_shard FROM wds")} == \

@@ -19,6 +19,9 @@
 //!   images inside (`super::parquet_shards`). A `.parquet` URL is a manifest
 //!   when it has a top-level `path` column, and one shard when it has an
 //!   object column instead, as a local file is.
+//! - **A pattern**: a URL whose last part is a shell pattern
+//!   (`s3://b/shards/train-*.tar`, `[0-4]`) names the shards beside each
+//!   other whose names match it: one listing of the part before it.
 
 use std::sync::Arc;
 
@@ -36,6 +39,7 @@ use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Enumerated, Origin, image_folder_labels};
 use crate::ingest::node_share::NodeShare;
 use crate::ingest::shard_files::ShardKind;
+use crate::ingest::shard_files::glob::matches;
 use crate::ingest::source::{ManifestAt, read_manifest};
 
 /// Whether `key` names a manifest by its extension.
@@ -44,6 +48,15 @@ pub(super) fn is_manifest(key: &str) -> bool {
     [".csv", ".json", ".jsonl", ".ndjson", ".parquet"]
         .iter()
         .any(|e| lower.ends_with(e))
+}
+
+/// Whether the last part of `prefix` is a shell pattern (`*`, `[a-z]`;
+/// `?` would begin a URL's query, which a source URL never has).
+pub(super) fn is_glob(prefix: &str) -> bool {
+    prefix
+        .rsplit('/')
+        .next()
+        .is_some_and(|n| n.contains(['*', '[']))
 }
 
 /// The kind of shard file `key` names.
@@ -92,6 +105,7 @@ impl ObjectSource {
                 self.enumerate_shards(vec![shard], part).await
             }
             Some(manifest) => self.enumerate_manifest(manifest).await,
+            None if is_glob(&self.url.prefix) => self.enumerate_glob(part).await,
             None if shard_kind(&self.url.prefix).is_some() => {
                 // One shard file, named.
                 let location = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
@@ -175,6 +189,59 @@ impl ObjectSource {
             })
             .collect();
         Ok(Enumerated::whole(entries, user_fields, user_columns))
+    }
+
+    /// The shards whose names match the pattern in the last part of the
+    /// URL, beside each other under the part before it (as a local glob:
+    /// every match must be a shard).
+    async fn enumerate_glob(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
+        let (dir, pattern) = self
+            .url
+            .prefix
+            .rsplit_once('/')
+            .unwrap_or(("", self.url.prefix.as_str()));
+        let pattern: Vec<char> = pattern.chars().collect();
+        let under = match dir {
+            "" => None,
+            d => Some(key_path(d).map_err(|e| self.bad(e))?),
+        };
+        let mut listed = self.store.list(under.as_ref());
+        let mut shards = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta =
+                meta.map_err(|e| self.bad(format!("cannot list it: {}", store_error(&e))))?;
+            let location = meta.location.as_ref();
+            let name = match dir {
+                "" => location,
+                d => location
+                    .strip_prefix(d)
+                    .and_then(|r| r.strip_prefix('/'))
+                    .unwrap_or(location),
+            };
+            if name.contains('/')
+                || name.starts_with('.')
+                || name.ends_with(".index")
+                || !matches(&pattern, &name.chars().collect::<Vec<_>>())
+            {
+                continue;
+            }
+            let Some(kind) = shard_kind(name) else {
+                return Err(self.bad(format!(
+                    "{name} matches but is not a shard (.tar, .tfrecord or .parquet)"
+                )));
+            };
+            shards.push(ShardObject {
+                name: name.to_owned(),
+                location: meta.location,
+                size: meta.size,
+                kind,
+            });
+        }
+        if shards.is_empty() {
+            return Err(self.bad("no shards (.tar, .tfrecord, .parquet) match it".into()));
+        }
+        shards.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        self.enumerate_shards(shards, part).await
     }
 
     async fn enumerate_manifest(self: Arc<Self>, manifest: ObjectUrl) -> Result<Enumerated> {

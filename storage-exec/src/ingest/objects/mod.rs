@@ -92,7 +92,7 @@ impl ObjectSource {
                 let at = url.join(m)?;
                 (url, Some(at))
             }
-            None if listing::is_manifest(&url.prefix) => {
+            None if listing::is_manifest(&url.prefix) && !listing::is_glob(&url.prefix) => {
                 let base = match url.prefix.rsplit_once('/') {
                     Some((dir, _)) => ObjectUrl {
                         prefix: dir.to_owned(),

@@ -9,6 +9,8 @@
 //! - [`columns`]: the metadata columns their small members and features
 //!   become, and the columns that trace a sample to its shard
 //!   (`source_shard`, `source_index`, `source_offset`);
+//! - `glob`: `matches`, a name against a shell pattern (`*`, `?`,
+//!   `[a-z]`), here and in an object store's listing;
 //! - `open_shards`: `OpenShards`: the shard files an ingest reads objects
 //!   from, kept open between objects.
 //!
@@ -27,6 +29,7 @@
 //! temporary file and read from there as a tar ([`inflate`]).
 
 pub mod columns;
+pub(crate) mod glob;
 mod inflate;
 mod open_shards;
 pub mod parquet_shard;
@@ -183,31 +186,6 @@ fn has_glob(path: &Path) -> bool {
         .is_some_and(|n| n.to_string_lossy().contains(['*', '?', '[']))
 }
 
-/// Whether `name` matches `pattern` (`*` any run, `?` one character,
-/// `[abc]` / `[a-z]` one of a set).
-fn matches(pattern: &[char], name: &[char]) -> bool {
-    match pattern.split_first() {
-        None => name.is_empty(),
-        Some((&'*', rest)) => (0..=name.len()).any(|i| matches(rest, &name[i..])),
-        Some((&'?', rest)) => !name.is_empty() && matches(rest, &name[1..]),
-        Some((&'[', rest)) => {
-            let Some(close) = rest.iter().position(|&c| c == ']') else {
-                return name.first() == Some(&'[') && matches(rest, &name[1..]);
-            };
-            let (set, rest) = (&rest[..close], &rest[close + 1..]);
-            let Some(&c) = name.first() else {
-                return false;
-            };
-            let hit = set
-                .windows(3)
-                .any(|w| w[1] == '-' && w[0] <= c && c <= w[2])
-                || set.contains(&c);
-            hit && matches(rest, &name[1..])
-        }
-        Some((p, rest)) => name.first() == Some(p) && matches(rest, &name[1..]),
-    }
-}
-
 /// The shard files `path` names, in name order, each with its name under
 /// the source (relative to the directory they are in).
 pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
@@ -236,7 +214,7 @@ pub fn list(path: &Path) -> Result<Vec<(PathBuf, String)>> {
             continue;
         }
         if let Some(p) = &pattern
-            && !matches(p, &name.chars().collect::<Vec<_>>())
+            && !glob::matches(p, &name.chars().collect::<Vec<_>>())
         {
             continue;
         }
@@ -334,22 +312,6 @@ pub(crate) fn gather(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn m(p: &str, n: &str) -> bool {
-        matches(
-            &p.chars().collect::<Vec<_>>(),
-            &n.chars().collect::<Vec<_>>(),
-        )
-    }
-
-    #[test]
-    fn globs_match_as_a_shell_would() {
-        assert!(m("train-*.tar", "train-000.tar"));
-        assert!(!m("train-*.tar", "val-000.tar"));
-        assert!(m("s-??.tfrecord", "s-01.tfrecord"));
-        assert!(m("s-[0-4].tar", "s-3.tar") && !m("s-[0-4].tar", "s-7.tar"));
-        assert!(m("*", "anything"));
-    }
 
     #[test]
     fn kinds_by_extension_and_compressed_shards_say_what_to_do() {
