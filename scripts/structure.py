@@ -67,6 +67,58 @@ def production(text: str) -> str:
     return text if i < 0 else text[:i]
 
 
+def blank(text: str) -> str:
+    """`text` with the insides of its comments, strings (raw ones too, and
+    those that run over lines) and char literals blanked, line breaks
+    kept: what is left is code, its braces the code's own."""
+    out = []
+    i, n = 0, len(text)
+    keep = lambda c: c if c == "\n" else " "
+    while i < n:
+        c = text[i]
+        two = text[i : i + 2]
+        if two == "//":
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif two == "/*":
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(map(keep, text[i:j])))
+            i = j
+        elif c == "r" and re.match(r'r#*"', text[i : i + 258]) and not (
+            i and (text[i - 1].isalnum() or text[i - 1] == "_")
+        ):
+            hashes = re.match(r'r(#*)"', text[i:]).group(1)
+            start = i + 2 + len(hashes)
+            j = text.find('"' + hashes, start)
+            j = n if j < 0 else j + 1 + len(hashes)
+            out.append('""' + "".join(map(keep, text[start : j - 1 - len(hashes)])))
+            out.append(" " * (2 * len(hashes)))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append('"' + "".join(map(keep, text[i + 1 : j - 1])) + '"')
+            i = j
+        elif c == "'":
+            # A char literal ('x', '\n', '\u{..}'), or a lifetime ('a).
+            m = re.match(r"'(\\[^']*|[^'\\])'", text[i : i + 12])
+            if m:
+                out.append("''" + " " * (len(m.group(0)) - 2))
+                i += len(m.group(0))
+            else:
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
 def strip_comments_and_strings(line: str) -> str:
     line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
     line = re.sub(r"'(\\.|[^'\\])'", "''", line)
@@ -249,6 +301,7 @@ def check_floors(root: str, graphs) -> list[str]:
 def functions(text: str):
     """(name, first line, length) of every function in production code."""
     lines = production(text).split("\n")
+    code = blank(production(text)).split("\n")
     i = 0
     while i < len(lines):
         hit = FN_DECL.match(lines[i])
@@ -257,7 +310,7 @@ def functions(text: str):
             continue
         depth, started, j = 0, False, i
         while j < len(lines):
-            s = strip_comments_and_strings(lines[j])
+            s = code[j]
             for ch in s:
                 if ch == "{":
                     depth += 1

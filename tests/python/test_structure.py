@@ -91,6 +91,25 @@ def test_sizes_over_the_limits_and_the_allow_list_only_shrinks(tmp_path):
     assert gone.returncode == 1 and "fits now" in gone.stdout
 
 
+def test_braces_in_strings_comments_and_chars_are_not_code(tmp_path):
+    # A short function whose string runs over two lines with braces in
+    # it, a raw string, a char literal, a lifetime and a block comment,
+    # then one of 120 lines: only the second is over the limit.
+    files = dict(GOOD)
+    body = "\n".join(f"    let _x{i} = {i};" for i in range(120))
+    files["a/src/low.rs"] = (
+        "//! Low.\npub fn f<'a>(_s: &'a str) -> usize {\n"
+        '    let m = "a descriptor \\\n        {\\"upload\\", \\"offset\\"}";\n'
+        '    let r = r#"{ "#;\n    let c = \'{\';\n    /* { */\n'
+        "    m.len() + r.len() + c.len_utf8()\n}\n"
+        "pub fn g() {\n" + body + "\n}\n"
+    )
+    out = crate(tmp_path, files)
+    assert out.returncode == 1
+    assert "a/src/low.rs::g is 122 lines" in out.stdout, out.stdout
+    assert "::f " not in out.stdout, out.stdout
+
+
 def test_code_after_the_tests_module_does_not_count(tmp_path):
     files = dict(GOOD)
     body = "\n".join(f"    let _x{i} = {i};" for i in range(600))
