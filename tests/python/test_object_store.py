@@ -383,7 +383,7 @@ def test_parquet_shards_in_the_store_equal_the_local_ones():
     .parquet URL with a `path` column is still a manifest; one with the
     images inside is one shard; a file that is no Parquet is named."""
     import pyarrow.parquet as pq
-    from test_shards import images
+    from test_shards import hub_shards, images
 
     with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
         data = os.path.join(d, "data")
@@ -392,15 +392,7 @@ def test_parquet_shards_in_the_store_equal_the_local_ones():
         hub = os.path.join(d, "hub")
         os.makedirs(hub)
         classes = sorted({cls for _, cls, _ in samples})
-        for part, part_rows in enumerate([samples[:7], samples[7:]]):
-            table = pa.table({
-                "image": pa.array([{"bytes": b, "path": k} for k, _, b in part_rows],
-                                  pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                "label": pa.array([classes.index(c) for _, c, _ in part_rows], pa.int64()),
-                "text": pa.array([c for _, c, _ in part_rows]),
-            })
-            pq.write_table(table, os.path.join(hub, f"train-{part:05d}-of-00002.parquet"),
-                           row_group_size=3)
+        hub_shards(hub, samples, classes)
         upload_tree(s3, "train", "hub", hub)
         ingest(data, ENV, "hub_local", hub)
         report = ingest(data, env, "hub_remote", "s3://train/hub")

@@ -253,6 +253,22 @@ def test_tfrecord_files_ingest_as_the_imagefolder_they_came_from():
             [classes.index(r["label"]) for r in want]
 
 
+def hub_shards(hub, samples, classes):
+    """`samples` as two Parquet shards in the Hub's layout: image {bytes,
+    path}, label, text; row groups of 3, so objects come from several."""
+    import pyarrow.parquet as pq
+
+    for part, rows in enumerate([samples[:7], samples[7:]]):
+        table = pa.table({
+            "image": pa.array([{"bytes": b, "path": k} for k, _, b in rows],
+                              pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            "label": pa.array([classes.index(c) for _, c, _ in rows], pa.int64()),
+            "text": pa.array([c for _, c, _ in rows]),
+        })
+        pq.write_table(table, os.path.join(hub, f"train-{part:05d}-of-00002.parquet"),
+                       row_group_size=3)
+
+
 def test_parquet_with_the_images_inside_ingests_as_the_imagefolder():
     import pyarrow.parquet as pq
 
@@ -265,15 +281,7 @@ def test_parquet_with_the_images_inside_ingests_as_the_imagefolder():
         classes = sorted({cls for _, cls, _ in samples})
         # The Hub's layout: image {bytes, path}, label, text; small row
         # groups, so objects come from several.
-        for part, rows in enumerate([samples[:7], samples[7:]]):
-            table = pa.table({
-                "image": pa.array([{"bytes": b, "path": k} for k, _, b in rows],
-                                  pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                "label": pa.array([classes.index(c) for _, c, _ in rows], pa.int64()),
-                "text": pa.array([c for _, c, _ in rows]),
-            })
-            pq.write_table(table, os.path.join(hub, f"train-{part:05d}-of-00002.parquet"),
-                           row_group_size=3)
+        hub_shards(hub, samples, classes)
         report = ingest(data, "hub", hub)
         assert "image_path" in report and "label" in report, report
         want = folder_rows(data)

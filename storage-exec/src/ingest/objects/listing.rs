@@ -86,15 +86,9 @@ impl ObjectSource {
         match self.manifest.clone() {
             Some(manifest) if manifest.prefix.to_ascii_lowercase().ends_with(".parquet") => {
                 let location = key_path(&manifest.prefix).map_err(|e| self.bad(e))?;
-                if !parquet_shards::is_shard(&self, &location).await? {
+                let Some(size) = parquet_shards::shard_size(&self, &location).await? else {
                     return self.enumerate_manifest(manifest).await;
-                }
-                let size = self
-                    .store
-                    .head(&location)
-                    .await
-                    .map_err(|e| self.bad(format!("cannot read the shard: {}", store_error(&e))))?
-                    .size;
+                };
                 let name = manifest.prefix.rsplit('/').next().unwrap_or_default();
                 let shard = ShardObject {
                     name: name.to_owned(),

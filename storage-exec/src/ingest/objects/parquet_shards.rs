@@ -45,7 +45,7 @@ use crate::ingest::entries::{Entry, Origin};
 use crate::ingest::shard_files::Sample;
 use crate::ingest::shard_files::columns::SourceOf;
 use crate::ingest::shard_files::parquet_shard::{
-    OBJECT_COLUMNS, Place, bytes_leaves, object_bytes, object_column, row_object, rows,
+    Place, bytes_leaves, listing, object_bytes, object_column, row_object, rows,
 };
 
 /// Rows decoded at a time when a shard is enumerated.
@@ -142,19 +142,23 @@ where
     }
 }
 
-/// Whether the `.parquet` object at `location` is a shard of objects
-/// (an object column, no top-level `path`) rather than a manifest.
-pub(super) async fn is_shard(source: &ObjectSource, location: &ObjectPath) -> Result<bool> {
-    let size = match source.store.head(location).await {
-        Ok(meta) => meta.size,
-        // Read as a manifest, whose reader names the failure.
-        Err(_) => return Ok(false),
+/// The size of the `.parquet` object at `location` when it is a shard of
+/// objects (an object column, no top-level `path`); `None` when it is a
+/// manifest, or when it cannot be read (the manifest's reader names why).
+pub(super) async fn shard_size(
+    source: &ObjectSource,
+    location: &ObjectPath,
+) -> Result<Option<u64>> {
+    let Ok(size) = source.store.head(location).await.map(|m| m.size) else {
+        return Ok(None);
     };
     let schema = tried(source, location, || async move {
         Ok::<_, Failed>(Arc::clone(builder(source, location, size).await?.schema()))
     })
     .await?;
-    Ok(schema.is_ok_and(|s| s.field_with_name("path").is_err() && object_column(&s).is_some()))
+    let shard =
+        schema.is_ok_and(|s| s.field_with_name("path").is_err() && object_column(&s).is_some());
+    Ok(shard.then_some(size))
 }
 
 /// The samples of the Parquet shard `shard`, each a cell of it.
@@ -196,23 +200,7 @@ async fn cells_of(
     url: &str,
 ) -> std::result::Result<Vec<Sample>, Failed> {
     let builder = builder(source, &shard.location, shard.size).await?;
-    let Some(object) = object_column(builder.schema()) else {
-        return Err(Failed::File(format!(
-            "no object column (looked for {} as binary, or a struct with binary `bytes`)",
-            OBJECT_COLUMNS.join(", ")
-        )));
-    };
-    let skip = bytes_leaves(builder.parquet_schema(), &object);
-    let keep: Vec<usize> = (0..builder.parquet_schema().num_columns())
-        .filter(|i| !skip.contains(i))
-        .collect();
-    let rows_per_group = builder
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows() as u64)
-        .collect();
-    let mask = ProjectionMask::leaves(builder.parquet_schema(), keep);
+    let (object, mask, rows_per_group) = listing(&builder).map_err(Failed::File)?;
     let mut batches = builder
         .with_projection(mask)
         .with_batch_size(BATCH_ROWS)

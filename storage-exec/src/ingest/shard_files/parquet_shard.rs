@@ -33,7 +33,7 @@ use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Schema};
 use arrow::util::display::array_value_to_string;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderBuilder, ParquetRecordBatchReaderBuilder};
 use parquet::schema::types::SchemaDescriptor;
 
 use super::Sample;
@@ -106,6 +106,32 @@ pub(crate) fn bytes_leaves(parquet: &SchemaDescriptor, object: &ObjectColumn) ->
         .collect()
 }
 
+/// What enumerating a file reads (sync or async, `builder`): its object
+/// column, a projection of every column but the objects' bytes, and each
+/// row group's rows; or why the file holds no objects.
+pub(crate) fn listing<T>(
+    builder: &ArrowReaderBuilder<T>,
+) -> Result<(ObjectColumn, ProjectionMask, Vec<u64>), String> {
+    let Some(object) = object_column(builder.schema()) else {
+        return Err(format!(
+            "no object column (looked for {} as binary, or a struct with binary `bytes`)",
+            OBJECT_COLUMNS.join(", ")
+        ));
+    };
+    let skip = bytes_leaves(builder.parquet_schema(), &object);
+    let keep: Vec<usize> = (0..builder.parquet_schema().num_columns())
+        .filter(|i| !skip.contains(i))
+        .collect();
+    let rows_per_group = builder
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows() as u64)
+        .collect();
+    let mask = ProjectionMask::leaves(builder.parquet_schema(), keep);
+    Ok((object, mask, rows_per_group))
+}
+
 /// Appends the samples of the Parquet `file` to `out`.
 pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample>) {
     let broken = |reason: String| {
@@ -123,23 +149,10 @@ pub(crate) fn samples(path: &Path, shard: &str, file: File, out: &mut Vec<Sample
         Ok(b) => b,
         Err(e) => return out.push(broken(format!("not a Parquet file sluice can read: {e}"))),
     };
-    let Some(object) = object_column(builder.schema()) else {
-        return out.push(broken(format!(
-            "no object column (looked for {} as binary, or a struct with binary `bytes`)",
-            OBJECT_COLUMNS.join(", ")
-        )));
+    let (object, mask, rows_per_group) = match listing(&builder) {
+        Ok(plan) => plan,
+        Err(why) => return out.push(broken(why)),
     };
-    let skip = bytes_leaves(builder.parquet_schema(), &object);
-    let keep: Vec<usize> = (0..builder.parquet_schema().num_columns())
-        .filter(|i| !skip.contains(i))
-        .collect();
-    let rows_per_group: Vec<u64> = builder
-        .metadata()
-        .row_groups()
-        .iter()
-        .map(|g| g.num_rows() as u64)
-        .collect();
-    let mask = ProjectionMask::leaves(builder.parquet_schema(), keep);
     let reader = match builder.with_projection(mask).build() {
         Ok(r) => r,
         Err(e) => return out.push(broken(format!("cannot read the file: {e}"))),
