@@ -18,7 +18,7 @@
 //!   struct's fields flattened (`image_path`).
 //!
 //! The same files in an object store are read by `crate::ingest::objects`
-//! with these helpers, through the `parquet` crate's object-store reader.
+//! with these helpers, through the `parquet` crate's async reader.
 //!
 //! Compression is whatever the build's `parquet` reads (Snappy and Zstd,
 //! the Hub's two, both tried); a file in another codec is refused, named,
