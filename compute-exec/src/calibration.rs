@@ -25,6 +25,7 @@ use std::sync::Arc;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
+use sluice_base::BadSample;
 use sluice_flight::StorageEndpoint;
 use sluice_planner::{Calibration, CalibrationOptions, CutTiming, DatasetStats, Planner, Probes};
 use sluice_udfs::{OnError, UdfEnv, UdfOptions};
@@ -95,88 +96,50 @@ async fn time_probe(
     options: &UdfOptions,
     settings: CalibrationOptions,
 ) -> Calibration {
-    if nodes.is_empty() {
-        return Calibration::Fallback {
-            reason: "no storage node holds the dataset".into(),
-        };
+    match measure(probe, nodes, state, options, settings).await {
+        Ok(cuts) => Calibration::Measured {
+            cuts,
+            nodes: nodes.iter().map(|n| n.name().to_string()).collect(),
+        },
+        Err(reason) => Calibration::Fallback { reason },
     }
-    let fragments = &probe.fragments;
-    let udf_env = || {
-        UdfEnv::new(UdfOptions {
+}
+
+/// [`time_probe`]'s timings of each cut, or why there are none.
+async fn measure(
+    probe: &Probes,
+    nodes: &[Arc<dyn StorageEndpoint>],
+    state: &SessionState,
+    options: &UdfOptions,
+    settings: CalibrationOptions,
+) -> Result<Vec<CutTiming>, String> {
+    if nodes.is_empty() {
+        return Err("no storage node holds the dataset".into());
+    }
+    let timer = Timer {
+        nodes,
+        options: UdfOptions {
             on_error: OnError::Skip,
             ..*options
-        })
+        },
+        budget: settings.budget,
     };
     // What a run costs on each node before its first object.
-    let empty = match single_partition(&probe.empty, state).await {
-        Ok(p) => p,
-        Err(e) => {
-            return Calibration::Fallback {
-                reason: format!("cannot plan the empty fragment: {e}"),
-            };
-        }
-    };
-    let mut overhead = Vec::with_capacity(nodes.len());
-    for node in nodes {
-        match node
-            .time(Arc::clone(&empty), udf_env(), settings.budget)
-            .await
-        {
-            Ok(t) => overhead.push(t.cpu_ns),
-            Err(e) => {
-                return Calibration::Fallback {
-                    reason: format!("timing on {} failed: {e}", node.name()),
-                };
-            }
-        }
-    }
-    let mut cuts = Vec::with_capacity(fragments.len());
-    let mut udf_ns = Vec::with_capacity(fragments.len());
+    let empty = single_partition(&probe.empty, state)
+        .await
+        .map_err(|e| format!("cannot plan the empty fragment: {e}"))?;
+    let overhead = timer.overheads(&empty).await?;
+    let mut cuts = Vec::with_capacity(probe.fragments.len());
+    let mut udf_ns = Vec::with_capacity(probe.fragments.len());
     let (mut deepest_rows, mut deepest_bad) = (0, 0);
     let mut first_bad = None;
-    for (k, fragment) in fragments.iter().enumerate() {
-        let physical = match single_partition(fragment, state).await {
-            Ok(p) => p,
-            Err(e) => {
-                return Calibration::Fallback {
-                    reason: format!("cannot plan cut {k}'s fragment: {e}"),
-                };
-            }
-        };
-        let mut cut = CutTiming::default();
-        let mut times = std::collections::BTreeMap::<String, u64>::new();
-        let mut bad = 0;
-        for (node, overhead) in nodes.iter().zip(&overhead) {
-            let udfs = udf_env();
-            match node
-                .time(Arc::clone(&physical), Arc::clone(&udfs), settings.budget)
-                .await
-            {
-                // A fragment keeps a bad sample's row (NULL where the
-                // UDF refused it; the skip policy's filter runs on the
-                // compute side): rows are the objects read.
-                Ok(t) => {
-                    cut.objects += t.rows;
-                    cut.cpu_ns += t.cpu_ns.saturating_sub(*overhead) as f64;
-                    for (udf, ns) in t.udf_ns {
-                        *times.entry(udf).or_default() += ns;
-                    }
-                    bad += t.bad;
-                    if first_bad.is_none() {
-                        first_bad = udfs.errors.snapshot().1.into_iter().next();
-                    }
-                }
-                Err(e) => {
-                    return Calibration::Fallback {
-                        reason: format!("timing cut {k} on {} failed: {e}", node.name()),
-                    };
-                }
-            }
-        }
+    for (k, fragment) in probe.fragments.iter().enumerate() {
+        let physical = single_partition(fragment, state)
+            .await
+            .map_err(|e| format!("cannot plan cut {k}'s fragment: {e}"))?;
+        let (cut, times, bad) = timer.cut(k, &physical, &overhead, &mut first_bad).await?;
         if cut.objects == 0 {
-            return Calibration::Fallback {
-                reason: format!("cut {k}'s sample read no object"),
-            };
+            return Err(format!("cut {k}'s sample read no object"));
         }
         (deepest_rows, deepest_bad) = (cut.objects, bad);
         cuts.push(cut);
@@ -186,18 +149,68 @@ async fn time_probe(
         let example = first_bad.map_or(String::new(), |b| {
             format!(" (the first, {}: {}: {})", b.key, b.udf, b.reason)
         });
-        return Calibration::Fallback {
-            reason: format!(
-                "every sampled object was a bad sample{example}; nothing to time the stages on"
-            ),
-        };
+        return Err(format!(
+            "every sampled object was a bad sample{example}; nothing to time the stages on"
+        ));
     }
     // Each stage at its own time where the levels can be told apart.
-    let cuts =
-        sluice_planner::calibrate::from_stages(&cuts, &udf_ns, &probe.stages).unwrap_or(cuts);
-    Calibration::Measured {
-        cuts,
-        nodes: nodes.iter().map(|n| n.name().to_string()).collect(),
+    Ok(sluice_planner::calibrate::from_stages(&cuts, &udf_ns, &probe.stages).unwrap_or(cuts))
+}
+
+/// Runs fragments on the storage nodes under the calibration's options.
+struct Timer<'a> {
+    nodes: &'a [Arc<dyn StorageEndpoint>],
+    options: UdfOptions,
+    budget: std::time::Duration,
+}
+
+impl Timer<'_> {
+    /// The CPU time of `empty` (a fragment over no object) on each node.
+    async fn overheads(&self, empty: &Arc<dyn ExecutionPlan>) -> Result<Vec<u64>, String> {
+        let mut overhead = Vec::with_capacity(self.nodes.len());
+        for node in self.nodes {
+            let udfs = UdfEnv::new(self.options);
+            match node.time(Arc::clone(empty), udfs, self.budget).await {
+                Ok(t) => overhead.push(t.cpu_ns),
+                Err(e) => return Err(format!("timing on {} failed: {e}", node.name())),
+            }
+        }
+        Ok(overhead)
+    }
+
+    /// Cut `k`'s fragment (`physical`) timed on every node, less each
+    /// node's `overhead`: its timing, each UDF's time, and its bad
+    /// samples; the first bad sample met goes to `first_bad`.
+    async fn cut(
+        &self,
+        k: usize,
+        physical: &Arc<dyn ExecutionPlan>,
+        overhead: &[u64],
+        first_bad: &mut Option<BadSample>,
+    ) -> Result<(CutTiming, std::collections::BTreeMap<String, u64>, u64), String> {
+        let mut cut = CutTiming::default();
+        let mut times = std::collections::BTreeMap::<String, u64>::new();
+        let mut bad = 0;
+        for (node, overhead) in self.nodes.iter().zip(overhead) {
+            let udfs = UdfEnv::new(self.options);
+            let t = node
+                .time(Arc::clone(physical), Arc::clone(&udfs), self.budget)
+                .await
+                .map_err(|e| format!("timing cut {k} on {} failed: {e}", node.name()))?;
+            // A fragment keeps a bad sample's row (NULL where the UDF
+            // refused it; the skip policy's filter runs on the compute
+            // side): rows are the objects read.
+            cut.objects += t.rows;
+            cut.cpu_ns += t.cpu_ns.saturating_sub(*overhead) as f64;
+            for (udf, ns) in t.udf_ns {
+                *times.entry(udf).or_default() += ns;
+            }
+            bad += t.bad;
+            if first_bad.is_none() {
+                *first_bad = udfs.errors.snapshot().1.into_iter().next();
+            }
+        }
+        Ok((cut, times, bad))
     }
 }
 
