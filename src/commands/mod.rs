@@ -91,52 +91,7 @@ pub fn open_store(cli: &Cli) -> anyhow::Result<Arc<Store>> {
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Ingest {
-            dataset,
-            source,
-            manifest,
-            on_error,
-            shard: _,
-            replicas,
-            url: Some(url),
-            format,
-        } => {
-            ingest::remote(
-                url,
-                place::rest_client(&cli, url, cli.token.first().cloned())?,
-                ingest::Remote {
-                    dataset,
-                    source,
-                    manifest: manifest.as_deref(),
-                    on_error: *on_error,
-                    replicas: *replicas,
-                },
-                *format,
-            )
-            .await
-        }
-        Command::Ingest {
-            dataset,
-            source,
-            manifest,
-            on_error,
-            shard,
-            replicas,
-            url: None,
-            format,
-        } => {
-            let shard = ingest::replicated(*shard, *replicas)?;
-            ingest::run(
-                &cli,
-                dataset,
-                source,
-                manifest.as_deref(),
-                *on_error,
-                shard,
-                *format,
-            )
-            .await
-        }
+        Command::Ingest { .. } => ingest_command(&cli).await,
         Command::Datasets {
             url: Some(url),
             format,
@@ -179,52 +134,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             nodes::compute_node(&cli, listen, storage, cluster, hints, *limits).await
         }
-        Command::Serve {
-            flight,
-            rest,
-            ingest_root,
-            ingest_url_allow,
-            storage,
-            remote_storage,
-            loopback,
-            storage_cores,
-            compute_cores,
-            link_limit,
-            checkpoint_keep,
-            checkpoint_idle_timeout,
-            checkpoint_replicas,
-            checkpoint_sweep_every,
-            job_ttl,
-            scrub_every,
-            scrub_rate_mb_s,
-            lost_after,
-            limits,
-        } => {
-            let hints = place::hints(None, *compute_cores, None);
-            let addrs = nodes::ServeAddrs {
-                flight,
-                rest,
-                ingest_roots: ingest_root,
-                ingest_url_allow: sluice_storage::ingest::objects::UrlAllow::new(ingest_url_allow)?,
-                storage,
-                remote_storage: *remote_storage,
-                checkpoints: sluice_storage::checkpoint::CheckpointOptions {
-                    keep: *checkpoint_keep as usize,
-                    idle_timeout: std::time::Duration::from_secs_f64(
-                        checkpoint_idle_timeout.clamp(0.1, 86_400.0),
-                    ),
-                },
-                cluster_checkpoints: (
-                    *checkpoint_replicas,
-                    std::time::Duration::from_secs_f64(checkpoint_sweep_every.clamp(0.1, 1e9)),
-                ),
-                job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
-                scrub: crate::rest::scrub::schedule(*scrub_every, *scrub_rate_mb_s),
-                lost_after: *lost_after,
-                limits: *limits,
-            };
-            nodes::serve(&cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
-        }
+        Command::Serve { .. } => serve_command(&cli).await,
         Command::Checkpoints { action } => checkpoints::run(&cli, action).await,
         Command::Job { url, action } => job::run(&cli, url, action).await,
         Command::Udfs { calibrate, format } => udfs::run(&cli, *calibrate, *format),
@@ -251,4 +161,111 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Certs { action } => certs::run(action),
         Command::Bench { which } => bench::run(&cli, which).await,
     }
+}
+
+/// `sluice ingest`: through a server's REST API (`--url`), or into this
+/// data dir.
+async fn ingest_command(cli: &Cli) -> anyhow::Result<()> {
+    match &cli.command {
+        Command::Ingest {
+            dataset,
+            source,
+            manifest,
+            on_error,
+            shard: _,
+            replicas,
+            url: Some(url),
+            format,
+        } => {
+            ingest::remote(
+                url,
+                place::rest_client(cli, url, cli.token.first().cloned())?,
+                ingest::Remote {
+                    dataset,
+                    source,
+                    manifest: manifest.as_deref(),
+                    on_error: *on_error,
+                    replicas: *replicas,
+                },
+                *format,
+            )
+            .await
+        }
+        Command::Ingest {
+            dataset,
+            source,
+            manifest,
+            on_error,
+            shard,
+            replicas,
+            url: None,
+            format,
+        } => {
+            let shard = ingest::replicated(*shard, *replicas)?;
+            ingest::run(
+                cli,
+                dataset,
+                source,
+                manifest.as_deref(),
+                *on_error,
+                shard,
+                *format,
+            )
+            .await
+        }
+        _ => unreachable!("run sends only `ingest` here"),
+    }
+}
+
+/// `sluice serve`: its options as the server's addresses, limits and
+/// schedules.
+async fn serve_command(cli: &Cli) -> anyhow::Result<()> {
+    let Command::Serve {
+        flight,
+        rest,
+        ingest_root,
+        ingest_url_allow,
+        storage,
+        remote_storage,
+        loopback,
+        storage_cores,
+        compute_cores,
+        link_limit,
+        checkpoint_keep,
+        checkpoint_idle_timeout,
+        checkpoint_replicas,
+        checkpoint_sweep_every,
+        job_ttl,
+        scrub_every,
+        scrub_rate_mb_s,
+        lost_after,
+        limits,
+    } = &cli.command
+    else {
+        unreachable!("run sends only `serve` here");
+    };
+    let hints = place::hints(None, *compute_cores, None);
+    let addrs = nodes::ServeAddrs {
+        flight,
+        rest,
+        ingest_roots: ingest_root,
+        ingest_url_allow: sluice_storage::ingest::objects::UrlAllow::new(ingest_url_allow)?,
+        storage,
+        remote_storage: *remote_storage,
+        checkpoints: sluice_storage::checkpoint::CheckpointOptions {
+            keep: *checkpoint_keep as usize,
+            idle_timeout: std::time::Duration::from_secs_f64(
+                checkpoint_idle_timeout.clamp(0.1, 86_400.0),
+            ),
+        },
+        cluster_checkpoints: (
+            *checkpoint_replicas,
+            std::time::Duration::from_secs_f64(checkpoint_sweep_every.clamp(0.1, 1e9)),
+        ),
+        job_ttl: std::time::Duration::from_secs_f64(job_ttl.clamp(1.0, 1e9)),
+        scrub: crate::rest::scrub::schedule(*scrub_every, *scrub_rate_mb_s),
+        lost_after: *lost_after,
+        limits: *limits,
+    };
+    nodes::serve(cli, &addrs, *loopback, *storage_cores, *link_limit, hints).await
 }
