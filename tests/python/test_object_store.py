@@ -407,8 +407,8 @@ def test_parquet_shards_in_the_store_equal_the_local_ones():
         assert rows(data, "SELECT key, data FROM one ORDER BY key") == \
             [{"key": k, "data": b} for k, _, b in sorted(samples[7:])]
         # 96 rows in one row group span three load groups: its image
-        # column is read once (a listing, the footer twice, the other
-        # columns, the images: some 7 requests; 13 or more if each load
+        # column is read once (a listing, the footer once, the other
+        # columns, the images: some 5 requests; 13 or more if each load
         # group read the row group again).
         many = [(f"copy{i}/{k}", c, b) for i in range(8) for k, c, b in samples]
         table = pa.table({

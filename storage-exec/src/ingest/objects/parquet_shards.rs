@@ -33,6 +33,7 @@ use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::errors::ParquetError;
 
@@ -59,6 +60,9 @@ type Objects = std::result::Result<ArrayRef, String>;
 #[derive(Debug, Default)]
 pub(super) struct RowGroupObjects {
     kept: Mutex<VecDeque<RowGroupSlot>>,
+    /// The footers of the files read last: a row group's read asks for
+    /// its column chunks only, not the footer again.
+    footers: Mutex<VecDeque<(ObjectPath, ArrowReaderMetadata)>>,
 }
 
 /// A row group's objects (of the object at the path), once read.
@@ -81,6 +85,25 @@ impl RowGroupObjects {
         }
         cell
     }
+
+    /// The footer of `location` read last, if kept.
+    fn footer(&self, location: &ObjectPath) -> Option<ArrowReaderMetadata> {
+        let footers = self.footers.lock().unwrap_or_else(|e| e.into_inner());
+        footers
+            .iter()
+            .find(|(l, _)| l == location)
+            .map(|(_, m)| m.clone())
+    }
+
+    /// Keeps the footer of `location`.
+    fn keep_footer(&self, location: &ObjectPath, footer: &ArrowReaderMetadata) {
+        let mut footers = self.footers.lock().unwrap_or_else(|e| e.into_inner());
+        footers.retain(|(l, _)| l != location);
+        footers.push_back((location.clone(), footer.clone()));
+        while footers.len() > Self::KEEP {
+            footers.pop_front();
+        }
+    }
 }
 
 /// Why a read of a Parquet object failed: the store (the ingest's fault)
@@ -101,14 +124,26 @@ impl From<ParquetError> for Failed {
     }
 }
 
-/// The reader of the Parquet object at `location`, `size` bytes long.
+/// The reader of the Parquet object at `location`, `size` bytes long,
+/// over its footer (kept from the last read of it, or read now).
 async fn builder(
     source: &ObjectSource,
     location: &ObjectPath,
     size: u64,
 ) -> std::result::Result<ParquetRecordBatchStreamBuilder<ParquetObject>, Failed> {
-    let reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
-    Ok(ParquetRecordBatchStreamBuilder::new(reader).await?)
+    let mut reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
+    let footer = match source.row_groups.footer(location) {
+        Some(footer) => footer,
+        None => {
+            let footer =
+                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default()).await?;
+            source.row_groups.keep_footer(location, &footer);
+            footer
+        }
+    };
+    Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
+        reader, footer,
+    ))
 }
 
 /// Runs `read` until the store answers, at most [`BODY_TRIES`] times;
