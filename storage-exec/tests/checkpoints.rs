@@ -3,7 +3,8 @@
 //! commit (space returned, nothing listed, the previous version intact),
 //! a flipped byte on the device, ingest running beside checkpoint
 //! writers without sharing a chunk, kept shared-memory read regions
-//! bound to the next version that fits, and a version larger than its
+//! bound to the next version that fits, a group of versions in one
+//! region, and a version larger than its
 //! region streamed through it as a window.
 
 use std::os::unix::fs::FileExt;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use sluice_flight::shm_handshake::{PROBE_PREFIX, Probe, SHM_DIR};
-use sluice_storage::checkpoint::shared::{GetRequest, MAX_KEPT};
+use sluice_storage::checkpoint::shared::{GetRequest, GroupItem, GroupRequest, MAX_KEPT};
 use sluice_storage::checkpoint::{CheckpointOptions, Checkpoints};
 use sluice_storage::device::Backend;
 use sluice_storage::device::conformance::pattern;
@@ -218,7 +219,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     assert!(!first.kept && first.filled == 0 && first.gone.is_empty());
     let id = first.region.region.clone();
     assert_eq!(first.region.size, big.len() as u64);
-    let n = c.shm_get(&id, 0, big.len() as u64, None).await.unwrap();
+    let n = c.shm_get(&id, 0, 0, big.len() as u64, None).await.unwrap();
     assert_eq!(n, big.len() as u64);
     assert_eq!(held(&first.region.path, big.len()), big);
 
@@ -232,7 +233,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
     assert_eq!(held(&first.region.path, small.len()), small);
     // Reads are clipped to the version bound to it now.
     assert_eq!(
-        c.shm_get(&id, 0, u64::MAX, None).await.unwrap(),
+        c.shm_get(&id, 0, 0, u64::MAX, None).await.unwrap(),
         small.len() as u64
     );
 
@@ -243,7 +244,7 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         .unwrap();
     assert!(third.kept && third.region.region == id);
     assert_eq!(third.gone, vec!["0123456789abcdef".to_string()]);
-    c.shm_get(&id, 0, other.len() as u64, None).await.unwrap();
+    c.shm_get(&id, 0, 0, other.len() as u64, None).await.unwrap();
     assert_eq!(held(&first.region.path, other.len()), other);
 
     // A version the client will map takes a region of its own, exactly
@@ -318,14 +319,14 @@ async fn a_version_streams_through_a_window_smaller_than_itself() {
     // in turn, the last (a tail, not a whole block) too.
     for (i, lo) in (0..data.len() as u64).step_by(CHUNK as usize).enumerate() {
         let slot = (i as u64 % 2) * CHUNK;
-        let n = c.shm_get(&id, lo, CHUNK, Some(slot)).await.unwrap();
+        let n = c.shm_get(&id, 0, lo, CHUNK, Some(slot)).await.unwrap();
         let hi = (lo + n) as usize;
         assert_eq!(n, CHUNK.min(data.len() as u64 - lo));
         let got = mapped(slot as usize + n as usize);
         assert_eq!(&got[slot as usize..], &data[lo as usize..hi], "chunk {i}");
     }
     // An odd place (not aligned) still lands right, through a copy.
-    let n = c.shm_get(&id, CHUNK, 1000, Some(7)).await.unwrap();
+    let n = c.shm_get(&id, 0, CHUNK, 1000, Some(7)).await.unwrap();
     assert_eq!(n, 1000);
     assert_eq!(
         &mapped(1007)[7..],
@@ -333,7 +334,7 @@ async fn a_version_streams_through_a_window_smaller_than_itself() {
     );
     // A range that would run past the window is refused, naming it.
     let err = c
-        .shm_get(&id, 0, CHUNK, Some(window - 10))
+        .shm_get(&id, 0, 0, CHUNK, Some(window - 10))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("run past"), "{err}");
@@ -425,4 +426,86 @@ async fn checkpoint_writers_and_an_ingest_never_share_a_chunk() {
         }
     }
     assert_eq!(n, 200, "every sample reads back with a good crc");
+}
+
+#[tokio::test]
+async fn a_group_of_versions_lands_side_by_side_in_one_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let c = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    // Small ones (read by get_group itself), one of several chunks and
+    // an odd tail (read by the client, by item), and an empty one.
+    let files = [
+        ("l0", bytes(10_000, 5)),
+        ("big", bytes(3 * CHUNK as usize + 777, 6)),
+        ("l1", bytes(5_000, 7)),
+        ("empty", Vec::new()),
+    ];
+    for (name, data) in &files {
+        write(&c, name, data, CHUNK as usize).await;
+    }
+    let probe = TestProbe::new("group");
+    let items: Vec<GroupItem> = files
+        .iter()
+        .map(|(name, _)| GroupItem {
+            name: (*name).into(),
+            version: None,
+        })
+        .collect();
+    let open = |items: Vec<GroupItem>, kept: Vec<String>| {
+        let c = Arc::clone(&c);
+        let probe = probe.0.clone();
+        async move {
+            c.shm_get_group(GroupRequest {
+                items: &items,
+                probe: &probe,
+                kept: &kept,
+                fill: 20_000,
+            })
+            .await
+        }
+    };
+    let first = open(items.clone(), vec![]).await.unwrap();
+    assert!(!first.kept && first.items.len() == 4);
+    let id = first.region.region.clone();
+    let mut end = 0;
+    for (placed, (_, data)) in first.items.iter().zip(&files) {
+        // In order, block-aligned, apart.
+        assert!(placed.at >= end && placed.at % 4096 == 0, "{first:?}");
+        assert_eq!(placed.checkpoint.size, data.len() as u64);
+        end = placed.at + data.len() as u64;
+        let small = !data.is_empty() && data.len() <= 20_000;
+        assert_eq!(placed.filled, if small { data.len() as u64 } else { 0 });
+    }
+    assert!(first.region.size >= end);
+    // The large one by item, in two ranges; its place is the item's.
+    let big = &files[1].1;
+    let half = 2 * CHUNK;
+    assert_eq!(c.shm_get(&id, 1, 0, half, None).await.unwrap(), half);
+    let rest = big.len() as u64 - half;
+    assert_eq!(c.shm_get(&id, 1, half, u64::MAX, None).await.unwrap(), rest);
+    let held = std::fs::read(&first.region.path).unwrap();
+    for (placed, (name, data)) in first.items.iter().zip(&files) {
+        let at = placed.at as usize;
+        assert_eq!(&held[at..at + data.len()], &data[..], "{name}");
+    }
+    // An item the region does not hold is refused, naming it.
+    let err = c.shm_get(&id, 4, 0, 10, None).await.unwrap_err();
+    assert!(err.to_string().contains("item 4"), "{err}");
+
+    // The next load of the same shape takes the kept region.
+    let again = open(items.clone(), vec![id.clone()]).await.unwrap();
+    assert!(again.kept && again.region.region == id, "{again:?}");
+    // An unknown checkpoint fails the group, naming it; none is lent.
+    let lent = c.lent_regions();
+    let mut bad = items.clone();
+    bad.push(GroupItem {
+        name: "nope".into(),
+        version: None,
+    });
+    let err = open(bad, vec![]).await.unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+    assert_eq!(c.lent_regions(), lent);
+    let err = open(vec![], vec![]).await.unwrap_err();
+    assert!(err.to_string().contains("versions named"), "{err}");
 }

@@ -19,7 +19,7 @@ use sluice_flight::shm_handshake::Probe;
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
-use super::shared::GetRequest;
+use super::shared::{GetRequest, GroupItem, GroupRequest};
 use super::{CheckpointInfo, Checkpoints};
 use crate::error::StorageError;
 
@@ -84,8 +84,23 @@ impl GetOpen {
 }
 
 #[derive(Deserialize)]
+struct GetGroup {
+    items: Vec<GroupItem>,
+    probe: Probe,
+    /// Regions the client keeps from earlier reads.
+    #[serde(default)]
+    kept: Vec<String>,
+    /// Read every version of at most this many bytes before answering.
+    #[serde(default)]
+    fill: u64,
+}
+
+#[derive(Deserialize)]
 struct ShmGet {
     region: String,
+    /// Which of a group region's versions (0: a region of one).
+    #[serde(default)]
+    item: usize,
     offset: u64,
     length: u64,
     /// Where in the region the range lands (at `offset` when absent).
@@ -176,10 +191,20 @@ impl CheckpointEndpoint for Checkpoints {
                 let o: GetOpen = body(kind, bytes)?;
                 json_bytes(&self.shm_get_open(o.request()).await.map_err(status)?)
             }
+            "checkpoint.shm.get_group" => {
+                let g: GetGroup = body(kind, bytes)?;
+                let req = GroupRequest {
+                    items: &g.items,
+                    probe: &g.probe,
+                    kept: &g.kept,
+                    fill: g.fill,
+                };
+                json_bytes(&self.shm_get_group(req).await.map_err(status)?)
+            }
             "checkpoint.shm.get" => {
                 let g: ShmGet = body(kind, bytes)?;
                 let n = self
-                    .shm_get(&g.region, g.offset, g.length, g.at)
+                    .shm_get(&g.region, g.item, g.offset, g.length, g.at)
                     .await
                     .map_err(status)?;
                 json_bytes(&json!({ "bytes": n }))

@@ -16,7 +16,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use sluice_flight::shm_handshake::Probe;
 
-use super::{Filling, InUse, Lent, RegionInfo, Use, lock, off_runtime};
+use super::{Filling, InUse, Lent, Placed, RegionInfo, Use, lock, off_runtime};
 use crate::checkpoint::Checkpoints;
 use crate::checkpoint::record::{CheckpointExtent, CheckpointInfo, CheckpointRecord};
 use crate::device::{Device, DeviceExt};
@@ -105,17 +105,18 @@ impl Checkpoints {
         }
         let size = record.size;
         let need = req.region_size(size);
-        let (rebound, gone) = self.rebind(req.kept, &record, req.owns(size), need);
+        let items = Placed::alone(record);
+        let (rebound, gone) = self.rebind(req.kept, &items, req.owns(size), need);
         let kept = rebound.is_some();
         let region = match rebound {
             Some(region) => region,
             None => {
-                self.lend(&what, req.probe, need, Use::Get { record }, false)
+                self.lend(&what, req.probe, need, Use::Get { items }, false)
                     .await?
             }
         };
         let filled = if size <= req.fill && size > 0 && size <= region.size {
-            match self.shm_get(&region.region, 0, size, None).await {
+            match self.shm_get(&region.region, 0, 0, size, None).await {
                 Ok(n) => n,
                 Err(e) => {
                     // The client never learns a new region's id from an
@@ -138,14 +139,14 @@ impl Checkpoints {
         })
     }
 
-    /// Binds `record` to the smallest region of `kept` that is a get
-    /// region, idle and at least `need` bytes (none where it wants one of
-    /// its `own`); returns it, and the ids of `kept` that are not lent
-    /// (any more).
-    fn rebind(
+    /// Binds `items` (versions placed in a region) to the smallest
+    /// region of `kept` that is a get region, idle and at least `need`
+    /// bytes (none where they want one of their `own`); returns it, and
+    /// the ids of `kept` that are not lent (any more).
+    pub(super) fn rebind(
         &self,
         kept: &[String],
-        record: &Arc<CheckpointRecord>,
+        items: &Arc<[Placed]>,
         own: bool,
         need: u64,
     ) -> (Option<RegionInfo>, Vec<String>) {
@@ -166,7 +167,7 @@ impl Checkpoints {
         }
         let region = best.map(|(id, l)| {
             *lock(&l.what) = Use::Get {
-                record: Arc::clone(record),
+                items: Arc::clone(items),
             };
             *lock(&l.touched) = Instant::now();
             RegionInfo {
@@ -179,20 +180,31 @@ impl Checkpoints {
     }
 
     /// Reads bytes `[offset, offset + length)` of the region's version
-    /// (clipped to its size) into the region at `at` (at the same place
-    /// where `None`), each extent checked against its crc32c; returns
-    /// the bytes read. The region's bytes it lands in are the request's
-    /// until it answers: another request for any of them is refused.
+    /// `item` (its only one, 0, unless it holds a group; clipped to its
+    /// size) into the region at `at` (where the version's placing puts
+    /// them when `None`), each extent checked against its crc32c;
+    /// returns the bytes read. The region's bytes it lands in are the
+    /// request's until it answers: another request for any of them is
+    /// refused.
     pub async fn shm_get(
         &self,
         region: &str,
+        item: usize,
         offset: u64,
         length: u64,
         at: Option<u64>,
     ) -> Result<u64> {
         let lent = self.lent(region)?;
-        let record = match &*lock(&lent.what) {
-            Use::Get { record } => Arc::clone(record),
+        let (record, base) = match &*lock(&lent.what) {
+            Use::Get { items } => match items.get(item) {
+                Some(p) => (Arc::clone(&p.record), p.at),
+                None => {
+                    return Err(StorageError::SharedMemory {
+                        what: format!("region {region}"),
+                        reason: format!("item {item}: it holds {} versions", items.len()),
+                    });
+                }
+            },
             Use::Put => {
                 return Err(StorageError::UnknownRegion(format!(
                     "{region} (it takes parts; reads go to a region from get_open)"
@@ -204,7 +216,7 @@ impl Checkpoints {
         let end = offset.saturating_add(length).min(record.size);
         let place = Place {
             pos,
-            at: at.unwrap_or(pos),
+            at: at.unwrap_or(base + pos),
         };
         let refused = |reason: String| StorageError::SharedMemory {
             what: format!("checkpoint '{}'", record.name),

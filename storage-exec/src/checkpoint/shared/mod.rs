@@ -9,6 +9,8 @@
 //!            → a region of the version's size, or a window the client streams a larger
 //!            one through;
 //!          get(region, offset, length, at) ×N, several at once (none when get_open filled it)
+//!  group:  get_group(items, probe, kept, fill) → one region, the versions side by side;
+//!          get(region, item, offset, length) ×N
 //! ```
 //!
 //! The client proves it shares this host with a [`Probe`] (a file it made
@@ -36,7 +38,9 @@
 //! nothing is left in `/dev/shm` by either side dying.
 //!
 //! Files: [`put`] (a writer's parts from a region to the device), [`get`]
-//! (a version from the device into a region, whole or through a window).
+//! (a version from the device into a region, whole or through a window),
+//! [`group`] (many versions into one region: a model's files loaded
+//! together, one request for the small ones).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -50,9 +54,11 @@ use super::record::CheckpointRecord;
 use crate::error::{Result, StorageError};
 
 mod get;
+mod group;
 mod put;
 
 pub use get::{GetOpened, GetRequest, MAX_KEPT};
+pub use group::{GroupItem, GroupOpened, GroupRequest, MAX_GROUP, PlacedInfo};
 pub use put::MAX_PUT_REGION;
 
 /// What a region is for.
@@ -60,8 +66,24 @@ pub use put::MAX_PUT_REGION;
 enum Use {
     /// Parts of uploads, written by the client.
     Put,
-    /// A version, read into it for the client.
-    Get { record: Arc<CheckpointRecord> },
+    /// Versions, read into it for the client: one at its start, or a
+    /// group side by side (`group`).
+    Get { items: Arc<[Placed]> },
+}
+
+/// A version and where in a get region it lands.
+#[derive(Debug)]
+pub(super) struct Placed {
+    record: Arc<CheckpointRecord>,
+    /// The region byte its byte 0 lands on.
+    at: u64,
+}
+
+impl Placed {
+    /// One version at the region's start.
+    fn alone(record: Arc<CheckpointRecord>) -> Arc<[Placed]> {
+        Arc::new([Placed { record, at: 0 }])
+    }
 }
 
 /// A region lent to a client.
