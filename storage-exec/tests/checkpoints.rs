@@ -244,7 +244,9 @@ async fn a_kept_region_is_read_into_again_when_the_version_fits() {
         .unwrap();
     assert!(third.kept && third.region.region == id);
     assert_eq!(third.gone, vec!["0123456789abcdef".to_string()]);
-    c.shm_get(&id, 0, 0, other.len() as u64, None).await.unwrap();
+    c.shm_get(&id, 0, 0, other.len() as u64, None)
+        .await
+        .unwrap();
     assert_eq!(held(&first.region.path, other.len()), other);
 
     // A version the client will map takes a region of its own, exactly
@@ -452,7 +454,7 @@ async fn a_group_of_versions_lands_side_by_side_in_one_region() {
             version: None,
         })
         .collect();
-    let open = |items: Vec<GroupItem>, kept: Vec<String>| {
+    let bounded = |items: Vec<GroupItem>, kept: Vec<String>, max_bytes: u64| {
         let c = Arc::clone(&c);
         let probe = probe.0.clone();
         async move {
@@ -461,30 +463,35 @@ async fn a_group_of_versions_lands_side_by_side_in_one_region() {
                 probe: &probe,
                 kept: &kept,
                 fill: 20_000,
+                max_bytes,
             })
             .await
         }
     };
+    let open = |items, kept| bounded(items, kept, 0);
     let first = open(items.clone(), vec![]).await.unwrap();
     assert!(!first.kept && first.items.len() == 4);
-    let id = first.region.region.clone();
+    let region = first.region.clone().unwrap();
+    let id = region.region.clone();
     let mut end = 0;
     for (placed, (_, data)) in first.items.iter().zip(&files) {
         // In order, block-aligned, apart.
-        assert!(placed.at >= end && placed.at % 4096 == 0, "{first:?}");
+        assert!(placed.at >= end, "{first:?}");
+        assert!(data.is_empty() || placed.at % 4096 == 0, "{first:?}");
+        assert_eq!(first.items[placed.index].at, placed.at);
         assert_eq!(placed.checkpoint.size, data.len() as u64);
         end = placed.at + data.len() as u64;
         let small = !data.is_empty() && data.len() <= 20_000;
         assert_eq!(placed.filled, if small { data.len() as u64 } else { 0 });
     }
-    assert!(first.region.size >= end);
+    assert!(region.size >= end);
     // The large one by item, in two ranges; its place is the item's.
     let big = &files[1].1;
     let half = 2 * CHUNK;
     assert_eq!(c.shm_get(&id, 1, 0, half, None).await.unwrap(), half);
     let rest = big.len() as u64 - half;
     assert_eq!(c.shm_get(&id, 1, half, u64::MAX, None).await.unwrap(), rest);
-    let held = std::fs::read(&first.region.path).unwrap();
+    let held = std::fs::read(&region.path).unwrap();
     for (placed, (name, data)) in first.items.iter().zip(&files) {
         let at = placed.at as usize;
         assert_eq!(&held[at..at + data.len()], &data[..], "{name}");
@@ -495,7 +502,16 @@ async fn a_group_of_versions_lands_side_by_side_in_one_region() {
 
     // The next load of the same shape takes the kept region.
     let again = open(items.clone(), vec![id.clone()]).await.unwrap();
-    assert!(again.kept && again.region.region == id, "{again:?}");
+    assert!(again.kept && again.region.as_ref().unwrap().region == id);
+    // Bounded: the large one is left out (read alone), the rest placed;
+    // none fits, none lent.
+    let some = bounded(items.clone(), vec![], 3 * 4096 + 5_000)
+        .await
+        .unwrap();
+    let placed: Vec<usize> = some.items.iter().map(|p| p.index).collect();
+    assert_eq!(placed, vec![0, 2, 3], "{some:?}");
+    let none = bounded(items[1..2].to_vec(), vec![], 4096).await.unwrap();
+    assert!(none.region.is_none() && none.items.is_empty());
     // An unknown checkpoint fails the group, naming it; none is lent.
     let lent = c.lent_regions();
     let mut bad = items.clone();

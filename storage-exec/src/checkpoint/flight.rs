@@ -93,6 +93,9 @@ struct GetGroup {
     /// Read every version of at most this many bytes before answering.
     #[serde(default)]
     fill: u64,
+    /// The region's bytes at most (0: no bound).
+    #[serde(default)]
+    max_bytes: u64,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +201,7 @@ impl CheckpointEndpoint for Checkpoints {
                     probe: &g.probe,
                     kept: &g.kept,
                     fill: g.fill,
+                    max_bytes: g.max_bytes,
                 };
                 json_bytes(&self.shm_get_group(req).await.map_err(status)?)
             }

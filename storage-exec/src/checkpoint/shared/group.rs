@@ -48,11 +48,18 @@ pub struct GroupRequest<'a> {
     pub kept: &'a [String],
     /// Read every version of at most this many bytes before answering.
     pub fill: u64,
+    /// Where not 0, the region holds at most this many bytes: a version
+    /// that would take it past them is left out (the client reads it
+    /// alone), and none is lent when none fits.
+    pub max_bytes: u64,
 }
 
 /// Where one version of a group landed.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PlacedInfo {
+    /// Its place in the request's list (the item to name in `get` is
+    /// its place in the answer's).
+    pub index: usize,
     /// The version.
     pub checkpoint: CheckpointInfo,
     /// The region byte its byte 0 is at.
@@ -65,9 +72,11 @@ pub struct PlacedInfo {
 /// What `get_group` answers.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GroupOpened {
-    /// The region every version is read into.
-    pub region: RegionInfo,
-    /// The versions, in the request's order.
+    /// The region the versions are read into (none when none fits
+    /// `max_bytes`).
+    pub region: Option<RegionInfo>,
+    /// The versions placed in it, in the request's order: all of them
+    /// unless `max_bytes` left some out.
     pub items: Vec<PlacedInfo>,
     /// Whether `region` is one the client keeps.
     pub kept: bool,
@@ -76,11 +85,12 @@ pub struct GroupOpened {
 }
 
 impl Checkpoints {
-    /// One region for every version `req.items` names (each its newest
-    /// where no version is given), side by side at aligned places: the
-    /// smallest idle kept region that holds them all, or a new one. The
-    /// versions of at most `req.fill` bytes are read into it before the
-    /// answer. An unknown checkpoint fails the whole group, naming it.
+    /// One region for the versions `req.items` names (each its newest
+    /// where no version is given), side by side at aligned places, as
+    /// many as fit `req.max_bytes`: the smallest idle kept region that
+    /// holds them, or a new one. The versions of at most `req.fill` bytes
+    /// are read into it before the answer. An unknown checkpoint fails
+    /// the whole group, naming it.
     pub async fn shm_get_group(&self, req: GroupRequest<'_>) -> Result<GroupOpened> {
         let what = format!("a group of {} checkpoints", req.items.len());
         let refused = |reason: String| StorageError::SharedMemory {
@@ -101,12 +111,29 @@ impl Checkpoints {
             )));
         }
         let mut placed = Vec::with_capacity(req.items.len());
+        let mut indices = Vec::with_capacity(req.items.len());
         let mut end = 0u64;
-        for item in req.items {
+        for (index, item) in req.items.iter().enumerate() {
             let record = Arc::new(self.get(&item.name, item.version)?);
-            let at = end.next_multiple_of(PLACE_ALIGN);
+            // An empty version takes no room (nothing is read into it).
+            let at = match record.size {
+                0 => end,
+                _ => end.next_multiple_of(PLACE_ALIGN),
+            };
+            if req.max_bytes > 0 && at + record.size > req.max_bytes {
+                continue;
+            }
             end = at + record.size;
             placed.push(Placed { record, at });
+            indices.push(index);
+        }
+        if placed.is_empty() {
+            return Ok(GroupOpened {
+                region: None,
+                items: Vec::new(),
+                kept: false,
+                gone: Vec::new(),
+            });
         }
         let items: Arc<[Placed]> = placed.into();
         let (rebound, gone) = self.rebind(req.kept, &items, false, end.max(1));
@@ -117,8 +144,7 @@ impl Checkpoints {
                 let use_ = Use::Get {
                     items: Arc::clone(&items),
                 };
-                self.lend(&what, req.probe, end.max(1), use_, false)
-                    .await?
+                self.lend(&what, req.probe, end.max(1), use_, false).await?
             }
         };
         let filled = match self.fill_group(&region.region, &items, req.fill).await {
@@ -134,14 +160,16 @@ impl Checkpoints {
         let items = items
             .iter()
             .zip(filled)
-            .map(|(p, filled)| PlacedInfo {
+            .zip(indices)
+            .map(|((p, filled), index)| PlacedInfo {
+                index,
                 checkpoint: CheckpointInfo::from(p.record.as_ref()),
                 at: p.at,
                 filled,
             })
             .collect();
         Ok(GroupOpened {
-            region,
+            region: Some(region),
             items,
             kept,
             gone,
