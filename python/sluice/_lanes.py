@@ -10,7 +10,9 @@ fills the next; at most ``workers`` parts are in flight.
   of a shared-memory region the server lent (``checkpoint.shm.put_open``),
   so the writer's one copy of a byte is into the mapping, and the server
   writes the slot from there to the device (``checkpoint.shm.put``). The
-  region outlives a save: the next one finds its pages in place.
+  region (:class:`PutSlots`) is the Checkpoint's, shared by the writers
+  it runs at once (a save on several threads holds one, not one a
+  thread), and outlives a save: the next one finds its pages in place.
 - :class:`FlightPuts`: anywhere. Each part is a ``DoPut`` stream of
   8 MiB messages on a lane (its own connection).
 
@@ -47,6 +49,7 @@ import bisect
 import json
 import mmap
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -126,10 +129,11 @@ def _shm_refused(e: SluiceError) -> bool:
 
 def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, transport: str,
                 writable: bool, kept: Optional[Dict[str, Region]] = None
-                ) -> Optional[Tuple[Region, Any]]:
-    """A region lent by ``kind`` (``put_open``/``get_open``) with this
-    process's probe, and the server's answer; ``None`` where the server
-    is not on this host (or ``transport`` is ``"flight"``). Where the
+                ) -> Optional[Tuple[Optional[Region], Any]]:
+    """A region lent by ``kind`` (``put_open``/``get_open``/``get_group``)
+    with this process's probe, and the server's answer; ``None`` where the
+    server is not on this host (or ``transport`` is ``"flight"``), and
+    ``(None, answer)`` where ``get_group`` lent none (no version fits). Where the
     server answers with one of the ``kept`` regions (``get_open``), that
     one is used as it is mapped already."""
     if transport == "flight":
@@ -146,7 +150,10 @@ def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, tran
             if transport == "shm" or not _shm_refused(e):
                 raise
             return None
-    # get_open answers {"region": {…}, "checkpoint": {…}, "kept", …}, put_open the region.
+    # get_open answers {"region": {…}, "checkpoint": {…}, "kept", …}, put_open the region;
+    # get_group {"region": null, …} where it placed no version: no region is lent.
+    if "region" in answer and answer["region"] is None:
+        return None, answer
     info = answer["region"] if isinstance(answer.get("region"), dict) else answer
     if answer.get("kept") and kept and info["region"] in kept:
         return kept[info["region"]], answer
@@ -226,40 +233,99 @@ class FlightPuts:
         """Nothing is kept between saves."""
 
 
+class PutSlots:
+    """A put region's slots (``chunk`` bytes each), shared by every writer
+    of a :class:`~sluice.Checkpoint` at once: a slot is free again as soon
+    as the part in it is written, whichever writer sent it."""
+
+    def __init__(self, region: Region, chunk: int):
+        self.region, self.chunk = region, chunk
+        self._free = list(range(region.size // chunk))
+        self._in_flight = 0
+        self._cond = threading.Condition()
+
+    def take(self) -> Optional[int]:
+        """A free slot, waiting while a part in flight will free one;
+        ``None`` where none is free and none is in flight (every slot is
+        being filled, by writers that may not send before this one does)."""
+        with self._cond:
+            while not self._free:
+                if self._in_flight == 0:
+                    return None
+                self._cond.wait()
+            return self._free.pop()
+
+    def sending(self) -> None:
+        with self._cond:
+            self._in_flight += 1
+
+    def sent(self, slot: int) -> None:
+        """The part in ``slot`` is written (or failed, or was cancelled)."""
+        with self._cond:
+            self._in_flight -= 1
+            self._free.append(slot)
+            self._cond.notify()
+
+    def put_back(self, slot: int) -> None:
+        """A slot taken and never sent."""
+        with self._cond:
+            self._free.append(slot)
+            self._cond.notify()
+
+
 class ShmPuts(FlightPuts):
-    """Parts through the slots of a shared-memory region (see the module
-    docs). ``workers + 1`` slots: one fills while ``workers`` are written."""
+    """One writer's parts through the slots of a shared-memory region (see
+    the module docs), which the other writers of its Checkpoint share:
+    ``workers + 1`` slots for all of them, not each. A writer that finds
+    every slot being filled by others, none in flight, gets a region of
+    its own from ``more`` (let go when it is done)."""
 
     def __init__(self, client: Any, pool: ThreadPoolExecutor, chunk: int, workers: int,
-                 region: Region, on_release: Callable[["ShmPuts"], None]):
+                 slots: PutSlots, more: Callable[[], Optional[PutSlots]]):
         super().__init__(client, pool, chunk, workers)
-        self.region = region
-        self.free = list(range(region.size // chunk))
-        self.on_release = on_release
+        self.slots, self.more = slots, more
+        self.own: Optional[PutSlots] = None
+        # The slot being filled, and whose it is.
+        self.held: Optional[Tuple[PutSlots, int]] = None
 
     def acquire(self) -> Tuple[Any, memoryview]:
-        while not self.free:
-            slot, f = self.pending.pop(0)
-            try:
-                f.result()
-            finally:
-                self.free.append(slot)
-        slot = self.free.pop()
-        return slot, self.region.view[slot * self.chunk:(slot + 1) * self.chunk]
+        # A part that failed fails the writer at its next part, not only
+        # at close.
+        while self.pending and self.pending[0][1].done():
+            self.pending.pop(0)[1].result()
+        slot = self.slots.take()
+        if slot is None:
+            own = self.more()
+            slot = own.take() if own is not None else None
+            if own is None or slot is None:
+                raise SluiceError(507, "shm_unavailable",
+                                  "every slot of the writers' shared region is being filled, "
+                                  "and the server lent no other region")
+            self.own = self.slots = own
+        self.held = (self.slots, slot)
+        return slot, self.slots.region.view[slot * self.chunk:(slot + 1) * self.chunk]
 
     def send(self, slot: Any, size: int, upload: str, offset: int, subject: str) -> None:
-        body = {"region": self.region.id, "upload": upload, "at": slot * self.chunk,
+        assert self.held is not None and self.held[1] == slot, "send the slot acquired"
+        slots, self.held = self.held[0], None
+        body = {"region": slots.region.id, "upload": upload, "at": slot * self.chunk,
                 "length": size, "offset": offset}
         lane = offset // self.chunk % self.workers
+        slots.sending()
         f = self.pool.submit(action, self.client, "checkpoint.shm.put", body, subject, lane)
+        f.add_done_callback(lambda _: slots.sent(slot))
         self.pending.append((slot, f))
 
     def release(self) -> None:
-        """Back to the :class:`~sluice.Checkpoint` for its next save, every
-        slot free (the writer drained or cancelled its parts)."""
-        self.free = list(range(self.region.size // self.chunk))
+        """Gives back the slot being filled (the writer drained or
+        cancelled its parts); a region of its own is let go."""
+        if self.held is not None:
+            self.held[0].put_back(self.held[1])
+            self.held = None
         self.pending = []
-        self.on_release(self)
+        if self.own is not None:
+            close_region(self.client, self.own.region, "checkpoint writer region")
+            self.own = None
 
 
 class FlightGets:
@@ -340,9 +406,13 @@ class ShmGets:
             body["at"] = at
         lane = offset // self.chunk % self.workers
         got = action(self.client, "checkpoint.shm.get", body, f"checkpoint '{self.name}'", lane)
-        if int(got["bytes"]) != length:
+        self.check(offset, length, int(got["bytes"]))
+
+    def check(self, offset: int, length: int, got: int) -> None:
+        """Raises when a range came back short."""
+        if got != length:
             raise SluiceError(500, "checkpoint_failed",
-                              f"checkpoint '{self.name}': bytes {offset + int(got['bytes'])}.."
+                              f"checkpoint '{self.name}': bytes {offset + got}.."
                               f"{offset + length} missing")
 
     def view(self, offset: int, pos: int, want: int) -> memoryview:

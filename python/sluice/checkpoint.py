@@ -9,6 +9,8 @@
         model.load_state_dict(torch.load(f, weights_only=True))
     # same host: tensors over the server's mapping, no parse copy
     state = ckpt.load("epoch3.pt", weights_only=True)
+    # a model's files together: one region, the small ones one request
+    layers = ckpt.load_all([f"layer_{i}.pt" for i in range(32)], weights_only=True)
 
 A writer streams: bytes fill a part of ``chunk_size`` bytes, and each full
 part goes to the server while the next fills, with up to ``workers`` parts
@@ -52,8 +54,10 @@ import io
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import numpy as np
 
 from . import _lanes
 from ._errors import SluiceError
@@ -97,6 +101,8 @@ DEFAULT_KEEP_READ_S = 30.0
 # window, interleaved in one process: 16 MiB ranges in 5 slots 1.84-2.50
 # GB/s, 4 MiB ranges in 6 slots 1.37-1.63, 16 MiB in 6 slots 1.41-1.67.
 WINDOW_RANGES_OVER_WORKERS = 1
+# Copies out of a region of at least this many bytes run without the GIL.
+_NUMPY_COPY_MIN = 256 << 10
 
 
 class Checkpoint:
@@ -120,7 +126,11 @@ class Checkpoint:
         self.transport = transport
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._idle_puts: List[_lanes.ShmPuts] = []
+        self._parse_pool: Optional[ThreadPoolExecutor] = None
+        # The put region every writer of this object shares, and the
+        # lock its making and checking run under.
+        self._put_slots: Optional[_lanes.PutSlots] = None
+        self._puts_lock = threading.Lock()
         # Read regions kept for the next reads, least recently used first
         # (each with its `idle_since`).
         self._idle_gets: List[_lanes.Region] = []
@@ -148,39 +158,40 @@ class Checkpoint:
             return self._pool
 
     def _puts(self, subject: str) -> Any:
-        """A writer's lanes: a kept shared-memory region, a new one, or
-        Flight (see :mod:`sluice._lanes`)."""
+        """A writer's lanes: the slots of the region this Checkpoint's
+        writers share (kept from the last save, or new), or Flight (see
+        :mod:`sluice._lanes`)."""
         pool = self._executor()
-        while True:
-            with self._lock:
-                kept = self._idle_puts.pop() if self._idle_puts else None
-                refused = self._shm_refused
-            if kept is None:
-                break
-            try:
-                # The server lets a region go after its idle timeout.
-                _lanes.action(self.client, "checkpoint.shm.touch", {"region": kept.region.id},
-                              subject)
-                return kept
-            except SluiceError as e:
-                if e.code != "region_not_found":
-                    raise
-        flight_puts = _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
-        if refused and self.transport == "auto":
-            return flight_puts
+        with self._puts_lock:
+            slots = self._put_slots
+            if slots is not None:
+                try:
+                    # The server lets a region go after its idle timeout.
+                    _lanes.action(self.client, "checkpoint.shm.touch",
+                                  {"region": slots.region.id}, subject)
+                except SluiceError as e:
+                    if e.code != "region_not_found":
+                        raise
+                    slots.region.close()
+                    slots = self._put_slots = None
+            if slots is None and not (self._shm_refused and self.transport == "auto"):
+                slots = self._put_slots = self._new_slots(subject)
+        if slots is None:
+            return _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
+        return _lanes.ShmPuts(self.client, pool, self.chunk_size, self.workers, slots,
+                              lambda: self._new_slots(subject))
+
+    def _new_slots(self, subject: str) -> Optional["_lanes.PutSlots"]:
+        """A new put region of ``workers + 1`` slots; ``None`` where the
+        server is not on this host (then writers use Flight)."""
         lent = _lanes.open_region(
             self.client, "checkpoint.shm.put_open",
             {"size": (self.workers + 1) * self.chunk_size}, subject, self.transport, writable=True)
-        if lent is None:
+        if lent is None or lent[0] is None:
             with self._lock:
                 self._shm_refused = True
-            return flight_puts
-        return _lanes.ShmPuts(self.client, pool, self.chunk_size, self.workers, lent[0],
-                              self._keep_puts)
-
-    def _keep_puts(self, puts: "_lanes.ShmPuts") -> None:
-        with self._lock:
-            self._idle_puts.append(puts)
+            return None
+        return _lanes.PutSlots(lent[0], self.chunk_size)
 
     def _take_gets(self) -> Dict[str, "_lanes.Region"]:
         """Kept read regions for one reader's ``get_open``, taken: the one
@@ -243,13 +254,16 @@ class Checkpoint:
         process, and the server lets an unused region go after its idle
         timeout)."""
         with self._lock:
-            idle, self._idle_puts = self._idle_puts, []
+            slots, self._put_slots = self._put_slots, None
             gets, self._idle_gets = self._idle_gets, []
             expiry, self._expiry = self._expiry, None
             pool, self._pool = self._pool, None
+            parsers, self._parse_pool = self._parse_pool, None
+        if parsers is not None:
+            parsers.shutdown(wait=True)
         if expiry is not None:
             expiry.cancel()
-        for region in [p.region for p in idle] + gets:
+        for region in ([slots.region] if slots is not None else []) + gets:
             _lanes.close_region(self.client, region, "checkpoint region")
         if pool is not None:
             pool.shutdown(wait=True)
@@ -318,6 +332,55 @@ class Checkpoint:
             # The tensors map the region's pages: it is never read into again.
             r.hand_over()
             return torch.load(path, mmap=True, **torch_load)
+
+    def load_all(self, names: List[str], versions: Optional[List[Optional[int]]] = None,
+                 **torch_load: Any) -> List[Any]:
+        """``torch.load`` of each of ``names`` (their newest versions, or
+        ``versions``), in order, parsed on ``workers`` threads at once. On
+        the server's host they are read into one region side by side
+        (:mod:`sluice._group`: the small ones in one request), which is
+        kept for the next load; tensors are copied out of it, as
+        ``torch.load`` copies them out of a file's pages. Elsewhere, and
+        for a version that does not fit ``keep_read_bytes``, each is a
+        :meth:`load` of its own."""
+        import torch
+
+        from ._group import open_group
+
+        if versions is None:
+            versions = [None] * len(names)
+        if len(versions) != len(names):
+            raise ValueError(f"{len(names)} names but {len(versions)} versions")
+        full = [self._name(n) for n in names]
+        readers = open_group(self, full, versions) if full else {}
+
+        def one(i: int) -> Any:
+            r = readers.get(i)
+            if r is None:
+                return self.load(names[i], versions[i], **torch_load)
+            with r:
+                return torch.load(r, **torch_load)
+
+        parses = [self._parsers().submit(one, i) for i in range(len(names))]
+        try:
+            return [f.result() for f in parses]
+        finally:
+            # On an error, the parses still running finish before their
+            # readers (and the region) are let go.
+            for f in parses:
+                f.cancel()
+            wait(parses)
+            for r in readers.values():
+                r.close()
+
+    def _parsers(self) -> ThreadPoolExecutor:
+        """The threads :meth:`load_all` parses on (apart from those that
+        fetch, which the parses wait for)."""
+        with self._lock:
+            if self._parse_pool is None:
+                self._parse_pool = ThreadPoolExecutor(self.workers,
+                                                      thread_name_prefix="sluice-parse")
+            return self._parse_pool
 
     def stat(self, name: str, version: Optional[int] = None) -> Dict[str, Any]:
         """``name``'s newest version (or ``version``): size, version, time."""
@@ -452,80 +515,63 @@ class CheckpointReader(io.RawIOBase):
     caller's memory; :meth:`view` gives them without a copy."""
 
     def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
-                 own_from: int = 0, own_below: int = 0):
+                 own_from: int = 0, own_below: int = 0, opened: Optional["Opened"] = None):
         super().__init__()
-        body: Dict[str, Any] = {"name": name}
-        if version is not None:
-            body["version"] = version
         self.name = name
         self._ckpt = ckpt
         # Views handed out (slice, view): while one lives, the region is
         # not read into again.
         self._exported: List[weakref.ref] = []
         self._handed_over = False
-        subject = f"checkpoint '{name}'"
-        filled = 0
-        # A version no larger than one small range is read by get_open.
-        shm_range = min(ckpt.chunk_size, SHM_READ_RANGE)
-        if ckpt._shm_refused and ckpt.transport == "auto":
-            lent = None
-        else:
-            kept = ckpt._take_gets()
-            try:
-                lent = _lanes.open_region(
-                    ckpt.client, "checkpoint.shm.get_open",
-                    dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
-                         own_below=own_below,
-                         window=ckpt.read_window), subject,
-                    ckpt.transport, writable=False, kept=kept)
-            except BaseException:
-                ckpt._keep_gets(list(kept.values()))
-                raise
-            chosen = lent[0].id if lent is not None else None
-            ckpt._keep_gets([r for r in kept.values() if r.id != chosen],
-                            gone=lent[1].get("gone", []) if lent is not None else [])
-        if lent is None:
-            self.info = ckpt._action("checkpoint.stat", body, name)
-            self._lanes: Any = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers,
-                                                 name, int(self.info["version"]))
-        else:
-            region, answer = lent
-            self.info = answer["checkpoint"]
-            filled = int(answer.get("filled", 0))
-            windowed = region.size < int(self.info["size"])
-            if windowed:
-                shm_range = ckpt.window_range
-            elif not answer.get("kept"):
-                # A fresh region's pages are made as its extents are read:
-                # larger ranges keep more of that work beside the reads.
-                shm_range = ckpt.chunk_size
-            self._lanes = _lanes.ShmGets(ckpt.client, shm_range, ckpt.workers, name, region,
-                                         lambda r: ckpt._keep_gets([r]))
+        self._begin(opened if opened is not None
+                    else _open(ckpt, name, version, own_from, own_below))
+
+    def _begin(self, opened: "Opened") -> None:
+        """Starts the ranges of ``opened`` (those it holds already done)."""
+        ckpt = self._ckpt
+        self.info, self._lanes = opened.info, opened.lanes
         self.transport = self._lanes.transport
         self.size = int(self.info["size"])
         # The region's size (a kept one may be larger than the version; a
         # window smaller).
-        self.region_size = lent[0].size if lent is not None else None
+        self.region_size = opened.region_size
         self._pos = 0
-        self._range = shm_range if self.transport == "shm" else ckpt.chunk_size
+        self._range = opened.shm_range if self.transport == "shm" else ckpt.chunk_size
         starts = list(range(0, self.size, self._range))
         # The last first: a zip archive's directory, which torch.load reads first.
         first = starts[-1:] + starts[:-1]
         pool = ckpt._executor()
         self._futures: Dict[int, Future] = {}
         self._window: Optional[Window] = None
+        # Ranges not submitted yet (`opened.defer`: the caller submits them
+        # in turn with other readers', `submit_next`).
+        self._due: List[int] = []
         if self.region_size is not None and self.region_size < self.size:
             self._window = Window(self._lanes.fetch, pool, self.size, self._range,
                                   self.region_size // self._range, ckpt.workers)
             self._window.start(first)
             return
         for lo in first:
-            if filled == self.size:
-                # get_open read it whole already.
+            if opened.filled == self.size:
+                # The region's opening read it whole already.
                 self._futures[lo] = done = Future()
                 done.set_result(None)
-                continue
-            self._futures[lo] = pool.submit(self._lanes.fetch, lo, min(self.size - lo, self._range))
+            elif opened.defer:
+                self._due.append(lo)
+            else:
+                self._submit(lo)
+
+    def _submit(self, lo: int) -> None:
+        self._futures[lo] = self._ckpt._executor().submit(
+            self._lanes.fetch, lo, min(self.size - lo, self._range))
+
+    def submit_next(self) -> bool:
+        """Submits the next range left for the caller (see ``defer``);
+        whether there was one."""
+        if not self._due:
+            return False
+        self._submit(self._due.pop(0))
+        return True
 
     def _ready(self, lo: int) -> None:
         """Waits for the range at ``lo`` (raises its error, if it failed)."""
@@ -621,7 +667,7 @@ class CheckpointReader(io.RawIOBase):
             else:
                 self._ready(lo)
                 piece = self._lanes.view(lo, at, n)
-            out[done:done + len(piece)] = piece
+            _copy(out[done:done + len(piece)], piece)
             done += len(piece)
         return done
 
@@ -657,3 +703,71 @@ class CheckpointReader(io.RawIOBase):
         else:
             self._lanes.close()
         super().close()
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src``; a large one through numpy, which lets the GIL go
+    while it copies (and the kernel makes ``dst``'s fresh pages), so the
+    parses of several versions copy at once."""
+    if len(src) >= _NUMPY_COPY_MIN:
+        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
+    else:
+        dst[:] = src
+
+
+class Opened(NamedTuple):
+    """A version's lanes once its region (or Flight) is chosen: what a
+    :class:`CheckpointReader` starts its ranges from."""
+
+    info: Dict[str, Any]
+    lanes: Any
+    # Bytes of it in the region already.
+    filled: int
+    # The ranges it asks for over shared memory.
+    shm_range: int
+    # The region's size (None over Flight).
+    region_size: Optional[int]
+    # Leave the ranges to the caller (`CheckpointReader.submit_next`).
+    defer: bool = False
+
+
+def _open(ckpt: Checkpoint, name: str, version: Optional[int], own_from: int,
+          own_below: int) -> Opened:
+    """A region for one version (``checkpoint.shm.get_open``), or Flight."""
+    body: Dict[str, Any] = {"name": name}
+    if version is not None:
+        body["version"] = version
+    subject = f"checkpoint '{name}'"
+    # A version no larger than one small range is read by get_open.
+    shm_range = min(ckpt.chunk_size, SHM_READ_RANGE)
+    if ckpt._shm_refused and ckpt.transport == "auto":
+        lent = None
+    else:
+        kept = ckpt._take_gets()
+        try:
+            lent = _lanes.open_region(
+                ckpt.client, "checkpoint.shm.get_open",
+                dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
+                     own_below=own_below, window=ckpt.read_window), subject,
+                ckpt.transport, writable=False, kept=kept)
+        except BaseException:
+            ckpt._keep_gets(list(kept.values()))
+            raise
+        ckpt._keep_gets([r for r in kept.values() if lent is None or r is not lent[0]],
+                        gone=lent[1].get("gone", []) if lent is not None else [])
+    if lent is None:
+        info = ckpt._action("checkpoint.stat", body, name)
+        lanes = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,
+                                  int(info["version"]))
+        return Opened(info, lanes, 0, shm_range, None)
+    region, answer = lent
+    info = answer["checkpoint"]
+    if region.size < int(info["size"]):
+        shm_range = ckpt.window_range
+    elif not answer.get("kept"):
+        # A fresh region's pages are made as its extents are read:
+        # larger ranges keep more of that work beside the reads.
+        shm_range = ckpt.chunk_size
+    lanes = _lanes.ShmGets(ckpt.client, shm_range, ckpt.workers, name, region,
+                           lambda r: ckpt._keep_gets([r]))
+    return Opened(info, lanes, int(answer.get("filled", 0)), shm_range, region.size)

@@ -326,6 +326,12 @@ class SluiceCheckpointing(CheckpointFiles, BaseCheckpointing):
         the region the server read the version into (no parse copy)."""
         return self.store.load(f"{suffix}.{self.ext}", weights_only=True)
 
+    def load_states(self, suffixes: List[str]) -> List[Any]:
+        """A checkpoint's files loaded together (``Checkpoint.load_all``):
+        on the server's host one region holds them all, its small files
+        read in one request, parsed on ``LANES`` threads as they arrive."""
+        return self.store.load_all([f"{s}.{self.ext}" for s in suffixes], weights_only=True)
+
     def stored_bytes(self, suffix: str) -> int:
         """The size of the newest version of ``suffix``'s file."""
         return int(self.store.stat(f"{suffix}.{self.ext}")["size"])

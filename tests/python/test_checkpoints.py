@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -94,16 +95,16 @@ def test_shared_memory_and_flight_give_the_same_checkpoint(server):
             assert r.read() == data
     assert shm.stat("a.bin")["size"] == fl.stat("b.bin")["size"] == len(data)
     # A region is the writer's lanes: the next save reuses it...
-    kept = shm._idle_puts[0].region.id
+    kept = shm._put_slots.region.id
     with shm.writer("c.bin") as w:
         w.write(data[:CHUNK])
-    assert [p.region.id for p in shm._idle_puts] == [kept]
+    assert shm._put_slots.region.id == kept
     # ... unless the server let it go (idle past its timeout, 1 s here).
     time.sleep(2.5)
     with shm.writer("d.bin") as w:
         w.write(data)
     assert w.transport == "shm"
-    assert [p.region.id for p in shm._idle_puts] != [kept]
+    assert shm._put_slots.region.id != kept
     with fl.reader("d.bin") as r:
         assert r.read() == data
     shm.close()
@@ -313,6 +314,68 @@ def test_tensors_load_over_the_mapping(server):
     assert not shm_files(os.getpid())
 
 
+def test_load_all_reads_a_models_files_into_one_kept_region(server):
+    """`Checkpoint.load_all`: many files of a model (small ones and larger
+    ones) read into one shared region side by side, equal to what was
+    saved, in order; the region is kept and the next load takes it again,
+    while what the last load returned stays intact (copied out); old
+    versions by number; a bound on kept bytes reads what does not fit
+    alone; Flight gives the same; an unknown name fails naming it and
+    leaves nothing in /dev/shm."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    ck = sluice.Checkpoint(client, "group", chunk_size=CHUNK)
+    g = torch.Generator().manual_seed(11)
+    states = {f"layer_{i}.pt": {"w": torch.randint(-128, 127, (50_000 + i,), dtype=torch.int8,
+                                                   generator=g)} for i in range(8)}
+    states["model.pt"] = {"w": torch.randn(3 * CHUNK // 4 + 5, generator=g)}
+    states["optimizer.pt"] = {"m": torch.randn(CHUNK // 2, generator=g),
+                              "v": torch.randn(CHUNK // 3, generator=g).to(torch.bfloat16)}
+    for name, state in states.items():
+        with ck.writer(name) as w:
+            torch.save(state, w)
+    names = list(states)
+
+    def same(got, want):
+        assert len(got) == len(want)
+        for name, a, b in zip(names, got, want):
+            assert set(a) == set(b), name
+            for k in b:
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), (name, k)
+
+    before = regions(client)
+    first = ck.load_all(names, weights_only=True)
+    same(first, [states[n] for n in names])
+    [kept] = ck._idle_gets
+    assert kept.size >= sum(ck.stat(n)["size"] for n in names)
+    assert regions(client) == before + 1
+    # The next load of the same shape: the same region, and the first
+    # load's tensors are their own memory.
+    with ck.writer("layer_3.pt") as w:
+        torch.save({"w": torch.zeros(7, dtype=torch.int8)}, w)
+    second = ck.load_all(names, weights_only=True)
+    assert [r.id for r in ck._idle_gets] == [kept.id]
+    assert torch.equal(second[3]["w"], torch.zeros(7, dtype=torch.int8))
+    same(first, [states[n] for n in names])
+    old = ck.stat("layer_3.pt")["version"] - 1
+    third = ck.load_all(names, [old if n == "layer_3.pt" else None for n in names],
+                        weights_only=True)
+    same(third, [states[n] for n in names])
+    # A bound below the large files: they are read alone, the rest together.
+    small = sluice.Checkpoint(client, "group", chunk_size=CHUNK, keep_read_bytes=CHUNK)
+    same(small.load_all(names, [old if n == "layer_3.pt" else None for n in names],
+                        weights_only=True), [states[n] for n in names])
+    small.close()
+    flight = sluice.Checkpoint(client, "group", chunk_size=CHUNK, transport="flight")
+    same(flight.load_all(names, [old if n == "layer_3.pt" else None for n in names],
+                         weights_only=True), [states[n] for n in names])
+    with pytest.raises(sluice.SluiceError) as e:
+        ck.load_all(names + ["nope.pt"], weights_only=True)
+    assert "group/nope.pt" in e.value.message
+    ck.close()
+    assert not shm_files(os.getpid())
+
+
 def test_load_maps_a_mid_sized_version_and_streams_a_larger_one(server, monkeypatch):
     """`Checkpoint.load` maps a version from MAPPED_LOAD_MIN bytes (its
     own region, torch.load(mmap=True)) and streams one of MAPPED_LOAD_MAX
@@ -402,6 +465,41 @@ w.write(b"x" * (6 << 20))
 print("written", w.transport, flush=True)
 time.sleep(60)
 """
+
+
+def test_writers_at_once_share_one_region(server):
+    """A Checkpoint's writers share one put region (workers + 1 slots):
+    writers on several threads, and more writers open at once on one
+    thread than there are slots (each holding one it fills), all commit
+    their own bytes; one that finds every slot being filled gets a region
+    of its own, let go when it closes; one region is kept after."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    ck = sluice.Checkpoint(client, "sharedputs", chunk_size=CHUNK, workers=2, transport="shm")
+    data = {f"f{i}.bin": pattern(2 * CHUNK + 1000 * i + 1, i) for i in range(5)}
+    with ThreadPoolExecutor(4) as pool:
+        def save(kv):
+            with ck.writer(kv[0]) as w:
+                for lo in range(0, len(kv[1]), 100_000):
+                    w.write(kv[1][lo:lo + 100_000])
+
+        list(pool.map(save, data.items()))
+    [kept] = [ck._put_slots.region.id]
+    before = regions(client)
+    # Five open on one thread, three slots: they fill in turn.
+    writers = {name: ck.writer(name + ".again") for name in data}
+    for lo in range(0, 3 * CHUNK, CHUNK // 2):
+        for name, w in writers.items():
+            w.write(data[name][lo:lo + CHUNK // 2])
+    for w in writers.values():
+        w.close()
+    assert ck._put_slots.region.id == kept and regions(client) <= before
+    for name, want in data.items():
+        for stored in (name, name + ".again"):
+            with ck.reader(stored) as r:
+                assert r.read() == want, stored
+    ck.close()
+    assert not shm_files(os.getpid())
 
 
 def test_a_writer_killed_mid_stream(server):

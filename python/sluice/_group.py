@@ -1,0 +1,122 @@
+"""Several versions in one shared region: a model's files loaded together
+(:meth:`sluice.Checkpoint.load_all`).
+
+A load of a checkpoint made of many files (a layer a file and the
+optimizer's groups: MLPerf's llama3 layout is 34 files a rank) would
+otherwise open each alone: a proof of host, a region lent and mapped, a
+request, for every file. ``checkpoint.shm.get_group`` lends one region for
+all of them, the versions side by side, and reads the small ones (at most
+``SHM_READ_RANGE`` bytes each) before it answers, all at once at the
+device's depth: 32 files of 430 KB are one request. The larger ones are
+fetched by item in ranges, on the :class:`~sluice.Checkpoint`'s threads,
+one range of each in turn (so that every parse goes forward as its bytes
+arrive, none waiting behind another's), while the caller parses those
+that are in. The region holds at most
+``keep_read_bytes`` (a version that would not fit is read alone), and
+once every item's reader is closed with nothing of its bytes outliving it,
+it is kept for the next load of the same shape, whose pages are then in
+place on both sides.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from . import _lanes
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint, CheckpointReader
+
+
+class _Group:
+    """The region the items share; kept (or let go) once all are closed."""
+
+    def __init__(self, ckpt: "Checkpoint", region: _lanes.Region, items: int):
+        self.ckpt, self.region = ckpt, region
+        self._open = items
+        self._keep = True
+        self._lock = threading.Lock()
+
+    def closed(self, keep: bool) -> None:
+        with self._lock:
+            self._open -= 1
+            self._keep = self._keep and keep
+            last, keep = self._open == 0, self._keep
+        if not last:
+            return
+        if keep:
+            self.ckpt._keep_gets([self.region])
+        else:
+            _lanes.close_region(self.ckpt.client, self.region, "checkpoint group region")
+
+
+class ItemGets(_lanes.ShmGets):
+    """One version's ranges in a group's region: fetched by item, viewed
+    at its place."""
+
+    def __init__(self, group: _Group, item: int, at: int, chunk: int, name: str):
+        ckpt = group.ckpt
+        super().__init__(ckpt.client, chunk, ckpt.workers, name, group.region, group.closed)
+        self.group, self.item, self.at = group, item, at
+
+    def fetch(self, offset: int, length: int, at: Optional[int] = None) -> None:
+        body = {"region": self.region.id, "item": self.item, "offset": offset, "length": length}
+        lane = offset // self.chunk % self.workers
+        got = _lanes.action(self.client, "checkpoint.shm.get", body,
+                            f"checkpoint '{self.name}'", lane)
+        self.check(offset, length, int(got["bytes"]))
+
+    def view(self, offset: int, pos: int, want: int) -> memoryview:
+        return self.region.view[self.at + pos:self.at + pos + want]
+
+    def close(self, keep: bool = False) -> None:
+        self.group.closed(keep)
+
+
+def open_group(ckpt: "Checkpoint", names: List[str],
+               versions: List[Optional[int]]) -> Dict[int, "CheckpointReader"]:
+    """Readers of the versions one group region holds, by their place in
+    ``names`` (full names); those it left out, and all of them where the
+    server is not on this host, are not in the answer."""
+    from .checkpoint import SHM_READ_RANGE, CheckpointReader, Opened
+
+    if ckpt.transport == "flight" or ckpt._shm_refused or not ckpt.keep_read_bytes:
+        return {}
+    items = [{"name": n} if v is None else {"name": n, "version": v}
+             for n, v in zip(names, versions)]
+    fill = min(ckpt.chunk_size, SHM_READ_RANGE)
+    body: Dict[str, Any] = {"items": items, "fill": fill, "max_bytes": ckpt.keep_read_bytes}
+    subject = f"{len(names)} checkpoints under '{ckpt.prefix}'"
+    kept = ckpt._take_gets()
+    try:
+        lent = _lanes.open_region(ckpt.client, "checkpoint.shm.get_group",
+                                  dict(body, kept=list(kept)), subject, ckpt.transport,
+                                  writable=False, kept=kept)
+    except BaseException:
+        ckpt._keep_gets(list(kept.values()))
+        raise
+    region = lent[0] if lent is not None else None
+    ckpt._keep_gets([r for r in kept.values() if r is not region],
+                    gone=lent[1].get("gone", []) if lent is not None else [])
+    if lent is None or region is None:
+        return {}
+    answer = lent[1]
+    placed = answer["items"]
+    group = _Group(ckpt, region, len(placed))
+    # Into a kept region, small ranges (the first is in while the rest
+    # are read); into a fresh one, chunks (its pages are made as they land).
+    chunk = fill if answer.get("kept") else ckpt.chunk_size
+    readers: Dict[int, CheckpointReader] = {}
+    for item, p in enumerate(placed):
+        index = int(p["index"])
+        info = p["checkpoint"]
+        lanes = ItemGets(group, item, int(p["at"]), chunk, names[index])
+        opened = Opened(info, lanes, int(p["filled"]), chunk, int(info["size"]), defer=True)
+        readers[index] = CheckpointReader(ckpt, names[index], versions[index], opened=opened)
+    # The larger versions' ranges in turn, one of each at a time: their
+    # parses all go forward as the bytes arrive, none waits for the others.
+    due = list(readers.values())
+    while due:
+        due = [r for r in due if r.submit_next()]
+    return readers
