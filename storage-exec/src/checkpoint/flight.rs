@@ -178,51 +178,7 @@ impl CheckpointEndpoint for Checkpoints {
                 let g: Group = body(kind, bytes)?;
                 json_bytes(&self.commit_group(&g.pairs()).await.map_err(status)?)
             }
-            "checkpoint.shm.put_open" => {
-                let o: PutOpen = body(kind, bytes)?;
-                json_bytes(&self.shm_put_open(&o.probe, o.size).await.map_err(status)?)
-            }
-            "checkpoint.shm.put" => {
-                let p: ShmPut = body(kind, bytes)?;
-                let n = self
-                    .shm_put(&p.region, &p.upload, p.at, p.length, p.offset)
-                    .await
-                    .map_err(status)?;
-                json_bytes(&json!({ "bytes": n }))
-            }
-            "checkpoint.shm.get_open" => {
-                let o: GetOpen = body(kind, bytes)?;
-                json_bytes(&self.shm_get_open(o.request()).await.map_err(status)?)
-            }
-            "checkpoint.shm.get_group" => {
-                let g: GetGroup = body(kind, bytes)?;
-                let req = GroupRequest {
-                    items: &g.items,
-                    probe: &g.probe,
-                    kept: &g.kept,
-                    fill: g.fill,
-                    max_bytes: g.max_bytes,
-                };
-                json_bytes(&self.shm_get_group(req).await.map_err(status)?)
-            }
-            "checkpoint.shm.get" => {
-                let g: ShmGet = body(kind, bytes)?;
-                let n = self
-                    .shm_get(&g.region, g.item, g.offset, g.length, g.at)
-                    .await
-                    .map_err(status)?;
-                json_bytes(&json!({ "bytes": n }))
-            }
-            "checkpoint.shm.touch" => {
-                let r: RegionId = body(kind, bytes)?;
-                self.shm_touch(&r.region).map_err(status)?;
-                json_bytes(&json!({ "region": r.region }))
-            }
-            "checkpoint.shm.close" => {
-                let r: RegionId = body(kind, bytes)?;
-                self.shm_close(&r.region).await.map_err(status)?;
-                json_bytes(&json!({ "closed": r.region }))
-            }
+            shm if shm.starts_with("checkpoint.shm.") => shm_action(self, shm, bytes).await,
             "checkpoint.abort" => {
                 let u: UploadId = body(kind, bytes)?;
                 self.abort(&u.upload).map_err(status)?;
@@ -266,5 +222,57 @@ impl CheckpointEndpoint for Checkpoints {
             }
             other => Err(unknown(other)),
         }
+    }
+}
+
+/// The same-host path's actions (`checkpoint.shm.*`).
+async fn shm_action(c: &Checkpoints, kind: &str, bytes: &[u8]) -> Result<Bytes, Status> {
+    match kind {
+        "checkpoint.shm.put_open" => {
+            let o: PutOpen = body(kind, bytes)?;
+            json_bytes(&c.shm_put_open(&o.probe, o.size).await.map_err(status)?)
+        }
+        "checkpoint.shm.put" => {
+            let p: ShmPut = body(kind, bytes)?;
+            let n = c
+                .shm_put(&p.region, &p.upload, p.at, p.length, p.offset)
+                .await
+                .map_err(status)?;
+            json_bytes(&json!({ "bytes": n }))
+        }
+        "checkpoint.shm.get_open" => {
+            let o: GetOpen = body(kind, bytes)?;
+            json_bytes(&c.shm_get_open(o.request()).await.map_err(status)?)
+        }
+        "checkpoint.shm.get_group" => {
+            let g: GetGroup = body(kind, bytes)?;
+            let req = GroupRequest {
+                items: &g.items,
+                probe: &g.probe,
+                kept: &g.kept,
+                fill: g.fill,
+                max_bytes: g.max_bytes,
+            };
+            json_bytes(&c.shm_get_group(req).await.map_err(status)?)
+        }
+        "checkpoint.shm.get" => {
+            let g: ShmGet = body(kind, bytes)?;
+            let n = c
+                .shm_get(&g.region, g.item, g.offset, g.length, g.at)
+                .await
+                .map_err(status)?;
+            json_bytes(&json!({ "bytes": n }))
+        }
+        "checkpoint.shm.touch" => {
+            let r: RegionId = body(kind, bytes)?;
+            c.shm_touch(&r.region).map_err(status)?;
+            json_bytes(&json!({ "region": r.region }))
+        }
+        "checkpoint.shm.close" => {
+            let r: RegionId = body(kind, bytes)?;
+            c.shm_close(&r.region).await.map_err(status)?;
+            json_bytes(&json!({ "closed": r.region }))
+        }
+        other => Err(unknown(other)),
     }
 }

@@ -1,5 +1,6 @@
 //! The read half of the same-host path: `get_open` lends (or rebinds) a
-//! region for a version, and `get` reads ranges of the version into it,
+//! region for a version (`get_group` one for many, [`super::group`]), and
+//! `get` reads ranges of the version into it,
 //! O_DIRECT into its pages where the extent allows, each checked against
 //! its crc32c there.
 //!
@@ -16,6 +17,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use sluice_flight::shm_handshake::Probe;
 
+use super::group::{GroupOpened, GroupRequest, Layout};
 use super::{Filling, InUse, Lent, Placed, RegionInfo, Use, lock, off_runtime};
 use crate::checkpoint::Checkpoints;
 use crate::checkpoint::record::{CheckpointExtent, CheckpointInfo, CheckpointRecord};
@@ -139,11 +141,66 @@ impl Checkpoints {
         })
     }
 
+    /// One region for the versions `req.items` names (each its newest
+    /// where no version is given), side by side at aligned places, as
+    /// many as fit `req.max_bytes` (see [`Layout::place`]): the smallest
+    /// idle kept region that holds them, or a new one; none where none
+    /// fits. The versions of at most `req.fill` bytes are read into it
+    /// before the answer. An unknown checkpoint fails the whole group,
+    /// naming it.
+    pub async fn shm_get_group(&self, req: GroupRequest<'_>) -> Result<GroupOpened> {
+        req.check()?;
+        let records = req
+            .items
+            .iter()
+            .map(|item| self.get(&item.name, item.version).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        let layout = Layout::place(records, req.max_bytes);
+        if layout.items.is_empty() {
+            return Ok(layout.answer(None, Vec::new(), false, Vec::new()));
+        }
+        let need = layout.end.max(1);
+        let (rebound, gone) = self.rebind(req.kept, &layout.items, false, need);
+        let kept = rebound.is_some();
+        let region = match rebound {
+            Some(region) => region,
+            None => {
+                let use_ = Use::Get {
+                    items: Arc::clone(&layout.items),
+                };
+                self.lend(&req.what(), req.probe, need, use_, false).await?
+            }
+        };
+        let depth = self.store.device().parallelism().clamp(1, 8);
+        let id = region.region.clone();
+        let mut reads = futures::stream::iter(layout.small(req.fill))
+            .map(|(i, size)| {
+                let id = &id;
+                async move { (i, self.shm_get(id, i, 0, size, None).await) }
+            })
+            .buffer_unordered(depth);
+        let mut filled = vec![0; layout.items.len()];
+        while let Some((i, n)) = reads.next().await {
+            match n {
+                Ok(n) => filled[i] = n,
+                Err(e) => {
+                    drop(reads);
+                    // The client never learns a new region's id from an error.
+                    if !kept {
+                        let _ = self.shm_close(&id).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(layout.answer(Some(region), filled, kept, gone))
+    }
+
     /// Binds `items` (versions placed in a region) to the smallest
     /// region of `kept` that is a get region, idle and at least `need`
     /// bytes (none where they want one of their `own`); returns it, and
     /// the ids of `kept` that are not lent (any more).
-    pub(super) fn rebind(
+    fn rebind(
         &self,
         kept: &[String],
         items: &Arc<[Placed]>,

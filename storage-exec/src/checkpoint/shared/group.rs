@@ -13,12 +13,10 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use sluice_flight::shm_handshake::Probe;
 
-use super::{Placed, RegionInfo, Use};
-use crate::checkpoint::Checkpoints;
-use crate::checkpoint::record::CheckpointInfo;
+use super::{MAX_KEPT, Placed, RegionInfo};
+use crate::checkpoint::record::{CheckpointInfo, CheckpointRecord};
 use crate::error::{Result, StorageError};
 
 /// The most versions one `get_group` may name.
@@ -84,116 +82,108 @@ pub struct GroupOpened {
     pub gone: Vec<String>,
 }
 
-impl Checkpoints {
-    /// One region for the versions `req.items` names (each its newest
-    /// where no version is given), side by side at aligned places, as
-    /// many as fit `req.max_bytes`: the smallest idle kept region that
-    /// holds them, or a new one. The versions of at most `req.fill` bytes
-    /// are read into it before the answer. An unknown checkpoint fails
-    /// the whole group, naming it.
-    pub async fn shm_get_group(&self, req: GroupRequest<'_>) -> Result<GroupOpened> {
-        let what = format!("a group of {} checkpoints", req.items.len());
+impl GroupRequest<'_> {
+    /// Refuses a group of no versions or too many, or too many kept
+    /// regions named.
+    pub(super) fn check(&self) -> Result<()> {
         let refused = |reason: String| StorageError::SharedMemory {
-            what: what.clone(),
+            what: self.what(),
             reason,
         };
-        if req.items.is_empty() || req.items.len() > MAX_GROUP {
+        if self.items.is_empty() || self.items.len() > MAX_GROUP {
             return Err(refused(format!(
                 "{} versions named; 1 to {MAX_GROUP}",
-                req.items.len()
+                self.items.len()
             )));
         }
-        if req.kept.len() > super::MAX_KEPT {
+        if self.kept.len() > MAX_KEPT {
             return Err(refused(format!(
-                "{} kept regions named; at most {}",
-                req.kept.len(),
-                super::MAX_KEPT
+                "{} kept regions named; at most {MAX_KEPT}",
+                self.kept.len()
             )));
         }
-        let mut placed = Vec::with_capacity(req.items.len());
-        let mut indices = Vec::with_capacity(req.items.len());
+        Ok(())
+    }
+
+    /// What the group is, in an error.
+    pub(super) fn what(&self) -> String {
+        format!("a group of {} checkpoints", self.items.len())
+    }
+}
+
+/// Versions placed side by side in a region.
+pub(super) struct Layout {
+    /// Those that fit, in order.
+    pub items: Arc<[Placed]>,
+    /// Each one's place in the request.
+    pub indices: Vec<usize>,
+    /// The bytes the region must hold.
+    pub end: u64,
+}
+
+impl Layout {
+    /// Places `records` (the request's, in order) at aligned places, as
+    /// many as fit `max_bytes` (0: all): one that would take the region
+    /// past them is left out. An empty version takes no room.
+    pub(super) fn place(records: Vec<Arc<CheckpointRecord>>, max_bytes: u64) -> Self {
+        let mut placed = Vec::with_capacity(records.len());
+        let mut indices = Vec::with_capacity(records.len());
         let mut end = 0u64;
-        for (index, item) in req.items.iter().enumerate() {
-            let record = Arc::new(self.get(&item.name, item.version)?);
-            // An empty version takes no room (nothing is read into it).
+        for (index, record) in records.into_iter().enumerate() {
             let at = match record.size {
                 0 => end,
                 _ => end.next_multiple_of(PLACE_ALIGN),
             };
-            if req.max_bytes > 0 && at + record.size > req.max_bytes {
+            if max_bytes > 0 && at + record.size > max_bytes {
                 continue;
             }
             end = at + record.size;
             placed.push(Placed { record, at });
             indices.push(index);
         }
-        if placed.is_empty() {
-            return Ok(GroupOpened {
-                region: None,
-                items: Vec::new(),
-                kept: false,
-                gone: Vec::new(),
-            });
+        Self {
+            items: placed.into(),
+            indices,
+            end,
         }
-        let items: Arc<[Placed]> = placed.into();
-        let (rebound, gone) = self.rebind(req.kept, &items, false, end.max(1));
-        let kept = rebound.is_some();
-        let region = match rebound {
-            Some(region) => region,
-            None => {
-                let use_ = Use::Get {
-                    items: Arc::clone(&items),
-                };
-                self.lend(&what, req.probe, end.max(1), use_, false).await?
-            }
-        };
-        let filled = match self.fill_group(&region.region, &items, req.fill).await {
-            Ok(filled) => filled,
-            Err(e) => {
-                // The client never learns a new region's id from an error.
-                if !kept {
-                    let _ = self.shm_close(&region.region).await;
-                }
-                return Err(e);
-            }
-        };
-        let items = items
+    }
+
+    /// The versions of at most `fill` bytes that are not empty: read
+    /// before the answer (their place in `items`, their size).
+    pub(super) fn small(&self, fill: u64) -> Vec<(usize, u64)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.record.size > 0 && p.record.size <= fill)
+            .map(|(i, p)| (i, p.record.size))
+            .collect()
+    }
+
+    /// The answer, once `filled` (bytes read of each item) are in.
+    pub(super) fn answer(
+        &self,
+        region: Option<RegionInfo>,
+        filled: Vec<u64>,
+        kept: bool,
+        gone: Vec<String>,
+    ) -> GroupOpened {
+        let items = self
+            .items
             .iter()
             .zip(filled)
-            .zip(indices)
-            .map(|((p, filled), index)| PlacedInfo {
+            .zip(&self.indices)
+            .map(|((p, filled), &index)| PlacedInfo {
                 index,
                 checkpoint: CheckpointInfo::from(p.record.as_ref()),
                 at: p.at,
                 filled,
             })
             .collect();
-        Ok(GroupOpened {
-            region: Some(region),
+        GroupOpened {
+            region,
             items,
             kept,
             gone,
-        })
-    }
-
-    /// Reads every version of `items` of at most `fill` bytes into
-    /// `region`, as many at once as the device takes; returns the bytes
-    /// read of each.
-    async fn fill_group(&self, region: &str, items: &[Placed], fill: u64) -> Result<Vec<u64>> {
-        let small: Vec<(usize, u64)> = items
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.record.size > 0 && p.record.size <= fill)
-            .map(|(i, p)| (i, p.record.size))
-            .collect();
-        let depth = self.store.device().parallelism().clamp(1, 8);
-        let mut reads = futures::stream::iter(small)
-            .map(|(i, size)| async move { (i, self.shm_get(region, i, 0, size, None).await) })
-            .buffer_unordered(depth);
-        let mut filled = vec![0; items.len()];
-        while let Some((i, n)) = reads.next().await {
-            filled[i] = n?;
         }
-        Ok(filled)
     }
 }
