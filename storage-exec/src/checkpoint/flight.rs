@@ -45,11 +45,9 @@ struct ShmPut {
     offset: u64,
 }
 
+/// What every opening of a read region names.
 #[derive(Deserialize)]
-struct GetOpen {
-    name: String,
-    #[serde(default)]
-    version: Option<u64>,
+struct Opening {
     probe: Probe,
     /// Regions the client keeps from earlier reads.
     #[serde(default)]
@@ -57,6 +55,15 @@ struct GetOpen {
     /// Read a version of at most this many bytes before answering.
     #[serde(default)]
     fill: u64,
+}
+
+#[derive(Deserialize)]
+struct GetOpen {
+    name: String,
+    #[serde(default)]
+    version: Option<u64>,
+    #[serde(flatten)]
+    opening: Opening,
     /// A version of at least this many bytes gets a region of its own.
     #[serde(default)]
     own_from: u64,
@@ -73,9 +80,9 @@ impl GetOpen {
         GetRequest {
             name: &self.name,
             version: self.version,
-            probe: &self.probe,
-            kept: &self.kept,
-            fill: self.fill,
+            probe: &self.opening.probe,
+            kept: &self.opening.kept,
+            fill: self.opening.fill,
             own_from: self.own_from,
             own_below: self.own_below,
             window: self.window,
@@ -86,13 +93,8 @@ impl GetOpen {
 #[derive(Deserialize)]
 struct GetGroup {
     items: Vec<GroupItem>,
-    probe: Probe,
-    /// Regions the client keeps from earlier reads.
-    #[serde(default)]
-    kept: Vec<String>,
-    /// Read every version of at most this many bytes before answering.
-    #[serde(default)]
-    fill: u64,
+    #[serde(flatten)]
+    opening: Opening,
     /// The region's bytes at most (0: no bound).
     #[serde(default)]
     max_bytes: u64,
@@ -248,9 +250,9 @@ async fn shm_action(c: &Checkpoints, kind: &str, bytes: &[u8]) -> Result<Bytes, 
             let g: GetGroup = body(kind, bytes)?;
             let req = GroupRequest {
                 items: &g.items,
-                probe: &g.probe,
-                kept: &g.kept,
-                fill: g.fill,
+                probe: &g.opening.probe,
+                kept: &g.opening.kept,
+                fill: g.opening.fill,
                 max_bytes: g.max_bytes,
             };
             json_bytes(&c.shm_get_group(req).await.map_err(status)?)
