@@ -242,7 +242,28 @@ class PutSlots:
         self.region, self.chunk = region, chunk
         self._free = list(range(region.size // chunk))
         self._in_flight = 0
+        # Writers using it now.
+        self._users = 0
         self._cond = threading.Condition()
+
+    def join(self) -> None:
+        with self._cond:
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._users -= 1
+
+    def in_use(self) -> bool:
+        """Whether a writer uses it now (its parts keep it alive on the
+        server)."""
+        with self._cond:
+            return self._users > 0
+
+    def idle(self) -> bool:
+        """Whether no writer uses it and no part is in flight."""
+        with self._cond:
+            return self._users == 0 and self._in_flight == 0
 
     def take(self) -> Optional[int]:
         """A free slot, waiting while a part in flight will free one;
@@ -284,6 +305,8 @@ class ShmPuts(FlightPuts):
                  slots: PutSlots, more: Callable[[], Optional[PutSlots]]):
         super().__init__(client, pool, chunk, workers)
         self.slots, self.more = slots, more
+        self.shared: Optional[PutSlots] = slots
+        slots.join()
         self.own: Optional[PutSlots] = None
         # The slot being filled, and whose it is.
         self.held: Optional[Tuple[PutSlots, int]] = None
@@ -323,6 +346,9 @@ class ShmPuts(FlightPuts):
             self.held[0].put_back(self.held[1])
             self.held = None
         self.pending = []
+        if self.shared is not None:
+            self.shared.leave()
+            self.shared = None
         if self.own is not None:
             close_region(self.client, self.own.region, "checkpoint writer region")
             self.own = None

@@ -164,9 +164,10 @@ class Checkpoint:
         pool = self._executor()
         with self._puts_lock:
             slots = self._put_slots
-            if slots is not None:
+            # The server lets a region go after its idle timeout: one no
+            # other writer is using now is asked after first.
+            if slots is not None and not slots.in_use():
                 try:
-                    # The server lets a region go after its idle timeout.
                     _lanes.action(self.client, "checkpoint.shm.touch",
                                   {"region": slots.region.id}, subject)
                 except SluiceError as e:
@@ -176,10 +177,23 @@ class Checkpoint:
                     slots = self._put_slots = None
             if slots is None and not (self._shm_refused and self.transport == "auto"):
                 slots = self._put_slots = self._new_slots(subject)
-        if slots is None:
-            return _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
-        return _lanes.ShmPuts(self.client, pool, self.chunk_size, self.workers, slots,
-                              lambda: self._new_slots(subject))
+            if slots is not None:
+                # Joined under the lock: `_let_puts_go` never takes a
+                # region a writer is about to use.
+                return _lanes.ShmPuts(self.client, pool, self.chunk_size, self.workers, slots,
+                                      lambda: self._new_slots(subject))
+        return _lanes.FlightPuts(self.client, pool, self.chunk_size, self.workers)
+
+    def _let_puts_go(self) -> None:
+        """Lets an idle put region go (a load does: a process that loads
+        holds its read region, not the writers' too; the next save makes a
+        new one)."""
+        with self._puts_lock:
+            slots = self._put_slots
+            if slots is None or not slots.idle():
+                return
+            self._put_slots = None
+        _lanes.close_region(self.client, slots.region, "checkpoint writer region")
 
     def _new_slots(self, subject: str) -> Optional["_lanes.PutSlots"]:
         """A new put region of ``workers + 1`` slots; ``None`` where the
@@ -317,6 +331,7 @@ class Checkpoint:
         a :meth:`reader` (whose region is then kept for the next read)."""
         import torch
 
+        self._let_puts_go()
         # A version torch will map gets a region of its own (`own_from`),
         # so that the kept ones stay for the reads that copy out of them;
         # a larger one (`own_below`) streams through the window.
@@ -346,6 +361,8 @@ class Checkpoint:
         import torch
 
         from ._group import open_group
+
+        self._let_puts_go()
 
         if versions is None:
             versions = [None] * len(names)
