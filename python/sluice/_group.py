@@ -21,34 +21,64 @@ place on both sides.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from . import _lanes
+from . import _lanes, _mapped
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint, CheckpointReader
 
 
 class _Group:
-    """The region the items share; kept (or let go) once all are closed."""
+    """The region the items share; kept (or let go) once all are closed
+    and, where tensors were built over it (:mod:`sluice._mapped`), once
+    the last of them is gone."""
 
     def __init__(self, ckpt: "Checkpoint", region: _lanes.Region, items: int):
         self.ckpt, self.region = ckpt, region
         self._open = items
         self._keep = True
+        self._mapped = False
         self._lock = threading.Lock()
+        self._cow: Optional[Any] = None
+
+    def copy_on_write(self) -> memoryview:
+        """The region mapped copy-on-write (once): tensors over it hold the
+        region until they are gone."""
+        with self._lock:
+            if self._cow is None:
+                cow = _mapped.copy_on_write(self.region.fd, self.region.size)
+                self._mapped = True
+                weakref.finalize(cow, self._unmapped)
+                self._cow = memoryview(cow)
+            return self._cow
+
+    def release_view(self) -> None:
+        """Drops this side's reference to the mapping (the tensors keep theirs)."""
+        with self._lock:
+            self._cow = None
 
     def closed(self, keep: bool) -> None:
         with self._lock:
             self._open -= 1
             self._keep = self._keep and keep
-            last, keep = self._open == 0, self._keep
-        if not last:
+            last, keep, mapped = self._open == 0, self._keep, self._mapped
+        if not last or mapped:
             return
         if keep:
             self.ckpt._keep_gets([self.region])
         else:
             _lanes.close_region(self.ckpt.client, self.region, "checkpoint group region")
+
+    def _unmapped(self) -> None:
+        """The mapping's finalizer (any thread, at any point: it only hands
+        the region back, for the Checkpoint's next read to take up)."""
+        with self._lock:
+            self._mapped = False
+            done, keep = self._open == 0, self._keep
+        if done:
+            self.ckpt._give_back(self.region, keep)
 
 
 class ItemGets(_lanes.ShmGets):
@@ -104,9 +134,9 @@ def open_group(ckpt: "Checkpoint", names: List[str],
     answer = lent[1]
     placed = answer["items"]
     group = _Group(ckpt, region, len(placed))
-    # Into a kept region, small ranges (the first is in while the rest
-    # are read); into a fresh one, chunks (its pages are made as they land).
-    chunk = fill if answer.get("kept") else ckpt.chunk_size
+    # Chunks: each request reads a chunk's extents at once (the tensors
+    # map the bytes, so no parse waits on a small first range).
+    chunk = ckpt.chunk_size
     readers: Dict[int, CheckpointReader] = {}
     for item, p in enumerate(placed):
         index = int(p["index"])

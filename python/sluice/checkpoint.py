@@ -55,11 +55,12 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Dict, List, NamedTuple, Optional
+from collections import deque
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from . import _lanes
+from . import _lanes, _mapped
 from ._errors import SluiceError
 from ._window import Window
 from .client import Client
@@ -131,6 +132,8 @@ class Checkpoint:
         # lock its making and checking run under.
         self._put_slots: Optional[_lanes.PutSlots] = None
         self._puts_lock = threading.Lock()
+        # Regions handed back by mappings that went (`_give_back`).
+        self._returned: Deque[Tuple[_lanes.Region, bool]] = deque()
         # Read regions kept for the next reads, least recently used first
         # (each with its `idle_since`).
         self._idle_gets: List[_lanes.Region] = []
@@ -207,10 +210,26 @@ class Checkpoint:
             return None
         return _lanes.PutSlots(lent[0], self.chunk_size)
 
+    def _give_back(self, region: "_lanes.Region", keep: bool) -> None:
+        """A region handed back by whatever held it (a mapping's finalizer:
+        any thread, so nothing is called here); the next read keeps or
+        lets go of it."""
+        self._returned.append((region, keep))
+
+    def _take_returned(self) -> None:
+        """Keeps the regions handed back (or lets go of those not to keep)."""
+        back = []
+        while self._returned:
+            back.append(self._returned.popleft())
+        if back:
+            self._keep_gets([r for r, keep in back if keep])
+            self._let_go([r for r, keep in back if not keep], ())
+
     def _take_gets(self) -> Dict[str, "_lanes.Region"]:
         """Kept read regions for one reader's ``get_open``, taken: the one
         kept last and the largest (the rest stay for readers on other
         threads); it gives back those the server did not choose."""
+        self._take_returned()
         with self._lock:
             idle = self._idle_gets
             picks = {id(r): r for r in idle[-1:] + sorted(idle, key=lambda r: r.size)[-1:]}
@@ -270,6 +289,8 @@ class Checkpoint:
         with self._lock:
             slots, self._put_slots = self._put_slots, None
             gets, self._idle_gets = self._idle_gets, []
+            while self._returned:
+                gets.append(self._returned.popleft()[0])
             expiry, self._expiry = self._expiry, None
             pool, self._pool = self._pool, None
             parsers, self._parse_pool = self._parse_pool, None
@@ -353,11 +374,15 @@ class Checkpoint:
         """``torch.load`` of each of ``names`` (their newest versions, or
         ``versions``), in order, parsed on ``workers`` threads at once. On
         the server's host they are read into one region side by side
-        (:mod:`sluice._group`: the small ones in one request), which is
-        kept for the next load; tensors are copied out of it, as
-        ``torch.load`` copies them out of a file's pages. Elsewhere, and
-        for a version that does not fit ``keep_read_bytes``, each is a
-        :meth:`load` of its own."""
+        (:mod:`sluice._group`: the small ones in one request). With
+        ``weights_only`` given (and no ``map_location``) the tensors are
+        built over the region, copy-on-write (:mod:`sluice._mapped`: no
+        parse copy, no memory of their own), and the region is kept for
+        the next load once the last of them is gone; otherwise they are
+        copied out of it, as ``torch.load`` copies them out of a file's
+        pages, and it is kept at once. Elsewhere, and for a version that
+        does not fit ``keep_read_bytes``, each is a :meth:`load` of its
+        own."""
         import torch
 
         from ._group import open_group
@@ -371,14 +396,30 @@ class Checkpoint:
         full = [self._name(n) for n in names]
         readers = open_group(self, full, versions) if full else {}
 
+        mapped = _mapped.usable(torch_load) and bool(readers)
+
         def one(i: int) -> Any:
             r = readers.get(i)
             if r is None:
                 return self.load(names[i], versions[i], **torch_load)
             with r:
+                if mapped and r.size > 0:
+                    lanes = r._lanes
+                    view = lanes.group.copy_on_write()[lanes.at:lanes.at + r.size]
+                    state = _mapped.load(r, view, bool(torch_load["weights_only"]))
+                    # The tensors are over the bytes: all of them must be in.
+                    r.wait()
+                    return state
                 return torch.load(r, **torch_load)
 
-        parses = [self._parsers().submit(one, i) for i in range(len(names))]
+        # The largest first: their parses copy each range as it arrives,
+        # while the other threads get through the small files (a few
+        # milliseconds of unpickling each) beside them. In order, the large
+        # ones waited for every small one's parse with their bytes in.
+        order = sorted(range(len(names)),
+                       key=lambda i: -readers[i].size if i in readers else 0)
+        submitted = {i: self._parsers().submit(one, i) for i in order}
+        parses = [submitted[i] for i in range(len(names))]
         try:
             return [f.result() for f in parses]
         finally:
@@ -389,6 +430,9 @@ class Checkpoint:
             wait(parses)
             for r in readers.values():
                 r.close()
+            if readers:
+                # The tensors hold the mapping now (none, on an error).
+                next(iter(readers.values()))._lanes.group.release_view()
 
     def _parsers(self) -> ThreadPoolExecutor:
         """The threads :meth:`load_all` parses on (apart from those that

@@ -6,6 +6,7 @@ mid-stream (nothing partial listed, nothing left in /dev/shm), a flipped
 byte on the device, auth, REST and the CLI, and torch.save / torch.load
 of a real model bit-identical (also with its tensors over the mapping)."""
 
+import gc
 import io
 import json
 import os
@@ -317,9 +318,10 @@ def test_tensors_load_over_the_mapping(server):
 def test_load_all_reads_a_models_files_into_one_kept_region(server):
     """`Checkpoint.load_all`: many files of a model (small ones and larger
     ones) read into one shared region side by side, equal to what was
-    saved, in order; the writers' idle region is let go; the region is
-    kept and the next load takes it again, while what the last load
-    returned stays intact (copied out); old
+    saved, in order; the writers' idle region is let go; tensors over the
+    region (copy-on-write) hold it until they are gone, then the next
+    load takes it again; a load it cannot map copies out and keeps it at
+    once; what a load returned stays intact as others come; old
     versions by number; a bound on kept bytes reads what does not fit
     alone; Flight gives the same; an unknown name fails naming it and
     leaves nothing in /dev/shm."""
@@ -348,18 +350,38 @@ def test_load_all_reads_a_models_files_into_one_kept_region(server):
     assert ck._put_slots is not None
     first = ck.load_all(names, weights_only=True)
     same(first, [states[n] for n in names])
+    # The load let the writers' idle region go; its own is held by the
+    # tensors built over it (copy-on-write): writing one changes only it.
+    assert ck._put_slots is None and ck._idle_gets == [] and regions(client) <= before
+    first[0]["w"][0] += 1
+    assert first[0]["w"][0] == states[names[0]]["w"][0] + 1
+    del first
+    gc.collect()
+    ck._take_returned()
     [kept] = ck._idle_gets
     assert kept.size >= sum(ck.stat(n)["size"] for n in names)
-    # The load let the writers' idle region go and holds its own.
-    assert ck._put_slots is None and regions(client) <= before
-    # The next load of the same shape: the same region, and the first
-    # load's tensors are their own memory.
+    # Once they are gone the next load of the same shape takes it again.
     with ck.writer("layer_3.pt") as w:
         torch.save({"w": torch.zeros(7, dtype=torch.int8)}, w)
     second = ck.load_all(names, weights_only=True)
-    assert [r.id for r in ck._idle_gets] == [kept.id]
+    assert ck._idle_gets == []
     assert torch.equal(second[3]["w"], torch.zeros(7, dtype=torch.int8))
-    same(first, [states[n] for n in names])
+    same(second[:3], [states[n] for n in names[:3]])
+    # Loads it cannot map (a map_location) copy out, and the region is
+    # kept at once; what a load returned stays intact as others come.
+    copied = ck.load_all(names, weights_only=True, map_location="cpu")
+    assert [r.id for r in ck._idle_gets] != []
+    assert torch.equal(copied[3]["w"], second[3]["w"])
+    third = ck.load_all(names, weights_only=True, map_location="cpu")
+    same(second[4:], [states[n] for n in names[4:]])
+    same(copied[4:], [states[n] for n in names[4:]])
+    del second, copied, third
+    gc.collect()
+    ck._take_returned()
+    # Two regions: the mapped load's, back now, and the one the copying
+    # loads shared while the mapped tensors held the first.
+    ids = [r.id for r in ck._idle_gets]
+    assert len(ids) == 2 and kept.id in ids
     old = ck.stat("layer_3.pt")["version"] - 1
     third = ck.load_all(names, [old if n == "layer_3.pt" else None for n in names],
                         weights_only=True)
