@@ -11,11 +11,12 @@ device's depth: 32 files of 430 KB are one request. The larger ones are
 fetched by item in ranges, on the :class:`~sluice.Checkpoint`'s threads,
 one range of each in turn (so that every parse goes forward as its bytes
 arrive, none waiting behind another's), while the caller parses those
-that are in. The region holds at most
-``keep_read_bytes`` (a version that would not fit is read alone), and
-once every item's reader is closed with nothing of its bytes outliving it,
-it is kept for the next load of the same shape, whose pages are then in
-place on both sides.
+that are in. The region holds at most ``keep_read_bytes`` (a version
+that would not fit is read alone), and once every item's reader is
+closed with nothing of its bytes outliving it (tensors built over it,
+:mod:`sluice._mapped`, hold it until the last of them is gone), it is
+kept for the next load of the same shape, whose pages are then in place
+on both sides.
 """
 
 from __future__ import annotations

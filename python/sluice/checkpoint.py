@@ -9,7 +9,8 @@
         model.load_state_dict(torch.load(f, weights_only=True))
     # same host: tensors over the server's mapping, no parse copy
     state = ckpt.load("epoch3.pt", weights_only=True)
-    # a model's files together: one region, the small ones one request
+    # a model's files together: one region, the small ones one request,
+    # tensors over it copy-on-write
     layers = ckpt.load_all([f"layer_{i}.pt" for i in range(32)], weights_only=True)
 
 A writer streams: bytes fill a part of ``chunk_size`` bytes, and each full
