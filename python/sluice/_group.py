@@ -26,9 +26,10 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from . import _lanes, _mapped
+from ._reader import SHM_READ_RANGE, CheckpointReader, Opened
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint, CheckpointReader
+    from .checkpoint import Checkpoint
 
 
 class _Group:
@@ -106,12 +107,10 @@ class ItemGets(_lanes.ShmGets):
 
 
 def open_group(ckpt: "Checkpoint", names: List[str],
-               versions: List[Optional[int]]) -> Dict[int, "CheckpointReader"]:
+               versions: List[Optional[int]]) -> Dict[int, CheckpointReader]:
     """Readers of the versions one group region holds, by their place in
     ``names`` (full names); those it left out, and all of them where the
     server is not on this host, are not in the answer."""
-    from .checkpoint import SHM_READ_RANGE, CheckpointReader, Opened
-
     if ckpt.transport == "flight" or ckpt._shm_refused or not ckpt.keep_read_bytes:
         return {}
     items = [{"name": n} if v is None else {"name": n, "version": v}

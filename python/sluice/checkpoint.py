@@ -47,6 +47,11 @@ most recently used, each for ``keep_read_seconds`` after its last read
 (then its memory goes back, on both sides). Into a kept region a reader
 asks for ranges of ``SHM_READ_RANGE`` (4 MiB), and a version no larger
 than one is a single request.
+
+Files: this one (the checkpoints of a prefix, and their writers),
+:mod:`sluice._reader` (a reader of one version), :mod:`sluice._group`
+(many versions read into one region) and :mod:`sluice._mapped` (tensors
+built over it).
 """
 
 from __future__ import annotations
@@ -54,16 +59,14 @@ from __future__ import annotations
 import io
 import threading
 import time
-import weakref
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from collections import deque
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Tuple
-
-import numpy as np
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _lanes, _mapped
 from ._errors import SluiceError
-from ._window import Window
+from ._group import open_group
+from ._reader import SHM_READ_RANGE, CheckpointReader
 from .client import Client
 
 DEFAULT_CHUNK = 16 << 20
@@ -80,13 +83,6 @@ MAPPED_LOAD_MIN = 8 << 20
 # 4 GiB mapped at 0.80-0.84 GB/s against 1.17-1.23 through the window;
 # 1 GiB mapped at 1.03-1.23 against 0.84.
 MAPPED_LOAD_MAX = 2 << 30
-# The ranges a reader asks for over shared memory into a kept region (at
-# most chunk_size): four in flight keep the disk busy, and the first is in
-# while the rest are read, so torch.load parses beside the reads (64 MiB
-# into a kept region: 1.50 GB/s, against 0.85 with 16 MiB ranges, which
-# all arrived together while the parse waited). Into a fresh region,
-# chunk_size ranges (1 GiB: 1.34-1.37 GB/s, against 0.92-1.17).
-SHM_READ_RANGE = 4 << 20
 # Read regions a Checkpoint keeps for its next reads: at most this many,
 # of at most DEFAULT_KEEP_READ bytes in all, each for DEFAULT_KEEP_READ_S
 # after its last read (less than the server's idle timeout, 120 s: a
@@ -103,8 +99,6 @@ DEFAULT_KEEP_READ_S = 30.0
 # window, interleaved in one process: 16 MiB ranges in 5 slots 1.84-2.50
 # GB/s, 4 MiB ranges in 6 slots 1.37-1.63, 16 MiB in 6 slots 1.41-1.67.
 WINDOW_RANGES_OVER_WORKERS = 1
-# Copies out of a region of at least this many bytes run without the GIL.
-_NUMPY_COPY_MIN = 256 << 10
 
 
 class Checkpoint:
@@ -386,8 +380,6 @@ class Checkpoint:
         own."""
         import torch
 
-        from ._group import open_group
-
         self._let_puts_go()
 
         if versions is None:
@@ -570,266 +562,4 @@ class CheckpointWriter(io.RawIOBase):
             self.close()
 
 
-class CheckpointReader(io.RawIOBase):
-    """See the module docs; ``info`` is the version read, ``transport``
-    ``"shm"`` or ``"flight"``. Reads copy straight from where the bytes
-    landed (the shared region, or Flight's Arrow buffers) into the
-    caller's memory; :meth:`view` gives them without a copy."""
-
-    def __init__(self, ckpt: Checkpoint, name: str, version: Optional[int] = None,
-                 own_from: int = 0, own_below: int = 0, opened: Optional["Opened"] = None):
-        super().__init__()
-        self.name = name
-        self._ckpt = ckpt
-        # Views handed out (slice, view): while one lives, the region is
-        # not read into again.
-        self._exported: List[weakref.ref] = []
-        self._handed_over = False
-        self._begin(opened if opened is not None
-                    else _open(ckpt, name, version, own_from, own_below))
-
-    def _begin(self, opened: "Opened") -> None:
-        """Starts the ranges of ``opened`` (those it holds already done)."""
-        ckpt = self._ckpt
-        self.info, self._lanes = opened.info, opened.lanes
-        self.transport = self._lanes.transport
-        self.size = int(self.info["size"])
-        # The region's size (a kept one may be larger than the version; a
-        # window smaller).
-        self.region_size = opened.region_size
-        self._pos = 0
-        self._range = opened.shm_range if self.transport == "shm" else ckpt.chunk_size
-        starts = list(range(0, self.size, self._range))
-        # The last first: a zip archive's directory, which torch.load reads first.
-        first = starts[-1:] + starts[:-1]
-        pool = ckpt._executor()
-        self._futures: Dict[int, Future] = {}
-        self._window: Optional[Window] = None
-        # Ranges not submitted yet (`opened.defer`: the caller submits them
-        # in turn with other readers', `submit_next`).
-        self._due: List[int] = []
-        if self.region_size is not None and self.region_size < self.size:
-            self._window = Window(self._lanes.fetch, pool, self.size, self._range,
-                                  self.region_size // self._range, ckpt.workers)
-            self._window.start(first)
-            return
-        for lo in first:
-            if opened.filled == self.size:
-                # The region's opening read it whole already.
-                self._futures[lo] = done = Future()
-                done.set_result(None)
-            elif opened.defer:
-                self._due.append(lo)
-            else:
-                self._submit(lo)
-
-    def _submit(self, lo: int) -> None:
-        self._futures[lo] = self._ckpt._executor().submit(
-            self._lanes.fetch, lo, min(self.size - lo, self._range))
-
-    def submit_next(self) -> bool:
-        """Submits the next range left for the caller (see ``defer``);
-        whether there was one."""
-        if not self._due:
-            return False
-        self._submit(self._due.pop(0))
-        return True
-
-    def _ready(self, lo: int) -> None:
-        """Waits for the range at ``lo`` (raises its error, if it failed)."""
-        self._futures[lo].result()
-
-    def wait(self) -> "CheckpointReader":
-        """Waits until every range has arrived (through a window: those
-        being read now)."""
-        for lo in self._futures:
-            self._ready(lo)
-        return self
-
-    @property
-    def windowed(self) -> bool:
-        """Whether the version streams through a region smaller than
-        itself (:mod:`sluice._window`): its bytes are copied out as they
-        are read, never viewed in place."""
-        return self._window is not None
-
-    def view(self) -> memoryview:
-        """The whole version, once arrived (see :meth:`slice`)."""
-        return self.slice(0, self.size)
-
-    def slice(self, offset: int, length: int) -> memoryview:
-        """Bytes ``[offset, offset + length)`` as soon as the ranges that
-        hold them have arrived (the rest may still be on their way): a
-        view of the shared region, or (over Flight, or through a window)
-        a copy. The stream's position does not move."""
-        end = min(self.size, offset + length)
-        if self.transport != "shm" or self._window is not None:
-            out = bytearray(max(0, end - offset))
-            self._copy_at(offset, memoryview(out))
-            return memoryview(out)
-        for lo in range(offset // self._range * self._range, end, self._range):
-            self._ready(lo)
-        view = self._lanes.view(0, offset, end - offset)
-        self._exported.append(weakref.ref(view))
-        return view
-
-    def mapped_path(self) -> Optional[str]:
-        """A name of the region's file while the reader is open (shared
-        memory only): what ``torch.load(path, mmap=True)`` maps."""
-        region = getattr(self._lanes, "region", None)
-        return region.proc_path if region is not None and self._window is None else None
-
-    def hand_over(self) -> None:
-        """Says the region's pages are mapped elsewhere now (by
-        :meth:`mapped_path`): it is let go on close, never kept."""
-        self._handed_over = True
-
-    def _keepable(self) -> bool:
-        """Whether nothing made of the region's bytes outlives the reader."""
-        return not self._handed_over and all(ref() is None for ref in self._exported)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        done = self._copy_at(self._pos, memoryview(b).cast("B"))
-        self._pos += done
-        return done
-
-    def readinto_at(self, offset: int, b: Any) -> int:
-        """Copies the bytes from ``offset`` into ``b`` (as many as fit)
-        without moving the stream's position; returns how many."""
-        return self._copy_at(offset, memoryview(b).cast("B"))
-
-    def _copy_at(self, pos: int, out: memoryview) -> int:
-        """Copies the bytes from ``pos`` into ``out`` (as many as fit),
-        each range once it has arrived; returns how many."""
-        want = max(0, min(len(out), self.size - pos))
-        done = 0
-        while done < want:
-            at = pos + done
-            lo = at // self._range * self._range
-            n = min(want - done, lo + self._range - at)
-            if self._window is not None:
-                base = self._window.place(lo) + (at - lo)
-                piece = self._lanes.region.view[base:base + n]
-            else:
-                self._ready(lo)
-                piece = self._lanes.view(lo, at, n)
-            _copy(out[done:done + len(piece)], piece)
-            done += len(piece)
-        return done
-
-    def read(self, size: int = -1) -> bytes:
-        end = self.size if size is None or size < 0 else min(self.size, self._pos + size)
-        buf = bytearray(max(0, end - self._pos))
-        self.readinto(buf)
-        return bytes(buf) if len(buf) < 1 << 16 else buf  # type: ignore[return-value]
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        for f in self._futures.values():
-            f.cancel()
-        for f in self._futures.values():
-            if not f.cancelled():
-                try:
-                    f.result()
-                except Exception:  # noqa: BLE001 - closing: the reader's errors were raised on read
-                    pass
-        ok = all(f.done() and not f.cancelled() and f.exception() is None
-                 for f in self._futures.values())
-        if self._window is not None:
-            # A window's reads that never ran left nothing half-written.
-            ok = self._window.close()
-        if self.transport == "shm" and self._handed_over:
-            # Its pages are mapped by what the caller holds now: letting it
-            # go (the server unmaps it) need not hold up the load.
-            # `Checkpoint.close` waits for it, with the other threads.
-            self._ckpt._executor().submit(self._lanes.close)
-        elif self.transport == "shm":
-            self._lanes.close(keep=ok and self._keepable())
-        else:
-            self._lanes.close()
-        super().close()
-
-
-def _copy(dst: memoryview, src: memoryview) -> None:
-    """``dst[:] = src``; a large one through numpy, which lets the GIL go
-    while it copies (and the kernel makes ``dst``'s fresh pages), so the
-    parses of several versions copy at once."""
-    if len(src) >= _NUMPY_COPY_MIN:
-        np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
-    else:
-        dst[:] = src
-
-
-class Opened(NamedTuple):
-    """A version's lanes once its region (or Flight) is chosen: what a
-    :class:`CheckpointReader` starts its ranges from."""
-
-    info: Dict[str, Any]
-    lanes: Any
-    # Bytes of it in the region already.
-    filled: int
-    # The ranges it asks for over shared memory.
-    shm_range: int
-    # The region's size (None over Flight).
-    region_size: Optional[int]
-    # Leave the ranges to the caller (`CheckpointReader.submit_next`).
-    defer: bool = False
-
-
-def _open(ckpt: Checkpoint, name: str, version: Optional[int], own_from: int,
-          own_below: int) -> Opened:
-    """A region for one version (``checkpoint.shm.get_open``), or Flight."""
-    body: Dict[str, Any] = {"name": name}
-    if version is not None:
-        body["version"] = version
-    subject = f"checkpoint '{name}'"
-    # A version no larger than one small range is read by get_open.
-    shm_range = min(ckpt.chunk_size, SHM_READ_RANGE)
-    if ckpt._shm_refused and ckpt.transport == "auto":
-        lent = None
-    else:
-        kept = ckpt._take_gets()
-        try:
-            lent = _lanes.open_region(
-                ckpt.client, "checkpoint.shm.get_open",
-                dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
-                     own_below=own_below, window=ckpt.read_window), subject,
-                ckpt.transport, writable=False, kept=kept)
-        except BaseException:
-            ckpt._keep_gets(list(kept.values()))
-            raise
-        ckpt._keep_gets([r for r in kept.values() if lent is None or r is not lent[0]],
-                        gone=lent[1].get("gone", []) if lent is not None else [])
-    if lent is None:
-        info = ckpt._action("checkpoint.stat", body, name)
-        lanes = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,
-                                  int(info["version"]))
-        return Opened(info, lanes, 0, shm_range, None)
-    region, answer = lent
-    info = answer["checkpoint"]
-    if region.size < int(info["size"]):
-        shm_range = ckpt.window_range
-    elif not answer.get("kept"):
-        # A fresh region's pages are made as its extents are read:
-        # larger ranges keep more of that work beside the reads.
-        shm_range = ckpt.chunk_size
-    lanes = _lanes.ShmGets(ckpt.client, shm_range, ckpt.workers, name, region,
-                           lambda r: ckpt._keep_gets([r]))
-    return Opened(info, lanes, int(answer.get("filled", 0)), shm_range, region.size)
+__all__ = ["Checkpoint", "CheckpointReader", "CheckpointWriter", "SHM_READ_RANGE"]
