@@ -128,6 +128,9 @@ def test_store_faults_are_named_and_commit_nothing():
         p = run(data, env, "ingest", "pets", "s3://no-such-bucket/pets")
         assert p.returncode != 0 and "NoSuchBucket" in p.stderr, p.stderr
         assert "s3://no-such-bucket/pets" in p.stderr
+        # ... also named by one shard's URL (a HEAD, whose answer has no body).
+        p = run(data, env, "ingest", "pets", "s3://no-such-bucket/pets/train-0.tar")
+        assert p.returncode != 0 and "NoSuchBucket" in p.stderr, p.stderr
         # An empty prefix.
         p = run(data, env, "ingest", "pets", "s3://train/nothing-here")
         assert p.returncode != 0 and "no objects" in p.stderr, p.stderr

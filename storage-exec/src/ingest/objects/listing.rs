@@ -32,7 +32,7 @@ use object_store::path::Path as ObjectPath;
 
 use super::ObjectSource;
 use super::address::ObjectUrl;
-use super::faults::store_error;
+use super::faults::{head_error, store_error};
 use super::parquet_shards;
 use super::shard_object::ShardObject;
 use crate::error::{Result, StorageError};
@@ -103,10 +103,13 @@ impl ObjectSource {
             None if shard_kind(&self.url.prefix).is_some() => {
                 // One shard file, named.
                 let location = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
-                let meta =
-                    self.store.head(&location).await.map_err(|e| {
-                        self.bad(format!("cannot read the shard: {}", store_error(&e)))
-                    })?;
+                let meta = match self.store.head(&location).await {
+                    Ok(meta) => meta,
+                    Err(e) => {
+                        let said = head_error(self.store.as_ref(), &location, &e).await;
+                        return Err(self.bad(format!("cannot read the shard: {said}")));
+                    }
+                };
                 let name = self.url.prefix.rsplit('/').next().unwrap_or_default();
                 let shard = ShardObject {
                     name: name.to_owned(),
