@@ -6,7 +6,7 @@ optimizer's groups: MLPerf's llama3 layout is 34 files a rank) would
 otherwise open each alone: a proof of host, a region lent and mapped, a
 request, for every file. ``checkpoint.shm.get_group`` lends one region for
 all of them, the versions side by side, and reads the small ones (at most
-``SHM_READ_RANGE`` bytes each) before it answers, all at once at the
+``small_range`` bytes each, 4 MiB) before it answers, all at once at the
 device's depth: 32 files of 430 KB are one request. The larger ones are
 fetched by item in ranges, on the :class:`~sluice.Checkpoint`'s threads,
 one range of each in turn (so that every parse goes forward as its bytes
@@ -26,7 +26,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from . import _lanes, _mapped
-from ._reader import SHM_READ_RANGE, CheckpointReader, Opened
+from ._reader import CheckpointReader, Opened
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -84,23 +84,14 @@ class _Group:
 
 
 class ItemGets(_lanes.ShmGets):
-    """One version's ranges in a group's region: fetched by item, viewed
-    at its place."""
+    """One version's ranges in a group's region (fetched by item, viewed
+    at its place); closing it tells the group."""
 
     def __init__(self, group: _Group, item: int, at: int, chunk: int, name: str):
         ckpt = group.ckpt
-        super().__init__(ckpt.client, chunk, ckpt.workers, name, group.region, group.closed)
-        self.group, self.item, self.at = group, item, at
-
-    def fetch(self, offset: int, length: int, at: Optional[int] = None) -> None:
-        body = {"region": self.region.id, "item": self.item, "offset": offset, "length": length}
-        lane = offset // self.chunk % self.workers
-        got = _lanes.action(self.client, "checkpoint.shm.get", body,
-                            f"checkpoint '{self.name}'", lane)
-        self.check(offset, length, int(got["bytes"]))
-
-    def view(self, offset: int, pos: int, want: int) -> memoryview:
-        return self.region.view[self.at + pos:self.at + pos + want]
+        super().__init__(ckpt.client, chunk, ckpt.workers, name, group.region, group.closed,
+                         item=item, base=at)
+        self.group = group
 
     def close(self, keep: bool = False) -> None:
         self.group.closed(keep)
@@ -115,23 +106,13 @@ def open_group(ckpt: "Checkpoint", names: List[str],
         return {}
     items = [{"name": n} if v is None else {"name": n, "version": v}
              for n, v in zip(names, versions)]
-    fill = min(ckpt.chunk_size, SHM_READ_RANGE)
-    body: Dict[str, Any] = {"items": items, "fill": fill, "max_bytes": ckpt.keep_read_bytes}
-    subject = f"{len(names)} checkpoints under '{ckpt.prefix}'"
-    kept = ckpt._take_gets()
-    try:
-        lent = _lanes.open_region(ckpt.client, "checkpoint.shm.get_group",
-                                  dict(body, kept=list(kept)), subject, ckpt.transport,
-                                  writable=False, kept=kept)
-    except BaseException:
-        ckpt._keep_gets(list(kept.values()))
-        raise
-    region = lent[0] if lent is not None else None
-    ckpt._keep_gets([r for r in kept.values() if r is not region],
-                    gone=lent[1].get("gone", []) if lent is not None else [])
-    if lent is None or region is None:
+    body: Dict[str, Any] = {"items": items, "fill": ckpt.small_range,
+                            "max_bytes": ckpt.keep_read_bytes}
+    lent = ckpt._open_read("checkpoint.shm.get_group", body,
+                           f"{len(names)} checkpoints under '{ckpt.prefix}'")
+    if lent is None or lent[0] is None:
         return {}
-    answer = lent[1]
+    region, answer = lent
     placed = answer["items"]
     group = _Group(ckpt, region, len(placed))
     # Chunks: each request reads a chunk's extents at once (the tensors

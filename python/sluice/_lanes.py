@@ -419,30 +419,34 @@ class ShmGets:
     transport = "shm"
 
     def __init__(self, client: Any, chunk: int, workers: int, name: str, region: Region,
-                 on_release: Callable[[Region], None]):
+                 on_release: Callable[[Region], None], item: Optional[int] = None,
+                 base: int = 0):
         self.client, self.chunk, self.workers = client, chunk, workers
         self.name, self.region = name, region
         self.on_release = on_release
+        # Which of a group region's versions this is, and where it starts
+        # in the region (``checkpoint.shm.get_group``); None and 0 alone.
+        self.item, self.base = item, base
 
     def fetch(self, offset: int, length: int, at: Optional[int] = None) -> None:
-        """Reads the range into the region at ``at`` (at ``offset`` when
-        ``None``: a region the version's size)."""
-        body = {"region": self.region.id, "offset": offset, "length": length}
+        """Reads the range into the region at ``at`` (where the version's
+        place puts it when ``None``)."""
+        body: Dict[str, Any] = {"region": self.region.id, "offset": offset, "length": length}
+        if self.item is not None:
+            body["item"] = self.item
         if at is not None:
             body["at"] = at
         lane = offset // self.chunk % self.workers
-        got = action(self.client, "checkpoint.shm.get", body, f"checkpoint '{self.name}'", lane)
-        self.check(offset, length, int(got["bytes"]))
-
-    def check(self, offset: int, length: int, got: int) -> None:
-        """Raises when a range came back short."""
+        answer = action(self.client, "checkpoint.shm.get", body, f"checkpoint '{self.name}'",
+                        lane)
+        got = int(answer["bytes"])
         if got != length:
             raise SluiceError(500, "checkpoint_failed",
                               f"checkpoint '{self.name}': bytes {offset + got}.."
                               f"{offset + length} missing")
 
     def view(self, offset: int, pos: int, want: int) -> memoryview:
-        return self.region.view[pos:pos + want]
+        return self.region.view[self.base + pos:self.base + pos + want]
 
     def close(self, keep: bool = False) -> None:
         if keep:

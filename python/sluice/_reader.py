@@ -263,22 +263,14 @@ def _open(ckpt: "Checkpoint", name: str, version: Optional[int], own_from: int,
         body["version"] = version
     subject = f"checkpoint '{name}'"
     # A version no larger than one small range is read by get_open.
-    shm_range = min(ckpt.chunk_size, SHM_READ_RANGE)
+    shm_range = ckpt.small_range
     if ckpt._shm_refused and ckpt.transport == "auto":
         lent = None
     else:
-        kept = ckpt._take_gets()
-        try:
-            lent = _lanes.open_region(
-                ckpt.client, "checkpoint.shm.get_open",
-                dict(body, kept=list(kept), fill=shm_range, own_from=own_from,
-                     own_below=own_below, window=ckpt.read_window), subject,
-                ckpt.transport, writable=False, kept=kept)
-        except BaseException:
-            ckpt._keep_gets(list(kept.values()))
-            raise
-        ckpt._keep_gets([r for r in kept.values() if lent is None or r is not lent[0]],
-                        gone=lent[1].get("gone", []) if lent is not None else [])
+        lent = ckpt._open_read(
+            "checkpoint.shm.get_open",
+            dict(body, fill=shm_range, own_from=own_from, own_below=own_below,
+                 window=ckpt.read_window), subject)
     if lent is None:
         info = ckpt._action("checkpoint.stat", body, name)
         lanes = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,

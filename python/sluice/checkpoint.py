@@ -137,7 +137,9 @@ class Checkpoint:
         self.keep_read_seconds = keep_read_seconds
         # The region a larger version streams through (0: one the
         # version's size, always).
-        span = min(chunk_size, SHM_READ_RANGE)
+        # The ranges a reader asks for into a kept region (and the size an
+        # opening reads whole before it answers).
+        span = self.small_range = min(chunk_size, SHM_READ_RANGE)
         if read_window is None:
             read_window = (workers + WINDOW_RANGES_OVER_WORKERS) * chunk_size
         if read_window and read_window < 2 * span:
@@ -204,6 +206,23 @@ class Checkpoint:
                 self._shm_refused = True
             return None
         return _lanes.PutSlots(lent[0], self.chunk_size)
+
+    def _open_read(self, kind: str, body: Dict[str, Any], subject: str) -> Any:
+        """``open_region`` of a read region (``get_open``, ``get_group``),
+        offering the kept ones: those the server did not choose, and did
+        not name as gone, are kept again (see :func:`_lanes.open_region`
+        for what it answers)."""
+        kept = self._take_gets()
+        try:
+            lent = _lanes.open_region(self.client, kind, dict(body, kept=list(kept)), subject,
+                                      self.transport, writable=False, kept=kept)
+        except BaseException:
+            self._keep_gets(list(kept.values()))
+            raise
+        chosen = lent[0] if lent is not None else None
+        self._keep_gets([r for r in kept.values() if r is not chosen],
+                        gone=lent[1].get("gone", []) if lent is not None else [])
+        return lent
 
     def _give_back(self, region: "_lanes.Region", keep: bool) -> None:
         """A region handed back by whatever held it (a mapping's finalizer:
@@ -398,7 +417,7 @@ class Checkpoint:
             with r:
                 if mapped and r.size > 0:
                     lanes = r._lanes
-                    view = lanes.group.copy_on_write()[lanes.at:lanes.at + r.size]
+                    view = lanes.group.copy_on_write()[lanes.base:lanes.base + r.size]
                     state = _mapped.load(r, view, bool(torch_load["weights_only"]))
                     # The tensors are over the bytes: all of them must be in.
                     r.wait()
