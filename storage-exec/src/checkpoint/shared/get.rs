@@ -108,30 +108,15 @@ impl Checkpoints {
         let size = record.size;
         let need = req.region_size(size);
         let items = Placed::alone(record);
-        let (rebound, gone) = self.rebind(req.kept, &items, req.owns(size), need);
-        let kept = rebound.is_some();
-        let region = match rebound {
-            Some(region) => region,
-            None => {
-                self.lend(&what, req.probe, need, Use::Get { items }, false)
-                    .await?
-            }
-        };
+        let (region, kept, gone) = self
+            .bind(&what, req.probe, req.kept, items, req.owns(size), need)
+            .await?;
         let filled = if size <= req.fill && size > 0 && size <= region.size {
-            match self.shm_get(&region.region, 0, 0, size, None).await {
-                Ok(n) => n,
-                Err(e) => {
-                    // The client never learns a new region's id from an
-                    // error: let it go now, not at the idle timeout.
-                    if !kept {
-                        let _ = self.shm_close(&region.region).await;
-                    }
-                    return Err(e);
-                }
-            }
+            self.shm_get(&region.region, 0, 0, size, None).await
         } else {
-            0
+            Ok(0)
         };
+        let filled = self.unless_failed(&region.region, kept, filled).await?;
         Ok(GetOpened {
             region,
             checkpoint,
@@ -139,6 +124,40 @@ impl Checkpoints {
             filled,
             gone,
         })
+    }
+
+    /// The smallest of `kept` that fits `need` bytes, rebound to `items`
+    /// (see [`Self::rebind`]), or else a new region lent for them; and
+    /// whether it was a kept one, and the ids of `kept` not lent any more.
+    async fn bind(
+        &self,
+        what: &str,
+        probe: &Probe,
+        kept: &[String],
+        items: Arc<[Placed]>,
+        own: bool,
+        need: u64,
+    ) -> Result<(RegionInfo, bool, Vec<String>)> {
+        let (rebound, gone) = self.rebind(kept, &items, own, need);
+        match rebound {
+            Some(region) => Ok((region, true, gone)),
+            None => {
+                let region = self
+                    .lend(what, probe, need, Use::Get { items }, false)
+                    .await?;
+                Ok((region, false, gone))
+            }
+        }
+    }
+
+    /// `done`, after letting `region` go where it failed and the region
+    /// is new: the client never learns a new region's id from an error,
+    /// so it goes now, not at the idle timeout.
+    async fn unless_failed<T>(&self, region: &str, kept: bool, done: Result<T>) -> Result<T> {
+        if done.is_err() && !kept {
+            let _ = self.shm_close(region).await;
+        }
+        done
     }
 
     /// One region for the versions `req.items` names (each its newest
@@ -160,40 +179,34 @@ impl Checkpoints {
             return Ok(layout.answer(None, Vec::new(), false, Vec::new()));
         }
         let need = layout.end.max(1);
-        let (rebound, gone) = self.rebind(req.kept, &layout.items, false, need);
-        let kept = rebound.is_some();
-        let region = match rebound {
-            Some(region) => region,
-            None => {
-                let use_ = Use::Get {
-                    items: Arc::clone(&layout.items),
-                };
-                self.lend(&req.what(), req.probe, need, use_, false).await?
-            }
-        };
+        let (region, kept, gone) = self
+            .bind(
+                &req.what(),
+                req.probe,
+                req.kept,
+                Arc::clone(&layout.items),
+                false,
+                need,
+            )
+            .await?;
+        let filled = self.fill(&region.region, &layout, req.fill).await;
+        let filled = self.unless_failed(&region.region, kept, filled).await?;
+        Ok(layout.answer(Some(region), filled, kept, gone))
+    }
+
+    /// Reads every version of `layout` of at most `fill` bytes into
+    /// `region`, as many at once as the device takes; the bytes read of
+    /// each version.
+    async fn fill(&self, region: &str, layout: &Layout, fill: u64) -> Result<Vec<u64>> {
         let depth = self.store.device().parallelism().clamp(1, 8);
-        let id = region.region.clone();
-        let mut reads = futures::stream::iter(layout.small(req.fill))
-            .map(|(i, size)| {
-                let id = &id;
-                async move { (i, self.shm_get(id, i, 0, size, None).await) }
-            })
+        let mut reads = futures::stream::iter(layout.small(fill))
+            .map(|(i, size)| async move { (i, self.shm_get(region, i, 0, size, None).await) })
             .buffer_unordered(depth);
         let mut filled = vec![0; layout.items.len()];
         while let Some((i, n)) = reads.next().await {
-            match n {
-                Ok(n) => filled[i] = n,
-                Err(e) => {
-                    drop(reads);
-                    // The client never learns a new region's id from an error.
-                    if !kept {
-                        let _ = self.shm_close(&id).await;
-                    }
-                    return Err(e);
-                }
-            }
+            filled[i] = n?;
         }
-        Ok(layout.answer(Some(region), filled, kept, gone))
+        Ok(filled)
     }
 
     /// Binds `items` (versions placed in a region) to the smallest
