@@ -55,10 +55,17 @@ def copy_on_write(fd: int, size: int) -> mmap.mmap:
 def load(reader: Any, view: memoryview, weights_only: bool) -> Any:
     """The state in ``reader`` (its zip directory and pickle read through
     it), every tensor over ``view`` (the version's bytes in a
-    copy-on-write mapping, which the tensors keep alive)."""
+    copy-on-write mapping, which the tensors keep alive); ``NOT_MAPPED``
+    where it is no zip archive (torch.save's legacy format)."""
     import torch
     import torch.serialization as ts
 
+    if not ts._is_zipfile(reader):
+        # torch.save's legacy format (or no torch file at all): torch.load
+        # reads it, or says what it is.
+        reader.seek(0)
+        return NOT_MAPPED
+    reader.seek(0)
     storage = torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
     with ts._open_zipfile_reader(reader) as archive:
         if weights_only:

@@ -415,14 +415,21 @@ class Checkpoint:
             if r is None:
                 return self.load(names[i], versions[i], **torch_load)
             with r:
-                if mapped and r.size > 0:
-                    lanes = r._lanes
-                    view = lanes.group.copy_on_write()[lanes.base:lanes.base + r.size]
-                    state = _mapped.load(r, view, bool(torch_load["weights_only"]))
-                    # The tensors are over the bytes: all of them must be in.
-                    r.wait()
-                    return state
-                return torch.load(r, **torch_load)
+                try:
+                    if mapped and r.size > 0:
+                        lanes = r._lanes
+                        view = lanes.group.copy_on_write()[lanes.base:lanes.base + r.size]
+                        state = _mapped.load(r, view, bool(torch_load["weights_only"]))
+                        if state is not _mapped.NOT_MAPPED:
+                            # The tensors are over the bytes: all must be in.
+                            r.wait()
+                            return state
+                    return torch.load(r, **torch_load)
+                except Exception as e:
+                    # torch's own errors do not say which file (notes: 3.11 on).
+                    if hasattr(e, "add_note"):
+                        e.add_note(f"loading checkpoint '{r.name}' version {r.info['version']}")
+                    raise
 
         # The largest first: their parses copy each range as it arrives,
         # while the other threads get through the small files (a few

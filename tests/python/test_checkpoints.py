@@ -397,6 +397,19 @@ def test_load_all_reads_a_models_files_into_one_kept_region(server):
     with pytest.raises(sluice.SluiceError) as e:
         ck.load_all(names + ["nope.pt"], weights_only=True)
     assert "group/nope.pt" in e.value.message
+    # torch.save's legacy format loads beside the zip files (not mapped);
+    # a file that is no torch file fails with torch's error, naming it.
+    with ck.writer("legacy.pt") as w:
+        torch.save({"x": torch.arange(10)}, w, _use_new_zipfile_serialization=False)
+    with ck.writer("notes.txt") as w:
+        w.write(b"not a torch file")
+    got = ck.load_all(["model.pt", "legacy.pt"], weights_only=True)
+    assert torch.equal(got[1]["x"], torch.arange(10))
+    assert torch.equal(got[0]["w"], states["model.pt"]["w"])
+    with pytest.raises(Exception) as e:
+        ck.load_all(["notes.txt"], weights_only=True)
+    if sys.version_info >= (3, 11):
+        assert any("group/notes.txt" in n for n in e.value.__notes__), e.value
     ck.close()
     assert not shm_files(os.getpid())
 
