@@ -12,6 +12,8 @@
     # a model's files together: one region, the small ones one request,
     # tensors over it copy-on-write
     layers = ckpt.load_all([f"layer_{i}.pt" for i in range(32)], weights_only=True)
+    # and saved together: one request begins them, one transaction commits
+    ckpt.save_all({f"layer_{i}.pt": layer for i, layer in enumerate(layers)})
 
 A writer streams: bytes fill a part of ``chunk_size`` bytes, and each full
 part goes to the server while the next fills, with up to ``workers`` parts
@@ -61,7 +63,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _lanes, _mapped
 from ._errors import SluiceError
@@ -437,7 +439,7 @@ class Checkpoint:
         # ones waited for every small one's parse with their bytes in.
         order = sorted(range(len(names)),
                        key=lambda i: -readers[i].size if i in readers else 0)
-        submitted = {i: self._parsers().submit(one, i) for i in order}
+        submitted = {i: self._threads().submit(one, i) for i in order}
         parses = [submitted[i] for i in range(len(names))]
         try:
             return [f.result() for f in parses]
@@ -453,14 +455,56 @@ class Checkpoint:
                 # The tensors hold the mapping now (none, on an error).
                 next(iter(readers.values()))._lanes.group.release_view()
 
-    def _parsers(self) -> ThreadPoolExecutor:
-        """The threads :meth:`load_all` parses on (apart from those that
-        fetch, which the parses wait for)."""
+    def _threads(self) -> ThreadPoolExecutor:
+        """The threads :meth:`load_all` parses on and :meth:`save_all`
+        serializes on (apart from those that move the bytes, which these
+        wait for)."""
         with self._lock:
             if self._parse_pool is None:
                 self._parse_pool = ThreadPoolExecutor(self.workers,
-                                                      thread_name_prefix="sluice-parse")
+                                                      thread_name_prefix="sluice-files")
             return self._parse_pool
+
+    def save_all(self, states: Union[Mapping[str, Any], Sequence[Tuple[str, Any]]],
+                 **torch_save: Any) -> List[Dict[str, Any]]:
+        """``torch.save`` of each ``(name, state)`` (a mapping, or pairs in
+        order), on ``workers`` threads at once, made visible together in
+        one transaction: :meth:`commit_group`, one device flush for all,
+        and a save that fails or dies half-way lists none of them. Their
+        uploads begin in one request (``checkpoint.begin_group``), not one
+        a file; on the server's host their parts share the writers' put
+        region. Returns each one's committed version, in order."""
+        import torch
+
+        items = list(states.items()) if isinstance(states, Mapping) else list(states)
+        if not items:
+            return []
+        full = [self._name(name) for name, _ in items]
+        subject = f"{len(full)} checkpoints under '{self.prefix}'"
+        ids = self._action("checkpoint.begin_group", {"names": full}, subject)["uploads"]
+
+        def one(i: int) -> Dict[str, Any]:
+            # A writer that fails aborts its own upload.
+            w = CheckpointWriter(self, full[i], upload=ids[i])
+            try:
+                torch.save(items[i][1], w, **torch_save)
+            except BaseException:
+                w.abort()
+                raise
+            return w.uncommitted()
+
+        saves = [self._threads().submit(one, i) for i in range(len(items))]
+        wait(saves)
+        failed = [f.exception() for f in saves if f.exception() is not None]
+        uploads = [f.result() for f in saves if f.exception() is None]
+        try:
+            if failed:
+                raise failed[0]
+            return self.commit_group(uploads)
+        except BaseException:
+            for upload in uploads:
+                self.abort_upload(upload)
+            raise
 
     def stat(self, name: str, version: Optional[int] = None) -> Dict[str, Any]:
         """``name``'s newest version (or ``version``): size, version, time."""
@@ -493,13 +537,15 @@ class CheckpointWriter(io.RawIOBase):
     """See the module docs; ``info`` holds the committed version after
     close, ``transport`` is ``"shm"`` or ``"flight"``."""
 
-    def __init__(self, ckpt: Checkpoint, name: str):
+    def __init__(self, ckpt: Checkpoint, name: str, upload: Optional[str] = None):
         super().__init__()
         self._ckpt = ckpt
         self.name = name
         self.info: Optional[Dict[str, Any]] = None
         self._subject = f"checkpoint '{name}'"
-        self._upload = ckpt._action("checkpoint.begin", {"name": name}, name)["upload"]
+        # An upload begun already (``Checkpoint.save_all`` begins a group's
+        # in one request), or one of its own.
+        self._upload = upload or ckpt._action("checkpoint.begin", {"name": name}, name)["upload"]
         try:
             self._lanes = ckpt._puts(self._subject)
         except BaseException:

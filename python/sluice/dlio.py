@@ -278,8 +278,9 @@ class CheckpointFiles:
 class SluiceCheckpointing(CheckpointFiles, BaseCheckpointing):
     """DLIO's checkpoints (model, optimizer, layer states) written with
     ``torch.save`` through :class:`sluice.Checkpoint`: a step's files on
-    ``LANES`` threads at once, made visible together in one commit (one
-    device flush for all; a checkpoint killed half-way lists none)."""
+    ``LANES`` threads at once (``Checkpoint.save_all``), begun in one
+    request and made visible together in one commit (one device flush for
+    all; a checkpoint killed half-way lists none)."""
 
     __instance: Optional["SluiceCheckpointing"] = None
 
@@ -297,27 +298,10 @@ class SluiceCheckpointing(CheckpointFiles, BaseCheckpointing):
     def get_tensor(self, size: int) -> torch.Tensor:
         return torch.randint(high=1, size=(size,), dtype=torch.int8)
 
-    def _upload(self, item: Tuple[str, Any]) -> Dict[str, Any]:
-        """One file written and drained, its commit left to the group."""
-        suffix, state = item
-        w = self.store.writer(f"{suffix}.{self.ext}")
-        try:
-            torch.save(state, w)
-        except BaseException:
-            w.abort()
-            raise
-        return w.uncommitted()
-
     def write_files(self, files: List[Tuple[str, Any]]) -> None:
-        with ThreadPoolExecutor(LANES, thread_name_prefix="dlio-save") as pool:
-            futures = [pool.submit(self._upload, f) for f in files]
-        failed = [f.exception() for f in futures if f.exception() is not None]
-        uploads = [f.result() for f in futures if f.exception() is None]
-        if failed:
-            for upload in uploads:
-                self.store.abort_upload(upload)
-            raise failed[0]
-        self.store.commit_group(uploads)
+        """A checkpoint's files through ``Checkpoint.save_all``: begun in
+        one request, written on ``LANES`` threads, committed together."""
+        self.store.save_all([(f"{suffix}.{self.ext}", state) for suffix, state in files])
 
     def load_state(self, suffix: str) -> Any:
         """The state ``save_state`` wrote under ``suffix`` (DLIO 2.0 has

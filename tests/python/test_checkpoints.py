@@ -540,6 +540,57 @@ def test_writers_at_once_share_one_region(server):
     assert not shm_files(os.getpid())
 
 
+def uploads(client):
+    for line in client._request("GET", "/metrics").splitlines():
+        if line.startswith("sluice_checkpoint_uploads "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no sluice_checkpoint_uploads in /metrics")
+
+
+@pytest.mark.parametrize("transport", ["shm", "flight"])
+def test_save_all_commits_a_models_files_together(server, transport):
+    """`save_all` begins every file's upload in one request and commits
+    them in one transaction: each loads back bit-identical, all share one
+    version time; a state that cannot be saved fails the whole save,
+    naming nothing new, with no upload left behind; a bad or repeated
+    name is refused before anything is begun."""
+    _, _, rest = server
+    client = sluice.Client(rest, token="s3cret")
+    ck = sluice.Checkpoint(client, f"saveall-{transport}", chunk_size=CHUNK, workers=3,
+                           transport=transport)
+    g = torch.Generator().manual_seed(7)
+    states = {f"layer_{i}.pt": {"w": torch.randn(64 + 97 * i, 33, generator=g),
+                                "step": torch.tensor(i)} for i in range(12)}
+    states["model.pt"] = torch.randint(-128, 127, (3 * CHUNK + 5,), dtype=torch.int8,
+                                       generator=g)
+    infos = ck.save_all(states)
+    assert [i["name"] for i in infos] == [f"saveall-{transport}/{n}" for n in states]
+    assert len({i["created_unix_ms"] for i in infos}) == 1
+    loaded = ck.load_all(list(states), weights_only=True)
+    for (name, want), got in zip(states.items(), loaded):
+        if isinstance(want, dict):
+            assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), name
+        else:
+            assert torch.equal(got, want), name
+    versions = {i["name"]: i["version"] for i in infos}
+    before = uploads(client)
+
+    bad = dict(states, **{"layer_3.pt": {"fn": lambda x: x}})
+    with pytest.raises(Exception):
+        ck.save_all(bad)
+    assert uploads(client) == before
+    for name in states:
+        assert ck.stat(name)["version"] == versions[f"saveall-{transport}/{name}"], name
+
+    for names in (["a.pt", "../b.pt"], ["a.pt", "a.pt"]):
+        with pytest.raises(sluice.SluiceError) as e:
+            ck.save_all([(n, torch.zeros(3)) for n in names])
+        assert "b.pt" in str(e.value) or "two uploads of" in str(e.value), str(e.value)
+        assert uploads(client) == before
+    assert ck.save_all({}) == []
+    ck.close()
+
+
 def test_a_writer_killed_mid_stream(server):
     _, _, rest = server
     client = sluice.Client(rest, token="s3cret")

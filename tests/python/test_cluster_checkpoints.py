@@ -17,6 +17,7 @@ import time
 
 import pyarrow.flight as flight
 import pytest
+import torch
 
 import sluice
 from serve import SLUICE, flip_in_device, node_pieces, serve_env, start_serve
@@ -97,6 +98,14 @@ def test_a_version_is_striped_and_replicated_and_survives_a_lost_node():
         assert sum(sizes) == 2 * len(data), sizes
         assert max(sizes) - min(sizes) <= 2 * STRIPE, sizes
         assert read(ck, "model.pt") == data
+        # A model's files begun in one request, committed in one transaction.
+        states = {"opt.pt": torch.arange(100_000), "layer.pt": torch.ones(7)}
+        assert [i["version"] for i in ck.save_all(states)] == [1, 1]
+        for name, want in states.items():
+            assert torch.equal(ck.load(name, weights_only=True), want), name
+        with pytest.raises(sluice.SluiceError) as e:
+            ck.save_all([("a.pt", torch.ones(1)), ("a.pt", torch.ones(1))])
+        assert "two uploads of" in e.value.message, e.value
         # A piece's name holds the checkpoint's: a name too long to fit is
         # refused before any node is asked.
         with pytest.raises(sluice.SluiceError) as e:

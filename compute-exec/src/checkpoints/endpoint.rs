@@ -14,7 +14,7 @@ use futures::stream::BoxStream;
 use serde_json::json;
 use sluice_base::CallError;
 use sluice_flight::checkpoint::requests::{
-    Begin, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
 };
 use sluice_flight::checkpoint::{CheckpointEndpoint, CheckpointInfo, GetTicket, PutCommand, data};
 use sluice_flight::stream::FlightStream;
@@ -98,6 +98,10 @@ impl CheckpointEndpoint for ClusterCheckpoints {
             "checkpoint.begin" => {
                 let b: Begin = body(kind, bytes)?;
                 json_bytes(&json!({ "upload": self.begin(&b.name).await? }))
+            }
+            "checkpoint.begin_group" => {
+                let b: BeginGroup = body(kind, bytes)?;
+                json_bytes(&json!({ "uploads": self.begin_group(&b.names).await? }))
             }
             "checkpoint.commit" => {
                 let c: Commit = body(kind, bytes)?;

@@ -56,6 +56,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use sluice_base::{CallError, Fault};
 use sluice_flight::checkpoint::node::NodeCheckpoints;
 use sluice_flight::{Credential, LinkError};
@@ -73,6 +74,10 @@ pub const STRIPE: u64 = 4 << 20;
 const LANES: usize = 4;
 /// How long a node has to answer a `begin`.
 const BEGIN_WAIT: Duration = Duration::from_secs(5);
+
+/// How many uploads of a `begin_group` are begun at once (each asks every
+/// node).
+const BEGIN_DEPTH: usize = 8;
 /// How long a node that failed a read is tried last.
 const DOWN_FOR: Duration = Duration::from_secs(10);
 /// What the pieces of the cluster's checkpoints are named under on a node.
@@ -335,6 +340,41 @@ impl ClusterCheckpoints {
         let upload = ClusterUpload::new(name.to_string(), local, striping, nodes);
         lock(&self.uploads).insert(id.clone(), Arc::new(upload));
         Ok(id)
+    }
+
+    /// Begins an upload of each of `names` (a checkpoint's files, to
+    /// commit together with [`Self::commit_group`]), a few at once; their
+    /// ids in order. Where one cannot begin, those begun are aborted and
+    /// its error is the answer.
+    pub async fn begin_group(&self, names: &[String]) -> Result<Vec<String>> {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(&refs) {
+            return Err(ClusterCheckpointError::Call(CallError::BadRequest(reason)));
+        }
+        // Collected first: a stream's closure over `begin` is not `Send`
+        // for every lifetime, as the action's future must be.
+        let calls: Vec<_> = names.iter().map(|name| self.begin(name)).collect();
+        let begun: Vec<Result<String>> = futures::stream::iter(calls)
+            .buffered(BEGIN_DEPTH)
+            .collect()
+            .await;
+        let mut ids = Vec::with_capacity(names.len());
+        let mut failed = None;
+        for r in begun {
+            match r {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        let Some(e) = failed else {
+            return Ok(ids);
+        };
+        for id in &ids {
+            let _ = self.abort(id).await;
+        }
+        Err(e)
     }
 
     /// Abandons upload `id`: every node drops its piece.

@@ -76,10 +76,14 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 15] = [
+pub const ACTIONS: [(&str, &str); 17] = [
     (
         "checkpoint.begin",
         "start writing a checkpoint version: {name} → {upload}",
+    ),
+    (
+        "checkpoint.begin_group",
+        "start writing versions of several checkpoints, to commit together: {names} → {uploads}",
     ),
     (
         "checkpoint.commit",
@@ -103,8 +107,12 @@ pub const ACTIONS: [(&str, &str); 15] = [
         "a shared-memory region for a version, same host: {name, version?, probe, kept?, fill?, own_from?, own_below?, window?}",
     ),
     (
+        "checkpoint.shm.get_group",
+        "one shared-memory region for several versions side by side, same host: {items: [{name, version?}], probe, kept?, fill?, max_bytes?}",
+    ),
+    (
         "checkpoint.shm.get",
-        "read a range of the version into its region: {region, offset, length, at?}",
+        "read a range of a version into its region: {region, item?, offset, length, at?}",
     ),
     (
         "checkpoint.shm.touch",

@@ -34,18 +34,28 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
     None
 }
 
-/// Why uploads of `names` cannot commit as one group (`None`: they can):
-/// a group holds one upload or more, each of its own name.
+/// The most uploads one group may hold (`checkpoint.begin_group`).
+pub const MAX_GROUP: usize = 4096;
+
+/// Why uploads of `names` cannot be begun or committed as one group
+/// (`None`: they can): a group holds one upload or more, at most
+/// [`MAX_GROUP`], each of its own name.
 pub fn group_problem(names: &[&str]) -> Option<String> {
+    if names.len() > MAX_GROUP {
+        return Some(format!(
+            "a group of {} uploads; at most {MAX_GROUP}",
+            names.len()
+        ));
+    }
     let mut sorted = names.to_vec();
     sorted.sort_unstable();
     if sorted.is_empty() {
-        return Some("a commit of no uploads".into());
+        return Some("a group of no uploads".into());
     }
     sorted
         .windows(2)
         .find(|w| w[0] == w[1])
-        .map(|w| format!("two uploads of '{}' in one commit", w[0]))
+        .map(|w| format!("two uploads of '{}' in one group", w[0]))
 }
 
 /// `checkpoint.stat`, `checkpoint.delete`: a name, and a version or none.
@@ -63,6 +73,23 @@ pub struct Named {
 pub struct Begin {
     /// The checkpoint a version is written of.
     pub name: String,
+}
+
+/// `checkpoint.begin_group`: uploads of several names begun in one
+/// request (a checkpoint's files, to commit together with
+/// `checkpoint.commit_group`).
+#[derive(Debug, Deserialize)]
+pub struct BeginGroup {
+    /// The checkpoints a version is written of, each once.
+    pub names: Vec<String>,
+}
+
+impl BeginGroup {
+    /// Why these uploads cannot be begun together (see [`group_problem`]).
+    pub fn problem(&self) -> Option<String> {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        group_problem(&names)
+    }
 }
 
 /// `checkpoint.commit`, and each upload of a group.

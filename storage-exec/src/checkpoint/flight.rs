@@ -11,7 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_flight::checkpoint::requests::{
-    Begin, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
 };
 use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
@@ -171,6 +171,11 @@ impl CheckpointEndpoint for Checkpoints {
                 let b: Begin = body(kind, bytes)?;
                 let id = self.begin(&b.name).map_err(status)?;
                 json_bytes(&json!({ "upload": id }))
+            }
+            "checkpoint.begin_group" => {
+                let b: BeginGroup = body(kind, bytes)?;
+                let ids = self.begin_group(&b.names).map_err(status)?;
+                json_bytes(&json!({ "uploads": ids }))
             }
             "checkpoint.commit" => {
                 let c: Commit = body(kind, bytes)?;

@@ -139,6 +139,23 @@ impl Checkpoints {
         Ok(id)
     }
 
+    /// Starts writing a new version of each of `names` (a checkpoint's
+    /// files, to commit together with [`Self::commit_group`]); returns
+    /// their upload ids in order. Nothing is begun when one name is bad.
+    pub fn begin_group(&self, names: &[String]) -> Result<Vec<String>> {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(&refs) {
+            return Err(StorageError::BadUpload {
+                name: "(group)".into(),
+                reason,
+            });
+        }
+        for name in names {
+            validate_name(name)?;
+        }
+        names.iter().map(|name| self.begin(name)).collect()
+    }
+
     fn upload(&self, id: &str) -> Result<Arc<Upload>> {
         self.uploads()
             .get(id)
