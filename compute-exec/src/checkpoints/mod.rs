@@ -347,8 +347,7 @@ impl ClusterCheckpoints {
     /// ids in order. Where one cannot begin, those begun are aborted and
     /// its error is the answer.
     pub async fn begin_group(&self, names: &[String]) -> Result<Vec<String>> {
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(&refs) {
+        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(names) {
             return Err(ClusterCheckpointError::Call(CallError::BadRequest(reason)));
         }
         // Collected first: a stream's closure over `begin` is not `Send`

@@ -40,14 +40,14 @@ pub const MAX_GROUP: usize = 4096;
 /// Why uploads of `names` cannot be begun or committed as one group
 /// (`None`: they can): a group holds one upload or more, at most
 /// [`MAX_GROUP`], each of its own name.
-pub fn group_problem(names: &[&str]) -> Option<String> {
+pub fn group_problem<S: AsRef<str>>(names: &[S]) -> Option<String> {
     if names.len() > MAX_GROUP {
         return Some(format!(
             "a group of {} uploads; at most {MAX_GROUP}",
             names.len()
         ));
     }
-    let mut sorted = names.to_vec();
+    let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
     sorted.sort_unstable();
     if sorted.is_empty() {
         return Some("a group of no uploads".into());
@@ -82,14 +82,6 @@ pub struct Begin {
 pub struct BeginGroup {
     /// The checkpoints a version is written of, each once.
     pub names: Vec<String>,
-}
-
-impl BeginGroup {
-    /// Why these uploads cannot be begun together (see [`group_problem`]).
-    pub fn problem(&self) -> Option<String> {
-        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
-        group_problem(&names)
-    }
 }
 
 /// `checkpoint.commit`, and each upload of a group.
@@ -160,7 +152,7 @@ mod tests {
     #[test]
     fn a_group_is_one_upload_or_more_of_distinct_names() {
         assert_eq!(group_problem(&["a", "b"]), None);
-        assert!(group_problem(&[]).is_some());
+        assert!(group_problem::<&str>(&[]).is_some());
         assert!(group_problem(&["b", "a", "b"]).is_some());
     }
 

@@ -128,23 +128,14 @@ impl Checkpoints {
     pub fn begin(&self, name: &str) -> Result<String> {
         validate_name(name)?;
         self.expire_idle();
-        let id = new_id();
-        let upload = Upload::new(
-            name.to_owned(),
-            Arc::clone(self.store.device()),
-            self.store.chunk_size(),
-            self.store.space_map().reserve(),
-        );
-        self.uploads().insert(id.clone(), Arc::new(upload));
-        Ok(id)
+        Ok(self.start(name))
     }
 
     /// Starts writing a new version of each of `names` (a checkpoint's
     /// files, to commit together with [`Self::commit_group`]); returns
     /// their upload ids in order. Nothing is begun when one name is bad.
     pub fn begin_group(&self, names: &[String]) -> Result<Vec<String>> {
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(&refs) {
+        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(names) {
             return Err(StorageError::BadUpload {
                 name: "(group)".into(),
                 reason,
@@ -153,7 +144,21 @@ impl Checkpoints {
         for name in names {
             validate_name(name)?;
         }
-        names.iter().map(|name| self.begin(name)).collect()
+        self.expire_idle();
+        Ok(names.iter().map(|name| self.start(name)).collect())
+    }
+
+    /// A new upload of (a valid) `name`; its id.
+    fn start(&self, name: &str) -> String {
+        let id = new_id();
+        let upload = Upload::new(
+            name.to_owned(),
+            Arc::clone(self.store.device()),
+            self.store.chunk_size(),
+            self.store.space_map().reserve(),
+        );
+        self.uploads().insert(id.clone(), Arc::new(upload));
+        id
     }
 
     fn upload(&self, id: &str) -> Result<Arc<Upload>> {
