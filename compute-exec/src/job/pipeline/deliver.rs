@@ -113,7 +113,7 @@ mod tests {
     use futures::stream::{self, Iter};
 
     use super::*;
-    use crate::job::pipeline::observe::Unsent;
+    use crate::job::pipeline::bad_tally::Unsent;
     use crate::job::window_rows::WindowRows;
     use crate::session::window_budget::WindowBudget;
 

@@ -11,16 +11,17 @@
 //!   places the window plan again (`crate::job::adapt`);
 //! - **bad samples**: those met since the last batch travel with the next
 //!   one (counted when a reader receives it), and a sample that came back
-//!   with no row is an error unless the error policy skipped it.
+//!   with no row is an error unless the error policy skipped it (the
+//!   rules: `super::bad_tally`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_base::BadSample;
 use sluice_flight::StorageEndpoint;
 use sluice_udfs::OnError;
 
+use super::bad_tally::{BadTally, Unsent};
 use super::fetch::Fetched;
 use super::pace::Pace;
 use super::windows::Sizing;
@@ -28,9 +29,6 @@ use crate::error::JobError;
 use crate::job::Job;
 use crate::job::adapt::{GAIN, Meter, choice_of, observed_link};
 use crate::job::placed::StreamPlan;
-
-/// Bad samples met and not yet handed on: how many, and the first ones.
-pub type Unsent = (u64, Vec<BadSample>);
 
 /// See the module docs.
 pub trait Observe: Send {
@@ -69,11 +67,8 @@ pub struct JobObserver {
     meter: Option<(Meter, Vec<Arc<dyn StorageEndpoint>>)>,
     /// Samples made by this stream.
     made: u64,
-    /// Bad samples of the stream's log already taken.
-    reported: u64,
-    unsent: Option<Unsent>,
-    /// Samples with no row so far.
-    missing: u64,
+    /// Bad samples refused and rows missing.
+    bad: BadTally,
     /// When the batches of the last window were all handed on.
     last_window: Instant,
 }
@@ -101,9 +96,7 @@ impl JobObserver {
             fetched,
             meter,
             made: 0,
-            reported: 0,
-            unsent: None,
-            missing: 0,
+            bad: BadTally::default(),
             last_window: Instant::now(),
         }
     }
@@ -163,15 +156,9 @@ impl Observe for JobObserver {
         let bytes = w.rows.bytes() / (w.rows.len().max(1) as u64);
         let pace = self.pace.window(n, w.took, Instant::now());
         self.sizing.measured(bytes, pace);
-        let (total, bad) = self.plan.udfs().errors.snapshot();
-        if total > self.reported {
-            // Counted when the next batch reaches a reader.
-            let fresh = bad.into_iter().skip(self.reported as usize);
-            let (count, kept) = self.unsent.get_or_insert_with(|| (0, Vec::new()));
-            *count += total - self.reported;
-            kept.extend(fresh);
-            self.reported = total;
-        }
+        // Counted when the next batch reaches a reader.
+        let (total, kept) = self.plan.udfs().errors.snapshot();
+        self.bad.logged(total, kept);
         let link = self.plan.tally().bytes.swap(0, Ordering::Relaxed);
         self.job.record_link(link);
         self.made += n;
@@ -191,14 +178,13 @@ impl Observe for JobObserver {
     /// short. Under `skip`, no more rows may be missing than samples were
     /// skipped.
     fn missing(&mut self, missing: &[u32], samples: &[u64], start: u64) -> Result<(), JobError> {
-        self.missing += missing.len() as u64;
+        let skipping = self.job.spec().on_error == OnError::Skip;
+        if self.bad.missing(missing.len() as u64, skipping) {
+            return Ok(());
+        }
         let Some(&first) = missing.first() else {
             return Ok(());
         };
-        let skipping = self.job.spec().on_error == OnError::Skip;
-        if skipping && self.missing <= self.reported {
-            return Ok(());
-        }
         let position = start + u64::from(first);
         let at = self
             .job
@@ -214,7 +200,7 @@ impl Observe for JobObserver {
     }
 
     fn take_bad(&mut self) -> Option<Unsent> {
-        self.unsent.take()
+        self.bad.take()
     }
 
     fn sent(&mut self, queued: u64, waited: Duration) {
@@ -229,10 +215,10 @@ impl Observe for JobObserver {
         self.last_window = Instant::now();
     }
 
-    fn end(self) {
+    fn end(mut self) {
         // Met after the last batch (its samples all skipped): the reader
         // has had every batch of the span.
-        if let Some((count, kept)) = self.unsent {
+        if let Some((count, kept)) = self.bad.take() {
             self.job.record_bad(count, kept);
         }
     }

@@ -20,6 +20,9 @@
 //!   crate's async file;
 //! - `parquet_shards`: Parquet shards in the store (images inside), read by
 //!   column chunk;
+//! - `parquet_ranges`: `FetchedRanges`, a row group's fetched column
+//!   chunks as the parquet crate's synchronous file, decoded off the
+//!   runtime;
 //! - `faults`: a store's errors, named, and whose fault they are;
 //! - `fetch`: the objects' bytes, many GETs at once, straight into the
 //!   ingest's load groups.
@@ -39,6 +42,7 @@ mod faults;
 mod fetch;
 mod listing;
 mod parquet_file;
+mod parquet_ranges;
 mod parquet_shards;
 mod profile;
 mod shard_object;

@@ -11,7 +11,9 @@
 //!   Each sample is an [`Origin::ObjectCell`]: its row group and row.
 //! - **Loading.** A load group's cells are fetched by row group
 //!   ([`fetch_cells`], from `super::fetch`): the object column of one row
-//!   group, read and decoded once for all of its rows, and kept for the
+//!   group, its column chunks fetched in ranged GETs and decoded on the
+//!   blocking pool (`super::parquet_ranges`), once for all of its rows,
+//!   and kept for the
 //!   next load groups ([`RowGroupObjects`], the last few row groups of a
 //!   source: a row group's rows span many load groups). Load groups in
 //!   flight that want the same row group wait for one read of it. A row
@@ -25,21 +27,26 @@
 //! local one is; with an object column and none, it is one shard.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::ArrayRef;
+use arrow::error::ArrowError;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::errors::ParquetError;
 
 use super::ObjectSource;
 use super::faults::{BODY_TRIES, store_error};
 use super::parquet_file::ParquetObject;
+use super::parquet_ranges::FetchedRanges;
 use super::shard_object::ShardObject;
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Origin};
@@ -124,23 +131,38 @@ impl From<ParquetError> for Failed {
     }
 }
 
+impl From<ArrowError> for Failed {
+    fn from(e: ArrowError) -> Self {
+        Self::File(e.to_string())
+    }
+}
+
+/// The footer of the Parquet object at `location`, `size` bytes long:
+/// kept from the last read of it, or read now.
+async fn footer(
+    source: &ObjectSource,
+    location: &ObjectPath,
+    size: u64,
+) -> std::result::Result<ArrowReaderMetadata, Failed> {
+    if let Some(footer) = source.row_groups.footer(location) {
+        return Ok(footer);
+    }
+    let mut reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
+    let footer =
+        ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default()).await?;
+    source.row_groups.keep_footer(location, &footer);
+    Ok(footer)
+}
+
 /// The reader of the Parquet object at `location`, `size` bytes long,
-/// over its footer (kept from the last read of it, or read now).
+/// over its footer.
 async fn builder(
     source: &ObjectSource,
     location: &ObjectPath,
     size: u64,
 ) -> std::result::Result<ParquetRecordBatchStreamBuilder<ParquetObject>, Failed> {
-    let mut reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
-    let footer = match source.row_groups.footer(location) {
-        Some(footer) => footer,
-        None => {
-            let footer =
-                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default()).await?;
-            source.row_groups.keep_footer(location, &footer);
-            footer
-        }
-    };
+    let footer = footer(source, location, size).await?;
+    let reader = ParquetObject::new(Arc::clone(&source.store), location.clone(), size);
     Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
         reader, footer,
     ))
@@ -266,7 +288,9 @@ async fn row_group_objects(
         .cloned()
 }
 
-/// One read of row group `group`'s objects (see `row_group_objects`).
+/// One read of row group `group`'s objects (see `row_group_objects`):
+/// its object column's chunks fetched at once, then decoded on the
+/// blocking pool.
 async fn read_row_group(
     source: &ObjectSource,
     location: &ObjectPath,
@@ -274,24 +298,41 @@ async fn read_row_group(
     group: usize,
 ) -> Result<Objects> {
     let read = || async move {
-        let builder = builder(source, location, size).await?;
-        let object = object_column(builder.schema())
+        let footer = footer(source, location, size).await?;
+        let object = object_column(footer.schema())
             .ok_or_else(|| Failed::File("no object column".into()))?;
-        if group >= builder.metadata().num_row_groups() {
+        if group >= footer.metadata().num_row_groups() {
             return Err(Failed::File(format!("no row group {group}")));
         }
-        let mask = ProjectionMask::leaves(
-            builder.parquet_schema(),
-            bytes_leaves(builder.parquet_schema(), &object),
-        );
-        let batches: Vec<_> = builder
-            .with_row_groups(vec![group])
-            .with_projection(mask)
-            .with_batch_size(1 << 16)
-            .build()?
-            .try_collect()
-            .await?;
-        object_bytes(&batches).map_err(Failed::File)
+        let leaves = bytes_leaves(footer.parquet_schema(), &object);
+        let chunks = footer.metadata().row_group(group);
+        let ranges: Vec<Range<u64>> = leaves
+            .iter()
+            .map(|&leaf| {
+                let (start, len) = chunks.column(leaf).byte_range();
+                start..start.saturating_add(len)
+            })
+            .collect();
+        let fetched = source
+            .store
+            .get_ranges(location, &ranges)
+            .await
+            .map_err(|e| Failed::Store(store_error(&e)))?;
+        let fetched =
+            FetchedRanges::new(ranges.iter().map(|r| r.start).zip(fetched).collect(), size);
+        let mask = ProjectionMask::leaves(footer.parquet_schema(), leaves);
+        let decode = move || -> std::result::Result<ArrayRef, Failed> {
+            let batches = ParquetRecordBatchReaderBuilder::new_with_metadata(fetched, footer)
+                .with_row_groups(vec![group])
+                .with_projection(mask)
+                .with_batch_size(1 << 16)
+                .build()?
+                .collect::<std::result::Result<Vec<_>, ArrowError>>()?;
+            object_bytes(&batches).map_err(Failed::File)
+        };
+        tokio::task::spawn_blocking(decode)
+            .await
+            .map_err(|e| Failed::File(format!("its decode failed: {e}")))?
     };
     let got = tried(source, location, read).await?;
     Ok(got.map_err(|why| {
