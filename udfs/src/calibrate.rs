@@ -91,7 +91,16 @@ fn text(v: &str) -> ScalarValue {
     ScalarValue::Utf8(Some(v.to_owned()))
 }
 
+/// Every UDF's case, in the order the table shows them.
 fn cases() -> Result<Vec<Case>> {
+    let mut all = image_cases();
+    all.push(video_case()?);
+    all.extend(array_cases());
+    Ok(all)
+}
+
+/// The image UDFs' cases: JPEGs decoded, images transformed.
+fn image_cases() -> Vec<Case> {
     let bin = Arc::new(Field::new("data", DataType::Binary, false));
     let jpegs = |w: u32, h: u32| -> (ArrayRef, SampleStats) {
         let objs: Vec<Vec<u8>> = (0..ROWS as u32).map(|s| photo_jpeg(w, h, s)).collect();
@@ -118,51 +127,7 @@ fn cases() -> Result<Vec<Case>> {
         v.extend([int(0), int(0)]);
         v
     };
-    let clip = |w: u32, h: u32| -> Result<(ArrayRef, SampleStats)> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("clip.avi");
-        video::encode_test_clip(&path, "mpeg4", 32, w, h).map_err(DataFusionError::Execution)?;
-        let bytes = std::fs::read(&path)?;
-        let stats = SampleStats {
-            bytes: bytes.len() as f64,
-            width: f64::from(w),
-            height: f64::from(h),
-            channels: 3.0,
-            frames: 32.0,
-            elements: 0.0,
-        };
-        Ok((binary_column(&vec![bytes; ROWS]), stats))
-    };
-    let arrays = |n: usize| {
-        let data: Vec<u8> = (0..n * 4).map(|i| (i % 7) as u8).collect();
-        let file = npy::write(npy::DType::F32, &[n as u32], &data);
-        let stats = SampleStats {
-            bytes: file.len() as f64,
-            elements: n as f64,
-            ..SampleStats::default()
-        };
-        (file, stats)
-    };
-    let (npy_s, npy_l) = (arrays(1 << 18), arrays(1 << 21));
-    let zipped = |(f, s): &(Vec<u8>, SampleStats)| {
-        let z = npz::write(&[("x", f.clone())], true);
-        (binary_column(&vec![z; ROWS]), *s)
-    };
-    let vol = |side: u32| {
-        let e = f64::from(side).powi(3);
-        (
-            volume_column(side),
-            SampleStats {
-                bytes: e * 4.0,
-                width: f64::from(side),
-                height: f64::from(side),
-                elements: e,
-                ..SampleStats::default()
-            },
-        )
-    };
-    let vol_field = array_field("arr", None, Some("float32"));
-    Ok(vec![
+    vec![
         Case {
             udf: "decode_image",
             field: Arc::clone(&bin),
@@ -226,13 +191,68 @@ fn cases() -> Result<Vec<Case>> {
             consts: vec![text("")],
             large_consts: None,
         },
-        Case {
-            udf: "decode_video",
-            field: Arc::clone(&bin),
-            inputs: [clip(64, 48)?, clip(256, 192)?],
-            consts: vec![int(8), int(112), int(112), text("2")],
-            large_consts: None,
-        },
+    ]
+}
+
+/// `decode_video`'s case: MPEG-4 clips of 32 frames.
+fn video_case() -> Result<Case> {
+    let clip = |w: u32, h: u32| -> Result<(ArrayRef, SampleStats)> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("clip.avi");
+        video::encode_test_clip(&path, "mpeg4", 32, w, h).map_err(DataFusionError::Execution)?;
+        let bytes = std::fs::read(&path)?;
+        let stats = SampleStats {
+            bytes: bytes.len() as f64,
+            width: f64::from(w),
+            height: f64::from(h),
+            channels: 3.0,
+            frames: 32.0,
+            elements: 0.0,
+        };
+        Ok((binary_column(&vec![bytes; ROWS]), stats))
+    };
+    Ok(Case {
+        udf: "decode_video",
+        field: Arc::new(Field::new("data", DataType::Binary, false)),
+        inputs: [clip(64, 48)?, clip(256, 192)?],
+        consts: vec![int(8), int(112), int(112), text("2")],
+        large_consts: None,
+    })
+}
+
+/// The array UDFs' cases: `.npy`, `.npz` and volumes.
+fn array_cases() -> Vec<Case> {
+    let bin = Arc::new(Field::new("data", DataType::Binary, false));
+    let arrays = |n: usize| {
+        let data: Vec<u8> = (0..n * 4).map(|i| (i % 7) as u8).collect();
+        let file = npy::write(npy::DType::F32, &[n as u32], &data);
+        let stats = SampleStats {
+            bytes: file.len() as f64,
+            elements: n as f64,
+            ..SampleStats::default()
+        };
+        (file, stats)
+    };
+    let (npy_s, npy_l) = (arrays(1 << 18), arrays(1 << 21));
+    let zipped = |(f, s): &(Vec<u8>, SampleStats)| {
+        let z = npz::write(&[("x", f.clone())], true);
+        (binary_column(&vec![z; ROWS]), *s)
+    };
+    let vol = |side: u32| {
+        let e = f64::from(side).powi(3);
+        (
+            volume_column(side),
+            SampleStats {
+                bytes: e * 4.0,
+                width: f64::from(side),
+                height: f64::from(side),
+                elements: e,
+                ..SampleStats::default()
+            },
+        )
+    };
+    let vol_field = array_field("arr", None, Some("float32"));
+    vec![
         Case {
             udf: "npy",
             field: Arc::clone(&bin),
@@ -272,7 +292,7 @@ fn cases() -> Result<Vec<Case>> {
             consts: vec![int(16), int(16), int(16), int(1)],
             large_consts: Some(vec![int(48), int(48), int(48), int(1)]),
         },
-    ])
+    ]
 }
 
 fn measure(

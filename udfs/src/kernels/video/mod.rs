@@ -10,6 +10,11 @@
 //! [`SEEK_GAP`] frames ahead (uniform sampling of a long clip), the demuxer
 //! seeks to the key frame before it instead of decoding everything in
 //! between. A clip with fewer frames than asked for repeats its last frame.
+//!
+//! Here: opening and probing a clip, its clock, the sampling. Beside it:
+//! - `decode`: [`decode_clip`], the sampled frames decoded and converted;
+//! - `test_clip`: [`encode_test_clip`], synthetic clips whose frames can be
+//!   told apart (tests, benchmarks, calibration).
 
 use std::io::Cursor;
 use std::sync::Once;
@@ -17,7 +22,11 @@ use std::sync::Once;
 use arrow::buffer::Buffer;
 use ffmpeg_next as ff;
 
-use crate::env::{Cancel, Limits};
+mod decode;
+mod test_clip;
+
+pub use decode::decode_clip;
+pub use test_clip::{encode_test_clip, encode_test_clip_with_gop};
 
 /// Initialises FFmpeg once (and silences its logging).
 pub(crate) fn init() {
@@ -239,286 +248,10 @@ pub fn probe_reader<R: std::io::Read + std::io::Seek + Send + 'static>(
     Ok(info)
 }
 
-/// Decodes `n` frames chosen by `sampling`, each resized to `w`×`h` RGB,
-/// into `out` (`n * h * w * 3` bytes); stops with an error once `cancel`
-/// is set.
-pub fn decode_clip(
-    data: Buffer,
-    (n, h, w): (u32, u32, u32),
-    sampling: Sampling,
-    limits: &Limits,
-    cancel: &Cancel,
-    out: &mut [u8],
-) -> Result<(), String> {
-    let Opened {
-        mut input,
-        stream,
-        info,
-    } = open(data)?;
-    let frame_px = u64::from(info.width) * u64::from(info.height);
-    if frame_px == 0 {
-        return Err(format!("video stream has no frame size ({})", info.codec));
-    }
-    let wanted = sampling.indices(n, info.frames);
-    let last = wanted.last().copied().unwrap_or(0);
-    limits.check(
-        &format!("{}x{} {} video", info.width, info.height, info.codec),
-        frame_px,
-        last + 1,
-        u64::from(n) * u64::from(h) * u64::from(w) * 3,
-    )?;
-    let params = input
-        .stream(stream)
-        .ok_or("the video stream vanished")?
-        .parameters();
-    let mut ctx = ff::codec::context::Context::from_parameters(params)
-        .map_err(|e| format!("bad video stream parameters: {e}"))?;
-    ctx.set_threading(ff::threading::Config::count(1));
-    let mut dec = ctx
-        .decoder()
-        .video()
-        .map_err(|e| format!("cannot open the {} decoder: {e}", info.codec))?;
-    let mut scaler: Option<ff::software::scaling::Context> = None;
-    let mut frame = ff::frame::Video::empty();
-    let mut rgb = ff::frame::Video::empty();
-    let plane = h as usize * w as usize * 3;
-    let (mut index, mut taken, mut bad_packets, mut decoded) = (0u64, 0usize, 0u32, 0u64);
-    let mut take =
-        |frame: &ff::frame::Video, index: u64, taken: &mut usize| -> Result<(), String> {
-            while *taken < wanted.len() && wanted[*taken] <= index {
-                let sc = match &mut scaler {
-                    Some(s) => s,
-                    None => scaler.insert(
-                        ff::software::scaling::Context::get(
-                            frame.format(),
-                            frame.width(),
-                            frame.height(),
-                            ff::format::Pixel::RGB24,
-                            w,
-                            h,
-                            ff::software::scaling::Flags::BILINEAR,
-                        )
-                        .map_err(|e| format!("cannot convert {:?} frames: {e}", frame.format()))?,
-                    ),
-                };
-                sc.run(frame, &mut rgb)
-                    .map_err(|e| format!("cannot convert frame {index}: {e}"))?;
-                let stride = rgb.stride(0);
-                let src = rgb.data(0);
-                let dst = &mut out[*taken * plane..(*taken + 1) * plane];
-                for (y, row) in dst.chunks_exact_mut(w as usize * 3).enumerate() {
-                    row.copy_from_slice(&src[y * stride..y * stride + w as usize * 3]);
-                }
-                *taken += 1;
-            }
-            Ok(())
-        };
-    let clock = input.stream(stream).as_ref().and_then(Clock::new);
-    let mut can_seek = clock.is_some();
-    // The frame number of a decoded frame: from its timestamp when the clip
-    // has a usable clock, else by counting.
-    let number = |frame: &ff::frame::Video, clock: Option<Clock>, next: u64| {
-        clock
-            .and_then(|c| frame.timestamp().map(|t| c.index(t)))
-            .unwrap_or(next)
-    };
-    // Work budget: reading every frame once, plus what seeks that land
-    // before where they started can cost, is bounded; past it the sample
-    // is refused rather than decoded forever.
-    let budget = 2 * (last + 1) + 4 * SEEK_GAP * wanted.len() as u64;
-    // Where the decoder was when it last sought, until the first frame
-    // after the seek shows where it landed.
-    let mut sought_from: Option<u64> = None;
-    let started = std::time::Instant::now();
-    loop {
-        let mut seek_to = None;
-        'packets: for (s, packet) in input.packets() {
-            if s.index() != stream {
-                continue;
-            }
-            cancel.check()?;
-            if dec.send_packet(&packet).is_err() {
-                bad_packets += 1;
-                continue;
-            }
-            while dec.receive_frame(&mut frame).is_ok() {
-                let i = number(&frame, clock, index);
-                decoded += 1;
-                limits.check_time(started, || {
-                    format!("decoding {decoded} frames of a {} stream", info.codec)
-                })?;
-                if decoded > budget {
-                    return Err(format!(
-                        "decoded {decoded} frames of a {} stream to sample {} up to frame {last}: \
-                         over the budget of {budget}",
-                        info.codec,
-                        wanted.len()
-                    ));
-                }
-                // A seek that did not land past where the decoder was (key
-                // frames too sparse for seeking to help): read on instead.
-                if let Some(from) = sought_from.take()
-                    && i <= from
-                {
-                    can_seek = false;
-                }
-                index = i + 1;
-                take(&frame, i, &mut taken)?;
-                if taken == wanted.len() {
-                    break 'packets;
-                }
-                if can_seek && wanted[taken] > index + SEEK_GAP {
-                    seek_to = Some(wanted[taken]);
-                    break 'packets;
-                }
-            }
-        }
-        let (Some(target), Some(c)) = (seek_to, clock) else {
-            break;
-        };
-        let ts = c.seek_ts(target);
-        if input.seek(ts, ..ts).is_ok() {
-            dec.flush();
-            sought_from = Some(index);
-        } else {
-            // Not seekable: read on from here, without trying again.
-            can_seek = false;
-        }
-    }
-    if taken < wanted.len() {
-        let _ = dec.send_eof();
-        while dec.receive_frame(&mut frame).is_ok() {
-            let i = number(&frame, clock, index);
-            decoded += 1;
-            index = i + 1;
-            take(&frame, i, &mut taken)?;
-        }
-    }
-    if decoded == 0 {
-        return Err(format!(
-            "no frame could be decoded from the {} stream ({bad_packets} bad packets)",
-            info.codec
-        ));
-    }
-    // Too short a clip: repeat the last frame taken.
-    if taken == 0 {
-        return Err(format!(
-            "the clip has {index} frames; the first sampled frame is {}",
-            wanted[0]
-        ));
-    }
-    for t in taken..wanted.len() {
-        out.copy_within((taken - 1) * plane..taken * plane, t * plane);
-    }
-    Ok(())
-}
-
-/// Encodes a synthetic clip to `path` with `codec` (e.g. "mpeg4", "libx264",
-/// "libvpx-vp9", "mpeg2video"): frame `i` is a uniform grey of level
-/// `16 + (8 * i) % 200` with a moving bright square, so tests can tell frames
-/// apart. For tests, benchmarks and calibration.
-pub fn encode_test_clip(
-    path: &std::path::Path,
-    codec: &str,
-    frames: u32,
-    w: u32,
-    h: u32,
-) -> Result<(), String> {
-    encode_test_clip_with_gop(path, codec, frames, w, h, 12)
-}
-
-/// [`encode_test_clip`] with a key frame every `gop` frames.
-pub fn encode_test_clip_with_gop(
-    path: &std::path::Path,
-    codec: &str,
-    frames: u32,
-    w: u32,
-    h: u32,
-    gop: u32,
-) -> Result<(), String> {
-    init();
-    let e = |what: &'static str| move |err: ff::Error| format!("{what}: {err}");
-    let mut octx = ff::format::output(path).map_err(e("cannot create the output"))?;
-    let enc_codec =
-        ff::encoder::find_by_name(codec).ok_or_else(|| format!("no encoder '{codec}'"))?;
-    let global = octx
-        .format()
-        .flags()
-        .contains(ff::format::Flags::GLOBAL_HEADER);
-    let mut ost = octx
-        .add_stream(enc_codec)
-        .map_err(e("cannot add a stream"))?;
-    let mut enc = ff::codec::context::Context::new_with_codec(enc_codec)
-        .encoder()
-        .video()
-        .map_err(e("not a video encoder"))?;
-    let fps = 25;
-    enc.set_width(w);
-    enc.set_height(h);
-    enc.set_format(ff::format::Pixel::YUV420P);
-    enc.set_time_base(ff::Rational::new(1, fps));
-    enc.set_frame_rate(Some(ff::Rational::new(fps, 1)));
-    enc.set_gop(gop);
-    if global {
-        enc.set_flags(ff::codec::Flags::GLOBAL_HEADER);
-    }
-    // Key frames exactly every `gop` frames: no extra ones at scene cuts
-    // (every frame here changes its level).
-    let mut opts = ff::Dictionary::new();
-    opts.set("sc_threshold", "1000000000");
-    if codec == "libx264" {
-        opts.set("x264-params", "scenecut=0");
-    }
-    let mut enc = enc
-        .open_as_with(enc_codec, opts)
-        .map_err(e("cannot open the encoder"))?;
-    ost.set_parameters(&enc);
-    ost.set_time_base(ff::Rational::new(1, fps));
-    octx.write_header().map_err(e("cannot write the header"))?;
-    let ost_tb = octx
-        .stream(0)
-        .map(|s| s.time_base())
-        .unwrap_or(ff::Rational::new(1, fps));
-    let mut packet = ff::Packet::empty();
-    let mut drain = |enc: &mut ff::encoder::Video,
-                     octx: &mut ff::format::context::Output|
-     -> Result<(), String> {
-        while enc.receive_packet(&mut packet).is_ok() {
-            packet.set_stream(0);
-            packet.rescale_ts(ff::Rational::new(1, fps), ost_tb);
-            packet
-                .write_interleaved(octx)
-                .map_err(e("cannot write a packet"))?;
-        }
-        Ok(())
-    };
-    for i in 0..frames {
-        let mut f = ff::frame::Video::new(ff::format::Pixel::YUV420P, w, h);
-        let level = (16 + (8 * i) % 200) as u8;
-        let stride = f.stride(0);
-        let sq = (i * 3) % w.max(1);
-        let y = f.data_mut(0);
-        for row in 0..h as usize {
-            for col in 0..w as usize {
-                let inside = (col as u32).wrapping_sub(sq) < 8 && row < 8;
-                y[row * stride + col] = if inside { 235 } else { level };
-            }
-        }
-        for p in 1..3 {
-            f.data_mut(p).fill(128);
-        }
-        f.set_pts(Some(i64::from(i)));
-        enc.send_frame(&f).map_err(e("cannot encode a frame"))?;
-        drain(&mut enc, &mut octx)?;
-    }
-    enc.send_eof().map_err(e("cannot flush the encoder"))?;
-    drain(&mut enc, &mut octx)?;
-    octx.write_trailer().map_err(e("cannot write the trailer"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::env::{Cancel, Limits};
 
     fn clip(codec: &str, ext: &str, frames: u32) -> Buffer {
         clip_with_gop(codec, ext, frames, 12)
