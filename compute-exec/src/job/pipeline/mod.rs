@@ -27,9 +27,9 @@
 //!
 //! Sizing, statistics, re-planning and bad samples are the job's
 //! [`observe::Observe`]r's, told at each window and batch, not the
-//! stages' (its rules for bad samples: [`bad_tally`]). Every knob is in [`options`], with its reason. Nothing per
-//! window depends on the size of the dataset: rows are named by id, the
-//! plan is the epoch's.
+//! stages' (its rules for bad samples: [`bad_tally`]). Every knob is in
+//! [`options`], with its reason. Nothing per window depends on the size
+//! of the dataset: rows are named by id, the plan is the epoch's.
 
 pub mod bad_tally;
 pub mod deliver;
