@@ -152,14 +152,26 @@ mod spdk {
     fn link(libs: &str, spdk_lib_dir: &Path) {
         let root = spdk_root(spdk_lib_dir).to_owned();
         let mut search: Vec<PathBuf> = vec![spdk_lib_dir.to_owned()];
-        let tokens: Vec<&str> = libs.split_whitespace().collect();
-        for token in &tokens {
-            if let Some(dir) = token.strip_prefix("-L") {
-                let dir = PathBuf::from(dir);
-                if !search.contains(&dir) {
-                    search.push(dir);
+        let mut tokens: Vec<String> = Vec::new();
+        for token in libs.split_whitespace() {
+            // Newer SPDK lists what it built in its tree (isa-l) as the
+            // archive's path, not as `-L DIR -lNAME`: taken as the same.
+            let archive = Path::new(token);
+            let named = archive
+                .file_name()
+                .and_then(|f| f.to_str())
+                .and_then(|f| f.strip_prefix("lib")?.strip_suffix(".a"));
+            let (dir, token) = match (token.strip_prefix("-L"), named, archive.parent()) {
+                (Some(dir), _, _) => (Some(PathBuf::from(dir)), token.to_owned()),
+                (None, Some(name), Some(parent)) if archive.is_absolute() => {
+                    (Some(parent.to_owned()), format!("-l{name}"))
                 }
+                _ => (None, token.to_owned()),
+            };
+            if let Some(dir) = dir.filter(|d| !search.contains(d)) {
+                search.push(dir);
             }
+            tokens.push(token);
         }
         for dir in &search {
             println!("cargo:rustc-link-search=native={}", dir.display());

@@ -218,12 +218,15 @@ async fn rows_by_key(store: &Arc<Store>, sql: &str) -> HashMap<String, Vec<u8>> 
     out
 }
 
+/// A store on `bdev`, with no object cache: every read comes from the
+/// device (a cached object is a copy in memory of its own, by design).
 fn spdk_store(data_dir: &Path, bdev: &str) -> Arc<Store> {
     Store::open(&StoreOptions {
         backend: Backend::Spdk,
         device_path: Some(PathBuf::from(format!("bdev:{bdev}"))),
         chunk_size: 1 << 20,
         fixed_buffers: 2,
+        cache_memory: Some(0),
         spdk: Some(spdk().opts.clone()),
         ..StoreOptions::new(data_dir)
     })

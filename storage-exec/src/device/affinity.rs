@@ -13,7 +13,7 @@
 //! too. A thread whose mask holds nothing but SPDK's cores (a one-core
 //! machine, a `taskset` that allows only that core) is left alone, and the
 //! core is then shared: the SPDK thread sleeps as soon as it is idle instead
-//! of lingering (see `spdk::runtime`).
+//! of lingering (see `spdk::reactor`).
 //!
 //! Linux only (`/proc/self/task`, `sched_setaffinity`), like the rest of the
 //! storage engine.

@@ -7,14 +7,16 @@
 //! argument; the completion callback, on the same thread, frees the
 //! `spdk_bdev_io`, unboxes the context and sends the buffer back to the
 //! awaiting tokio task. A submission refused with `-ENOMEM` (SPDK's pool of
-//! `spdk_bdev_io`s is empty) is retried after the next poll.
+//! `spdk_bdev_io`s is empty) goes back to the caller, the reactor, to be
+//! submitted again after the next poll. The thread's count of I/Os in
+//! flight lives here, beside the calls that change it.
 
 use std::cell::Cell;
 use std::ffi::{CString, c_int, c_void};
 
 use tokio::sync::oneshot;
 
-use super::runtime::{Reactor, cstr, errno_text, io_finished, io_started};
+use super::ffi::{cstr, errno_text};
 use crate::buffer::AlignedBuf;
 
 /// What a request does.
@@ -142,21 +144,18 @@ impl OpenBdev {
         ))
     }
 
-    /// Releases the channel and closes the descriptor once no I/O of this
-    /// bdev is in flight. Runs on the SPDK thread.
+    /// Releases the channel and closes the descriptor if no I/O of this
+    /// bdev is in flight; returns false, touching nothing, if some is (the
+    /// caller tries again once the thread is quiet). Runs on the SPDK
+    /// thread.
     ///
     /// # Safety
-    /// `this` came from `Box::into_raw` of an [`OpenBdev`] and is not used
-    /// by anyone afterwards.
-    pub(super) unsafe fn close(this: BdevPtr, reactor: &mut Reactor) {
+    /// `this` came from `Box::into_raw` of an [`OpenBdev`], and once this
+    /// returns true nobody uses it again.
+    pub(super) unsafe fn try_close(this: BdevPtr) -> bool {
         // SAFETY: the caller hands over the live box.
-        let busy = unsafe { (*this.0).in_flight.get() } > 0;
-        if busy {
-            reactor.when_quiet(Box::new(move |reactor| {
-                // SAFETY: still the same live box, on the SPDK thread.
-                unsafe { Self::close(this, reactor) }
-            }));
-            return;
+        if unsafe { (*this.0).in_flight.get() } > 0 {
+            return false;
         }
         // SAFETY: no I/O is in flight on this channel; the channel and
         // descriptor were made on this thread and are released once.
@@ -165,6 +164,7 @@ impl OpenBdev {
             spdk_sys::spdk_put_io_channel(bdev.channel);
             spdk_sys::spdk_bdev_close(bdev.desc);
         }
+        true
     }
 }
 
@@ -178,8 +178,20 @@ pub(super) struct IoCtx {
     pub reply: oneshot::Sender<Reply>,
 }
 
-/// Submits `ctx` on the SPDK thread; answers at once on a submission error.
-pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
+thread_local! {
+    /// I/Os submitted to SPDK and not yet completed (SPDK thread only).
+    static IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// I/Os of every bdev submitted on this thread and not yet completed.
+pub(super) fn in_flight() -> usize {
+    IN_FLIGHT.with(Cell::get)
+}
+
+/// Submits `ctx` on the SPDK thread; answers at once on a submission
+/// error. Hands `ctx` back when SPDK has no `spdk_bdev_io` free
+/// (`-ENOMEM`): submit it again after the next poll.
+pub(super) fn submit(ctx: Box<IoCtx>) -> Result<(), Box<IoCtx>> {
     let bdev = ctx.bdev.0;
     // SAFETY: on the SPDK thread; the device keeps its `OpenBdev` alive
     // until a close job, which runs after this one and waits for in-flight
@@ -217,7 +229,7 @@ pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
                 // Nothing to make durable (a malloc bdev lives in RAM).
                 let ctx = Box::from_raw(raw);
                 let _ = ctx.reply.send((Ok(()), None));
-                return;
+                return Ok(());
             }
             Op::Flush => spdk_sys::spdk_bdev_flush(
                 open.desc,
@@ -231,17 +243,17 @@ pub(super) fn submit(ctx: Box<IoCtx>, reactor: &mut Reactor) {
     };
     if rc == 0 {
         open.in_flight.set(open.in_flight.get() + 1);
-        io_started();
-        return;
+        IN_FLIGHT.with(|n| n.set(n.get() + 1));
+        return Ok(());
     }
     // SAFETY: SPDK did not take `raw` (rc != 0), so it is still ours.
     let ctx = unsafe { Box::from_raw(raw) };
     if rc == -libc::ENOMEM {
-        reactor.retry_later(ctx);
-    } else {
-        let IoCtx { buf, reply, .. } = *ctx;
-        let _ = reply.send((Err(-rc), buf));
+        return Err(ctx);
     }
+    let IoCtx { buf, reply, .. } = *ctx;
+    let _ = reply.send((Err(-rc), buf));
+    Ok(())
 }
 
 /// SPDK's completion callback for every request.
@@ -255,7 +267,7 @@ unsafe extern "C" fn io_done(io: *mut spdk_sys::spdk_bdev_io, success: bool, arg
     // SAFETY: the bdev outlives its in-flight I/O (close waits for zero).
     let open = unsafe { &*ctx.bdev.0 };
     open.in_flight.set(open.in_flight.get() - 1);
-    io_finished();
+    IN_FLIGHT.with(|n| n.set(n.get().saturating_sub(1)));
     let IoCtx { buf, reply, .. } = *ctx;
     let status = if success { Ok(()) } else { Err(libc::EIO) };
     // A dropped receiver (the caller was cancelled) just frees the buffer.

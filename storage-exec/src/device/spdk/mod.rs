@@ -8,10 +8,15 @@
 //!      └──oneshot(AlignedBuf in DMA memory)◄──io_done─────────  io_uring, malloc)
 //! ```
 //!
-//! - [`runtime`]: the SPDK environment and its thread, started in-process
-//!   from a bdev config in SPDK's JSON format;
+//! - [`runtime`]: the process's one SPDK environment and its thread,
+//!   started with the first device, shut down once none is left;
+//! - [`env`]: on that thread, the env's init, the bdev config loaded as
+//!   `spdk_tgt --json` does, and the tear-down;
+//! - [`config`]: the bdev config's shape checked before SPDK reads it;
+//! - [`reactor`]: the thread's poll loop and the messages it serves;
 //! - [`bdev`]: a bdev's descriptor and channel, submission and completion;
-//! - [`dma`]: the pool's allocator, `spdk_dma_zmalloc`.
+//! - [`dma`]: the pool's allocator, `spdk_dma_zmalloc`;
+//! - [`ffi`]: SPDK's C strings and errnos as text, the backend's error.
 //!
 //! A data dir names its SPDK device as `bdev:NAME` (`--device bdev:NAME`
 //! when it is created); the bdev must exist in the config given with
@@ -19,8 +24,12 @@
 //! the same [`conformance`](super::conformance) suite as every backend.
 
 mod bdev;
+mod config;
 mod dma;
-pub mod runtime;
+mod env;
+mod ffi;
+mod reactor;
+mod runtime;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,7 +45,8 @@ use super::{Device, DeviceInfo, DeviceOptions, DeviceStats, Geometry, IoCounters
 use crate::buffer::{AlignedBuf, BufferPool, PoolOptions};
 use crate::error::{Result, StorageError};
 
-pub use runtime::{BdevInfo, bdevs, core, shutdown};
+pub use env::BdevInfo;
+pub use runtime::{bdevs, core, shutdown};
 
 /// The SPDK version sluice was built against ("26.05").
 pub fn version() -> String {
@@ -233,7 +243,7 @@ impl Drop for SpdkDevice {
         // by this device; the job runs on the SPDK thread.
         let closed = self
             .runtime
-            .call(move |reactor| unsafe { OpenBdev::close(bdev, reactor) });
+            .call(move |reactor| unsafe { reactor.close(bdev) });
         if let Err(e) = closed {
             tracing::warn!("{}: {e}", self.geometry.path.display());
         }
