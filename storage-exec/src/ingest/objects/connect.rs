@@ -11,7 +11,9 @@
 //!   SAS or a service principal (`AZURE_*`). They are handed to the
 //!   client and never logged: sluice shows the URL only.
 //! - **Plain HTTP** to an S3-compatible endpoint the operator names with
-//!   `http://` (a store on the same rack), or with `AWS_ALLOW_HTTP=true`.
+//!   `http://` (a store on the same rack), or with `AWS_ALLOW_HTTP=true`;
+//!   to an HTTP store named by an `http://` URL; to Azurite, Azure's
+//!   emulator (`AZURE_STORAGE_USE_EMULATOR`).
 //! - **Retries**: `object_store`'s own, on 5xx (S3's `SlowDown`), 429,
 //!   408 and transport errors, with exponential backoff from 500 ms up to
 //!   10 s a wait (each wait is drawn between 500 ms and the next step, so
@@ -28,7 +30,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::http::HttpBuilder;
-use object_store::{BackoffConfig, ObjectStore, RetryConfig};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use super::address::{ObjectUrl, Scheme};
 use super::profile::Profile;
@@ -75,8 +77,11 @@ pub(super) fn connect(url: &ObjectUrl, tally: &Arc<Tally>) -> Result<Arc<dyn Obj
             .with_http_connector(counting)
             .build()
             .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        // An `http://` URL is the operator's word for plain HTTP (the
+        // client refuses it unless told).
         Scheme::Http => HttpBuilder::new()
             .with_url(&root)
+            .with_client_options(ClientOptions::new().with_allow_http(root.starts_with("http://")))
             .with_retry(retry())
             .with_http_connector(counting)
             .build()
