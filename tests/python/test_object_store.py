@@ -379,6 +379,55 @@ def test_webdataset_and_tfrecord_shards_in_the_store_equal_the_local_ones():
         assert got == rows(data, q.format("tf_local")) and len(got) == 12
 
 
+def test_gzipped_tar_shards_in_the_store_equal_the_local_ones():
+    """A .tar.gz in the store is inflated as it streams in (into an
+    unlinked file in the data dir) and its objects read from there: the
+    same rows as the same shards ingested from a local folder, one GET a
+    shard. A damaged one is that shard's refusal, named; a kind sluice
+    does not inflate is refused by name."""
+    import gzip
+
+    from test_shards import images, webdataset
+
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        env = s3.env(ENV)
+        _, samples = images(d)
+        wds = webdataset(os.path.join(d, "wds"), samples, shards=3)
+        gz = os.path.join(d, "gz")
+        os.makedirs(gz)
+        for name in sorted(os.listdir(wds)):
+            with open(os.path.join(wds, name), "rb") as f:
+                packed = gzip.compress(f.read())
+            with open(os.path.join(gz, name + ".gz"), "wb") as f:
+                f.write(packed)
+        upload_tree(s3, "train", "gz", gz)
+        ingest(data, ENV, "gz_local", gz)
+        report = ingest(data, env, "gz_remote", "s3://train/gz")
+        assert report["samples"] == len(samples), report
+        # A listing and one streamed GET a shard: no object fetched again.
+        assert report["requests"]["requests"] <= 1 + 3 + 1, report["requests"]
+        q = ("SELECT key, label, json, source_shard, source_index, source_offset, data "
+             "FROM {} ORDER BY key")
+        got = rows(data, q.format("gz_remote"))
+        assert got == rows(data, q.format("gz_local")) and len(got) == 12
+        assert {r["source_shard"] for r in got} == {f"train-000{i}.tar.gz" for i in range(3)}
+        # One shard cut short: its refusal, named; the others are read.
+        whole = open(os.path.join(gz, "train-0001.tar.gz"), "rb").read()
+        s3.put("train", "cut/train-0000.tar.gz", open(os.path.join(gz, "train-0000.tar.gz"),
+                                                     "rb").read())
+        s3.put("train", "cut/train-0001.tar.gz", whole[: len(whole) // 2])
+        report = ingest(data, env, "cut", "s3://train/cut")
+        assert report["samples"] == 4, report
+        assert any("train-0001.tar.gz" in s["key"] and "gzip" in s["reason"]
+                   for s in report["skipped"]), report["skipped"]
+        s3.put("train", "zst/train-0000.tar.zst", b"(zstd)")
+        p = run(data, env, "ingest", "zst", "s3://train/zst")
+        assert p.returncode != 0 and "train-0000.tar.zst" in p.stderr, p.stderr
+        assert "decompress this one" in p.stderr, p.stderr
+        assert "zst" not in datasets(data)
+
+
 def test_parquet_shards_in_the_store_equal_the_local_ones():
     """The Hugging Face Hub's layout (image {bytes, path}, label, text) in
     small row groups, so that a shard's rows span several and a load

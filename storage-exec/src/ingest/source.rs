@@ -157,7 +157,10 @@ pub(crate) async fn enumerate(
         // (a Parquet footer cut short did): that is the manifest's fault,
         // named as such, never a lost request (`read_manifest`).
         IngestSource::Manifest { manifest, base } => enumerate_manifest(&manifest, &base).await,
-        IngestSource::Objects(source) => source.enumerate(part).await,
+        IngestSource::Objects(source) => {
+            let scratch = scratch.unwrap_or_else(std::env::temp_dir);
+            source.enumerate(part, scratch).await
+        }
         IngestSource::Memory(samples) => Ok(Enumerated {
             entries: samples
                 .into_iter()

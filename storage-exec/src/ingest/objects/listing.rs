@@ -23,6 +23,7 @@
 //!   (`s3://b/shards/train-*.tar`, `[0-4]`) names the shards beside each
 //!   other whose names match it: one listing of the part before it.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::prelude::SessionContext;
@@ -64,7 +65,8 @@ fn shard_kind(key: &str) -> Option<ShardKind> {
     match ShardKind::of(key) {
         None => None,
         Some(Ok(kind)) => Some(kind),
-        // A compressed tar sluice does not read: `enumerate_shards` names it.
+        // A compressed tar sluice does not read (`.tar.zst`, ...):
+        // `enumerate_shards` names it.
         Some(Err(_)) => Some(ShardKind::TarGz),
     }
 }
@@ -81,8 +83,13 @@ const LOG_EVERY: usize = 100_000;
 
 impl ObjectSource {
     /// The entries of this source (see the module docs); of `part`'s
-    /// shard files only, for shards and a storage node's part.
-    pub(crate) async fn enumerate(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
+    /// shard files only, for shards and a storage node's part. A gzipped
+    /// tar is inflated into an unlinked file in `scratch`.
+    pub(crate) async fn enumerate(
+        self: Arc<Self>,
+        part: Option<NodeShare>,
+        scratch: PathBuf,
+    ) -> Result<Enumerated> {
         match self.manifest.clone() {
             Some(manifest) if manifest.prefix.to_ascii_lowercase().ends_with(".parquet") => {
                 let location = key_path(&manifest.prefix).map_err(|e| self.bad(e))?;
@@ -96,10 +103,10 @@ impl ObjectSource {
                     location,
                     size,
                 };
-                self.enumerate_shards(vec![shard], part).await
+                self.enumerate_shards(vec![shard], part, scratch).await
             }
             Some(manifest) => self.enumerate_manifest(manifest).await,
-            None if is_glob(&self.url.prefix) => self.enumerate_glob(part).await,
+            None if is_glob(&self.url.prefix) => self.enumerate_glob(part, scratch).await,
             None if shard_kind(&self.url.prefix).is_some() => {
                 // One shard file, named.
                 let location = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
@@ -117,13 +124,17 @@ impl ObjectSource {
                     location,
                     size: meta.size,
                 };
-                self.enumerate_shards(vec![shard], part).await
+                self.enumerate_shards(vec![shard], part, scratch).await
             }
-            None => self.enumerate_prefix(part).await,
+            None => self.enumerate_prefix(part, scratch).await,
         }
     }
 
-    async fn enumerate_prefix(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
+    async fn enumerate_prefix(
+        self: Arc<Self>,
+        part: Option<NodeShare>,
+        scratch: PathBuf,
+    ) -> Result<Enumerated> {
         let prefix = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
         let mut listed = self.store.list(Some(&prefix));
         let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();
@@ -168,7 +179,7 @@ impl ObjectSource {
                     size,
                 })
                 .collect();
-            return self.enumerate_shards(shards, part).await;
+            return self.enumerate_shards(shards, part, scratch).await;
         }
         let image_folder = rows.iter().all(|(rel, ..)| rel.contains('/'));
         let (user_fields, user_columns) =
@@ -191,7 +202,11 @@ impl ObjectSource {
     /// The shards whose names match the pattern in the last part of the
     /// URL, beside each other under the part before it (as a local glob:
     /// every match must be a shard).
-    async fn enumerate_glob(self: Arc<Self>, part: Option<NodeShare>) -> Result<Enumerated> {
+    async fn enumerate_glob(
+        self: Arc<Self>,
+        part: Option<NodeShare>,
+        scratch: PathBuf,
+    ) -> Result<Enumerated> {
         let (dir, pattern) = self
             .url
             .prefix
@@ -238,7 +253,7 @@ impl ObjectSource {
             return Err(self.bad("no shards (.tar, .tfrecord, .parquet) match it".into()));
         }
         shards.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        self.enumerate_shards(shards, part).await
+        self.enumerate_shards(shards, part, scratch).await
     }
 
     async fn enumerate_manifest(self: Arc<Self>, manifest: ObjectUrl) -> Result<Enumerated> {

@@ -17,10 +17,14 @@
 //! With a storage node's part of N, and at least N shards, the node reads
 //! the shards at positions ≡ I mod N of the name order only, as it does
 //! locally. Parquet shards are read by column chunk instead
-//! (`super::parquet_shards`). Gzipped tars are not read from a store: they would
-//! have to be inflated to a local file.
+//! (`super::parquet_shards`). A gzipped tar has no ranges: its one stream
+//! is inflated, as it arrives, into an unlinked file in the scratch
+//! directory (the data dir), as a local `.tar.gz` is
+//! (`shard_files::inflate`), and its objects are read out of that file:
+//! its bytes come from the store once, and never wait whole in memory.
 
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,38 +46,93 @@ use crate::ingest::shard_files::{self, Sample, ShardKind, tfrecord, webdataset};
 /// Shards streamed at once.
 const SHARDS_AT_ONCE: usize = 4;
 
+/// An inflated shard's file, pinned under the shard's URL.
+type Inflated = (PathBuf, Arc<std::fs::File>);
+
 impl ObjectSource {
     /// The samples of `shards` (sorted by name), or of this node's files
-    /// among them (see the module docs).
+    /// among them (see the module docs); a gzipped tar is inflated into
+    /// `scratch`.
     pub(super) async fn enumerate_shards(
         self: Arc<Self>,
         shards: Vec<ShardObject>,
         part: Option<NodeShare>,
+        scratch: PathBuf,
     ) -> Result<Enumerated> {
-        if let Some(bad) = shards.iter().find(|s| s.kind == ShardKind::TarGz) {
-            return Err(self.bad(format!(
-                "{}: of shards in an object store, sluice reads .tar (WebDataset), \
-                 .tfrecord and .parquet files; a .tar.gz would have to be inflated to a \
-                 local file first: ingest it from a local path",
-                bad.name
-            )));
+        // A compressed tar of a kind sluice does not inflate (`.tar.zst`).
+        if let Some(why) = shards
+            .iter()
+            .find_map(|s| ShardKind::of(&s.name).and_then(std::result::Result::err))
+        {
+            return Err(self.bad(why));
         }
         let (shards, part_only) = NodeShare::own_files(part, shards);
-        let per_shard: Vec<Vec<Sample>> = futures::stream::iter(shards)
+        let per_shard: Vec<(Vec<Sample>, Option<Inflated>)> = futures::stream::iter(shards)
             .map(|shard| {
                 let source = Arc::clone(&self);
+                let scratch = scratch.clone();
                 async move {
                     match shard.kind {
-                        ShardKind::Parquet => parquet_shards::samples(source, shard).await,
-                        _ => source.shard_samples(shard).await,
+                        ShardKind::Parquet => {
+                            Ok((parquet_shards::samples(source, shard).await?, None))
+                        }
+                        ShardKind::TarGz => source.gzipped_samples(shard, scratch).await,
+                        _ => Ok((source.shard_samples(shard).await?, None)),
                     }
                 }
             })
             .buffered(SHARDS_AT_ONCE)
             .try_collect()
             .await?;
-        let samples = per_shard.into_iter().flatten().collect();
-        Ok(shard_files::gather(samples, part_only, Vec::new()))
+        let mut samples = Vec::new();
+        let mut inflated = Vec::new();
+        for (shard, file) in per_shard {
+            samples.extend(shard);
+            inflated.extend(file);
+        }
+        Ok(shard_files::gather(samples, part_only, inflated))
+    }
+
+    /// A gzipped tar's samples: its stream inflated into an unlinked file
+    /// in `scratch` (resumed where the store broke it), its headers read
+    /// from that file, its objects left as ranges of it (the file comes
+    /// back pinned under the shard's URL). A stream that is no gzip, or a
+    /// tar too large for the scratch disk, is that shard's refusal; the
+    /// store failing is the ingest's.
+    async fn gzipped_samples(
+        self: Arc<Self>,
+        shard: ShardObject,
+        scratch: PathBuf,
+    ) -> Result<(Vec<Sample>, Option<Inflated>)> {
+        let url = self.url.of_key(shard.location.as_ref());
+        let handle = tokio::runtime::Handle::current();
+        let source = Arc::clone(&self);
+        let location = shard.location.clone();
+        let (samples, pinned, failure) = tokio::task::spawn_blocking(move || {
+            let mut reader = StreamRead::new(handle, &source, &location, shard.size);
+            let path = PathBuf::from(&url);
+            let mut out = Vec::new();
+            let pinned = match shard_files::inflated_tar(&mut reader, &scratch) {
+                Ok((tar, pinned)) => {
+                    webdataset::samples(&path, &shard.name, tar, &mut out);
+                    Some((path, Arc::new(pinned)))
+                }
+                Err(reason) => {
+                    out.push(Sample::whole_shard(&shard.name, reason));
+                    None
+                }
+            };
+            (out, pinned, reader.failure)
+        })
+        .await
+        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?;
+        if let Some(why) = failure {
+            return Err(StorageError::BadSource {
+                path: self.url.of_key(shard.location.as_ref()).into(),
+                reason: format!("its store failed while the shard was read: {why}"),
+            });
+        }
+        Ok((samples, pinned))
     }
 
     /// One shard's samples, their objects as ranges of it.
@@ -83,17 +142,7 @@ impl ObjectSource {
         let source = Arc::clone(&self);
         let location = shard.location.clone();
         let (mut samples, failure) = tokio::task::spawn_blocking(move || {
-            let mut reader = StreamRead {
-                handle,
-                source: &source,
-                location: &location,
-                stream: None,
-                buf: Bytes::new(),
-                at: 0,
-                size: shard.size,
-                tries: 0,
-                failure: None,
-            };
+            let mut reader = StreamRead::new(handle, &source, &location, shard.size);
             let path = std::path::PathBuf::from(&url);
             let mut out = Vec::new();
             match shard.kind {
@@ -142,7 +191,27 @@ struct StreamRead<'a> {
     failure: Option<String>,
 }
 
-impl StreamRead<'_> {
+impl<'a> StreamRead<'a> {
+    /// A reader of the `size` bytes at `location`, from the start.
+    fn new(
+        handle: tokio::runtime::Handle,
+        source: &'a ObjectSource,
+        location: &'a ObjectPath,
+        size: u64,
+    ) -> Self {
+        Self {
+            handle,
+            source,
+            location,
+            stream: None,
+            buf: Bytes::new(),
+            at: 0,
+            size,
+            tries: 0,
+            failure: None,
+        }
+    }
+
     /// The stream from byte `at` on.
     fn open(&mut self) -> std::result::Result<(), String> {
         let options = GetOptions {

@@ -18,13 +18,14 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
 
-/// Inflates `gz` into an unlinked file in `scratch`; the file, rewound.
-pub(crate) fn inflate(gz: File, scratch: &Path) -> Result<File, String> {
+/// Inflates `gz` (a file, or a shard streamed from a store) into an
+/// unlinked file in `scratch`; the file, rewound.
+pub(crate) fn inflate(gz: impl Read, scratch: &Path) -> Result<File, String> {
     let limit = free_bytes(scratch).map_or(u64::MAX, |free| free / 2);
     inflate_at_most(gz, scratch, limit)
 }
 
-fn inflate_at_most(gz: File, scratch: &Path, limit: u64) -> Result<File, String> {
+fn inflate_at_most(gz: impl Read, scratch: &Path, limit: u64) -> Result<File, String> {
     let mut out = tempfile::tempfile_in(scratch).map_err(|e| {
         format!(
             "cannot make a temporary file in {} to inflate into: {e}",

@@ -118,7 +118,7 @@ impl Sample {
     }
 
     /// The refusal of a whole shard that could not be read at all.
-    fn whole_shard(name: &str, reason: String) -> Self {
+    pub(crate) fn whole_shard(name: &str, reason: String) -> Self {
         let source = SourceOf {
             shard: name.to_owned(),
             index: 0,
@@ -130,8 +130,8 @@ impl Sample {
 
 /// A `.tar.gz` inflated, twice: one handle for the pass over its
 /// headers, one kept to read its objects from.
-fn inflated_tar(
-    gz: std::fs::File,
+pub(crate) fn inflated_tar(
+    gz: impl std::io::Read,
     scratch: &Path,
 ) -> std::result::Result<(std::fs::File, std::fs::File), String> {
     let tar = inflate::inflate(gz, scratch)?;
