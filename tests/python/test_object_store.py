@@ -77,6 +77,19 @@ def upload_tree(server, bucket, prefix, src):
                 server.put(bucket, f"{prefix}/{rel}", fh.read())
 
 
+def put_manifest(store, src):
+    """A CSV manifest of `src`'s files (relative paths, and a `split`
+    column) written as `src/m.csv` and put beside them as `pets/m.csv` in
+    bucket `train`."""
+    files = sorted(os.path.relpath(os.path.join(p, f), src)
+                   for p, _, fs in os.walk(src) for f in fs)
+    manifest = "path,split\n" + "".join(
+        f"{f},{'val' if i % 3 == 0 else 'train'}\n" for i, f in enumerate(files))
+    with open(os.path.join(src, "m.csv"), "w") as f:
+        f.write(manifest)
+    store.put("train", "pets/m.csv", manifest.encode())
+
+
 def test_each_layout_from_the_store_equals_the_local_one():
     with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
         data = os.path.join(d, "data")
@@ -97,13 +110,7 @@ def test_each_layout_from_the_store_equals_the_local_one():
         q = "SELECT key, data FROM {} ORDER BY key"
         assert rows(data, q.format("flat_remote")) == rows(data, q.format("flat_local"))
         # A manifest in the bucket, its rows relative to it, with a column.
-        files = sorted(os.path.relpath(os.path.join(p, f), src)
-                       for p, _, fs in os.walk(src) for f in fs)
-        manifest = "path,split\n" + "".join(
-            f"{f},{'val' if i % 3 == 0 else 'train'}\n" for i, f in enumerate(files))
-        with open(os.path.join(src, "m.csv"), "w") as f:
-            f.write(manifest)
-        s3.put("train", "pets/m.csv", manifest.encode())
+        put_manifest(s3, src)
         ingest(data, ENV, "man_local", os.path.join(src, "m.csv"))
         ingest(data, env, "man_remote", "s3://train/pets/m.csv")
         q = "SELECT key, split, data FROM {} ORDER BY key"

@@ -11,7 +11,8 @@ import tempfile
 import pytest
 
 from stores import AzureServer, DavServer, GcsServer, started
-from test_object_store import ENV, datasets, folder, ingest, rows, run, upload_tree
+from test_object_store import (ENV, datasets, folder, ingest, put_manifest, rows, run,
+                               upload_tree)
 
 KINDS = [GcsServer, AzureServer, DavServer]
 
@@ -33,13 +34,7 @@ def test_each_layout_from_the_store_equals_the_local_one(kind):
         q = "SELECT key, label, data, crc32c FROM {} ORDER BY key"
         assert rows(data, q.format("remote")) == rows(data, q.format("local"))
         # A manifest in the store, its rows relative to it.
-        files = sorted(os.path.relpath(os.path.join(p, f), src)
-                       for p, _, fs in os.walk(src) for f in fs)
-        manifest = "path,split\n" + "".join(
-            f"{f},{'val' if i % 3 == 0 else 'train'}\n" for i, f in enumerate(files))
-        with open(os.path.join(src, "m.csv"), "w") as f:
-            f.write(manifest)
-        store.put("train", "pets/m.csv", manifest.encode())
+        put_manifest(store, src)
         ingest(data, ENV, "man_local", os.path.join(src, "m.csv"))
         ingest(data, env, "man_remote", store.url("train", "pets/m.csv"))
         q = "SELECT key, split, data FROM {} ORDER BY key"

@@ -104,65 +104,33 @@ impl ObjectSource {
         shard: ShardObject,
         scratch: PathBuf,
     ) -> Result<(Vec<Sample>, Option<Inflated>)> {
-        let url = self.url.of_key(shard.location.as_ref());
-        let handle = tokio::runtime::Handle::current();
-        let source = Arc::clone(&self);
-        let location = shard.location.clone();
-        let (samples, pinned, failure) = tokio::task::spawn_blocking(move || {
-            let mut reader = StreamRead::new(handle, &source, &location, shard.size);
-            let path = PathBuf::from(&url);
+        let name = shard.name.clone();
+        self.read_streamed(&shard, move |reader, path| {
             let mut out = Vec::new();
-            let pinned = match shard_files::inflated_tar(&mut reader, &scratch) {
+            match shard_files::inflated_tar(reader, &scratch) {
                 Ok((tar, pinned)) => {
-                    webdataset::samples(&path, &shard.name, tar, &mut out);
-                    Some((path, Arc::new(pinned)))
+                    webdataset::samples(&path, &name, tar, &mut out);
+                    (out, Some((path, Arc::new(pinned))))
                 }
-                Err(reason) => {
-                    out.push(Sample::whole_shard(&shard.name, reason));
-                    None
-                }
-            };
-            (out, pinned, reader.failure)
+                Err(reason) => (vec![Sample::whole_shard(&name, reason)], None),
+            }
         })
         .await
-        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?;
-        if let Some(why) = failure {
-            return Err(StorageError::BadSource {
-                path: self.url.of_key(shard.location.as_ref()).into(),
-                reason: format!("its store failed while the shard was read: {why}"),
-            });
-        }
-        Ok((samples, pinned))
     }
 
     /// One shard's samples, their objects as ranges of it.
     async fn shard_samples(self: Arc<Self>, shard: ShardObject) -> Result<Vec<Sample>> {
-        let url = self.url.of_key(shard.location.as_ref());
-        let handle = tokio::runtime::Handle::current();
-        let source = Arc::clone(&self);
-        let location = shard.location.clone();
-        let (mut samples, failure) = tokio::task::spawn_blocking(move || {
-            let mut reader = StreamRead::new(handle, &source, &location, shard.size);
-            let path = std::path::PathBuf::from(&url);
-            let mut out = Vec::new();
-            match shard.kind {
-                ShardKind::TfRecord => {
-                    tfrecord::samples_from(&path, &shard.name, &mut reader, &mut out);
+        let (name, kind, size) = (shard.name.clone(), shard.kind, shard.size);
+        let mut samples = self
+            .read_streamed(&shard, move |reader, path| {
+                let mut out = Vec::new();
+                match kind {
+                    ShardKind::TfRecord => tfrecord::samples_from(&path, &name, reader, &mut out),
+                    _ => webdataset::samples_from(&path, &name, reader, size, &mut out),
                 }
-                _ => {
-                    webdataset::samples_from(&path, &shard.name, &mut reader, shard.size, &mut out)
-                }
-            }
-            (out, reader.failure)
-        })
-        .await
-        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?;
-        if let Some(why) = failure {
-            return Err(StorageError::BadSource {
-                path: self.url.of_key(shard.location.as_ref()).into(),
-                reason: format!("its store failed while the shard was read: {why}"),
-            });
-        }
+                out
+            })
+            .await?;
         for s in &mut samples {
             if let Origin::Range { offset, len, .. } = s.origin {
                 s.origin = Origin::Object {
@@ -174,6 +142,35 @@ impl ObjectSource {
             }
         }
         Ok(samples)
+    }
+
+    /// Runs `read` over `shard`'s one stream ([`StreamRead`]) on the
+    /// blocking pool, with the shard's URL as its path; the store failing
+    /// mid-stream (past the resumptions) is the ingest's error, naming
+    /// the shard.
+    async fn read_streamed<T: Send + 'static>(
+        self: &Arc<Self>,
+        shard: &ShardObject,
+        read: impl FnOnce(&mut StreamRead<'_>, PathBuf) -> T + Send + 'static,
+    ) -> Result<T> {
+        let url = self.url.of_key(shard.location.as_ref());
+        let handle = tokio::runtime::Handle::current();
+        let source = Arc::clone(self);
+        let (location, size) = (shard.location.clone(), shard.size);
+        let (out, failure) = tokio::task::spawn_blocking(move || {
+            let mut reader = StreamRead::new(handle, &source, &location, size);
+            let out = read(&mut reader, PathBuf::from(&url));
+            (out, reader.failure)
+        })
+        .await
+        .map_err(|e| StorageError::io("list", ".", std::io::Error::other(e)))?;
+        match failure {
+            Some(why) => Err(StorageError::BadSource {
+                path: self.url.of_key(shard.location.as_ref()).into(),
+                reason: format!("its store failed while the shard was read: {why}"),
+            }),
+            None => Ok(out),
+        }
     }
 }
 
