@@ -1,7 +1,7 @@
 # Sourced by test.sh and demo.sh: the Python venv beside the target dir
 # (pyarrow and numpy for the client, Pillow and PyAV as the benchmarks'
-# baselines, pytest, an OpenAPI validator and ADBC's Flight SQL driver
-# for the tests), with the
+# baselines, pytest, an OpenAPI validator, ADBC's Flight SQL driver and
+# the GCS and WebDAV servers of the object-store tests), with the
 # sluice client package (python/) installed editable; and, unless
 # SLUICE_VENV_MINIMAL is set (the demo), torch for sluice under PyTorch
 # and DLIO with its real dependencies. Sets $VENV.
