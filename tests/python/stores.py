@@ -17,6 +17,7 @@ Each lays an object down with ``put(bucket, key, data)`` (its protocol's
 own upload, or a file in the DAV server's directory) and gives the URL
 of a prefix (``url``) and the environment that reaches it (``env``)."""
 
+import abc
 import contextlib
 import json
 import os
@@ -62,8 +63,9 @@ def wait_listening(proc, port, name):
     raise AssertionError(f"{name} did not listen within 60 s")
 
 
-class Server:
-    """A server process on a loopback port, its log beside `root`."""
+class Server(abc.ABC):
+    """A server process on a loopback port, its log beside `root`; each
+    kind says how it is started (`command`)."""
 
     name = "server"
 
@@ -73,8 +75,9 @@ class Server:
         self.proc = None
         os.makedirs(root, exist_ok=True)
 
+    @abc.abstractmethod
     def command(self):
-        raise NotImplementedError
+        """The argv that starts this kind of server on `self.port`."""
 
     def start(self):
         log = open(os.path.join(os.path.dirname(self.root), f"{self.name}.log"), "a")
@@ -127,9 +130,12 @@ class GcsServer(Server):
                 "-log-level", "warn"]
 
     def bucket(self, bucket):
-        with contextlib.suppress(urllib.error.HTTPError):  # 409: it exists
+        try:
             self.request("POST", "/storage/v1/b", json.dumps({"name": bucket}).encode(),
                          {"Content-Type": "application/json"})
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # 409: it exists
+                raise
 
     def put(self, bucket, key, data):
         self.bucket(bucket)
@@ -169,8 +175,10 @@ class AzureServer(Server):
             f"BlobEndpoint={self.endpoint}/{AZ_ACCOUNT};")
 
     def put(self, bucket, key, data):
+        from azure.core.exceptions import ResourceExistsError
+
         container = self._service().get_container_client(bucket)
-        with contextlib.suppress(Exception):  # it exists
+        with contextlib.suppress(ResourceExistsError):
             container.create_container()
         container.upload_blob(key, data, overwrite=True)
 

@@ -95,3 +95,43 @@ def test_a_wrong_azure_key_is_named_and_never_shown():
         assert datasets(data) == []
         # The right key (the emulator's own, the default) reads it.
         assert ingest(data, store.env(ENV), "pets", store.url("train", "pets"))["samples"] == 4
+
+
+def test_a_gzipped_shard_on_a_plain_web_server_is_read_in_one_get():
+    """Python's own http.server answers no Range and no PROPFIND: a
+    .tar.gz named by its URL is still read (one GET of the whole object,
+    inflated as it arrives), equal to the same shard read locally."""
+    import gzip
+    import subprocess
+    import sys
+
+    from s3server import free_port
+    from stores import wait_listening
+    from test_shards import images, webdataset
+
+    with tempfile.TemporaryDirectory() as d:
+        data = os.path.join(d, "data")
+        _, samples = images(d)
+        wds = webdataset(os.path.join(d, "wds"), samples, shards=1)
+        web = os.path.join(d, "web")
+        os.makedirs(web)
+        with open(os.path.join(wds, "train-0000.tar"), "rb") as f:
+            packed = gzip.compress(f.read())
+        for where in (web, os.path.join(d, "local")):
+            os.makedirs(where, exist_ok=True)
+            with open(os.path.join(where, "train-0000.tar.gz"), "wb") as f:
+                f.write(packed)
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                                 "127.0.0.1", "--directory", web],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_listening(proc, port, "http.server")
+            report = ingest(data, ENV, "web", f"http://127.0.0.1:{port}/train-0000.tar.gz")
+            assert report["samples"] == len(samples), report
+            ingest(data, ENV, "local", os.path.join(d, "local"))
+            q = "SELECT key, label, source_shard, data FROM {} ORDER BY key"
+            assert rows(data, q.format("web")) == rows(data, q.format("local"))
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)

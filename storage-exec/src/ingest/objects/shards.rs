@@ -209,10 +209,11 @@ impl<'a> StreamRead<'a> {
         }
     }
 
-    /// The stream from byte `at` on.
+    /// The stream from byte `at` on: the whole object at first (a plain
+    /// HTTP server need not answer ranges), a range only to resume.
     fn open(&mut self) -> std::result::Result<(), String> {
         let options = GetOptions {
-            range: Some(GetRange::Offset(self.at)),
+            range: (self.at > 0).then_some(GetRange::Offset(self.at)),
             ..Default::default()
         };
         let got = self
