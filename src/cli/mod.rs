@@ -351,7 +351,8 @@ pub enum Command {
         format: DocFormat,
     },
     /// Remove metadata files that no committed dataset version names (an
-    /// interrupted ingest leaves them). Nothing else ever deletes them.
+    /// interrupted ingest leaves them; nothing else ever deletes them), and
+    /// free what failed ingests from object stores kept for their re-runs.
     Gc {
         /// List what would be removed, remove nothing.
         #[arg(long)]

@@ -1,4 +1,5 @@
-//! `sluice gc`: removes metadata files that no committed version names.
+//! `sluice gc`: removes metadata files that no committed version names,
+//! and drops what failed ingests kept for their re-runs.
 //!
 //! Opening a data dir never deletes anything; this command is the one
 //! place orphans (left by an interrupted ingest) go away, each logged.
@@ -8,10 +9,12 @@ use crate::cli::{Cli, DocFormat};
 
 pub async fn run(cli: &Cli, dry_run: bool, format: DocFormat) -> anyhow::Result<()> {
     let store = open_store(cli)?;
-    let files = if dry_run {
-        store.orphans().metadata_files.clone()
+    let (files, resumes) = if dry_run {
+        let files = store.orphans().metadata_files.clone();
+        (files, store.resume_records()?)
     } else {
-        store.collect_garbage().await?.removed
+        let report = store.collect_garbage().await?;
+        (report.removed, report.resume_records)
     };
     match format {
         DocFormat::Json => println!(
@@ -19,6 +22,7 @@ pub async fn run(cli: &Cli, dry_run: bool, format: DocFormat) -> anyhow::Result<
             serde_json::to_string_pretty(&serde_json::json!({
                 "dry_run": dry_run,
                 "metadata_files": files,
+                "resume_records": resumes,
             }))?
         ),
         DocFormat::Table => {
@@ -27,6 +31,9 @@ pub async fn run(cli: &Cli, dry_run: bool, format: DocFormat) -> anyhow::Result<
                 println!("{verb} {}", f.display());
             }
             println!("{verb} {} orphaned metadata files", files.len());
+            for d in &resumes {
+                println!("{verb} what a failed ingest of '{d}' kept for a re-run");
+            }
         }
     }
     Ok(())

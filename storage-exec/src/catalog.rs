@@ -10,7 +10,9 @@
 //! | `retired` | dataset | the highest version retired |
 //!
 //! Checkpoints keep their versions and chunks in two tables of their own
-//! (see `checkpoint::catalog`); the chunk map at open is the union of both.
+//! (see `checkpoint::catalog`), and a failed ingest from an object store
+//! what it kept for a re-run in two (`resume_tables`); the chunk map at
+//! open is the union of all three kinds.
 //!
 //! A version becomes visible in one write transaction that inserts all
 //! three; before that commit nothing refers to its chunks or its metadata
@@ -152,6 +154,7 @@ impl Catalog {
         txn.open_table(CHUNKS).map_err(|e| cat.err(e))?;
         txn.open_table(RETIRED).map_err(|e| cat.err(e))?;
         crate::checkpoint::tables::create_tables(&txn).map_err(|e| cat.err(e))?;
+        crate::resume_tables::create_tables(&txn).map_err(|e| cat.err(e))?;
         txn.commit().map_err(|e| cat.err(e))?;
         Ok(cat)
     }
@@ -312,12 +315,14 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Every committed chunk run, of datasets and of checkpoints (to
-    /// rebuild the allocator at open).
+    /// Every owned chunk run: of datasets, of checkpoints, and of the
+    /// objects failed ingests kept for a re-run (to rebuild the allocator
+    /// at open).
     pub fn chunk_runs(&self) -> Result<Vec<ChunkRun>> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(CHUNKS).map_err(|e| self.err(e))?;
         let mut out = crate::checkpoint::tables::chunk_runs(&txn).map_err(|e| self.err(e))?;
+        out.extend(crate::resume_tables::chunk_runs(&txn).map_err(|e| self.err(e))?);
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (k, v) = entry.map_err(|e| self.err(e))?;
             let owner: ChunkOwner = self.decode(v.value())?;
@@ -343,9 +348,13 @@ impl Catalog {
     }
 
     /// Makes a version visible: record, latest pointer and chunk map in one
-    /// durable transaction.
-    pub fn commit_version(&self, record: &VersionRecord) -> Result<()> {
+    /// durable transaction, which also deletes what a failed ingest of the
+    /// dataset kept for a re-run (`ingest::resume`). Returns the chunks of
+    /// that record the version does not hold, for the caller to free.
+    pub fn commit_version(&self, record: &VersionRecord) -> Result<Vec<ChunkRun>> {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let freed = crate::resume_tables::take_in(&txn, &record.dataset, &record.runs)
+            .map_err(|e| self.err(e))?;
         {
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.err(e))?;
             let bytes = serde_json::to_vec(record).map_err(|e| self.err(e))?;
@@ -369,7 +378,8 @@ impl Catalog {
                     .map_err(|e| self.err(e))?;
             }
         }
-        txn.commit().map_err(|e| self.err(e))
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(freed)
     }
 }
 

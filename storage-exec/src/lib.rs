@@ -37,6 +37,8 @@
 //! - [`node_feed`]: a job stream's fragment bound once and run for each of
 //!   its windows (in this process, or as an engine task);
 //! - `error`: the storage crate's error type;
+//! - `resume_tables`: the catalog's tables of what failed ingests kept for
+//!   their re-runs;
 //! - [`scrub`]: scrub and repair: a node reads back its objects against the
 //!   checksums recorded at ingest;
 //! - `session`: a DataFusion session whose tables are a store's datasets and
@@ -72,6 +74,7 @@ pub mod metadata;
 pub mod node;
 mod node_endpoint;
 pub mod node_feed;
+mod resume_tables;
 pub mod scan;
 pub mod scrub;
 mod session;

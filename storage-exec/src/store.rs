@@ -17,6 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use redb::ReadableDatabase;
+
 use crate::alloc::ChunkAllocator;
 use crate::cache::ObjectCache;
 use crate::catalog::{Catalog, VersionRecord};
@@ -92,6 +94,9 @@ pub struct OrphanReport {
 pub struct GcReport {
     /// Metadata files removed, relative to the data dir.
     pub removed: Vec<PathBuf>,
+    /// Datasets whose failed ingests' kept objects were dropped (their
+    /// chunks freed; a re-run fetches everything again).
+    pub resume_records: Vec<String>,
 }
 
 /// An open data directory.
@@ -294,7 +299,24 @@ impl Store {
             );
             report.removed.push(rel);
         }
+        let cat = &self.catalog;
+        let txn = cat.db().begin_write().map_err(|e| cat.err(e))?;
+        let (datasets, runs) = crate::resume_tables::drop_all(&txn).map_err(|e| cat.err(e))?;
+        txn.commit().map_err(|e| cat.err(e))?;
+        self.space.release(&runs);
+        for d in &datasets {
+            tracing::info!("gc: dropped what a failed ingest of '{d}' kept for a re-run");
+        }
+        report.resume_records = datasets;
         Ok(report)
+    }
+
+    /// The datasets whose failed ingests kept objects for a re-run
+    /// (`sluice gc` drops them).
+    pub fn resume_records(&self) -> Result<Vec<String>> {
+        let cat = &self.catalog;
+        let txn = cat.db().begin_read().map_err(|e| cat.err(e))?;
+        crate::resume_tables::datasets(&txn).map_err(|e| cat.err(e))
     }
 
     /// Free space now.
@@ -334,8 +356,9 @@ impl Store {
 
     /// Commits a version; its reserved runs become owned by it.
     pub(crate) fn commit(&self, record: &VersionRecord, reserved: Reservation) -> Result<()> {
-        self.catalog.commit_version(record)?;
+        let freed = self.catalog.commit_version(record)?;
         reserved.keep();
+        self.space.release(&freed);
         Ok(())
     }
 }

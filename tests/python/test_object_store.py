@@ -185,6 +185,57 @@ def test_a_store_stopped_mid_ingest_is_retried_through():
         assert all(r["data"] == npy(i) for i, r in enumerate(got))
 
 
+def free_bytes(data):
+    p = run(data, ENV, "info", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["free_bytes"]
+
+
+def test_a_failed_ingest_is_resumed_without_fetching_again_what_it_verified():
+    """An ingest that fails part-way (a bad object under --on-error fail)
+    commits nothing, but keeps what it wrote and verified; once the object
+    is mended, the re-run takes those objects from the device, with no
+    request for them, and fetches only the rest. An object changed in the
+    store since (same size, another ETag) is fetched again. The version
+    equals the store's objects; `sluice gc` frees what a failed run kept."""
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        n, bad = 400, 300
+        for i in range(n):
+            s3.put("big", f"objs/{i:05d}.npy", npy(i) if i != bad else b"not an array")
+        env = s3.env(ENV)
+        p = run(data, env, "ingest", "objs", "s3://big/objs", "--on-error", "fail")
+        assert p.returncode != 0 and f"{bad:05d}.npy" in p.stderr, p.stderr
+        assert datasets(data) == []
+        s3.put("big", f"objs/{bad:05d}.npy", npy(bad))
+        s3.put("big", "objs/00005.npy", npy(9999))  # changed: same size, new ETag
+        report = ingest(data, env, "objs", "s3://big/objs")
+        assert report["samples"] == n and report["skipped"] == []
+        req = report["requests"]
+        assert req["resumed"] == bad - 1, req
+        assert req["resumed_bytes"] == (bad - 1) * len(npy(0)), req
+        # One listing page, then a GET for each object not kept.
+        assert req["requests"] <= 1 + (n - bad + 1), req
+        got = rows(data, "SELECT key, data FROM objs ORDER BY key")
+        want = [npy(9999 if i == 5 else i) for i in range(n)]
+        assert [r["key"] for r in got] == [f"{i:05d}.npy" for i in range(n)]
+        assert [r["data"] for r in got] == want
+        # The commit took the record's chunks; nothing is left to drop.
+        p = run(data, ENV, "gc", "--dry-run", "--format", "json")
+        assert json.loads(p.stdout)["resume_records"] == [], p.stdout
+
+        # A failed run of another dataset holds its chunks until gc.
+        s3.put("big", f"objs/{bad:05d}.npy", b"not an array")
+        before = free_bytes(data)
+        p = run(data, env, "ingest", "again", "s3://big/objs", "--on-error", "fail")
+        assert p.returncode != 0, p.stderr
+        assert free_bytes(data) < before
+        p = run(data, ENV, "gc", "--format", "json")
+        assert json.loads(p.stdout)["resume_records"] == ["again"], p.stdout
+        assert free_bytes(data) == before
+        assert datasets(data) == ["objs"]
+
+
 def test_a_servers_allow_list_is_checked_before_any_request():
     with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
         src = folder(d, classes=2, per_class=2)

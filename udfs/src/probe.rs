@@ -18,7 +18,7 @@ use crate::kernels::fallback;
 use crate::kernels::{npy, video};
 
 /// What a header says about an object.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Probe {
     /// Container or file format ("jpeg", "png", "mp4", "npy" …).
     pub format: String,

@@ -14,6 +14,7 @@ use arrow::datatypes::Field;
 
 use super::node_share::NodeShare;
 use super::objects::ObjectSource;
+use super::resume::KeptObject;
 use crate::error::Result;
 
 /// Where one sample's bytes are.
@@ -42,6 +43,11 @@ pub(crate) enum Origin {
         location: object_store::path::Path,
         size: Option<u64>,
         range: Option<std::ops::Range<u64>>,
+        /// Its version as the listing gave it (a member's: its shard's;
+        /// `objects::stamp`): with the size, what tells a re-run that the
+        /// bytes an earlier, failed run kept are still the object's
+        /// (`super::resume`). `None` for a manifest's row (never listed).
+        stamp: Option<Arc<str>>,
     },
     /// The object column's value in `row` of row group `row_group` of a
     /// Parquet object in a store (`super::objects`), `size` bytes long;
@@ -52,9 +58,14 @@ pub(crate) enum Origin {
         size: u64,
         row_group: usize,
         row: u64,
+        /// The Parquet object's version, as for `Object`.
+        stamp: Option<Arc<str>>,
     },
     /// Refused before a byte is read, and why (a duplicate key).
     Refused(String),
+    /// On the device already: written and verified by an earlier run of
+    /// this ingest that failed, and kept for this one (`super::resume`).
+    Kept(Box<KeptObject>),
 }
 
 /// One sample to ingest.

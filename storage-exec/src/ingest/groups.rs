@@ -71,6 +71,8 @@ fn group_bytes(group: &[Entry]) -> u64 {
             // Unknown until its row group is decoded; those decoded are
             // bounded by the row groups `Readers` keeps.
             Origin::Cell { .. } | Origin::ObjectCell { .. } | Origin::Refused(_) => 0,
+            // On the device already: nothing is read.
+            Origin::Kept(_) => 0,
         })
         .sum()
 }

@@ -11,6 +11,7 @@ use sluice_udfs::probe::{Probe, probe, probe_file};
 
 use super::confine::open_no_follow;
 use super::entries::{Entry, Origin};
+use super::resume::KeptObject;
 use super::shard_files::Readers;
 use super::writer::{Extent, ExtentWriter};
 use super::{Confinement, MAX_OBJECT_BYTES, too_large};
@@ -23,10 +24,22 @@ pub(super) struct Loaded {
 }
 
 /// An object's bytes: in memory, or (a large file) still in the file,
-/// streamed into the device a piece at a time.
+/// streamed into the device a piece at a time, or (kept by a failed run
+/// before) on the device already.
 pub(super) enum Body {
-    Memory { bytes: Vec<u8>, crc: u32 },
-    File { file: std::fs::File, len: u64 },
+    Memory {
+        bytes: Vec<u8>,
+        crc: u32,
+    },
+    File {
+        file: std::fs::File,
+        len: u64,
+    },
+    /// On the device already, at `extent` (`super::resume`).
+    Kept {
+        extent: Extent,
+        crc: u32,
+    },
 }
 
 /// Files larger than this are streamed into the device rather than read
@@ -92,6 +105,19 @@ pub(super) fn load(
         }
         Origin::Inline(b) => b,
         Origin::Refused(reason) => return (entry.key, Err(reason)),
+        Origin::Kept(kept) => {
+            let KeptObject {
+                extent, crc, probe, ..
+            } = *kept;
+            let body = Body::Kept { extent, crc };
+            return (
+                entry.key,
+                Ok(Loaded {
+                    body,
+                    probed: probe,
+                }),
+            );
+        }
         // Fetched by its group before it is loaded (`objects::fetch_group`).
         Origin::Object { location, .. } | Origin::ObjectCell { location, .. } => {
             return (entry.key, Err(format!("{location} was not fetched")));

@@ -20,6 +20,10 @@
 //! Steps 1 to 4 are [`prepare`]; step 5 is [`Prepared::commit`], so that a
 //! dataset spread over several nodes commits on all of them or on none.
 //!
+//! An ingest from an object store that fails keeps the objects it wrote
+//! for its re-run (`resume`), owned by a record in the catalog that no
+//! version is; its re-run from the same source fetches only the rest.
+//!
 //! A crash before step 5 leaves no trace that matters: the chunks are owned
 //! by nobody (free again at the next open) and the metadata file by no
 //! version (an orphan that `sluice gc` removes; opening deletes nothing).
@@ -40,6 +44,8 @@
 //!   waiting for their coordinator's word;
 //! - `prepared`: `Prepared`: an ingest whose objects and metadata are written
 //!   but whose version is not yet committed;
+//! - `resume`: what a failed ingest from an object store keeps, so that
+//!   its re-run fetches only the rest;
 //! - `rows`: the version's metadata, a row per accepted object;
 //! - `node_share`: `NodeShare`: one of N storage nodes' part of a source;
 //! - `version`: the last step of every way a version is written;
@@ -56,6 +62,7 @@ pub mod objects;
 mod parts;
 mod pending;
 mod prepared;
+pub(crate) mod resume;
 mod rows;
 pub mod shard_files;
 mod source;
@@ -76,6 +83,7 @@ pub use source::IngestSource;
 pub use writer::{Extent, ExtentWriter};
 
 use self::load::{Body, stream_file};
+use self::resume::Resume;
 use self::rows::Rows;
 use self::shard_files::OpenShards;
 use self::version::{Sealing, seal};
@@ -259,15 +267,29 @@ pub async fn prepare(
         store.chunk_size(),
         dataset,
     );
-    let entries = std::mem::take(&mut enumerated.entries);
+    let mut entries = std::mem::take(&mut enumerated.entries);
+    let mut resume = Resume::start(
+        store.catalog(),
+        dataset,
+        &source_desc,
+        remote.is_some(),
+        &mut entries,
+    )?;
     let total = entries.len() as u64;
     let shards = OpenShards::pinned(std::mem::take(&mut enumerated.inflated));
     let loaded = groups::loaded(entries, shards, opts.confine.clone());
-    let (rows, skipped) = write_loaded(dataset, &opts, &mut writer, loaded, total).await?;
+    let written = write_loaded(dataset, &opts, &mut writer, loaded, total, &mut resume).await;
+    let (rows, skipped) = match written {
+        Ok(written) => written,
+        Err(e) => return Err(resume.keep_failed(store, dataset, writer, e).await),
+    };
     if rows.is_empty() {
         return Err(StorageError::EmptyIngest(dataset.to_owned()));
     }
-    let (runs, reservation) = writer.finish().await?;
+    let (mut runs, reservation) = writer.finish().await?;
+    // The objects taken from a failed run's record are in its chunks.
+    runs.splice(0..0, resume.prior_runs());
+    let (resumed, resumed_bytes) = resume.resumed();
     let bytes = rows.bytes;
     let meta = rows.finish(&enumerated.user_fields, &enumerated.user_columns)?;
     seal(Sealing {
@@ -284,21 +306,27 @@ pub async fn prepare(
         skipped,
         columns: meta.columns,
         started,
-        requests: remote.map(|o| o.counts()),
+        requests: remote.map(|o| objects::Counts {
+            resumed,
+            resumed_bytes,
+            ..o.counts()
+        }),
     })
     .await
 }
 
-/// Writes each loaded object, in source order, through `writer`; returns
-/// the rows of those accepted and those skipped. A bad object is skipped
-/// (named) or ends the ingest, by `opts.on_error`; `opts.progress` hears
-/// after each of the `total`.
+/// Writes each loaded object, in source order, through `writer` (one
+/// kept from a failed run is on the device already); returns the rows of
+/// those accepted and those skipped, and tells `resume` of each accepted.
+/// A bad object is skipped (named) or ends the ingest, by
+/// `opts.on_error`; `opts.progress` hears after each of the `total`.
 async fn write_loaded(
     dataset: &str,
     opts: &IngestOptions,
     writer: &mut ExtentWriter,
     loaded: impl futures::Stream<Item = Result<groups::Group>>,
     total: u64,
+    resume: &mut Resume,
 ) -> Result<(Rows, Vec<Skipped>)> {
     let mut rows = Rows::default();
     let mut skipped = Vec::new();
@@ -327,9 +355,13 @@ async fn write_loaded(
                     let (extent, crc) = match obj.body {
                         Body::Memory { bytes, crc } => (writer.append(&bytes).await?, Ok(crc)),
                         Body::File { file, len } => stream_file(writer, file, len).await?,
+                        Body::Kept { extent, crc } => (extent, Ok(crc)),
                     };
                     match crc {
-                        Ok(crc) => rows.push(row, &key, &obj.probed, &extent, crc),
+                        Ok(crc) => {
+                            resume.accepted(row, &key, &obj.probed, &extent, crc);
+                            rows.push(row, &key, &obj.probed, &extent, crc);
+                        }
                         Err(reason) => refuse(key, reason)?,
                     }
                 }

@@ -27,7 +27,7 @@ use crate::error::{Result, StorageError};
 use crate::space::Reservation;
 
 /// Where an object landed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Extent {
     /// Chunk holding its first byte.
     pub chunk: u64,

@@ -89,6 +89,7 @@ pub(crate) async fn fetch_group(mut group: Vec<Entry>) -> Result<Vec<Entry>> {
                 location,
                 size,
                 range: None,
+                ..
             } = entry.origin
             else {
                 return Ok(entry);

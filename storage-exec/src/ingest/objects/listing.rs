@@ -31,11 +31,11 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 
-use super::ObjectSource;
 use super::address::ObjectUrl;
 use super::faults::{head_error, store_error};
 use super::parquet_shards;
 use super::shard_object::ShardObject;
+use super::{ObjectSource, stamp};
 use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Enumerated, Origin, image_folder_labels};
 use crate::ingest::node_share::NodeShare;
@@ -93,7 +93,8 @@ impl ObjectSource {
         match self.manifest.clone() {
             Some(manifest) if manifest.prefix.to_ascii_lowercase().ends_with(".parquet") => {
                 let location = key_path(&manifest.prefix).map_err(|e| self.bad(e))?;
-                let Some(size) = parquet_shards::shard_size(&self, &location).await? else {
+                let Some((size, stamp)) = parquet_shards::shard_size(&self, &location).await?
+                else {
                     return self.enumerate_manifest(manifest).await;
                 };
                 let name = manifest.prefix.rsplit('/').next().unwrap_or_default();
@@ -102,6 +103,7 @@ impl ObjectSource {
                     kind: ShardKind::Parquet,
                     location,
                     size,
+                    stamp,
                 };
                 self.enumerate_shards(vec![shard], part, scratch).await
             }
@@ -123,6 +125,7 @@ impl ObjectSource {
                     kind: shard_kind(name).unwrap_or(ShardKind::Tar),
                     location,
                     size: meta.size,
+                    stamp: stamp(&meta),
                 };
                 self.enumerate_shards(vec![shard], part, scratch).await
             }
@@ -137,7 +140,7 @@ impl ObjectSource {
     ) -> Result<Enumerated> {
         let prefix = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
         let mut listed = self.store.list(Some(&prefix));
-        let mut rows: Vec<(String, ObjectPath, u64)> = Vec::new();
+        let mut rows: Vec<(String, ObjectPath, u64, Option<Arc<str>>)> = Vec::new();
         let (mut shards, mut companions) = (0usize, 0usize);
         while let Some(meta) = listed.next().await {
             let meta =
@@ -159,7 +162,8 @@ impl ObjectSource {
                 // A TFRecord index, beside its shard: passed over, as locally.
                 companions += 1;
             }
-            rows.push((rel.to_owned(), meta.location, meta.size));
+            let version = stamp(&meta);
+            rows.push((rel.to_owned(), meta.location, meta.size, version));
             if rows.len().is_multiple_of(LOG_EVERY) {
                 tracing::info!("listed {} objects under {}", rows.len(), self.url);
             }
@@ -172,11 +176,12 @@ impl ObjectSource {
             let shards = rows
                 .into_iter()
                 .filter(|(name, ..)| !name.ends_with(".index"))
-                .map(|(name, location, size)| ShardObject {
+                .map(|(name, location, size, stamp)| ShardObject {
                     kind: shard_kind(&name).unwrap_or(ShardKind::Tar),
                     name,
                     location,
                     size,
+                    stamp,
                 })
                 .collect();
             return self.enumerate_shards(shards, part, scratch).await;
@@ -186,13 +191,14 @@ impl ObjectSource {
             image_folder_labels(image_folder, rows.iter().map(|(rel, ..)| rel.as_str()));
         let entries = rows
             .into_iter()
-            .map(|(key, location, size)| Entry {
+            .map(|(key, location, size, stamp)| Entry {
                 key,
                 origin: Origin::Object {
                     source: Arc::clone(&self),
                     location,
                     size: Some(size),
                     range: None,
+                    stamp,
                 },
             })
             .collect();
@@ -242,10 +248,12 @@ impl ObjectSource {
                     "{name} matches but is not a shard (.tar, .tfrecord or .parquet)"
                 )));
             };
+            let version = stamp(&meta);
             shards.push(ShardObject {
                 name: name.to_owned(),
                 location: meta.location,
                 size: meta.size,
+                stamp: version,
                 kind,
             });
         }
@@ -294,6 +302,7 @@ impl ObjectSource {
                         location,
                         size: None,
                         range: None,
+                        stamp: None,
                     },
                     Err(why) => Origin::Refused(format!("{u}: {why}")),
                 }

@@ -58,6 +58,16 @@ pub(crate) use self::fetch::fetch_group;
 pub use self::tally::{Counts, Tally};
 use crate::error::Result;
 
+/// What a listing (or a HEAD) says of an object's version: its ETag,
+/// when the store gives one in listings, and its last-modified time.
+/// With the size, what tells a re-run that an object is the one an
+/// earlier run fetched (`ingest::resume`); size and time are what
+/// `aws s3 sync` compares.
+pub(crate) fn stamp(meta: &object_store::ObjectMeta) -> Option<Arc<str>> {
+    let tag = meta.e_tag.as_deref().unwrap_or("-");
+    Some(format!("{tag} {}", meta.last_modified.to_rfc3339()).into())
+}
+
 /// A source in an object store: a prefix to list, or a manifest in it.
 pub struct ObjectSource {
     url: ObjectUrl,

@@ -199,23 +199,24 @@ where
     }
 }
 
-/// The size of the `.parquet` object at `location` when it is a shard of
-/// objects (an object column, no top-level `path`); `None` when it is a
+/// The size and stamp (`super::stamp`) of the `.parquet` object at `location` when it is a
+/// shard of objects (an object column, no top-level `path`); `None` when it is a
 /// manifest, or when it cannot be read (the manifest's reader names why).
 pub(super) async fn shard_size(
     source: &ObjectSource,
     location: &ObjectPath,
-) -> Result<Option<u64>> {
-    let Ok(size) = source.store.head(location).await.map(|m| m.size) else {
+) -> Result<Option<(u64, Option<Arc<str>>)>> {
+    let Ok(meta) = source.store.head(location).await else {
         return Ok(None);
     };
+    let size = meta.size;
     let schema = tried(source, location, || async move {
         Ok::<_, Failed>(Arc::clone(builder(source, location, size).await?.schema()))
     })
     .await?;
     let shard =
         schema.is_ok_and(|s| s.field_with_name("path").is_err() && object_column(&s).is_some());
-    Ok(shard.then_some(size))
+    Ok(shard.then_some((size, super::stamp(&meta))))
 }
 
 /// The samples of the Parquet shard `shard`, each a cell of it.
@@ -244,6 +245,7 @@ pub(super) async fn samples(source: Arc<ObjectSource>, shard: ShardObject) -> Re
                 size: shard.size,
                 row_group,
                 row,
+                stamp: shard.stamp.clone(),
             };
         }
     }
@@ -358,6 +360,7 @@ pub(super) async fn fetch_cells(group: &mut [Entry]) -> Result<()> {
             size,
             row_group,
             row,
+            ..
         } = &e.origin
         else {
             continue;

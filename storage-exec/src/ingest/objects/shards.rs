@@ -138,6 +138,7 @@ impl ObjectSource {
                     location: shard.location.clone(),
                     size: Some(len),
                     range: Some(offset..offset + len),
+                    stamp: shard.stamp.clone(),
                 };
             }
         }

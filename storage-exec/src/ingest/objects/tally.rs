@@ -34,6 +34,11 @@ pub struct Counts {
     /// Attempts that failed and were retried (or, in a failed ingest,
     /// gave up): 5xx, 429, 408 or a transport error.
     pub retries: u64,
+    /// Objects taken from what a failed earlier run of the ingest kept
+    /// (`ingest::resume`): no request was sent for them.
+    pub resumed: u64,
+    /// Their bytes.
+    pub resumed_bytes: u64,
 }
 
 impl Tally {
@@ -48,6 +53,8 @@ impl Tally {
         Counts {
             requests: self.requests.load(Ordering::Relaxed),
             retries: self.failed.load(Ordering::Relaxed),
+            resumed: 0,
+            resumed_bytes: 0,
         }
     }
 }
