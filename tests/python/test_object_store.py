@@ -287,7 +287,7 @@ def test_storage_nodes_each_read_their_own_part_from_the_store():
         for i in range(n):
             s3.put("train", f"arrays/{i:03d}.npy", npy(i))
         base = serve_env(d)
-        node_env = s3.env(base)
+        node_env = s3.env(base, SLUICE_LOG="info")
         coord_env = {k: v for k, v in base.items() if not k.startswith("AWS_")}
         procs, urls = [], []
         coord = None
@@ -331,6 +331,40 @@ def test_storage_nodes_each_read_their_own_part_from_the_store():
             except urllib.error.HTTPError as e:
                 body = json.loads(e.read())
                 assert "s3://train/arrays" in body["message"], body
+
+            # A part that fails aborts both; each node keeps what it
+            # verified (node 0 a whole prepared part, node 1 what came
+            # before its bad object), and the re-run resumes on both.
+            for i in range(n):
+                s3.put("train", f"arrays/more/{i:03d}.npy", npy(i) if i != 39 else b"bad")
+
+            def post_more():
+                req = urllib.request.Request(
+                    rest + "/v1/datasets", headers={"Content-Type": "application/json"},
+                    data=json.dumps({"name": "more", "path": "s3://train/arrays/more",
+                                     "replicas": 1, "on_error": "fail"}).encode())
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e:
+                    return e.code, json.loads(e.read())
+
+            status, body = post_more()
+            assert status >= 400 and "039.npy" in body["message"], body
+            s3.put("train", "arrays/more/039.npy", npy(39))
+            status, body = post_more()
+            assert status == 201 and body["samples"] == n, body
+            logs = [open(os.path.join(d, f"node{i}.log")).read() for i in range(2)]
+            assert "20 objects (" in logs[0] and "kept for a re-run" in logs[0], logs[0][-2000:]
+            assert "19 objects (" in logs[1] and "kept for a re-run" in logs[1], logs[1][-2000:]
+            for log, resumed in zip(logs, (20, 19)):
+                assert f"{resumed} objects ({resumed * len(npy(0))} bytes) are on the device" \
+                    in log, log[-2000:]
+            job = sluice.Client(rest).submit("SELECT key, data FROM more")
+            job.wait()
+            got = [(k, v) for b in job.reader(0) for k, v in
+                   zip(b.column("key").to_pylist(), b.column("data").to_pylist())]
+            assert sorted(got) == [(f"{i:03d}.npy", npy(i)) for i in range(n)]
         finally:
             for p in ([coord] if coord else []) + procs:
                 p.terminate()

@@ -109,6 +109,7 @@ impl StorageNode {
             columns,
             started,
             requests: None,
+            kept: None,
         })
         .await?;
         let out = prepared.part();

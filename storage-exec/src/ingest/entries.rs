@@ -14,7 +14,7 @@ use arrow::datatypes::Field;
 
 use super::node_share::NodeShare;
 use super::objects::ObjectSource;
-use super::resume::KeptObject;
+use super::writer::Extent;
 use crate::error::Result;
 
 /// Where one sample's bytes are.
@@ -66,6 +66,18 @@ pub(crate) enum Origin {
     /// On the device already: written and verified by an earlier run of
     /// this ingest that failed, and kept for this one (`super::resume`).
     Kept(Box<KeptObject>),
+}
+
+/// One object a failed run of the ingest wrote and verified, on the
+/// device already (`super::resume`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct KeptObject {
+    pub key: String,
+    /// What it was in the store (`super::resume::identity`).
+    pub identity: String,
+    pub extent: Extent,
+    pub crc: u32,
+    pub probe: sluice_udfs::probe::Probe,
 }
 
 /// One sample to ingest.

@@ -10,8 +10,7 @@ use std::path::Path;
 use sluice_udfs::probe::{Probe, probe, probe_file};
 
 use super::confine::open_no_follow;
-use super::entries::{Entry, Origin};
-use super::resume::KeptObject;
+use super::entries::{Entry, KeptObject, Origin};
 use super::shard_files::Readers;
 use super::writer::{Extent, ExtentWriter};
 use super::{Confinement, MAX_OBJECT_BYTES, too_large};

@@ -290,6 +290,7 @@ pub async fn prepare(
     // The objects taken from a failed run's record are in its chunks.
     runs.splice(0..0, resume.prior_runs());
     let (resumed, resumed_bytes) = resume.resumed();
+    let kept = resume.into_kept(runs.clone());
     let bytes = rows.bytes;
     let meta = rows.finish(&enumerated.user_fields, &enumerated.user_columns)?;
     seal(Sealing {
@@ -311,6 +312,7 @@ pub async fn prepare(
             resumed_bytes,
             ..o.counts()
         }),
+        kept,
     })
     .await
 }

@@ -7,7 +7,9 @@
 //! the version visible in one catalog transaction; dropping it for any
 //! reason (an abort, a failed peer, a coordinator that never came back)
 //! frees the chunks at once and removes the metadata file, so an aborted
-//! part leaves nothing behind but device blocks no version names. A
+//! part leaves nothing behind but device blocks no version names; a part
+//! read from an object store keeps its objects for a re-run instead
+//! (`super::resume`), so that a peer's failure costs it no download. A
 //! process that dies while holding one leaves what a crashed ingest
 //! leaves: free chunks at the next open and an orphan metadata file for
 //! `sluice gc`.
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use tokio::sync::OwnedMutexGuard;
 
 use super::IngestReport;
+use super::resume::Kept;
 use crate::catalog::VersionRecord;
 use crate::error::Result;
 use crate::space::Reservation;
@@ -28,6 +31,8 @@ pub struct Prepared {
     store: Arc<Store>,
     record: VersionRecord,
     reservation: Reservation,
+    /// What to keep for a re-run if this is dropped (`super::resume`).
+    kept: Option<Kept>,
     metadata: PathBuf,
     report: IngestReport,
     committed: bool,
@@ -48,7 +53,7 @@ impl Prepared {
     pub(super) fn new(
         store: Arc<Store>,
         record: VersionRecord,
-        reservation: Reservation,
+        (reservation, kept): (Reservation, Option<Kept>),
         metadata: PathBuf,
         report: IngestReport,
         lock: OwnedMutexGuard<()>,
@@ -57,6 +62,7 @@ impl Prepared {
             store,
             record,
             reservation,
+            kept,
             metadata,
             report,
             committed: false,
@@ -96,8 +102,16 @@ impl Drop for Prepared {
         if self.committed {
             return;
         }
-        // The reservation's own drop frees the chunks; the metadata file
-        // is this part's only other trace.
+        // From an object store, its objects are kept for a re-run (their
+        // chunks, the record's now); otherwise the reservation's own drop
+        // frees the chunks. The metadata file is this part's only other
+        // trace.
+        if let Some(kept) = self.kept.take() {
+            let empty = self.store.space_map().reserve();
+            let reservation = std::mem::replace(&mut self.reservation, empty);
+            let why = format!("version {} was not committed", self.record.version);
+            kept.save(&self.store, &self.record.dataset, reservation, &why);
+        }
         match std::fs::remove_file(&self.metadata) {
             Ok(()) => tracing::info!(
                 "dataset '{}': version {} not committed; its part was dropped",

@@ -36,24 +36,14 @@ use std::sync::Arc;
 use redb::ReadableDatabase;
 use sluice_udfs::probe::Probe;
 
-use super::entries::{Entry, Origin};
+use super::entries::{Entry, KeptObject, Origin};
 use super::writer::{Extent, ExtentWriter};
 use crate::alloc::ChunkRun;
 use crate::catalog::Catalog;
 use crate::error::{Result, StorageError};
 use crate::resume_tables::{RESUME_CHUNKS, RESUMES, remove_runs};
+use crate::space::Reservation;
 use crate::store::Store;
-
-/// One object a failed run wrote and verified.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct KeptObject {
-    pub key: String,
-    /// What it was in the store ([`identity`]).
-    pub identity: String,
-    pub extent: Extent,
-    pub crc: u32,
-    pub probe: Probe,
-}
 
 /// What a failed ingest kept (see the module docs). Its runs are kept
 /// apart, in `resume_chunks`, where the catalog counts them.
@@ -242,12 +232,37 @@ impl Resume {
             .unwrap_or_default()
     }
 
+    /// What a record of this run holds once its objects are in `runs`
+    /// (with what the earlier run kept and this one did not reach); `None`
+    /// when there is nothing to keep.
+    pub(super) fn into_kept(mut self, runs: Vec<ChunkRun>) -> Option<Kept> {
+        if self.identities.is_empty() {
+            return None;
+        }
+        if let Some(prior) = self.prior.take() {
+            let reached: HashSet<String> = self.kept.iter().map(|k| k.key.clone()).collect();
+            self.kept.extend(
+                prior
+                    .objects
+                    .into_iter()
+                    .filter(|o| !reached.contains(&o.key)),
+            );
+        }
+        if self.kept.is_empty() {
+            return None;
+        }
+        Some(Kept(Record {
+            source: self.source,
+            objects: self.kept,
+            runs,
+        }))
+    }
+
     /// This run failed with `error`: what it wrote is flushed and kept in
-    /// the record for the next (with what the earlier run kept and this
-    /// one did not reach), and `error` is returned. Nothing is kept when
-    /// the flush itself fails.
+    /// the record for the next, and `error` is returned. Nothing is kept
+    /// when the flush itself fails.
     pub(super) async fn keep_failed(
-        mut self,
+        self,
         store: &Arc<Store>,
         dataset: &str,
         writer: ExtentWriter,
@@ -265,38 +280,38 @@ impl Resume {
         };
         let mut all_runs = self.prior_runs();
         all_runs.extend(runs);
-        if let Some(prior) = self.prior.take() {
-            let reached: HashSet<String> = self.kept.iter().map(|k| k.key.clone()).collect();
-            self.kept.extend(
-                prior
-                    .objects
-                    .into_iter()
-                    .filter(|o| !reached.contains(&o.key)),
-            );
+        if let Some(kept) = self.into_kept(all_runs) {
+            kept.save(store, dataset, reservation, "the ingest failed");
         }
-        if self.kept.is_empty() {
-            return error;
-        }
+        error
+    }
+}
+
+/// A run's objects, to keep for the next run if its version is not
+/// committed: after its failure, or when its prepared version is dropped
+/// (a peer's part failed on a cluster).
+pub(crate) struct Kept(Record);
+
+impl Kept {
+    /// Saves the record in place of any before it, and keeps
+    /// `reservation`'s chunks (now the record's); frees the runs of the
+    /// record before that this one does not hold. Whatever fails, the
+    /// ingest's own error stands: this only logs.
+    pub(super) fn save(self, store: &Store, dataset: &str, reservation: Reservation, why: &str) {
         let (objects, bytes) = (
-            self.kept.len(),
-            self.kept.iter().map(|k| k.extent.length).sum::<u64>(),
+            self.0.objects.len(),
+            self.0.objects.iter().map(|k| k.extent.length).sum::<u64>(),
         );
-        let record = Record {
-            source: std::mem::take(&mut self.source),
-            runs: all_runs,
-            objects: std::mem::take(&mut self.kept),
-        };
-        match save(store.catalog(), dataset, &record) {
+        match save(store.catalog(), dataset, &self.0) {
             Ok(freed) => {
                 reservation.keep();
                 store.space_map().release(&freed);
-                tracing::info!(
-                    "dataset '{dataset}': the ingest failed; {objects} objects ({bytes} bytes) it \
-                     verified are kept for a re-run from the same source"
+                tracing::warn!(
+                    "dataset '{dataset}': {why}; {objects} objects ({bytes} bytes) it verified \
+                     are kept for a re-run from the same source"
                 );
             }
             Err(e) => tracing::warn!("dataset '{dataset}': nothing kept for a re-run: {e}"),
         }
-        error
     }
 }

@@ -44,6 +44,9 @@ pub(super) struct Sealing {
     pub started: Instant,
     /// The store's requests and retries, for an object-store source.
     pub requests: Option<super::objects::Counts>,
+    /// What to keep for a re-run if the version is dropped uncommitted
+    /// (`super::resume`).
+    pub kept: Option<super::resume::Kept>,
 }
 
 /// Writes `s`'s metadata to `meta/<dataset>/v<N>.parquet` (temp file,
@@ -102,7 +105,7 @@ pub(super) async fn seal(s: Sealing) -> Result<Prepared> {
     Ok(Prepared::new(
         s.store,
         record,
-        s.reservation,
+        (s.reservation, s.kept),
         path,
         report,
         s.guard,

@@ -33,6 +33,7 @@ use object_store::path::Path as ObjectPath;
 
 use super::address::ObjectUrl;
 use super::faults::{head_error, store_error};
+use super::list_split::list_under;
 use super::parquet_shards;
 use super::shard_object::ShardObject;
 use super::{ObjectSource, stamp};
@@ -139,7 +140,7 @@ impl ObjectSource {
         scratch: PathBuf,
     ) -> Result<Enumerated> {
         let prefix = key_path(&self.url.prefix).map_err(|e| self.bad(e))?;
-        let mut listed = self.store.list(Some(&prefix));
+        let mut listed = list_under(Arc::clone(&self.store), prefix);
         let mut rows: Vec<(String, ObjectPath, u64, Option<Arc<str>>)> = Vec::new();
         let (mut shards, mut companions) = (0usize, 0usize);
         while let Some(meta) = listed.next().await {

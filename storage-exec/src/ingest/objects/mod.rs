@@ -14,6 +14,8 @@
 //! - [`tally`]: the requests and retries, counted where they leave;
 //! - `listing`: what a source holds, as entries (ImageFolder, flat, or
 //!   a manifest in the store);
+//! - `list_split`: a large prefix listed by its directories, several at
+//!   once;
 //! - `shard_object`: `ShardObject`, a shard file a listing found;
 //! - `shards`: WebDataset and TFRecord shards in the store, streamed;
 //! - `parquet_file`: `ParquetObject`, a Parquet object as the parquet
@@ -40,6 +42,7 @@ pub mod address;
 mod connect;
 mod faults;
 mod fetch;
+mod list_split;
 mod listing;
 mod parquet_file;
 mod parquet_ranges;
