@@ -64,7 +64,7 @@ fi
 if [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/drop_caches ] \
   && { [ -w /sys/fs/cgroup/memory ] || [ -w /sys/fs/cgroup/cgroup.subtree_control ]; }; then
   "$VENV/bin/python" scripts/bench_dlio.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
-    --workload unet3d,retinanet,llama3 --ranks 1 --files 48 --epochs 1 --saves 1 --loads 1 \
+    --workload unet3d,retinanet,llama3 --ranks 1 --files 48 --epochs 1 --saves 1 --loads 1 --rounds 1 \
     --work "$demo_dir/dlio"
 fi
 "$VENV/bin/python" scripts/bench_load.py --sluice "$CARGO_TARGET_DIR/debug/sluice" \
