@@ -113,6 +113,9 @@ def main():
                     help="where the peers' venv lives")
     ap.add_argument("--work", help="scratch directory (default: a temp dir)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--copiers", default="s5cmd,aws s3 sync,boto3",
+                    help="the copy-then-ingest routes to run (comma-separated; sluice's own "
+                         "four routes always run)")
     a = ap.parse_args()
     if "/debug/" in os.path.realpath(a.sluice):
         raise SystemExit("use the optimized build (cargo build --release): this is a debug binary")
@@ -178,10 +181,14 @@ def main():
         "folder, from the store": lambda: ingest(a.sluice, data, "s3://bench/folder", s3env),
         "shards, local": lambda: ingest(a.sluice, data, tars, env),
         "shards, from the store": lambda: ingest(a.sluice, data, "s3://bench/shards", s3env),
-        "folder, s5cmd then ingest": copied("s5cmd", "folder"),
-        "folder, aws s3 sync then ingest": copied("aws s3 sync", "folder"),
-        "folder, boto3 x32 then ingest": copied("boto3", "folder"),
     }
+    copiers = {"s5cmd": "folder, s5cmd then ingest",
+               "aws s3 sync": "folder, aws s3 sync then ingest",
+               "boto3": "folder, boto3 x32 then ingest"}
+    for tool in a.copiers.split(","):
+        if tool not in copiers:
+            raise SystemExit(f"--copiers: {tool!r} is none of {', '.join(copiers)}")
+        routes[copiers[tool]] = copied(tool, "folder")
     times = {k: [] for k in routes}
     reports = {}
     try:
