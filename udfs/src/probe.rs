@@ -17,26 +17,36 @@ use crate::kernels::decode::{self, first_bytes};
 use crate::kernels::fallback;
 use crate::kernels::{npy, video};
 
-/// What a header says about an object.
+/// What a header says about an object. (Serialized without its empty
+/// fields: a failed ingest keeps one for every object it wrote.)
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Probe {
     /// Container or file format ("jpeg", "png", "mp4", "npy" …).
     pub format: String,
     /// Video codec ("h264" …).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub codec: Option<String>,
     /// Width in pixels.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub width: Option<u32>,
     /// Height in pixels.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub height: Option<u32>,
     /// Colour channels of an image (1 grey, 2 grey+alpha, 3 RGB, 4 RGBA).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub channels: Option<u8>,
     /// Frames of a video.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub frames: Option<u64>,
     /// Duration of a video in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub duration: Option<f64>,
     /// Element type of an array (NumPy's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<String>,
     /// Shape of an array.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u32>>,
 }
 

@@ -267,14 +267,9 @@ pub async fn prepare(
         store.chunk_size(),
         dataset,
     );
-    let mut entries = std::mem::take(&mut enumerated.entries);
-    let mut resume = Resume::start(
-        store.catalog(),
-        dataset,
-        &source_desc,
-        remote.is_some(),
-        &mut entries,
-    )?;
+    let entries = std::mem::take(&mut enumerated.entries);
+    let (entries, mut resume) =
+        Resume::start(store, dataset, &source_desc, remote.is_some(), entries).await?;
     let total = entries.len() as u64;
     let shards = OpenShards::pinned(std::mem::take(&mut enumerated.inflated));
     let loaded = groups::loaded(entries, shards, opts.confine.clone());

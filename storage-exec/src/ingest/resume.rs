@@ -146,10 +146,28 @@ pub(super) struct Resume {
 }
 
 impl Resume {
+    /// [`Resume::read`] on the blocking pool (the record of a large
+    /// source is megabytes of JSON): `entries` back, marked.
+    pub(super) async fn start(
+        store: &Arc<Store>,
+        dataset: &str,
+        source: &str,
+        remote: bool,
+        mut entries: Vec<Entry>,
+    ) -> Result<(Vec<Entry>, Self)> {
+        let (store, dataset, source) = (Arc::clone(store), dataset.to_owned(), source.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let this = Self::read(store.catalog(), &dataset, &source, remote, &mut entries)?;
+            Ok((entries, this))
+        })
+        .await
+        .map_err(|e| StorageError::io("resume", ".", std::io::Error::other(e)))?
+    }
+
     /// Reads `dataset`'s record and marks each of `entries` that it holds
     /// as [`Origin::Kept`]. Only a source in an object store (`remote`)
     /// is resumed.
-    pub(super) fn start(
+    fn read(
         catalog: &Catalog,
         dataset: &str,
         source: &str,
@@ -281,7 +299,14 @@ impl Resume {
         let mut all_runs = self.prior_runs();
         all_runs.extend(runs);
         if let Some(kept) = self.into_kept(all_runs) {
-            kept.save(store, dataset, reservation, "the ingest failed");
+            // On the blocking pool: JSON and a durable catalog write.
+            let (store, dataset) = (Arc::clone(store), dataset.to_owned());
+            let saved = tokio::task::spawn_blocking(move || {
+                kept.save(&store, &dataset, reservation, "the ingest failed");
+            });
+            if let Err(e) = saved.await {
+                tracing::warn!("nothing kept for a re-run: {e}");
+            }
         }
         error
     }
