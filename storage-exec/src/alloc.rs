@@ -18,6 +18,37 @@ pub struct ChunkRun {
     pub count: u64,
 }
 
+/// The chunks of `from` that no run of `minus` holds, as runs in the
+/// order of `from`: what an owner lets go when another takes some of its
+/// chunks (runs that only overlap count chunk by chunk, so a run that grew
+/// since is not mistaken for another).
+pub fn subtract(from: &[ChunkRun], minus: &[ChunkRun]) -> Vec<ChunkRun> {
+    let mut out = Vec::new();
+    for run in from {
+        let mut pieces = vec![(run.start, run.start + run.count)];
+        for m in minus {
+            let (ms, me) = (m.start, m.start + m.count);
+            pieces = pieces
+                .into_iter()
+                .flat_map(|(s, e)| {
+                    if me <= s || e <= ms {
+                        return vec![(s, e)];
+                    }
+                    [(s, ms.max(s)), (me.min(e), e)]
+                        .into_iter()
+                        .filter(|(a, b)| a < b)
+                        .collect()
+                })
+                .collect();
+        }
+        out.extend(pieces.into_iter().map(|(s, e)| ChunkRun {
+            start: s,
+            count: e - s,
+        }));
+    }
+    out
+}
+
 /// Free-space bitmap over the device's chunks (bit set = used).
 #[derive(Debug, Clone)]
 pub struct ChunkAllocator {
@@ -146,6 +177,28 @@ impl ChunkAllocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn run(start: u64, count: u64) -> ChunkRun {
+        ChunkRun { start, count }
+    }
+
+    /// Chunk by chunk: a run that grew is the same chunks plus more, a
+    /// run cut in the middle leaves both ends, disjoint runs stay whole.
+    #[test]
+    fn subtract_counts_chunks_not_runs() {
+        assert_eq!(subtract(&[run(10, 5)], &[run(10, 7)]), []);
+        assert_eq!(subtract(&[run(10, 7)], &[run(10, 5)]), [run(15, 2)]);
+        assert_eq!(
+            subtract(&[run(0, 10)], &[run(3, 2)]),
+            [run(0, 3), run(5, 5)]
+        );
+        assert_eq!(
+            subtract(&[run(0, 4), run(20, 2)], &[run(2, 20)]),
+            [run(0, 2)]
+        );
+        assert_eq!(subtract(&[run(0, 4)], &[run(8, 2)]), [run(0, 4)]);
+        assert_eq!(subtract(&[run(0, 4)], &[]), [run(0, 4)]);
+    }
 
     #[test]
     fn allocates_contiguous_runs_and_reuses_released_space() {

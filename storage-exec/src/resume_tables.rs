@@ -7,21 +7,48 @@
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `resumes` | dataset | the record: its source and kept objects, as JSON |
+//! | `resumes` | dataset | the record's head: its source, as JSON |
+//! | `resume_objects` | (dataset, key) | one kept object, as JSON |
 //! | `resume_chunks` | (dataset, first chunk of a run) | chunks in the run |
+//!
+//! A record's objects are rows of their own so that a save while an
+//! ingest runs writes only what it adds.
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 
 use crate::alloc::ChunkRun;
 
 pub(crate) const RESUMES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("resumes");
+pub(crate) const RESUME_OBJECTS: TableDefinition<'_, (&str, &str), &[u8]> =
+    TableDefinition::new("resume_objects");
 pub(crate) const RESUME_CHUNKS: TableDefinition<'_, (&str, u64), u64> =
     TableDefinition::new("resume_chunks");
 
 /// Creates the tables (at catalog open).
 pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<(), redb::Error> {
     txn.open_table(RESUMES)?;
+    txn.open_table(RESUME_OBJECTS)?;
     txn.open_table(RESUME_CHUNKS)?;
+    Ok(())
+}
+
+/// Removes `dataset`'s kept objects from `table`.
+pub(crate) fn remove_objects(
+    table: &mut redb::Table<'_, (&'static str, &'static str), &'static [u8]>,
+    dataset: &str,
+) -> Result<(), redb::Error> {
+    let mut keys = Vec::new();
+    for entry in table.range((dataset, "")..)? {
+        let (k, _) = entry?;
+        let (d, key) = k.value();
+        if d != dataset {
+            break;
+        }
+        keys.push(key.to_owned());
+    }
+    for key in &keys {
+        table.remove((dataset, key.as_str()))?;
+    }
     Ok(())
 }
 
@@ -79,9 +106,10 @@ pub(crate) fn take_in(
     keep: &[ChunkRun],
 ) -> Result<Vec<ChunkRun>, redb::Error> {
     txn.open_table(RESUMES)?.remove(dataset)?;
+    remove_objects(&mut txn.open_table(RESUME_OBJECTS)?, dataset)?;
     let mut chunks = txn.open_table(RESUME_CHUNKS)?;
     let runs = remove_runs(&mut chunks, dataset)?;
-    Ok(runs.into_iter().filter(|r| !keep.contains(r)).collect())
+    Ok(crate::alloc::subtract(&runs, keep))
 }
 
 /// The datasets that have a record.
@@ -104,8 +132,10 @@ pub(crate) fn drop_all(
     for entry in records.iter()? {
         names.push(entry?.0.value().to_owned());
     }
+    let mut objects = txn.open_table(RESUME_OBJECTS)?;
     for name in &names {
         records.remove(name.as_str())?;
+        remove_objects(&mut objects, name)?;
     }
     let mut chunks = txn.open_table(RESUME_CHUNKS)?;
     let runs = all_runs(&chunks)?;
@@ -129,12 +159,30 @@ mod tests {
                 .unwrap()
                 .insert(dataset, b"{}".as_slice())
                 .unwrap();
+            let mut objects = txn.open_table(RESUME_OBJECTS).unwrap();
+            for key in ["k1", "k2"] {
+                objects.insert((dataset, key), b"{}".as_slice()).unwrap();
+            }
             let mut chunks = txn.open_table(RESUME_CHUNKS).unwrap();
             for r in runs {
                 chunks.insert((dataset, r.start), r.count).unwrap();
             }
         }
         txn.commit().unwrap();
+    }
+
+    fn objects(cat: &Catalog) -> Vec<(String, String)> {
+        let txn = cat.db().begin_read().unwrap();
+        let table = txn.open_table(RESUME_OBJECTS).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|e| {
+                let (k, _) = e.unwrap();
+                let (d, key) = k.value();
+                (d.to_owned(), key.to_owned())
+            })
+            .collect()
     }
 
     /// Kept runs count as used at open; a commit of the dataset takes
@@ -163,12 +211,17 @@ mod tests {
         txn.commit().unwrap();
         assert_eq!(freed, [b], "the version holds a; b is free again");
         assert_eq!(cat.chunk_runs().unwrap(), [c]);
+        assert_eq!(
+            objects(&cat),
+            [("y".to_owned(), "k1".to_owned()), ("y".into(), "k2".into())]
+        );
 
         let txn = cat.db().begin_write().unwrap();
         let (names, runs) = drop_all(&txn).unwrap();
         txn.commit().unwrap();
         assert_eq!((names, runs), (vec!["y".to_owned()], vec![c]));
         assert!(cat.chunk_runs().unwrap().is_empty());
+        assert!(objects(&cat).is_empty());
         assert!(
             datasets(&cat.db().begin_read().unwrap())
                 .unwrap()

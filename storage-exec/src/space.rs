@@ -115,6 +115,19 @@ impl Reservation {
         self.runs.iter().map(|r| r.count).sum()
     }
 
+    /// Hands the chunks of `runs` that this holds to a durable owner
+    /// other than a version (an ingest's resume record, saved while the
+    /// ingest goes on): they stay allocated when this is dropped.
+    pub fn cede(&mut self, runs: &[ChunkRun]) {
+        self.runs = crate::alloc::subtract(&self.runs, runs);
+    }
+
+    /// Takes back chunks [`cede`](Self::cede)d whose owner was not saved
+    /// after all: they are released on drop again.
+    pub fn adopt(&mut self, runs: &[ChunkRun]) {
+        self.runs.extend_from_slice(runs);
+    }
+
     /// The chunks are owned now (their commit is durable): they stay
     /// allocated when this is dropped.
     pub fn keep(mut self) {
@@ -149,6 +162,26 @@ mod tests {
         a.keep();
         assert_eq!(space.free_chunks(), 5, "kept chunks stay used");
         space.release(&[ra]);
+        assert_eq!(space.free_chunks(), 8);
+    }
+
+    /// Ceded chunks outlive the reservation's drop; adopted ones do not.
+    #[test]
+    fn ceded_chunks_stay_allocated_and_adopted_ones_go_with_the_reservation() {
+        let space = Space::new(ChunkAllocator::new(8));
+        let mut r = space.reserve();
+        let run = r.allocate(4).unwrap();
+        let head = ChunkRun {
+            start: run.start,
+            count: 2,
+        };
+        r.cede(&[head]);
+        assert_eq!(r.chunks(), 2);
+        drop(r);
+        assert_eq!(space.free_chunks(), 6, "the ceded two stay used");
+        let mut r = space.reserve();
+        r.adopt(&[head]);
+        drop(r);
         assert_eq!(space.free_chunks(), 8);
     }
 }

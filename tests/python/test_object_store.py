@@ -12,6 +12,7 @@ request is sent."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -185,10 +186,14 @@ def test_a_store_stopped_mid_ingest_is_retried_through():
         assert all(r["data"] == npy(i) for i, r in enumerate(got))
 
 
-def free_bytes(data):
+def info(data):
     p = run(data, ENV, "info", "--format", "json")
     assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)["free_bytes"]
+    return json.loads(p.stdout)
+
+
+def free_bytes(data):
+    return info(data)["free_bytes"]
 
 
 def test_a_failed_ingest_is_resumed_without_fetching_again_what_it_verified():
@@ -234,6 +239,77 @@ def test_a_failed_ingest_is_resumed_without_fetching_again_what_it_verified():
         assert json.loads(p.stdout)["resume_records"] == ["again"], p.stdout
         assert free_bytes(data) == before
         assert datasets(data) == ["objs"]
+
+
+def test_a_manifests_kept_rows_are_resumed_after_a_head_each():
+    """A manifest's rows are never listed: a failed run keeps them with
+    the size and stamp their GETs answered, and the re-run sends a HEAD
+    for each kept row (no bytes) and takes it when it matches; a row
+    rewritten since (same size, another ETag) is fetched again."""
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        n, bad = 200, 150
+        for i in range(n):
+            s3.put("big", f"objs/{i:05d}.npy", npy(i) if i != bad else b"not an array")
+        s3.put("big", "objs/m.csv",
+               ("path\n" + "".join(f"{i:05d}.npy\n" for i in range(n))).encode())
+        env = s3.env(ENV)
+        p = run(data, env, "ingest", "objs", "s3://big/objs/m.csv", "--on-error", "fail")
+        assert p.returncode != 0 and f"{bad:05d}.npy" in p.stderr, p.stderr
+        s3.put("big", f"objs/{bad:05d}.npy", npy(bad))
+        s3.put("big", "objs/00005.npy", npy(9999))  # changed: same size, new ETag
+        report = ingest(data, env, "objs", "s3://big/objs/m.csv")
+        assert report["samples"] == n and report["skipped"] == []
+        req = report["requests"]
+        assert req["resumed"] == bad - 1, req
+        # The manifest, a HEAD for each kept row, a GET for each other.
+        assert req["requests"] <= 4 + bad + (n - bad + 1), req
+        got = rows(data, "SELECT data FROM objs ORDER BY key")
+        assert [r["data"] for r in got] == [npy(9999 if i == 5 else i) for i in range(n)]
+
+
+def test_an_ingest_killed_mid_run_resumes_from_the_record_it_kept():
+    """`kill -9` of an ingest from a store, mid-run: nothing is committed,
+    and the re-run takes from the device every object of the record the
+    killed run kept while it went on (every few seconds, after a device
+    flush), fetching only the rest; the version equals the store's
+    objects, and no chunk of the killed run is lost."""
+    with tempfile.TemporaryDirectory() as d, s3_server(d) as s3:
+        data = os.path.join(d, "data")
+        n = 6000
+        for i in range(n):
+            s3.put("big", f"objs/{i:05d}.npy", npy(i))
+        env = s3.env(ENV, SLUICE_LOG="sluice_storage=info")
+        proc = subprocess.Popen(
+            [SLUICE, "--data-dir", data, "ingest", "objs", "s3://big/objs", "--format", "json"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        kept = None
+        try:
+            for line in proc.stderr:
+                m = re.search(r"(\d+) objects verified so far are kept", line)
+                if m:
+                    kept = int(m.group(1))
+                    break
+        finally:
+            proc.kill()
+            proc.wait(timeout=60)
+        assert kept, "the killed run kept no record while it ran"
+        assert datasets(data) == []
+        report = ingest(data, env, "objs", "s3://big/objs")
+        assert report["samples"] == n and report["skipped"] == []
+        req = report["requests"]
+        assert kept <= req["resumed"] < n, req
+        assert req["requests"] <= 1 + n - req["resumed"] + 5, req
+        got = rows(data, "SELECT key, data FROM objs ORDER BY key")
+        assert [r["key"] for r in got] == [f"{i:05d}.npy" for i in range(n)]
+        assert all(r["data"] == npy(i) for i, r in enumerate(got))
+        # The record's chunks went to the version, nothing is left to drop,
+        # and the killed run's other chunks were free again at open: every
+        # chunk in use is the version's.
+        p = run(data, ENV, "gc", "--dry-run", "--format", "json")
+        assert json.loads(p.stdout)["resume_records"] == [], p.stdout
+        space = info(data)["space"]
+        assert space["total_chunks"] - space["free_chunks"] == report["chunks"], (space, report)
 
 
 def test_a_servers_allow_list_is_checked_before_any_request():

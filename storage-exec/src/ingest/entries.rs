@@ -73,7 +73,7 @@ pub(crate) enum Origin {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct KeptObject {
     pub key: String,
-    /// What it was in the store (`super::resume::identity`).
+    /// What it was in the store (`super::resume::record::identity`).
     pub identity: String,
     pub extent: Extent,
     pub crc: u32,

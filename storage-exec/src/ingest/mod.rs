@@ -269,7 +269,7 @@ pub async fn prepare(
     );
     let entries = std::mem::take(&mut enumerated.entries);
     let (entries, mut resume) =
-        Resume::start(store, dataset, &source_desc, remote.is_some(), entries).await?;
+        Resume::start(store, dataset, &source_desc, remote.as_ref(), entries).await?;
     let total = entries.len() as u64;
     let shards = OpenShards::pinned(std::mem::take(&mut enumerated.inflated));
     let loaded = groups::loaded(entries, shards, opts.confine.clone());
@@ -314,7 +314,8 @@ pub async fn prepare(
 
 /// Writes each loaded object, in source order, through `writer` (one
 /// kept from a failed run is on the device already); returns the rows of
-/// those accepted and those skipped, and tells `resume` of each accepted.
+/// those accepted and those skipped, and tells `resume` of each accepted
+/// (which keeps a record of them from time to time).
 /// A bad object is skipped (named) or ends the ingest, by
 /// `opts.on_error`; `opts.progress` hears after each of the `total`.
 async fn write_loaded(
@@ -372,6 +373,8 @@ async fn write_loaded(
                 });
             }
         }
+        // From a store, what is durable so far survives this process.
+        resume.keep_so_far(writer).await?;
     }
     Ok((rows, skipped))
 }

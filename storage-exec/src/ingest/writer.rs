@@ -37,6 +37,26 @@ pub struct Extent {
     pub length: u64,
 }
 
+/// What [`ExtentWriter::sync`] made durable: every object written so far
+/// but those in the chunk still being filled.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    /// The runs used so far.
+    pub runs: Vec<ChunkRun>,
+    /// The staged chunk's byte range on the device, not yet written.
+    staged: Option<(u64, u64)>,
+    chunk_size: u64,
+}
+
+impl Synced {
+    /// Whether the object at `extent` is on the device and flushed.
+    pub fn holds(&self, extent: &Extent) -> bool {
+        let start = extent.chunk * self.chunk_size + extent.offset;
+        let end = start + extent.length;
+        self.staged.is_none_or(|(s, e)| end <= s || start >= e)
+    }
+}
+
 /// Appends objects to a device, allocating chunks into a [`Reservation`].
 pub struct ExtentWriter {
     device: Arc<dyn Device>,
@@ -225,6 +245,34 @@ impl ExtentWriter {
         Ok(())
     }
 
+    /// Waits for every write sent and flushes the device, without ending
+    /// the chunk being filled (its bytes are staged, not written): what an
+    /// ingest can promise a re-run while it goes on.
+    pub async fn sync(&mut self) -> Result<Synced> {
+        while let Some(res) = self.writes.next().await {
+            res?;
+        }
+        self.device.flush().await?;
+        Ok(Synced {
+            runs: self.runs.clone(),
+            staged: self
+                .staging
+                .as_ref()
+                .map(|(start, _)| (*start, *start + self.chunk_size)),
+            chunk_size: self.chunk_size,
+        })
+    }
+
+    /// See [`Reservation::cede`]: chunks a resume record owns now.
+    pub fn cede(&mut self, runs: &[ChunkRun]) {
+        self.alloc.cede(runs);
+    }
+
+    /// See [`Reservation::adopt`]: ceded chunks whose record was not saved.
+    pub fn adopt(&mut self, runs: &[ChunkRun]) {
+        self.alloc.adopt(runs);
+    }
+
     /// Writes what is staged, waits for every write, flushes the device and
     /// returns the chunk runs used, still reserved until the commit that
     /// owns them.
@@ -285,6 +333,42 @@ mod tests {
                 .unwrap();
             assert_eq!(&buf.as_slice()[at..at + e.length as usize], &want[..]);
         }
+    }
+
+    /// A sync mid-ingest makes every object before the chunk being filled
+    /// readable, holds none in that chunk, and leaves the writer to go on:
+    /// the objects after it land whole.
+    #[tokio::test]
+    async fn a_sync_holds_what_is_written_and_the_writer_goes_on() {
+        let (_d, dev) = device(1 << 20).await;
+        let chunk = 64 * 1024;
+        let mut w = ExtentWriter::new(Arc::clone(&dev), space(16), chunk, "t");
+        let a = vec![1u8; 100_000]; // chunks 0 and 1
+        let b = vec![2u8; 1_000]; // in chunk 1, staged
+        let ea = w.append(&a).await.unwrap();
+        let eb = w.append(&b).await.unwrap();
+        let synced = w.sync().await.unwrap();
+        assert_eq!(synced.runs, vec![ChunkRun { start: 0, count: 2 }]);
+        assert!(!synced.holds(&ea), "a ends in the staged chunk");
+        assert!(!synced.holds(&eb));
+        let c = vec![3u8; 40_000]; // fills chunk 1, into chunk 2
+        let ec = w.append(&c).await.unwrap();
+        let synced = w.sync().await.unwrap();
+        assert!(synced.holds(&ea) && synced.holds(&eb) && !synced.holds(&ec));
+        for (e, want) in [(ea, &a), (eb, &b)] {
+            let (buf, at) = dev
+                .read_covering(e.chunk * chunk + e.offset, e.length)
+                .await
+                .unwrap();
+            assert_eq!(&buf.as_slice()[at..at + e.length as usize], &want[..]);
+        }
+        let (runs, _held) = w.finish().await.unwrap();
+        assert_eq!(runs, vec![ChunkRun { start: 0, count: 3 }]);
+        let (buf, at) = dev
+            .read_covering(ec.chunk * chunk + ec.offset, ec.length)
+            .await
+            .unwrap();
+        assert_eq!(&buf.as_slice()[at..at + ec.length as usize], &c[..]);
     }
 
     #[tokio::test]

@@ -89,12 +89,12 @@ pub(crate) async fn fetch_group(mut group: Vec<Entry>) -> Result<Vec<Entry>> {
                 location,
                 size,
                 range: None,
-                ..
+                stamp,
             } = entry.origin
             else {
                 return Ok(entry);
             };
-            let origin = match source.fetch(&location, size).await? {
+            let origin = match source.fetch(&location, size, stamp.is_none()).await? {
                 Ok(bytes) => Origin::Inline(bytes),
                 Err(reason) => Origin::Refused(reason),
             };
@@ -152,11 +152,13 @@ impl Members {
 impl ObjectSource {
     /// The bytes of the object at `location` (`size` as listed, when it
     /// was): `Ok(Err(reason))` for the object's fault, `Err` for the
-    /// store's.
+    /// store's. With `unstamped` (no listing gave its version), the
+    /// version its GET answered with is noted (`fetched_stamp`).
     async fn fetch(
         &self,
         location: &ObjectPath,
         size: Option<u64>,
+        unstamped: bool,
     ) -> Result<std::result::Result<Vec<u8>, String>> {
         let url = self.url.of_key(location.as_ref());
         if let Some(len) = size.filter(|&l| l > MAX_OBJECT_BYTES) {
@@ -167,7 +169,7 @@ impl ObjectSource {
             tries += 1;
             let got = match size {
                 Some(len) if len > RANGE_BYTES => self.fetch_ranges(location, len).await,
-                _ => self.fetch_whole(location, size).await,
+                _ => self.fetch_whole(location, size, unstamped).await,
             };
             match got {
                 Ok(bytes) => return Ok(bytes),
@@ -191,11 +193,16 @@ impl ObjectSource {
         &self,
         location: &ObjectPath,
         size: Option<u64>,
+        unstamped: bool,
     ) -> std::result::Result<std::result::Result<Vec<u8>, String>, Failure> {
         let got = self.store.get(location).await.map_err(classify)?;
         let len = got.meta.size;
         if len > MAX_OBJECT_BYTES {
             return Ok(Err(too_large(len)));
+        }
+        if unstamped && let Some(stamp) = super::stamp(&got.meta) {
+            let mut fetched = self.fetched.lock().unwrap_or_else(|e| e.into_inner());
+            fetched.insert(location.clone(), stamp);
         }
         let bytes = got
             .bytes()

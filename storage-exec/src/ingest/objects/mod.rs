@@ -54,7 +54,8 @@ pub mod tally;
 
 use std::sync::Arc;
 
-use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 pub use self::address::{ObjectUrl, UrlAllow};
 pub(crate) use self::fetch::fetch_group;
@@ -81,6 +82,10 @@ pub struct ObjectSource {
     allow: Option<UrlAllow>,
     /// The Parquet shards' row groups read last (`parquet_shards`).
     row_groups: parquet_shards::RowGroupObjects,
+    /// The version stamps of objects no listing stamped (a manifest's
+    /// rows), as their GETs answered: what a resume record keeps of them
+    /// (`ingest::resume`).
+    fetched: std::sync::Mutex<std::collections::HashMap<ObjectPath, Arc<str>>>,
 }
 
 impl std::fmt::Debug for ObjectSource {
@@ -134,6 +139,7 @@ impl ObjectSource {
             tally,
             allow,
             row_groups: parquet_shards::RowGroupObjects::default(),
+            fetched: Default::default(),
         })
     }
 
@@ -153,5 +159,20 @@ impl ObjectSource {
     /// The requests and retries so far.
     pub fn counts(&self) -> Counts {
         self.tally.counts()
+    }
+
+    /// The stamp the GET of `location` answered with, for an object no
+    /// listing stamped (see `fetched`).
+    pub(crate) fn fetched_stamp(&self, location: &ObjectPath) -> Option<Arc<str>> {
+        let fetched = self.fetched.lock().unwrap_or_else(|e| e.into_inner());
+        fetched.get(location).cloned()
+    }
+
+    /// The size and stamp of the object at `location` now, by a HEAD;
+    /// `None` when it cannot be had (the object gone, the store failing:
+    /// its fetch will say which).
+    pub(crate) async fn head_stamp(&self, location: &ObjectPath) -> Option<(u64, Arc<str>)> {
+        let meta = self.store.head(location).await.ok()?;
+        Some((meta.size, stamp(&meta)?))
     }
 }

@@ -1,0 +1,351 @@
+//! Resuming a failed ingest from an object store: what an earlier run
+//! fetched and verified is not downloaded again.
+//!
+//! An ingest that fails commits nothing: its version is never visible.
+//! When its source is an object store, the objects it already fetched,
+//! probed, checksummed and wrote are still worth having, because a run of
+//! 20,000 objects that an outage of the store stops at 19,000 should not
+//! fetch 19,000 again. So a failed ingest from a store flushes what it
+//! wrote and keeps a *resume record* in the catalog (tables `resumes` and
+//! `resume_chunks`, `crate::resume_tables`; one per dataset): the source it read (with the storage node's share), the
+//! chunk runs it filled, and for every object written its key, its
+//! identity in the store (location, size, range, and the version stamp its
+//! listing gave: ETag and last-modified time), its extent, crc32c
+//! and probe. The record owns those chunks (the allocator at open counts
+//! them used), but no version names them, so nothing of it is listed or
+//! readable.
+//!
+//! The next ingest of that dataset from the same source takes every entry
+//! whose key and identity match a kept object as that object, with no
+//! request sent for it, and fetches the rest. Its version's runs are the
+//! record's plus its own, and its commit deletes the record in the same
+//! catalog transaction (`resume_tables::take_in`). An object whose identity differs
+//! (written in the store since: another size, ETag or time) is fetched
+//! again. A manifest's row is never listed: it is kept with the size and
+//! stamp its GET answered, and the re-run sends a HEAD for it (a request,
+//! but none of its bytes; 32 at once) and takes it when the two match.
+//! (A conditional GET, `If-None-Match`, would fold the HEAD and a changed
+//! object's GET into one request, but not every S3-compatible store
+//! honours it on a GET: the S3 server the tests run does not.)
+//!
+//! A record is also kept *while* an ingest runs, so that a process killed
+//! mid-ingest (`kill -9`, the OOM killer, a lost node) loses only its last
+//! seconds: every [`KEEP_EVERY`] at least, and at least 20 times as long
+//! as the last such save took (so keeping costs the ingest about 5% at
+//! most, however many objects the record holds), the writer waits for its
+//! writes and flushes the device ([`ExtentWriter::sync`]), and the record
+//! is saved with every object that is now durable (all but those in the
+//! chunk still being filled). The chunks it names are ceded by the
+//! ingest's reservation to the record ([`Reservation::cede`]), so that
+//! whatever ends the run, they stay allocated until a commit, a record
+//! that replaces this one, or `sluice gc` lets them go; the allocator at
+//! the next open counts them used. Chunks pass between owners chunk by
+//! chunk ([`crate::alloc::subtract`]): a run that grew since the record
+//! was saved is the same chunks and more.
+//!
+//! A record is dropped and its chunks freed when the dataset's next
+//! ingest commits (from whatever source), when a failed run from another
+//! source replaces it, and by `sluice gc`.
+//!
+//! The files: this one, [`Resume`] (a run's side of it: what it takes
+//! from the record before it and what it writes); `record`, the record
+//! itself in the catalog and what identifies a kept object; `keep`, the
+//! records kept while a run goes on.
+
+mod keep;
+mod record;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use sluice_udfs::probe::Probe;
+
+use self::keep::KEEP_EVERY;
+pub(crate) use self::record::Kept;
+use self::record::{Addition, identity, record, unlisted_identity};
+use super::entries::{Entry, KeptObject, Origin};
+use super::objects::ObjectSource;
+use super::writer::{Extent, ExtentWriter};
+use crate::alloc::ChunkRun;
+use crate::error::{Result, StorageError};
+use crate::store::Store;
+
+/// HEADs in flight while a re-run tells which of a manifest's kept rows
+/// are unchanged.
+const HEADS_AT_ONCE: usize = 32;
+
+/// One run of an ingest, as far as resuming goes: the record an earlier
+/// run left (used when it read the same source), and what this run
+/// writes of the objects it could keep.
+pub(super) struct Resume {
+    /// Where records are saved while the run goes on (`None`: not a
+    /// store's source).
+    store: Option<Arc<Store>>,
+    /// The source's store, whose GETs stamp a manifest's rows.
+    objects: Option<Arc<ObjectSource>>,
+    dataset: String,
+    source: String,
+    /// Each entry's identity, by source row (empty: not a store's source).
+    identities: Vec<Option<String>>,
+    /// A manifest's rows (never listed, so no identity until fetched):
+    /// their objects, by source row.
+    unlisted: HashMap<u64, ObjectPath>,
+    /// The chunks of the earlier run's record, when it read this source
+    /// (its objects are rows of the record still, `record`).
+    prior_runs: Option<Vec<ChunkRun>>,
+    /// The dataset's record is another source's: the first save drops
+    /// its objects.
+    fresh: bool,
+    /// `kept[..saved]` are in the record already.
+    saved: usize,
+    /// What this run wrote or took over, in source order.
+    kept: Vec<KeptObject>,
+    /// Objects taken from the earlier run, and their bytes.
+    resumed: (u64, u64),
+    /// The chunks this run's reservation ceded to the records it saved.
+    ceded: Vec<ChunkRun>,
+    /// When the last record was saved (or the run began), and how long
+    /// until the next.
+    kept_at: Instant,
+    every: Duration,
+    /// Objects accepted since that record.
+    unsaved: bool,
+}
+
+impl Resume {
+    /// [`Resume::read`] on the blocking pool (the record of a large
+    /// source is megabytes of JSON), then the HEADs that tell whether a
+    /// manifest's kept rows are unchanged: `entries` back, marked. Only a
+    /// source in an object store (`remote`) is resumed.
+    pub(super) async fn start(
+        store: &Arc<Store>,
+        dataset: &str,
+        source: &str,
+        remote: Option<&Arc<ObjectSource>>,
+        mut entries: Vec<Entry>,
+    ) -> Result<(Vec<Entry>, Self)> {
+        let (store, dataset, source) = (Arc::clone(store), dataset.to_owned(), source.to_owned());
+        let Some(objects) = remote.cloned() else {
+            return Ok((entries, Self::new(None, &dataset, &source)));
+        };
+        let (mut entries, mut this, recheck) = tokio::task::spawn_blocking(move || {
+            let mut this = Self::new(Some(store), &dataset, &source);
+            let recheck = this.read(&mut entries)?;
+            Ok::<_, StorageError>((entries, this, recheck))
+        })
+        .await
+        .map_err(|e| StorageError::io("resume", ".", std::io::Error::other(e)))??;
+        // A kept row of a manifest is taken when a HEAD finds it as its
+        // GET did; otherwise it is fetched.
+        let now: Vec<(usize, KeptObject, Option<String>)> = futures::stream::iter(recheck)
+            .map(|(row, location, kept)| {
+                let objects = Arc::clone(&objects);
+                async move {
+                    let now = objects.head_stamp(&location).await;
+                    let id = now.map(|(size, stamp)| unlisted_identity(&location, size, &stamp));
+                    (row, kept, id)
+                }
+            })
+            .buffer_unordered(HEADS_AT_ONCE)
+            .collect()
+            .await;
+        for (row, kept, id) in now {
+            if id.as_deref() == Some(kept.identity.as_str()) {
+                this.identities[row] = id;
+                this.take(&mut entries[row], kept);
+            }
+        }
+        if this.prior_runs.is_some() {
+            tracing::info!(
+                "dataset '{}': {} objects ({} bytes) are on the device from the failed run \
+                 before; fetching the other {}",
+                this.dataset,
+                this.resumed.0,
+                this.resumed.1,
+                entries.len() as u64 - this.resumed.0
+            );
+        }
+        this.objects = Some(objects);
+        Ok((entries, this))
+    }
+
+    fn new(store: Option<Arc<Store>>, dataset: &str, source: &str) -> Self {
+        Self {
+            store,
+            objects: None,
+            dataset: dataset.to_owned(),
+            source: source.to_owned(),
+            identities: Vec::new(),
+            unlisted: HashMap::new(),
+            prior_runs: None,
+            fresh: false,
+            saved: 0,
+            kept: Vec::new(),
+            resumed: (0, 0),
+            ceded: Vec::new(),
+            kept_at: Instant::now(),
+            every: KEEP_EVERY,
+            unsaved: false,
+        }
+    }
+
+    /// Reads the dataset's record and marks each of `entries` that it
+    /// holds, by key and identity, as [`Origin::Kept`]; returns the rows
+    /// of a manifest (never listed) that it holds by key, for a HEAD to
+    /// tell.
+    fn read(&mut self, entries: &mut [Entry]) -> Result<Vec<(usize, ObjectPath, KeptObject)>> {
+        let store = self.store.clone();
+        self.identities = entries.iter().map(|e| identity(&e.origin)).collect();
+        for (row, e) in entries.iter().enumerate() {
+            if let Origin::Object {
+                location,
+                range: None,
+                stamp: None,
+                ..
+            } = &e.origin
+            {
+                self.unlisted.insert(row as u64, location.clone());
+            }
+        }
+        let Some(store) = store else {
+            return Ok(Vec::new());
+        };
+        let mut recheck = Vec::new();
+        match record(store.catalog(), &self.dataset)? {
+            Some(r) if r.source == self.source => {
+                let by_key: HashMap<&str, &KeptObject> =
+                    r.objects.iter().map(|o| (o.key.as_str(), o)).collect();
+                for (row, entry) in entries.iter_mut().enumerate() {
+                    let Some(kept) = by_key.get(entry.key.as_str()) else {
+                        continue;
+                    };
+                    match (&self.identities[row], self.unlisted.get(&(row as u64))) {
+                        (Some(id), _) if id == &kept.identity => {
+                            self.take(entry, (*kept).clone());
+                        }
+                        (None, Some(location))
+                            if kept.identity.starts_with(&format!("{location} unlisted ")) =>
+                        {
+                            recheck.push((row, location.clone(), (*kept).clone()));
+                        }
+                        _ => {}
+                    }
+                }
+                self.prior_runs = Some(r.runs);
+            }
+            // Another source's: freed when this run commits or keeps
+            // a record of its own.
+            Some(_) => self.fresh = true,
+            None => {}
+        }
+        Ok(recheck)
+    }
+
+    /// `entry` is `kept`, on the device from the earlier run.
+    fn take(&mut self, entry: &mut Entry, kept: KeptObject) {
+        self.resumed.0 += 1;
+        self.resumed.1 += kept.extent.length;
+        entry.origin = Origin::Kept(Box::new(kept));
+    }
+
+    /// Notes the object of source row `row`, accepted at `extent`.
+    pub(super) fn accepted(
+        &mut self,
+        row: u64,
+        key: &str,
+        probe: &Probe,
+        extent: &Extent,
+        crc: u32,
+    ) {
+        let identity = match self.identities.get(row as usize) {
+            Some(Some(identity)) => identity.clone(),
+            // A manifest's row: as its GET answered.
+            Some(None) => {
+                let (Some(location), Some(objects)) = (self.unlisted.get(&row), &self.objects)
+                else {
+                    return;
+                };
+                let Some(stamp) = objects.fetched_stamp(location) else {
+                    return;
+                };
+                unlisted_identity(location, extent.length, &stamp)
+            }
+            None => return,
+        };
+        self.kept.push(KeptObject {
+            key: key.to_owned(),
+            identity,
+            extent: *extent,
+            crc,
+            probe: probe.clone(),
+        });
+        self.unsaved = true;
+    }
+
+    /// Objects taken from the earlier run, and their bytes.
+    pub(super) fn resumed(&self) -> (u64, u64) {
+        self.resumed
+    }
+
+    /// The chunks the version takes over from the earlier run's record:
+    /// all of it, when this run resumed it.
+    pub(super) fn prior_runs(&self) -> Vec<ChunkRun> {
+        self.prior_runs.clone().unwrap_or_default()
+    }
+
+    /// What this run adds to the dataset's record once all its objects
+    /// are durable in `runs` (the record keeps what the earlier run kept
+    /// and this one did not reach); `None` when there is nothing to keep.
+    pub(super) fn into_kept(mut self, runs: Vec<ChunkRun>) -> Option<Kept> {
+        if self.identities.is_empty()
+            || (self.kept.is_empty() && self.prior_runs.is_none() && self.saved == 0)
+        {
+            return None;
+        }
+        let objects = self.kept.split_off(self.saved);
+        Some(Kept(Addition {
+            source: self.source,
+            fresh: self.fresh,
+            objects,
+            runs,
+        }))
+    }
+
+    /// This run failed with `error`: what it wrote is flushed and kept in
+    /// the record for the next, and `error` is returned. Nothing is kept
+    /// when the flush itself fails.
+    pub(super) async fn keep_failed(
+        self,
+        store: &Arc<Store>,
+        dataset: &str,
+        writer: ExtentWriter,
+        error: StorageError,
+    ) -> StorageError {
+        if self.identities.is_empty() {
+            return error;
+        }
+        let (runs, reservation) = match writer.finish().await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!("dataset '{dataset}': nothing kept for a re-run: {e}");
+                return error;
+            }
+        };
+        let mut all_runs = self.prior_runs();
+        all_runs.extend(runs);
+        if let Some(kept) = self.into_kept(all_runs) {
+            // On the blocking pool: JSON and a durable catalog write.
+            let (store, dataset) = (Arc::clone(store), dataset.to_owned());
+            let saved = tokio::task::spawn_blocking(move || {
+                kept.save(&store, &dataset, reservation, "the ingest failed");
+            });
+            if let Err(e) = saved.await {
+                tracing::warn!("nothing kept for a re-run: {e}");
+            }
+        }
+        error
+    }
+}
