@@ -6,12 +6,13 @@
 //! probed, checksummed and wrote are still worth having, because a run of
 //! 20,000 objects that an outage of the store stops at 19,000 should not
 //! fetch 19,000 again. So a failed ingest from a store flushes what it
-//! wrote and keeps a *resume record* in the catalog (tables `resumes` and
-//! `resume_chunks`, `crate::resume_tables`; one per dataset): the source it read (with the storage node's share), the
-//! chunk runs it filled, and for every object written its key, its
-//! identity in the store (location, size, range, and the version stamp its
-//! listing gave: ETag and last-modified time), its extent, crc32c
-//! and probe. The record owns those chunks (the allocator at open counts
+//! wrote and keeps a *resume record* in the catalog (tables `resumes`,
+//! `resume_objects` and `resume_chunks`, `crate::resume_tables`; one per
+//! dataset): the source it read (with the storage node's share), the
+//! chunk runs it filled, and for every object written (a row of its own)
+//! its key, its identity in the store (location, size, range, and the
+//! version stamp its listing gave: ETag and last-modified time), its
+//! extent, crc32c and probe. The record owns those chunks (the allocator at open counts
 //! them used), but no version names them, so nothing of it is listed or
 //! readable.
 //!

@@ -1,5 +1,6 @@
 //! A failed (or still running) ingest's resume record in the catalog
-//! (tables `resumes` and `resume_chunks`, `crate::resume_tables`): read,
+//! (tables `resumes`, `resume_objects` and `resume_chunks`,
+//! `crate::resume_tables`): read,
 //! saved in place of the one before, and what identifies each kept object
 //! in its store (see `super`).
 use object_store::path::Path as ObjectPath;
