@@ -196,6 +196,21 @@ def free_bytes(data):
     return info(data)["free_bytes"]
 
 
+def failed_then_mended(s3, data, env, url, n, bad):
+    """Ingests `url` (of `n` objects in bucket `big`'s `objs/`, object
+    `bad` not an array) under `--on-error fail`, which fails naming it and
+    commits nothing; mends it, rewrites object 5 at the same size (another
+    ETag) and ingests again: that run's report."""
+    p = run(data, env, "ingest", "objs", url, "--on-error", "fail")
+    assert p.returncode != 0 and f"{bad:05d}.npy" in p.stderr, p.stderr
+    assert datasets(data) == []
+    s3.put("big", f"objs/{bad:05d}.npy", npy(bad))
+    s3.put("big", "objs/00005.npy", npy(9999))
+    report = ingest(data, env, "objs", url)
+    assert report["samples"] == n and report["skipped"] == []
+    return report
+
+
 def test_a_failed_ingest_is_resumed_without_fetching_again_what_it_verified():
     """An ingest that fails part-way (a bad object under --on-error fail)
     commits nothing, but keeps what it wrote and verified; once the object
@@ -209,13 +224,7 @@ def test_a_failed_ingest_is_resumed_without_fetching_again_what_it_verified():
         for i in range(n):
             s3.put("big", f"objs/{i:05d}.npy", npy(i) if i != bad else b"not an array")
         env = s3.env(ENV)
-        p = run(data, env, "ingest", "objs", "s3://big/objs", "--on-error", "fail")
-        assert p.returncode != 0 and f"{bad:05d}.npy" in p.stderr, p.stderr
-        assert datasets(data) == []
-        s3.put("big", f"objs/{bad:05d}.npy", npy(bad))
-        s3.put("big", "objs/00005.npy", npy(9999))  # changed: same size, new ETag
-        report = ingest(data, env, "objs", "s3://big/objs")
-        assert report["samples"] == n and report["skipped"] == []
+        report = failed_then_mended(s3, data, env, "s3://big/objs", n, bad)
         req = report["requests"]
         assert req["resumed"] == bad - 1, req
         assert req["resumed_bytes"] == (bad - 1) * len(npy(0)), req
@@ -254,12 +263,7 @@ def test_a_manifests_kept_rows_are_resumed_after_a_head_each():
         s3.put("big", "objs/m.csv",
                ("path\n" + "".join(f"{i:05d}.npy\n" for i in range(n))).encode())
         env = s3.env(ENV)
-        p = run(data, env, "ingest", "objs", "s3://big/objs/m.csv", "--on-error", "fail")
-        assert p.returncode != 0 and f"{bad:05d}.npy" in p.stderr, p.stderr
-        s3.put("big", f"objs/{bad:05d}.npy", npy(bad))
-        s3.put("big", "objs/00005.npy", npy(9999))  # changed: same size, new ETag
-        report = ingest(data, env, "objs", "s3://big/objs/m.csv")
-        assert report["samples"] == n and report["skipped"] == []
+        report = failed_then_mended(s3, data, env, "s3://big/objs/m.csv", n, bad)
         req = report["requests"]
         assert req["resumed"] == bad - 1, req
         # The manifest, a HEAD for each kept row, a GET for each other.
