@@ -12,17 +12,17 @@
 //! chunk runs it filled, and for every object written (a row of its own)
 //! its key, its identity in the store (location, size, range, and the
 //! version stamp its listing gave: ETag and last-modified time), its
-//! extent, crc32c and probe. The record owns those chunks (the allocator at open counts
-//! them used), but no version names them, so nothing of it is listed or
-//! readable.
+//! extent, crc32c and probe. The record owns those chunks (the allocator
+//! at open counts them used), but no version names them, so nothing of it
+//! is listed or readable.
 //!
 //! The next ingest of that dataset from the same source takes every entry
 //! whose key and identity match a kept object as that object, with no
 //! request sent for it, and fetches the rest. Its version's runs are the
 //! record's plus its own, and its commit deletes the record in the same
-//! catalog transaction (`resume_tables::take_in`). An object whose identity differs
-//! (written in the store since: another size, ETag or time) is fetched
-//! again. A manifest's row is never listed: it is kept with the size and
+//! catalog transaction (`resume_tables::take_in`). An object whose
+//! identity differs (written in the store since: another size, ETag or
+//! time) is fetched again. A manifest's row is never listed: it is kept with the size and
 //! stamp its GET answered, and the re-run sends a HEAD for it (a request,
 //! but none of its bytes; 32 at once) and takes it when the two match.
 //! (A conditional GET, `If-None-Match`, would fold the HEAD and a changed
@@ -37,7 +37,8 @@
 //! writes and flushes the device ([`ExtentWriter::sync`]), and the record
 //! is saved with every object that is now durable (all but those in the
 //! chunk still being filled). The chunks it names are ceded by the
-//! ingest's reservation to the record ([`Reservation::cede`]), so that
+//! ingest's reservation to the record
+//! ([`crate::space::Reservation::cede`]), so that
 //! whatever ends the run, they stay allocated until a commit, a record
 //! that replaces this one, or `sluice gc` lets them go; the allocator at
 //! the next open counts them used. Chunks pass between owners chunk by
@@ -316,8 +317,9 @@ impl Resume {
     }
 
     /// This run failed with `error`: what it wrote is flushed and kept in
-    /// the record for the next, and `error` is returned. Nothing is kept
-    /// when the flush itself fails.
+    /// the record for the next, and `error` is returned. When the flush
+    /// itself fails, the record keeps only what the saves while the run
+    /// went on put in it.
     pub(super) async fn keep_failed(
         self,
         store: &Arc<Store>,
@@ -331,7 +333,10 @@ impl Resume {
         let (runs, reservation) = match writer.finish().await {
             Ok(done) => done,
             Err(e) => {
-                tracing::warn!("dataset '{dataset}': nothing kept for a re-run: {e}");
+                tracing::warn!(
+                    "dataset '{dataset}': nothing more kept for a re-run (the device failed: \
+                     {e})"
+                );
                 return error;
             }
         };

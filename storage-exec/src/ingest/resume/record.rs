@@ -1,8 +1,7 @@
 //! A failed (or still running) ingest's resume record in the catalog
 //! (tables `resumes`, `resume_objects` and `resume_chunks`,
-//! `crate::resume_tables`): read,
-//! saved in place of the one before, and what identifies each kept object
-//! in its store (see `super`).
+//! `crate::resume_tables`): read back, added to by each save, and what
+//! identifies each kept object in its store (see `super`).
 use object_store::path::Path as ObjectPath;
 use redb::{ReadableDatabase, ReadableTable};
 
