@@ -488,8 +488,9 @@ class Checkpoint:
             w = CheckpointWriter(self, full[i], upload=ids[i])
             try:
                 torch.save(items[i][1], w, **torch_save)
-            except BaseException:
+            except BaseException as e:
                 w.abort()
+                w.raise_own(e)
                 raise
             return w.uncommitted()
 
@@ -555,6 +556,17 @@ class CheckpointWriter(io.RawIOBase):
         self._slot, self._part = self._lanes.acquire()
         self._fill = 0
         self._offset = 0  # of the part being filled
+        # What failed a write (the server's answer: a full device, a
+        # refused name). torch.save calls ``write`` from its zip writer,
+        # which swallows the error and fails on its own with a message of
+        # its own ("unexpected pos ..."): the writer's is the one to show.
+        self._failed: Optional[BaseException] = None
+
+    def raise_own(self, error: BaseException) -> None:
+        """Raises what failed this writer's own ``write`` in place of
+        ``error`` (what ``torch.save`` made of it), if that is not it."""
+        if self._failed is not None and error is not self._failed:
+            raise self._failed from error
 
     def writable(self) -> bool:
         return True
@@ -568,13 +580,17 @@ class CheckpointWriter(io.RawIOBase):
         view = memoryview(b).cast("B")
         n = len(view)
         pos = 0
-        while pos < n:
-            take = min(n - pos, len(self._part) - self._fill)
-            self._part[self._fill:self._fill + take] = view[pos:pos + take]
-            self._fill += take
-            pos += take
-            if self._fill == len(self._part):
-                self._send()
+        try:
+            while pos < n:
+                take = min(n - pos, len(self._part) - self._fill)
+                self._part[self._fill:self._fill + take] = view[pos:pos + take]
+                self._fill += take
+                pos += take
+                if self._fill == len(self._part):
+                    self._send()
+        except BaseException as e:
+            self._failed = e
+            raise
         return n
 
     def _send(self) -> None:
@@ -630,6 +646,7 @@ class CheckpointWriter(io.RawIOBase):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None:
             self.abort()
+            self.raise_own(exc)
         else:
             self.close()
 

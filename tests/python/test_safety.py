@@ -227,6 +227,18 @@ def test_a_full_device_is_507_for_ingest_and_for_checkpoints():
                 with ck.writer("model.pt") as w:
                     w.write(b"\0" * (8 << 20))
             assert (e.value.status, e.value.code) == (507, "device_full"), e.value.message
+            # Through torch.save, whose zip writer swallows a write's error
+            # and fails with one of its own ("unexpected pos"): the
+            # server's is what the caller gets, naming the checkpoint.
+            import torch
+            state = {"w": torch.zeros(8 << 20)}
+            with pytest.raises(sluice.SluiceError) as e:
+                with ck.writer("model.pt") as w:
+                    torch.save(state, w)
+            assert e.value.code == "device_full" and "full/model.pt" in e.value.message, e.value
+            with pytest.raises(sluice.SluiceError) as e:
+                ck.save_all({"a.pt": state, "b.pt": state})
+            assert e.value.code == "device_full" and "full/" in e.value.message, e.value
             assert c._request("GET", "/healthz") == "ok\n"
         finally:
             proc.terminate()
