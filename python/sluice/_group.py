@@ -31,6 +31,9 @@ from ._reader import CheckpointReader, Opened
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
 
+#: The largest range of a group's larger versions one request reads.
+GROUP_RANGE = 8 << 20
+
 
 class _Group:
     """The region the items share; kept (or let go) once all are closed
@@ -115,9 +118,14 @@ def open_group(ckpt: "Checkpoint", names: List[str],
     region, answer = lent
     placed = answer["items"]
     group = _Group(ckpt, region, len(placed))
-    # Chunks: each request reads a chunk's extents at once (the tensors
-    # map the bytes, so no parse waits on a small first range).
-    chunk = ckpt.chunk_size
+    # Ranges of at most GROUP_RANGE, each request's extents read at once
+    # (the tensors map the bytes, so no parse waits on a small first
+    # range). The ranks of a host load together from one server and one
+    # device, and a request answers only once all its extents are in: with
+    # 16 MiB ranges (the chunk), one rank's four in flight kept the
+    # others' waiting behind 64 MiB of reads (docs/benchmarks.md, "The
+    # loads at 2 and 4 ranks").
+    chunk = min(ckpt.chunk_size, GROUP_RANGE)
     readers: Dict[int, CheckpointReader] = {}
     for item, p in enumerate(placed):
         index = int(p["index"])
