@@ -32,23 +32,21 @@ pub(crate) fn create_tables(txn: &WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
+/// The first key of `resume_objects` past `dataset`'s rows: every
+/// `(dataset, key)` is below `(dataset + "\0", "")`, and every other
+/// dataset's at or above it, so `(dataset, "")..objects_end(dataset)` is
+/// exactly its rows.
+pub(crate) fn objects_end(dataset: &str) -> String {
+    format!("{dataset}\0")
+}
+
 /// Removes `dataset`'s kept objects from `table`.
 pub(crate) fn remove_objects(
     table: &mut redb::Table<'_, (&'static str, &'static str), &'static [u8]>,
     dataset: &str,
 ) -> Result<(), redb::Error> {
-    let mut keys = Vec::new();
-    for entry in table.range((dataset, "")..)? {
-        let (k, _) = entry?;
-        let (d, key) = k.value();
-        if d != dataset {
-            break;
-        }
-        keys.push(key.to_owned());
-    }
-    for key in &keys {
-        table.remove((dataset, key.as_str()))?;
-    }
+    let end = objects_end(dataset);
+    table.retain_in((dataset, "")..(end.as_str(), ""), |_, _| false)?;
     Ok(())
 }
 
@@ -227,5 +225,22 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// A dataset's rows end where its name does: a commit of `x` leaves
+    /// `x2`'s and `x-1`'s objects (names that begin with it, or sort
+    /// right after it).
+    #[test]
+    fn a_commit_takes_its_own_datasets_objects_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let cat = Catalog::create(&dir.path().join("c.redb")).unwrap();
+        for d in ["x", "x2", "x-1", "w"] {
+            keep(&cat, d, &[]);
+        }
+        let txn = cat.db().begin_write().unwrap();
+        take_in(&txn, "x", &[]).unwrap();
+        txn.commit().unwrap();
+        let left: Vec<String> = objects(&cat).into_iter().map(|(d, _)| d).collect();
+        assert_eq!(left, ["w", "w", "x-1", "x-1", "x2", "x2"]);
     }
 }

@@ -35,6 +35,13 @@ pub(crate) enum Origin {
         row: u64,
     },
     Inline(Vec<u8>),
+    /// A manifest's row fetched from its store (`super::objects`), with
+    /// the version stamp its GET answered, which no listing gave: what a
+    /// resume record keeps of it (`super::resume`).
+    Fetched {
+        bytes: Vec<u8>,
+        stamp: Arc<str>,
+    },
     /// An object in a store (`super::objects`), with its size when the
     /// listing gave it, or (a shard's member) the range of it that holds
     /// the sample; fetched into `Inline` by its load group.

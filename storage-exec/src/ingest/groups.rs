@@ -56,7 +56,7 @@ fn group_bytes(group: &[Entry]) -> u64 {
     group
         .iter()
         .map(|e| match &e.origin {
-            Origin::Inline(b) => b.len() as u64,
+            Origin::Inline(b) | Origin::Fetched { bytes: b, .. } => b.len() as u64,
             Origin::Path(p) => std::fs::symlink_metadata(p)
                 .map(|m| m.len().min(STREAM_ABOVE))
                 .unwrap_or(0),

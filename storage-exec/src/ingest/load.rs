@@ -6,6 +6,7 @@
 //! file that changes meanwhile is refused.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use sluice_udfs::probe::{Probe, probe, probe_file};
 
@@ -20,6 +21,9 @@ use crate::error::{Result, StorageError};
 pub(super) struct Loaded {
     pub(super) body: Body,
     pub(super) probed: Probe,
+    /// The version stamp its store's GET answered, for an object no
+    /// listing stamped (`Origin::Fetched`).
+    pub(super) stamp: Option<Arc<str>>,
 }
 
 /// An object's bytes: in memory, or (a large file) still in the file,
@@ -102,7 +106,17 @@ pub(super) fn load(
         Origin::Inline(b) if b.len() as u64 > MAX_OBJECT_BYTES => {
             return (entry.key, Err(too_large(b.len() as u64)));
         }
+        Origin::Fetched { bytes, .. } if bytes.len() as u64 > MAX_OBJECT_BYTES => {
+            return (entry.key, Err(too_large(bytes.len() as u64)));
+        }
         Origin::Inline(b) => b,
+        Origin::Fetched { bytes, stamp } => {
+            let loaded = loaded(bytes).map(|l| Loaded {
+                stamp: Some(stamp),
+                ..l
+            });
+            return (entry.key, loaded);
+        }
         Origin::Refused(reason) => return (entry.key, Err(reason)),
         Origin::Kept(kept) => {
             let KeptObject {
@@ -114,6 +128,7 @@ pub(super) fn load(
                 Ok(Loaded {
                     body,
                     probed: probe,
+                    stamp: None,
                 }),
             );
         }
@@ -154,6 +169,7 @@ pub(super) fn load(
                 Ok(Err(Loaded {
                     body: Body::File { file: f, len },
                     probed,
+                    stamp: None,
                 }))
             });
             match opened {
@@ -163,14 +179,19 @@ pub(super) fn load(
             }
         }
     };
-    let result = probe(&bytes).map(|probed| Loaded {
+    (entry.key, loaded(bytes))
+}
+
+/// `bytes` probed and checksummed.
+fn loaded(bytes: Vec<u8>) -> std::result::Result<Loaded, String> {
+    probe(&bytes).map(|probed| Loaded {
         body: Body::Memory {
             crc: crc32c::crc32c(&bytes),
             bytes,
         },
         probed,
-    });
-    (entry.key, result)
+        stamp: None,
+    })
 }
 
 /// Streams `len` bytes of `file` into the writer as one object and returns

@@ -357,7 +357,8 @@ async fn write_loaded(
                     };
                     match crc {
                         Ok(crc) => {
-                            resume.accepted(row, &key, &obj.probed, &extent, crc);
+                            let stamp = obj.stamp.as_deref();
+                            resume.accepted(row, &key, &obj.probed, &extent, crc, stamp);
                             rows.push(row, &key, &obj.probed, &extent, crc);
                         }
                         Err(reason) => refuse(key, reason)?,

@@ -129,7 +129,10 @@ impl IngestSource {
                     let url = source.url().of_key(location.as_ref());
                     (e.key, Some(PathBuf::from(url)))
                 }
-                Origin::Inline(_) | Origin::Refused(_) | Origin::Kept(_) => (e.key, None),
+                Origin::Inline(_)
+                | Origin::Fetched { .. }
+                | Origin::Refused(_)
+                | Origin::Kept(_) => (e.key, None),
             })
             .collect())
     }

@@ -36,6 +36,9 @@ use crate::error::{Result, StorageError};
 use crate::ingest::entries::{Entry, Origin};
 use crate::ingest::{MAX_OBJECT_BYTES, too_large};
 
+/// An object's bytes, and the version stamp its GET answered.
+type Fetched = (Vec<u8>, Option<Arc<str>>);
+
 /// Objects larger than this are fetched in ranges of it.
 pub const RANGE_BYTES: u64 = 8 << 20;
 /// Ranges of one object in flight.
@@ -94,8 +97,10 @@ pub(crate) async fn fetch_group(mut group: Vec<Entry>) -> Result<Vec<Entry>> {
             else {
                 return Ok(entry);
             };
-            let origin = match source.fetch(&location, size, stamp.is_none()).await? {
-                Ok(bytes) => Origin::Inline(bytes),
+            let origin = match source.fetch(&location, size).await? {
+                // No listing stamped it (a manifest's row): its GET's stamp.
+                Ok((bytes, Some(got))) if stamp.is_none() => Origin::Fetched { bytes, stamp: got },
+                Ok((bytes, _)) => Origin::Inline(bytes),
                 Err(reason) => Origin::Refused(reason),
             };
             Ok(Entry {
@@ -151,15 +156,14 @@ impl Members {
 
 impl ObjectSource {
     /// The bytes of the object at `location` (`size` as listed, when it
-    /// was): `Ok(Err(reason))` for the object's fault, `Err` for the
-    /// store's. With `unstamped` (no listing gave its version), the
-    /// version its GET answered with is noted (`fetched_stamp`).
+    /// was), with the version stamp a whole GET answered (`None` for one
+    /// fetched in ranges): `Ok(Err(reason))` for the object's fault, `Err`
+    /// for the store's.
     async fn fetch(
         &self,
         location: &ObjectPath,
         size: Option<u64>,
-        unstamped: bool,
-    ) -> Result<std::result::Result<Vec<u8>, String>> {
+    ) -> Result<std::result::Result<Fetched, String>> {
         let url = self.url.of_key(location.as_ref());
         if let Some(len) = size.filter(|&l| l > MAX_OBJECT_BYTES) {
             return Ok(Err(too_large(len)));
@@ -169,7 +173,7 @@ impl ObjectSource {
             tries += 1;
             let got = match size {
                 Some(len) if len > RANGE_BYTES => self.fetch_ranges(location, len).await,
-                _ => self.fetch_whole(location, size, unstamped).await,
+                _ => self.fetch_whole(location, size).await,
             };
             match got {
                 Ok(bytes) => return Ok(bytes),
@@ -193,17 +197,13 @@ impl ObjectSource {
         &self,
         location: &ObjectPath,
         size: Option<u64>,
-        unstamped: bool,
-    ) -> std::result::Result<std::result::Result<Vec<u8>, String>, Failure> {
+    ) -> std::result::Result<std::result::Result<Fetched, String>, Failure> {
         let got = self.store.get(location).await.map_err(classify)?;
         let len = got.meta.size;
         if len > MAX_OBJECT_BYTES {
             return Ok(Err(too_large(len)));
         }
-        if unstamped && let Some(stamp) = super::stamp(&got.meta) {
-            let mut fetched = self.fetched.lock().unwrap_or_else(|e| e.into_inner());
-            fetched.insert(location.clone(), stamp);
-        }
+        let stamp = super::stamp(&got.meta);
         let bytes = got
             .bytes()
             .await
@@ -213,14 +213,14 @@ impl ObjectSource {
         {
             return Ok(Err(changed(listed, bytes.len() as u64)));
         }
-        Ok(Ok(Vec::from(bytes)))
+        Ok(Ok((Vec::from(bytes), stamp)))
     }
 
     async fn fetch_ranges(
         &self,
         location: &ObjectPath,
         len: u64,
-    ) -> std::result::Result<std::result::Result<Vec<u8>, String>, Failure> {
+    ) -> std::result::Result<std::result::Result<Fetched, String>, Failure> {
         let ranges = (0..len.div_ceil(RANGE_BYTES))
             .map(|i| i * RANGE_BYTES..((i + 1) * RANGE_BYTES).min(len));
         let pieces: Vec<bytes::Bytes> = futures::stream::iter(ranges)
@@ -239,7 +239,7 @@ impl ObjectSource {
         for p in pieces {
             out.extend_from_slice(&p);
         }
-        Ok(Ok(out))
+        Ok(Ok((out, None)))
     }
 }
 

@@ -82,10 +82,6 @@ pub struct ObjectSource {
     allow: Option<UrlAllow>,
     /// The Parquet shards' row groups read last (`parquet_shards`).
     row_groups: parquet_shards::RowGroupObjects,
-    /// The version stamps of objects no listing stamped (a manifest's
-    /// rows), as their GETs answered: what a resume record keeps of them
-    /// (`ingest::resume`).
-    fetched: std::sync::Mutex<std::collections::HashMap<ObjectPath, Arc<str>>>,
 }
 
 impl std::fmt::Debug for ObjectSource {
@@ -139,7 +135,6 @@ impl ObjectSource {
             tally,
             allow,
             row_groups: parquet_shards::RowGroupObjects::default(),
-            fetched: Default::default(),
         })
     }
 
@@ -159,13 +154,6 @@ impl ObjectSource {
     /// The requests and retries so far.
     pub fn counts(&self) -> Counts {
         self.tally.counts()
-    }
-
-    /// The stamp the GET of `location` answered with, for an object no
-    /// listing stamped (see `fetched`).
-    pub(crate) fn fetched_stamp(&self, location: &ObjectPath) -> Option<Arc<str>> {
-        let fetched = self.fetched.lock().unwrap_or_else(|e| e.into_inner());
-        fetched.get(location).cloned()
     }
 
     /// The size and stamp of the object at `location` now, by a HEAD;

@@ -28,7 +28,8 @@ impl Resume {
         let Some(store) = self.store.clone() else {
             return Ok(());
         };
-        if !self.unsaved || self.kept_at.elapsed() < self.every {
+        // Nothing accepted since the last save, or not yet time.
+        if self.kept.len() == self.saved || self.kept_at.elapsed() < self.every {
             return Ok(());
         }
         let started = Instant::now();
@@ -58,10 +59,12 @@ impl Resume {
         };
         let dataset = self.dataset.clone();
         let on_pool = Arc::clone(&store);
-        let saved =
-            tokio::task::spawn_blocking(move || save(on_pool.catalog(), &dataset, &add)).await;
+        let saved = tokio::task::spawn_blocking(move || save(on_pool.catalog(), &dataset, &add))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
         match saved {
-            Ok(Ok((freed, held))) => {
+            Ok((freed, held)) => {
                 store.space_map().release(&freed);
                 let took = started.elapsed();
                 tracing::info!(
@@ -74,10 +77,8 @@ impl Resume {
                 self.fresh = false;
                 self.every = KEEP_EVERY.max(took * KEEP_SHARE);
             }
-            Ok(Err(e)) => self.take_back(writer, &newly, &e.to_string()),
-            Err(e) => self.take_back(writer, &newly, &e.to_string()),
+            Err(why) => self.take_back(writer, &newly, &why),
         }
-        self.unsaved = false;
         self.kept_at = Instant::now();
         Ok(())
     }

@@ -72,6 +72,7 @@ use super::entries::{Entry, KeptObject, Origin};
 use super::objects::ObjectSource;
 use super::writer::{Extent, ExtentWriter};
 use crate::alloc::ChunkRun;
+use crate::catalog::Catalog;
 use crate::error::{Result, StorageError};
 use crate::store::Store;
 
@@ -79,22 +80,46 @@ use crate::store::Store;
 /// are unchanged.
 const HEADS_AT_ONCE: usize = 32;
 
+/// What tells a re-run that a source row's object is the one a run kept.
+enum RowId {
+    /// Its listing's identity (`record::identity`).
+    Listed(String),
+    /// A manifest's row, never listed: its object, whose identity is its
+    /// GET's (`unlisted_identity`).
+    Unlisted(ObjectPath),
+    /// Nothing: not an object of a store.
+    Unknown,
+}
+
+impl RowId {
+    fn of(origin: &Origin) -> Self {
+        match (identity(origin), origin) {
+            (Some(id), _) => Self::Listed(id),
+            (
+                None,
+                Origin::Object {
+                    location,
+                    range: None,
+                    stamp: None,
+                    ..
+                },
+            ) => Self::Unlisted(location.clone()),
+            _ => Self::Unknown,
+        }
+    }
+}
+
 /// One run of an ingest, as far as resuming goes: the record an earlier
 /// run left (used when it read the same source), and what this run
 /// writes of the objects it could keep.
 pub(super) struct Resume {
-    /// Where records are saved while the run goes on (`None`: not a
-    /// store's source).
+    /// Where records are saved (`None`: not a store's source, which is
+    /// never resumed).
     store: Option<Arc<Store>>,
-    /// The source's store, whose GETs stamp a manifest's rows.
-    objects: Option<Arc<ObjectSource>>,
     dataset: String,
     source: String,
-    /// Each entry's identity, by source row (empty: not a store's source).
-    identities: Vec<Option<String>>,
-    /// A manifest's rows (never listed, so no identity until fetched):
-    /// their objects, by source row.
-    unlisted: HashMap<u64, ObjectPath>,
+    /// Each entry's identity, by source row.
+    rows: Vec<RowId>,
     /// The chunks of the earlier run's record, when it read this source
     /// (its objects are rows of the record still, `record`).
     prior_runs: Option<Vec<ChunkRun>>,
@@ -113,8 +138,6 @@ pub(super) struct Resume {
     /// until the next.
     kept_at: Instant,
     every: Duration,
-    /// Objects accepted since that record.
-    unsaved: bool,
 }
 
 impl Resume {
@@ -134,8 +157,8 @@ impl Resume {
             return Ok((entries, Self::new(None, &dataset, &source)));
         };
         let (mut entries, mut this, recheck) = tokio::task::spawn_blocking(move || {
-            let mut this = Self::new(Some(store), &dataset, &source);
-            let recheck = this.read(&mut entries)?;
+            let mut this = Self::new(Some(Arc::clone(&store)), &dataset, &source);
+            let recheck = this.read(store.catalog(), &mut entries)?;
             Ok::<_, StorageError>((entries, this, recheck))
         })
         .await
@@ -155,8 +178,8 @@ impl Resume {
             .collect()
             .await;
         for (row, kept, id) in now {
-            if id.as_deref() == Some(kept.identity.as_str()) {
-                this.identities[row] = id;
+            if let Some(id) = id.filter(|id| id == &kept.identity) {
+                this.rows[row] = RowId::Listed(id);
                 this.take(&mut entries[row], kept);
             }
         }
@@ -170,18 +193,15 @@ impl Resume {
                 entries.len() as u64 - this.resumed.0
             );
         }
-        this.objects = Some(objects);
         Ok((entries, this))
     }
 
     fn new(store: Option<Arc<Store>>, dataset: &str, source: &str) -> Self {
         Self {
             store,
-            objects: None,
             dataset: dataset.to_owned(),
             source: source.to_owned(),
-            identities: Vec::new(),
-            unlisted: HashMap::new(),
+            rows: Vec::new(),
             prior_runs: None,
             fresh: false,
             saved: 0,
@@ -190,48 +210,36 @@ impl Resume {
             ceded: Vec::new(),
             kept_at: Instant::now(),
             every: KEEP_EVERY,
-            unsaved: false,
         }
     }
 
-    /// Reads the dataset's record and marks each of `entries` that it
-    /// holds, by key and identity, as [`Origin::Kept`]; returns the rows
-    /// of a manifest (never listed) that it holds by key, for a HEAD to
-    /// tell.
-    fn read(&mut self, entries: &mut [Entry]) -> Result<Vec<(usize, ObjectPath, KeptObject)>> {
-        let store = self.store.clone();
-        self.identities = entries.iter().map(|e| identity(&e.origin)).collect();
-        for (row, e) in entries.iter().enumerate() {
-            if let Origin::Object {
-                location,
-                range: None,
-                stamp: None,
-                ..
-            } = &e.origin
-            {
-                self.unlisted.insert(row as u64, location.clone());
-            }
-        }
-        let Some(store) = store else {
-            return Ok(Vec::new());
-        };
+    /// Reads the dataset's record in `catalog` and marks each of
+    /// `entries` that it holds, by key and identity, as [`Origin::Kept`];
+    /// returns the rows of a manifest (never listed) that it holds by key,
+    /// for a HEAD to tell.
+    fn read(
+        &mut self,
+        catalog: &Catalog,
+        entries: &mut [Entry],
+    ) -> Result<Vec<(usize, ObjectPath, KeptObject)>> {
+        self.rows = entries.iter().map(|e| RowId::of(&e.origin)).collect();
         let mut recheck = Vec::new();
-        match record(store.catalog(), &self.dataset)? {
+        match record(catalog, &self.dataset)? {
             Some(r) if r.source == self.source => {
                 let by_key: HashMap<&str, &KeptObject> =
                     r.objects.iter().map(|o| (o.key.as_str(), o)).collect();
                 for (row, entry) in entries.iter_mut().enumerate() {
-                    let Some(kept) = by_key.get(entry.key.as_str()) else {
+                    let Some(&kept) = by_key.get(entry.key.as_str()) else {
                         continue;
                     };
-                    match (&self.identities[row], self.unlisted.get(&(row as u64))) {
-                        (Some(id), _) if id == &kept.identity => {
-                            self.take(entry, (*kept).clone());
+                    match &self.rows[row] {
+                        RowId::Listed(id) if id == &kept.identity => {
+                            self.take(entry, kept.clone());
                         }
-                        (None, Some(location))
+                        RowId::Unlisted(location)
                             if kept.identity.starts_with(&format!("{location} unlisted ")) =>
                         {
-                            recheck.push((row, location.clone(), (*kept).clone()));
+                            recheck.push((row, location.clone(), kept.clone()));
                         }
                         _ => {}
                     }
@@ -253,7 +261,8 @@ impl Resume {
         entry.origin = Origin::Kept(Box::new(kept));
     }
 
-    /// Notes the object of source row `row`, accepted at `extent`.
+    /// Notes the object of source row `row`, accepted at `extent`; a
+    /// manifest's row with the `stamp` its GET answered.
     pub(super) fn accepted(
         &mut self,
         row: u64,
@@ -261,21 +270,14 @@ impl Resume {
         probe: &Probe,
         extent: &Extent,
         crc: u32,
+        stamp: Option<&str>,
     ) {
-        let identity = match self.identities.get(row as usize) {
-            Some(Some(identity)) => identity.clone(),
-            // A manifest's row: as its GET answered.
-            Some(None) => {
-                let (Some(location), Some(objects)) = (self.unlisted.get(&row), &self.objects)
-                else {
-                    return;
-                };
-                let Some(stamp) = objects.fetched_stamp(location) else {
-                    return;
-                };
-                unlisted_identity(location, extent.length, &stamp)
+        let identity = match (self.rows.get(row as usize), stamp) {
+            (Some(RowId::Listed(identity)), _) => identity.clone(),
+            (Some(RowId::Unlisted(location)), Some(stamp)) => {
+                unlisted_identity(location, extent.length, stamp)
             }
-            None => return,
+            _ => return,
         };
         self.kept.push(KeptObject {
             key: key.to_owned(),
@@ -284,7 +286,6 @@ impl Resume {
             crc,
             probe: probe.clone(),
         });
-        self.unsaved = true;
     }
 
     /// Objects taken from the earlier run, and their bytes.
@@ -302,7 +303,7 @@ impl Resume {
     /// are durable in `runs` (the record keeps what the earlier run kept
     /// and this one did not reach); `None` when there is nothing to keep.
     pub(super) fn into_kept(mut self, runs: Vec<ChunkRun>) -> Option<Kept> {
-        if self.identities.is_empty()
+        if self.store.is_none()
             || (self.kept.is_empty() && self.prior_runs.is_none() && self.saved == 0)
         {
             return None;
@@ -327,7 +328,7 @@ impl Resume {
         writer: ExtentWriter,
         error: StorageError,
     ) -> StorageError {
-        if self.identities.is_empty() {
+        if self.store.is_none() {
             return error;
         }
         let (runs, reservation) = match writer.finish().await {

@@ -9,7 +9,9 @@ use crate::alloc::{ChunkRun, subtract};
 use crate::catalog::Catalog;
 use crate::error::Result;
 use crate::ingest::entries::{KeptObject, Origin};
-use crate::resume_tables::{RESUME_CHUNKS, RESUME_OBJECTS, RESUMES, remove_objects, remove_runs};
+use crate::resume_tables::{
+    RESUME_CHUNKS, RESUME_OBJECTS, RESUMES, objects_end, remove_objects, remove_runs,
+};
 use crate::space::Reservation;
 use crate::store::Store;
 
@@ -49,11 +51,12 @@ pub(super) fn record(catalog: &Catalog, dataset: &str) -> Result<Option<Record>>
     let head: Head = catalog.decode(value.value())?;
     let mut objects = Vec::new();
     let rows = txn.open_table(RESUME_OBJECTS).map_err(|e| catalog.err(e))?;
-    for entry in rows.range((dataset, "")..).map_err(|e| catalog.err(e))? {
-        let (k, v) = entry.map_err(|e| catalog.err(e))?;
-        if k.value().0 != dataset {
-            break;
-        }
+    let end = objects_end(dataset);
+    for entry in rows
+        .range((dataset, "")..(end.as_str(), ""))
+        .map_err(|e| catalog.err(e))?
+    {
+        let (_, v) = entry.map_err(|e| catalog.err(e))?;
         objects.push(catalog.decode(v.value())?);
     }
     let mut runs = Vec::new();
@@ -103,14 +106,11 @@ pub(super) fn save(
             rows.insert((dataset, object.key.as_str()), bytes.as_slice())
                 .map_err(|e| catalog.err(e))?;
         }
-        let mut held = 0u64;
-        for entry in rows.range((dataset, "")..).map_err(|e| catalog.err(e))? {
-            let (k, _) = entry.map_err(|e| catalog.err(e))?;
-            if k.value().0 != dataset {
-                break;
-            }
-            held += 1;
-        }
+        let end = objects_end(dataset);
+        let held = rows
+            .range((dataset, "")..(end.as_str(), ""))
+            .map_err(|e| catalog.err(e))?
+            .count() as u64;
         let mut chunks = txn.open_table(RESUME_CHUNKS).map_err(|e| catalog.err(e))?;
         let before = remove_runs(&mut chunks, dataset).map_err(|e| catalog.err(e))?;
         for run in &add.runs {
