@@ -24,6 +24,8 @@
 //!   where;
 //! - [`auth`]: `Auth`: the bearer check of every REST route and Flight call;
 //! - [`grant`]: `Grant`: what one token allows;
+//! - [`pass`]: `PassGate`, `UploadPass`: a trainer's pass to write its
+//!   stripes of one cluster checkpoint upload on a storage node;
 //! - [`tokens`]: `TokenFile`: the tokens a server accepts, as its operator
 //!   writes them.
 //! - With no token configured at all, the server is open: every caller is
@@ -38,9 +40,11 @@
 pub mod audit;
 pub mod auth;
 pub mod grant;
+pub mod pass;
 pub mod tokens;
 
 pub use audit::Audit;
 pub use auth::{AUTHORIZATION, Auth};
 pub use grant::{Grant, Principal, Scope};
+pub use pass::{PASS_HEADER, PassGate, PassHash, UploadPass};
 pub use tokens::TokenFile;

@@ -257,6 +257,8 @@ async fn serve_command(cli: &Cli) -> anyhow::Result<()> {
             idle_timeout: std::time::Duration::from_secs_f64(
                 checkpoint_idle_timeout.clamp(0.1, 86_400.0),
             ),
+            // One machine's store: its trainers hold tokens.
+            passes: false,
         },
         cluster_checkpoints: (
             *checkpoint_replicas,

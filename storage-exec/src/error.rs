@@ -253,6 +253,14 @@ pub enum StorageError {
     /// aborted, or expired after a writer went silent).
     #[error("unknown checkpoint upload '{0}' (committed, aborted, or expired)")]
     UnknownUpload(String),
+    /// A put with an upload pass that is not the named upload's (or the
+    /// upload is over): the same answer either way, so a pass tells its
+    /// holder nothing of other uploads.
+    #[error(
+        "the upload pass presented is not checkpoint upload '{0}''s, or the upload is over \
+         (committed, aborted, or expired)"
+    )]
+    PassRefused(String),
     /// A checkpoint upload that cannot be committed or written as asked.
     #[error("checkpoint '{name}': {reason}")]
     BadUpload {
@@ -357,7 +365,7 @@ impl Fault for StorageError {
             | Self::BadCheckpointRepair { .. }
             | Self::BadUpload { .. } => Code::InvalidArgument,
             Self::RowOutOfRange { .. } => Code::OutOfRange,
-            Self::OutsideRoots { .. } => Code::PermissionDenied,
+            Self::OutsideRoots { .. } | Self::PassRefused(_) => Code::PermissionDenied,
             Self::UnknownIngest(_) | Self::SharedMemory { .. } => Code::FailedPrecondition,
             Self::DeviceFull { .. } | Self::NoSpace { .. } => Code::ResourceExhausted,
             Self::IncompatibleDataDir { .. }
@@ -403,6 +411,7 @@ impl Fault for StorageError {
             Self::InvalidCheckpointName { .. } => "invalid_checkpoint_name",
             Self::UnknownCheckpoint { .. } => "checkpoint_not_found",
             Self::UnknownUpload(_) => "upload_not_found",
+            Self::PassRefused(_) => "forbidden",
             Self::BadUpload { .. } => "bad_upload",
             Self::SharedMemory { .. } => "shm_unavailable",
             Self::UnknownRegion(_) => "region_not_found",

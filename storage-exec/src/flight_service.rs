@@ -55,6 +55,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::checkpoint::Checkpoints;
 use crate::node::StorageNode;
+use sluice_access::UploadPass;
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -259,26 +260,35 @@ impl FlightService for StorageFlightService {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         // A checkpoint's part, or a replica's rows (`sluice_flight::copy`):
-        // the first message's descriptor names the upload or the move.
+        // the first message's descriptor names the upload or the move. A
+        // put that came in with an upload pass and no token
+        // (`sluice_access::PassGate`) may only be a part of that upload.
+        let pass = request.extensions().get::<UploadPass>().cloned();
         let mut data = request.into_inner();
         let first = data
             .message()
             .await?
             .ok_or_else(|| CallError::bad_request("an empty put"))?;
-        if let Some(command) = first
+        let command = first
             .flight_descriptor
             .as_ref()
-            .and_then(|d| PutCommand::parse(&d.cmd))
-        {
+            .and_then(|d| PutCommand::parse(&d.cmd));
+        if let Some(pass) = pass {
+            let command = command.ok_or_else(|| {
+                sluice_access::auth::forbidden(
+                    "an upload pass writes a checkpoint upload's parts, nothing else",
+                )
+            })?;
+            let checkpoints = self.checkpoints()?;
+            let rest = stream::once(async { Ok(first) }).chain(data).boxed();
+            let bytes = checkpoints.put_with_pass(command, &pass, rest).await?;
+            return put_result(bytes);
+        }
+        if let Some(command) = command {
             let checkpoints = self.checkpoints()?;
             let rest = stream::once(async { Ok(first) }).chain(data).boxed();
             let bytes = checkpoints.put(command, rest).await?;
-            let body = serde_json::to_vec(&serde_json::json!({ "bytes": bytes }))
-                .map_err(|e| CallError::encoding(e.to_string()))?;
-            let reply = PutResult {
-                app_metadata: body.into(),
-            };
-            return Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))));
+            return put_result(bytes);
         }
         let req: CopyIn = first
             .flight_descriptor
@@ -421,4 +431,14 @@ impl FlightService for StorageFlightService {
             Ok(finish),
         ]))))
     }
+}
+
+/// The answer to a checkpoint part: the bytes taken.
+fn put_result(bytes: u64) -> Result<Response<Boxed<PutResult>>, Status> {
+    let body = serde_json::to_vec(&serde_json::json!({ "bytes": bytes }))
+        .map_err(|e| CallError::encoding(e.to_string()))?;
+    let reply = PutResult {
+        app_metadata: body.into(),
+    };
+    Ok(Response::new(Box::pin(stream::iter([Ok(reply)]))))
 }

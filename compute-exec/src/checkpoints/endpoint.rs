@@ -1,6 +1,7 @@
 //! [`ClusterCheckpoints`] as a [`CheckpointEndpoint`]: the checkpoint
-//! protocol a trainer speaks to one machine, answered by the cluster. The
-//! same-host actions (`checkpoint.shm.*`) answer `shm_unavailable`: a
+//! protocol a trainer speaks to one machine, answered by the cluster (a
+//! `begin` that asks `direct` is answered with the nodes' passes too,
+//! where they give them). The same-host actions (`checkpoint.shm.*`) answer `shm_unavailable`: a
 //! cluster's checkpoint lives on several hosts, so its writers and readers
 //! go over Flight (the client falls back by itself).
 
@@ -97,11 +98,21 @@ impl CheckpointEndpoint for ClusterCheckpoints {
         match kind {
             "checkpoint.begin" => {
                 let b: Begin = body(kind, bytes)?;
-                json_bytes(&json!({ "upload": self.begin(&b.name).await? }))
+                let begun = self.begin(&b.name, b.direct).await?;
+                match begun.direct {
+                    Some(d) => json_bytes(&json!({ "upload": begun.upload, "direct": d })),
+                    None => json_bytes(&json!({ "upload": begun.upload })),
+                }
             }
             "checkpoint.begin_group" => {
                 let b: BeginGroup = body(kind, bytes)?;
-                json_bytes(&json!({ "uploads": self.begin_group(&b.names).await? }))
+                let begun = self.begin_group(&b.names, b.direct).await?;
+                let uploads: Vec<&str> = begun.iter().map(|b| b.upload.as_str()).collect();
+                if b.direct {
+                    let direct: Vec<_> = begun.iter().map(|b| b.direct.as_ref()).collect();
+                    return json_bytes(&json!({ "uploads": uploads, "direct": direct }));
+                }
+                json_bytes(&json!({ "uploads": uploads }))
             }
             "checkpoint.commit" => {
                 let c: Commit = body(kind, bytes)?;

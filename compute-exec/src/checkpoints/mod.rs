@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!  trainer ── checkpoint.begin ──► coordinator ── checkpoint.begin ×n ──► every storage node that answers
-//!          ── DoPut parts ───────►   cut into stripes of 4 MiB; stripe s ─► nodes s … s+R−1 (mod n), at once
+//!          ◄── {upload, direct: each node's upload and pass}
+//!          ── DoPut stripe s, with node k's pass ──────────────────────► nodes s … s+R−1 (mod n), at once
+//!          (or ── DoPut parts ──► coordinator: cut into stripes of 4 MiB, each sent on the same way)
 //!          ── checkpoint.commit ─►   every node commits its piece (durable) ─► one ledger transaction:
 //!                                    the version exists
 //!          ── DoGet range ───────►   each stripe from one holder, the next on any error (lost, checksum)
@@ -35,14 +37,22 @@
 //!   against their checksums; a bad extent is rewritten from another
 //!   holder.
 //!
-//! Files: [`stripes`] (placement), [`ledger`] (what exists),
-//! [`upload`] (a version being written), [`commit`], [`read`],
+//! - **Written by the trainer itself** where it asks and every node gives
+//!   an upload pass ([`begin`]): it sends each stripe to its holders
+//!   directly, and the coordinator only begins and commits (DAOS's
+//!   client-side striping); otherwise the parts pass through here.
+//!
+//! Files: [`stripes`] (placement), [`ledger`] (what exists), [`begin`]
+//! (a version begun, its writer's direct layout), [`idle`] (uploads whose
+//! writer went), [`upload`] (a version being written), [`commit`], [`read`],
 //! [`sweep`] (pieces no version names), [`moves`] (stripes off nodes
 //! that leave), [`scrub`] (reading back, repairing), [`endpoint`] (the
 //! protocol).
 
+pub mod begin;
 pub mod commit;
 pub mod endpoint;
+pub mod idle;
 pub mod ledger;
 pub mod moves;
 pub mod read;
@@ -56,7 +66,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use sluice_base::{CallError, Fault};
 use sluice_flight::checkpoint::node::NodeCheckpoints;
 use sluice_flight::{Credential, LinkError};
@@ -64,7 +73,6 @@ use tonic::{Code, Status};
 
 use crate::session::ComputeSession;
 use ledger::{CheckpointLedger, LedgerError};
-use stripes::Striping;
 use upload::ClusterUpload;
 
 /// Bytes per stripe: one chunk of a node's store (4 MiB by default), so
@@ -256,155 +264,12 @@ impl ClusterCheckpoints {
             .ok_or_else(|| self.unknown_upload(id))
     }
 
-    /// Starts a version of `name` over the storage nodes that answer;
-    /// its upload id.
-    pub async fn begin(&self, name: &str) -> Result<String> {
-        if let Some(reason) = sluice_flight::checkpoint::requests::name_problem(name) {
-            return Err(ClusterCheckpointError::Call(CallError::BadRequest(
-                format!(
-                    "bad checkpoint name {:?}: {reason}",
-                    name.chars().take(64).collect::<String>()
-                ),
-            )));
-        }
-        self.expire_idle().await;
-        let known = self.session.endpoints();
-        let replicas = self
-            .keeping
-            .replicas
-            .unwrap_or_else(|| crate::ingest::default_replicas(known.len()));
-        let id = new_id();
-        let local = format!("{PIECES}{id}/{name}");
-        let most = sluice_flight::checkpoint::requests::MAX_NAME - (local.len() - name.len());
-        if name.len() > most {
-            return Err(ClusterCheckpointError::Call(CallError::BadRequest(
-                format!(
-                    "bad checkpoint name {:?}: on a cluster a name is at most {most} bytes",
-                    name.chars().take(64).collect::<String>()
-                ),
-            )));
-        }
-        let begun = futures::future::join_all(known.iter().map(|e| {
-            let local = &local;
-            async move {
-                let node = self.node(e.name())?;
-                let upload = tokio::time::timeout(BEGIN_WAIT, node.begin(local))
-                    .await
-                    .map_err(|_| LinkError::Unavailable {
-                        node: e.name().to_string(),
-                        reason: format!(
-                            "no answer to begin a checkpoint within {} s",
-                            BEGIN_WAIT.as_secs()
-                        ),
-                    })??;
-                Ok::<_, LinkError>((node, upload))
-            }
-        }))
-        .await;
-        let mut nodes = Vec::new();
-        let mut missing = Vec::new();
-        for r in begun {
-            match r {
-                Ok(pair) => nodes.push(pair),
-                Err(e) => missing.push(e.to_string()),
-            }
-        }
-        if (nodes.len() as u32) < replicas.max(1) {
-            for (node, upload) in &nodes {
-                let _ = node.abort(upload).await;
-            }
-            return Err(ClusterCheckpointError::TooFewNodes {
-                name: name.to_string(),
-                replicas,
-                answered: nodes.len(),
-                known: known.len(),
-                missing: if missing.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", missing.join("; "))
-                },
-            });
-        }
-        if !missing.is_empty() {
-            tracing::warn!(
-                "checkpoint '{name}': striped over the {} node(s) that answered; not over: {}",
-                nodes.len(),
-                missing.join("; ")
-            );
-        }
-        let striping = Striping {
-            unit: STRIPE,
-            nodes: nodes.len() as u32,
-            replicas,
-        };
-        let upload = ClusterUpload::new(name.to_string(), local, striping, nodes);
-        lock(&self.uploads).insert(id.clone(), Arc::new(upload));
-        Ok(id)
-    }
-
-    /// Begins an upload of each of `names` (a checkpoint's files, to
-    /// commit together with [`Self::commit_group`]), a few at once; their
-    /// ids in order. Where one cannot begin, those begun are aborted and
-    /// its error is the answer.
-    pub async fn begin_group(&self, names: &[String]) -> Result<Vec<String>> {
-        if let Some(reason) = sluice_flight::checkpoint::requests::group_problem(names) {
-            return Err(ClusterCheckpointError::Call(CallError::BadRequest(reason)));
-        }
-        // Collected first: a stream's closure over `begin` is not `Send`
-        // for every lifetime, as the action's future must be.
-        let calls: Vec<_> = names.iter().map(|name| self.begin(name)).collect();
-        let begun: Vec<Result<String>> = futures::stream::iter(calls)
-            .buffered(BEGIN_DEPTH)
-            .collect()
-            .await;
-        let mut ids = Vec::with_capacity(names.len());
-        let mut failed = None;
-        for r in begun {
-            match r {
-                Ok(id) => ids.push(id),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        let Some(e) = failed else {
-            return Ok(ids);
-        };
-        for id in &ids {
-            let _ = self.abort(id).await;
-        }
-        Err(e)
-    }
-
     /// Abandons upload `id`: every node drops its piece.
     pub async fn abort(&self, id: &str) -> Result<()> {
         let removed = lock(&self.uploads).remove(id);
         let upload = removed.ok_or_else(|| self.unknown_upload(id))?;
         upload.abort_everywhere().await;
         Ok(())
-    }
-
-    /// Aborts the uploads idle past the timeout; how many.
-    pub async fn expire_idle(&self) -> usize {
-        let idle = self.keeping.idle_timeout;
-        let expired: Vec<Arc<ClusterUpload>> = {
-            let mut uploads = lock(&self.uploads);
-            let ids: Vec<String> = uploads
-                .iter()
-                .filter(|(_, u)| u.idle_for(idle))
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.iter().filter_map(|id| uploads.remove(id)).collect()
-        };
-        for u in &expired {
-            tracing::warn!(
-                "checkpoint '{}': upload idle for {} s, aborted on every node",
-                u.name,
-                idle.as_secs()
-            );
-            u.abort_everywhere().await;
-        }
-        expired.len()
     }
 
     /// Expires idle uploads every quarter of the timeout and sweeps the

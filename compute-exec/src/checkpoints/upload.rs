@@ -32,6 +32,10 @@ pub struct ClusterUpload {
     pub striping: Striping,
     /// Node `k` of the striping, and its piece's upload id there.
     pub nodes: Vec<(Arc<NodeCheckpoints>, String)>,
+    /// Whether its writer was given passes to write the stripes to the
+    /// nodes itself (then no part passes here, and whether it is idle is
+    /// the nodes' to say).
+    pub direct: bool,
     active: AtomicUsize,
     touched: Mutex<Instant>,
 }
@@ -47,18 +51,21 @@ impl Drop for Active {
 }
 
 impl ClusterUpload {
-    /// An upload of `name` over `nodes` (each with its piece's upload).
+    /// An upload of `name` over `nodes` (each with its piece's upload),
+    /// written by its writer directly or not.
     pub fn new(
         name: String,
         local: String,
         striping: Striping,
         nodes: Vec<(Arc<NodeCheckpoints>, String)>,
+        direct: bool,
     ) -> Self {
         Self {
             name,
             local,
             striping,
             nodes,
+            direct,
             active: AtomicUsize::new(0),
             touched: Mutex::new(Instant::now()),
         }
@@ -67,6 +74,12 @@ impl ClusterUpload {
     /// Whether no part is in flight and none was for `idle`.
     pub fn idle_for(&self, idle: Duration) -> bool {
         self.active.load(Ordering::Acquire) == 0 && lock(&self.touched).elapsed() >= idle
+    }
+
+    /// Counts now as its last activity (a direct upload its nodes still
+    /// hold open).
+    pub fn touch(&self) {
+        *lock(&self.touched) = Instant::now();
     }
 
     /// Tells every node to drop its piece (those that cannot be told drop

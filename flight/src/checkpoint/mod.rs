@@ -47,14 +47,26 @@
 //! A storage node of a cluster serves the same protocol to its
 //! coordinator, which keeps each node's stripes of a checkpoint there as
 //! a version of its own ([`node::NodeCheckpoints`], the coordinator's
-//! client of it).
+//! client of it). A trainer may write the stripes itself, straight to the
+//! nodes ([`Direct`]):
+//!
+//! ```text
+//!  DoAction checkpoint.begin {"name", "direct": true}  (to the coordinator)
+//!           → {"upload", "direct": {"unit", "replicas", "nodes": [{"url", "upload", "pass"}, …]}}
+//!           (no "direct" where a node gave no pass: then the parts go to the coordinator)
+//!  DoPut    (to node k) descriptor cmd {"checkpoint_upload": its upload, "offset": in its piece},
+//!           header x-sluice-upload-pass: its pass; stripe s goes to nodes s … s+R−1 (mod n)
+//!  DoAction checkpoint.commit {"upload", "size"}       (to the coordinator, as ever)
+//! ```
 //!
 //! Files: this one (the protocol), [`data`] (the bytes as batches),
+//! [`direct`] (a trainer's layout to write a cluster's stripes itself),
 //! [`node`] (a storage node's checkpoints, called over Flight),
 //! [`requests`] (the actions' bodies, and what a name may be), [`scrub`]
 //! (reading versions back, and repairing an extent).
 
 pub mod data;
+pub mod direct;
 pub mod node;
 pub mod requests;
 pub mod scrub;
@@ -69,6 +81,7 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 pub use data::data_schema;
+pub use direct::{Direct, DirectNode};
 
 use crate::stream::FlightStream;
 
@@ -76,14 +89,18 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 17] = [
+pub const ACTIONS: [(&str, &str); 18] = [
     (
         "checkpoint.begin",
-        "start writing a checkpoint version: {name} → {upload}",
+        "start writing a checkpoint version: {name, direct?, pass?} → {upload, direct?, pass?}",
     ),
     (
         "checkpoint.begin_group",
-        "start writing versions of several checkpoints, to commit together: {names} → {uploads}",
+        "start writing versions of several checkpoints, to commit together: {names, direct?} → {uploads, direct?}",
+    ),
+    (
+        "checkpoint.open_uploads",
+        "which of these uploads are still open: {uploads} → {open}",
     ),
     (
         "checkpoint.commit",

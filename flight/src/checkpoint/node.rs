@@ -95,6 +95,34 @@ impl NodeCheckpoints {
         Ok(b.upload)
     }
 
+    /// Starts a version of `name` there with an upload pass (for a
+    /// trainer to write its parts directly); its upload id, and the pass
+    /// where the node gives one.
+    pub async fn begin_with_pass(&self, name: &str) -> Result<(String, Option<String>), LinkError> {
+        #[derive(serde::Deserialize)]
+        struct Begun {
+            upload: String,
+            #[serde(default)]
+            pass: Option<String>,
+        }
+        let b: Begun = self
+            .action("checkpoint.begin", &json!({ "name": name, "pass": true }))
+            .await?;
+        Ok((b.upload, b.pass))
+    }
+
+    /// Those of `uploads` still open there.
+    pub async fn open_uploads(&self, uploads: &[String]) -> Result<Vec<String>, LinkError> {
+        #[derive(serde::Deserialize)]
+        struct Open {
+            open: Vec<String>,
+        }
+        let o: Open = self
+            .action("checkpoint.open_uploads", &json!({ "uploads": uploads }))
+            .await?;
+        Ok(o.open)
+    }
+
     /// Writes `part` as the part of `upload` at `offset`; the bytes the
     /// node took.
     pub async fn put(&self, upload: String, offset: u64, part: &Encoded) -> Result<u64, LinkError> {

@@ -73,6 +73,17 @@ pub struct Named {
 pub struct Begin {
     /// The checkpoint a version is written of.
     pub name: String,
+    /// Asked of a storage node by its coordinator: an upload pass too,
+    /// for the trainer to write its stripes there itself
+    /// (`sluice_access::pass`; a node that gives none answers without).
+    #[serde(default)]
+    pub pass: bool,
+    /// Asked of a coordinator by a trainer: the stripes' layout and each
+    /// node's upload and pass, to write the stripes to the storage nodes
+    /// directly ([`crate::checkpoint::Direct`]; none where a node gave
+    /// no pass).
+    #[serde(default)]
+    pub direct: bool,
 }
 
 /// `checkpoint.begin_group`: uploads of several names begun in one
@@ -82,6 +93,18 @@ pub struct Begin {
 pub struct BeginGroup {
     /// The checkpoints a version is written of, each once.
     pub names: Vec<String>,
+    /// As [`Begin::direct`], for each upload.
+    #[serde(default)]
+    pub direct: bool,
+}
+
+/// `checkpoint.open_uploads`: which of these uploads are still open (a
+/// coordinator asks of the nodes a trainer writes to directly, since it
+/// sees none of their parts).
+#[derive(Debug, Deserialize)]
+pub struct Uploads {
+    /// The uploads asked about.
+    pub uploads: Vec<String>,
 }
 
 /// `checkpoint.commit`, and each upload of a group.

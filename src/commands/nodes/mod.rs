@@ -72,8 +72,15 @@ pub async fn storage_node(cli: &Cli, node: &NodeFlags) -> anyhow::Result<()> {
     // certificate it issued.
     let auth = accepted_tokens(cli, &[])?.requiring(Scope::Node);
     let server = with_tls(Server::builder(), tls.as_deref(), ClientCerts::Required)?;
-    // The stripes of the cluster's checkpoints, kept for its coordinator.
-    let checkpoints = Checkpoints::new(Arc::clone(storage.store()), CheckpointOptions::default());
+    // The stripes of the cluster's checkpoints, kept for its coordinator;
+    // trainers write theirs here directly with upload passes, unless only
+    // holders of the CA's certificates may call (trainers have none).
+    let passes = !tls.as_deref().is_some_and(|t| t.trusts());
+    let options = CheckpointOptions {
+        passes,
+        ..CheckpointOptions::default()
+    };
+    let checkpoints = Checkpoints::new(Arc::clone(storage.store()), options);
     Checkpoints::spawn_reaper(&checkpoints);
     storage_services(
         server,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use sluice_access::Auth;
+use sluice_access::{Auth, PassGate};
 use sluice_flight::{StorageClient, StorageEndpoint};
 use sluice_storage::StorageFlightService;
 use sluice_storage::checkpoint::Checkpoints;
@@ -15,9 +15,9 @@ use tonic::transport::server::Router;
 use super::listen::{bind, incoming, shutdown};
 
 /// A storage node's services on `server`: Flight (with the checkpoint
-/// protocol over `checkpoints`, when given), and beside it, on the same
-/// port and behind the same check (`auth`, when given), the distributed
-/// engine's worker, which runs the storage fragments of queries and job
+/// protocol over `checkpoints`, when given; behind `auth`, when given,
+/// but for a put with an upload pass), and beside it, on the same port
+/// and behind the same check, the distributed engine's worker, which runs the storage fragments of queries and job
 /// streams planned on other nodes.
 pub(super) fn storage_services(
     mut server: Server,
@@ -33,8 +33,10 @@ pub(super) fn storage_services(
     }
     let flight = flight.server();
     match auth {
+        // A trainer's put that carries an upload pass is let through to
+        // the checkpoint store, which takes it for that upload only.
         Some(auth) => server
-            .add_service(InterceptedService::new(flight, auth.clone()))
+            .add_service(PassGate::new(flight, auth.clone()))
             .add_service(InterceptedService::new(worker.into_worker_server(), auth)),
         None => server
             .add_service(flight)

@@ -10,8 +10,10 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
+use sluice_access::UploadPass;
 use sluice_flight::checkpoint::requests::{
-    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes,
+    unknown,
 };
 use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
@@ -118,6 +120,25 @@ struct RegionId {
     region: String,
 }
 
+impl Checkpoints {
+    /// A part put by a holder of `pass` (no token): written only if the
+    /// upload it names was given that pass.
+    pub async fn put_with_pass(
+        &self,
+        command: PutCommand,
+        pass: &UploadPass,
+        data: BoxStream<'static, Result<FlightData, Status>>,
+    ) -> Result<u64, Status> {
+        let pieces = data::pieces(data).map_err(|e| StorageError::BadUpload {
+            name: "(upload)".into(),
+            reason: format!("part stream: {e}"),
+        });
+        self.write_with_pass(&command.checkpoint_upload, pass, command.offset, pieces)
+            .await
+            .map_err(status)
+    }
+}
+
 #[async_trait]
 impl CheckpointEndpoint for Checkpoints {
     async fn put(
@@ -169,8 +190,16 @@ impl CheckpointEndpoint for Checkpoints {
         match kind {
             "checkpoint.begin" => {
                 let b: Begin = body(kind, bytes)?;
+                if b.pass {
+                    let (id, pass) = self.begin_with_pass(&b.name).map_err(status)?;
+                    return json_bytes(&json!({ "upload": id, "pass": pass }));
+                }
                 let id = self.begin(&b.name).map_err(status)?;
                 json_bytes(&json!({ "upload": id }))
+            }
+            "checkpoint.open_uploads" => {
+                let u: Uploads = body(kind, bytes)?;
+                json_bytes(&json!({ "open": self.open_uploads(&u.uploads) }))
             }
             "checkpoint.begin_group" => {
                 let b: BeginGroup = body(kind, bytes)?;

@@ -48,6 +48,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arrow::buffer::Buffer;
 use futures::{Stream, StreamExt};
+use sluice_access::{PassHash, UploadPass};
 
 pub use catalog::Removed;
 pub use flight::status;
@@ -67,6 +68,9 @@ pub struct CheckpointOptions {
     pub keep: usize,
     /// An upload with no part in flight for this long is aborted.
     pub idle_timeout: Duration,
+    /// Whether a `begin` that asks for one gets an upload pass (a storage
+    /// node that trainers can reach: see `sluice_access::pass`).
+    pub passes: bool,
 }
 
 impl Default for CheckpointOptions {
@@ -74,6 +78,7 @@ impl Default for CheckpointOptions {
         Self {
             keep: 2,
             idle_timeout: Duration::from_secs(120),
+            passes: false,
         }
     }
 }
@@ -128,7 +133,18 @@ impl Checkpoints {
     pub fn begin(&self, name: &str) -> Result<String> {
         validate_name(name)?;
         self.expire_idle();
-        Ok(self.start(name))
+        Ok(self.start(name, None))
+    }
+
+    /// [`Self::begin`], with an upload pass for the upload's parts where
+    /// this store gives passes ([`CheckpointOptions::passes`]): the
+    /// upload id and the pass, to hand to the one writer.
+    pub fn begin_with_pass(&self, name: &str) -> Result<(String, Option<String>)> {
+        validate_name(name)?;
+        self.expire_idle();
+        let issued = self.opts.passes.then(PassHash::issue).flatten();
+        let (pass, hash) = issued.unzip();
+        Ok((self.start(name, hash), pass))
     }
 
     /// Starts writing a new version of each of `names` (a checkpoint's
@@ -145,17 +161,19 @@ impl Checkpoints {
             validate_name(name)?;
         }
         self.expire_idle();
-        Ok(names.iter().map(|name| self.start(name)).collect())
+        Ok(names.iter().map(|name| self.start(name, None)).collect())
     }
 
-    /// A new upload of (a valid) `name`; its id.
-    fn start(&self, name: &str) -> String {
+    /// A new upload of (a valid) `name`, written with `pass` too when
+    /// given; its id.
+    fn start(&self, name: &str, pass: Option<PassHash>) -> String {
         let id = new_id();
         let upload = Upload::new(
             name.to_owned(),
             Arc::clone(self.store.device()),
             self.store.chunk_size(),
             self.store.space_map().reserve(),
+            pass,
         );
         self.uploads().insert(id.clone(), Arc::new(upload));
         id
@@ -176,6 +194,28 @@ impl Checkpoints {
         B: std::ops::Deref<Target = [u8]> + Send,
     {
         let upload = self.upload(id)?;
+        upload.write_part(offset, pieces).await
+    }
+
+    /// [`Self::write`] for a caller that holds `pass`, not a token: only
+    /// if the upload was given that pass (else, and for an upload that is
+    /// over, [`StorageError::PassRefused`]).
+    pub async fn write_with_pass<S, B>(
+        &self,
+        id: &str,
+        pass: &UploadPass,
+        offset: u64,
+        pieces: S,
+    ) -> Result<u64>
+    where
+        S: Stream<Item = Result<B>> + Send,
+        B: std::ops::Deref<Target = [u8]> + Send,
+    {
+        let refused = || StorageError::PassRefused(id.chars().take(64).collect());
+        let upload = self.upload(id).map_err(|_| refused())?;
+        if !upload.admits(pass) {
+            return Err(refused());
+        }
         upload.write_part(offset, pieces).await
     }
 
@@ -307,6 +347,15 @@ impl Checkpoints {
     /// Uploads in progress.
     pub fn pending_uploads(&self) -> usize {
         self.uploads().len()
+    }
+
+    /// Those of `ids` that are uploads still open here.
+    pub fn open_uploads(&self, ids: &[String]) -> Vec<String> {
+        let uploads = self.uploads();
+        ids.iter()
+            .filter(|id| uploads.contains_key(id.as_str()))
+            .cloned()
+            .collect()
     }
 
     /// Expires idle uploads every quarter of the timeout, for as long as

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
+use sluice_access::{PassHash, UploadPass};
 
 use super::record::CheckpointExtent;
 use crate::alloc::ChunkRun;
@@ -43,6 +44,9 @@ pub struct Upload {
     extents: Mutex<Vec<CheckpointExtent>>,
     active: AtomicUsize,
     touched: Mutex<Instant>,
+    /// The hash of the pass its parts may be written with (none: only
+    /// callers with a token write it).
+    pass: Option<PassHash>,
 }
 
 /// Counts a part stream as active while it lives.
@@ -56,12 +60,14 @@ impl Drop for Active<'_> {
 }
 
 impl Upload {
-    /// An upload of `name` allocating into `reservation`.
+    /// An upload of `name` allocating into `reservation`, whose parts
+    /// may be written with the pass hashed to `pass` too.
     pub fn new(
         name: String,
         device: Arc<dyn Device>,
         chunk_size: u64,
         reservation: Reservation,
+        pass: Option<PassHash>,
     ) -> Self {
         Self {
             name,
@@ -71,7 +77,13 @@ impl Upload {
             extents: Mutex::new(Vec::new()),
             active: AtomicUsize::new(0),
             touched: Mutex::new(Instant::now()),
+            pass,
         }
+    }
+
+    /// Whether `pass` may write this upload's parts.
+    pub fn admits(&self, pass: &UploadPass) -> bool {
+        self.pass.as_ref().is_some_and(|h| h.admits(pass))
     }
 
     fn touch(&self) {
