@@ -15,6 +15,9 @@ fills the next; at most ``workers`` parts are in flight.
   thread), and outlives a save: the next one finds its pages in place.
 - :class:`FlightPuts`: anywhere. Each part is a ``DoPut`` stream of
   8 MiB messages on a lane (its own connection).
+- :class:`~sluice._direct.DirectPuts`: a cluster's checkpoint, whose
+  coordinator gave upload passes: each stripe of a part goes straight to
+  the storage nodes that hold it (:mod:`sluice._direct`).
 
 Reading (``GetLanes``): a reader asks for ranges, several at once
 (:meth:`fetch`), and reads them once they are in (:meth:`view`).
@@ -171,6 +174,27 @@ def open_region(client: Any, kind: str, body: Dict[str, Any], subject: str, tran
     return region, answer
 
 
+def put_part(client: flight.FlightClient, options: flight.FlightCallOptions, upload: str,
+             offset: int, data: memoryview, subject: str) -> None:
+    """One part (``data``, at ``offset`` of ``upload``) as a ``DoPut``
+    stream of ``_PIECE`` messages on ``client``."""
+    cmd = json.dumps({"checkpoint_upload": upload, "offset": offset}).encode()
+    schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
+    try:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_command(cmd), schema, options)
+        for lo in range(0, len(data), _PIECE):
+            piece = data[lo:lo + _PIECE]
+            offsets = pa.array([0, len(piece)], pa.int64()).buffers()[1]
+            arr = pa.LargeBinaryArray.from_buffers(
+                pa.large_binary(), 1, [None, offsets, pa.py_buffer(piece)])
+            writer.write_batch(pa.record_batch([arr], schema=schema))
+        writer.done_writing()
+        reader.read()
+        writer.close()
+    except (flight.FlightError, pa.ArrowException) as e:
+        raise from_flight(e, subject) from None
+
+
 class FlightPuts:
     """Parts over Flight ``DoPut`` streams (see the module docs)."""
 
@@ -191,23 +215,8 @@ class FlightPuts:
 
     def _put(self, data: memoryview, upload: str, offset: int, subject: str) -> None:
         c = self.client
-        cmd = json.dumps({"checkpoint_upload": upload, "offset": offset}).encode()
-        schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
-        try:
-            lane = offset // self.chunk % self.workers
-            writer, reader = c.flight(lane).do_put(
-                flight.FlightDescriptor.for_command(cmd), schema, c.call_options())
-            for lo in range(0, len(data), _PIECE):
-                piece = data[lo:lo + _PIECE]
-                offsets = pa.array([0, len(piece)], pa.int64()).buffers()[1]
-                arr = pa.LargeBinaryArray.from_buffers(
-                    pa.large_binary(), 1, [None, offsets, pa.py_buffer(piece)])
-                writer.write_batch(pa.record_batch([arr], schema=schema))
-            writer.done_writing()
-            reader.read()
-            writer.close()
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise from_flight(e, subject) from None
+        lane = offset // self.chunk % self.workers
+        put_part(c.flight(lane), c.call_options(), upload, offset, data, subject)
 
     def drain(self) -> None:
         """Waits for every part in flight (raises the first that failed)."""

@@ -50,6 +50,11 @@ most recently used, each for ``keep_read_seconds`` after its last read
 asks for ranges of ``SHM_READ_RANGE`` (4 MiB), and a version no larger
 than one is a single request.
 
+On a cluster, a writer sends each stripe straight to the storage nodes
+that hold it, with the upload passes the coordinator gave at ``begin``
+(:mod:`sluice._direct`; ``transport == "direct"``), where every node gives
+one; ``direct=False`` sends every part through the coordinator instead.
+
 Files: this one (the checkpoints of a prefix, and their writers),
 :mod:`sluice._reader` (a reader of one version), :mod:`sluice._group`
 (many versions read into one region) and :mod:`sluice._mapped` (tensors
@@ -65,7 +70,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _lanes, _mapped
+from . import _direct, _lanes, _mapped
 from ._errors import SluiceError
 from ._group import open_group
 from ._reader import SHM_READ_RANGE, CheckpointReader
@@ -110,7 +115,7 @@ class Checkpoint:
                  workers: int = DEFAULT_WORKERS, transport: str = "auto",
                  keep_read_bytes: int = DEFAULT_KEEP_READ,
                  keep_read_seconds: float = DEFAULT_KEEP_READ_S,
-                 read_window: Optional[int] = None):
+                 read_window: Optional[int] = None, direct: bool = True):
         if chunk_size < 1 or workers < 1:
             raise ValueError("chunk_size and workers must be positive")
         if keep_read_bytes < 0 or keep_read_seconds < 0:
@@ -122,8 +127,14 @@ class Checkpoint:
         self.chunk_size = chunk_size
         self.workers = workers
         self.transport = transport
+        # On a cluster: write the stripes to the storage nodes (where the
+        # coordinator hands out passes), or send every part through it.
+        self.direct = direct
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
+        # The threads a direct writer's stripes go out on (each part's
+        # stretches to each of their holders at once).
+        self._fan_pool: Optional[ThreadPoolExecutor] = None
         self._parse_pool: Optional[ThreadPoolExecutor] = None
         # The put region every writer of this object shares, and the
         # lock its making and checking run under.
@@ -158,6 +169,16 @@ class Checkpoint:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="sluice-ckpt")
             return self._pool
+
+    def _fan(self) -> ThreadPoolExecutor:
+        """The threads that send a direct writer's stripes to the storage
+        nodes: ``2 * workers``, so each of ``workers`` parts in flight has
+        its copies sent at once."""
+        with self._lock:
+            if self._fan_pool is None:
+                self._fan_pool = ThreadPoolExecutor(2 * self.workers,
+                                                    thread_name_prefix="sluice-stripe")
+            return self._fan_pool
 
     def _puts(self, subject: str) -> Any:
         """A writer's lanes: the slots of the region this Checkpoint's
@@ -310,6 +331,7 @@ class Checkpoint:
             expiry, self._expiry = self._expiry, None
             pool, self._pool = self._pool, None
             parsers, self._parse_pool = self._parse_pool, None
+            fan, self._fan_pool = self._fan_pool, None
         if parsers is not None:
             parsers.shutdown(wait=True)
         if expiry is not None:
@@ -318,6 +340,8 @@ class Checkpoint:
             _lanes.close_region(self.client, region, "checkpoint region")
         if pool is not None:
             pool.shutdown(wait=True)
+        if fan is not None:
+            fan.shutdown(wait=True)
 
     def __enter__(self) -> "Checkpoint":
         return self
@@ -481,11 +505,14 @@ class Checkpoint:
             return []
         full = [self._name(name) for name, _ in items]
         subject = f"{len(full)} checkpoints under '{self.prefix}'"
-        ids = self._action("checkpoint.begin_group", {"names": full}, subject)["uploads"]
+        begun = self._action("checkpoint.begin_group", {"names": full, "direct": self.direct},
+                             subject)
+        ids = begun["uploads"]
+        direct = begun.get("direct") or [None] * len(ids)
 
         def one(i: int) -> Dict[str, Any]:
             # A writer that fails aborts its own upload.
-            w = CheckpointWriter(self, full[i], upload=ids[i])
+            w = CheckpointWriter(self, full[i], upload=ids[i], direct=direct[i])
             try:
                 torch.save(items[i][1], w, **torch_save)
             except BaseException as e:
@@ -536,9 +563,11 @@ class Checkpoint:
 
 class CheckpointWriter(io.RawIOBase):
     """See the module docs; ``info`` holds the committed version after
-    close, ``transport`` is ``"shm"`` or ``"flight"``."""
+    close, ``transport`` is ``"shm"``, ``"flight"`` or ``"direct"`` (a
+    cluster's stripes written to its storage nodes)."""
 
-    def __init__(self, ckpt: Checkpoint, name: str, upload: Optional[str] = None):
+    def __init__(self, ckpt: Checkpoint, name: str, upload: Optional[str] = None,
+                 direct: Optional[Dict[str, Any]] = None):
         super().__init__()
         self._ckpt = ckpt
         self.name = name
@@ -546,13 +575,24 @@ class CheckpointWriter(io.RawIOBase):
         self._subject = f"checkpoint '{name}'"
         # An upload begun already (``Checkpoint.save_all`` begins a group's
         # in one request), or one of its own.
-        self._upload = upload or ckpt._action("checkpoint.begin", {"name": name}, name)["upload"]
+        # On a cluster whose storage nodes this process may write to, the
+        # begin's answer carries the stripes' layout and the nodes' passes
+        # (``direct``): the parts go to the nodes, not the coordinator.
+        if upload is None:
+            begun = ckpt._action("checkpoint.begin", {"name": name, "direct": ckpt.direct}, name)
+            upload, direct = begun["upload"], begun.get("direct")
+        self._upload = upload
         try:
-            self._lanes = ckpt._puts(self._subject)
+            if direct:
+                self._lanes = _direct.DirectPuts(ckpt.client, ckpt._executor(), ckpt.chunk_size,
+                                                 ckpt.workers, direct, ckpt._fan())
+            else:
+                self._lanes = ckpt._puts(self._subject)
         except BaseException:
             self._abort_upload()
             raise
-        self.transport = "shm" if isinstance(self._lanes, _lanes.ShmPuts) else "flight"
+        self.transport = ("direct" if direct else
+                          "shm" if isinstance(self._lanes, _lanes.ShmPuts) else "flight")
         self._slot, self._part = self._lanes.acquire()
         self._fill = 0
         self._offset = 0  # of the part being filled

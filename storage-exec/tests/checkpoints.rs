@@ -525,3 +525,53 @@ async fn a_group_of_versions_lands_side_by_side_in_one_region() {
     let err = open(vec![], vec![]).await.unwrap_err();
     assert!(err.to_string().contains("versions named"), "{err}");
 }
+
+#[tokio::test]
+async fn an_upload_pass_writes_its_own_upload_only_and_only_where_passes_are_given() {
+    use sluice_access::UploadPass;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let part = || futures::stream::iter([Ok::<_, StorageError>(bytes(5_000, 7))]);
+    // A store that gives no passes (one machine's): none is answered, and
+    // no pass writes its uploads.
+    let closed = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let (id, pass) = closed.begin_with_pass("run/a.pt").unwrap();
+    assert!(pass.is_none());
+    let guess = UploadPass("0".repeat(64));
+    let e = closed.write_with_pass(&id, &guess, 0, part()).await;
+    assert!(matches!(e, Err(StorageError::PassRefused(_))), "{e:?}");
+    drop(closed);
+
+    let c = Checkpoints::new(
+        Arc::clone(&store),
+        CheckpointOptions {
+            passes: true,
+            ..Default::default()
+        },
+    );
+    let (a, pass_a) = c.begin_with_pass("run/a.pt").unwrap();
+    let (b, pass_b) = c.begin_with_pass("run/b.pt").unwrap();
+    let (pass_a, pass_b) = (UploadPass(pass_a.unwrap()), UploadPass(pass_b.unwrap()));
+    let plain = c.begin("run/c.pt").unwrap();
+    // Its own upload: written, committed, read back.
+    assert_eq!(
+        c.write_with_pass(&a, &pass_a, 0, part()).await.unwrap(),
+        5_000
+    );
+    // Another's, one begun without a pass, one that does not exist: the
+    // same refusal.
+    for (id, pass) in [
+        (&b, &pass_a),
+        (&plain, &pass_a),
+        (&"nope".to_string(), &pass_b),
+    ] {
+        let e = c.write_with_pass(id, pass, 0, part()).await;
+        assert!(matches!(e, Err(StorageError::PassRefused(_))), "{e:?}");
+    }
+    c.commit(&a, 5_000).await.unwrap();
+    assert_eq!(read(&c, "run/a.pt", 0, 5_000).await, bytes(5_000, 7));
+    // A pass dies with its upload.
+    let e = c.write_with_pass(&a, &pass_a, 0, part()).await;
+    assert!(matches!(e, Err(StorageError::PassRefused(_))), "{e:?}");
+    assert_eq!(c.open_uploads(&[a, b.clone(), plain.clone()]), [b, plain]);
+}

@@ -114,17 +114,19 @@ def reset_hwm(pid):
         f.write("5")
 
 
-def node_pieces(url):
+def node_pieces(url, token=None):
     """The pieces of the cluster's checkpoints a storage node at `url`
-    holds, asked of it directly: {name: size}."""
+    holds, asked of it directly (presenting `token`): {name: size}."""
     import json
 
     import pyarrow.flight as flight
 
     c = flight.FlightClient(url.replace("http://", "grpc://"))
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     try:
         body = json.dumps({"prefix": ".stripes/"}).encode()
-        [reply] = list(c.do_action(flight.Action("checkpoint.list", body)))
+        [reply] = list(c.do_action(flight.Action("checkpoint.list", body),
+                                   flight.FlightCallOptions(headers=headers)))
         return {v["name"]: v["size"] for v in json.loads(reply.body.to_pybytes())}
     finally:
         c.close()

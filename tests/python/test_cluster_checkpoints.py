@@ -12,14 +12,18 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
+import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 import torch
 
 import sluice
+import sluice._direct
+from sluice import _lanes
 from serve import SLUICE, flip_in_device, node_pieces, serve_env, start_serve
 
 STRIPE = 4 << 20  # compute-exec/src/checkpoints/mod.rs: STRIPE
@@ -44,16 +48,25 @@ def storage_node(d, env, name):
 
 
 @contextlib.contextmanager
-def cluster(nodes=3, token=None, args=()):
-    """A coordinator over `nodes` storage nodes: yields (client, node
-    processes, node URLs, temp dir, environment)."""
+def cluster(nodes=3, token=None, args=(), node_tokens=False):
+    """A coordinator over `nodes` storage nodes (which take only a node
+    token of a tokens file, with `node_tokens`: the coordinator presents
+    it, and the environment yielded holds it as SLUICE_NODE_TOKEN):
+    yields (client, node processes, node URLs, temp dir, environment)."""
     with tempfile.TemporaryDirectory() as d:
         env = serve_env(d, SLUICE_DEVICE_SIZE="512MiB")
+        node_env = env
+        if node_tokens:
+            tokens = os.path.join(d, "node-tokens.yaml")
+            add = subprocess.run([SLUICE, "tokens", "add", tokens, "nodes", "--scope", "node"],
+                                 check=True, capture_output=True, text=True)
+            env["SLUICE_NODE_TOKEN"] = add.stdout.strip()
+            node_env = dict(env, SLUICE_TOKENS=tokens)
         procs, urls = [], []
         coord = None
         try:
             for i in range(nodes):
-                p, u = storage_node(d, env, f"node{i}")
+                p, u = storage_node(d, node_env, f"node{i}")
                 procs.append(p)
                 urls.append(u)
             coord_env = dict(env, **({"SLUICE_TOKEN": token} if token else {}))
@@ -89,7 +102,9 @@ def test_a_version_is_striped_and_replicated_and_survives_a_lost_node():
         info = write(ck, "model.pt", data)
         assert info["size"] == len(data) and info["version"] == 1, info
         w = ck.writer("x")
-        assert w.transport == "flight"  # no same-host path to a striped version
+        # No same-host path to a striped version: the trainer writes the
+        # stripes to the nodes with the passes the coordinator gave.
+        assert w.transport == "direct"
         w.close()
         # Every node holds a piece; the pieces hold each byte twice.
         held = [pieces(u) for u in urls]
@@ -134,6 +149,115 @@ def test_a_version_is_striped_and_replicated_and_survives_a_lost_node():
         assert "every holder failed" in e.value.message, e.value
         assert urls[1] in e.value.message and urls[2] in e.value.message, e.value
         assert c._request("GET", "/healthz") == "ok\n"
+
+
+def node_put(url, cmd, data, headers=()):
+    """A DoPut of `data` to the storage node at `url` (a part of the
+    upload `cmd` names), presenting `headers` and no token; its reply."""
+    schema = pa.schema([pa.field("data", pa.large_binary(), nullable=False)])
+    client = flight.FlightClient(url.replace("http://", "grpc://"))
+    writer, reader = client.do_put(flight.FlightDescriptor.for_command(json.dumps(cmd).encode()),
+                                   schema, flight.FlightCallOptions(headers=list(headers)))
+    writer.write_batch(pa.record_batch([pa.array([data], pa.large_binary())], schema=schema))
+    writer.done_writing()
+    reply = reader.read()
+    writer.close()
+    return json.loads(reply.to_pybytes())
+
+
+def test_a_trainer_writes_its_stripes_to_the_nodes_with_passes_that_write_nothing_else():
+    with cluster(node_tokens=True) as (c, _, urls, _, env):
+        data = pattern(9 * STRIPE + 4321, 3)
+        direct = sluice.Checkpoint(c, "d", workers=3)
+        relayed = sluice.Checkpoint(c, "r", workers=3, direct=False)
+        with direct.writer("m.pt") as w:
+            w.write(data)
+        assert w.transport == "direct"
+        with relayed.writer("m.pt") as w:
+            w.write(data)
+        assert w.transport == "flight"
+        # Either way: the same bytes, and the same stripes on each node.
+        assert read(direct, "m.pt") == read(relayed, "m.pt") == data
+        for u in urls:
+            held = pieces(u, token=env["SLUICE_NODE_TOKEN"])
+            sizes = {n.split("/", 2)[2]: b for n, b in held.items()}
+            assert sizes["d/m.pt"] == sizes["r/m.pt"], held
+
+        # What a pass is: the begin's answer names each node's upload and
+        # pass; a put with it writes that upload, nothing else does.
+        pass_header = b"x-sluice-upload-pass"
+        a = _lanes.action(c, "checkpoint.begin", {"name": "p/a.pt", "direct": True}, "a")
+        b = _lanes.action(c, "checkpoint.begin", {"name": "p/b.pt", "direct": True}, "b")
+        node_a, node_b = a["direct"]["nodes"][0], b["direct"]["nodes"][0]
+        assert node_a["url"] == node_b["url"]
+        url, mine = node_a["url"], (pass_header, node_a["pass"].encode())
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            node_put(url, {"checkpoint_upload": node_a["upload"], "offset": 0}, b"x")
+        for cmd, header in [
+            # Another upload's piece with this pass, a wrong pass.
+            ({"checkpoint_upload": node_b["upload"], "offset": 0}, mine),
+            ({"checkpoint_upload": node_a["upload"], "offset": 0}, (pass_header, b"0" * 64)),
+            # A put that is not a checkpoint part.
+            ({"dataset": "pets", "version": 1}, mine),
+        ]:
+            with pytest.raises(flight.FlightUnauthorizedError) as e:
+                node_put(url, cmd, b"x", [header])
+            assert "pass" in str(e.value), e.value
+        # Every other call with only a pass is a call without a token.
+        client = flight.FlightClient(url.replace("http://", "grpc://"))
+        opts = flight.FlightCallOptions(headers=[mine])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.do_action(flight.Action("checkpoint.list", b'{"prefix": ""}'), opts))
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            client.do_get(flight.Ticket(json.dumps({"checkpoint": "d/m.pt", "version": 1,
+                                                    "length": 1}).encode()), opts).read_all()
+        # The coordinator sees none of a direct upload's parts: idle past
+        # its own timeout (2 s), the upload lives while the nodes hold it.
+        time.sleep(3.5)
+        lay = sluice._direct.Striping(a["direct"]["unit"], len(a["direct"]["nodes"]),
+                                      a["direct"]["replicas"])
+        for k in lay.holders(0):
+            n = a["direct"]["nodes"][k]
+            got = node_put(n["url"], {"checkpoint_upload": n["upload"],
+                                      "offset": lay.local_offset(k, 0)},
+                           b"mine", [(pass_header, n["pass"].encode())])
+            assert got == {"bytes": 4}, got
+        info = _lanes.action(c, "checkpoint.commit", {"upload": a["upload"], "size": 4}, "a")
+        assert info["size"] == 4
+        assert read(sluice.Checkpoint(c, "p"), "a.pt") == b"mine"
+        # A pass dies with its upload.
+        with pytest.raises(flight.FlightUnauthorizedError):
+            node_put(url, {"checkpoint_upload": node_a["upload"], "offset": 0}, b"x", [mine])
+
+
+WRITER = """
+import sys, time, sluice
+ck = sluice.Checkpoint(sluice.Client(sys.argv[1]), "k", workers=2)
+w = ck.writer("m.pt")
+assert w.transport == "direct", w.transport
+w.write(b"y" * (5 * (4 << 20)))
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_direct_writer_killed_mid_stream_leaves_the_previous_version_and_nothing_partial():
+    with cluster() as (c, _, urls, _, _):
+        ck = sluice.Checkpoint(c, "k")
+        old = pattern(2 * STRIPE + 5, 4)
+        write(ck, "m.pt", old)
+        before = [pieces(u) for u in urls]
+        p = subprocess.Popen([sys.executable, "-c", WRITER, c.url], stdout=subprocess.PIPE,
+                             text=True)
+        try:
+            assert p.stdout.readline().strip() == "written"
+        finally:
+            p.kill()
+            p.wait(timeout=30)
+        assert read(ck, "m.pt") == old
+        assert [(v["name"], v["version"]) for v in ck.list(versions=True)] == [("k/m.pt", 1)]
+        # The stripes it sent are uploads on the nodes, never versions.
+        assert [pieces(u) for u in urls] == before
 
 
 def test_a_node_lost_before_the_commit_leaves_the_previous_version_and_nothing_partial():

@@ -95,13 +95,7 @@ impl ClusterCheckpoints {
         }
         let nodes = pieces.into_iter().map(|(n, u, _)| (n, u)).collect();
         let (id, local) = local;
-        let upload = ClusterUpload::new(
-            name.to_string(),
-            local,
-            striping,
-            nodes,
-            layout.is_some(),
-        );
+        let upload = ClusterUpload::new(name.to_string(), local, striping, nodes, layout.is_some());
         lock(&self.uploads).insert(id.clone(), Arc::new(upload));
         Ok(Begun {
             upload: id,

@@ -37,9 +37,9 @@ impl ClusterCheckpoints {
                 .iter()
                 .filter_map(|(id, u)| {
                     let held = u.direct
-                        && u.nodes
-                            .iter()
-                            .all(|(n, piece)| open.contains(&(n.name().to_string(), piece.clone())));
+                        && u.nodes.iter().all(|(n, piece)| {
+                            open.contains(&(n.name().to_string(), piece.clone()))
+                        });
                     if held {
                         u.touch();
                         return None;

@@ -12,8 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sluice_access::UploadPass;
 use sluice_flight::checkpoint::requests::{
-    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes,
-    unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes, unknown,
 };
 use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
