@@ -37,7 +37,7 @@ use arrow_flight::{
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
 };
 use bytes::Bytes;
-use futures::{Stream, StreamExt, stream};
+use futures::{Stream, StreamExt, TryStreamExt, stream};
 use prost::Message;
 use sluice_base::CallError;
 use sluice_base::fault::{self, status_of};
@@ -54,6 +54,7 @@ use sluice_udfs::{Limits, UdfEnv, UdfOptions};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::checkpoint::Checkpoints;
+use crate::error::StorageError;
 use crate::node::StorageNode;
 use sluice_access::UploadPass;
 
@@ -281,7 +282,16 @@ impl FlightService for StorageFlightService {
             })?;
             let checkpoints = self.checkpoints()?;
             let rest = stream::once(async { Ok(first) }).chain(data).boxed();
-            let bytes = checkpoints.put_with_pass(command, &pass, rest).await?;
+            let pieces = sluice_flight::checkpoint::data::pieces(rest).map_err(|e| {
+                StorageError::BadUpload {
+                    name: "(upload)".into(),
+                    reason: format!("part stream: {e}"),
+                }
+            });
+            let bytes = checkpoints
+                .write_with_pass(&command.checkpoint_upload, &pass, command.offset, pieces)
+                .await
+                .map_err(crate::checkpoint::status)?;
             return put_result(bytes);
         }
         if let Some(command) = command {

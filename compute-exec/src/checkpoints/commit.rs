@@ -2,7 +2,8 @@
 //! every upload of the group (durable and listed there, all at once),
 //! then one ledger transaction makes the versions exist. A node that
 //! fails its commit fails the group: the pieces already committed are
-//! deleted, the others aborted, and nothing is recorded.
+//! deleted, the others aborted, and nothing is recorded. Listing and
+//! deleting versions (their pieces on every node) are here too.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,6 +26,29 @@ struct Share {
 }
 
 impl ClusterCheckpoints {
+    /// Every version of the checkpoints whose names start with `prefix`.
+    pub fn list(&self, prefix: &str) -> Result<Vec<CheckpointInfo>> {
+        Ok(self
+            .ledger
+            .list(prefix)?
+            .iter()
+            .map(StripedVersion::info)
+            .collect())
+    }
+
+    /// Deletes one version of `name`, or every one, and their pieces.
+    pub async fn delete(&self, name: &str, version: Option<u64>) -> Result<Vec<CheckpointInfo>> {
+        let dropped = self.ledger.delete(name, version)?;
+        if dropped.is_empty() {
+            return Err(ClusterCheckpointError::Call(CallError::NotFound(format!(
+                "no checkpoint '{name}'{}",
+                version.map(|v| format!(" version {v}")).unwrap_or_default()
+            ))));
+        }
+        self.delete_pieces(&dropped).await;
+        Ok(dropped.iter().map(StripedVersion::info).collect())
+    }
+
     /// Commits upload `id` as the next version of its name, `size` bytes.
     pub async fn commit(&self, id: &str, size: u64) -> Result<CheckpointInfo> {
         let mut infos = self.commit_group(&[(id.to_string(), size)]).await?;

@@ -1,9 +1,10 @@
 //! [`ClusterCheckpoints`] as a [`CheckpointEndpoint`]: the checkpoint
 //! protocol a trainer speaks to one machine, answered by the cluster (a
 //! `begin` that asks `direct` is answered with the nodes' passes too,
-//! where they give them). The same-host actions (`checkpoint.shm.*`) answer `shm_unavailable`: a
-//! cluster's checkpoint lives on several hosts, so its writers and readers
-//! go over Flight (the client falls back by itself).
+//! where they give them). The same-host actions (`checkpoint.shm.*`)
+//! answer `shm_unavailable`: a cluster's checkpoint lives on several
+//! hosts, so its writers and readers go over Flight (the client falls
+//! back by itself).
 
 use std::sync::Arc;
 
@@ -21,37 +22,7 @@ use sluice_flight::checkpoint::{CheckpointEndpoint, CheckpointInfo, GetTicket, P
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
-use super::ledger::StripedVersion;
 use super::{ClusterCheckpointError, ClusterCheckpoints};
-
-impl ClusterCheckpoints {
-    /// Every version of the checkpoints whose names start with `prefix`.
-    pub fn list(&self, prefix: &str) -> Result<Vec<CheckpointInfo>, ClusterCheckpointError> {
-        Ok(self
-            .ledger
-            .list(prefix)?
-            .iter()
-            .map(StripedVersion::info)
-            .collect())
-    }
-
-    /// Deletes one version of `name`, or every one, and their pieces.
-    pub async fn delete(
-        &self,
-        name: &str,
-        version: Option<u64>,
-    ) -> Result<Vec<CheckpointInfo>, ClusterCheckpointError> {
-        let dropped = self.ledger.delete(name, version)?;
-        if dropped.is_empty() {
-            return Err(ClusterCheckpointError::Call(CallError::NotFound(format!(
-                "no checkpoint '{name}'{}",
-                version.map(|v| format!(" version {v}")).unwrap_or_default()
-            ))));
-        }
-        self.delete_pieces(&dropped).await;
-        Ok(dropped.iter().map(StripedVersion::info).collect())
-    }
-}
 
 #[async_trait]
 impl CheckpointEndpoint for ClusterCheckpoints {

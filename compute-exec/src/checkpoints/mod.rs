@@ -272,6 +272,56 @@ impl ClusterCheckpoints {
         Ok(())
     }
 
+    /// Aborts the uploads idle past the timeout; how many.
+    pub async fn expire_idle(&self) -> usize {
+        let idle = self.keeping.idle_timeout;
+        let quiet: Vec<(String, Arc<ClusterUpload>)> = lock(&self.uploads)
+            .iter()
+            .filter(|(_, u)| u.idle_for(idle))
+            .map(|(id, u)| (id.clone(), Arc::clone(u)))
+            .collect();
+        if quiet.is_empty() {
+            return 0;
+        }
+        let direct: Vec<&ClusterUpload> = quiet
+            .iter()
+            .filter(|(_, u)| u.direct)
+            .map(|(_, u)| &**u)
+            .collect();
+        let open = idle::open_on_nodes(&direct).await;
+        let expired: Vec<Arc<ClusterUpload>> = {
+            let mut uploads = lock(&self.uploads);
+            quiet
+                .iter()
+                .filter_map(|(id, u)| {
+                    let held = u.direct
+                        && u.nodes.iter().all(|(n, piece)| {
+                            open.contains(&(n.name().to_string(), piece.clone()))
+                        });
+                    if held {
+                        u.touch();
+                        return None;
+                    }
+                    uploads.remove(id)
+                })
+                .collect()
+        };
+        for u in &expired {
+            tracing::warn!(
+                "checkpoint '{}': upload idle for {} s{}, aborted on every node",
+                u.name,
+                idle.as_secs(),
+                if u.direct {
+                    " (a node no longer held its piece open)"
+                } else {
+                    ""
+                }
+            );
+            u.abort_everywhere().await;
+        }
+        expired.len()
+    }
+
     /// Expires idle uploads every quarter of the timeout and sweeps the
     /// nodes' pieces no version names every [`Keeping::sweep_every`], for
     /// as long as `this` lives.

@@ -10,7 +10,6 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
-use sluice_access::UploadPass;
 use sluice_flight::checkpoint::requests::{
     Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes, unknown,
 };
@@ -117,25 +116,6 @@ struct ShmGet {
 #[derive(Deserialize)]
 struct RegionId {
     region: String,
-}
-
-impl Checkpoints {
-    /// A part put by a holder of `pass` (no token): written only if the
-    /// upload it names was given that pass.
-    pub async fn put_with_pass(
-        &self,
-        command: PutCommand,
-        pass: &UploadPass,
-        data: BoxStream<'static, Result<FlightData, Status>>,
-    ) -> Result<u64, Status> {
-        let pieces = data::pieces(data).map_err(|e| StorageError::BadUpload {
-            name: "(upload)".into(),
-            reason: format!("part stream: {e}"),
-        });
-        self.write_with_pass(&command.checkpoint_upload, pass, command.offset, pieces)
-            .await
-            .map_err(status)
-    }
 }
 
 #[async_trait]
