@@ -10,7 +10,10 @@ egress plus a token bucket on the bridge's side of its veth) and each
 (storage nodes, replicas) of `--layouts`, a rig comes up, and a
 `sluice.Checkpoint` of `--size` MiB (random bytes) is written through the
 coordinator and read back, `--runs` times; GB/s, medians, and the ratio
-to one node with one copy. A local file written with fsync and read cold
+to one node with one copy. Each write is timed two ways in the same run,
+alternating: the trainer sending its stripes to the storage nodes itself
+(upload passes, the default) and every part relayed by the coordinator
+(`direct=False`). A local file written with fsync and read cold
 on the same disk is printed beside, for scale. Run it on the optimized
 build (`--sluice target/release/sluice`) as root.
 """
@@ -91,26 +94,40 @@ def one_layout(binary, work, nodes, replicas, link, data, runs):
     try:
         if link != "unlimited":
             shape_inbound(nodes, link)
-        ck = sluice.Checkpoint(sluice.Client(env["REST"]), "bench", workers=4)
-        writes, reads = [], []
+        client = sluice.Client(env["REST"])
+        # The trainer's two routes: its stripes straight to the storage
+        # nodes (upload passes), and every part through the coordinator.
+        cks = {"direct": sluice.Checkpoint(client, "bench", workers=4),
+               "relayed": sluice.Checkpoint(client, "bench", workers=4, direct=False)}
+        writes = {route: [] for route in cks}
+        reads = []
         for i in range(runs):
-            def write():
-                with ck.writer(f"ckpt{i}") as w:
-                    w.write(data)
+            # Alternated, so neither route always runs first.
+            for route in (list(cks) if i % 2 == 0 else list(cks)[::-1]):
+                ck = cks[route]
+
+                def write():
+                    with ck.writer(f"ckpt{i}-{route}") as w:
+                        w.write(data)
+                    want = "direct" if route == "direct" else "flight"
+                    assert w.transport == want, (route, w.transport)
+
+                writes[route].append(timed(write))
 
             def read():
-                with ck.reader(f"ckpt{i}") as r:
+                with cks["direct"].reader(f"ckpt{i}-direct") as r:
                     got = r.read()
-                assert len(got) == len(data)
+                assert got == data
 
-            writes.append(timed(write))
             reads.append(timed(read))
-            ck.delete(f"ckpt{i}")
+            for route in cks:
+                cks[route].delete(f"ckpt{i}-{route}")
+        gbps = {route: len(data) / statistics.median(w) / 1e9 for route, w in writes.items()}
         return {
             "nodes": nodes, "replicas": replicas, "link": link,
-            "write_gbps": len(data) / statistics.median(writes) / 1e9,
+            "write_gbps": gbps["direct"], "write_relayed_gbps": gbps["relayed"],
             "read_gbps": len(data) / statistics.median(reads) / 1e9,
-            "write_s": writes, "read_s": reads,
+            "write_s": writes["direct"], "write_relayed_s": writes["relayed"], "read_s": reads,
         }
     finally:
         rig(rig_dir, binary, "down")
@@ -139,7 +156,7 @@ def main():
         base = None
         print(f"\nlink per storage node: {link}")
         print(f"{'nodes':>5} {'copies':>6} {'write GB/s':>11} {'vs 1x1':>7} "
-              f"{'read GB/s':>10} {'vs 1x1':>7}")
+              f"{'relayed':>8} {'direct/relayed':>15} {'read GB/s':>10} {'vs 1x1':>7}")
         for layout in a.layouts.split(","):
             nodes, replicas = (int(x) for x in layout.split("x"))
             r = one_layout(a.sluice, work, nodes, replicas, link, data, a.runs)
@@ -147,7 +164,9 @@ def main():
             r["write_vs_one"] = r["write_gbps"] / base["write_gbps"]
             r["read_vs_one"] = r["read_gbps"] / base["read_gbps"]
             results.append(r)
+            r["direct_vs_relayed"] = r["write_gbps"] / r["write_relayed_gbps"]
             print(f"{nodes:>5} {replicas:>6} {r['write_gbps']:>11.3f} {r['write_vs_one']:>6.2f}x "
+                  f"{r['write_relayed_gbps']:>8.3f} {r['direct_vs_relayed']:>14.2f}x "
                   f"{r['read_gbps']:>10.3f} {r['read_vs_one']:>6.2f}x", flush=True)
     if a.json:
         with open(a.json, "w") as f:
