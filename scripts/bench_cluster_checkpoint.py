@@ -2,7 +2,7 @@
 """Checkpoints on a cluster, on the rig (`scripts/rig.sh`: each storage
 node and the coordinator a host of its own in a network namespace, the
 storage nodes pinned to their own CPUs): what striping over more storage
-nodes buys a writer and a reader that go through the coordinator.
+nodes buys a writer and a reader of a cluster checkpoint.
 
 For each link (`--links`: `unlimited`, or a rate each storage node's
 link has in both directions, like a NIC: the rig's own shaping of its
@@ -10,9 +10,10 @@ egress plus a token bucket on the bridge's side of its veth) and each
 (storage nodes, replicas) of `--layouts`, a rig comes up, and a
 `sluice.Checkpoint` of `--size` MiB (random bytes) is written through the
 coordinator and read back, `--runs` times; GB/s, medians, and the ratio
-to one node with one copy. Each write is timed two ways in the same run,
-alternating: the trainer sending its stripes to the storage nodes itself
-(upload passes, the default) and every part relayed by the coordinator
+to one node with one copy. Each write and each read is timed two ways in
+the same run, alternating: the trainer sending its stripes to the storage
+nodes and reading them from there itself (upload and read passes, the
+default) and every part and range relayed by the coordinator
 (`direct=False`). A local file written with fsync and read cold
 on the same disk is printed beside, for scale. Run it on the optimized
 build (`--sluice target/release/sluice`) as root.
@@ -99,35 +100,44 @@ def one_layout(binary, work, nodes, replicas, link, data, runs):
         # nodes (upload passes), and every part through the coordinator.
         cks = {"direct": sluice.Checkpoint(client, "bench", workers=4),
                "relayed": sluice.Checkpoint(client, "bench", workers=4, direct=False)}
+        want = {"direct": "direct", "relayed": "flight"}
         writes = {route: [] for route in cks}
-        reads = []
+        reads = {route: [] for route in cks}
         for i in range(runs):
             # Alternated, so neither route always runs first.
-            for route in (list(cks) if i % 2 == 0 else list(cks)[::-1]):
+            order = list(cks) if i % 2 == 0 else list(cks)[::-1]
+            for route in order:
                 ck = cks[route]
 
                 def write():
                     with ck.writer(f"ckpt{i}-{route}") as w:
                         w.write(data)
-                    want = "direct" if route == "direct" else "flight"
-                    assert w.transport == want, (route, w.transport)
+                    assert w.transport == want[route], (route, w.transport)
 
                 writes[route].append(timed(write))
+            for route in order:
+                ck = cks[route]
 
-            def read():
-                with cks["direct"].reader(f"ckpt{i}-direct") as r:
-                    got = r.read()
-                assert got == data
+                def read():
+                    with ck.reader(f"ckpt{i}-{route}") as r:
+                        got = r.read()
+                    assert r.transport == want[route], (route, r.transport)
+                    assert got == data
 
-            reads.append(timed(read))
+                reads[route].append(timed(read))
             for route in cks:
                 cks[route].delete(f"ckpt{i}-{route}")
-        gbps = {route: len(data) / statistics.median(w) / 1e9 for route, w in writes.items()}
+
+        def gbps(times):
+            return {route: len(data) / statistics.median(t) / 1e9 for route, t in times.items()}
+
+        w, r = gbps(writes), gbps(reads)
         return {
             "nodes": nodes, "replicas": replicas, "link": link,
-            "write_gbps": gbps["direct"], "write_relayed_gbps": gbps["relayed"],
-            "read_gbps": len(data) / statistics.median(reads) / 1e9,
-            "write_s": writes["direct"], "write_relayed_s": writes["relayed"], "read_s": reads,
+            "write_gbps": w["direct"], "write_relayed_gbps": w["relayed"],
+            "read_gbps": r["direct"], "read_relayed_gbps": r["relayed"],
+            "write_s": writes["direct"], "write_relayed_s": writes["relayed"],
+            "read_s": reads["direct"], "read_relayed_s": reads["relayed"],
         }
     finally:
         rig(rig_dir, binary, "down")
@@ -155,19 +165,24 @@ def main():
     for link in a.links.split(","):
         base = None
         print(f"\nlink per storage node: {link}")
-        print(f"{'nodes':>5} {'copies':>6} {'write GB/s':>11} {'vs 1x1':>7} "
-              f"{'relayed':>8} {'direct/relayed':>15} {'read GB/s':>10} {'vs 1x1':>7}")
+        print(f"{'':>12} {'write, GB/s':^40} {'read, GB/s':^40}")
+        print(f"{'nodes':>5} {'copies':>6} {'direct':>8} {'vs 1x1':>7} {'relayed':>8} "
+              f"{'direct/relayed':>15} {'direct':>8} {'vs 1x1':>7} {'relayed':>8} "
+              f"{'direct/relayed':>15}")
         for layout in a.layouts.split(","):
             nodes, replicas = (int(x) for x in layout.split("x"))
             r = one_layout(a.sluice, work, nodes, replicas, link, data, a.runs)
             base = base or r
             r["write_vs_one"] = r["write_gbps"] / base["write_gbps"]
             r["read_vs_one"] = r["read_gbps"] / base["read_gbps"]
-            results.append(r)
             r["direct_vs_relayed"] = r["write_gbps"] / r["write_relayed_gbps"]
-            print(f"{nodes:>5} {replicas:>6} {r['write_gbps']:>11.3f} {r['write_vs_one']:>6.2f}x "
+            r["read_direct_vs_relayed"] = r["read_gbps"] / r["read_relayed_gbps"]
+            results.append(r)
+            print(f"{nodes:>5} {replicas:>6} {r['write_gbps']:>8.3f} {r['write_vs_one']:>6.2f}x "
                   f"{r['write_relayed_gbps']:>8.3f} {r['direct_vs_relayed']:>14.2f}x "
-                  f"{r['read_gbps']:>10.3f} {r['read_vs_one']:>6.2f}x", flush=True)
+                  f"{r['read_gbps']:>8.3f} {r['read_vs_one']:>6.2f}x "
+                  f"{r['read_relayed_gbps']:>8.3f} {r['read_direct_vs_relayed']:>14.2f}x",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"size_mib": a.size, "runs": a.runs, "local_write_gbps": local_w,

@@ -26,6 +26,8 @@
 //! - [`grant`]: `Grant`: what one token allows;
 //! - [`pass`]: `PassGate`, `UploadPass`: a trainer's pass to write its
 //!   stripes of one cluster checkpoint upload on a storage node;
+//! - [`read_pass`]: `ReadPasses`, `ReadPass`: a node's signed pass to read
+//!   one version of a piece there (a presigned GET);
 //! - [`tokens`]: `TokenFile`: the tokens a server accepts, as its operator
 //!   writes them.
 //! - With no token configured at all, the server is open: every caller is
@@ -41,10 +43,12 @@ pub mod audit;
 pub mod auth;
 pub mod grant;
 pub mod pass;
+pub mod read_pass;
 pub mod tokens;
 
 pub use audit::Audit;
 pub use auth::{AUTHORIZATION, Auth};
 pub use grant::{Grant, Principal, Scope};
 pub use pass::{PASS_HEADER, PassGate, PassHash, UploadPass};
+pub use read_pass::{READ_PASS_HEADER, ReadPass, ReadPasses};
 pub use tokens::TokenFile;

@@ -20,6 +20,10 @@
 //! logged. A storage node that requires a client certificate of the
 //! cluster's CA offers no pass (a trainer has no such certificate), and
 //! its checkpoints go through the coordinator.
+//!
+//! The gate lets one more kind of call past the token check: a `DoGet`
+//! that carries a read pass ([`crate::read_pass`]), marked [`ReadPass`]
+//! for the service to check against the range it asks for.
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
@@ -30,12 +34,15 @@ use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::Auth;
+use crate::read_pass::{READ_PASS_HEADER, ReadPass};
 
 /// The header a pass travels in.
 pub const PASS_HEADER: &str = "x-sluice-upload-pass";
 
-/// The one call a pass may make.
+/// The one call an upload pass may make.
 const DO_PUT: &str = "/arrow.flight.protocol.FlightService/DoPut";
+/// The one call a read pass may make.
+const DO_GET: &str = "/arrow.flight.protocol.FlightService/DoGet";
 
 /// A pass as a call presented it: set by [`PassGate`] in the request's
 /// extensions of a `DoPut` it let through without a token, and checked
@@ -66,9 +73,10 @@ impl PassHash {
     }
 }
 
-/// A service behind [`Auth`], except for a `DoPut` that carries a pass:
-/// that one reaches the service unauthenticated, marked with its
-/// [`UploadPass`], for the service to check against the upload it names.
+/// A service behind [`Auth`], except for a `DoPut` that carries an upload
+/// pass and a `DoGet` that carries a read pass: those reach the service
+/// unauthenticated, marked with their [`UploadPass`] or [`ReadPass`], for
+/// the service to check against the upload or the version they name.
 #[derive(Debug, Clone)]
 pub struct PassGate<S> {
     checked: InterceptedService<S, Auth>,
@@ -76,7 +84,7 @@ pub struct PassGate<S> {
 }
 
 impl<S: Clone> PassGate<S> {
-    /// `service` behind `auth`, passes let through to `DoPut`.
+    /// `service` behind `auth`, passes let through to `DoPut` and `DoGet`.
     pub fn new(service: S, auth: Auth) -> Self {
         Self {
             checked: InterceptedService::new(service.clone(), auth),
@@ -85,13 +93,23 @@ impl<S: Clone> PassGate<S> {
     }
 }
 
-/// The pass a request carries, if it is a `DoPut` (no other call may use one).
-fn pass_of(req: &http::Request<Body>) -> Option<UploadPass> {
-    if req.uri().path() != DO_PUT {
-        return None;
-    }
-    let pass = req.headers().get(PASS_HEADER)?.to_str().ok()?.trim();
-    (!pass.is_empty()).then(|| UploadPass(pass.to_string()))
+/// A pass a call presented, of the kind its call may carry.
+#[derive(Debug, Clone)]
+enum Presented {
+    Upload(UploadPass),
+    Read(ReadPass),
+}
+
+/// The pass a request carries, if it is a `DoPut` with an upload pass or
+/// a `DoGet` with a read pass (no other call may use one).
+fn pass_of(req: &http::Request<Body>) -> Option<Presented> {
+    let (header, kind): (_, fn(String) -> Presented) = match req.uri().path() {
+        DO_PUT => (PASS_HEADER, |p| Presented::Upload(UploadPass(p))),
+        DO_GET => (READ_PASS_HEADER, |p| Presented::Read(ReadPass(p))),
+        _ => return None,
+    };
+    let pass = req.headers().get(header)?.to_str().ok()?.trim();
+    (!pass.is_empty()).then(|| kind(pass.to_string()))
 }
 
 impl<S> Service<http::Request<Body>> for PassGate<S>
@@ -113,7 +131,14 @@ where
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         if let Some(pass) = pass_of(&req) {
-            req.extensions_mut().insert(pass);
+            match pass {
+                Presented::Upload(p) => {
+                    req.extensions_mut().insert(p);
+                }
+                Presented::Read(p) => {
+                    req.extensions_mut().insert(p);
+                }
+            }
             let mut bare = self.bare.clone();
             return Box::pin(async move { bare.call(req).await });
         }
@@ -152,19 +177,38 @@ mod tests {
         assert!(!hash.admits(&UploadPass(String::new())));
     }
 
+    fn request_with(path: &str, header: &str, pass: &str) -> http::Request<Body> {
+        http::Request::builder()
+            .uri(format!("http://node{path}"))
+            .header(header, pass)
+            .body(Body::empty())
+            .unwrap()
+    }
+
     #[test]
-    fn only_a_put_carries_a_pass_past_the_token_check() {
-        assert!(pass_of(&request(DO_PUT, Some("abc"))).is_some());
+    fn only_a_put_carries_an_upload_pass_and_a_get_a_read_pass_past_the_token_check() {
+        assert!(matches!(
+            pass_of(&request(DO_PUT, Some("abc"))),
+            Some(Presented::Upload(_))
+        ));
         assert!(pass_of(&request(DO_PUT, Some(" "))).is_none());
         assert!(pass_of(&request(DO_PUT, None)).is_none());
+        assert!(matches!(
+            pass_of(&request_with(DO_GET, READ_PASS_HEADER, "abc")),
+            Some(Presented::Read(_))
+        ));
+        // Each pass in the other call's header is no pass.
+        assert!(pass_of(&request_with(DO_GET, PASS_HEADER, "abc")).is_none());
+        assert!(pass_of(&request_with(DO_PUT, READ_PASS_HEADER, "abc")).is_none());
         for other in [
             "/arrow.flight.protocol.FlightService/DoAction",
-            "/arrow.flight.protocol.FlightService/DoGet",
             "/arrow.flight.protocol.FlightService/DoExchange",
             "/arrow.flight.protocol.FlightService/Handshake",
             "/sluice.worker.Worker/Run",
         ] {
             assert!(pass_of(&request(other, Some("abc"))).is_none(), "{other}");
+            let read = request_with(other, READ_PASS_HEADER, "abc");
+            assert!(pass_of(&read).is_none(), "{other}");
         }
     }
 }

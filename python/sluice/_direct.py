@@ -1,4 +1,5 @@
-"""A cluster checkpoint's stripes written straight to the storage nodes.
+"""A cluster checkpoint's stripes written to and read from the storage
+nodes directly.
 
 A coordinator over storage nodes keeps each checkpoint striped over them
 (stripe *s* of ``unit`` bytes on nodes *s … s+R−1* mod *n*, each node's
@@ -12,20 +13,31 @@ coordinator only begins and commits (DAOS's client-side striping). The
 placement is the server's (``compute-exec/src/checkpoints/stripes.rs``),
 which the coordinator checks at commit: every node's piece must be
 covered exactly once.
+
+A reader whose ``checkpoint.stat`` asks ``direct`` is told each piece of
+the version (its node, name and version there, the stripes it holds) and
+a read pass for it, signed by its node (``sluice_access::read_pass``: a
+presigned GET of that one version). :class:`DirectGets` then reads each
+stripe of a range from one of its holders, the stripe's own first choice
+in turn as the coordinator would choose, the next on any error; a stripe
+no holder gives is read through the coordinator, which tries the holders
+it reaches and names what failed.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pyarrow.flight as flight
 
-from ._lanes import FlightPuts, put_part
+from ._errors import SluiceError
+from ._lanes import FlightGets, FlightPuts, get_range, put_part
 
-# The header a pass travels in.
+# The headers the passes travel in.
 PASS_HEADER = b"x-sluice-upload-pass"
+READ_PASS_HEADER = b"x-sluice-read-pass"
 
 
 class Striping:
@@ -107,4 +119,61 @@ class DirectPuts(FlightPuts):
                  f"{subject} (storage node {self.nodes[k]['url']})")
 
 
-__all__ = ["DirectPuts", "Striping", "flight_location"]
+class DirectGets(FlightGets):
+    """A reader's ranges, each stripe from a storage node that holds it
+    (see the module docs); the stripes of a range are read at once on
+    ``fan``."""
+
+    transport = "direct"
+
+    def __init__(self, client: Any, chunk: int, workers: int, name: str, version: int,
+                 layout: Dict[str, Any], fan: ThreadPoolExecutor):
+        super().__init__(client, chunk, workers, name, version)
+        self.unit = int(layout["unit"])
+        self.pieces = layout["pieces"]
+        self.locations = [flight_location(p["url"]) for p in self.pieces]
+        self.options = [flight.FlightCallOptions(
+            headers=[(READ_PASS_HEADER, p["pass"].encode())]) for p in self.pieces]
+        # Each stripe's holders: (piece, where the stripe starts in it).
+        self.holders: Dict[int, List[Tuple[int, int]]] = {}
+        for i, p in enumerate(self.pieces):
+            for j, s in enumerate(p["stripes"]):
+                self.holders.setdefault(int(s), []).append((i, j * self.unit))
+        # Pieces whose node failed a read: tried last.
+        self.down: Set[int] = set()
+        self.fan = fan
+
+    def fetch(self, offset: int, length: int) -> None:
+        cut = Striping(self.unit, 1, 1).stretches(offset, length)
+        stripes = [self.fan.submit(self._stripe, s, offset + lo, n) for s, lo, n in cut]
+        wait(stripes)
+        got: List[Tuple[int, memoryview]] = []
+        for f in stripes:
+            got.extend(f.result())
+        self._keep(offset, got)
+
+    def _stripe(self, s: int, lo: int, n: int) -> List[Tuple[int, memoryview]]:
+        """Bytes ``[lo, lo + n)`` of the version, all in stripe ``s``."""
+        holders = list(self.holders.get(s, ()))
+        if holders:
+            turn = s % len(holders)
+            holders = holders[turn:] + holders[:turn]
+        holders.sort(key=lambda h: h[0] in self.down)
+        for i, base in holders:
+            piece = self.pieces[i]
+            subject = f"checkpoint '{self.name}' (storage node {piece['url']})"
+            lane = s % self.workers
+            try:
+                client = self.client.flight(lane, location=self.locations[i])
+                return get_range(client, self.options[i], piece["piece"], int(piece["version"]),
+                                 base + lo - s * self.unit, n, subject, place=lo)
+            except SluiceError:
+                self.down.add(i)
+        # No holder gave it: the coordinator reads it from those it
+        # reaches (and names what failed where none does).
+        c = self.client
+        return get_range(c.flight(s % self.workers), c.call_options(), self.name, self.version,
+                         lo, n, f"checkpoint '{self.name}'")
+
+
+__all__ = ["DirectGets", "DirectPuts", "Striping", "flight_location"]

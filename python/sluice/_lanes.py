@@ -29,6 +29,9 @@ Reading (``GetLanes``): a reader asks for ranges, several at once
   (:mod:`sluice._window`).
 - :class:`FlightGets`: each range is a ``DoGet`` stream on a lane; its
   Arrow buffers are kept as they arrive.
+- :class:`~sluice._direct.DirectGets`: a cluster's checkpoint, whose
+  coordinator gave read passes: each stripe of a range comes straight
+  from a storage node that holds it (:mod:`sluice._direct`).
 
 Shared memory is tried first unless ``transport="flight"``: the server
 accepts it only when this process's :class:`~sluice._shm.Probe` shows it
@@ -363,6 +366,43 @@ class ShmPuts(FlightPuts):
             self.own = None
 
 
+def get_range(client: flight.FlightClient, options: flight.FlightCallOptions, name: str,
+              version: int, offset: int, length: int, subject: str,
+              place: Optional[int] = None) -> List[Tuple[int, memoryview]]:
+    """The bytes ``[offset, offset + length)`` of version ``version`` of
+    ``name`` from ``client``'s server, one ``DoGet``: its Arrow buffers
+    as they arrived, each with its place in what the reader reads (from
+    ``place`` on, ``offset`` by default), no copy."""
+    ticket = json.dumps({"type": "checkpoint", "checkpoint": name, "version": version,
+                         "offset": offset, "length": length}).encode()
+    out: List[Tuple[int, memoryview]] = []
+    start = offset if place is None else place
+    pos = start
+    try:
+        stream = client.do_get(flight.Ticket(ticket), options)
+        while True:
+            try:
+                chunk = stream.read_chunk()
+            except StopIteration:
+                break
+            if chunk.data is None or chunk.data.num_rows == 0:
+                continue
+            col = chunk.data.column(0)
+            offs = np.frombuffer(col.buffers()[1], dtype=np.int64)
+            offs = offs[col.offset:col.offset + len(col) + 1]
+            values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
+            if len(values):
+                out.append((pos, values))
+                pos += len(values)
+    except (flight.FlightError, pa.ArrowException) as e:
+        raise from_flight(e, subject) from None
+    if pos != start + length:
+        got = pos - start
+        raise SluiceError(500, "checkpoint_failed",
+                          f"{subject}: bytes {offset + got}..{offset + length} missing")
+    return out
+
+
 class FlightGets:
     """Ranges over Flight ``DoGet`` streams (see the module docs)."""
 
@@ -376,35 +416,16 @@ class FlightGets:
 
     def fetch(self, offset: int, length: int) -> None:
         c = self.client
-        ticket = json.dumps({"type": "checkpoint", "checkpoint": self.name,
-                             "version": self.version, "offset": offset,
-                             "length": length}).encode()
-        out: List[Tuple[int, memoryview]] = []
-        pos = offset
-        try:
-            lane = offset // self.chunk % self.workers
-            stream = c.flight(lane).do_get(flight.Ticket(ticket), c.call_options())
-            while True:
-                try:
-                    chunk = stream.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is None or chunk.data.num_rows == 0:
-                    continue
-                col = chunk.data.column(0)
-                offs = np.frombuffer(col.buffers()[1], dtype=np.int64)
-                offs = offs[col.offset:col.offset + len(col) + 1]
-                values = memoryview(col.buffers()[2]).cast("B")[int(offs[0]):int(offs[-1])]
-                if len(values):
-                    out.append((pos, values))
-                    pos += len(values)
-        except (flight.FlightError, pa.ArrowException) as e:
-            raise from_flight(e, f"checkpoint '{self.name}'") from None
-        if pos != offset + length:
-            raise SluiceError(500, "checkpoint_failed",
-                              f"checkpoint '{self.name}': bytes {pos}..{offset + length} missing")
-        self.parts[offset] = out
-        self.starts[offset] = [start for start, _ in out]
+        lane = offset // self.chunk % self.workers
+        got = get_range(c.flight(lane), c.call_options(), self.name, self.version, offset,
+                        length, f"checkpoint '{self.name}'")
+        self._keep(offset, got)
+
+    def _keep(self, offset: int, got: List[Tuple[int, memoryview]]) -> None:
+        """The range at ``offset`` arrived as ``got`` (its buffers, each
+        with its place in the version, in order)."""
+        self.parts[offset] = got
+        self.starts[offset] = [start for start, _ in got]
 
     def view(self, offset: int, pos: int, want: int) -> memoryview:
         """Up to ``want`` bytes from ``pos`` of the range at ``offset``

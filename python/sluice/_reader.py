@@ -1,7 +1,8 @@
 """The reading half of :mod:`sluice.checkpoint`: a
 :class:`CheckpointReader` streams one version from the server, through a
 shared region on its host (:mod:`sluice._lanes`, :mod:`sluice._window`)
-or over Flight, in parallel ranges that a read waits for only where it
+or over Flight (on a cluster, from the storage nodes: :mod:`sluice._direct`),
+in parallel ranges that a read waits for only where it
 needs them; :func:`_open` chooses the region (``get_open``), and a group
 of readers shares one (:mod:`sluice._group`).
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional
 import numpy as np
 
 from . import _lanes
+from ._direct import DirectGets
 from ._window import Window
 
 if TYPE_CHECKING:
@@ -34,7 +36,8 @@ _NUMPY_COPY_MIN = 256 << 10
 
 class CheckpointReader(io.RawIOBase):
     """See the module docs; ``info`` is the version read, ``transport``
-    ``"shm"`` or ``"flight"``. Reads copy straight from where the bytes
+    ``"shm"``, ``"flight"`` or ``"direct"`` (a cluster's stripes from its
+    storage nodes). Reads copy straight from where the bytes
     landed (the shared region, or Flight's Arrow buffers) into the
     caller's memory; :meth:`view` gives them without a copy."""
 
@@ -272,9 +275,16 @@ def _open(ckpt: "Checkpoint", name: str, version: Optional[int], own_from: int,
             dict(body, fill=shm_range, own_from=own_from, own_below=own_below,
                  window=ckpt.read_window), subject)
     if lent is None:
-        info = ckpt._action("checkpoint.stat", body, name)
-        lanes = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,
-                                  int(info["version"]))
+        # On a cluster, where its nodes sign read passes, the stripes come
+        # from the storage nodes directly (`sluice._direct`).
+        info = ckpt._action("checkpoint.stat", dict(body, direct=ckpt.direct), name)
+        layout = info.pop("direct", None)
+        if layout is not None:
+            lanes: Any = DirectGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,
+                                    int(info["version"]), layout, ckpt._fan())
+        else:
+            lanes = _lanes.FlightGets(ckpt.client, ckpt.chunk_size, ckpt.workers, name,
+                                      int(info["version"]))
         return Opened(info, lanes, 0, shm_range, None)
     region, answer = lent
     info = answer["checkpoint"]

@@ -53,7 +53,9 @@ than one is a single request.
 On a cluster, a writer sends each stripe straight to the storage nodes
 that hold it, with the upload passes the coordinator gave at ``begin``
 (:mod:`sluice._direct`; ``transport == "direct"``), where every node gives
-one; ``direct=False`` sends every part through the coordinator instead.
+one, and a reader reads each stripe from a node that holds it, with the
+read passes the coordinator gave at ``stat``; ``direct=False`` sends every
+part and every range through the coordinator instead.
 
 Files: this one (the checkpoints of a prefix, and their writers),
 :mod:`sluice._reader` (a reader of one version), :mod:`sluice._group`
@@ -127,8 +129,9 @@ class Checkpoint:
         self.chunk_size = chunk_size
         self.workers = workers
         self.transport = transport
-        # On a cluster: write the stripes to the storage nodes (where the
-        # coordinator hands out passes), or send every part through it.
+        # On a cluster: write and read the stripes at the storage nodes
+        # (where the coordinator hands out passes), or send every part and
+        # range through it.
         self.direct = direct
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None

@@ -56,7 +56,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::checkpoint::Checkpoints;
 use crate::error::StorageError;
 use crate::node::StorageNode;
-use sluice_access::UploadPass;
+use sluice_access::{ReadPass, UploadPass};
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -234,8 +234,30 @@ impl FlightService for StorageFlightService {
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        // A get that came in with a read pass and no token
+        // (`sluice_access::PassGate`) may only read the version its pass
+        // was signed for.
+        let pass = request.extensions().get::<ReadPass>().cloned();
         let bytes = request.into_inner().ticket;
-        if let Ok(sluice_flight::Ticket::Checkpoint(t)) = sluice_flight::Ticket::parse(&bytes) {
+        let ticket = sluice_flight::Ticket::parse(&bytes);
+        if let Some(pass) = pass {
+            let refused = || {
+                sluice_access::auth::forbidden(
+                    "a read pass reads the checkpoint version it was given for, nothing else",
+                )
+            };
+            let Ok(sluice_flight::Ticket::Checkpoint(t)) = ticket else {
+                return Err(refused());
+            };
+            let checkpoints = self.checkpoints()?;
+            if !checkpoints.admits_read(&pass, &t.checkpoint, t.version) {
+                return Err(refused());
+            }
+            return Ok(Response::new(
+                CheckpointEndpoint::get(&**checkpoints, t).await?,
+            ));
+        }
+        if let Ok(sluice_flight::Ticket::Checkpoint(t)) = ticket {
             let checkpoints = self.checkpoints()?;
             return Ok(Response::new(
                 CheckpointEndpoint::get(&**checkpoints, t).await?,

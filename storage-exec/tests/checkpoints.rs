@@ -575,3 +575,57 @@ async fn an_upload_pass_writes_its_own_upload_only_and_only_where_passes_are_giv
     assert!(matches!(e, Err(StorageError::PassRefused(_))), "{e:?}");
     assert_eq!(c.open_uploads(&[a, b.clone(), plain.clone()]), [b, plain]);
 }
+
+#[tokio::test]
+async fn a_read_pass_reads_its_own_version_only_and_only_where_passes_are_given() {
+    use sluice_access::ReadPass;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let write = |c: Arc<Checkpoints>, name: &'static str, fill: u64| async move {
+        let id = c.begin(name).unwrap();
+        let part = futures::stream::iter([Ok::<_, StorageError>(bytes(3_000, fill))]);
+        c.write(&id, 0, part).await.unwrap();
+        c.commit(&id, 3_000).await.unwrap().version
+    };
+    // A store that gives no passes (one machine's): none is answered, and
+    // no pass reads its versions.
+    let closed = Checkpoints::new(Arc::clone(&store), CheckpointOptions::default());
+    let v = write(Arc::clone(&closed), "run/a.pt", 1).await;
+    let (version, pass) = closed.read_pass("run/a.pt", None).unwrap();
+    assert_eq!((version, pass), (v, None));
+    assert!(!closed.admits_read(&ReadPass("0.00".into()), "run/a.pt", v));
+    drop(closed);
+
+    let c = Checkpoints::new(
+        Arc::clone(&store),
+        CheckpointOptions {
+            passes: true,
+            keep: 4,
+            ..Default::default()
+        },
+    );
+    let v2 = write(Arc::clone(&c), "run/a.pt", 2).await;
+    write(Arc::clone(&c), "run/b.pt", 3).await;
+    // The newest version by default, or the one named.
+    let (newest, pass) = c.read_pass("run/a.pt", None).unwrap();
+    assert_eq!(newest, v2);
+    let pass = ReadPass(pass.unwrap());
+    assert!(c.admits_read(&pass, "run/a.pt", v2));
+    assert!(!c.admits_read(&pass, "run/a.pt", v));
+    assert!(!c.admits_read(&pass, "run/b.pt", v2));
+    let (older, old_pass) = c.read_pass("run/a.pt", Some(v)).unwrap();
+    assert_eq!(older, v);
+    assert!(c.admits_read(&ReadPass(old_pass.unwrap()), "run/a.pt", v));
+    // No pass for a version that is not there; another store's passes
+    // (another key) read nothing here.
+    assert!(c.read_pass("run/a.pt", Some(v2 + 5)).is_err());
+    assert!(c.read_pass("run/zzz.pt", None).is_err());
+    let other = Checkpoints::new(
+        Arc::clone(&store),
+        CheckpointOptions {
+            passes: true,
+            ..Default::default()
+        },
+    );
+    assert!(!other.admits_read(&pass, "run/a.pt", v2));
+}

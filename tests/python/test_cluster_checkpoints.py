@@ -260,6 +260,87 @@ def test_a_direct_writer_killed_mid_stream_leaves_the_previous_version_and_nothi
         assert [pieces(u) for u in urls] == before
 
 
+def node_get(url, name, version, offset, length, headers=()):
+    """A DoGet of a range of a version on the storage node at `url`,
+    presenting `headers` and no token: its bytes."""
+    client = flight.FlightClient(url.replace("http://", "grpc://"))
+    ticket = json.dumps({"type": "checkpoint", "checkpoint": name, "version": version,
+                         "offset": offset, "length": length}).encode()
+    table = client.do_get(flight.Ticket(ticket),
+                          flight.FlightCallOptions(headers=list(headers))).read_all()
+    return b"".join(v.as_py() for v in table.column(0))
+
+
+def test_a_trainer_reads_its_stripes_from_the_nodes_with_read_passes_that_read_nothing_else():
+    with cluster(node_tokens=True) as (c, procs, urls, _, _):
+        data = pattern(9 * STRIPE + 4321, 5)
+        direct = sluice.Checkpoint(c, "d", workers=3)
+        relayed = sluice.Checkpoint(c, "d", workers=3, direct=False)
+        write(direct, "m.pt", data)
+        write(direct, "m.pt", data[::-1])
+        for ck, transport in [(direct, "direct"), (relayed, "flight")]:
+            with ck.reader("m.pt", 1) as r:
+                assert r.transport == transport
+                assert "direct" not in r.info, r.info
+                assert r.read() == data
+        assert read(direct, "m.pt") == data[::-1]
+
+        # What a read pass is: the stat's answer names each piece, the
+        # stripes it holds and a pass that reads that piece's version.
+        header = b"x-sluice-read-pass"
+        one = _lanes.action(c, "checkpoint.stat", {"name": "d/m.pt", "version": 1,
+                                                    "direct": True}, "m")
+        two = _lanes.action(c, "checkpoint.stat", {"name": "d/m.pt", "direct": True}, "m")
+        assert "direct" not in _lanes.action(c, "checkpoint.stat", {"name": "d/m.pt"}, "m")
+        lay = one["direct"]
+        assert len(lay["pieces"]) == 3
+        assert sorted(s for p in lay["pieces"] for s in p["stripes"]) == sorted(2 * list(range(10)))
+        p1, p2 = lay["pieces"][0], two["direct"]["pieces"][0]
+        assert p1["url"] == p2["url"] and p1["piece"] != p2["piece"]
+        mine = (header, p1["pass"].encode())
+        s = p1["stripes"][1]
+        got = node_get(p1["url"], p1["piece"], p1["version"], STRIPE, 100, [mine])
+        assert got == data[s * STRIPE:s * STRIPE + 100]
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            node_get(p1["url"], p1["piece"], p1["version"], 0, 1)
+        for name, version, pass_ in [
+            # Another version's piece with this pass; a pass of another
+            # piece; a wrong pass; a pass whose expiry was moved on.
+            (p2["piece"], p2["version"], p1["pass"]),
+            (p1["piece"], p1["version"], p2["pass"]),
+            (p1["piece"], p1["version"], "1" + p1["pass"]),
+            (p1["piece"], p1["version"], "9999999999." + p1["pass"].split(".")[1]),
+        ]:
+            with pytest.raises(flight.FlightUnauthorizedError) as e:
+                node_get(p1["url"], name, version, 0, 1, [(header, pass_.encode())])
+            assert "read pass" in str(e.value), e.value
+        # Every other call with only a read pass is a call without a token.
+        client = flight.FlightClient(p1["url"].replace("http://", "grpc://"))
+        opts = flight.FlightCallOptions(headers=[mine])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.do_action(flight.Action("checkpoint.list", b'{"prefix": ""}'), opts))
+        begun = _lanes.action(c, "checkpoint.begin", {"name": "x.pt", "direct": True}, "x")
+        node = begun["direct"]["nodes"][0]
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            node_put(node["url"], {"checkpoint_upload": node["upload"], "offset": 0}, b"x",
+                     [(header, p1["pass"].encode())])
+
+        # A node killed -9 after the reader was told where the stripes
+        # are: each of its stripes from the other holder, byte-identical.
+        k = urls.index(p1["url"])
+        procs[k].send_signal(signal.SIGKILL)
+        procs[k].wait(timeout=30)
+        gets = sluice._direct.DirectGets(c, STRIPE, 3, "d/m.pt", 1, lay, direct._fan())
+        gets.fetch(0, len(data))
+        assert b"".join(bytes(v) for _, v in gets.parts[0]) == data
+        assert gets.down == {0}
+        # Asked now, the coordinator leaves the dead node out, and the two
+        # others hold every stripe.
+        with direct.reader("m.pt", 1) as r:
+            assert r.transport == "direct"
+            assert r.read() == data
+
+
 def test_a_node_lost_before_the_commit_leaves_the_previous_version_and_nothing_partial():
     with cluster() as (c, procs, urls, _, _):
         ck = sluice.Checkpoint(c, "run2", workers=2)

@@ -1,7 +1,8 @@
 //! [`ClusterCheckpoints`] as a [`CheckpointEndpoint`]: the checkpoint
 //! protocol a trainer speaks to one machine, answered by the cluster (a
-//! `begin` that asks `direct` is answered with the nodes' passes too,
-//! where they give them). The same-host actions (`checkpoint.shm.*`)
+//! `begin` that asks `direct` is answered with the nodes' upload passes
+//! too, and a `stat` that asks `direct` with their read passes, where
+//! they give them). The same-host actions (`checkpoint.shm.*`)
 //! answer `shm_unavailable`: a cluster's checkpoint lives on several
 //! hosts, so its writers and readers go over Flight (the client falls
 //! back by itself).
@@ -16,13 +17,25 @@ use futures::stream::BoxStream;
 use serde_json::json;
 use sluice_base::CallError;
 use sluice_flight::checkpoint::requests::{
-    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, body, json_bytes, unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, Stat, UploadId, body, json_bytes, unknown,
 };
-use sluice_flight::checkpoint::{CheckpointEndpoint, CheckpointInfo, GetTicket, PutCommand, data};
+use sluice_flight::checkpoint::{
+    CheckpointEndpoint, CheckpointInfo, DirectRead, GetTicket, PutCommand, data,
+};
 use sluice_flight::stream::FlightStream;
 use tonic::Status;
 
 use super::{ClusterCheckpointError, ClusterCheckpoints};
+
+/// A `stat`'s answer: the version, and where its reader was given read
+/// passes, where its stripes are.
+#[derive(serde::Serialize)]
+struct Stated {
+    #[serde(flatten)]
+    info: CheckpointInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direct: Option<DirectRead>,
+}
 
 #[async_trait]
 impl CheckpointEndpoint for ClusterCheckpoints {
@@ -99,8 +112,17 @@ impl CheckpointEndpoint for ClusterCheckpoints {
                 json_bytes(&json!({ "aborted": u.upload }))
             }
             "checkpoint.stat" => {
-                let n: Named = body(kind, bytes)?;
-                json_bytes(&self.version(&n.name, n.version)?.info())
+                let n: Stat = body(kind, bytes)?;
+                let version = self.version(&n.name, n.version)?;
+                let direct = if n.direct {
+                    self.direct_read(&version).await
+                } else {
+                    None
+                };
+                json_bytes(&Stated {
+                    info: version.info(),
+                    direct,
+                })
             }
             "checkpoint.list" => {
                 let p: Prefix = body(kind, bytes)?;

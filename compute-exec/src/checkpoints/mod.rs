@@ -9,7 +9,10 @@
 //!          (or ── DoPut parts ──► coordinator: cut into stripes of 4 MiB, each sent on the same way)
 //!          ── checkpoint.commit ─►   every node commits its piece (durable) ─► one ledger transaction:
 //!                                    the version exists
-//!          ── DoGet range ───────►   each stripe from one holder, the next on any error (lost, checksum)
+//!          ── checkpoint.stat {direct} ─► coordinator ── checkpoint.read_pass ×pieces ──► their nodes
+//!          ◄── {…, direct: each piece, its stripes and its read pass}
+//!          ── DoGet stripe s, with its piece's read pass ──────────────► one of its holders, the next on error
+//!          (or ── DoGet range ──► coordinator: each stripe from one holder, the next on any error)
 //! ```
 //!
 //! - **Striped** ([`stripes`]): consecutive stripes go to different
@@ -37,10 +40,11 @@
 //!   against their checksums; a bad extent is rewritten from another
 //!   holder.
 //!
-//! - **Written by the trainer itself** where it asks and every node gives
-//!   an upload pass ([`begin`]): it sends each stripe to its holders
-//!   directly, and the coordinator only begins and commits (DAOS's
-//!   client-side striping); otherwise the parts pass through here.
+//! - **Written and read by the trainer itself** where it asks and the
+//!   nodes give passes ([`begin`], [`read`]): it sends each stripe to its
+//!   holders directly and reads each from one of them, and the coordinator
+//!   only begins, commits and says where the stripes are (DAOS's
+//!   client-side striping); otherwise the bytes pass through here.
 //!
 //! Files: [`stripes`] (placement), [`ledger`] (what exists), [`begin`]
 //! (a version begun, its writer's direct layout), [`idle`] (uploads whose

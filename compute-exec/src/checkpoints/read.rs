@@ -4,6 +4,12 @@
 //! from the next holder when one fails: down, or its copy failing its
 //! checksum there (`DATA_LOSS`). Several stripes are read at once, and
 //! the bytes go out in order.
+//!
+//! A trainer that asks reads the stripes from the nodes itself instead
+//! ([`ClusterCheckpoints::direct_read`]): each piece's node signs a read
+//! pass for it (`sluice_access::read_pass`), and the trainer is told where
+//! every stripe is; a stripe it cannot read from any of its holders it
+//! reads through here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,10 +19,11 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use sluice_base::{CallError, Fault};
 use sluice_flight::LinkError;
 use sluice_flight::checkpoint::node::NodeCheckpoints;
+use sluice_flight::checkpoint::{DirectPiece, DirectRead};
 use tonic::Code;
 
 use super::ledger::{Piece, StripedVersion};
-use super::{ClusterCheckpointError, ClusterCheckpoints, Result};
+use super::{BEGIN_WAIT, ClusterCheckpointError, ClusterCheckpoints, Result};
 
 /// Stripes of one range read at once.
 const DEPTH: usize = 4;
@@ -38,6 +45,61 @@ impl ClusterCheckpoints {
                 Some(v) => format!("checkpoint '{name}' has no version {v}"),
                 None => format!("no checkpoint '{name}'"),
             }))
+        })
+    }
+
+    /// Where a trainer reads `version`'s stripes itself: each piece whose
+    /// node signs a read pass within [`BEGIN_WAIT`], with it (a node that
+    /// failed lately is not asked, one that cannot be reached now is
+    /// marked so);
+    /// `None` where those pieces miss a stripe (a node down, or one that
+    /// gives no passes: the reads then come through here).
+    pub async fn direct_read(&self, version: &StripedVersion) -> Option<DirectRead> {
+        let asked = version.pieces.iter().filter(|p| !self.is_down(&p.node));
+        let passes = asked.map(|p| async move {
+            let node = self.node(&p.node).ok()?;
+            let pass = tokio::time::timeout(BEGIN_WAIT, node.read_pass(&p.local, p.local_version));
+            match pass.await {
+                Ok(Ok(pass)) => pass.map(|pass| DirectPiece {
+                    url: p.node.clone(),
+                    piece: p.local.clone(),
+                    version: p.local_version,
+                    stripes: p.stripes.clone(),
+                    pass,
+                }),
+                Ok(Err(e)) => {
+                    tracing::info!(
+                        "checkpoint '{}': no read pass from {}: {e}",
+                        version.name,
+                        p.node
+                    );
+                    if matches!(e, LinkError::Unavailable { .. }) {
+                        self.mark_down(&p.node);
+                    }
+                    None
+                }
+                Err(_) => {
+                    self.mark_down(&p.node);
+                    None
+                }
+            }
+        });
+        let pieces: Vec<DirectPiece> = futures::future::join_all(passes)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let stripes = version.size.div_ceil(version.unit);
+        let mut held: Vec<u64> = pieces
+            .iter()
+            .flat_map(|p| p.stripes.iter().copied())
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        let whole = held.len() as u64 == stripes && held.last().is_none_or(|&s| s + 1 == stripes);
+        whole.then_some(DirectRead {
+            unit: version.unit,
+            pieces,
         })
     }
 

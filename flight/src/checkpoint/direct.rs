@@ -1,9 +1,15 @@
-//! [`Direct`]: what a trainer is given to write the stripes of a cluster
-//! checkpoint to the storage nodes itself, the coordinator only beginning
-//! and committing the version (DAOS's client-side striping). Stripe *s*
-//! of `unit` bytes goes to nodes *s … s+R−1* (mod *n*), each at its place
-//! in that node's piece, as the coordinator would place it
-//! (`sluice_compute::checkpoints::stripes`).
+//! What a trainer is given to move the stripes of a cluster checkpoint
+//! between itself and the storage nodes directly, the coordinator only
+//! beginning, committing and saying where the stripes are (DAOS's
+//! client-side striping):
+//!
+//! - [`Direct`], to write: stripe *s* of `unit` bytes goes to nodes
+//!   *s … s+R−1* (mod *n*), each at its place in that node's piece, as the
+//!   coordinator would place it (`sluice_compute::checkpoints::stripes`),
+//!   with each node's upload pass;
+//! - [`DirectRead`], to read: each piece of a committed version, the
+//!   stripes it holds (after moves off lost nodes, not always the
+//!   placement's) and a read pass for it (`sluice_access::read_pass`).
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +45,44 @@ impl std::fmt::Debug for DirectNode {
     }
 }
 
+/// See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectRead {
+    /// Bytes per stripe.
+    pub unit: u64,
+    /// The pieces whose nodes gave a read pass: every stripe is in one
+    /// of them at least.
+    pub pieces: Vec<DirectPiece>,
+}
+
+/// One piece of a [`DirectRead`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectPiece {
+    /// Its node's Flight URL, as the coordinator dials it.
+    pub url: String,
+    /// The piece's name there.
+    pub piece: String,
+    /// Its version there.
+    pub version: u64,
+    /// The stripes it holds, ascending: stripe `stripes[i]` starts at
+    /// `i × unit` in the piece.
+    pub stripes: Vec<u64>,
+    /// The pass that reads it (never logged).
+    pub pass: String,
+}
+
+impl std::fmt::Debug for DirectPiece {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectPiece")
+            .field("url", &self.url)
+            .field("piece", &self.piece)
+            .field("version", &self.version)
+            .field("stripes", &self.stripes.len())
+            .field("pass", &"…")
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +102,13 @@ mod tests {
         };
         let back: Direct = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
         assert_eq!(back, d);
+        let p = DirectPiece {
+            url: "http://n:1".into(),
+            piece: ".stripes/u/a".into(),
+            version: 1,
+            stripes: vec![0, 2],
+            pass: "secret-read-pass".into(),
+        };
+        assert!(!format!("{p:?}").contains("secret-read-pass"));
     }
 }

@@ -47,8 +47,8 @@
 //! A storage node of a cluster serves the same protocol to its
 //! coordinator, which keeps each node's stripes of a checkpoint there as
 //! a version of its own ([`node::NodeCheckpoints`], the coordinator's
-//! client of it). A trainer may write the stripes itself, straight to the
-//! nodes ([`Direct`]):
+//! client of it). A trainer may write and read the stripes itself,
+//! straight to and from the nodes ([`Direct`], [`DirectRead`]):
 //!
 //! ```text
 //!  DoAction checkpoint.begin {"name", "direct": true}  (to the coordinator)
@@ -57,10 +57,17 @@
 //!  DoPut    (to node k) descriptor cmd {"checkpoint_upload": its upload, "offset": in its piece},
 //!           header x-sluice-upload-pass: its pass; stripe s goes to nodes s … s+R−1 (mod n)
 //!  DoAction checkpoint.commit {"upload", "size"}       (to the coordinator, as ever)
+//!  DoAction checkpoint.stat {"name", "version"?, "direct": true}  (to the coordinator)
+//!           → {…, "direct": {"unit", "pieces": [{"url", "piece", "version", "stripes", "pass"}, …]}}
+//!           (no "direct" where the pieces with a read pass miss a stripe)
+//!  DoGet    (to a piece's node) ticket {"type": "checkpoint", "checkpoint": its piece, "version",
+//!           "offset", "length"}, header x-sluice-read-pass: its pass; stripe stripes[i] of the
+//!           piece at i × unit there
 //! ```
 //!
 //! Files: this one (the protocol), [`data`] (the bytes as batches),
-//! [`direct`] (a trainer's layout to write a cluster's stripes itself),
+//! [`direct`] (a trainer's layouts to write and read a cluster's stripes
+//! itself),
 //! [`node`] (a storage node's checkpoints, called over Flight),
 //! [`requests`] (the actions' bodies, and what a name may be), [`scrub`]
 //! (reading versions back, and repairing an extent).
@@ -81,7 +88,7 @@ use serde::{Deserialize, Serialize};
 use tonic::Status;
 
 pub use data::data_schema;
-pub use direct::{Direct, DirectNode};
+pub use direct::{Direct, DirectNode, DirectPiece, DirectRead};
 
 use crate::stream::FlightStream;
 
@@ -89,7 +96,7 @@ use crate::stream::FlightStream;
 pub const ACTION_PREFIX: &str = "checkpoint.";
 
 /// The actions, with their descriptions (for `ListActions`).
-pub const ACTIONS: [(&str, &str); 18] = [
+pub const ACTIONS: [(&str, &str); 19] = [
     (
         "checkpoint.begin",
         "start writing a checkpoint version: {name, direct?, pass?} → {upload, direct?, pass?}",
@@ -101,6 +108,10 @@ pub const ACTIONS: [(&str, &str); 18] = [
     (
         "checkpoint.open_uploads",
         "which of these uploads are still open: {uploads} → {open}",
+    ),
+    (
+        "checkpoint.read_pass",
+        "a storage node's pass to read one version with no token: {name, version?} → {version, pass?}",
     ),
     (
         "checkpoint.commit",
@@ -138,7 +149,7 @@ pub const ACTIONS: [(&str, &str); 18] = [
     ("checkpoint.shm.close", "let a region go: {region}"),
     (
         "checkpoint.stat",
-        "one version (newest by default): {name, version?}",
+        "one version (newest by default): {name, version?, direct?} → {name, version, size, created_unix_ms, direct?}",
     ),
     (
         "checkpoint.list",

@@ -111,6 +111,23 @@ impl NodeCheckpoints {
         Ok((b.upload, b.pass))
     }
 
+    /// A pass that reads version `version` of `name` there with no token
+    /// (`sluice_access::read_pass`); none where the node gives none.
+    pub async fn read_pass(&self, name: &str, version: u64) -> Result<Option<String>, LinkError> {
+        #[derive(serde::Deserialize)]
+        struct Pass {
+            #[serde(default)]
+            pass: Option<String>,
+        }
+        let p: Pass = self
+            .action(
+                "checkpoint.read_pass",
+                &json!({ "name": name, "version": version }),
+            )
+            .await?;
+        Ok(p.pass)
+    }
+
     /// Those of `uploads` still open there.
     pub async fn open_uploads(&self, uploads: &[String]) -> Result<Vec<String>, LinkError> {
         #[derive(serde::Deserialize)]

@@ -58,7 +58,8 @@ pub fn group_problem<S: AsRef<str>>(names: &[S]) -> Option<String> {
         .map(|w| format!("two uploads of '{}' in one group", w[0]))
 }
 
-/// `checkpoint.stat`, `checkpoint.delete`: a name, and a version or none.
+/// `checkpoint.delete`, `checkpoint.read_pass`: a name, and a version
+/// or none.
 #[derive(Debug, Deserialize)]
 pub struct Named {
     /// The checkpoint.
@@ -66,6 +67,22 @@ pub struct Named {
     /// One version (none: the newest, or every one).
     #[serde(default)]
     pub version: Option<u64>,
+}
+
+/// `checkpoint.stat`: a name, a version or none (the newest), and
+/// whether the reader would read the stripes from the storage nodes
+/// itself (a coordinator then adds [`crate::checkpoint::DirectRead`]
+/// where the nodes give read passes; one machine ignores it).
+#[derive(Debug, Deserialize)]
+pub struct Stat {
+    /// The checkpoint.
+    pub name: String,
+    /// One version (none: the newest).
+    #[serde(default)]
+    pub version: Option<u64>,
+    /// See the type's docs.
+    #[serde(default)]
+    pub direct: bool,
 }
 
 /// `checkpoint.begin`.

@@ -11,7 +11,8 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_flight::checkpoint::requests::{
-    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes, unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, Stat, UploadId, Uploads, body, json_bytes,
+    unknown,
 };
 use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
@@ -176,6 +177,11 @@ impl CheckpointEndpoint for Checkpoints {
                 let id = self.begin(&b.name).map_err(status)?;
                 json_bytes(&json!({ "upload": id }))
             }
+            "checkpoint.read_pass" => {
+                let n: Named = body(kind, bytes)?;
+                let (version, pass) = self.read_pass(&n.name, n.version).map_err(status)?;
+                json_bytes(&json!({ "version": version, "pass": pass }))
+            }
             "checkpoint.open_uploads" => {
                 let u: Uploads = body(kind, bytes)?;
                 json_bytes(&json!({ "open": self.open_uploads(&u.uploads) }))
@@ -200,7 +206,8 @@ impl CheckpointEndpoint for Checkpoints {
                 json_bytes(&json!({ "aborted": u.upload }))
             }
             "checkpoint.stat" => {
-                let n: Named = body(kind, bytes)?;
+                // Its `direct` is a cluster's: here the version is whole.
+                let n: Stat = body(kind, bytes)?;
                 let r = self.get(&n.name, n.version).map_err(status)?;
                 json_bytes(&super::CheckpointInfo::from(&r))
             }

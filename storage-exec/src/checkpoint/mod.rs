@@ -27,6 +27,11 @@
 //!   all of them are listed, or none.
 //! - A client on this host moves the bytes through shared memory instead
 //!   of Flight ([`shared`]).
+//! - Where it gives passes ([`CheckpointOptions::passes`]: a cluster's
+//!   storage node trainers can reach), a writer may write one upload's
+//!   parts with an upload pass, and a reader read one version with a read
+//!   pass the node signed (`sluice_access::read_pass`), neither holding a
+//!   node token.
 //!
 //! Files: [`catalog`] (versions in the catalog), `tables` (its redb
 //! tables, created with the catalog's own), [`record`] (a version and its
@@ -48,7 +53,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arrow::buffer::Buffer;
 use futures::{Stream, StreamExt};
-use sluice_access::{PassHash, UploadPass};
+use sluice_access::{PassHash, ReadPass, ReadPasses, UploadPass};
 
 pub use catalog::Removed;
 pub use flight::status;
@@ -91,6 +96,8 @@ pub struct Checkpoints {
     uploads: Mutex<HashMap<String, Arc<Upload>>>,
     /// Shared-memory regions lent to clients on this host, by id.
     lent: Mutex<HashMap<String, Arc<Lent>>>,
+    /// The key read passes are signed with (where passes are given).
+    read_passes: Option<ReadPasses>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -112,8 +119,10 @@ fn new_id() -> String {
 impl Checkpoints {
     /// The checkpoints of `store`.
     pub fn new(store: Arc<Store>, opts: CheckpointOptions) -> Arc<Self> {
+        let read_passes = opts.passes.then(ReadPasses::new).flatten();
         Arc::new(Self {
             store,
+            read_passes,
             opts,
             uploads: Mutex::new(HashMap::new()),
             lent: Mutex::new(HashMap::new()),
@@ -381,6 +390,23 @@ impl Checkpoints {
     /// One version (the newest when `version` is `None`).
     pub fn get(&self, name: &str, version: Option<u64>) -> Result<CheckpointRecord> {
         self.store.catalog().checkpoint(name, version)
+    }
+
+    /// A read pass for one version of `name` (the newest when `version`
+    /// is `None`): that version and the pass, which reads it for
+    /// `sluice_access::read_pass::READ_PASS_TTL`; no pass where this store
+    /// gives none.
+    pub fn read_pass(&self, name: &str, version: Option<u64>) -> Result<(u64, Option<String>)> {
+        let record = self.get(name, version)?;
+        let pass = self.read_passes.as_ref();
+        Ok((record.version, pass.map(|k| k.issue(name, record.version))))
+    }
+
+    /// Whether `pass` reads version `version` of `name` here now.
+    pub fn admits_read(&self, pass: &ReadPass, name: &str, version: u64) -> bool {
+        self.read_passes
+            .as_ref()
+            .is_some_and(|k| k.admits(pass, name, version))
     }
 
     /// Deletes one version of `name`, or all; their space is free at once.
