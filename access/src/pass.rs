@@ -93,23 +93,30 @@ impl<S: Clone> PassGate<S> {
     }
 }
 
-/// A pass a call presented, of the kind its call may carry.
-#[derive(Debug, Clone)]
-enum Presented {
-    Upload(UploadPass),
-    Read(ReadPass),
+/// Marks `req` with the pass it carries ([`UploadPass`] or [`ReadPass`]),
+/// if it is a `DoPut` with an upload pass or a `DoGet` with a read pass
+/// (no other call may use one); whether it did.
+fn mark_pass(req: &mut http::Request<Body>) -> bool {
+    match req.uri().path() {
+        DO_PUT => mark(req, PASS_HEADER, UploadPass),
+        DO_GET => mark(req, READ_PASS_HEADER, ReadPass),
+        _ => false,
+    }
 }
 
-/// The pass a request carries, if it is a `DoPut` with an upload pass or
-/// a `DoGet` with a read pass (no other call may use one).
-fn pass_of(req: &http::Request<Body>) -> Option<Presented> {
-    let (header, kind): (_, fn(String) -> Presented) = match req.uri().path() {
-        DO_PUT => (PASS_HEADER, |p| Presented::Upload(UploadPass(p))),
-        DO_GET => (READ_PASS_HEADER, |p| Presented::Read(ReadPass(p))),
-        _ => return None,
+/// Marks `req` with `make` of its `header`'s text, where that is not blank.
+fn mark<P: Clone + Send + Sync + 'static>(
+    req: &mut http::Request<Body>,
+    header: &str,
+    make: fn(String) -> P,
+) -> bool {
+    let pass = req.headers().get(header).and_then(|v| v.to_str().ok());
+    let Some(pass) = pass.map(str::trim).filter(|p| !p.is_empty()) else {
+        return false;
     };
-    let pass = req.headers().get(header)?.to_str().ok()?.trim();
-    (!pass.is_empty()).then(|| kind(pass.to_string()))
+    let pass = make(pass.to_string());
+    req.extensions_mut().insert(pass);
+    true
 }
 
 impl<S> Service<http::Request<Body>> for PassGate<S>
@@ -130,15 +137,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        if let Some(pass) = pass_of(&req) {
-            match pass {
-                Presented::Upload(p) => {
-                    req.extensions_mut().insert(p);
-                }
-                Presented::Read(p) => {
-                    req.extensions_mut().insert(p);
-                }
-            }
+        if mark_pass(&mut req) {
             let mut bare = self.bare.clone();
             return Box::pin(async move { bare.call(req).await });
         }
@@ -185,30 +184,40 @@ mod tests {
             .unwrap()
     }
 
+    /// The pass `req` was marked with by the gate: the kind and its text.
+    fn marked(mut req: http::Request<Body>) -> Option<(&'static str, String)> {
+        let carried = mark_pass(&mut req);
+        let ext = req.extensions();
+        let got = match (ext.get::<UploadPass>(), ext.get::<ReadPass>()) {
+            (Some(p), None) => Some(("upload", p.0.clone())),
+            (None, Some(p)) => Some(("read", p.0.clone())),
+            (None, None) => None,
+            (Some(_), Some(_)) => panic!("marked with both passes"),
+        };
+        assert_eq!(carried, got.is_some());
+        got
+    }
+
     #[test]
     fn only_a_put_carries_an_upload_pass_and_a_get_a_read_pass_past_the_token_check() {
-        assert!(matches!(
-            pass_of(&request(DO_PUT, Some("abc"))),
-            Some(Presented::Upload(_))
-        ));
-        assert!(pass_of(&request(DO_PUT, Some(" "))).is_none());
-        assert!(pass_of(&request(DO_PUT, None)).is_none());
-        assert!(matches!(
-            pass_of(&request_with(DO_GET, READ_PASS_HEADER, "abc")),
-            Some(Presented::Read(_))
-        ));
+        let upload = Some(("upload", "abc".to_string()));
+        assert_eq!(marked(request(DO_PUT, Some("abc"))), upload);
+        assert!(marked(request(DO_PUT, Some(" "))).is_none());
+        assert!(marked(request(DO_PUT, None)).is_none());
+        let read = Some(("read", "abc".to_string()));
+        assert_eq!(marked(request_with(DO_GET, READ_PASS_HEADER, "abc")), read);
         // Each pass in the other call's header is no pass.
-        assert!(pass_of(&request_with(DO_GET, PASS_HEADER, "abc")).is_none());
-        assert!(pass_of(&request_with(DO_PUT, READ_PASS_HEADER, "abc")).is_none());
+        assert!(marked(request_with(DO_GET, PASS_HEADER, "abc")).is_none());
+        assert!(marked(request_with(DO_PUT, READ_PASS_HEADER, "abc")).is_none());
         for other in [
             "/arrow.flight.protocol.FlightService/DoAction",
             "/arrow.flight.protocol.FlightService/DoExchange",
             "/arrow.flight.protocol.FlightService/Handshake",
             "/sluice.worker.Worker/Run",
         ] {
-            assert!(pass_of(&request(other, Some("abc"))).is_none(), "{other}");
+            assert!(marked(request(other, Some("abc"))).is_none(), "{other}");
             let read = request_with(other, READ_PASS_HEADER, "abc");
-            assert!(pass_of(&read).is_none(), "{other}");
+            assert!(marked(read).is_none(), "{other}");
         }
     }
 }

@@ -241,21 +241,18 @@ impl FlightService for StorageFlightService {
         let bytes = request.into_inner().ticket;
         let ticket = sluice_flight::Ticket::parse(&bytes);
         if let Some(pass) = pass {
-            let refused = || {
-                sluice_access::auth::forbidden(
+            let admitted = match &ticket {
+                Ok(sluice_flight::Ticket::Checkpoint(t)) => {
+                    self.checkpoints()?
+                        .admits_read(&pass, &t.checkpoint, t.version)
+                }
+                _ => false,
+            };
+            if !admitted {
+                return Err(sluice_access::auth::forbidden(
                     "a read pass reads the checkpoint version it was given for, nothing else",
-                )
-            };
-            let Ok(sluice_flight::Ticket::Checkpoint(t)) = ticket else {
-                return Err(refused());
-            };
-            let checkpoints = self.checkpoints()?;
-            if !checkpoints.admits_read(&pass, &t.checkpoint, t.version) {
-                return Err(refused());
+                ));
             }
-            return Ok(Response::new(
-                CheckpointEndpoint::get(&**checkpoints, t).await?,
-            ));
         }
         if let Ok(sluice_flight::Ticket::Checkpoint(t)) = ticket {
             let checkpoints = self.checkpoints()?;

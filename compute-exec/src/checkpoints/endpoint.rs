@@ -112,9 +112,9 @@ impl CheckpointEndpoint for ClusterCheckpoints {
                 json_bytes(&json!({ "aborted": u.upload }))
             }
             "checkpoint.stat" => {
-                let n: Stat = body(kind, bytes)?;
-                let version = self.version(&n.name, n.version)?;
-                let direct = if n.direct {
+                let Stat { named, direct } = body(kind, bytes)?;
+                let version = self.version(&named.name, named.version)?;
+                let direct = if direct {
                     self.direct_read(&version).await
                 } else {
                     None

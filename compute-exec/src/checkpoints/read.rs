@@ -51,35 +51,25 @@ impl ClusterCheckpoints {
     /// Where a trainer reads `version`'s stripes itself: each piece whose
     /// node signs a read pass within [`BEGIN_WAIT`], with it (a node that
     /// failed lately is not asked, one that cannot be reached now is
-    /// marked so);
-    /// `None` where those pieces miss a stripe (a node down, or one that
-    /// gives no passes: the reads then come through here).
+    /// marked so); `None` where those pieces miss a stripe (a node down,
+    /// or one that gives no passes: the reads then come through here).
     pub async fn direct_read(&self, version: &StripedVersion) -> Option<DirectRead> {
         let asked = version.pieces.iter().filter(|p| !self.is_down(&p.node));
         let passes = asked.map(|p| async move {
-            let node = self.node(&p.node).ok()?;
-            let pass = tokio::time::timeout(BEGIN_WAIT, node.read_pass(&p.local, p.local_version));
-            match pass.await {
-                Ok(Ok(pass)) => pass.map(|pass| DirectPiece {
+            match self.read_pass(p).await {
+                Ok(pass) => pass.map(|pass| DirectPiece {
                     url: p.node.clone(),
                     piece: p.local.clone(),
                     version: p.local_version,
                     stripes: p.stripes.clone(),
                     pass,
                 }),
-                Ok(Err(e)) => {
-                    tracing::info!(
-                        "checkpoint '{}': no read pass from {}: {e}",
-                        version.name,
-                        p.node
-                    );
+                Err(e) => {
+                    let (name, node) = (&version.name, &p.node);
+                    tracing::info!("checkpoint '{name}': no read pass from {node}: {e}");
                     if matches!(e, LinkError::Unavailable { .. }) {
                         self.mark_down(&p.node);
                     }
-                    None
-                }
-                Err(_) => {
-                    self.mark_down(&p.node);
                     None
                 }
             }
@@ -89,18 +79,28 @@ impl ClusterCheckpoints {
             .into_iter()
             .flatten()
             .collect();
-        let stripes = version.size.div_ceil(version.unit);
-        let mut held: Vec<u64> = pieces
-            .iter()
-            .flat_map(|p| p.stripes.iter().copied())
-            .collect();
-        held.sort_unstable();
-        held.dedup();
-        let whole = held.len() as u64 == stripes && held.last().is_none_or(|&s| s + 1 == stripes);
+        // A piece's stripes are ascending (`Piece::stripes`).
+        let held = |s| pieces.iter().any(|p| p.stripes.binary_search(&s).is_ok());
+        let whole = (0..version.size.div_ceil(version.unit)).all(held);
         whole.then_some(DirectRead {
             unit: version.unit,
             pieces,
         })
+    }
+
+    /// A pass that reads `piece` at its node, within [`BEGIN_WAIT`]; none
+    /// where the node gives none.
+    async fn read_pass(&self, piece: &Piece) -> Result<Option<String>, LinkError> {
+        let node = self.node(&piece.node)?;
+        tokio::time::timeout(
+            BEGIN_WAIT,
+            node.read_pass(&piece.local, piece.local_version),
+        )
+        .await
+        .map_err(|_| LinkError::Unavailable {
+            node: piece.node.clone(),
+            reason: format!("no answer to a read pass within {} s", BEGIN_WAIT.as_secs()),
+        })?
     }
 
     /// The bytes `[offset, offset + len)` of `version` (clipped to its

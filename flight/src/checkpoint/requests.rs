@@ -58,8 +58,8 @@ pub fn group_problem<S: AsRef<str>>(names: &[S]) -> Option<String> {
         .map(|w| format!("two uploads of '{}' in one group", w[0]))
 }
 
-/// `checkpoint.delete`, `checkpoint.read_pass`: a name, and a version
-/// or none.
+/// `checkpoint.stat`, `checkpoint.delete`, `checkpoint.read_pass`: a
+/// name, and a version or none.
 #[derive(Debug, Deserialize)]
 pub struct Named {
     /// The checkpoint.
@@ -69,17 +69,15 @@ pub struct Named {
     pub version: Option<u64>,
 }
 
-/// `checkpoint.stat`: a name, a version or none (the newest), and
-/// whether the reader would read the stripes from the storage nodes
-/// itself (a coordinator then adds [`crate::checkpoint::DirectRead`]
-/// where the nodes give read passes; one machine ignores it).
+/// `checkpoint.stat` to a coordinator: the version [`Named`], and whether
+/// the reader would read the stripes from the storage nodes itself (the
+/// answer then adds [`crate::checkpoint::DirectRead`] where the nodes give
+/// read passes). One machine reads it as [`Named`].
 #[derive(Debug, Deserialize)]
 pub struct Stat {
-    /// The checkpoint.
-    pub name: String,
-    /// One version (none: the newest).
-    #[serde(default)]
-    pub version: Option<u64>,
+    /// The version.
+    #[serde(flatten)]
+    pub named: Named,
     /// See the type's docs.
     #[serde(default)]
     pub direct: bool,

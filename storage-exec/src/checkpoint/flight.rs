@@ -11,8 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_flight::checkpoint::requests::{
-    Begin, BeginGroup, Commit, Group, Named, Prefix, Stat, UploadId, Uploads, body, json_bytes,
-    unknown,
+    Begin, BeginGroup, Commit, Group, Named, Prefix, UploadId, Uploads, body, json_bytes, unknown,
 };
 use sluice_flight::checkpoint::scrub::{RepairExtent, RepairedExtent, ScrubCheckpoints};
 use sluice_flight::checkpoint::{CheckpointEndpoint, GetTicket, PutCommand, data};
@@ -206,8 +205,7 @@ impl CheckpointEndpoint for Checkpoints {
                 json_bytes(&json!({ "aborted": u.upload }))
             }
             "checkpoint.stat" => {
-                // Its `direct` is a cluster's: here the version is whole.
-                let n: Stat = body(kind, bytes)?;
+                let n: Named = body(kind, bytes)?;
                 let r = self.get(&n.name, n.version).map_err(status)?;
                 json_bytes(&super::CheckpointInfo::from(&r))
             }
